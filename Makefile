@@ -1,0 +1,187 @@
+# kvcached: the one entry point. Out-of-tree builds in build/ (optimized) and
+# build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer).
+#
+#   make            build everything (optimized)
+#   make run        install missing packages, build, start kvcached in the foreground
+#   make test       both builds, then every test; ends with "N passed, N failed"
+#   make test T=name    one test (a unit or integration test name) in both builds
+#   make check      the suite under sanitizers only, with the long model run
+#   make bench      benchmarks (never part of pass/fail)
+#   make deps       install the Debian packages the build needs, if missing
+#
+# Knobs: SANITIZE=1, OPT=-O2, MALLOC=jemalloc|libc, V=1, CI=true (-Werror).
+
+ifeq ($(SANITIZE),1)
+  B ?= build-asan
+  MALLOC ?= libc
+  OPT ?= -O1 -g -fno-omit-frame-pointer
+  SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all
+else
+  B ?= build
+  MALLOC ?= jemalloc
+  OPT ?= -O2 -g
+  SANFLAGS :=
+endif
+
+CC ?= cc
+WARN := -Wall -Wextra -Wshadow -Wconversion -Wno-sign-conversion \
+        -Wmissing-prototypes -Wstrict-prototypes -Wpointer-arith -Wvla
+ifeq ($(CI),true)
+  WARN += -Werror
+endif
+CPPFLAGS := -Iinclude -Isrc -I$(B)/gen -D_GNU_SOURCE -MMD -MP
+CFLAGS := -std=c11 $(OPT) $(WARN) $(SANFLAGS) -fPIC -pthread
+LDFLAGS := $(SANFLAGS) -pthread
+ifeq ($(MALLOC),jemalloc)
+  MALLOC_LIBS := -ljemalloc
+else
+  MALLOC_LIBS :=
+endif
+UV_LIBS := -luv
+PB_LIBS := -lprotobuf-c
+
+ifeq ($(V),1)
+  Q :=
+  say = @true
+else
+  Q := @
+  say = @printf '  %-6s %s\n' $(1) $(2)
+endif
+
+# ---- sources -------------------------------------------------------------
+ENGINE_SRC := $(wildcard src/*.c)
+ENGINE_OBJ := $(ENGINE_SRC:%.c=$(B)/%.o)
+PROTO_C := $(B)/gen/kvcache.pb-c.c
+PROTO_OBJ := $(B)/gen/kvcache.pb-c.o
+DAEMON_SRC := $(wildcard daemon/*.c)
+DAEMON_OBJ := $(DAEMON_SRC:%.c=$(B)/%.o)
+CLIENT_SRC := $(filter-out client/kvcachectl.c,$(wildcard client/*.c))
+CLIENT_OBJ := $(CLIENT_SRC:%.c=$(B)/%.o)
+CTL_OBJ := $(B)/client/kvcachectl.o
+UNIT_SRC := $(wildcard tests/unit/*.c)
+UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/tests/unit_%)
+IT_SRC := $(wildcard tests/integration/*.c)
+IT_BIN := $(IT_SRC:tests/integration/%.c=$(B)/tests/it_%)
+BENCH_SRC := $(wildcard tests/bench/*.c)
+BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(B)/bench/%)
+TEST_MAIN_OBJ := $(B)/tests/test_main.o
+
+HAVE_PROTO := $(wildcard proto/kvcache.proto)
+HAVE_DAEMON := $(DAEMON_SRC)
+HAVE_CLIENT := $(CLIENT_SRC)
+
+ALL := $(B)/libkvcengine.a
+ifneq ($(HAVE_PROTO),)
+ifneq ($(HAVE_DAEMON),)
+  ALL += $(B)/kvcached
+endif
+ifneq ($(HAVE_CLIENT),)
+  ALL += $(B)/libkvcache.so $(B)/libkvcache.a $(B)/kvcachectl
+endif
+endif
+ALL += $(UNIT_BIN) $(IT_BIN)
+
+.PHONY: all run test check bench deps clean install
+all: $(ALL)
+
+# ---- engine --------------------------------------------------------------
+$(B)/libkvcengine.a: $(ENGINE_OBJ)
+	$(call say,AR,$@)
+	$(Q)ar rcs $@ $^
+
+$(B)/%.o: %.c
+	$(call say,CC,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+# ---- wire protocol (generated code lives in build/, never committed) ------
+$(B)/gen/kvcache.pb-c.c $(B)/gen/kvcache.pb-c.h: proto/kvcache.proto
+	$(call say,PROTOC,$<)
+	@mkdir -p $(B)/gen
+	$(Q)protoc-c --proto_path=proto --c_out=$(B)/gen $<
+
+$(PROTO_OBJ): $(PROTO_C)
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CPPFLAGS) $(filter-out -Wconversion -Wshadow -Wmissing-prototypes,$(CFLAGS)) -c $< -o $@
+
+$(DAEMON_OBJ) $(CLIENT_OBJ) $(CTL_OBJ): | $(B)/gen/kvcache.pb-c.h
+
+# ---- daemon ---------------------------------------------------------------
+$(B)/kvcached: $(DAEMON_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(MALLOC_LIBS) -lm
+
+# ---- client library and kvcachectl ----------------------------------------
+# The client links the protocol and the error table, and exports only kvc_*.
+CLIENT_DEPS := $(CLIENT_OBJ) $(PROTO_OBJ) $(B)/src/errors.o
+$(CLIENT_OBJ): CFLAGS += -fvisibility=hidden
+$(B)/libkvcache.so: $(CLIENT_DEPS)
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libkvcache.so.1 -o $@ $^ $(PB_LIBS)
+$(B)/libkvcache.a: $(CLIENT_DEPS)
+	$(call say,AR,$@)
+	$(Q)ar rcs $@ $^
+$(B)/kvcachectl: $(CTL_OBJ) $(B)/libkvcache.a
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) -lm
+
+# ---- tests ----------------------------------------------------------------
+$(B)/tests/unit_%: $(B)/tests/unit/%.o $(TEST_MAIN_OBJ) $(B)/libkvcengine.a
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(MALLOC_LIBS) -lm
+$(B)/tests/unit/%.o: tests/unit/%.c
+	$(call say,CC,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -c $< -o $@
+$(B)/tests/integration/%.o: tests/integration/%.c | $(B)/gen/kvcache.pb-c.h
+	$(call say,CC,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -c $< -o $@
+$(B)/tests/it_%: $(B)/tests/integration/%.o $(TEST_MAIN_OBJ) $(B)/libkvcache.a
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) -lm
+$(B)/tests/test_main.o: tests/test_main.c
+	$(call say,CC,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -c $< -o $@
+
+# ---- benchmarks -------------------------------------------------------------
+$(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkvcache.a)
+	$(call say,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $^ $(PB_LIBS) $(MALLOC_LIBS) -lm
+
+# ---- top-level targets ------------------------------------------------------
+DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev \
+                protobuf-c-compiler libjemalloc-dev
+deps:
+	@missing=""; for p in $(DEB_PACKAGES) $(EXTRA_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	$(B)/kvcached $(ARGS)
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory SANITIZE=1 all
+	@tests/run.sh $(if $(T),--only $(T)) build build-asan
+
+check: deps
+	@$(MAKE) --no-print-directory SANITIZE=1 all
+	@KVC_LONG=1 tests/run.sh $(if $(T),--only $(T)) build-asan
+
+bench: deps
+	@$(MAKE) --no-print-directory all $(BENCH_BIN)
+	@for b in $(BENCH_BIN); do echo "== $$b"; $$b || exit 1; done
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

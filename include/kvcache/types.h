@@ -1,0 +1,64 @@
+/* kvcache/types.h: the value types shared by the client API and the engine.
+ *
+ * Tensor layout, everywhere in kvcached: a K (or V) buffer of a transfer is
+ * contiguous in the order [layer][token][head][dim], covering the request's
+ * layer range, token range and head range in that order. K rows have
+ * head_dim_k elements, V rows head_dim_v. For int8 caches read raw, the scales
+ * are f32 in the order [layer][token][head].
+ */
+#ifndef KVCACHE_TYPES_H
+#define KVCACHE_TYPES_H
+
+#include <stdint.h>
+
+typedef enum {
+  KVC_DTYPE_F32 = 1,
+  KVC_DTYPE_F64 = 2,
+  KVC_DTYPE_F16 = 3,  /* IEEE binary16 */
+  KVC_DTYPE_BF16 = 4, /* bfloat16 */
+  KVC_DTYPE_INT8 = 5  /* symmetric absmax, one f32 scale per token/head/layer */
+} kvc_dtype_t;
+
+#define KVC_DEFAULT_PAGE_TOKENS 16u
+#define KVC_MAX_LAYERS 1024u
+#define KVC_MAX_HEADS 1024u
+#define KVC_MAX_HEAD_DIM 16384u
+#define KVC_MAX_PAGE_TOKENS 65536u
+#define KVC_MAX_NAME 64u            /* bytes of a cache name, without NUL */
+#define KVC_MAX_SEQ_TOKENS (1ull << 31) /* positions are below this */
+
+/* The layout of a cache. Every field is validated when the cache is opened. */
+typedef struct kvc_layout {
+  uint32_t num_layers;   /* transformer layers, 1..KVC_MAX_LAYERS */
+  uint32_t num_kv_heads; /* KV heads per layer, 1..KVC_MAX_HEADS */
+  uint32_t head_dim_k;   /* elements per K head, 1..KVC_MAX_HEAD_DIM */
+  uint32_t head_dim_v;   /* elements per V head, 1..KVC_MAX_HEAD_DIM */
+  kvc_dtype_t dtype;     /* storage dtype */
+  uint32_t page_tokens;  /* tokens per page, power of two; 0 means 16 */
+} kvc_layout_t;
+
+/* What a sequence holds. */
+typedef struct kvc_seq_info {
+  uint64_t seq_id;
+  uint64_t start;        /* first position still held (trim_front moves it) */
+  uint64_t length;       /* tokens written for every layer */
+  uint64_t extent;       /* highest written length of any layer (>= length) */
+  uint32_t pages;        /* pages in the block table */
+  uint32_t shared_pages; /* of those, pages also referenced elsewhere */
+  uint32_t pins;         /* owners pinning it; 0 means evictable */
+  uint32_t pad_;
+  uint64_t last_use_ms;  /* engine clock at the last read or write */
+} kvc_seq_info_t;
+
+/* What a cache is. */
+typedef struct kvc_cache_info {
+  char name[KVC_MAX_NAME + 1];
+  uint32_t cache_id;
+  kvc_layout_t layout;
+  uint64_t page_bytes;   /* bytes of one page of this layout (<= pool page) */
+  uint64_t sequences;
+  uint64_t tokens;       /* sum of sequence lengths */
+  uint64_t pages;        /* block-table entries (shared pages counted per use) */
+} kvc_cache_info_t;
+
+#endif

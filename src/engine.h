@@ -1,0 +1,187 @@
+/* engine.h: the kvcached engine, the in-process cache of key/value pages.
+ *
+ * The engine owns nothing but heap metadata: the page bytes live in a region
+ * the caller hands in (the daemon's memfd, a test's malloc) and that outlives
+ * the engine. It does no I/O, keeps no global state and never logs; every call
+ * takes the engine object. Not thread-safe: one thread calls it at a time.
+ *
+ * Every fallible call returns 0 or a negative KVC_E_* code. A call that fails
+ * leaves the engine exactly as it was (no partial write, no eviction, no
+ * allocation kept) and records a one-line reason in engine_last_error().
+ *
+ *   pool (caller's bytes, npages x page_bytes)
+ *   +--------+--------+--------+--------+--------+-----
+ *   | page 0 | page 1 | page 2 | page 3 | page 4 | ...
+ *   +--------+--------+--------+--------+--------+-----
+ *        ^        ^ ^               ^
+ *   seq A table: [0, 1]   (tokens 0..31, page_tokens 16)
+ *   seq B table: [0, 3]   copy_prefix(A, B, 20): page 0 shared, page 1 was
+ *                         shared then copied to 3 when B wrote token 20.
+ *
+ * See doc/design.md for the pool, the block table, sharing and eviction.
+ */
+#ifndef KVC_ENGINE_H
+#define KVC_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache/errors.h"
+#include "kvcache/types.h"
+#include "stats.h"
+
+typedef struct engine engine_t;
+
+typedef struct engine_config {
+  void *base;           /* pool bytes; borrowed, must outlive the engine */
+  uint64_t pool_bytes;  /* bytes at base; npages = pool_bytes / page_bytes */
+  uint64_t page_bytes;  /* bytes of one pool page, a multiple of 64 */
+  uint32_t max_caches;  /* 0 means 64 */
+  uint64_t max_seqs;    /* 0 means unlimited */
+} engine_config_t;
+
+/* Why the last failing call failed. needed/freeable are set for KVC_E_FULL:
+ * pages the write needed, and pages free plus reclaimable by eviction. */
+typedef struct engine_err {
+  int code;
+  uint64_t needed;
+  uint64_t freeable;
+  char msg[192];
+} engine_err_t;
+
+/* One entry of a put or get: tokens [pos, pos + ntokens) of seq_id.
+ * For a put the buffers are read, for a get they are written; they hold
+ * [layer][token][head][dim] of the call's ranges in the call's dtype.
+ * k_scale/v_scale are only used by a raw int8 get ([layer][token][head] f32).
+ * Buffers are borrowed for the duration of the call. */
+typedef struct engine_io {
+  uint64_t seq_id;
+  uint64_t pos;
+  uint64_t ntokens;
+  void *k;
+  void *v;
+  uint64_t k_bytes;
+  uint64_t v_bytes;
+  void *k_scale;
+  void *v_scale;
+  uint64_t k_scale_bytes;
+  uint64_t v_scale_bytes;
+} engine_io_t;
+
+/* What part of each token a put or get moves, and in which dtype.
+ * layer_end/head_end of 0 mean "to the last". dtype 0 means the cache's.
+ * Puts accept the cache dtype or f32 (converted, round to nearest even);
+ * int8 caches accept f32, f16 and bf16 (quantized). Gets return the cache
+ * dtype or f32; int8 caches return f32 (dequantized) or int8 raw + scales.
+ * Puts always cover every head (head range must be 0..0 or whole). */
+typedef struct engine_xfer {
+  uint32_t layer_begin, layer_end;
+  uint32_t head_begin, head_end;
+  kvc_dtype_t dtype;
+} engine_xfer_t;
+
+/* Creates an engine over cfg->base. Returns new *out (free with
+ * engine_free). KVC_E_INVAL for a NULL/misaligned base, a page_bytes that is
+ * zero, not a multiple of 64 or larger than the pool; KVC_E_NOMEM. */
+int engine_new(const engine_config_t *cfg, engine_t **out);
+void engine_free(engine_t *eng);
+
+/* Sets the clock used for last_use (milliseconds, any epoch). */
+void engine_set_now(engine_t *eng, uint64_t now_ms);
+
+const engine_err_t *engine_last_error(const engine_t *eng);
+
+/* Bytes of one page of a layout, or a negative code if the layout is invalid
+ * (NLAYERS, NHEADS, HEADDIM, PAGETOKENS, DTYPE, OVERFLOW). page_tokens 0 is
+ * read as the default. */
+int64_t engine_layout_page_bytes(const kvc_layout_t *layout);
+
+/* Bytes a transfer of ntokens needs in each buffer, for validation before
+ * the call (the daemon checks offsets with it). Any pointer may be NULL. */
+int engine_xfer_bytes(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+                      bool is_put, uint64_t ntokens, uint64_t *k_bytes,
+                      uint64_t *v_bytes, uint64_t *scale_bytes);
+
+/* Opens (creates, or finds with the same layout) the cache `name`. Sets
+ * *cache_id. KVC_E_NAME, layout codes, KVC_E_PAGESIZE, KVC_E_LAYOUT (exists
+ * with another layout), KVC_E_TOOMANY, KVC_E_NOMEM. */
+int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layout,
+                      uint32_t *cache_id);
+/* Drops every sequence of a cache (pins included); the cache stays. */
+int engine_cache_clear(engine_t *eng, uint32_t cache_id);
+/* Drops a cache and all its sequences; its id is not reused. */
+int engine_cache_drop(engine_t *eng, uint32_t cache_id);
+/* Fills up to cap infos; *n is the number of caches (may exceed cap). */
+int engine_cache_list(engine_t *eng, kvc_cache_info_t *out, size_t cap, size_t *n);
+int engine_cache_info(engine_t *eng, uint32_t cache_id, kvc_cache_info_t *out);
+int engine_cache_stats(engine_t *eng, uint32_t cache_id, cache_stats_t *out);
+
+/* Writes n entries, all or nothing. Each entry's pos must not exceed the
+ * written length of any layer in the range (append or overwrite; no holes)
+ * and must not precede the sequence's start. New sequences are created.
+ * Pages come from the free list, then from evicting unpinned sequences in LRU
+ * order (never a sequence of this call). KVC_E_FULL if they cannot; NOCACHE,
+ * RANGE, LAYER, HEAD, DTYPE, SIZE, OVERFLOW, DUPSEQ, NONFINITE, TOOMANY. */
+int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+               const engine_io_t *entries, size_t n);
+
+/* Reads n entries; each range must lie in [start, written length of every
+ * layer in the range). Nothing is written to any buffer if one entry fails
+ * validation. NOSEQ for a missing or evicted sequence. */
+int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+               const engine_io_t *entries, size_t n);
+
+/* remove(seq, begin, end): end >= extent truncates to begin; begin <= start
+ * with end >= extent drops the sequence; a middle range is KVC_E_NOROPE.
+ * begin > end is KVC_E_RANGE; an empty or past-the-end range does nothing. */
+int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id,
+                  uint64_t begin, uint64_t end);
+
+/* Makes dst exactly the first n tokens of src, sharing pages (no bytes
+ * copied). dst is created or replaced (its pins stay). KVC_E_SAMESEQ,
+ * KVC_E_NOSEQ (src), KVC_E_RANGE (n > length of src or n < its start). */
+int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src, uint64_t dst,
+                       uint64_t n);
+
+/* *out = the cache holds what is needed to continue seq at pos (causal:
+ * start == 0 and pos <= length). A missing sequence answers false with 0,
+ * except pos 0 which is always true. */
+int engine_can_resume(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
+                      bool *out);
+
+/* Drops tokens before n (positions kept) and frees whole pages left behind.
+ * KVC_E_RANGE if n > length. n <= start does nothing. */
+int engine_trim_front(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t n);
+
+/* Pins seq for owner (idempotent per owner): never evicted while pinned. */
+int engine_pin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner);
+/* KVC_E_NOTPINNED if owner does not pin it. */
+int engine_unpin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner);
+/* Releases every pin of owner; returns how many were released. */
+size_t engine_unpin_all(engine_t *eng, uint64_t owner);
+
+int engine_seq_info(engine_t *eng, uint32_t cache_id, uint64_t seq_id,
+                    kvc_seq_info_t *out);
+/* Lists sequences in table order from *cursor (0 to begin), up to cap; sets
+ * *n and advances *cursor (0 when done). Like Redis SCAN: a sequence present
+ * for the whole scan is returned at least once. */
+int engine_seq_list(engine_t *eng, uint32_t cache_id, uint64_t *cursor,
+                    kvc_seq_info_t *out, size_t cap, size_t *n);
+
+void engine_stats(const engine_t *eng, engine_stats_t *out);
+
+/* Checks every invariant (refcounts against block tables, free list, LRU,
+ * pins, counters). Returns 0, or KVC_E_INTERNAL with the first violation in
+ * why. Cost O(pages + sequences): for tests and the fuzzers. */
+int engine_audit(engine_t *eng, char *why, size_t why_len);
+
+/* Page bytes for zero-copy readers: the pool offset of a sequence's page
+ * holding position pos. For the daemon's lease path. */
+int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
+                       uint64_t *offset);
+
+/* Test hook: make the k-th heap allocation from now fail (-1 disables). */
+void engine_fail_alloc_after(engine_t *eng, int64_t k);
+
+#endif

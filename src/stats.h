@@ -1,0 +1,63 @@
+/* stats.h: the engine's counters and gauges, each defined once.
+ *
+ * ENGINE_STATS(X) expands X(name, kind, help) for every figure. The engine
+ * fills a struct generated from the list; the daemon renders the same list
+ * to the wire, and kvcachectl to text, JSON and Prometheus, so a figure added
+ * here appears everywhere. kind is STAT_COUNTER (monotonic) or STAT_GAUGE.
+ */
+#ifndef KVC_STATS_H
+#define KVC_STATS_H
+
+#include <stdint.h>
+
+enum stat_kind { STAT_COUNTER = 0, STAT_GAUGE = 1 };
+
+#define ENGINE_STATS(X)                                                        \
+  X(pool_bytes,        STAT_GAUGE,   "bytes of the page pool")                 \
+  X(page_bytes,        STAT_GAUGE,   "bytes of one pool page")                 \
+  X(pages_total,       STAT_GAUGE,   "pages in the pool")                      \
+  X(pages_free,        STAT_GAUGE,   "pages on the free list")                 \
+  X(pages_used,        STAT_GAUGE,   "pages referenced by a sequence")         \
+  X(pages_shared,      STAT_GAUGE,   "pages referenced by more than one sequence") \
+  X(pages_pinned,      STAT_GAUGE,   "pages referenced by a pinned sequence")  \
+  X(bytes_used,        STAT_GAUGE,   "layout bytes in used pages")             \
+  X(bytes_padding,     STAT_GAUGE,   "pool-page bytes unused by smaller layouts") \
+  X(metadata_bytes,    STAT_GAUGE,   "engine heap bytes (page metadata, block tables)") \
+  X(caches,            STAT_GAUGE,   "open caches")                            \
+  X(sequences,         STAT_GAUGE,   "sequences held")                         \
+  X(sequences_pinned,  STAT_GAUGE,   "sequences pinned by at least one owner") \
+  X(tokens,            STAT_GAUGE,   "tokens held (sum of lengths)")           \
+  X(puts,              STAT_COUNTER, "put entries applied")                    \
+  X(put_tokens,        STAT_COUNTER, "tokens written by puts")                 \
+  X(gets,              STAT_COUNTER, "get entries served")                     \
+  X(get_tokens,        STAT_COUNTER, "tokens read by gets")                    \
+  X(removes,           STAT_COUNTER, "remove calls applied")                   \
+  X(copies,            STAT_COUNTER, "copy_prefix calls applied")              \
+  X(trims,             STAT_COUNTER, "trim_front calls applied")               \
+  X(pins,              STAT_COUNTER, "pin calls applied")                      \
+  X(unpins,            STAT_COUNTER, "pins released (unpin or owner gone)")    \
+  X(bytes_in,          STAT_COUNTER, "bytes written into pages by puts")       \
+  X(bytes_out,         STAT_COUNTER, "bytes produced by gets")                 \
+  X(cow_copies,        STAT_COUNTER, "pages copied on write")                  \
+  X(evicted_sequences, STAT_COUNTER, "sequences evicted to make room")         \
+  X(evicted_pages,     STAT_COUNTER, "pages freed by eviction")                \
+  X(full_errors,       STAT_COUNTER, "writes refused with KVC_E_FULL")         \
+  X(errors,            STAT_COUNTER, "engine calls that failed")
+
+/* Per-cache subset: the same names, scoped to one cache. */
+#define CACHE_STATS(X)                                                         \
+  X(sequences,         STAT_GAUGE,   "sequences held")                         \
+  X(tokens,            STAT_GAUGE,   "tokens held")                            \
+  X(pages,             STAT_GAUGE,   "pages referenced (shared counted once per sequence)") \
+  X(puts,              STAT_COUNTER, "put entries applied")                    \
+  X(gets,              STAT_COUNTER, "get entries served")                     \
+  X(cow_copies,        STAT_COUNTER, "pages copied on write")                  \
+  X(evicted_sequences, STAT_COUNTER, "sequences evicted")                      \
+  X(full_errors,       STAT_COUNTER, "writes refused with KVC_E_FULL")
+
+#define STAT_FIELD_(name, kind, help) uint64_t name;
+typedef struct engine_stats { ENGINE_STATS(STAT_FIELD_) } engine_stats_t;
+typedef struct cache_stats { CACHE_STATS(STAT_FIELD_) } cache_stats_t;
+#undef STAT_FIELD_
+
+#endif

@@ -1,0 +1,42 @@
+#!/bin/sh
+# run.sh: runs every test binary of the given build directories and ends with
+# "N passed, N failed". Usage: tests/run.sh [--only NAME] BUILD_DIR...
+# Integration tests find the daemon through KVC_BUILD (the build directory).
+only=""
+if [ "$1" = "--only" ]; then only="$2"; shift 2; fi
+[ $# -gt 0 ] || set -- build
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+pass=0; fail=0; failed_names=""
+out=$(mktemp); trap 'rm -f "$out"' EXIT
+for dir in "$@"; do
+  for bin in "$dir"/tests/unit_* "$dir"/tests/it_*; do
+    [ -x "$bin" ] || continue
+    if [ -n "$only" ]; then
+      "$bin" --list | grep -qx "$only" || continue
+      set -- "$only"
+    else
+      set --
+    fi
+    KVC_BUILD="$dir" "$bin" "$@" > "$out" 2>"$out.err"
+    rc=$?
+    label="$dir/$(basename "$bin")"
+    while read -r verdict name rest; do
+      case "$verdict" in
+        PASS) pass=$((pass + 1)); echo "ok    $label $name" ;;
+        FAIL) fail=$((fail + 1)); echo "FAIL  $label $name $rest"
+              failed_names="$failed_names $label:$name" ;;
+      esac
+    done < "$out"
+    if [ $rc -ne 0 ] && ! grep -q '^FAIL' "$out"; then
+      fail=$((fail + 1)); echo "FAIL  $label (exit $rc, no test verdict)"
+    fi
+    if grep -q '^FAIL' "$out" || [ $rc -ne 0 ]; then
+      sed 's/^/      | /' "$out.err" | tail -40
+    fi
+    rm -f "$out.err"
+  done
+done
+[ -n "$failed_names" ] && echo "failed:$failed_names"
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ] && [ $pass -gt 0 ]
