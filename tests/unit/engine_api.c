@@ -1,0 +1,742 @@
+/* engine_api.c: every call of src/engine.h, bad arguments first, then values.
+ *
+ * Each test builds its own engine over a small pool (engine_fixture.h) and
+ * ends with engine_audit() == 0. Expected codes follow the comments of
+ * engine.h; where a rule is only implied, the test says which rule it reads.
+ */
+#include <math.h>
+
+#include "engine_fixture.h"
+
+#define BIG UINT64_MAX
+
+/* ---- engine_new ----------------------------------------------------------- */
+
+TEST(new_rejects_bad_config) {
+  void *base = fx_pool_alloc(64 * 1024);
+  engine_t *eng = NULL;
+  engine_config_t ok = {base, 64 * 1024, 1024, 0, 0};
+  engine_config_t c = ok;
+  ASSERT_ERR(engine_new(NULL, &eng), KVC_E_INVAL);
+  ASSERT_ERR(engine_new(&ok, NULL), KVC_E_INVAL);
+  c.base = NULL;
+  ASSERT_ERR(engine_new(&c, &eng), KVC_E_INVAL);
+  c = ok, c.base = (char *)base + 1;
+  ASSERT_ERR(engine_new(&c, &eng), KVC_E_INVAL);
+  c = ok, c.page_bytes = 0;
+  ASSERT_ERR(engine_new(&c, &eng), KVC_E_INVAL);
+  c = ok, c.page_bytes = 1000; /* not a multiple of 64 */
+  ASSERT_ERR(engine_new(&c, &eng), KVC_E_INVAL);
+  c = ok, c.page_bytes = 128 * 1024; /* larger than the pool */
+  ASSERT_ERR(engine_new(&c, &eng), KVC_E_INVAL);
+  ASSERT(eng == NULL);
+  engine_free(NULL); /* accepts NULL */
+  free(base);
+}
+
+TEST(new_stats_start_empty) {
+  fx_t f;
+  fx_engine(&f, 1024, 10, 0);
+  /* pool_bytes not a multiple of the page: the tail is not a page */
+  engine_t *eng2 = NULL;
+  engine_config_t cfg = {f.base, 10 * 1024 - 1, 1024, 0, 0};
+  ASSERT_OK(engine_new(&cfg, &eng2));
+  engine_stats_t s2;
+  engine_stats(eng2, &s2);
+  ASSERT_U64_EQ(s2.pages_total, 9);
+  engine_free(eng2);
+
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.pool_bytes, 10 * 1024);
+  ASSERT_U64_EQ(s.page_bytes, 1024);
+  ASSERT_U64_EQ(s.pages_total, 10);
+  ASSERT_U64_EQ(s.pages_free, 10);
+  ASSERT_U64_EQ(s.pages_used + s.pages_shared + s.pages_pinned + s.caches + s.sequences, 0);
+  ASSERT_U64_EQ(s.tokens + s.puts + s.gets + s.errors + s.cow_copies + s.evicted_pages, 0);
+  ASSERT(s.metadata_bytes > 0);
+  fx_close(&f);
+}
+
+/* ---- layouts ---------------------------------------------------------------- */
+
+TEST(layout_rejects_each_field) {
+  kvc_layout_t ok = fx_small_layout(), l;
+  ASSERT_ERR(engine_layout_page_bytes(NULL), KVC_E_INVAL);
+#define BAD(field, value, code)                                                \
+  do {                                                                         \
+    l = ok;                                                                    \
+    l.field = value;                                                           \
+    ASSERT_ERR(engine_layout_page_bytes(&l), code);                            \
+  } while (0)
+  BAD(num_layers, 0, KVC_E_NLAYERS);
+  BAD(num_layers, KVC_MAX_LAYERS + 1, KVC_E_NLAYERS);
+  BAD(num_kv_heads, 0, KVC_E_NHEADS);
+  BAD(num_kv_heads, KVC_MAX_HEADS + 1, KVC_E_NHEADS);
+  BAD(head_dim_k, 0, KVC_E_HEADDIM);
+  BAD(head_dim_v, 0, KVC_E_HEADDIM);
+  BAD(head_dim_k, KVC_MAX_HEAD_DIM + 1, KVC_E_HEADDIM);
+  BAD(head_dim_v, UINT32_MAX, KVC_E_HEADDIM);
+  BAD(page_tokens, 3, KVC_E_PAGETOKENS);
+  BAD(page_tokens, 48, KVC_E_PAGETOKENS);
+  BAD(page_tokens, KVC_MAX_PAGE_TOKENS * 2, KVC_E_PAGETOKENS);
+  BAD(page_tokens, UINT32_MAX, KVC_E_PAGETOKENS);
+  BAD(dtype, 0, KVC_E_DTYPE);
+  BAD(dtype, 6, KVC_E_DTYPE);
+  BAD(dtype, 99, KVC_E_DTYPE);
+#undef BAD
+}
+
+TEST(layout_page_bytes_values) {
+  kvc_layout_t l = fx_small_layout(); /* 4 tok x 4 layers x 2 heads x (8+4) x 4 B */
+  int64_t f32 = engine_layout_page_bytes(&l);
+  ASSERT(f32 >= 4 * 4 * 2 * 12 * 4);
+  ASSERT(f32 <= 4 * 4 * 2 * 12 * 4 + 4096);
+  l.dtype = KVC_DTYPE_F64;
+  ASSERT(engine_layout_page_bytes(&l) >= 2 * 1536);
+  l.dtype = KVC_DTYPE_F16;
+  ASSERT(engine_layout_page_bytes(&l) >= 768);
+  l.dtype = KVC_DTYPE_BF16;
+  ASSERT(engine_layout_page_bytes(&l) >= 768);
+  l.dtype = KVC_DTYPE_INT8; /* bytes plus an f32 scale per token/head/layer, K and V */
+  ASSERT(engine_layout_page_bytes(&l) >= 384 + 4 * 4 * 2 * 2 * 4);
+  /* page_tokens 0 is the default, 16 */
+  l = fx_small_layout();
+  l.page_tokens = 0;
+  int64_t p0 = engine_layout_page_bytes(&l);
+  l.page_tokens = 16;
+  ASSERT_EQ(p0, engine_layout_page_bytes(&l));
+  ASSERT(p0 >= 4 * f32 - 4096);
+  /* the largest legal layout does not overflow */
+  l = fx_layout(KVC_MAX_LAYERS, KVC_MAX_HEADS, KVC_MAX_HEAD_DIM, KVC_MAX_HEAD_DIM,
+                KVC_DTYPE_F64, KVC_MAX_PAGE_TOKENS);
+  int64_t huge = engine_layout_page_bytes(&l);
+  ASSERT(huge == KVC_E_OVERFLOW || huge >= (int64_t)1 << 54);
+}
+
+/* ---- caches ----------------------------------------------------------------- */
+
+TEST(cache_open_rejects_bad_args) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_engine(&f, 2048, 8, 0);
+  uint32_t id = 77;
+  ASSERT_ERR(engine_cache_open(f.eng, NULL, &l, &id), KVC_E_INVAL);
+  ASSERT_ERR(engine_cache_open(f.eng, "a", NULL, &id), KVC_E_INVAL);
+  ASSERT_ERR(engine_cache_open(f.eng, "a", &l, NULL), KVC_E_INVAL);
+  ASSERT_ERR(engine_cache_open(f.eng, "", &l, &id), KVC_E_NAME);
+  char longname[KVC_MAX_NAME + 2];
+  memset(longname, 'x', sizeof longname - 1);
+  longname[KVC_MAX_NAME + 1] = 0; /* 65 bytes */
+  ASSERT_ERR(engine_cache_open(f.eng, longname, &l, &id), KVC_E_NAME);
+  ASSERT_ERR(engine_cache_open(f.eng, "a\nb", &l, &id), KVC_E_NAME);
+  ASSERT_ERR(engine_cache_open(f.eng, "tab\there", &l, &id), KVC_E_NAME);
+  ASSERT_ERR(engine_cache_open(f.eng, "del\x7f", &l, &id), KVC_E_NAME);
+  kvc_layout_t b = l;
+  b.num_layers = 0;
+  ASSERT_ERR(engine_cache_open(f.eng, "a", &b, &id), KVC_E_NLAYERS);
+  b = l, b.num_kv_heads = 0;
+  ASSERT_ERR(engine_cache_open(f.eng, "a", &b, &id), KVC_E_NHEADS);
+  b = l, b.head_dim_v = 0;
+  ASSERT_ERR(engine_cache_open(f.eng, "a", &b, &id), KVC_E_HEADDIM);
+  b = l, b.page_tokens = 6;
+  ASSERT_ERR(engine_cache_open(f.eng, "a", &b, &id), KVC_E_PAGETOKENS);
+  b = l, b.dtype = 7;
+  ASSERT_ERR(engine_cache_open(f.eng, "a", &b, &id), KVC_E_DTYPE);
+  b = l, b.page_tokens = 8; /* 3072 bytes > the 2048-byte pool page */
+  ASSERT_ERR(engine_cache_open(f.eng, "a", &b, &id), KVC_E_PAGESIZE);
+  ASSERT_EQ(id, 77);
+  size_t n = 9;
+  ASSERT_OK(engine_cache_list(f.eng, NULL, 0, &n));
+  ASSERT_EQ(n, 0);
+  ASSERT_U64_EQ(fx_stats(&f).caches, 0);
+  longname[KVC_MAX_NAME] = 0; /* 64 bytes is legal */
+  ASSERT_OK(engine_cache_open(f.eng, longname, &l, &id));
+  fx_close(&f);
+}
+
+TEST(cache_open_same_layout_returns_same_id) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  uint32_t id2 = 0, id3 = 0;
+  ASSERT_OK(engine_cache_open(f.eng, "main", &l, &id2));
+  ASSERT_EQ(id2, f.cid);
+  ASSERT_OK(engine_cache_open(f.eng, "other", &l, &id3));
+  ASSERT(id3 != f.cid);
+  ASSERT_U64_EQ(fx_stats(&f).caches, 2);
+  /* page_tokens 0 reads as 16: the same layout as 16 */
+  kvc_layout_t d = fx_layout(1, 1, 4, 4, KVC_DTYPE_F32, 16), d0 = d;
+  d0.page_tokens = 0;
+  uint32_t a = 0, b = 0;
+  ASSERT_OK(engine_cache_open(f.eng, "dflt", &d, &a));
+  ASSERT_OK(engine_cache_open(f.eng, "dflt", &d0, &b));
+  ASSERT_EQ(a, b);
+  fx_close(&f);
+}
+
+TEST(cache_open_different_layout_is_LAYOUT) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout(), b;
+  fx_open(&f, &l, 8);
+  uint32_t id = 55;
+#define DIFF(field, value)                                                     \
+  do {                                                                         \
+    b = l;                                                                     \
+    b.field = value;                                                           \
+    ASSERT_ERR(engine_cache_open(f.eng, "main", &b, &id), KVC_E_LAYOUT);       \
+  } while (0)
+  DIFF(num_layers, 2);
+  DIFF(num_kv_heads, 1);
+  DIFF(head_dim_k, 4);
+  DIFF(head_dim_v, 8);
+  DIFF(dtype, KVC_DTYPE_F16);
+  DIFF(page_tokens, 2);
+#undef DIFF
+  ASSERT_EQ(id, 55);
+  ASSERT_U64_EQ(fx_stats(&f).caches, 1);
+  fx_close(&f);
+}
+
+TEST(cache_open_max_caches_is_TOOMANY) {
+  void *base = fx_pool_alloc(8 * 2048);
+  engine_config_t cfg = {base, 8 * 2048, 2048, 2, 0};
+  engine_t *eng;
+  ASSERT_OK(engine_new(&cfg, &eng));
+  kvc_layout_t l = fx_small_layout();
+  uint32_t a, b, c = 99;
+  ASSERT_OK(engine_cache_open(eng, "a", &l, &a));
+  ASSERT_OK(engine_cache_open(eng, "b", &l, &b));
+  ASSERT_ERR(engine_cache_open(eng, "c", &l, &c), KVC_E_TOOMANY);
+  ASSERT_EQ(c, 99);
+  ASSERT_OK(engine_cache_open(eng, "a", &l, &c)); /* reopening is no new cache */
+  ASSERT_EQ(c, a);
+  FX_AUDIT(eng);
+  engine_free(eng);
+  free(base);
+}
+
+TEST(cache_info_and_list_values) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 16);
+  kvc_cache_info_t ci;
+  ASSERT_ERR(engine_cache_info(f.eng, f.cid, NULL), KVC_E_INVAL);
+  ASSERT_ERR(engine_cache_info(f.eng, f.cid + 100, &ci), KVC_E_NOCACHE);
+  ASSERT_OK(fx_put(&f, 1, 0, 6, 0));
+  ASSERT_OK(fx_put(&f, 2, 0, 3, 0));
+  ASSERT_OK(engine_cache_info(f.eng, f.cid, &ci));
+  ASSERT_STR_EQ(ci.name, "main");
+  ASSERT_EQ(ci.cache_id, f.cid);
+  ASSERT(memcmp(&ci.layout, &l, sizeof l) == 0);
+  ASSERT_U64_EQ(ci.page_bytes, (uint64_t)engine_layout_page_bytes(&l));
+  ASSERT_U64_EQ(ci.sequences, 2);
+  ASSERT_U64_EQ(ci.tokens, 9);
+  ASSERT_U64_EQ(ci.pages, 3);
+  uint32_t id2;
+  ASSERT_OK(engine_cache_open(f.eng, "second", &l, &id2));
+  kvc_cache_info_t list[4];
+  size_t n = 0;
+  ASSERT_ERR(engine_cache_list(f.eng, list, 4, NULL), KVC_E_INVAL);
+  ASSERT_OK(engine_cache_list(f.eng, list, 1, &n));
+  ASSERT_EQ(n, 2); /* more than cap: the count, one filled */
+  ASSERT_OK(engine_cache_list(f.eng, list, 4, &n));
+  ASSERT_EQ(n, 2);
+  int seen_main = 0, seen_second = 0;
+  for (size_t i = 0; i < n; i++) {
+    seen_main += strcmp(list[i].name, "main") == 0 && list[i].cache_id == f.cid;
+    seen_second += strcmp(list[i].name, "second") == 0 && list[i].cache_id == id2;
+  }
+  ASSERT(seen_main == 1 && seen_second == 1);
+  fx_close(&f);
+}
+
+TEST(cache_stats_values) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 16);
+  cache_stats_t cs;
+  ASSERT_ERR(engine_cache_stats(f.eng, f.cid, NULL), KVC_E_INVAL);
+  ASSERT_ERR(engine_cache_stats(f.eng, 12345, &cs), KVC_E_NOCACHE);
+  ASSERT_OK(fx_put(&f, 1, 0, 6, 0));
+  ASSERT_OK(fx_put(&f, 2, 0, 2, 0));
+  FX_EXPECT(&f, 1, 0, 6, 0);
+  ASSERT_OK(engine_cache_stats(f.eng, f.cid, &cs));
+  ASSERT_U64_EQ(cs.sequences, 2);
+  ASSERT_U64_EQ(cs.tokens, 8);
+  ASSERT_U64_EQ(cs.pages, 3);
+  ASSERT_U64_EQ(cs.puts, 2);
+  ASSERT_U64_EQ(cs.gets, 1);
+  ASSERT_U64_EQ(cs.cow_copies + cs.evicted_sequences + cs.full_errors, 0);
+  fx_close(&f);
+}
+
+TEST(cache_clear_drops_sequences_and_pins) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 16);
+  ASSERT_ERR(engine_cache_clear(f.eng, f.cid + 1), KVC_E_NOCACHE);
+  for (uint64_t s = 1; s <= 3; s++) ASSERT_OK(fx_put(&f, s, 0, 5, 0));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 2, 9));
+  ASSERT_OK(engine_cache_clear(f.eng, f.cid));
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.sequences, 0);
+  ASSERT_U64_EQ(s.sequences_pinned, 0);
+  ASSERT_U64_EQ(s.pages_free, 16);
+  ASSERT_U64_EQ(s.pages_used, 0);
+  ASSERT_U64_EQ(s.tokens, 0);
+  ASSERT_U64_EQ(s.caches, 1);
+  kvc_seq_info_t si;
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 2, &si), KVC_E_NOSEQ);
+  ASSERT_EQ(engine_unpin_all(f.eng, 9), 0);
+  ASSERT_OK(fx_put(&f, 2, 0, 1, 1)); /* the cache is still usable */
+  FX_EXPECT(&f, 2, 0, 1, 1);
+  fx_close(&f);
+}
+
+TEST(cache_drop_frees_and_retires_id) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 16);
+  ASSERT_ERR(engine_cache_drop(f.eng, f.cid + 1), KVC_E_NOCACHE);
+  ASSERT_OK(fx_put(&f, 1, 0, 9, 0));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 4));
+  uint32_t old = f.cid;
+  ASSERT_OK(engine_cache_drop(f.eng, old));
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.caches, 0);
+  ASSERT_U64_EQ(s.sequences, 0);
+  ASSERT_U64_EQ(s.pages_free, 16);
+  ASSERT_U64_EQ(s.sequences_pinned, 0);
+  ASSERT_EQ(engine_unpin_all(f.eng, 4), 0);
+  ASSERT_ERR(fx_put(&f, 1, 0, 1, 0), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_cache_drop(f.eng, old), KVC_E_NOCACHE);
+  kvc_cache_info_t ci;
+  ASSERT_ERR(engine_cache_info(f.eng, old, &ci), KVC_E_NOCACHE);
+  ASSERT_OK(engine_cache_open(f.eng, "main", &l, &f.cid));
+  ASSERT(f.cid != old); /* ids are not reused */
+  kvc_seq_info_t si;
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 1, &si), KVC_E_NOSEQ);
+  fx_close(&f);
+}
+
+/* ---- engine_xfer_bytes -------------------------------------------------------- */
+
+TEST(xfer_bytes_values_and_errors) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 4);
+  uint64_t kb = 1, vb = 1, sb = 1;
+  engine_xfer_t x = {0, 0, 0, 0, 0};
+  ASSERT_OK(engine_xfer_bytes(f.eng, f.cid, &x, true, 3, &kb, &vb, &sb));
+  ASSERT_U64_EQ(kb, 3 * 4 * 2 * 8 * 4);
+  ASSERT_U64_EQ(vb, 3 * 4 * 2 * 4 * 4);
+  ASSERT_U64_EQ(sb, 0);
+  engine_xfer_t g = {1, 3, 1, 2, KVC_DTYPE_F32};
+  ASSERT_OK(engine_xfer_bytes(f.eng, f.cid, &g, false, 5, &kb, &vb, NULL));
+  ASSERT_U64_EQ(kb, 5 * 2 * 1 * 8 * 4);
+  ASSERT_U64_EQ(vb, 5 * 2 * 1 * 4 * 4);
+  ASSERT_ERR(engine_xfer_bytes(f.eng, f.cid + 1, &x, true, 1, &kb, &vb, &sb), KVC_E_NOCACHE);
+  engine_xfer_t bad = {4, 0, 0, 0, 0};
+  ASSERT_ERR(engine_xfer_bytes(f.eng, f.cid, &bad, false, 1, &kb, &vb, &sb), KVC_E_LAYER);
+  bad = (engine_xfer_t){0, 0, 2, 0, 0};
+  ASSERT_ERR(engine_xfer_bytes(f.eng, f.cid, &bad, false, 1, &kb, &vb, &sb), KVC_E_HEAD);
+  bad = (engine_xfer_t){0, 0, 0, 0, KVC_DTYPE_F64};
+  ASSERT_ERR(engine_xfer_bytes(f.eng, f.cid, &bad, true, 1, &kb, &vb, &sb), KVC_E_DTYPE);
+  ASSERT_ERR(engine_xfer_bytes(f.eng, f.cid, &x, true, BIG / 64, &kb, &vb, &sb),
+             KVC_E_OVERFLOW);
+  fx_close(&f);
+}
+
+TEST(xfer_bytes_int8) {
+  fx_t f;
+  kvc_layout_t l = fx_layout(2, 3, 8, 4, KVC_DTYPE_INT8, 4);
+  fx_open(&f, &l, 4);
+  uint64_t kb, vb, sb;
+  engine_xfer_t raw = {0, 0, 0, 0, KVC_DTYPE_INT8};
+  ASSERT_OK(engine_xfer_bytes(f.eng, f.cid, &raw, false, 5, &kb, &vb, &sb));
+  ASSERT_U64_EQ(kb, 5 * 2 * 3 * 8);
+  ASSERT_U64_EQ(vb, 5 * 2 * 3 * 4);
+  ASSERT_U64_EQ(sb, 5 * 2 * 3 * 4); /* one f32 per token/head/layer */
+  engine_xfer_t deq = {0, 0, 0, 0, KVC_DTYPE_F32};
+  ASSERT_OK(engine_xfer_bytes(f.eng, f.cid, &deq, false, 5, &kb, &vb, &sb));
+  ASSERT_U64_EQ(kb, 5 * 2 * 3 * 8 * 4);
+  ASSERT_U64_EQ(sb, 0);
+  engine_xfer_t bf = {0, 0, 0, 0, KVC_DTYPE_BF16};
+  ASSERT_OK(engine_xfer_bytes(f.eng, f.cid, &bf, true, 5, &kb, &vb, &sb));
+  ASSERT_U64_EQ(kb, 5 * 2 * 3 * 8 * 2);
+  fx_close(&f);
+}
+
+/* ---- put: bad arguments -------------------------------------------------------- */
+
+/* A put of seq [pos, pos+n) whose buffers are not read (it must fail first). */
+static int put_fake(fx_t *f, const engine_xfer_t *x, uint64_t seq, uint64_t pos, uint64_t n) {
+  static float dummy[16];
+  engine_io_t io = {seq, pos, n, dummy, dummy, 0, 0, NULL, NULL, 0, 0};
+  uint64_t kb = 0, vb = 0;
+  if (engine_xfer_bytes(f->eng, f->cid, x, true, n, &kb, &vb, NULL) == 0) {
+    io.k_bytes = kb;
+    io.v_bytes = vb;
+  } else {
+    io.k_bytes = io.v_bytes = 64;
+  }
+  return engine_put(f->eng, f->cid, x, &io, 1);
+}
+
+TEST(put_rejects_null_and_unknown_cache) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  fx_rng_t r = fx_all(&l);
+  fx_buf_t b = fx_buf_new(&l, r, 2);
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  engine_io_t io = fx_io(1, 0, 2, &b);
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, NULL, 1), KVC_E_INVAL);
+  io.k = NULL;
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_INVAL);
+  io = fx_io(1, 0, 2, &b), io.v = NULL;
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_INVAL);
+  io = fx_io(1, 0, 2, &b);
+  ASSERT_ERR(engine_put(f.eng, f.cid + 1, &x, &io, 1), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_put(f.eng, UINT32_MAX, &x, &io, 1), KVC_E_NOCACHE);
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.sequences + s.puts + s.pages_used, 0);
+  ASSERT(s.errors >= 6);
+  ASSERT_EQ(engine_last_error(f.eng)->code, KVC_E_NOCACHE);
+  fx_buf_free(&b);
+  fx_close(&f);
+}
+
+TEST(put_rejects_bad_positions) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  engine_xfer_t x = fx_xfer(fx_all(&l), KVC_DTYPE_F32);
+  ASSERT_ERR(put_fake(&f, &x, 1, 1, 1), KVC_E_RANGE); /* a hole in a new sequence */
+  ASSERT_OK(fx_put(&f, 1, 0, 4, 0));
+  ASSERT_ERR(put_fake(&f, &x, 1, 5, 1), KVC_E_RANGE); /* pos > length */
+  ASSERT_ERR(put_fake(&f, &x, 1, BIG - 1, 1), KVC_E_RANGE);
+  /* pos + ntokens wraps around: an overflow, not a range */
+  ASSERT_ERR(put_fake(&f, &x, 1, 4, BIG - 2), KVC_E_OVERFLOW);
+  ASSERT_ERR(put_fake(&f, &x, 1, BIG, 1), KVC_E_OVERFLOW);
+  /* positions must stay below KVC_MAX_SEQ_TOKENS */
+  ASSERT_ERR(put_fake(&f, &x, 1, 4, KVC_MAX_SEQ_TOKENS), KVC_E_RANGE);
+  FX_EXPECT(&f, 1, 0, 4, 0);
+  kvc_seq_info_t si = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(si.length, 4);
+  ASSERT_U64_EQ(fx_stats(&f).puts, 1);
+  fx_close(&f);
+}
+
+TEST(put_rejects_bad_layers_heads_dtypes) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  engine_xfer_t x;
+#define PUTX(lb, le, hb, he, dt, code)                                         \
+  do {                                                                         \
+    x = (engine_xfer_t){lb, le, hb, he, dt};                                   \
+    ASSERT_ERR(put_fake(&f, &x, 1, 0, 1), code);                               \
+  } while (0)
+  PUTX(4, 0, 0, 0, KVC_DTYPE_F32, KVC_E_LAYER);
+  PUTX(0, 5, 0, 0, KVC_DTYPE_F32, KVC_E_LAYER);
+  PUTX(2, 2, 0, 0, KVC_DTYPE_F32, KVC_E_LAYER);
+  PUTX(3, 1, 0, 0, KVC_DTYPE_F32, KVC_E_LAYER);
+  PUTX(UINT32_MAX, 0, 0, 0, KVC_DTYPE_F32, KVC_E_LAYER);
+  PUTX(0, 0, 0, 1, KVC_DTYPE_F32, KVC_E_HEAD); /* puts cover every head */
+  PUTX(0, 0, 1, 2, KVC_DTYPE_F32, KVC_E_HEAD);
+  PUTX(0, 0, 1, 0, KVC_DTYPE_F32, KVC_E_HEAD);
+  PUTX(0, 0, 0, 3, KVC_DTYPE_F32, KVC_E_HEAD);
+  PUTX(0, 0, 0, 0, KVC_DTYPE_F64, KVC_E_DTYPE); /* cache dtype or f32 only */
+  PUTX(0, 0, 0, 0, KVC_DTYPE_F16, KVC_E_DTYPE);
+  PUTX(0, 0, 0, 0, KVC_DTYPE_BF16, KVC_E_DTYPE);
+  PUTX(0, 0, 0, 0, KVC_DTYPE_INT8, KVC_E_DTYPE);
+  PUTX(0, 0, 0, 0, 99, KVC_E_DTYPE);
+#undef PUTX
+  x = (engine_xfer_t){0, 0, 0, 2, KVC_DTYPE_F32}; /* the whole head range is fine */
+  ASSERT_OK(put_fake(&f, &x, 1, 0, 1));
+  ASSERT_U64_EQ(fx_stats(&f).puts, 1);
+  fx_close(&f);
+}
+
+TEST(put_rejects_wrong_sizes) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  fx_rng_t r = fx_all(&l);
+  fx_buf_t b = fx_buf_new(&l, r, 3);
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  engine_io_t io = fx_io(1, 0, 3, &b);
+  io.k_bytes--;
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_SIZE);
+  io = fx_io(1, 0, 3, &b), io.v_bytes--;
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_SIZE);
+  io = fx_io(1, 0, 3, &b), io.k_bytes = 0;
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_SIZE);
+  io = fx_io(1, 0, 3, &b), io.k_bytes = b.vb, io.v_bytes = b.kb; /* swapped */
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_SIZE);
+  io = fx_io(1, 0, 3, &b), io.ntokens = 2; /* bytes of 3 tokens for 2 */
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_SIZE);
+  ASSERT_U64_EQ(fx_stats(&f).sequences, 0);
+  fx_buf_free(&b);
+  fx_close(&f);
+}
+
+/* Entry i of a batch puts 2 tokens of seq 10+i at 0; bad_at breaks one. */
+static int batch_put(fx_t *f, size_t n, size_t bad_at, int how) {
+  fx_rng_t r = fx_all(&f->lay);
+  fx_buf_t b[8];
+  engine_io_t io[8];
+  for (size_t i = 0; i < n; i++) {
+    b[i] = fx_buf_new(&f->lay, r, 2);
+    fx_fill(&f->lay, r, 10 + i, 0, 2, 0, b[i].k, b[i].v);
+    io[i] = fx_io(10 + i, 0, 2, &b[i]);
+  }
+  if (bad_at < n) {
+    if (how == 0) io[bad_at].pos = 1;                   /* RANGE */
+    if (how == 1) io[bad_at].k_bytes++;                 /* SIZE */
+    if (how == 2) io[bad_at].seq_id = io[0].seq_id;     /* DUPSEQ */
+    if (how == 3) io[bad_at].v = NULL;                  /* INVAL */
+  }
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  int rc = engine_put(f->eng, f->cid, &x, io, n);
+  for (size_t i = 0; i < n; i++) fx_buf_free(&b[i]);
+  return rc;
+}
+
+TEST(put_batch_is_all_or_nothing_on_bad_entry) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 16);
+  engine_stats_t s0 = fx_stats(&f);
+  ASSERT_ERR(batch_put(&f, 4, 3, 0), KVC_E_RANGE);
+  ASSERT_ERR(batch_put(&f, 4, 2, 1), KVC_E_SIZE);
+  ASSERT_ERR(batch_put(&f, 4, 3, 2), KVC_E_DUPSEQ);
+  ASSERT_ERR(batch_put(&f, 4, 1, 3), KVC_E_INVAL);
+  engine_stats_t s1 = fx_stats(&f);
+  FX_STATS_SAME(&s0, &s1);
+  ASSERT_U64_EQ(s1.errors, 4);
+  kvc_seq_info_t si;
+  for (uint64_t s = 10; s < 14; s++)
+    ASSERT_ERR(engine_seq_info(f.eng, f.cid, s, &si), KVC_E_NOSEQ);
+  ASSERT_OK(batch_put(&f, 4, 99, 0));
+  for (uint64_t s = 10; s < 14; s++) FX_EXPECT(&f, s, 0, 2, 0);
+  ASSERT_U64_EQ(fx_stats(&f).puts, 4);
+  ASSERT_U64_EQ(fx_stats(&f).put_tokens, 8);
+  fx_close(&f);
+}
+
+TEST(put_max_seqs_is_TOOMANY) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  int64_t pb = engine_layout_page_bytes(&l);
+  fx_engine(&f, fx_round_up((uint64_t)pb, 64), 16, 3);
+  f.lay = l;
+  ASSERT_OK(engine_cache_open(f.eng, "main", &l, &f.cid));
+  for (uint64_t s = 1; s <= 3; s++) {
+    ASSERT_OK(fx_put(&f, s, 0, 1, 0));
+    ASSERT_OK(engine_pin(f.eng, f.cid, s, 1));
+  }
+  ASSERT_ERR(fx_put(&f, 4, 0, 1, 0), KVC_E_TOOMANY);
+  ASSERT_OK(fx_put(&f, 3, 1, 1, 0)); /* existing sequences still grow */
+  ASSERT_U64_EQ(fx_stats(&f).sequences, 3);
+  fx_close(&f);
+}
+
+/* ---- put and get: values ---------------------------------------------------- */
+
+TEST(put_append_then_get_values) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 5, 0));
+  ASSERT_OK(fx_put(&f, 1, 5, 4, 0));
+  FX_EXPECT(&f, 1, 0, 9, 0);
+  FX_EXPECT(&f, 1, 3, 4, 0); /* a window across a page boundary */
+  kvc_seq_info_t si = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(si.seq_id, 1);
+  ASSERT_U64_EQ(si.start, 0);
+  ASSERT_U64_EQ(si.length, 9);
+  ASSERT_U64_EQ(si.extent, 9);
+  ASSERT_EQ(si.pages, 3); /* ceil(9 / 4) */
+  ASSERT_EQ(si.shared_pages, 0);
+  ASSERT_EQ(si.pins, 0);
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.pages_used, 3);
+  ASSERT_U64_EQ(s.pages_free, 5);
+  ASSERT_U64_EQ(s.sequences, 1);
+  ASSERT_U64_EQ(s.tokens, 9);
+  ASSERT_U64_EQ(s.puts, 2);
+  ASSERT_U64_EQ(s.put_tokens, 9);
+  ASSERT_U64_EQ(s.bytes_in, 9 * 4 * 2 * 12 * 4);
+  ASSERT_U64_EQ(s.gets, 2);
+  ASSERT_U64_EQ(s.get_tokens, 13);
+  ASSERT_U64_EQ(s.bytes_out, 13 * 4 * 2 * 12 * 4);
+  ASSERT_U64_EQ(s.bytes_used, 3 * (uint64_t)engine_layout_page_bytes(&l));
+  fx_close(&f);
+}
+
+TEST(put_overwrite_inside_and_across_end) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 8, 0));
+  ASSERT_OK(fx_put(&f, 1, 2, 3, 7)); /* [2, 5) inside */
+  FX_EXPECT(&f, 1, 0, 2, 0);
+  FX_EXPECT(&f, 1, 2, 3, 7);
+  FX_EXPECT(&f, 1, 5, 3, 0);
+  ASSERT_U64_EQ(FX_INFO(&f, 1).length, 8);
+  ASSERT_OK(fx_put(&f, 1, 6, 4, 8)); /* [6, 10): over the end */
+  FX_EXPECT(&f, 1, 5, 1, 0);
+  FX_EXPECT(&f, 1, 6, 4, 8);
+  ASSERT_U64_EQ(FX_INFO(&f, 1).length, 10);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 3);
+  ASSERT_U64_EQ(fx_stats(&f).tokens, 10);
+  fx_close(&f);
+}
+
+TEST(get_rejects_bad_arguments) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  fx_rng_t r = fx_all(&l);
+  ASSERT_OK(fx_put(&f, 1, 0, 6, 0));
+  fx_buf_t b = fx_buf_new(&l, r, 2);
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  engine_io_t io = fx_io(1, 0, 2, &b);
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, NULL, 1), KVC_E_INVAL);
+  io.k = NULL;
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, &io, 1), KVC_E_INVAL);
+  io = fx_io(1, 0, 2, &b), io.k_bytes -= 4;
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, &io, 1), KVC_E_SIZE);
+  io = fx_io(1, 0, 2, &b);
+  ASSERT_ERR(engine_get(f.eng, f.cid + 1, &x, &io, 1), KVC_E_NOCACHE);
+  io.seq_id = 2;
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, &io, 1), KVC_E_NOSEQ);
+  ASSERT_ERR(fx_get_rc(&f, 1, 5, 2, r), KVC_E_RANGE); /* past length */
+  ASSERT_ERR(fx_get_rc(&f, 1, 6, 1, r), KVC_E_RANGE);
+  ASSERT_ERR(fx_get_rc(&f, 1, BIG - 1, 1, r), KVC_E_RANGE);
+  ASSERT_ERR(fx_get_rc(&f, 1, BIG, 1, r), KVC_E_OVERFLOW);  /* pos + n wraps */
+  ASSERT_ERR(fx_get_rc(&f, 1, 2, BIG - 1, r), KVC_E_OVERFLOW);
+  x.dtype = KVC_DTYPE_F16; /* f32 cache: gets are f32 only */
+  io = fx_io(1, 0, 2, &b);
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, &io, 1), KVC_E_DTYPE);
+  x.dtype = KVC_DTYPE_INT8;
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, &io, 1), KVC_E_DTYPE);
+  ASSERT_U64_EQ(fx_stats(&f).gets, 0);
+  fx_buf_free(&b);
+  fx_close(&f);
+}
+
+TEST(get_batch_writes_nothing_when_one_entry_fails) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  fx_rng_t r = fx_all(&l);
+  ASSERT_OK(fx_put(&f, 1, 0, 4, 0));
+  ASSERT_OK(fx_put(&f, 2, 0, 4, 0));
+  fx_buf_t b1 = fx_buf_new(&l, r, 4), b2 = fx_buf_new(&l, r, 4);
+  memset(b1.k, 0x5a, b1.kb);
+  memset(b1.v, 0x5a, b1.vb);
+  engine_io_t io[2] = {fx_io(1, 0, 4, &b1), fx_io(2, 1, 4, &b2)}; /* [1,5) > 4 */
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, io, 2), KVC_E_RANGE);
+  for (uint64_t i = 0; i < b1.kb; i++) ASSERT_EQ(((unsigned char *)b1.k)[i], 0x5a);
+  for (uint64_t i = 0; i < b1.vb; i++) ASSERT_EQ(((unsigned char *)b1.v)[i], 0x5a);
+  io[0].seq_id = 2;
+  io[1] = fx_io(2, 0, 4, &b2);
+  ASSERT_OK(engine_get(f.eng, f.cid, &x, io, 2)); /* the same seq twice is fine */
+  ASSERT_MEM_EQ(b1.k, b2.k, b1.kb);
+  fx_buf_free(&b1);
+  fx_buf_free(&b2);
+  fx_close(&f);
+}
+
+TEST(get_single_token_and_head_ranges) {
+  fx_t f;
+  kvc_layout_t l = fx_layout(3, 4, 8, 4, KVC_DTYPE_F32, 4);
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 3));
+  for (uint64_t p = 0; p < 10; p++) FX_EXPECT(&f, 1, p, 1, 3);
+  for (uint32_t hb = 0; hb < 4; hb++)
+    for (uint32_t he = hb + 1; he <= 4; he++)
+      FX_EXPECT_RNG(&f, 1, 2, 7, fx_rng(&l, 0, 0, hb, he), 1, 3);
+  FX_EXPECT_RNG(&f, 1, 9, 1, fx_rng(&l, 1, 2, 2, 3), 1, 3); /* one token, layer, head */
+  FX_EXPECT_RNG(&f, 1, 0, 10, fx_rng(&l, 2, 0, 3, 0), 1, 3); /* ends 0: to the last */
+  engine_xfer_t x;
+  fx_buf_t b = fx_buf_new(&l, fx_all(&l), 1);
+  engine_io_t io = fx_io(1, 0, 1, &b);
+#define GETX(lb, le, hb, he, code)                                             \
+  do {                                                                         \
+    x = (engine_xfer_t){lb, le, hb, he, KVC_DTYPE_F32};                        \
+    io.k_bytes = io.v_bytes = 4;                                               \
+    ASSERT_ERR(engine_get(f.eng, f.cid, &x, &io, 1), code);                    \
+  } while (0)
+  GETX(0, 0, 1, 1, KVC_E_HEAD);
+  GETX(0, 0, 3, 2, KVC_E_HEAD);
+  GETX(0, 0, 0, 5, KVC_E_HEAD);
+  GETX(0, 0, 4, 0, KVC_E_HEAD);
+  GETX(3, 0, 0, 0, KVC_E_LAYER);
+  GETX(1, 1, 0, 0, KVC_E_LAYER);
+  GETX(0, 4, 0, 0, KVC_E_LAYER);
+#undef GETX
+  fx_buf_free(&b);
+  fx_close(&f);
+}
+
+/* Layer 0 runs ahead of the others: pipelined prefill. */
+TEST(put_layer_range_pipelining) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  fx_rng_t all = fx_all(&l), l0 = fx_rng(&l, 0, 1, 0, 0), rest = fx_rng(&l, 1, 0, 0, 0);
+  ASSERT_OK(fx_put_layers(&f, 1, 0, 4, 0, 1, 0));
+  kvc_seq_info_t si = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(si.length, 0); /* not yet written for every layer */
+  ASSERT_U64_EQ(si.extent, 4);
+  FX_EXPECT_RNG(&f, 1, 0, 4, l0, 1, 0);
+  ASSERT_ERR(fx_get_rc(&f, 1, 0, 4, all), KVC_E_RANGE);
+  ASSERT_ERR(fx_get_rc(&f, 1, 0, 1, rest), KVC_E_RANGE);
+  ASSERT_OK(fx_put_layers(&f, 1, 4, 4, 0, 1, 0)); /* layer 0 now 8 */
+  ASSERT_ERR(fx_put_layers(&f, 1, 1, 1, 1, 0, 0), KVC_E_RANGE); /* hole in layers 1.. */
+  ASSERT_ERR(fx_put(&f, 1, 1, 1, 0), KVC_E_RANGE); /* pos > written length of layer 1 */
+  ASSERT_OK(fx_put_layers(&f, 1, 0, 4, 1, 0, 0));
+  si = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(si.length, 4);
+  ASSERT_U64_EQ(si.extent, 8);
+  ASSERT_EQ(si.pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).tokens, 4);
+  FX_EXPECT(&f, 1, 0, 4, 0);
+  FX_EXPECT_RNG(&f, 1, 0, 8, l0, 1, 0);
+  ASSERT_ERR(fx_get_rc(&f, 1, 0, 5, all), KVC_E_RANGE);
+  ASSERT_OK(fx_put(&f, 1, 4, 4, 1)); /* all layers at 4: overwrites layer 0's [4,8) */
+  si = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(si.length, 8);
+  ASSERT_U64_EQ(si.extent, 8);
+  FX_EXPECT(&f, 1, 4, 4, 1);
+  fx_close(&f);
+}
+
+/* engine.h leaves zero-length transfers open: either refused as INVAL or
+ * done as nothing. Either way nothing may change, and no sequence appears. */
+TEST(zero_tokens_change_nothing) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 3, 0));
+  engine_stats_t s0 = fx_stats(&f);
+  int r = fx_put(&f, 2, 0, 0, 0);
+  ASSERT(r == 0 || r == KVC_E_INVAL);
+  r = fx_put(&f, 1, 3, 0, 0);
+  ASSERT(r == 0 || r == KVC_E_INVAL);
+  r = fx_get_rc(&f, 1, 3, 0, fx_all(&l));
+  ASSERT(r == 0 || r == KVC_E_INVAL);
+  kvc_seq_info_t si;
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 2, &si), KVC_E_NOSEQ);
+  engine_stats_t s1 = fx_stats(&f);
+  ASSERT_U64_EQ(s1.sequences, s0.sequences);
+  ASSERT_U64_EQ(s1.pages_used, s0.pages_used);
+  ASSERT_U64_EQ(s1.tokens, s0.tokens);
+  FX_EXPECT(&f, 1, 0, 3, 0);
+  fx_close(&f);
+}
