@@ -1,0 +1,39 @@
+/* dtype.h: element types, conversions between them, and int8 quantization.
+ *
+ * Float conversions round to nearest even and keep NaN a NaN (quiet), inf
+ * an inf and the sign of zero. int8 is symmetric absmax: for one row (one
+ * token, one head, one layer) scale = max|x| / 127 and q = round(x / scale),
+ * so dequantized x = q * scale is within scale / 2 of the input.
+ */
+#ifndef KVC_DTYPE_H
+#define KVC_DTYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache/types.h"
+
+/* Bytes of one element, 0 for an unknown dtype. */
+unsigned dtype_size(kvc_dtype_t t);
+bool dtype_valid(kvc_dtype_t t);
+
+uint16_t dtype_f32_to_f16(float f);
+float dtype_f16_to_f32(uint16_t h);
+uint16_t dtype_f32_to_bf16(float f);
+float dtype_bf16_to_f32(uint16_t b);
+
+/* Converts n elements between two float dtypes (f32, f64, f16, bf16); the
+ * same dtype is a plain copy. Buffers may be unaligned. */
+void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, size_t n);
+
+/* True if all n elements of src (a float dtype) are finite. */
+bool dtype_all_finite(const void *src, kvc_dtype_t st, size_t n);
+
+/* Quantizes n elements of src (f32, f16 or bf16) into q; returns the scale.
+ * A non-finite input yields a saturated, still well-defined row. */
+float dtype_quantize(int8_t *q, const void *src, kvc_dtype_t st, size_t n);
+/* dst is f32, possibly unaligned. */
+void dtype_dequantize(void *dst, const int8_t *q, float scale, size_t n);
+
+#endif

@@ -1,0 +1,214 @@
+/* engine.c: the engine's lifecycle and its caches. Operations on sequences
+ * live in ops.c (put/get) and seqops.c (remove, copy, trim, pins). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine_impl.h"
+
+int engine_fail(engine_t *eng, int code, const char *fmt, ...) {
+  va_list ap;
+  eng->err.code = code;
+  eng->err.needed = eng->err.freeable = 0;
+  va_start(ap, fmt);
+  vsnprintf(eng->err.msg, sizeof eng->err.msg, fmt, ap);
+  va_end(ap);
+  eng->st.errors++;
+  return code;
+}
+
+const engine_err_t *engine_last_error(const engine_t *eng) { return &eng->err; }
+
+void engine_set_now(engine_t *eng, uint64_t now_ms) { eng->now_ms = now_ms; }
+
+void engine_fail_alloc_after(engine_t *eng, int64_t k) { eng->mem.fail_after = k; }
+
+int engine_new(const engine_config_t *cfg, engine_t **out) {
+  if (!cfg || !out || !cfg->base || cfg->page_bytes == 0 || cfg->page_bytes % 64 ||
+      cfg->page_bytes > cfg->pool_bytes || ((uintptr_t)cfg->base % 64))
+    return KVC_E_INVAL;
+  mem_t m;
+  mem_init(&m);
+  engine_t *eng = mem_calloc(&m, 1, sizeof *eng);
+  if (!eng) return KVC_E_NOMEM;
+  eng->mem = m;
+  eng->max_caches = cfg->max_caches ? cfg->max_caches : 64;
+  eng->max_seqs = cfg->max_seqs;
+  eng->lru.lru_next = eng->lru.lru_prev = &eng->lru;
+  hmap_init(&eng->owners);
+  int rc = pool_init(&eng->pool, &eng->mem, cfg->base, cfg->pool_bytes, cfg->page_bytes);
+  if (rc == 0) {
+    eng->caches = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->caches);
+    if (!eng->caches) rc = KVC_E_NOMEM;
+  }
+  if (rc) {
+    engine_free(eng);
+    return rc;
+  }
+  *out = eng;
+  return 0;
+}
+
+static void cache_free(engine_t *eng, cache_t *c) {
+  size_t pos = 0;
+  seq_t *s;
+  /* Dropping shifts map entries back; rescan until the map is empty. */
+  while (c->seqs.count) {
+    pos = 0;
+    while ((s = hmap_next(&c->seqs, &pos, NULL))) {
+      seq_drop(eng, s);
+      if (pos > 0) pos--; /* the slot may have been refilled by a shift */
+    }
+  }
+  hmap_deinit(&c->seqs, &eng->mem);
+}
+
+void engine_free(engine_t *eng) {
+  if (!eng) return;
+  if (eng->caches) {
+    for (uint32_t i = 0; i < eng->ncaches; i++) {
+      if (!eng->caches[i]) continue;
+      cache_free(eng, eng->caches[i]);
+      mem_free(&eng->mem, eng->caches[i]);
+    }
+    mem_free(&eng->mem, eng->caches);
+  }
+  hmap_deinit(&eng->owners, &eng->mem);
+  pool_deinit(&eng->pool, &eng->mem);
+  mem_t m = eng->mem;
+  mem_free(&m, eng);
+}
+
+cache_t *engine_cache(engine_t *eng, uint32_t cache_id) {
+  return cache_id < eng->ncaches ? eng->caches[cache_id] : NULL;
+}
+
+int64_t engine_layout_page_bytes(const kvc_layout_t *layout) {
+  geom_t g;
+  if (!layout) return KVC_E_INVAL;
+  int rc = layout_geom(layout, &g);
+  return rc ? rc : (int64_t)g.page_bytes;
+}
+
+static int name_check(const char *name) {
+  size_t n = strnlen(name, KVC_MAX_NAME + 1);
+  if (n == 0 || n > KVC_MAX_NAME) return KVC_E_NAME;
+  for (size_t i = 0; i < n; i++)
+    if (name[i] <= ' ' || name[i] > '~') return KVC_E_NAME;
+  return 0;
+}
+
+int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layout,
+                      uint32_t *cache_id) {
+  if (!eng) return KVC_E_INVAL;
+  if (!name || !layout || !cache_id) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  if (name_check(name))
+    return engine_fail(eng, KVC_E_NAME, "cache name must be 1-%u printable bytes, no spaces",
+                       KVC_MAX_NAME);
+  geom_t g;
+  int rc = layout_geom(layout, &g);
+  if (rc) return engine_fail(eng, rc, "invalid layout: %s", kvc_strerror(rc));
+  for (uint32_t i = 0; i < eng->ncaches; i++) {
+    cache_t *c = eng->caches[i];
+    if (!c || strcmp(c->name, name) != 0) continue;
+    if (!layout_equal(&c->layout, layout))
+      return engine_fail(eng, KVC_E_LAYOUT, "cache '%s' exists with another layout", name);
+    *cache_id = c->id;
+    return 0;
+  }
+  if (g.page_bytes > eng->pool.page_bytes)
+    return engine_fail(eng, KVC_E_PAGESIZE,
+                       "a page of this layout needs %llu bytes, a pool page has %llu: "
+                       "lower page_tokens or raise the pool's page size",
+                       (unsigned long long)g.page_bytes,
+                       (unsigned long long)eng->pool.page_bytes);
+  if (eng->ncaches == eng->max_caches)
+    return engine_fail(eng, KVC_E_TOOMANY, "at most %u caches", eng->max_caches);
+  cache_t *c = mem_calloc(&eng->mem, 1, sizeof *c);
+  if (!c) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  memcpy(c->name, name, strlen(name) + 1);
+  c->id = eng->ncaches;
+  c->layout = layout_normalize(layout);
+  c->g = g;
+  hmap_init(&c->seqs);
+  eng->caches[eng->ncaches++] = c;
+  *cache_id = c->id;
+  return 0;
+}
+
+int engine_cache_clear(engine_t *eng, uint32_t cache_id) {
+  if (!eng) return KVC_E_INVAL;
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_free(eng, c);
+  return 0;
+}
+
+int engine_cache_drop(engine_t *eng, uint32_t cache_id) {
+  if (!eng) return KVC_E_INVAL;
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_free(eng, c);
+  eng->caches[cache_id] = NULL;
+  mem_free(&eng->mem, c);
+  return 0;
+}
+
+static void cache_info_fill(const cache_t *c, kvc_cache_info_t *out) {
+  memset(out, 0, sizeof *out);
+  memcpy(out->name, c->name, sizeof out->name);
+  out->cache_id = c->id;
+  out->layout = c->layout;
+  out->page_bytes = c->g.page_bytes;
+  out->sequences = c->st.sequences;
+  out->tokens = c->st.tokens;
+  out->pages = c->st.pages;
+}
+
+int engine_cache_list(engine_t *eng, kvc_cache_info_t *out, size_t cap, size_t *n) {
+  if (!eng || !n || (cap && !out)) return KVC_E_INVAL;
+  size_t k = 0;
+  for (uint32_t i = 0; i < eng->ncaches; i++) {
+    if (!eng->caches[i]) continue;
+    if (k < cap) cache_info_fill(eng->caches[i], &out[k]);
+    k++;
+  }
+  *n = k;
+  return 0;
+}
+
+int engine_cache_info(engine_t *eng, uint32_t cache_id, kvc_cache_info_t *out) {
+  if (!eng || !out) return KVC_E_INVAL;
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_info_fill(c, out);
+  return 0;
+}
+
+int engine_cache_stats(engine_t *eng, uint32_t cache_id, cache_stats_t *out) {
+  if (!eng || !out) return KVC_E_INVAL;
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  *out = c->st;
+  return 0;
+}
+
+void engine_stats(const engine_t *eng, engine_stats_t *out) {
+  *out = eng->st;
+  const pool_t *p = &eng->pool;
+  out->pool_bytes = (uint64_t)p->npages * p->page_bytes;
+  out->page_bytes = p->page_bytes;
+  out->pages_total = p->npages;
+  out->pages_free = p->nfree;
+  out->pages_used = p->npages - p->nfree;
+  out->pages_shared = p->nshared;
+  out->pages_pinned = p->npinned;
+  out->bytes_used = eng->bytes_used;
+  out->bytes_padding = out->pages_used * p->page_bytes - eng->bytes_used;
+  out->metadata_bytes = eng->mem.live_bytes;
+  out->caches = 0;
+  for (uint32_t i = 0; i < eng->ncaches; i++) out->caches += eng->caches[i] != NULL;
+  out->sequences = eng->nseqs;
+  out->sequences_pinned = eng->nseqs_pinned;
+  out->tokens = eng->ntokens;
+}

@@ -1,0 +1,58 @@
+/* layout.c: validates a layout and computes the byte geometry of its pages. */
+#include "layout.h"
+
+#include "dtype.h"
+#include "kvcache/errors.h"
+
+kvc_layout_t layout_normalize(const kvc_layout_t *layout) {
+  kvc_layout_t l = *layout;
+  if (l.page_tokens == 0) l.page_tokens = KVC_DEFAULT_PAGE_TOKENS;
+  return l;
+}
+
+bool layout_equal(const kvc_layout_t *a, const kvc_layout_t *b) {
+  kvc_layout_t x = layout_normalize(a), y = layout_normalize(b);
+  return x.num_layers == y.num_layers && x.num_kv_heads == y.num_kv_heads &&
+         x.head_dim_k == y.head_dim_k && x.head_dim_v == y.head_dim_v &&
+         x.dtype == y.dtype && x.page_tokens == y.page_tokens;
+}
+
+/* a * b into *out; false on u64 overflow. */
+static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+
+int layout_geom(const kvc_layout_t *layout, geom_t *g) {
+  kvc_layout_t l = layout_normalize(layout);
+  if (l.num_layers == 0 || l.num_layers > KVC_MAX_LAYERS) return KVC_E_NLAYERS;
+  if (l.num_kv_heads == 0 || l.num_kv_heads > KVC_MAX_HEADS) return KVC_E_NHEADS;
+  if (l.head_dim_k == 0 || l.head_dim_k > KVC_MAX_HEAD_DIM || l.head_dim_v == 0 ||
+      l.head_dim_v > KVC_MAX_HEAD_DIM)
+    return KVC_E_HEADDIM;
+  if (l.page_tokens > KVC_MAX_PAGE_TOKENS || (l.page_tokens & (l.page_tokens - 1)))
+    return KVC_E_PAGETOKENS;
+  if (!dtype_valid(l.dtype)) return KVC_E_DTYPE;
+  g->L = l.num_layers;
+  g->H = l.num_kv_heads;
+  g->dk = l.head_dim_k;
+  g->dv = l.head_dim_v;
+  g->T = l.page_tokens;
+  g->tshift = (uint32_t)__builtin_ctz(l.page_tokens);
+  g->es = dtype_size(l.dtype);
+  g->int8 = l.dtype == KVC_DTYPE_INT8;
+  uint64_t k_blk, v_blk, s_blk = 0, x;
+  if (!mul_ok((uint64_t)g->H * g->dk, g->es, &g->k_row) ||
+      !mul_ok((uint64_t)g->H * g->dv, g->es, &g->v_row) ||
+      !mul_ok(g->k_row, g->T, &k_blk) || !mul_ok(g->v_row, g->T, &v_blk) ||
+      !mul_ok((uint64_t)g->T * g->H, g->int8 ? 4 : 0, &s_blk))
+    return KVC_E_OVERFLOW;
+  g->k_off_v = k_blk;
+  g->ks_off = k_blk + v_blk;
+  g->vs_off = g->ks_off + s_blk;
+  g->layer_bytes = g->vs_off + s_blk;
+  /* Keep every layer 8-byte aligned so scales and wide dtypes stay aligned. */
+  if (__builtin_add_overflow(g->layer_bytes, 7, &x)) return KVC_E_OVERFLOW;
+  g->layer_bytes = x & ~(uint64_t)7;
+  if (!mul_ok(g->layer_bytes, g->L, &g->page_bytes)) return KVC_E_OVERFLOW;
+  return 0;
+}

@@ -1,0 +1,334 @@
+/* ops.c: put and get, single and batched, validated in full before any
+ * change: a put that fails leaves every sequence, page and counter as it was. */
+#include <string.h>
+
+#include "copy.h"
+#include "dtype.h"
+#include "engine_impl.h"
+
+#define MAX_BATCH (1u << 20)
+
+/* A transfer's ranges after defaults and checks. */
+typedef struct xr {
+  uint32_t l0, l1, h0, h1;
+  kvc_dtype_t bt; /* buffer dtype */
+} xr_t;
+
+static int xfer_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put,
+                        xr_t *r) {
+  engine_xfer_t d = {0, 0, 0, 0, 0};
+  if (!x) x = &d;
+  const geom_t *g = &c->g;
+  r->l0 = x->layer_begin;
+  r->l1 = x->layer_end ? x->layer_end : g->L;
+  r->h0 = x->head_begin;
+  r->h1 = x->head_end ? x->head_end : g->H;
+  if (r->l0 >= r->l1 || r->l1 > g->L)
+    return engine_fail(eng, KVC_E_LAYER, "layer range [%u, %u) outside 0..%u", r->l0, r->l1,
+                       g->L);
+  if (r->h0 >= r->h1 || r->h1 > g->H)
+    return engine_fail(eng, KVC_E_HEAD, "head range [%u, %u) outside 0..%u", r->h0, r->h1,
+                       g->H);
+  if (is_put && (r->h0 != 0 || r->h1 != g->H))
+    return engine_fail(eng, KVC_E_HEAD, "a put writes every head");
+  kvc_dtype_t st = c->layout.dtype, bt = x->dtype;
+  if (bt == 0) bt = g->int8 ? KVC_DTYPE_F32 : st;
+  bool ok;
+  if (g->int8)
+    ok = is_put ? (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_F16 || bt == KVC_DTYPE_BF16)
+                : (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_INT8);
+  else
+    ok = bt == st || bt == KVC_DTYPE_F32;
+  if (!ok)
+    return engine_fail(eng, KVC_E_DTYPE, "cannot %s dtype %d for a cache of dtype %d",
+                       is_put ? "put" : "get", (int)bt, (int)st);
+  r->bt = bt;
+  return 0;
+}
+
+/* Buffer bytes of ntokens for r: K, V and (raw int8) each scale buffer. */
+static int xfer_sizes(const cache_t *c, const xr_t *r, uint64_t ntokens, uint64_t *kb,
+                      uint64_t *vb, uint64_t *sb) {
+  uint64_t rows, krow = (uint64_t)c->g.dk * dtype_size(r->bt);
+  uint64_t vrow = (uint64_t)c->g.dv * dtype_size(r->bt);
+  if (__builtin_mul_overflow((uint64_t)(r->l1 - r->l0) * (r->h1 - r->h0), ntokens, &rows) ||
+      __builtin_mul_overflow(rows, krow, kb) || __builtin_mul_overflow(rows, vrow, vb) ||
+      __builtin_mul_overflow(rows, 4, sb))
+    return KVC_E_OVERFLOW;
+  if (!(c->g.int8 && r->bt == KVC_DTYPE_INT8)) *sb = 0;
+  return 0;
+}
+
+int engine_xfer_bytes(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x, bool is_put,
+                      uint64_t ntokens, uint64_t *k_bytes, uint64_t *v_bytes,
+                      uint64_t *scale_bytes) {
+  if (!eng) return KVC_E_INVAL;
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  xr_t r;
+  uint64_t kb, vb, sb;
+  int rc = xfer_resolve(eng, c, x, is_put, &r);
+  if (rc) return rc;
+  if (xfer_sizes(c, &r, ntokens, &kb, &vb, &sb))
+    return engine_fail(eng, KVC_E_OVERFLOW, "transfer of %llu tokens overflows",
+                       (unsigned long long)ntokens);
+  if (k_bytes) *k_bytes = kb;
+  if (v_bytes) *v_bytes = vb;
+  if (scale_bytes) *scale_bytes = sb;
+  return 0;
+}
+
+/* Checks an entry's position arithmetic and buffers; not its sequence. */
+static int entry_check(engine_t *eng, const cache_t *c, const xr_t *r, bool is_put,
+                       const engine_io_t *e, size_t i) {
+  uint64_t end, kb, vb, sb;
+  if (__builtin_add_overflow(e->pos, e->ntokens, &end))
+    return engine_fail(eng, KVC_E_OVERFLOW, "entry %zu: pos + ntokens overflows", i);
+  if (end > KVC_MAX_SEQ_TOKENS)
+    return engine_fail(eng, KVC_E_RANGE, "entry %zu: end %llu beyond the maximum of %llu", i,
+                       (unsigned long long)end, (unsigned long long)KVC_MAX_SEQ_TOKENS);
+  if (xfer_sizes(c, r, e->ntokens, &kb, &vb, &sb))
+    return engine_fail(eng, KVC_E_OVERFLOW, "entry %zu: size overflows", i);
+  if (e->k_bytes != kb || e->v_bytes != vb || (sb && (e->k_scale_bytes != sb ||
+                                                      e->v_scale_bytes != sb)))
+    return engine_fail(eng, KVC_E_SIZE,
+                       "entry %zu: buffers of %llu/%llu bytes, layout needs %llu/%llu", i,
+                       (unsigned long long)e->k_bytes, (unsigned long long)e->v_bytes,
+                       (unsigned long long)kb, (unsigned long long)vb);
+  if (e->ntokens && (!e->k || !e->v || (sb && (!e->k_scale || !e->v_scale))))
+    return engine_fail(eng, KVC_E_INVAL, "entry %zu: NULL buffer", i);
+  if (is_put && c->g.int8 && e->ntokens &&
+      (!dtype_all_finite(e->k, r->bt, kb / dtype_size(r->bt)) ||
+       !dtype_all_finite(e->v, r->bt, vb / dtype_size(r->bt))))
+    return engine_fail(eng, KVC_E_NONFINITE, "entry %zu: NaN or inf cannot be quantized", i);
+  return 0;
+}
+
+/* The smallest written length over layers [l0, l1). */
+static uint64_t range_len(const seq_t *s, uint32_t l0, uint32_t l1) {
+  if (!s->layer_len) return s->len;
+  uint64_t m = UINT64_MAX;
+  for (uint32_t l = l0; l < l1; l++)
+    if (s->layer_len[l] < m) m = s->layer_len[l];
+  return m;
+}
+
+/* Per-entry state of a put between validation and commit. */
+typedef struct target {
+  seq_t *s;
+  uint32_t old_cap;  /* table capacity before, to undo growth */
+  bool created;      /* new sequence, in the map but not yet attached */
+  bool new_layers;   /* layer_len allocated by this call */
+} target_t;
+
+static void put_rollback(engine_t *eng, const cache_t *c, target_t *t, size_t n) {
+  for (size_t i = n; i-- > 0;) {
+    seq_t *s = t[i].s;
+    if (!s) continue;
+    if (t[i].created) {
+      hmap_remove(&s->cache->seqs, s->id);
+      seq_free(eng, s);
+      continue;
+    }
+    if (t[i].new_layers) {
+      mem_free(&eng->mem, s->layer_len);
+      s->layer_len = NULL;
+    }
+    if (s->cap > t[i].old_cap) {
+      if (t[i].old_cap == 0) {
+        mem_free(&eng->mem, s->table);
+        s->table = NULL;
+        s->cap = 0;
+      } else {
+        uint32_t *tb = mem_realloc(&eng->mem, s->table, t[i].old_cap * sizeof *tb);
+        if (tb) {
+          s->table = tb;
+          s->cap = t[i].old_cap;
+        }
+      }
+    }
+  }
+  (void)c;
+}
+
+/* Finds or creates the entry's sequence and checks positions against it. */
+static int put_target(engine_t *eng, cache_t *c, const xr_t *r, const engine_io_t *e,
+                      size_t i, target_t *t) {
+  seq_t *s = hmap_get(&c->seqs, e->seq_id);
+  if (s && s->mark == eng->epoch)
+    return engine_fail(eng, KVC_E_DUPSEQ, "entry %zu: sequence %llu appears twice", i,
+                       (unsigned long long)e->seq_id);
+  if (!s) {
+    if (e->pos != 0)
+      return engine_fail(eng, KVC_E_RANGE, "entry %zu: new sequence %llu must start at 0",
+                         i, (unsigned long long)e->seq_id);
+    if (eng->max_seqs && eng->nseqs + 1 > eng->max_seqs)
+      return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
+                         (unsigned long long)eng->max_seqs);
+    if (hmap_reserve(&c->seqs, &eng->mem, 1) || !(s = seq_new(eng, c, e->seq_id)))
+      return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    hmap_insert(&c->seqs, s->id, s);
+    t->created = true;
+  }
+  t->s = s;
+  t->old_cap = s->cap;
+  s->mark = eng->epoch;
+  uint64_t have = range_len(s, r->l0, r->l1);
+  if (e->pos < s->start || e->pos > have)
+    return engine_fail(eng, KVC_E_RANGE,
+                       "entry %zu: pos %llu outside [start %llu, written length %llu]", i,
+                       (unsigned long long)e->pos, (unsigned long long)s->start,
+                       (unsigned long long)have);
+  if ((r->l0 != 0 || r->l1 != c->g.L) && !s->layer_len) {
+    s->layer_len = mem_calloc(&eng->mem, c->g.L, sizeof *s->layer_len);
+    if (!s->layer_len) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < c->g.L; l++) s->layer_len[l] = (uint32_t)s->len;
+    t->new_layers = true;
+  }
+  uint64_t end = e->pos + e->ntokens;
+  if (end > s->extent && seq_reserve(eng, s, seq_pages_for(s, end)))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  return 0;
+}
+
+/* Pages an entry will take: new pages past the table, copies of shared ones. */
+static uint64_t put_need(const engine_t *eng, const seq_t *s, const engine_io_t *e) {
+  if (e->ntokens == 0) return 0;
+  uint32_t sh = s->cache->g.tshift;
+  uint64_t first = e->pos >> sh, last = (e->pos + e->ntokens - 1) >> sh, need = 0;
+  for (uint64_t idx = first; idx <= last; idx++) {
+    uint64_t rel = idx - s->base;
+    if (rel >= s->ntable || eng->pool.refcnt[s->table[rel]] > 1) need++;
+  }
+  return need;
+}
+
+/* The page for logical page idx of s, allocated or copied so s owns it. */
+static uint32_t page_for_write(engine_t *eng, seq_t *s, uint64_t idx) {
+  pool_t *p = &eng->pool;
+  uint64_t rel = idx - s->base;
+  const geom_t *g = &s->cache->g;
+  if (rel == s->ntable) {
+    uint32_t page = pool_alloc(p);
+    eng->bytes_used += g->page_bytes;
+    s->table[s->ntable++] = page;
+    seq_page_add(eng, s, page);
+    return page;
+  }
+  uint32_t page = s->table[rel];
+  if (p->refcnt[page] == 1) return page;
+  uint32_t copy = pool_alloc(p); /* copy on write: the other holders keep page */
+  eng->bytes_used += g->page_bytes;
+  memcpy(pool_page(p, copy), pool_page(p, page), g->page_bytes);
+  seq_page_release(eng, s, page);
+  s->table[rel] = copy;
+  seq_page_add(eng, s, copy);
+  eng->st.cow_copies++;
+  s->cache->st.cow_copies++;
+  return copy;
+}
+
+static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t *e) {
+  const geom_t *g = &s->cache->g;
+  copy_plan_t plan;
+  copy_plan_init(&plan, g, s->cache->layout.dtype, r->l0, r->l1 - r->l0, 0, g->H, r->bt,
+                 e->ntokens);
+  uint64_t pos = e->pos, end = e->pos + e->ntokens;
+  while (pos < end) {
+    uint64_t idx = pos >> g->tshift, pstart = idx << g->tshift;
+    uint64_t cnt = (pstart + g->T < end ? pstart + g->T : end) - pos;
+    uint32_t page = page_for_write(eng, s, idx);
+    copy_in(&plan, pool_page(&eng->pool, page), pos - pstart, pos - e->pos, cnt, e->k, e->v);
+    pos += cnt;
+  }
+  seq_set_lengths(eng, s, r->l0, r->l1, end);
+  lru_touch(eng, s);
+  eng->st.puts++;
+  eng->st.put_tokens += e->ntokens;
+  eng->st.bytes_in += e->k_bytes + e->v_bytes;
+  s->cache->st.puts++;
+}
+
+int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+               const engine_io_t *entries, size_t n) {
+  if (!eng) return KVC_E_INVAL;
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  if (!entries || n == 0) return engine_fail(eng, KVC_E_INVAL, "no entries");
+  if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u entries", MAX_BATCH);
+  xr_t r;
+  int rc = xfer_resolve(eng, c, x, true, &r);
+  if (rc) return rc;
+  for (size_t i = 0; i < n; i++)
+    if ((rc = entry_check(eng, c, &r, true, &entries[i], i))) return rc;
+  target_t one, *t = n == 1 ? &one : mem_calloc(&eng->mem, n, sizeof *t);
+  if (!t) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  memset(t, 0, n * sizeof *t);
+  eng->epoch++;
+  uint64_t need = 0;
+  size_t done = 0;
+  for (; done < n; done++) {
+    if ((rc = put_target(eng, c, &r, &entries[done], done, &t[done]))) break;
+    need += put_need(eng, t[done].s, &entries[done]);
+  }
+  if (rc == 0 && (rc = evict_make_room(eng, need)) == KVC_E_FULL) c->st.full_errors++;
+  if (rc) {
+    put_rollback(eng, c, t, done + 1 < n ? done + 1 : n);
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      if (t[i].created) seq_attach(eng, t[i].s);
+      put_apply(eng, t[i].s, &r, &entries[i]);
+    }
+  }
+  if (t != &one) mem_free(&eng->mem, t);
+  return rc;
+}
+
+int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+               const engine_io_t *entries, size_t n) {
+  if (!eng) return KVC_E_INVAL;
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  if (!entries || n == 0) return engine_fail(eng, KVC_E_INVAL, "no entries");
+  if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u entries", MAX_BATCH);
+  xr_t r;
+  int rc = xfer_resolve(eng, c, x, false, &r);
+  if (rc) return rc;
+  for (size_t i = 0; i < n; i++) {
+    const engine_io_t *e = &entries[i];
+    if ((rc = entry_check(eng, c, &r, false, e, i))) return rc;
+    seq_t *s = hmap_get(&c->seqs, e->seq_id);
+    if (!s)
+      return engine_fail(eng, KVC_E_NOSEQ, "entry %zu: no sequence %llu", i,
+                         (unsigned long long)e->seq_id);
+    uint64_t have = range_len(s, r.l0, r.l1);
+    if (e->pos < s->start || e->pos + e->ntokens > have)
+      return engine_fail(eng, KVC_E_RANGE,
+                         "entry %zu: tokens [%llu, %llu) outside [start %llu, length %llu)", i,
+                         (unsigned long long)e->pos, (unsigned long long)(e->pos + e->ntokens),
+                         (unsigned long long)s->start, (unsigned long long)have);
+  }
+  const geom_t *g = &c->g;
+  for (size_t i = 0; i < n; i++) {
+    const engine_io_t *e = &entries[i];
+    seq_t *s = hmap_get(&c->seqs, e->seq_id);
+    copy_plan_t plan;
+    copy_plan_init(&plan, g, c->layout.dtype, r.l0, r.l1 - r.l0, r.h0, r.h1 - r.h0, r.bt,
+                   e->ntokens);
+    uint64_t pos = e->pos, end = e->pos + e->ntokens;
+    while (pos < end) {
+      uint64_t idx = pos >> g->tshift, pstart = idx << g->tshift;
+      uint64_t cnt = (pstart + g->T < end ? pstart + g->T : end) - pos;
+      const unsigned char *page = pool_page(&eng->pool, s->table[idx - s->base]);
+      copy_out(&plan, page, pos - pstart, pos - e->pos, cnt, e->k, e->v, e->k_scale,
+               e->v_scale);
+      pos += cnt;
+    }
+    lru_touch(eng, s);
+    eng->st.gets++;
+    eng->st.get_tokens += e->ntokens;
+    eng->st.bytes_out += e->k_bytes + e->v_bytes + e->k_scale_bytes + e->v_scale_bytes;
+    c->st.gets++;
+  }
+  return 0;
+}

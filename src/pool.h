@@ -1,0 +1,51 @@
+/* pool.h: the page pool, fixed-size pages over a caller's region, refcounted.
+ *
+ * Pages are identified by index; page i's bytes are base + i * page_bytes.
+ * All metadata lives in arrays beside the pages, never in them:
+ *
+ *   refcnt[i]  sequences whose block table holds page i (0: free)
+ *   pinref[i]  of those, sequences that are pinned (page counts as pinned)
+ *   sim[i]     scratch for eviction planning, 0 outside of it
+ *   free_stack [ f0 f1 ... f(nfree-1) ]   pages with refcnt 0; pop from the end
+ *
+ * Allocation and release are O(1). 12 bytes of metadata per page plus 4 on
+ * the free stack: 0.8% of a 2 KiB page, 0.0008% of a 2 MiB one.
+ */
+#ifndef KVC_POOL_H
+#define KVC_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "mem.h"
+
+#define POOL_NOPAGE UINT32_MAX
+
+typedef struct pool {
+  unsigned char *base;   /* borrowed region */
+  uint64_t page_bytes;   /* bytes of one page */
+  uint32_t npages;       /* pages in the region */
+  uint32_t nfree;        /* entries on free_stack */
+  uint32_t nshared;      /* pages with refcnt > 1 */
+  uint32_t npinned;      /* pages with pinref > 0 */
+  uint32_t *refcnt;
+  uint32_t *pinref;
+  uint32_t *sim;
+  uint32_t *free_stack;
+} pool_t;
+
+/* 0, KVC_E_INVAL (fewer than 1 or more than 2^32-2 pages), KVC_E_NOMEM. */
+int pool_init(pool_t *p, mem_t *m, void *base, uint64_t pool_bytes, uint64_t page_bytes);
+void pool_deinit(pool_t *p, mem_t *m);
+/* Takes a free page (nfree must be > 0); its refcnt becomes 1. */
+uint32_t pool_alloc(pool_t *p);
+void pool_ref(pool_t *p, uint32_t page);
+/* Drops one reference; returns true if the page went back to the free list. */
+bool pool_unref(pool_t *p, uint32_t page);
+void pool_pin(pool_t *p, uint32_t page);
+void pool_unpin(pool_t *p, uint32_t page);
+static inline unsigned char *pool_page(const pool_t *p, uint32_t page) {
+  return p->base + (uint64_t)page * p->page_bytes;
+}
+
+#endif

@@ -1,0 +1,136 @@
+/* seq.c: a sequence, its block table, its lengths and its page references. */
+#include <string.h>
+
+#include "engine_impl.h"
+
+seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id) {
+  seq_t *s = mem_calloc(&eng->mem, 1, sizeof *s);
+  if (!s) return NULL;
+  s->id = id;
+  s->cache = c;
+  return s;
+}
+
+void seq_free(engine_t *eng, seq_t *s) {
+  if (!s) return;
+  mem_free(&eng->mem, s->table);
+  mem_free(&eng->mem, s->layer_len);
+  mem_free(&eng->mem, s);
+}
+
+int seq_reserve(engine_t *eng, seq_t *s, uint64_t n) {
+  if (n <= s->cap) return 0;
+  uint64_t cap = s->cap ? s->cap : 4;
+  while (cap < n) cap *= 2;
+  uint32_t *t = mem_realloc(&eng->mem, s->table, cap * sizeof *t);
+  if (!t) return KVC_E_NOMEM;
+  s->table = t;
+  s->cap = (uint32_t)cap;
+  return 0;
+}
+
+void seq_attach(engine_t *eng, seq_t *s) {
+  s->cache->st.sequences++;
+  eng->nseqs++;
+  lru_insert(eng, s);
+  s->last_use_ms = eng->now_ms;
+}
+
+void seq_page_add(engine_t *eng, seq_t *s, uint32_t page) {
+  if (s->npins) pool_pin(&eng->pool, page);
+  s->cache->st.pages++;
+}
+
+void seq_page_release(engine_t *eng, seq_t *s, uint32_t page) {
+  if (s->npins) pool_unpin(&eng->pool, page);
+  s->cache->st.pages--;
+  if (pool_unref(&eng->pool, page)) eng->bytes_used -= s->cache->g.page_bytes;
+}
+
+/* Recomputes len and extent from layer_len; frees it once all are equal. */
+static void lengths_settle(engine_t *eng, seq_t *s) {
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (uint32_t l = 0; l < s->cache->g.L; l++) {
+    if (s->layer_len[l] < lo) lo = s->layer_len[l];
+    if (s->layer_len[l] > hi) hi = s->layer_len[l];
+  }
+  eng->ntokens = eng->ntokens - s->len + lo;
+  s->cache->st.tokens = s->cache->st.tokens - s->len + lo;
+  s->len = lo;
+  s->extent = hi;
+  if (lo == hi) {
+    mem_free(&eng->mem, s->layer_len);
+    s->layer_len = NULL;
+  }
+}
+
+void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t end) {
+  if (!s->layer_len) { /* every layer, all at len: the common case */
+    if (end > s->len) {
+      eng->ntokens += end - s->len;
+      s->cache->st.tokens += end - s->len;
+      s->len = s->extent = end;
+    }
+    return;
+  }
+  for (uint32_t l = l0; l < l1; l++)
+    if (s->layer_len[l] < end) s->layer_len[l] = (uint32_t)end;
+  lengths_settle(eng, s);
+}
+
+void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
+  if (s->layer_len) {
+    for (uint32_t l = 0; l < s->cache->g.L; l++)
+      if (s->layer_len[l] > n) s->layer_len[l] = (uint32_t)n;
+    lengths_settle(eng, s);
+  } else if (s->len > n) {
+    eng->ntokens -= s->len - n;
+    s->cache->st.tokens -= s->len - n;
+    s->len = s->extent = n;
+  }
+  uint64_t keep = seq_pages_for(s, s->extent);
+  while (s->ntable > keep) seq_page_release(eng, s, s->table[--s->ntable]);
+}
+
+void seq_drop(engine_t *eng, seq_t *s) {
+  while (s->pins) { /* release pins without touching the LRU: s is going away */
+    pin_t *p = s->pins;
+    owner_t *o = p->owner;
+    s->pins = p->s_next;
+    if (p->o_prev) p->o_prev->o_next = p->o_next;
+    else o->pins = p->o_next;
+    if (p->o_next) p->o_next->o_prev = p->o_prev;
+    mem_free(&eng->mem, p);
+    if (!o->pins) {
+      hmap_remove(&eng->owners, o->id);
+      mem_free(&eng->mem, o);
+    }
+    eng->st.unpins++;
+  }
+  while (s->ntable) seq_page_release(eng, s, s->table[--s->ntable]);
+  if (s->npins) {
+    s->npins = 0;
+    eng->nseqs_pinned--;
+  } else {
+    lru_remove(s);
+  }
+  eng->ntokens -= s->len;
+  s->cache->st.tokens -= s->len;
+  s->cache->st.sequences--;
+  eng->nseqs--;
+  hmap_remove(&s->cache->seqs, s->id);
+  seq_free(eng, s);
+}
+
+void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out) {
+  memset(out, 0, sizeof *out);
+  out->seq_id = s->id;
+  out->start = s->start;
+  out->length = s->len;
+  out->extent = s->extent;
+  out->pages = s->ntable;
+  for (uint32_t i = 0; i < s->ntable; i++)
+    if (eng->pool.refcnt[s->table[i]] > 1) out->shared_pages++;
+  out->pins = s->npins;
+  out->last_use_ms = s->last_use_ms;
+}

@@ -1,0 +1,269 @@
+/* seqops.c: the operations that reshape sequences without moving tensor
+ * bytes: remove, copy_prefix, trim_front, can_resume, pins, info, listing. */
+#include <string.h>
+
+#include "engine_impl.h"
+
+/* Looks up (cache, seq) or records NOCACHE / NOSEQ. */
+static int find(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **out) {
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  *out = hmap_get(&c->seqs, seq_id);
+  if (!*out)
+    return engine_fail(eng, KVC_E_NOSEQ, "no sequence %llu in cache '%s'",
+                       (unsigned long long)seq_id, c->name);
+  return 0;
+}
+
+int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t begin,
+                  uint64_t end) {
+  if (!eng) return KVC_E_INVAL;
+  seq_t *s;
+  int rc = find(eng, cache_id, seq_id, &s);
+  if (rc) return rc;
+  if (begin > end)
+    return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)begin,
+                       (unsigned long long)end);
+  if (begin == end) return 0;
+  if (begin <= s->start && end >= s->extent) {
+    eng->st.removes++;
+    seq_drop(eng, s);
+    return 0;
+  }
+  if (begin >= s->extent) return 0;
+  if (end < s->extent)
+    return engine_fail(eng, KVC_E_NOROPE,
+                       "removing [%llu, %llu) of %llu tokens shifts later keys: the cache "
+                       "has no RoPE description",
+                       (unsigned long long)begin, (unsigned long long)end,
+                       (unsigned long long)s->extent);
+  eng->st.removes++;
+  seq_truncate(eng, s, begin);
+  lru_touch(eng, s);
+  return 0;
+}
+
+/* Points dst's table at src's pages covering [start, n) and sets lengths. */
+static void share_prefix(engine_t *eng, seq_t *src, seq_t *dst, uint32_t *table,
+                         uint32_t ntable, uint32_t cap, uint64_t n) {
+  for (uint32_t i = 0; i < ntable; i++) {
+    table[i] = src->table[i];
+    pool_ref(&eng->pool, table[i]);
+    seq_page_add(eng, dst, table[i]);
+  }
+  while (dst->ntable) seq_page_release(eng, dst, dst->table[--dst->ntable]);
+  mem_free(&eng->mem, dst->table);
+  mem_free(&eng->mem, dst->layer_len);
+  dst->layer_len = NULL;
+  dst->table = table;
+  dst->ntable = ntable;
+  dst->cap = cap;
+  dst->base = src->base;
+  dst->start = src->start;
+  eng->ntokens = eng->ntokens - dst->len + n;
+  dst->cache->st.tokens = dst->cache->st.tokens - dst->len + n;
+  dst->len = dst->extent = n;
+}
+
+int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_t dst_id,
+                       uint64_t n) {
+  if (!eng) return KVC_E_INVAL;
+  seq_t *src;
+  int rc = find(eng, cache_id, src_id, &src);
+  if (rc) return rc;
+  cache_t *c = src->cache;
+  if (src_id == dst_id)
+    return engine_fail(eng, KVC_E_SAMESEQ, "copy_prefix of sequence %llu onto itself",
+                       (unsigned long long)src_id);
+  if (n > src->len || n < src->start)
+    return engine_fail(eng, KVC_E_RANGE, "n %llu outside [start %llu, length %llu]",
+                       (unsigned long long)n, (unsigned long long)src->start,
+                       (unsigned long long)src->len);
+  seq_t *dst = hmap_get(&c->seqs, dst_id);
+  bool created = false;
+  if (!dst) {
+    if (eng->max_seqs && eng->nseqs + 1 > eng->max_seqs)
+      return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
+                         (unsigned long long)eng->max_seqs);
+    if (hmap_reserve(&c->seqs, &eng->mem, 1) || !(dst = seq_new(eng, c, dst_id)))
+      return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    created = true;
+  }
+  uint64_t ntable = seq_pages_for(src, n);
+  uint32_t cap = ntable ? (uint32_t)ntable : 1;
+  uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table);
+  if (!table) {
+    if (created) seq_free(eng, dst);
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
+  if (created) {
+    hmap_insert(&c->seqs, dst->id, dst);
+    seq_attach(eng, dst);
+  }
+  share_prefix(eng, src, dst, table, (uint32_t)ntable, cap, n);
+  lru_touch(eng, src);
+  lru_touch(eng, dst);
+  eng->st.copies++;
+  return 0;
+}
+
+int engine_can_resume(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
+                      bool *out) {
+  if (!eng) return KVC_E_INVAL;
+  if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  seq_t *s = hmap_get(&c->seqs, seq_id);
+  *out = pos == 0 || (s && s->start == 0 && pos <= s->len);
+  return 0;
+}
+
+int engine_trim_front(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t n) {
+  if (!eng) return KVC_E_INVAL;
+  seq_t *s;
+  int rc = find(eng, cache_id, seq_id, &s);
+  if (rc) return rc;
+  if (n > s->len)
+    return engine_fail(eng, KVC_E_RANGE, "trim to %llu beyond length %llu",
+                       (unsigned long long)n, (unsigned long long)s->len);
+  if (n <= s->start) return 0;
+  uint32_t nbase = (uint32_t)(n >> s->cache->g.tshift), drop = nbase - s->base;
+  for (uint32_t i = 0; i < drop; i++) seq_page_release(eng, s, s->table[i]);
+  memmove(s->table, s->table + drop, (s->ntable - drop) * sizeof *s->table);
+  s->ntable -= drop;
+  s->base = nbase;
+  s->start = n;
+  lru_touch(eng, s);
+  eng->st.trims++;
+  return 0;
+}
+
+/* The owner's pin of s, or NULL. */
+static pin_t *pin_find(const seq_t *s, uint64_t owner) {
+  for (pin_t *p = s->pins; p; p = p->s_next)
+    if (p->owner->id == owner) return p;
+  return NULL;
+}
+
+int engine_pin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner) {
+  if (!eng) return KVC_E_INVAL;
+  seq_t *s;
+  int rc = find(eng, cache_id, seq_id, &s);
+  if (rc) return rc;
+  if (pin_find(s, owner)) return 0;
+  owner_t *o = hmap_get(&eng->owners, owner);
+  pin_t *p = mem_calloc(&eng->mem, 1, sizeof *p);
+  bool new_owner = !o;
+  if (p && new_owner && hmap_reserve(&eng->owners, &eng->mem, 1) == 0)
+    o = mem_calloc(&eng->mem, 1, sizeof *o);
+  if (!p || !o) {
+    mem_free(&eng->mem, p);
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
+  if (new_owner) {
+    o->id = owner;
+    hmap_insert(&eng->owners, owner, o);
+  }
+  p->seq = s;
+  p->owner = o;
+  p->s_next = s->pins;
+  if (s->pins) s->pins->s_prev = p;
+  s->pins = p;
+  p->o_next = o->pins;
+  if (o->pins) o->pins->o_prev = p;
+  o->pins = p;
+  if (s->npins++ == 0) {
+    lru_remove(s);
+    eng->nseqs_pinned++;
+    for (uint32_t i = 0; i < s->ntable; i++) pool_pin(&eng->pool, s->table[i]);
+  }
+  s->last_use_ms = eng->now_ms;
+  eng->st.pins++;
+  return 0;
+}
+
+static void pin_release(engine_t *eng, pin_t *p) {
+  seq_t *s = p->seq;
+  owner_t *o = p->owner;
+  if (p->s_prev) p->s_prev->s_next = p->s_next;
+  else s->pins = p->s_next;
+  if (p->s_next) p->s_next->s_prev = p->s_prev;
+  if (p->o_prev) p->o_prev->o_next = p->o_next;
+  else o->pins = p->o_next;
+  if (p->o_next) p->o_next->o_prev = p->o_prev;
+  mem_free(&eng->mem, p);
+  if (!o->pins) {
+    hmap_remove(&eng->owners, o->id);
+    mem_free(&eng->mem, o);
+  }
+  if (--s->npins == 0) {
+    for (uint32_t i = 0; i < s->ntable; i++) pool_unpin(&eng->pool, s->table[i]);
+    eng->nseqs_pinned--;
+    lru_insert(eng, s); /* unpinned: the most recently used */
+  }
+  eng->st.unpins++;
+}
+
+int engine_unpin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner) {
+  if (!eng) return KVC_E_INVAL;
+  seq_t *s;
+  int rc = find(eng, cache_id, seq_id, &s);
+  if (rc) return rc;
+  pin_t *p = pin_find(s, owner);
+  if (!p)
+    return engine_fail(eng, KVC_E_NOTPINNED, "sequence %llu is not pinned by owner %llu",
+                       (unsigned long long)seq_id, (unsigned long long)owner);
+  pin_release(eng, p);
+  return 0;
+}
+
+size_t engine_unpin_all(engine_t *eng, uint64_t owner) {
+  if (!eng) return 0;
+  owner_t *o = hmap_get(&eng->owners, owner);
+  size_t n = 0;
+  while (o) { /* pin_release frees the owner with its last pin */
+    bool last = o->pins->o_next == NULL;
+    pin_release(eng, o->pins);
+    n++;
+    if (last) break;
+  }
+  return n;
+}
+
+int engine_seq_info(engine_t *eng, uint32_t cache_id, uint64_t seq_id, kvc_seq_info_t *out) {
+  if (!eng) return KVC_E_INVAL;
+  if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  seq_t *s;
+  int rc = find(eng, cache_id, seq_id, &s);
+  if (rc) return rc;
+  seq_info_fill(eng, s, out);
+  return 0;
+}
+
+int engine_seq_list(engine_t *eng, uint32_t cache_id, uint64_t *cursor, kvc_seq_info_t *out,
+                    size_t cap, size_t *n) {
+  if (!eng) return KVC_E_INVAL;
+  if (!cursor || !n || (cap && !out)) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  size_t pos = (size_t)*cursor, k = 0;
+  seq_t *s;
+  while (k < cap && (s = hmap_next(&c->seqs, &pos, NULL))) seq_info_fill(eng, s, &out[k++]);
+  *n = k;
+  *cursor = (k == cap && hmap_next(&c->seqs, &(size_t){pos}, NULL)) ? pos : 0;
+  return 0;
+}
+
+int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
+                       uint64_t *offset) {
+  if (!eng) return KVC_E_INVAL;
+  if (!offset) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  seq_t *s;
+  int rc = find(eng, cache_id, seq_id, &s);
+  if (rc) return rc;
+  if (pos < s->start || pos >= s->extent)
+    return engine_fail(eng, KVC_E_RANGE, "pos %llu not held", (unsigned long long)pos);
+  uint32_t page = s->table[(pos >> s->cache->g.tshift) - s->base];
+  *offset = (uint64_t)page * eng->pool.page_bytes;
+  return 0;
+}
