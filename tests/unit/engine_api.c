@@ -1000,3 +1000,160 @@ TEST(batch_put_respects_max_seqs) {
   ASSERT_U64_EQ(fx_stats(&f).sequences, 2);
   fx_close(&f);
 }
+
+/* ---- int8 ----------------------------------------------------------------------- */
+
+typedef struct q8 {
+  int8_t *k, *v;
+  float *ks, *vs;
+  uint64_t kb, vb, sb;
+} q8_t;
+
+/* Raw int8 get of [pos, pos+n) of every layer and head. */
+static int get_q8(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, q8_t *q) {
+  const kvc_layout_t *l = &f->lay;
+  uint64_t rows = n * l->num_layers * l->num_kv_heads;
+  q->kb = rows * l->head_dim_k, q->vb = rows * l->head_dim_v, q->sb = rows * 4;
+  q->k = malloc(q->kb), q->v = malloc(q->vb), q->ks = malloc(q->sb), q->vs = malloc(q->sb);
+  engine_io_t io = {seq, pos, n, q->k, q->v, q->kb, q->vb, q->ks, q->vs, q->sb, q->sb};
+  engine_xfer_t x = {0, 0, 0, 0, KVC_DTYPE_INT8};
+  return engine_get(f->eng, f->cid, &x, &io, 1);
+}
+
+static void q8_free(q8_t *q) { free(q->k), free(q->v), free(q->ks), free(q->vs); }
+
+/* Checks one K or V of a raw get against the f32 input and the dequantized
+ * get: scale = absmax / 127 per row, |q| of the absmax element is 127, and
+ * every dequantized value is within scale / 2 of the input. */
+static void check_q8_rows(const float *in, const int8_t *q, const float *scale,
+                          const float *deq, uint64_t rows, uint32_t dim) {
+  for (uint64_t r = 0; r < rows; r++) {
+    float amax = 0;
+    for (uint32_t d = 0; d < dim; d++) amax = fmaxf(amax, fabsf(in[r * dim + d]));
+    float want = amax / 127.0f, s = scale[r];
+    if (fabsf(s - want) > want * 1e-6f) TEST_FAIL_("row %" PRIu64 ": scale %g, want %g", r, (double)s, (double)want);
+    int saw_max = amax == 0;
+    for (uint32_t d = 0; d < dim; d++) {
+      float x = in[r * dim + d], y = deq[r * dim + d];
+      if (fabsf(y - x) > s / 2 * 1.0001f + 1e-30f)
+        TEST_FAIL_("row %" PRIu64 " dim %u: %g dequantized to %g, scale %g", r, d, (double)x,
+                   (double)y, (double)s);
+      if (fabsf(y - (float)q[r * dim + d] * s) > fabsf(y) * 1e-6f)
+        TEST_FAIL_("row %" PRIu64 " dim %u: deq %g != q %d x scale %g", r, d, (double)y,
+                   q[r * dim + d], (double)s);
+      saw_max |= fabsf(x) == amax && abs(q[r * dim + d]) == 127;
+    }
+    if (!saw_max) TEST_FAIL_("row %" PRIu64 ": absmax element is not +-127", r);
+  }
+}
+
+TEST(int8_quantizes_symmetric_absmax) {
+  fx_t f;
+  kvc_layout_t l = fx_layout(2, 3, 8, 4, KVC_DTYPE_INT8, 4);
+  fx_open(&f, &l, 8);
+  fx_rng_t r = fx_all(&l);
+  fx_buf_t in = fx_buf_new(&l, r, 6), deq = fx_buf_new(&l, r, 6);
+  fx_fill(&l, r, 1, 0, 6, 0, in.k, in.v);
+  for (int d = 0; d < 8; d++) in.k[8 + d] = 0; /* one all-zero K row */
+  in.v[5] = 1e-30f;                            /* a tiny value beside larger ones */
+  engine_io_t io = fx_io(1, 0, 6, &in);
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  ASSERT_OK(engine_put(f.eng, f.cid, &x, &io, 1));
+  q8_t q;
+  ASSERT_OK(get_q8(&f, 1, 0, 6, &q));
+  io = fx_io(1, 0, 6, &deq);
+  ASSERT_OK(engine_get(f.eng, f.cid, &x, &io, 1));
+  check_q8_rows(in.k, q.k, q.ks, deq.k, 6 * 2 * 3, 8);
+  check_q8_rows(in.v, q.v, q.vs, deq.v, 6 * 2 * 3, 4);
+  for (int d = 0; d < 8; d++) ASSERT(deq.k[8 + d] == 0.0f);
+  q8_free(&q);
+  fx_buf_free(&in);
+  fx_buf_free(&deq);
+  fx_close(&f);
+}
+
+/* int8 caches take f16 and bf16 too: quantized from the exact values. */
+TEST(int8_quantizes_f16_and_bf16_input) {
+  fx_t f;
+  open_flat(&f, KVC_DTYPE_INT8, 16, 4, 8);
+  uint16_t h[32], b[32];
+  float hf[32], bf[32], deqk[32], deqv[32];
+  for (int i = 0; i < 32; i++) {
+    h[i] = (uint16_t)(0x3c00 + i * 37 - (i & 1) * 0x8000 * (i % 3 == 0)); /* +-1..2 */
+    b[i] = (uint16_t)(0x4000 + i * 3 + (i % 5 == 0 ? 0x8000 : 0));
+    hf[i] = f16_ref(h[i]);
+    bf[i] = f32_of_bits((uint32_t)b[i] << 16);
+  }
+  ASSERT_OK(put_raw(&f, KVC_DTYPE_F16, 1, 0, 2, h, h, 2));
+  ASSERT_OK(put_raw(&f, KVC_DTYPE_BF16, 2, 0, 2, b, b, 2));
+  q8_t q;
+  ASSERT_OK(get_raw(&f, KVC_DTYPE_F32, 1, 0, 2, deqk, deqv, 4));
+  ASSERT_OK(get_q8(&f, 1, 0, 2, &q));
+  check_q8_rows(hf, q.k, q.ks, deqk, 2, 16);
+  check_q8_rows(hf, q.v, q.vs, deqv, 2, 16);
+  q8_free(&q);
+  ASSERT_OK(get_raw(&f, KVC_DTYPE_F32, 2, 0, 2, deqk, deqv, 4));
+  ASSERT_OK(get_q8(&f, 2, 0, 2, &q));
+  check_q8_rows(bf, q.k, q.ks, deqk, 2, 16);
+  q8_free(&q);
+  fx_close(&f);
+}
+
+TEST(int8_nonfinite_input_changes_nothing) {
+  fx_t f;
+  open_flat(&f, KVC_DTYPE_INT8, 4, 4, 8);
+  float k[8] = {1, 2, 3, 4, 5, 6, 7, 8}, v[8] = {-1, -2, -3, -4, -5, -6, -7, -8};
+  ASSERT_OK(put_raw(&f, KVC_DTYPE_F32, 1, 0, 2, k, v, 4));
+  q8_t q0, q1;
+  ASSERT_OK(get_q8(&f, 1, 0, 2, &q0));
+  engine_stats_t s0 = fx_stats(&f);
+  float bad[8];
+  const float poison[3] = {NAN, INFINITY, -INFINITY};
+  for (int p = 0; p < 3; p++) {
+    memcpy(bad, k, sizeof bad);
+    bad[5] = poison[p];
+    ASSERT_ERR(put_raw(&f, KVC_DTYPE_F32, 1, 0, 2, bad, v, 4), KVC_E_NONFINITE);
+    ASSERT_ERR(put_raw(&f, KVC_DTYPE_F32, 1, 2, 2, k, bad, 4), KVC_E_NONFINITE);
+    ASSERT_ERR(put_raw(&f, KVC_DTYPE_F32, 2, 0, 2, bad, v, 4), KVC_E_NONFINITE);
+  }
+  uint16_t hnan[8] = {0x3c00, 0x7e00, 0, 0, 0, 0, 0, 0}, hinf[8] = {0, 0x7f80}; /* bf16 inf */
+  ASSERT_ERR(put_raw(&f, KVC_DTYPE_F16, 1, 0, 2, hnan, hnan, 2), KVC_E_NONFINITE);
+  ASSERT_ERR(put_raw(&f, KVC_DTYPE_BF16, 1, 0, 2, hinf, hinf, 2), KVC_E_NONFINITE);
+  engine_stats_t s1 = fx_stats(&f);
+  FX_STATS_SAME(&s0, &s1);
+  ASSERT_OK(get_q8(&f, 1, 0, 2, &q1));
+  ASSERT_MEM_EQ(q1.k, q0.k, q0.kb);
+  ASSERT_MEM_EQ(q1.vs, q0.vs, q0.sb);
+  kvc_seq_info_t si;
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 2, &si), KVC_E_NOSEQ);
+  q8_free(&q0);
+  q8_free(&q1);
+  fx_close(&f);
+}
+
+TEST(int8_rejects_bad_dtypes_and_scale_buffers) {
+  fx_t f;
+  open_flat(&f, KVC_DTYPE_INT8, 4, 4, 8);
+  float k[4] = {1, 2, 3, 4};
+  double d[4] = {1, 2, 3, 4};
+  int8_t raw[4] = {1, 2, 3, 4};
+  ASSERT_ERR(put_raw(&f, KVC_DTYPE_F64, 1, 0, 1, d, d, 8), KVC_E_DTYPE);
+  ASSERT_ERR(put_raw(&f, KVC_DTYPE_INT8, 1, 0, 1, raw, raw, 1), KVC_E_DTYPE);
+  ASSERT_OK(put_raw(&f, KVC_DTYPE_F32, 1, 0, 1, k, k, 4));
+  uint16_t h[4];
+  ASSERT_ERR(get_raw(&f, KVC_DTYPE_F16, 1, 0, 1, h, h, 2), KVC_E_DTYPE);
+  ASSERT_ERR(get_raw(&f, KVC_DTYPE_F64, 1, 0, 1, d, d, 8), KVC_E_DTYPE);
+  int8_t qk[4], qv[4];
+  float ks, vs;
+  engine_xfer_t x = {0, 0, 0, 0, KVC_DTYPE_INT8};
+  engine_io_t io = {1, 0, 1, qk, qv, 4, 4, &ks, &vs, 4, 4};
+  ASSERT_OK(engine_get(f.eng, f.cid, &x, &io, 1));
+  ASSERT_EQ(qk[3], 127);
+  io.k_scale = NULL;
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, &io, 1), KVC_E_INVAL);
+  io.k_scale = &ks, io.v_scale_bytes = 8;
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, &io, 1), KVC_E_SIZE);
+  io.v_scale_bytes = 0;
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, &io, 1), KVC_E_SIZE);
+  fx_close(&f);
+}
