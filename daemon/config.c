@@ -1,0 +1,397 @@
+/* config.c: the option table of kvcached and the one way values enter it. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvcache/kvcache.h"
+#include "log.h"
+
+enum opt_type {
+  OPT_PATH,  /* socket path; "auto" picks the per-user default */
+  OPT_MODE,  /* octal permission bits */
+  OPT_SIZE,  /* bytes, with units */
+  OPT_U32,
+  OPT_U64,
+  OPT_UIDS,  /* comma list of uids, "self", "root" */
+  OPT_GIDS,  /* comma list of gids, "self", "root"; empty allowed */
+  OPT_LEVEL, /* log level name */
+};
+
+typedef struct option {
+  const char *name;
+  enum opt_type type;
+  const char *def;   /* default, as text: parsed like any other value */
+  uint64_t min, max; /* bounds for numbers and sizes */
+  bool reloadable;   /* may change at run time (SIGHUP) */
+  size_t off;        /* field in config_t */
+  const char *help;
+} option_t;
+
+#define KiB 1024ull
+#define MiB (1024ull * KiB)
+#define GiB (1024ull * MiB)
+#define TiB (1024ull * GiB)
+#define F(field) offsetof(config_t, field)
+
+static const option_t options[] = {
+  {"socket", OPT_PATH, "auto", 0, 0, false, F(socket_path),
+   "Unix socket path (auto: /run/kvcached/kvcached.sock as root, else $XDG_RUNTIME_DIR/kvcached.sock)"},
+  {"socket_mode", OPT_MODE, "0660", 0, 0777, false, F(socket_mode),
+   "permission bits of the socket file (set through the umask at bind)"},
+  {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, false, F(pool_bytes),
+   "bytes of the shared page pool, backed at start"},
+  {"page_bytes", OPT_SIZE, "2MiB", 64, 1 * GiB, false, F(page_bytes),
+   "bytes of one pool page (a multiple of 64)"},
+  {"max_caches", OPT_U32, "64", 1, 65536, false, F(max_caches),
+   "caches the daemon may hold"},
+  {"max_seqs", OPT_U64, "0", 0, UINT64_MAX, false, F(max_seqs),
+   "sequences the daemon may hold (0: unlimited)"},
+  {"shm_default_bytes", OPT_SIZE, "64MiB", 1 * MiB, 64 * GiB, true, F(shm_default_bytes),
+   "shared buffer of a client that asks for the default"},
+  {"shm_max_bytes", OPT_SIZE, "256MiB", 1 * MiB, 64 * GiB, true, F(shm_max_bytes),
+   "largest shared buffer one client may get"},
+  {"max_frame_bytes", OPT_SIZE, "64KiB", 1 * KiB, 64 * MiB, false, F(max_frame_bytes),
+   "largest request frame; a larger one closes the connection"},
+  {"max_decode_bytes", OPT_SIZE, "2MiB", 4 * KiB, 1 * GiB, true, F(max_decode_bytes),
+   "heap one request may use when decoded; more closes the connection"},
+  {"max_entries", OPT_U32, "4096", 1, 1u << 20, true, F(max_entries),
+   "entries one put or get request may carry"},
+  {"max_connections", OPT_U32, "256", 1, 1u << 20, true, F(max_connections),
+   "concurrent clients; one more is refused with CONNLIMIT"},
+  {"frames_per_turn", OPT_U32, "32", 1, 1u << 16, true, F(frames_per_turn),
+   "requests one connection may run per event-loop turn"},
+  {"write_queue_bytes", OPT_SIZE, "4MiB", 64 * KiB, 1 * GiB, true, F(write_queue_bytes),
+   "pending reply bytes of one connection that pause reading from it"},
+  {"allow_uids", OPT_UIDS, "self,root", 0, 0, true, F(allow_uids),
+   "peer uids allowed to connect (comma list; self, root or numbers)"},
+  {"allow_gids", OPT_GIDS, "", 0, 0, true, F(allow_gids),
+   "peer primary gids allowed to connect (comma list; empty: none)"},
+  {"log_level", OPT_LEVEL, "info", 0, 0, true, F(log_level),
+   "error, warn, info or debug"},
+};
+#define NOPTIONS (sizeof options / sizeof options[0])
+
+static void fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+/* "pool-bytes" and "pool_bytes" name the same option. */
+static const option_t *find_option(const char *name) {
+  char norm[64];
+  size_t n = strlen(name);
+  if (n >= sizeof norm) return NULL;
+  for (size_t i = 0; i <= n; i++) norm[i] = name[i] == '-' ? '_' : name[i];
+  for (size_t i = 0; i < NOPTIONS; i++)
+    if (strcmp(options[i].name, norm) == 0) return &options[i];
+  return NULL;
+}
+
+int config_is_reloadable(const char *name) {
+  const option_t *o = find_option(name);
+  return o ? o->reloadable : -1;
+}
+
+int config_parse_size(const char *s, uint64_t *out) {
+  static const struct { const char *unit; uint64_t mul; } units[] = {
+      {"", 1},      {"B", 1},       {"K", KiB},  {"KB", KiB}, {"KiB", KiB},
+      {"M", MiB},   {"MB", MiB},    {"MiB", MiB}, {"G", GiB}, {"GB", GiB},
+      {"GiB", GiB}, {"T", TiB},     {"TB", TiB}, {"TiB", TiB},
+  };
+  if (*s < '0' || *s > '9') return -1;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno) return -1;
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+    if (strcmp(end, units[i].unit) != 0) continue;
+    if (v > UINT64_MAX / units[i].mul) return -1;
+    *out = (uint64_t)v * units[i].mul;
+    return 0;
+  }
+  return -1;
+}
+
+static int parse_u64(const char *s, uint64_t *out) {
+  if (*s < '0' || *s > '9') return -1;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end) return -1;
+  *out = v;
+  return 0;
+}
+
+static int default_socket(char *out, size_t len) {
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  int n;
+  if (geteuid() == 0)
+    n = snprintf(out, len, "/run/kvcached/kvcached.sock");
+  else if (xdg && *xdg)
+    n = snprintf(out, len, "%s/kvcached.sock", xdg);
+  else
+    n = snprintf(out, len, "/tmp/kvcached-%u/kvcached.sock", (unsigned)geteuid());
+  return n < 0 || (size_t)n >= len ? -1 : 0;
+}
+
+/* Parses a comma list of ids into ids[]; "self" is our uid (or gid). */
+static int parse_ids(const char *s, bool gids, uint32_t *ids, uint32_t *n) {
+  uint32_t count = 0;
+  const char *p = s;
+  while (*p) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char tok[32];
+    uint64_t v;
+    if (len == 0 || len >= sizeof tok || count == CONFIG_MAX_IDS) return -1;
+    memcpy(tok, p, len);
+    tok[len] = '\0';
+    if (strcmp(tok, "self") == 0)
+      v = gids ? getegid() : geteuid();
+    else if (strcmp(tok, "root") == 0)
+      v = 0;
+    else if (parse_u64(tok, &v) != 0 || v > UINT32_MAX)
+      return -1;
+    ids[count++] = (uint32_t)v;
+    p = comma ? comma + 1 : p + len;
+  }
+  *n = count;
+  return 0;
+}
+
+static int set_value(config_t *cfg, const option_t *o, const char *value, char *err,
+                     size_t errlen) {
+  char *field = (char *)cfg + o->off;
+  uint64_t v = 0;
+  switch (o->type) {
+  case OPT_PATH:
+    if (strcmp(value, "auto") == 0) {
+      if (default_socket(field, sizeof cfg->socket_path) == 0) return 0;
+      fail(err, errlen, "socket: default path too long");
+      return -1;
+    }
+    if (*value == '\0' || strlen(value) >= sizeof cfg->socket_path) {
+      fail(err, errlen, "socket: path empty or longer than %zu bytes",
+           sizeof cfg->socket_path - 1);
+      return -1;
+    }
+    strcpy(field, value);
+    return 0;
+  case OPT_MODE: {
+    char *end;
+    errno = 0;
+    unsigned long m = strtoul(value, &end, 8);
+    if (errno || *end || *value == '\0' || m > o->max) {
+      fail(err, errlen, "%s: expected octal bits like 0660, got '%s'", o->name, value);
+      return -1;
+    }
+    *(uint32_t *)(void *)field = (uint32_t)m;
+    return 0;
+  }
+  case OPT_SIZE:
+  case OPT_U32:
+  case OPT_U64:
+    if ((o->type == OPT_SIZE ? config_parse_size(value, &v) : parse_u64(value, &v)) != 0) {
+      fail(err, errlen, "%s: expected %s, got '%s'", o->name,
+           o->type == OPT_SIZE ? "a size like 512MiB" : "a number", value);
+      return -1;
+    }
+    if (v < o->min || v > o->max) {
+      fail(err, errlen, "%s: %s out of bounds [%llu, %llu]", o->name, value,
+           (unsigned long long)o->min, (unsigned long long)o->max);
+      return -1;
+    }
+    if (o->type == OPT_U32)
+      *(uint32_t *)(void *)field = (uint32_t)v;
+    else
+      *(uint64_t *)(void *)field = v;
+    return 0;
+  case OPT_UIDS:
+  case OPT_GIDS: {
+    uint32_t ids[CONFIG_MAX_IDS], n;
+    bool gids = o->type == OPT_GIDS;
+    if (parse_ids(value, gids, ids, &n) != 0) {
+      fail(err, errlen, "%s: expected up to %d comma-separated ids, got '%s'", o->name,
+           CONFIG_MAX_IDS, value);
+      return -1;
+    }
+    if (gids) {
+      for (uint32_t i = 0; i < n; i++) cfg->allow_gids[i] = ids[i];
+      cfg->n_allow_gids = n;
+    } else {
+      for (uint32_t i = 0; i < n; i++) cfg->allow_uids[i] = ids[i];
+      cfg->n_allow_uids = n;
+    }
+    return 0;
+  }
+  case OPT_LEVEL: {
+    int l = log_level_parse(value);
+    if (l < 0) {
+      fail(err, errlen, "%s: expected error, warn, info or debug, got '%s'", o->name,
+           value);
+      return -1;
+    }
+    *(int *)(void *)field = l;
+    return 0;
+  }
+  }
+  return -1;
+}
+
+int config_set(config_t *cfg, const char *name, const char *value, char *err,
+               size_t errlen) {
+  const option_t *o = find_option(name);
+  if (!o) {
+    fail(err, errlen, "unknown option '%s' (see --help)", name);
+    return -1;
+  }
+  config_t tmp = *cfg;
+  if (set_value(&tmp, o, value, err, errlen) != 0) return -1;
+  *cfg = tmp;
+  return 0;
+}
+
+void config_defaults(config_t *cfg) {
+  char err[256];
+  memset(cfg, 0, sizeof *cfg);
+  for (size_t i = 0; i < NOPTIONS; i++)
+    if (set_value(cfg, &options[i], options[i].def, err, sizeof err) != 0) abort();
+}
+
+int config_validate(const config_t *cfg, char *err, size_t errlen) {
+  if (cfg->page_bytes % 64 != 0) {
+    fail(err, errlen, "page_bytes: %llu is not a multiple of 64",
+         (unsigned long long)cfg->page_bytes);
+    return -1;
+  }
+  if (cfg->page_bytes > cfg->pool_bytes / 4) {
+    fail(err, errlen, "page_bytes: %llu leaves fewer than 4 pages in pool_bytes %llu",
+         (unsigned long long)cfg->page_bytes, (unsigned long long)cfg->pool_bytes);
+    return -1;
+  }
+  if (cfg->shm_default_bytes > cfg->shm_max_bytes) {
+    fail(err, errlen, "shm_default_bytes exceeds shm_max_bytes");
+    return -1;
+  }
+  if (cfg->n_allow_uids == 0 && cfg->n_allow_gids == 0) {
+    fail(err, errlen, "allow_uids and allow_gids are both empty: nobody could connect");
+    return -1;
+  }
+  if (cfg->write_queue_bytes < cfg->max_frame_bytes) {
+    fail(err, errlen, "write_queue_bytes is smaller than max_frame_bytes");
+    return -1;
+  }
+  return 0;
+}
+
+static void print_value(const config_t *cfg, const option_t *o, char *buf, size_t len) {
+  const char *field = (const char *)cfg + o->off;
+  size_t used = 0;
+  switch (o->type) {
+  case OPT_PATH: snprintf(buf, len, "%s", field); return;
+  case OPT_MODE: snprintf(buf, len, "%04o", *(const uint32_t *)(const void *)field); return;
+  case OPT_U32: snprintf(buf, len, "%u", *(const uint32_t *)(const void *)field); return;
+  case OPT_SIZE:
+  case OPT_U64:
+    snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)(const void *)field);
+    return;
+  case OPT_LEVEL: snprintf(buf, len, "%s", log_level_name(cfg->log_level)); return;
+  case OPT_UIDS:
+  case OPT_GIDS: {
+    bool gids = o->type == OPT_GIDS;
+    uint32_t n = gids ? cfg->n_allow_gids : cfg->n_allow_uids;
+    buf[0] = '\0';
+    for (uint32_t i = 0; i < n && used < len; i++) {
+      unsigned id = gids ? (unsigned)cfg->allow_gids[i] : (unsigned)cfg->allow_uids[i];
+      int w = snprintf(buf + used, len - used, "%s%u", i ? "," : "", id);
+      if (w < 0) break;
+      used += (size_t)w;
+    }
+    return;
+  }
+  }
+}
+
+void config_format(const config_t *cfg, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < NOPTIONS && used < len; i++) {
+    char v[256];
+    print_value(cfg, &options[i], v, sizeof v);
+    int w = snprintf(buf + used, len - used, "%s%s=%s", i ? " " : "", options[i].name,
+                     v[0] ? v : "\"\"");
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+}
+
+void config_print_help(FILE *f) {
+  fprintf(f,
+          "usage: kvcached [--OPTION VALUE]...\n"
+          "kvcached %s: node-local KV-cache daemon. Options (also --OPTION=VALUE;\n"
+          "dashes or underscores; sizes take B, KiB, MiB, GiB, TiB):\n\n",
+          KVC_VERSION_STRING);
+  for (size_t i = 0; i < NOPTIONS; i++) {
+    const option_t *o = &options[i];
+    char flag[64];
+    snprintf(flag, sizeof flag, "--%s", o->name);
+    for (char *p = flag + 2; *p; p++)
+      if (*p == '_') *p = '-';
+    fprintf(f, "  %-22s %s\n  %-22s default %s", flag, o->help, "",
+            o->def[0] ? o->def : "(empty)");
+    if (o->type == OPT_SIZE || o->type == OPT_U32 || o->type == OPT_U64)
+      fprintf(f, ", %llu..%llu", (unsigned long long)o->min, (unsigned long long)o->max);
+    fprintf(f, "%s\n", o->reloadable ? ", reloadable" : "");
+  }
+  fprintf(f, "\n  --help                 this text\n  --version              print the version\n");
+}
+
+int config_load_args(int argc, char **argv, config_t *out, char *err, size_t errlen) {
+  config_t cfg;
+  config_defaults(&cfg);
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+      config_print_help(stdout);
+      return CONFIG_ARGS_EXIT;
+    }
+    if (strcmp(arg, "--version") == 0) {
+      printf("kvcached %s (protocol %d)\n", KVC_VERSION_STRING, KVC_PROTOCOL_VERSION);
+      return CONFIG_ARGS_EXIT;
+    }
+    if (strncmp(arg, "--", 2) != 0) {
+      fail(err, errlen, "unexpected argument '%s' (see --help)", arg);
+      return CONFIG_ARGS_ERROR;
+    }
+    char name[64];
+    const char *value;
+    const char *eq = strchr(arg + 2, '=');
+    size_t nlen = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+    if (nlen >= sizeof name) {
+      fail(err, errlen, "unknown option '%s' (see --help)", arg);
+      return CONFIG_ARGS_ERROR;
+    }
+    memcpy(name, arg + 2, nlen);
+    name[nlen] = '\0';
+    if (eq) {
+      value = eq + 1;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      fail(err, errlen, "option '%s' needs a value", arg);
+      return CONFIG_ARGS_ERROR;
+    }
+    if (config_set(&cfg, name, value, err, errlen) != 0) return CONFIG_ARGS_ERROR;
+  }
+  if (config_validate(&cfg, err, errlen) != 0) return CONFIG_ARGS_ERROR;
+  *out = cfg;
+  return CONFIG_ARGS_OK;
+}

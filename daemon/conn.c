@@ -1,0 +1,345 @@
+/* conn.c: a client connection's I/O: accept, peer check, reading frames,
+ * queueing replies, backpressure and closing. */
+#include "conn.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dispatch.h"
+#include "frame.h"
+#include "log.h"
+
+typedef struct wreq {
+  uv_write_t req;
+  conn_t *c;
+  size_t len;
+  _Alignas(8) uint8_t data[]; /* the frame */
+} wreq_t;
+
+static void schedule(conn_t *c);
+
+static void free_conn(conn_t *c) {
+  server_t *srv = c->srv;
+  shm_close(&c->shm);
+  free(c->rbuf);
+  if (c->prev) c->prev->next = c->next;
+  else srv->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  if (c->counted) srv->stats.connections_current--;
+  free(c);
+  server_conn_gone(srv);
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  conn_t *c = h->data;
+  if (--c->open_handles == 0) free_conn(c);
+}
+
+void conn_close(conn_t *c, const char *reason) {
+  if (c->closed) return;
+  server_t *srv = c->srv;
+  c->closing = true;
+  c->closed = true;
+  if (c->greeted) {
+    size_t n = engine_unpin_all(srv->eng, c->id);
+    LOG_INFO("disconnect", "conn=%llu pid=%d uid=%u reason=\"%s\" pins_released=%zu",
+             (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, reason, n);
+  } else {
+    LOG_DEBUG("disconnect", "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id,
+              (int)c->pid, reason);
+  }
+  if (c->shm.base) srv->stats.shm_bytes -= c->shm.bytes;
+  /* Unmap now: the pins are gone and nothing may use the buffer again. */
+  shm_close(&c->shm);
+  uv_close((uv_handle_t *)&c->pipe, on_handle_closed);
+  uv_close((uv_handle_t *)&c->idle, on_handle_closed);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  (void)status;
+  conn_close(req->data, "flushed");
+}
+
+void conn_close_after_flush(conn_t *c, const char *reason) {
+  if (c->closing) return;
+  c->closing = true;
+  LOG_DEBUG("closing", "conn=%llu reason=\"%s\"", (unsigned long long)c->id, reason);
+  if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
+  if (c->idling) uv_idle_stop(&c->idle);
+  c->reading = c->idling = false;
+  c->shutdown_req.data = c;
+  if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->pipe, on_shutdown) != 0)
+    conn_close(c, reason);
+}
+
+static void on_write(uv_write_t *req, int status) {
+  wreq_t *w = (wreq_t *)req;
+  conn_t *c = w->c;
+  c->wq_bytes -= w->len;
+  free(w);
+  if (status < 0) {
+    if (status != UV_ECANCELED) conn_close(c, uv_strerror(status));
+    return;
+  }
+  schedule(c);
+}
+
+static int write_frame(conn_t *c, wreq_t *w) {
+  uv_buf_t buf = uv_buf_init((char *)w->data, (unsigned)w->len);
+  w->c = c;
+  c->wq_bytes += w->len;
+  c->srv->stats.socket_bytes_out += w->len;
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, on_write);
+  if (rc != 0) {
+    c->wq_bytes -= w->len;
+    free(w);
+    conn_close(c, uv_strerror(rc));
+    return KVC_E_IO;
+  }
+  return 0;
+}
+
+static wreq_t *pack(const Kvcache__V1__Response *resp) {
+  size_t n = kvcache__v1__response__get_packed_size(resp);
+  if (n > UINT32_MAX) return NULL;
+  wreq_t *w = malloc(sizeof *w + FRAME_HEADER_BYTES + n);
+  if (!w) return NULL;
+  frame_put_header(w->data, (uint32_t)n);
+  kvcache__v1__response__pack(resp, w->data + FRAME_HEADER_BYTES);
+  w->len = FRAME_HEADER_BYTES + n;
+  return w;
+}
+
+int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
+  if (c->closed) return KVC_E_IO;
+  wreq_t *w = pack(resp);
+  if (!w) {
+    conn_close(c, "out of memory packing a reply");
+    return KVC_E_NOMEM;
+  }
+  return write_frame(c, w);
+}
+
+int conn_send_fd(conn_t *c, const Kvcache__V1__Response *resp, int fd) {
+  uv_os_fd_t sock;
+  if (c->closed || uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) != 0 ||
+      uv_fileno((uv_handle_t *)&c->pipe, &sock) != 0)
+    return KVC_E_INTERNAL;
+  wreq_t *w = pack(resp);
+  if (!w) return KVC_E_NOMEM;
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } ctl;
+  memset(&ctl, 0, sizeof ctl);
+  struct iovec iov = {.iov_base = w->data, .iov_len = w->len};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                       .msg_controllen = sizeof ctl.buf};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  ssize_t sent;
+  while ((sent = sendmsg(sock, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+  }
+  if (sent <= 0) {
+    /* The send buffer of a fresh connection is empty, so EAGAIN cannot
+     * happen here; anything else means the peer is gone. */
+    free(w);
+    return KVC_E_IO;
+  }
+  c->srv->stats.socket_bytes_out += (uint64_t)sent;
+  if ((size_t)sent == w->len) {
+    free(w);
+    return 0;
+  }
+  /* The fd went with the first byte; the rest follows through libuv. */
+  size_t rest = w->len - (size_t)sent;
+  memmove(w->data, w->data + sent, rest);
+  w->len = rest;
+  c->srv->stats.socket_bytes_out -= rest; /* counted again by write_frame */
+  return write_frame(c, w);
+}
+
+/* Runs up to limit complete frames from the read buffer. */
+static void run_frames(conn_t *c, unsigned limit) {
+  server_t *srv = c->srv;
+  size_t off = 0;
+  unsigned n = 0;
+  while (!c->closing) {
+    uint32_t plen = 0;
+    int st = frame_parse(c->rbuf + off, c->rlen - off, c->max_frame, &plen);
+    if (st == FRAME_TOO_BIG) {
+      LOG_WARN("bad_frame", "conn=%llu pid=%d frame_bytes=%u max_frame_bytes=%u",
+               (unsigned long long)c->id, (int)c->pid, plen, c->max_frame);
+      srv->stats.connections_dropped++;
+      conn_close(c, "frame larger than max_frame_bytes");
+      return;
+    }
+    if (st == FRAME_NEED_MORE) break;
+    if (n == limit) {
+      srv->stats.deferred_turns++;
+      break;
+    }
+    srv->stats.frames_in++;
+    dispatch_frame(c, c->rbuf + off + FRAME_HEADER_BYTES, plen);
+    off += FRAME_HEADER_BYTES + plen;
+    n++;
+    if (c->wq_bytes > srv->cfg.write_queue_bytes) break;
+  }
+  if (c->closed) return;
+  if (off) {
+    memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+    c->rlen -= off;
+  }
+  schedule(c);
+}
+
+void conn_run_all(conn_t *c) { run_frames(c, UINT32_MAX); }
+
+static void on_idle(uv_idle_t *h) {
+  conn_t *c = h->data;
+  run_frames(c, c->srv->cfg.frames_per_turn);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  conn_t *c = h->data;
+  *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  (void)buf;
+  conn_t *c = s->data;
+  if (nread == 0) return; /* EAGAIN: nothing this time */
+  if (nread == UV_ENOBUFS) {
+    conn_close(c, "read buffer full"); /* cannot happen: we stop reading first */
+    return;
+  }
+  if (nread == UV_EOF) {
+    conn_close(c, c->rlen ? "EOF inside a frame" : "EOF");
+    return;
+  }
+  if (nread < 0) {
+    conn_close(c, uv_strerror((int)nread));
+    return;
+  }
+  c->rlen += (size_t)nread;
+  c->srv->stats.socket_bytes_in += (uint64_t)nread;
+  run_frames(c, c->srv->cfg.frames_per_turn);
+}
+
+/* Decides between reading, running buffered frames and waiting for writes. */
+static void schedule(conn_t *c) {
+  if (c->closing) return;
+  server_t *srv = c->srv;
+  uint32_t plen;
+  bool pressure = c->wq_bytes > srv->cfg.write_queue_bytes;
+  bool have_frame = frame_parse(c->rbuf, c->rlen, c->max_frame, &plen) != FRAME_NEED_MORE;
+  bool want_read = !pressure && !have_frame && c->rlen < c->rcap;
+  bool want_idle = !pressure && have_frame;
+  if (pressure && c->reading) srv->stats.write_pauses++;
+  if (want_read != c->reading) {
+    if (want_read) {
+      int rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+      if (rc != 0) {
+        conn_close(c, uv_strerror(rc));
+        return;
+      }
+    } else {
+      uv_read_stop((uv_stream_t *)&c->pipe);
+    }
+    c->reading = want_read;
+  }
+  if (want_idle != c->idling) {
+    if (want_idle) uv_idle_start(&c->idle, on_idle);
+    else uv_idle_stop(&c->idle);
+    c->idling = want_idle;
+  }
+}
+
+static bool peer_allowed(const config_t *cfg, uid_t uid, gid_t gid) {
+  for (uint32_t i = 0; i < cfg->n_allow_uids; i++)
+    if (cfg->allow_uids[i] == uid) return true;
+  for (uint32_t i = 0; i < cfg->n_allow_gids; i++)
+    if (cfg->allow_gids[i] == gid) return true;
+  return false;
+}
+
+static void refuse(conn_t *c, Kvcache__V1__Status status, const char *msg) {
+  c->srv->stats.connections_rejected++;
+  LOG_WARN("refused", "pid=%d uid=%u gid=%u status=%s reason=\"%s\"", (int)c->pid,
+           (unsigned)c->uid, (unsigned)c->gid, kvc_err_name(-(int)status), msg);
+  Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
+  resp.status = status;
+  resp.error = (char *)msg;
+  if (conn_send(c, &resp) == 0) conn_close_after_flush(c, msg);
+}
+
+void conn_accept(server_t *srv) {
+  conn_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    LOG_ERROR("accept", "error=\"out of memory\"");
+    return;
+  }
+  c->srv = srv;
+  c->shm.fd = -1;
+  c->max_frame = (uint32_t)srv->cfg.max_frame_bytes;
+  c->rcap = 2u * (FRAME_HEADER_BYTES + c->max_frame);
+  c->rbuf = malloc(c->rcap);
+  c->id = srv->next_conn_id++;
+  if (!c->rbuf) {
+    free(c);
+    LOG_ERROR("accept", "error=\"out of memory\"");
+    return;
+  }
+  uv_pipe_init(srv->loop, &c->pipe, 0);
+  uv_idle_init(srv->loop, &c->idle);
+  c->pipe.data = c->idle.data = c;
+  c->open_handles = 2;
+  c->next = srv->conns;
+  if (srv->conns) srv->conns->prev = c;
+  srv->conns = c;
+  int rc = uv_accept((uv_stream_t *)&srv->listener, (uv_stream_t *)&c->pipe);
+  if (rc != 0) {
+    LOG_WARN("accept", "error=\"%s\"", uv_strerror(rc));
+    conn_close(c, "accept failed");
+    return;
+  }
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    conn_close(c, "no peer credentials");
+    return;
+  }
+  c->pid = cred.pid;
+  c->uid = cred.uid;
+  c->gid = cred.gid;
+  char msg[160];
+  if (srv->draining) {
+    refuse(c, KVCACHE__V1__STATUS__SHUTDOWN, "kvcached is shutting down");
+  } else if (!peer_allowed(&srv->cfg, cred.uid, cred.gid)) {
+    snprintf(msg, sizeof msg,
+             "permission denied: uid %u gid %u is not in allow_uids/allow_gids",
+             (unsigned)cred.uid, (unsigned)cred.gid);
+    refuse(c, KVCACHE__V1__STATUS__PERM, msg);
+  } else if (srv->stats.connections_current >= srv->cfg.max_connections) {
+    snprintf(msg, sizeof msg, "connection limit reached (max_connections=%u)",
+             srv->cfg.max_connections);
+    refuse(c, KVCACHE__V1__STATUS__CONNLIMIT, msg);
+  } else {
+    c->counted = true;
+    srv->stats.connections_current++;
+    srv->stats.connections_total++;
+    LOG_DEBUG("accept", "conn=%llu pid=%d uid=%u gid=%u", (unsigned long long)c->id,
+              (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
+    schedule(c);
+  }
+}

@@ -1,0 +1,70 @@
+/* conn.h: one client connection: its libuv pipe, framing, read buffer, write
+ * queue and shared buffer.
+ *
+ * A connection reads into its own buffer (one max frame and a bit more),
+ * runs at most frames_per_turn complete frames per loop turn (the rest wait
+ * for a uv_idle callback, so one busy client cannot starve the others) and
+ * stops reading while more than write_queue_bytes of replies are pending.
+ * However it closes, its pins are released at once and its buffer unmapped.
+ *
+ *   accept -> [peer check] -> NEW --Hello--> READY --EOF/error/bad frame--> closing -> freed
+ *                  \--refused: one Response, flush, close
+ */
+#ifndef KVCD_CONN_H
+#define KVCD_CONN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "kvcache.pb-c.h"
+#include "server.h"
+#include "shm.h"
+
+struct conn {
+  server_t *srv;
+  uv_pipe_t pipe;
+  uv_idle_t idle;            /* runs buffered frames on the next turns */
+  uv_shutdown_t shutdown_req;
+  conn_t *prev, *next;       /* srv->conns */
+  uint64_t id;               /* conn_id: pin owner, unique, never 0 */
+  pid_t pid;                 /* peer credentials (SO_PEERCRED) */
+  uid_t uid;
+  gid_t gid;
+  uint8_t *rbuf;             /* read buffer */
+  size_t rlen, rcap;         /* bytes held, capacity */
+  uint32_t max_frame;        /* max_frame_bytes at accept */
+  uint64_t wq_bytes;         /* reply bytes queued to libuv, not yet written */
+  shm_region_t shm;          /* the shared buffer (after Hello) */
+  bool counted;              /* counted in connections_current */
+  bool greeted;              /* Hello accepted */
+  bool reading, idling;      /* uv_read_start / uv_idle_start in effect */
+  bool closing;              /* no more requests run; closing or flushing */
+  bool closed;               /* uv_close called */
+  int open_handles;          /* handles not yet through their close callback */
+  char name[48];             /* client_name from Hello, for logs */
+};
+
+/* Accepts a pending connection of srv->listener, checks the peer and either
+ * starts reading or refuses it (PERM, CONNLIMIT, SHUTDOWN). */
+void conn_accept(server_t *srv);
+
+/* Packs resp into a frame and queues it. Returns 0 or a negative code (the
+ * connection is then closed). */
+int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
+
+/* Sends resp with fd attached (SCM_RIGHTS) on the raw socket; only while the
+ * write queue is empty (the handshake). Returns 0 or a negative code. */
+int conn_send_fd(conn_t *c, const Kvcache__V1__Response *resp, int fd);
+
+/* Stops running requests, flushes queued replies, then closes. */
+void conn_close_after_flush(conn_t *c, const char *reason);
+
+/* Closes now (pending writes are dropped). reason goes to the log. */
+void conn_close(conn_t *c, const char *reason);
+
+/* Runs every complete buffered frame, ignoring the per-turn bound (drain). */
+void conn_run_all(conn_t *c);
+
+#endif

@@ -1,0 +1,492 @@
+/* dispatch.c: the request handler table; each handler validates its request
+ * completely, then calls the engine once and fills the reply. */
+#include "dispatch.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvcache/kvcache.h"
+#include "log.h"
+#include "ops.h"
+
+/* Every KVC_E_* code is the wire status of the same name, negated. */
+#define STATUS_CHECK_(name, code, msg)                                         \
+  _Static_assert(KVCACHE__V1__STATUS__##name == -(code), "wire status " #name);
+KVC_ERRNO_MAP(STATUS_CHECK_)
+#undef STATUS_CHECK_
+_Static_assert(KVC_PROTOCOL_VERSION == KVCACHE__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT,
+               "kvcache.h and kvcache.proto disagree on the protocol version");
+
+#define SHM_MIN_BYTES (1u << 20)
+#define SEQ_LIST_DEFAULT 256u
+#define SEQ_LIST_MAX 4096u
+
+typedef struct reply {
+  server_t *srv;
+  Kvcache__V1__Response *resp;
+  arena_t *a;
+  int fd;            /* sent with the reply (SCM_RIGHTS) when >= 0 */
+  bool close_after;  /* close the connection once the reply is flushed */
+  char err[256];     /* the one-line reason of a failure */
+} reply_t;
+
+typedef int (*handler_fn)(conn_t *c, const Kvcache__V1__Request *req, reply_t *r);
+
+Kvcache__V1__Status dispatch_status(int code) {
+  if (code == 0) return KVCACHE__V1__STATUS__OK;
+  if (code < 0 && code > KVC_E_MIN_) return (Kvcache__V1__Status)(-code);
+  return KVCACHE__V1__STATUS__INTERNAL;
+}
+
+static int reject(reply_t *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int reject(reply_t *r, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->err, sizeof r->err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+/* The engine's reason, and for FULL its figures. */
+static int engine_fail(reply_t *r, int code) {
+  const engine_err_t *e = engine_last_error(r->srv->eng);
+  snprintf(r->err, sizeof r->err, "%s", e->msg[0] ? e->msg : kvc_strerror(code));
+  if (code == KVC_E_FULL) {
+    r->resp->full_needed = e->needed;
+    r->resp->full_freeable = e->freeable;
+  }
+  return code;
+}
+
+#define ENGINE_CALL(r, expr)                                                   \
+  do {                                                                         \
+    int rc_ = (expr);                                                          \
+    if (rc_ != 0) return engine_fail((r), rc_);                                \
+  } while (0)
+
+#define NEED_BODY(r, body, what)                                               \
+  do {                                                                         \
+    if (!(body)) return reject((r), KVC_E_INVAL, "%s request without a body", what); \
+  } while (0)
+
+/* ---- handshake ----------------------------------------------------------- */
+
+static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  server_t *srv = c->srv;
+  const Kvcache__V1__Hello *h = req->hello;
+  NEED_BODY(r, h, "hello");
+  if (c->greeted) return reject(r, KVC_E_PROTO, "Hello was already received");
+  if (h->protocol_version != KVC_PROTOCOL_VERSION) {
+    r->close_after = true;
+    return reject(r, KVC_E_VERSION, "client speaks protocol %u, kvcached %s speaks %d",
+                  h->protocol_version, KVC_VERSION_STRING, KVC_PROTOCOL_VERSION);
+  }
+  uint64_t bytes = shm_buffer_size(h->shm_bytes, srv->cfg.shm_default_bytes,
+                                   SHM_MIN_BYTES, srv->cfg.shm_max_bytes);
+  char why[160];
+  if (shm_buffer_open(bytes, &c->shm, why, sizeof why) != 0) {
+    r->close_after = true;
+    return reject(r, KVC_E_NOMEM, "cannot create a %llu-byte shared buffer: %s",
+                  (unsigned long long)bytes, why);
+  }
+  srv->stats.shm_bytes += bytes;
+  snprintf(c->name, sizeof c->name, "%s", h->client_name ? h->client_name : "");
+  Kvcache__V1__HelloReply *hr = arena_alloc(r->a, sizeof *hr);
+  if (!hr) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__hello_reply__init(hr);
+  hr->protocol_version = KVC_PROTOCOL_VERSION;
+  hr->shm_bytes = bytes;
+  hr->max_frame_bytes = c->max_frame;
+  hr->conn_id = c->id;
+  hr->pool_bytes = srv->pool.bytes;
+  hr->page_bytes = srv->cfg.page_bytes;
+  hr->server_version = (char *)KVC_VERSION_STRING;
+  hr->max_entries = srv->cfg.max_entries;
+  hr->max_decode_bytes = srv->cfg.max_decode_bytes;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HELLO;
+  r->resp->hello = hr;
+  r->fd = c->shm.fd;
+  c->greeted = true;
+  LOG_INFO("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
+           (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name,
+           (unsigned long long)bytes);
+  return 0;
+}
+
+static int h_ping(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  (void)c, (void)req, (void)r;
+  return 0;
+}
+
+/* ---- caches -------------------------------------------------------------- */
+
+static void layout_from_wire(const Kvcache__V1__Layout *w, kvc_layout_t *l) {
+  l->num_layers = w->num_layers;
+  l->num_kv_heads = w->num_kv_heads;
+  l->head_dim_k = w->head_dim_k;
+  l->head_dim_v = w->head_dim_v;
+  l->dtype = (kvc_dtype_t)w->dtype;
+  l->page_tokens = w->page_tokens;
+}
+
+static Kvcache__V1__Layout *layout_to_wire(arena_t *a, const kvc_layout_t *l) {
+  Kvcache__V1__Layout *w = arena_alloc(a, sizeof *w);
+  if (!w) return NULL;
+  kvcache__v1__layout__init(w);
+  w->num_layers = l->num_layers;
+  w->num_kv_heads = l->num_kv_heads;
+  w->head_dim_k = l->head_dim_k;
+  w->head_dim_v = l->head_dim_v;
+  w->dtype = (Kvcache__V1__DType)l->dtype;
+  w->page_tokens = l->page_tokens;
+  return w;
+}
+
+static int h_cache_open(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__CacheOpen *b = req->cache_open;
+  NEED_BODY(r, b, "cache_open");
+  if (!b->layout) return reject(r, KVC_E_INVAL, "cache_open without a layout");
+  kvc_layout_t l;
+  layout_from_wire(b->layout, &l);
+  int64_t page_bytes = engine_layout_page_bytes(&l);
+  if (page_bytes < 0) return reject(r, (int)page_bytes, "%s", kvc_strerror((int)page_bytes));
+  uint32_t id;
+  ENGINE_CALL(r, engine_cache_open(c->srv->eng, b->name, &l, &id));
+  Kvcache__V1__CacheOpenReply *o = arena_alloc(r->a, sizeof *o);
+  if (!o) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__cache_open_reply__init(o);
+  o->cache_id = id;
+  o->page_bytes = (uint64_t)page_bytes;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_CACHE_OPEN;
+  r->resp->cache_open = o;
+  return 0;
+}
+
+static int h_cache_list(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  (void)req;
+  engine_t *eng = c->srv->eng;
+  size_t n = 0, got = 0;
+  ENGINE_CALL(r, engine_cache_list(eng, NULL, 0, &n));
+  kvc_cache_info_t *infos = n ? arena_alloc(r->a, n * sizeof *infos) : NULL;
+  Kvcache__V1__CacheListReply *lr = arena_alloc(r->a, sizeof *lr);
+  Kvcache__V1__CacheInfo **items = arena_alloc(r->a, (n ? n : 1) * sizeof *items);
+  if ((n && !infos) || !lr || !items) return reject(r, KVC_E_NOMEM, "out of memory");
+  if (n) ENGINE_CALL(r, engine_cache_list(eng, infos, n, &got));
+  if (got < n) n = got;
+  kvcache__v1__cache_list_reply__init(lr);
+  for (size_t i = 0; i < n; i++) {
+    Kvcache__V1__CacheInfo *ci = arena_alloc(r->a, sizeof *ci);
+    if (!ci) return reject(r, KVC_E_NOMEM, "out of memory");
+    kvcache__v1__cache_info__init(ci);
+    ci->name = infos[i].name;
+    ci->cache_id = infos[i].cache_id;
+    ci->layout = layout_to_wire(r->a, &infos[i].layout);
+    if (!ci->layout) return reject(r, KVC_E_NOMEM, "out of memory");
+    ci->page_bytes = infos[i].page_bytes;
+    ci->sequences = infos[i].sequences;
+    ci->tokens = infos[i].tokens;
+    ci->pages = infos[i].pages;
+    items[i] = ci;
+  }
+  lr->n_caches = n;
+  lr->caches = items;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_CACHE_LIST;
+  r->resp->cache_list = lr;
+  return 0;
+}
+
+static int h_cache_clear(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  NEED_BODY(r, req->cache_clear, "cache_clear");
+  ENGINE_CALL(r, engine_cache_clear(c->srv->eng, req->cache_clear->cache_id));
+  return 0;
+}
+
+static int h_cache_drop(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  NEED_BODY(r, req->cache_drop, "cache_drop");
+  ENGINE_CALL(r, engine_cache_drop(c->srv->eng, req->cache_drop->cache_id));
+  return 0;
+}
+
+/* ---- transfers ----------------------------------------------------------- */
+
+/* A region [off, off + len) of the shared buffer, or the reason it is not. */
+static int check_region(conn_t *c, reply_t *r, size_t i, const char *what, uint64_t off,
+                        uint64_t len, uint64_t want, void **ptr) {
+  if (len != want)
+    return reject(r, KVC_E_SIZE, "entry %zu: %s_len is %llu, the transfer needs %llu", i,
+                  what, (unsigned long long)len, (unsigned long long)want);
+  if (off > UINT64_MAX - len)
+    return reject(r, KVC_E_OFFSET, "entry %zu: %s_off + %s_len overflows", i, what, what);
+  if (off + len > c->shm.bytes)
+    return reject(r, KVC_E_OFFSET,
+                  "entry %zu: %s [%llu, %llu) lies outside the %llu-byte shared buffer", i,
+                  what, (unsigned long long)off, (unsigned long long)(off + len),
+                  (unsigned long long)c->shm.bytes);
+  *ptr = len ? c->shm.base + off : NULL;
+  return 0;
+}
+
+/* Validates every entry of an Io against the layout and the shared buffer and
+ * builds the engine's entries, pointing into the buffer. */
+static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *r,
+                    engine_xfer_t *x, engine_io_t **out) {
+  server_t *srv = c->srv;
+  const char *op = is_put ? "put" : "get";
+  if (io->n_entries == 0) return reject(r, KVC_E_INVAL, "%s without entries", op);
+  if (io->n_entries > srv->cfg.max_entries)
+    return reject(r, KVC_E_TOOMANY, "%s of %zu entries exceeds max_entries %u", op,
+                  io->n_entries, srv->cfg.max_entries);
+  memset(x, 0, sizeof *x);
+  if (io->xfer) {
+    x->layer_begin = io->xfer->layer_begin;
+    x->layer_end = io->xfer->layer_end;
+    x->head_begin = io->xfer->head_begin;
+    x->head_end = io->xfer->head_end;
+    x->dtype = (kvc_dtype_t)io->xfer->dtype;
+  }
+  engine_io_t *e = arena_alloc(r->a, io->n_entries * sizeof *e);
+  if (!e) return reject(r, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < io->n_entries; i++) {
+    const Kvcache__V1__IoEntry *w = io->entries[i];
+    uint64_t kb, vb, sb;
+    int rc = engine_xfer_bytes(srv->eng, io->cache_id, x, is_put, w->ntokens, &kb, &vb, &sb);
+    if (rc != 0) {
+      engine_fail(r, rc);
+      char why[sizeof r->err];
+      snprintf(why, sizeof why, "%s", r->err);
+      return reject(r, rc, "entry %zu: %s", i, why);
+    }
+    e[i].seq_id = w->seq_id;
+    e[i].pos = w->pos;
+    e[i].ntokens = w->ntokens;
+    e[i].k_bytes = kb;
+    e[i].v_bytes = vb;
+    if ((rc = check_region(c, r, i, "k", w->k_off, w->k_len, kb, &e[i].k)) ||
+        (rc = check_region(c, r, i, "v", w->v_off, w->v_len, vb, &e[i].v)) ||
+        (rc = check_region(c, r, i, "ks", w->ks_off, w->ks_len, sb, &e[i].k_scale)) ||
+        (rc = check_region(c, r, i, "vs", w->vs_off, w->vs_len, sb, &e[i].v_scale)))
+      return rc;
+    e[i].k_scale_bytes = e[i].v_scale_bytes = sb;
+  }
+  *out = e;
+  return 0;
+}
+
+static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  NEED_BODY(r, req->put, "put");
+  engine_xfer_t x;
+  engine_io_t *e;
+  int rc = check_io(c, req->put, true, r, &x, &e);
+  if (rc) return rc;
+  ENGINE_CALL(r, engine_put(c->srv->eng, req->put->cache_id, &x, e, req->put->n_entries));
+  return 0;
+}
+
+static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  NEED_BODY(r, req->get, "get");
+  engine_xfer_t x;
+  engine_io_t *e;
+  int rc = check_io(c, req->get, false, r, &x, &e);
+  if (rc) return rc;
+  ENGINE_CALL(r, engine_get(c->srv->eng, req->get->cache_id, &x, e, req->get->n_entries));
+  return 0;
+}
+
+/* ---- sequences ----------------------------------------------------------- */
+
+static int h_remove(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Remove *b = req->remove;
+  NEED_BODY(r, b, "remove");
+  ENGINE_CALL(r, engine_remove(c->srv->eng, b->cache_id, b->seq_id, b->begin, b->end));
+  return 0;
+}
+
+static int h_copy_prefix(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__CopyPrefix *b = req->copy_prefix;
+  NEED_BODY(r, b, "copy_prefix");
+  ENGINE_CALL(r, engine_copy_prefix(c->srv->eng, b->cache_id, b->src, b->dst, b->ntokens));
+  return 0;
+}
+
+static int h_can_resume(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqPos *b = req->can_resume;
+  NEED_BODY(r, b, "can_resume");
+  bool ok = false;
+  ENGINE_CALL(r, engine_can_resume(c->srv->eng, b->cache_id, b->seq_id, b->pos, &ok));
+  Kvcache__V1__BoolReply *br = arena_alloc(r->a, sizeof *br);
+  if (!br) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__bool_reply__init(br);
+  br->value = ok;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_BOOL_VALUE;
+  r->resp->bool_value = br;
+  return 0;
+}
+
+static int h_trim_front(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqPos *b = req->trim_front;
+  NEED_BODY(r, b, "trim_front");
+  ENGINE_CALL(r, engine_trim_front(c->srv->eng, b->cache_id, b->seq_id, b->pos));
+  return 0;
+}
+
+static int h_pin(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqRef *b = req->pin;
+  NEED_BODY(r, b, "pin");
+  ENGINE_CALL(r, engine_pin(c->srv->eng, b->cache_id, b->seq_id, c->id));
+  return 0;
+}
+
+static int h_unpin(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqRef *b = req->unpin;
+  NEED_BODY(r, b, "unpin");
+  ENGINE_CALL(r, engine_unpin(c->srv->eng, b->cache_id, b->seq_id, c->id));
+  return 0;
+}
+
+static Kvcache__V1__SeqInfo *seq_info_to_wire(arena_t *a, const kvc_seq_info_t *s) {
+  Kvcache__V1__SeqInfo *w = arena_alloc(a, sizeof *w);
+  if (!w) return NULL;
+  kvcache__v1__seq_info__init(w);
+  w->seq_id = s->seq_id;
+  w->start = s->start;
+  w->length = s->length;
+  w->extent = s->extent;
+  w->pages = s->pages;
+  w->shared_pages = s->shared_pages;
+  w->pins = s->pins;
+  w->last_use_ms = s->last_use_ms;
+  return w;
+}
+
+static int h_seq_info(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqRef *b = req->seq_info;
+  NEED_BODY(r, b, "seq_info");
+  kvc_seq_info_t si;
+  ENGINE_CALL(r, engine_seq_info(c->srv->eng, b->cache_id, b->seq_id, &si));
+  r->resp->seq_info = seq_info_to_wire(r->a, &si);
+  if (!r->resp->seq_info) return reject(r, KVC_E_NOMEM, "out of memory");
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_SEQ_INFO;
+  return 0;
+}
+
+static int h_seq_list(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqList *b = req->seq_list;
+  NEED_BODY(r, b, "seq_list");
+  size_t cap = b->max == 0 ? SEQ_LIST_DEFAULT : b->max > SEQ_LIST_MAX ? SEQ_LIST_MAX : b->max;
+  kvc_seq_info_t *infos = arena_alloc(r->a, cap * sizeof *infos);
+  Kvcache__V1__SeqListReply *lr = arena_alloc(r->a, sizeof *lr);
+  Kvcache__V1__SeqInfo **items = arena_alloc(r->a, cap * sizeof *items);
+  if (!infos || !lr || !items) return reject(r, KVC_E_NOMEM, "out of memory");
+  uint64_t cursor = b->cursor;
+  size_t n = 0;
+  ENGINE_CALL(r, engine_seq_list(c->srv->eng, b->cache_id, &cursor, infos, cap, &n));
+  kvcache__v1__seq_list_reply__init(lr);
+  for (size_t i = 0; i < n; i++)
+    if (!(items[i] = seq_info_to_wire(r->a, &infos[i])))
+      return reject(r, KVC_E_NOMEM, "out of memory");
+  lr->n_seqs = n;
+  lr->seqs = items;
+  lr->cursor = cursor;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_SEQ_LIST;
+  r->resp->seq_list = lr;
+  return 0;
+}
+
+static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  (void)req;
+  server_t *srv = c->srv;
+  Kvcache__V1__StatsReply *sr = arena_alloc(r->a, sizeof *sr);
+  if (!sr) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__stats_reply__init(sr);
+  int rc = stats_render(&srv->stats, srv->eng, uv_hrtime(), r->a, sr);
+  if (rc) return reject(r, rc, "cannot render stats: %s", kvc_strerror(rc));
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STATS;
+  r->resp->stats = sr;
+  return 0;
+}
+
+/* ---- the table ----------------------------------------------------------- */
+
+static const struct {
+  handler_fn fn;
+  enum op op;
+} handlers[] = {
+#define ROW_(name, CASE) [KVCACHE__V1__REQUEST__BODY_##CASE] = {h_##name, OP_##CASE},
+    DAEMON_OPS(ROW_)
+#undef ROW_
+};
+#define NHANDLERS (sizeof handlers / sizeof handlers[0])
+
+/* protobuf-c allocates through this: a request that needs more heap than
+ * max_decode_bytes fails to decode instead of exhausting the daemon. */
+typedef struct budget {
+  size_t left;
+} budget_t;
+
+static void *budget_alloc(void *data, size_t size) {
+  budget_t *b = data;
+  if (size > b->left) return NULL;
+  b->left -= size;
+  return malloc(size);
+}
+
+static void budget_free(void *data, void *p) {
+  (void)data;
+  free(p);
+}
+
+static int run(conn_t *c, const Kvcache__V1__Request *req, reply_t *r, int *op) {
+  *op = -1;
+  unsigned bc = (unsigned)req->body_case;
+  if (!c->greeted && req->body_case != KVCACHE__V1__REQUEST__BODY_HELLO) {
+    r->close_after = true;
+    return reject(r, KVC_E_PROTO, "the first request must be Hello");
+  }
+  if (bc >= NHANDLERS || !handlers[bc].fn)
+    return reject(r, KVC_E_PROTO, "unknown or empty request (body %u)", bc);
+  *op = (int)handlers[bc].op;
+  return handlers[bc].fn(c, req, r);
+}
+
+void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
+  server_t *srv = c->srv;
+  uint64_t t0 = uv_hrtime();
+  budget_t budget = {srv->cfg.max_decode_bytes};
+  ProtobufCAllocator alloc = {budget_alloc, budget_free, &budget};
+  Kvcache__V1__Request *req = kvcache__v1__request__unpack(&alloc, len, payload);
+  if (!req) {
+    LOG_WARN("bad_frame", "conn=%llu pid=%d frame_bytes=%zu reason=\"does not decode "
+             "within max_decode_bytes\"", (unsigned long long)c->id, (int)c->pid, len);
+    srv->stats.connections_dropped++;
+    conn_close(c, "frame does not decode");
+    return;
+  }
+  engine_set_now(srv->eng, uv_now(srv->loop));
+  Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
+  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1};
+  int op;
+  int rc = run(c, req, &r, &op);
+  resp.id = req->id;
+  resp.status = dispatch_status(rc);
+  resp.error = rc ? r.err : (char *)"";
+  if (rc) {
+    resp.body_case = KVCACHE__V1__RESPONSE__BODY__NOT_SET;
+    LOG_DEBUG("request_error", "conn=%llu op=%u status=%s error=\"%s\"",
+              (unsigned long long)c->id, (unsigned)req->body_case, kvc_err_name(rc), r.err);
+  }
+  protobuf_c_message_free_unpacked(&req->base, &alloc);
+  int sent;
+  if (r.fd >= 0) {
+    sent = conn_send_fd(c, &resp, r.fd);
+    shm_close_fd(&c->shm);
+  } else {
+    sent = conn_send(c, &resp);
+  }
+  arena_reset(&srv->arena);
+  if (op >= 0) stats_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc == 0);
+  if (sent != 0) conn_close(c, "cannot send a reply");
+  else if (r.close_after) conn_close_after_flush(c, r.err);
+}

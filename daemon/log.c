@@ -1,0 +1,45 @@
+/* log.c: formats one event line (time, level, event, the caller's pairs). */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+int log_level = LOG_LEVEL_INFO;
+
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+const char *log_level_name(int level) {
+  if (level < LOG_LEVEL_ERROR || level > LOG_LEVEL_DEBUG) return "unknown";
+  return level_names[level];
+}
+
+int log_level_parse(const char *s) {
+  for (int i = LOG_LEVEL_ERROR; i <= LOG_LEVEL_DEBUG; i++)
+    if (strcmp(s, level_names[i]) == 0) return i;
+  return -1;
+}
+
+void log_emit(int level, const char *event, const char *fmt, ...) {
+  char line[1024];
+  struct timespec ts;
+  struct tm tm;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  int n = snprintf(line, sizeof line,
+                   "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ level=%s event=%s ",
+                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                   tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
+                   log_level_name(level), event);
+  if (n < 0) return;
+  size_t used = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(line + used, sizeof line - used, fmt, ap);
+  va_end(ap);
+  if (m > 0) used += (size_t)m < sizeof line - used ? (size_t)m : sizeof line - used - 1;
+  /* One write per line keeps lines whole when stderr is shared. */
+  line[used < sizeof line - 1 ? used : sizeof line - 2] = '\n';
+  fwrite(line, 1, (used < sizeof line - 1 ? used : sizeof line - 2) + 1, stderr);
+}

@@ -1,0 +1,37 @@
+/* ops.h: the list of request operations, shared by dispatch and stats.
+ *
+ * DAEMON_OPS(X) expands X(name, CASE) for each request of the protocol; CASE
+ * is the suffix of the Request oneof case (KVCACHE__V1__REQUEST__BODY_<CASE>).
+ * dispatch.c builds its handler table from it and stats.c its per-operation
+ * counters, so an operation added here is dispatched and counted.
+ */
+#ifndef KVCD_OPS_H
+#define KVCD_OPS_H
+
+#define DAEMON_OPS(X)                                                          \
+  X(hello, HELLO)                                                              \
+  X(ping, PING)                                                                \
+  X(cache_open, CACHE_OPEN)                                                    \
+  X(cache_list, CACHE_LIST)                                                    \
+  X(cache_clear, CACHE_CLEAR)                                                  \
+  X(cache_drop, CACHE_DROP)                                                    \
+  X(put, PUT)                                                                  \
+  X(get, GET)                                                                  \
+  X(remove, REMOVE)                                                            \
+  X(copy_prefix, COPY_PREFIX)                                                  \
+  X(can_resume, CAN_RESUME)                                                    \
+  X(trim_front, TRIM_FRONT)                                                    \
+  X(pin, PIN)                                                                  \
+  X(unpin, UNPIN)                                                              \
+  X(seq_info, SEQ_INFO)                                                        \
+  X(seq_list, SEQ_LIST)                                                        \
+  X(stats, STATS)
+
+enum op {
+#define OP_ENUM_(name, CASE) OP_##CASE,
+  DAEMON_OPS(OP_ENUM_)
+#undef OP_ENUM_
+  OP_COUNT_
+};
+
+#endif

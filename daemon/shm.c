@@ -1,0 +1,109 @@
+/* shm.c: creating, backing, sealing and mapping kvcached's memfds. */
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+uint64_t shm_mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  fclose(f);
+  return (uint64_t)kib * 1024u;
+}
+
+static int create_backed(const char *name, uint64_t bytes, shm_region_t *out,
+                         char *err, size_t errlen) {
+  out->fd = -1;
+  out->base = NULL;
+  out->bytes = 0;
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    snprintf(err, errlen, "memfd_create: %s", strerror(errno));
+    return -1;
+  }
+  if (ftruncate(fd, (off_t)bytes) != 0) {
+    snprintf(err, errlen, "ftruncate %llu bytes: %s", (unsigned long long)bytes,
+             strerror(errno));
+    goto fail;
+  }
+  /* Reserve the memory now: without it a later page fault could SIGBUS. */
+  int rc;
+  while ((rc = fallocate(fd, 0, 0, (off_t)bytes)) != 0 && errno == EINTR) {
+  }
+  if (rc != 0) {
+    snprintf(err, errlen, "cannot back %llu bytes (fallocate: %s)",
+             (unsigned long long)bytes, strerror(errno));
+    goto fail;
+  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    snprintf(err, errlen, "sealing: %s", strerror(errno));
+    goto fail;
+  }
+  out->fd = fd;
+  out->bytes = bytes;
+  return 0;
+fail:
+  close(fd);
+  return -1;
+}
+
+int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen) {
+  uint64_t avail = shm_mem_available();
+  if (avail != 0 && bytes > avail) {
+    snprintf(err, errlen,
+             "pool_bytes %llu exceeds MemAvailable %llu: lower --pool-bytes",
+             (unsigned long long)bytes, (unsigned long long)avail);
+    return -1;
+  }
+  if (create_backed("kvcached-pool", bytes, out, err, errlen) != 0) return -1;
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, out->fd, 0);
+  if (p == MAP_FAILED) {
+    snprintf(err, errlen, "mmap pool of %llu bytes: %s", (unsigned long long)bytes,
+             strerror(errno));
+    shm_close(out);
+    return -1;
+  }
+  out->base = p;
+  return 0;
+}
+
+int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen) {
+  if (create_backed("kvcached-conn", bytes, out, err, errlen) != 0) return -1;
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, out->fd, 0);
+  if (p == MAP_FAILED) {
+    snprintf(err, errlen, "mmap buffer: %s", strerror(errno));
+    shm_close(out);
+    return -1;
+  }
+  out->base = p;
+  return 0;
+}
+
+void shm_close_fd(shm_region_t *r) {
+  if (r->fd >= 0) close(r->fd);
+  r->fd = -1;
+}
+
+void shm_close(shm_region_t *r) {
+  if (r->base) munmap(r->base, r->bytes);
+  r->base = NULL;
+  shm_close_fd(r);
+  r->bytes = 0;
+}
+
+uint64_t shm_buffer_size(uint64_t requested, uint64_t def, uint64_t min_bytes,
+                         uint64_t max_bytes) {
+  uint64_t n = requested ? requested : def;
+  if (n < min_bytes) n = min_bytes;
+  if (n > max_bytes) n = max_bytes;
+  uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+  return (n + pg - 1) / pg * pg;
+}

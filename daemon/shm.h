@@ -1,0 +1,48 @@
+/* shm.h: the sealed memfds kvcached maps: the page pool and per-connection buffers.
+ *
+ * The pool is created, backed (fallocate) and pre-faulted at start, so a pool
+ * the machine cannot hold fails at start instead of raising SIGBUS later. It
+ * is sealed against shrinking and growing and never leaves the daemon.
+ *
+ * A connection's buffer is a memfd of its own, backed the same way, sealed
+ * (SHRINK, GROW, SEAL) so the client cannot truncate it under the daemon, and
+ * mapped read-write by both sides: the client writes put data into it, the
+ * daemon copies from it into the pool (or from the pool into it for a get).
+ */
+#ifndef KVCD_SHM_H
+#define KVCD_SHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct shm_region {
+  int fd;         /* memfd, -1 once closed */
+  uint8_t *base;  /* MAP_SHARED read-write mapping, NULL when unmapped */
+  uint64_t bytes; /* size of the file and of the mapping */
+} shm_region_t;
+
+/* Bytes of MemAvailable in /proc/meminfo, or 0 if it cannot be read. */
+uint64_t shm_mem_available(void);
+
+/* Creates the pool: memfd "kvcached-pool", fallocate, mmap with MAP_POPULATE,
+ * seals. Fills *out. Returns 0 or -1 with a one-line reason in err (more than
+ * MemAvailable, cannot be backed, mmap failed). Nothing is left on failure. */
+int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
+
+/* Creates a connection buffer of `bytes` (page-rounded by the caller), backed
+ * and sealed, mapped read-write (not populated: the client touches it).
+ * Returns 0 or -1 with errno-style reason in err. The fd stays open in *out
+ * until shm_close_fd (after it has been sent). */
+int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
+
+/* Closes the fd, keeping the mapping. */
+void shm_close_fd(shm_region_t *r);
+/* Unmaps and closes. Accepts an already closed region (fd -1, base NULL). */
+void shm_close(shm_region_t *r);
+
+/* requested clamped to [min_bytes, max_bytes] (0 means def), rounded up to the
+ * system page size. */
+uint64_t shm_buffer_size(uint64_t requested, uint64_t def, uint64_t min_bytes,
+                         uint64_t max_bytes);
+
+#endif

@@ -1,0 +1,310 @@
+/* kvcache/kvcache.h: libkvcache, the client library of kvcached.
+ *
+ * A client is one connection to the daemon. At open it receives a shared
+ * buffer (a memfd the daemon creates and passes once); every tensor byte of a
+ * put or get moves through it, never through the socket:
+ *
+ *   caller's k/v  --copy-->  shared buffer  --daemon copies-->  pool page
+ *   (kvc_put: two copies)    (kvc_put_shm: the caller fills the buffer
+ *                             itself, one copy)
+ *
+ * The pool itself is never mapped writable by a client. Calls are
+ * synchronous: each sends one request (or several, see "splitting") and waits
+ * for its answer.
+ *
+ * Threading: a kvc_client_t and its kvc_cache_t handles belong to one thread
+ * at a time. Use one client per thread (each has its own connection, buffer
+ * and pins); the library keeps no global state.
+ *
+ * Errors: every fallible call returns 0 or a negative KVC_E_* code
+ * (kvcache/errors.h). kvc_client_last_error() then says why in one line (the
+ * daemon's message for errors it reports). A call that fails validation
+ * changes nothing. KVC_E_IO, KVC_E_PROTO and KVC_E_TIMEOUT on an established
+ * client mean the connection is broken: every later call fails with KVC_E_IO;
+ * close the client and open a new one.
+ *
+ * Tensor layout: see kvcache/types.h ([layer][token][head][dim] of the
+ * transfer's ranges).
+ *
+ * Splitting: a transfer larger than the shared buffer (or than one request
+ * may carry) is split transparently, first by entries, then by tokens. Each
+ * request is atomic (all or nothing) on the daemon, but a split transfer is
+ * not atomic as a whole: if a later part fails, earlier parts stay applied.
+ *
+ * Ownership words: "borrows" (used during the call only), "keeps" (kept
+ * until the object is closed), "takes" (now owned by the callee), "returns
+ * new" (the caller frees it with the named function).
+ */
+#ifndef KVCACHE_KVCACHE_H
+#define KVCACHE_KVCACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache/errors.h"
+#include "kvcache/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVC_API __attribute__((visibility("default")))
+#else
+#define KVC_API
+#endif
+
+#define KVC_VERSION_STRING "0.1.0"
+#define KVC_PROTOCOL_VERSION 1 /* the wire protocol this library speaks */
+
+/* Environment variable naming the daemon's socket when opts do not. */
+#define KVC_SOCKET_ENV "KVCACHED_SOCKET"
+
+typedef struct kvc_client kvc_client_t; /* one connection; opaque */
+typedef struct kvc_cache kvc_cache_t;   /* an opened cache of a client; opaque */
+
+/* Options of kvc_client_open. Zero fields mean the default. */
+typedef struct kvc_client_opts {
+  const char *socket_path; /* NULL: $KVCACHED_SOCKET, else the daemon's default
+                              path (/run/kvcached/kvcached.sock as root, else
+                              $XDG_RUNTIME_DIR/kvcached.sock). Borrowed. */
+  uint64_t shm_bytes;      /* shared buffer wanted; 0: the daemon's default.
+                              The daemon clamps it to its bounds. */
+  uint32_t timeout_ms;     /* per send/receive; 0: wait forever */
+  const char *client_name; /* shown in the daemon's logs; borrowed; may be NULL */
+} kvc_client_opts_t;
+
+/* What the handshake told the client. */
+typedef struct kvc_client_info {
+  uint64_t conn_id;         /* owner id of this connection's pins (never 0) */
+  uint64_t shm_bytes;       /* size of the shared buffer */
+  uint64_t max_frame_bytes; /* largest request frame the daemon accepts */
+  uint32_t max_entries;     /* entries one request may carry */
+  uint32_t protocol_version;
+  uint64_t pool_bytes;      /* the daemon's pool */
+  uint64_t page_bytes;      /* one pool page */
+  char server_version[32];
+} kvc_client_info_t;
+
+/* ---- client ------------------------------------------------------------ */
+
+/* Connects, performs the handshake and maps the shared buffer. opts is
+ * borrowed (NULL: defaults). Returns new *out (close with kvc_client_close).
+ * KVC_E_NOTRUNNING (no socket or nobody listening), KVC_E_PERM (refused by
+ * the daemon or the socket's mode), KVC_E_CONNLIMIT, KVC_E_VERSION,
+ * KVC_E_SHUTDOWN, KVC_E_IO, KVC_E_PROTO, KVC_E_TIMEOUT, KVC_E_NOMEM,
+ * KVC_E_INVAL (out NULL, path too long). On failure *out is NULL; the reason
+ * is available from kvc_client_open_error(). */
+KVC_API int kvc_client_open(const kvc_client_opts_t *opts, kvc_client_t **out);
+
+/* The reason the last kvc_client_open of this thread failed (one line; a
+ * thread-local static string, valid until the next open on this thread). */
+KVC_API const char *kvc_client_open_error(void);
+
+/* Closes the connection (the daemon releases its pins), unmaps the buffer and
+ * frees every kvc_cache_t still open on it. Accepts NULL. */
+KVC_API void kvc_client_close(kvc_client_t *client);
+
+/* The last error of this client in one line ("" if none). The string is
+ * owned by the client and valid until its next call. */
+KVC_API const char *kvc_client_last_error(const kvc_client_t *client);
+
+/* For the last KVC_E_FULL: pages the write needed, pages free plus
+ * reclaimable by eviction at that time. Either pointer may be NULL. */
+KVC_API void kvc_client_last_full(const kvc_client_t *client, uint64_t *needed,
+                                  uint64_t *freeable);
+
+/* Copies the handshake figures into *out (borrowed). */
+KVC_API void kvc_client_info(const kvc_client_t *client, kvc_client_info_t *out);
+
+/* The shared buffer: *base (writable, mapped for the client's lifetime, owned
+ * by the client) and *bytes. Fill it and call kvc_put_shm, or call
+ * kvc_get_shm and read it. The library also uses it for the pointer forms
+ * (kvc_put and friends), which overwrite it. */
+KVC_API void kvc_client_shm(const kvc_client_t *client, void **base, uint64_t *bytes);
+
+/* One round trip with no effect. KVC_E_IO if the connection is broken. */
+KVC_API int kvc_ping(kvc_client_t *client);
+
+/* ---- caches -------------------------------------------------------------- */
+
+/* Opens the cache `name` (borrowed), creating it with `layout` (borrowed) if
+ * it does not exist. Returns new *out, owned by the client (close it with
+ * kvc_cache_close, or it is freed by kvc_client_close). KVC_E_LAYOUT if the
+ * cache exists with another layout; KVC_E_NAME, KVC_E_NLAYERS, KVC_E_NHEADS,
+ * KVC_E_HEADDIM, KVC_E_PAGETOKENS, KVC_E_DTYPE, KVC_E_PAGESIZE (a page of the
+ * layout exceeds a pool page), KVC_E_TOOMANY. */
+KVC_API int kvc_cache_open(kvc_client_t *client, const char *name,
+                           const kvc_layout_t *layout, kvc_cache_t **out);
+
+/* Opens an existing cache by name with whatever layout it has. Returns new
+ * *out as kvc_cache_open does. KVC_E_NOCACHE if there is none. */
+KVC_API int kvc_cache_find(kvc_client_t *client, const char *name, kvc_cache_t **out);
+
+/* Frees the handle (the cache stays in the daemon). Accepts NULL. */
+KVC_API void kvc_cache_close(kvc_cache_t *cache);
+
+/* The cache's layout (page_tokens filled in), name and id; owned by the
+ * handle. */
+KVC_API const kvc_layout_t *kvc_cache_layout(const kvc_cache_t *cache);
+KVC_API const char *kvc_cache_name(const kvc_cache_t *cache);
+KVC_API uint32_t kvc_cache_id(const kvc_cache_t *cache);
+
+/* Fills up to cap infos (out borrowed) and sets *n to the number of caches,
+ * which may exceed cap (call again with a larger array). */
+KVC_API int kvc_cache_list(kvc_client_t *client, kvc_cache_info_t *out, size_t cap,
+                           size_t *n);
+
+/* Drops every sequence of the cache, pinned ones too; the cache stays. */
+KVC_API int kvc_cache_clear(kvc_cache_t *cache);
+/* Drops the cache and its sequences in the daemon. The handle stays valid
+ * only for kvc_cache_close; other calls on it answer KVC_E_NOCACHE. */
+KVC_API int kvc_cache_drop(kvc_cache_t *cache);
+
+/* ---- transfers ---------------------------------------------------------- */
+
+/* Which part of each token a transfer moves. All zero (or a NULL pointer)
+ * means every layer, every head, the natural dtype: the cache's dtype, or f32
+ * for an int8 cache. layer_end/head_end 0 mean "to the last". Puts move every
+ * head. dtype: puts take the cache dtype or f32 (int8 caches: f32, f16,
+ * bf16); gets return the cache dtype or f32 (int8: f32 dequantized, or
+ * KVC_DTYPE_INT8 for raw bytes plus scales). */
+typedef struct kvc_xfer {
+  uint32_t layer_begin, layer_end;
+  uint32_t head_begin, head_end;
+  kvc_dtype_t dtype; /* 0: natural */
+} kvc_xfer_t;
+
+/* One entry of a batched transfer: tokens [pos, pos + ntokens) of seq_id.
+ * k/v are read by a put and written by a get ([layer][token][head][dim] of the
+ * xfer's ranges); k_scale/v_scale only for a raw int8 get ([layer][token]
+ * [head] f32), else NULL. All buffers are borrowed for the call. */
+typedef struct kvc_io {
+  uint64_t seq_id;
+  uint64_t pos;
+  uint64_t ntokens;
+  void *k;
+  void *v;
+  float *k_scale;
+  float *v_scale;
+} kvc_io_t;
+
+/* The same with byte offsets into the shared buffer (kvc_client_shm). The
+ * lengths are implied by the layout and ntokens (see kvc_xfer_bytes). */
+typedef struct kvc_shm_io {
+  uint64_t seq_id;
+  uint64_t pos;
+  uint64_t ntokens;
+  uint64_t k_off;
+  uint64_t v_off;
+  uint64_t k_scale_off; /* raw int8 get only */
+  uint64_t v_scale_off;
+} kvc_shm_io_t;
+
+/* Bytes one entry of ntokens needs in each buffer for this cache and xfer
+ * (NULL: natural), computed locally from the layout. Any out pointer may be
+ * NULL. KVC_E_LAYER, KVC_E_HEAD (bad ranges), KVC_E_DTYPE, KVC_E_OVERFLOW. */
+KVC_API int kvc_xfer_bytes(const kvc_cache_t *cache, const kvc_xfer_t *x, bool is_put,
+                           uint64_t ntokens, uint64_t *k_bytes, uint64_t *v_bytes,
+                           uint64_t *scale_bytes);
+
+/* Writes tokens [pos, pos + ntokens) of seq_id, every layer, natural dtype.
+ * k and v are borrowed. pos may be at most the sequence's length (append or
+ * overwrite); a new seq_id is created. KVC_E_FULL (see kvc_client_last_full),
+ * KVC_E_RANGE, KVC_E_NONFINITE (int8), KVC_E_NOCACHE, KVC_E_SIZE (one token
+ * does not fit the shared buffer). */
+KVC_API int kvc_put(kvc_cache_t *cache, uint64_t seq_id, uint64_t pos, uint64_t ntokens,
+                    const void *k, const void *v);
+
+/* Reads tokens [begin, end) of seq_id, every layer, natural dtype, into k and
+ * v (borrowed). KVC_E_NOSEQ, KVC_E_RANGE. */
+KVC_API int kvc_get(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin, uint64_t end,
+                    void *k, void *v);
+
+/* Reads the single token pos of seq_id for the xfer's ranges (NULL: all). */
+KVC_API int kvc_get_token(kvc_cache_t *cache, uint64_t seq_id, uint64_t pos,
+                          const kvc_xfer_t *x, void *k, void *v);
+
+/* Reads one head of one layer for tokens [begin, end) ([token][dim]), in the
+ * natural dtype. k or v may be NULL to skip it. KVC_E_LAYER, KVC_E_HEAD. */
+KVC_API int kvc_get_head(kvc_cache_t *cache, uint64_t seq_id, uint32_t layer,
+                         uint32_t head, uint64_t begin, uint64_t end, void *k, void *v);
+
+/* Raw int8 read of an int8 cache: the stored bytes and their f32 scales
+ * ([layer][token][head]) for tokens [begin, end) and the xfer's layer and
+ * head ranges (x NULL: all; its dtype is ignored). KVC_E_DTYPE for another
+ * cache dtype. */
+KVC_API int kvc_get_raw(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin,
+                        uint64_t end, const kvc_xfer_t *x, int8_t *k, int8_t *v,
+                        float *k_scale, float *v_scale);
+
+/* Batched put: n entries (borrowed) in as few requests as fit (one, when they
+ * fit the shared buffer and the entry limit), each with its own buffers: the
+ * ragged append of a decode step. Each request is all or nothing; a split
+ * batch is not (see "splitting"). KVC_E_DUPSEQ if a sequence appears twice. */
+KVC_API int kvc_put_batch(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_io_t *entries,
+                          size_t n);
+/* Batched get, the same way. */
+KVC_API int kvc_get_batch(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_io_t *entries,
+                          size_t n);
+
+/* Direct-buffer forms: the data is already in (put) or lands in (get) the
+ * shared buffer at the entries' offsets; no copy in the library. Entries are
+ * sent as they are (split only by the per-request entry limit).
+ * KVC_E_OFFSET if a region lies outside the buffer. */
+KVC_API int kvc_put_shm(kvc_cache_t *cache, const kvc_xfer_t *x,
+                        const kvc_shm_io_t *entries, size_t n);
+KVC_API int kvc_get_shm(kvc_cache_t *cache, const kvc_xfer_t *x,
+                        const kvc_shm_io_t *entries, size_t n);
+
+/* ---- sequences ---------------------------------------------------------- */
+
+/* Removes [begin, end): end past the length truncates; begin at the start
+ * with end past the length drops the sequence; a middle range is
+ * KVC_E_NOROPE. KVC_E_RANGE if begin > end. */
+KVC_API int kvc_seq_remove(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin,
+                           uint64_t end);
+/* Makes dst the first ntokens of src, sharing pages (copy on write).
+ * KVC_E_SAMESEQ, KVC_E_NOSEQ, KVC_E_RANGE. */
+KVC_API int kvc_seq_copy_prefix(kvc_cache_t *cache, uint64_t src, uint64_t dst,
+                                uint64_t ntokens);
+/* *out = the cache holds what is needed to continue seq_id at pos. */
+KVC_API int kvc_seq_can_resume(kvc_cache_t *cache, uint64_t seq_id, uint64_t pos,
+                               bool *out);
+/* Drops tokens before n (positions kept), freeing whole pages. KVC_E_RANGE. */
+KVC_API int kvc_seq_trim_front(kvc_cache_t *cache, uint64_t seq_id, uint64_t n);
+/* Pins seq_id for this connection (idempotent): never evicted until unpinned
+ * or the connection closes. KVC_E_NOSEQ. */
+KVC_API int kvc_seq_pin(kvc_cache_t *cache, uint64_t seq_id);
+/* KVC_E_NOTPINNED if this connection does not pin it. */
+KVC_API int kvc_seq_unpin(kvc_cache_t *cache, uint64_t seq_id);
+/* Fills *out (borrowed). KVC_E_NOSEQ. */
+KVC_API int kvc_seq_info(kvc_cache_t *cache, uint64_t seq_id, kvc_seq_info_t *out);
+/* Lists sequences from *cursor (0 to begin) into out[0..cap) (borrowed); sets
+ * *n and advances *cursor, 0 when the scan is complete. A sequence present
+ * for the whole scan is returned at least once. */
+KVC_API int kvc_seq_list(kvc_cache_t *cache, uint64_t *cursor, kvc_seq_info_t *out,
+                         size_t cap, size_t *n);
+
+/* ---- stats -------------------------------------------------------------- */
+
+/* One figure of the daemon. */
+typedef struct kvc_stat {
+  const char *name;  /* e.g. "pages_free", "requests_put", "latency_put_p99_us" */
+  uint64_t value;
+  bool gauge;        /* false: monotonic counter */
+  const char *help;  /* one line */
+  const char *cache; /* "" for a global figure, else the cache's name */
+} kvc_stat_t;
+
+/* Fetches every figure. Returns new *out (one block, strings included; free
+ * with kvc_stats_free) and *n. */
+KVC_API int kvc_stats(kvc_client_t *client, kvc_stat_t **out, size_t *n);
+/* Frees what kvc_stats returned. Accepts NULL. */
+KVC_API void kvc_stats_free(kvc_stat_t *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
