@@ -1157,3 +1157,294 @@ TEST(int8_rejects_bad_dtypes_and_scale_buffers) {
   ASSERT_ERR(engine_get(f.eng, f.cid, &x, &io, 1), KVC_E_SIZE);
   fx_close(&f);
 }
+
+/* ---- remove ------------------------------------------------------------------------ */
+
+TEST(remove_rejects_bad_arguments) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0));
+  engine_stats_t s0 = fx_stats(&f);
+  ASSERT_ERR(engine_remove(f.eng, f.cid + 1, 1, 0, BIG), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_remove(f.eng, f.cid, 2, 0, BIG), KVC_E_NOSEQ);
+  ASSERT_ERR(engine_remove(f.eng, f.cid, 1, 5, 4), KVC_E_RANGE);
+  ASSERT_ERR(engine_remove(f.eng, f.cid, 1, BIG, 0), KVC_E_RANGE);
+  ASSERT_ERR(engine_remove(f.eng, f.cid, 1, 2, 5), KVC_E_NOROPE); /* middle */
+  ASSERT_ERR(engine_remove(f.eng, f.cid, 1, 0, 5), KVC_E_NOROPE); /* front: shifts too */
+  ASSERT_ERR(engine_remove(f.eng, f.cid, 1, 1, 9), KVC_E_NOROPE);
+  engine_stats_t s1 = fx_stats(&f);
+  FX_STATS_SAME(&s0, &s1);
+  ASSERT_U64_EQ(s1.errors, s0.errors + 7);
+  FX_EXPECT(&f, 1, 0, 10, 0);
+  fx_close(&f);
+}
+
+TEST(remove_empty_or_past_end_does_nothing) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0));
+  engine_stats_t s0 = fx_stats(&f);
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 3, 3));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 10, 20));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 12, BIG));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, BIG, BIG));
+  engine_stats_t s1 = fx_stats(&f);
+  ASSERT_U64_EQ(s1.tokens, s0.tokens);
+  ASSERT_U64_EQ(s1.pages_used, s0.pages_used);
+  ASSERT_U64_EQ(FX_INFO(&f, 1).length, 10);
+  FX_EXPECT(&f, 1, 0, 10, 0);
+  fx_close(&f);
+}
+
+TEST(remove_truncates_and_frees_pages) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0)); /* 3 pages */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 6, BIG));
+  kvc_seq_info_t si = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(si.length, 6);
+  ASSERT_U64_EQ(si.extent, 6);
+  ASSERT_EQ(si.pages, 2);
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.pages_used, 2);
+  ASSERT_U64_EQ(s.pages_free, 6);
+  ASSERT_U64_EQ(s.tokens, 6);
+  ASSERT_U64_EQ(s.removes, 1);
+  FX_EXPECT(&f, 1, 0, 6, 0);
+  ASSERT_ERR(fx_get_rc(&f, 1, 5, 2, fx_all(&l)), KVC_E_RANGE);
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 4, 6)); /* end == extent: truncates */
+  ASSERT_U64_EQ(FX_INFO(&f, 1).length, 4);
+  ASSERT_EQ(FX_INFO(&f, 1).pages, 1);
+  ASSERT_OK(fx_put(&f, 1, 4, 3, 5)); /* appends again where it was cut */
+  FX_EXPECT(&f, 1, 0, 4, 0);
+  FX_EXPECT(&f, 1, 4, 3, 5);
+  fx_close(&f);
+}
+
+TEST(remove_whole_range_drops_sequence) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0));
+  ASSERT_OK(fx_put(&f, 2, 0, 5, 0));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 2, 3));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, BIG));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 2, 0, 5)); /* exactly the extent; pinned */
+  kvc_seq_info_t si;
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 1, &si), KVC_E_NOSEQ);
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 2, &si), KVC_E_NOSEQ);
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.sequences, 0);
+  ASSERT_U64_EQ(s.sequences_pinned, 0);
+  ASSERT_U64_EQ(s.pages_pinned, 0);
+  ASSERT_U64_EQ(s.pages_free, 8);
+  ASSERT_U64_EQ(s.tokens, 0);
+  ASSERT_EQ(engine_unpin_all(f.eng, 3), 0);
+  ASSERT_ERR(engine_remove(f.eng, f.cid, 1, 0, BIG), KVC_E_NOSEQ);
+  fx_close(&f);
+}
+
+TEST(remove_pipelined_and_trimmed_sequences) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 4, 0));
+  ASSERT_OK(fx_put_layers(&f, 1, 4, 4, 0, 1, 0)); /* layer 0 to 8: extent 8 */
+  ASSERT_ERR(engine_remove(f.eng, f.cid, 1, 2, 6), KVC_E_NOROPE); /* end < extent */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 6, 8));
+  kvc_seq_info_t si = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(si.length, 4);
+  ASSERT_U64_EQ(si.extent, 6);
+  FX_EXPECT_RNG(&f, 1, 0, 6, fx_rng(&l, 0, 1, 0, 0), 1, 0);
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 3, BIG)); /* cuts every layer */
+  si = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(si.length, 3);
+  ASSERT_U64_EQ(si.extent, 3);
+  ASSERT_OK(fx_put(&f, 2, 0, 10, 0));
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 2, 5));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 2, 7, BIG));
+  ASSERT_U64_EQ(FX_INFO(&f, 2).length, 7);
+  ASSERT_OK(engine_remove(f.eng, f.cid, 2, 3, BIG)); /* begin <= start: drops */
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 2, &si), KVC_E_NOSEQ);
+  fx_close(&f);
+}
+
+/* ---- copy_prefix and copy on write ------------------------------------------------ */
+
+TEST(copy_prefix_rejects_bad_arguments) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0));
+  ASSERT_OK(fx_put(&f, 2, 0, 10, 0));
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 2, 5));
+  engine_stats_t s0 = fx_stats(&f);
+  ASSERT_ERR(engine_copy_prefix(f.eng, f.cid + 1, 1, 3, 4), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_copy_prefix(f.eng, f.cid, 1, 1, 4), KVC_E_SAMESEQ);
+  ASSERT_ERR(engine_copy_prefix(f.eng, f.cid, 9, 3, 4), KVC_E_NOSEQ);
+  ASSERT_ERR(engine_copy_prefix(f.eng, f.cid, 1, 3, 11), KVC_E_RANGE);
+  ASSERT_ERR(engine_copy_prefix(f.eng, f.cid, 1, 3, BIG), KVC_E_RANGE);
+  ASSERT_ERR(engine_copy_prefix(f.eng, f.cid, 2, 3, 4), KVC_E_RANGE); /* n < start */
+  ASSERT_ERR(engine_copy_prefix(f.eng, f.cid, 1, 2, 11), KVC_E_RANGE); /* dst untouched */
+  engine_stats_t s1 = fx_stats(&f);
+  FX_STATS_SAME(&s0, &s1);
+  kvc_seq_info_t si;
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 3, &si), KVC_E_NOSEQ);
+  FX_EXPECT(&f, 2, 5, 5, 0);
+  fx_close(&f);
+}
+
+TEST(copy_prefix_shares_pages_without_copying) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0)); /* pages: 4 + 4 + 2 tokens */
+  engine_stats_t s0 = fx_stats(&f);
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 1, 2, 10));
+  engine_stats_t s1 = fx_stats(&f);
+  ASSERT_U64_EQ(s1.pages_used, 3);
+  ASSERT_U64_EQ(s1.pages_shared, 3);
+  ASSERT_U64_EQ(s1.pages_free, 5);
+  ASSERT_U64_EQ(s1.sequences, 2);
+  ASSERT_U64_EQ(s1.tokens, 20);
+  ASSERT_U64_EQ(s1.copies, s0.copies + 1);
+  ASSERT_U64_EQ(s1.bytes_in, s0.bytes_in);
+  ASSERT_U64_EQ(s1.cow_copies, 0);
+  kvc_seq_info_t a = FX_INFO(&f, 1), b = FX_INFO(&f, 2);
+  ASSERT(a.pages == 3 && a.shared_pages == 3 && b.pages == 3 && b.shared_pages == 3);
+  ASSERT(b.length == 10 && b.extent == 10 && b.start == 0);
+  FX_EXPECT_RNG(&f, 2, 0, 10, fx_all(&l), 1, 0); /* seq 2 holds seq 1's payload */
+  kvc_cache_info_t ci;
+  ASSERT_OK(engine_cache_info(f.eng, f.cid, &ci));
+  ASSERT_U64_EQ(ci.pages, 6); /* shared pages counted per use */
+  fx_close(&f);
+}
+
+/* Copies 10 tokens of seq 1 to seq 2; the last page (tokens 8, 9) is shared
+ * and partly filled. */
+static void shared_pair(fx_t *f) {
+  kvc_layout_t l = fx_small_layout();
+  fx_open(f, &l, 8);
+  ASSERT_OK(fx_put(f, 1, 0, 10, 0));
+  ASSERT_OK(engine_copy_prefix(f->eng, f->cid, 1, 2, 10));
+}
+
+TEST(cow_on_append_by_dst_into_shared_partial_page) {
+  fx_t f;
+  shared_pair(&f);
+  ASSERT_OK(fx_put(&f, 2, 10, 1, 9));
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.cow_copies, 1);
+  ASSERT_U64_EQ(s.pages_used, 4);
+  ASSERT_U64_EQ(s.pages_shared, 2);
+  ASSERT_EQ(FX_INFO(&f, 1).shared_pages, 2);
+  FX_EXPECT(&f, 1, 0, 10, 0);
+  ASSERT_U64_EQ(FX_INFO(&f, 1).length, 10);
+  FX_EXPECT_RNG(&f, 2, 0, 10, fx_all(&f.lay), 1, 0);
+  FX_EXPECT(&f, 2, 10, 1, 9);
+  ASSERT_OK(fx_put(&f, 1, 10, 2, 4)); /* src's page is its own now: no copy */
+  ASSERT_U64_EQ(fx_stats(&f).cow_copies, 1);
+  FX_EXPECT(&f, 1, 10, 2, 4);
+  FX_EXPECT(&f, 2, 10, 1, 9);
+  cache_stats_t cs;
+  ASSERT_OK(engine_cache_stats(f.eng, f.cid, &cs));
+  ASSERT_U64_EQ(cs.cow_copies, 1);
+  fx_close(&f);
+}
+
+TEST(cow_on_append_by_src_into_shared_partial_page) {
+  fx_t f;
+  shared_pair(&f);
+  ASSERT_OK(fx_put(&f, 1, 10, 2, 4));
+  ASSERT_U64_EQ(fx_stats(&f).cow_copies, 1);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 4);
+  FX_EXPECT_RNG(&f, 2, 0, 10, fx_all(&f.lay), 1, 0);
+  ASSERT_U64_EQ(FX_INFO(&f, 2).length, 10);
+  ASSERT_OK(fx_put(&f, 2, 10, 2, 9));
+  ASSERT_U64_EQ(fx_stats(&f).cow_copies, 1);
+  FX_EXPECT(&f, 1, 10, 2, 4);
+  FX_EXPECT(&f, 2, 10, 2, 9);
+  fx_close(&f);
+}
+
+TEST(cow_on_overwrite_of_shared_full_page) {
+  fx_t f;
+  shared_pair(&f);
+  ASSERT_OK(fx_put(&f, 2, 1, 2, 9)); /* page 0, full and shared */
+  ASSERT_U64_EQ(fx_stats(&f).cow_copies, 1);
+  FX_EXPECT(&f, 1, 0, 10, 0);
+  FX_EXPECT_RNG(&f, 2, 0, 1, fx_all(&f.lay), 1, 0);
+  FX_EXPECT(&f, 2, 1, 2, 9);
+  FX_EXPECT_RNG(&f, 2, 3, 7, fx_all(&f.lay), 1, 0);
+  ASSERT_OK(fx_put(&f, 1, 2, 8, 4)); /* pages 0 (own), 1 and 2 (shared): 2 copies */
+  ASSERT_U64_EQ(fx_stats(&f).cow_copies, 3);
+  ASSERT_U64_EQ(fx_stats(&f).pages_shared, 0);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 6);
+  FX_EXPECT_RNG(&f, 2, 3, 7, fx_all(&f.lay), 1, 0);
+  FX_EXPECT(&f, 1, 2, 8, 4);
+  fx_close(&f);
+}
+
+/* dst's tokens past n share src's partly filled page: writing them must
+ * not show through to src. */
+TEST(cow_when_prefix_ends_mid_page) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0));
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 1, 2, 6));
+  kvc_seq_info_t b = FX_INFO(&f, 2);
+  ASSERT(b.length == 6 && b.extent == 6 && b.pages == 2 && b.shared_pages == 2);
+  ASSERT_ERR(fx_get_rc(&f, 2, 5, 2, fx_all(&l)), KVC_E_RANGE);
+  ASSERT_OK(fx_put(&f, 2, 6, 1, 9));
+  ASSERT_U64_EQ(fx_stats(&f).cow_copies, 1);
+  FX_EXPECT(&f, 1, 0, 10, 0);
+  FX_EXPECT_RNG(&f, 2, 0, 6, fx_all(&l), 1, 0);
+  FX_EXPECT(&f, 2, 6, 1, 9);
+  fx_close(&f);
+}
+
+TEST(copy_prefix_replaces_dst_and_keeps_its_pins) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 16);
+  ASSERT_OK(fx_put(&f, 1, 0, 6, 0));
+  ASSERT_OK(fx_put(&f, 2, 0, 20, 3)); /* 5 pages of its own */
+  ASSERT_OK(engine_pin(f.eng, f.cid, 2, 7));
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 1, 2, 5));
+  kvc_seq_info_t b = FX_INFO(&f, 2);
+  ASSERT(b.length == 5 && b.extent == 5 && b.pages == 2 && b.pins == 1);
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.pages_used, 2);
+  ASSERT_U64_EQ(s.pages_free, 14);
+  ASSERT_U64_EQ(s.sequences, 2);
+  ASSERT_U64_EQ(s.sequences_pinned, 1);
+  ASSERT_U64_EQ(s.pages_pinned, 2);
+  ASSERT_U64_EQ(s.tokens, 11);
+  FX_EXPECT_RNG(&f, 2, 0, 5, fx_all(&l), 1, 0);
+  ASSERT_OK(engine_unpin(f.eng, f.cid, 2, 7));
+  fx_close(&f);
+}
+
+TEST(copy_prefix_of_trimmed_and_pipelined_src) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 16);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0));
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 1, 5));
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 1, 2, 8));
+  kvc_seq_info_t b = FX_INFO(&f, 2);
+  ASSERT(b.start == 5 && b.length == 8 && b.pages == 1);
+  FX_EXPECT_RNG(&f, 2, 5, 3, fx_all(&l), 1, 0);
+  ASSERT_OK(fx_put(&f, 3, 0, 4, 0));
+  ASSERT_OK(fx_put_layers(&f, 3, 4, 4, 0, 1, 0)); /* length 4, extent 8 */
+  ASSERT_ERR(engine_copy_prefix(f.eng, f.cid, 3, 4, 6), KVC_E_RANGE);
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 3, 4, 4));
+  b = FX_INFO(&f, 4);
+  ASSERT(b.length == 4 && b.extent == 4 && b.pages == 1);
+  FX_EXPECT_RNG(&f, 4, 0, 4, fx_all(&l), 3, 0);
+  fx_close(&f);
+}
