@@ -1448,3 +1448,436 @@ TEST(copy_prefix_of_trimmed_and_pipelined_src) {
   FX_EXPECT_RNG(&f, 4, 0, 4, fx_all(&l), 3, 0);
   fx_close(&f);
 }
+
+/* ---- can_resume and trim_front ----------------------------------------------------- */
+
+TEST(can_resume_values) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  bool ok = true;
+  ASSERT_ERR(engine_can_resume(f.eng, f.cid, 1, 0, NULL), KVC_E_INVAL);
+  ASSERT_ERR(engine_can_resume(f.eng, f.cid + 1, 1, 0, &ok), KVC_E_NOCACHE);
+  ASSERT_OK(engine_can_resume(f.eng, f.cid, 1, 0, &ok)); /* missing, pos 0: true */
+  ASSERT(ok);
+  ASSERT_OK(engine_can_resume(f.eng, f.cid, 1, 3, &ok)); /* missing: false */
+  ASSERT(!ok);
+  ASSERT_OK(fx_put(&f, 1, 0, 5, 0));
+  for (uint64_t p = 0; p <= 5; p++) {
+    ok = false;
+    ASSERT_OK(engine_can_resume(f.eng, f.cid, 1, p, &ok));
+    ASSERT(ok);
+  }
+  ASSERT_OK(engine_can_resume(f.eng, f.cid, 1, 6, &ok));
+  ASSERT(!ok);
+  ok = true;
+  ASSERT_OK(engine_can_resume(f.eng, f.cid, 1, BIG, &ok));
+  ASSERT(!ok);
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 1, 2)); /* start 2: not causal anymore */
+  ok = true;
+  ASSERT_OK(engine_can_resume(f.eng, f.cid, 1, 5, &ok));
+  ASSERT(!ok);
+  fx_close(&f);
+}
+
+TEST(trim_front_rejects_bad_arguments) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0));
+  engine_stats_t s0 = fx_stats(&f);
+  ASSERT_ERR(engine_trim_front(f.eng, f.cid + 1, 1, 2), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_trim_front(f.eng, f.cid, 2, 2), KVC_E_NOSEQ);
+  ASSERT_ERR(engine_trim_front(f.eng, f.cid, 1, 11), KVC_E_RANGE);
+  ASSERT_ERR(engine_trim_front(f.eng, f.cid, 1, BIG), KVC_E_RANGE);
+  engine_stats_t s1 = fx_stats(&f);
+  FX_STATS_SAME(&s0, &s1);
+  ASSERT_U64_EQ(FX_INFO(&f, 1).start, 0);
+  fx_close(&f);
+}
+
+TEST(trim_front_frees_whole_pages_and_keeps_positions) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0)); /* pages [0,4) [4,8) [8,10) */
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 1, 5));
+  kvc_seq_info_t si = FX_INFO(&f, 1);
+  ASSERT(si.start == 5 && si.length == 10 && si.extent == 10 && si.pages == 2);
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.pages_used, 2);
+  ASSERT_U64_EQ(s.pages_free, 6);
+  ASSERT_U64_EQ(s.trims, 1);
+  FX_EXPECT(&f, 1, 5, 5, 0);
+  ASSERT_ERR(fx_get_rc(&f, 1, 4, 1, fx_all(&l)), KVC_E_RANGE);
+  ASSERT_ERR(fx_get_rc(&f, 1, 0, 10, fx_all(&l)), KVC_E_RANGE);
+  ASSERT_ERR(fx_put(&f, 1, 4, 2, 1), KVC_E_RANGE); /* before start */
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 1, 3)); /* n <= start: nothing */
+  ASSERT_U64_EQ(FX_INFO(&f, 1).start, 5);
+  ASSERT_OK(fx_put(&f, 1, 5, 1, 2)); /* overwrite at start, append at the end */
+  ASSERT_OK(fx_put(&f, 1, 10, 3, 2));
+  FX_EXPECT(&f, 1, 5, 1, 2);
+  FX_EXPECT(&f, 1, 6, 4, 0);
+  FX_EXPECT(&f, 1, 10, 3, 2);
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 1, 8)); /* page [4,8) goes */
+  si = FX_INFO(&f, 1);
+  ASSERT(si.start == 8 && si.length == 13 && si.pages == 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  fx_close(&f);
+}
+
+TEST(trim_front_to_the_end_then_append) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 8, 0));
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 1, 8));
+  kvc_seq_info_t si = FX_INFO(&f, 1);
+  ASSERT(si.start == 8 && si.length == 8 && si.pages == 0);
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 8);
+  ASSERT_U64_EQ(fx_stats(&f).tokens, 8); /* length is still 8 */
+  ASSERT_OK(fx_put(&f, 1, 8, 2, 1));
+  FX_EXPECT(&f, 1, 8, 2, 1);
+  ASSERT_EQ(FX_INFO(&f, 1).pages, 1);
+  fx_close(&f);
+}
+
+TEST(trim_front_of_shared_pages_keeps_the_other_side) {
+  fx_t f;
+  shared_pair(&f);
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 1, 9));
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.pages_used, 3); /* seq 2 still holds all three */
+  ASSERT_U64_EQ(s.pages_shared, 1);
+  ASSERT_EQ(FX_INFO(&f, 1).pages, 1);
+  ASSERT_EQ(FX_INFO(&f, 2).shared_pages, 1);
+  FX_EXPECT_RNG(&f, 2, 0, 10, fx_all(&f.lay), 1, 0);
+  FX_EXPECT(&f, 1, 9, 1, 0);
+  fx_close(&f);
+}
+
+/* ---- pins ----------------------------------------------------------------------------- */
+
+TEST(pin_rejects_bad_arguments) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 3, 0));
+  ASSERT_ERR(engine_pin(f.eng, f.cid + 1, 1, 1), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_pin(f.eng, f.cid, 2, 1), KVC_E_NOSEQ);
+  ASSERT_ERR(engine_unpin(f.eng, f.cid + 1, 1, 1), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_unpin(f.eng, f.cid, 2, 1), KVC_E_NOSEQ);
+  ASSERT_ERR(engine_unpin(f.eng, f.cid, 1, 1), KVC_E_NOTPINNED);
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 1));
+  ASSERT_ERR(engine_unpin(f.eng, f.cid, 1, 2), KVC_E_NOTPINNED); /* another owner */
+  ASSERT_EQ(FX_INFO(&f, 1).pins, 1);
+  kvc_seq_info_t si;
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 2, &si), KVC_E_NOSEQ); /* pin made nothing */
+  fx_close(&f);
+}
+
+TEST(pin_is_idempotent_per_owner) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 6, 0));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 1));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 1));
+  ASSERT_EQ(FX_INFO(&f, 1).pins, 1);
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, BIG)); /* any u64 is an owner */
+  ASSERT_EQ(FX_INFO(&f, 1).pins, 2);
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.sequences_pinned, 1);
+  ASSERT_U64_EQ(s.pages_pinned, 2);
+  ASSERT_OK(engine_unpin(f.eng, f.cid, 1, 1));
+  ASSERT_EQ(FX_INFO(&f, 1).pins, 1);
+  ASSERT_ERR(engine_unpin(f.eng, f.cid, 1, 1), KVC_E_NOTPINNED);
+  ASSERT_OK(engine_unpin(f.eng, f.cid, 1, BIG));
+  s = fx_stats(&f);
+  ASSERT_U64_EQ(s.sequences_pinned, 0);
+  ASSERT_U64_EQ(s.pages_pinned, 0);
+  ASSERT_U64_EQ(s.unpins, 2);
+  fx_close(&f);
+}
+
+TEST(unpin_all_releases_one_owner) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  uint32_t c2;
+  ASSERT_OK(engine_cache_open(f.eng, "two", &l, &c2));
+  for (uint64_t s = 1; s <= 3; s++) ASSERT_OK(fx_put(&f, s, 0, 2, 0));
+  ASSERT_OK(fx_put(&f, 4, 0, 2, 0));
+  uint32_t main_cid = f.cid;
+  f.cid = c2;
+  ASSERT_OK(fx_put(&f, 1, 0, 2, 0)); /* seq 1 of the second cache */
+  f.cid = main_cid;
+  for (uint64_t s = 1; s <= 3; s++) ASSERT_OK(engine_pin(f.eng, f.cid, s, 5));
+  ASSERT_OK(engine_pin(f.eng, c2, 1, 5));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 2, 6));
+  ASSERT_EQ(engine_unpin_all(f.eng, 5), 4);
+  ASSERT_EQ(FX_INFO(&f, 1).pins, 0);
+  ASSERT_EQ(FX_INFO(&f, 2).pins, 1);
+  ASSERT_U64_EQ(fx_stats(&f).sequences_pinned, 1);
+  ASSERT_EQ(engine_unpin_all(f.eng, 5), 0);
+  ASSERT_EQ(engine_unpin_all(f.eng, 99), 0);
+  ASSERT_EQ(engine_unpin_all(f.eng, 6), 1);
+  ASSERT_U64_EQ(fx_stats(&f).sequences_pinned, 0);
+  fx_close(&f);
+}
+
+/* ---- seq_info and seq_list ------------------------------------------------------------ */
+
+TEST(seq_info_fields_and_last_use) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  kvc_seq_info_t si;
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 1, NULL), KVC_E_INVAL);
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid + 1, 1, &si), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 1, &si), KVC_E_NOSEQ);
+  engine_set_now(f.eng, 1000);
+  ASSERT_OK(fx_put(&f, BIG, 0, 7, 0)); /* any u64 is a seq_id */
+  si = FX_INFO(&f, BIG);
+  ASSERT_U64_EQ(si.seq_id, BIG);
+  ASSERT(si.start == 0 && si.length == 7 && si.extent == 7 && si.pages == 2);
+  ASSERT(si.shared_pages == 0 && si.pins == 0);
+  ASSERT_U64_EQ(si.last_use_ms, 1000);
+  engine_set_now(f.eng, 2500);
+  FX_EXPECT(&f, BIG, 0, 7, 0); /* a read touches */
+  ASSERT_U64_EQ(FX_INFO(&f, BIG).last_use_ms, 2500);
+  engine_set_now(f.eng, 4000);
+  ASSERT_OK(fx_put(&f, BIG, 7, 1, 0)); /* a write touches */
+  ASSERT_U64_EQ(FX_INFO(&f, BIG).last_use_ms, 4000);
+  fx_close(&f);
+}
+
+/* Lists every sequence of the cache from cursor 0 with a cap of `cap`, and
+ * checks each of ids [1, n] comes exactly once. */
+static void expect_listing(fx_t *f, uint64_t n, size_t cap) {
+  unsigned char *seen = calloc(n + 1, 1);
+  kvc_seq_info_t out[16];
+  uint64_t cursor = 0, total = 0;
+  int rounds = 0;
+  do {
+    size_t got = 99;
+    ASSERT_OK(engine_seq_list(f->eng, f->cid, &cursor, out, cap, &got));
+    ASSERT(got <= cap);
+    for (size_t i = 0; i < got; i++) {
+      ASSERT(out[i].seq_id >= 1 && out[i].seq_id <= n);
+      ASSERT_EQ(seen[out[i].seq_id]++, 0);
+      ASSERT_U64_EQ(out[i].length, out[i].seq_id % 5 + 1);
+      total++;
+    }
+    ASSERT(++rounds < 10000);
+  } while (cursor != 0);
+  ASSERT_U64_EQ(total, n);
+  free(seen);
+}
+
+TEST(seq_list_covers_every_sequence_once) {
+  fx_t f;
+  kvc_layout_t l = fx_layout(1, 1, 4, 4, KVC_DTYPE_F32, 16);
+  fx_open(&f, &l, 256);
+  uint64_t cursor = 0;
+  size_t n = 7;
+  kvc_seq_info_t out[16];
+  ASSERT_ERR(engine_seq_list(f.eng, f.cid + 1, &cursor, out, 16, &n), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_seq_list(f.eng, f.cid, NULL, out, 16, &n), KVC_E_INVAL);
+  ASSERT_ERR(engine_seq_list(f.eng, f.cid, &cursor, out, 16, NULL), KVC_E_INVAL);
+  ASSERT_OK(engine_seq_list(f.eng, f.cid, &cursor, out, 16, &n)); /* empty cache */
+  ASSERT(n == 0 && cursor == 0);
+  for (uint64_t s = 1; s <= 200; s++) ASSERT_OK(fx_put(&f, s, 0, s % 5 + 1, 0));
+  uint32_t c2;
+  ASSERT_OK(engine_cache_open(f.eng, "other", &l, &c2)); /* its sequences stay apart */
+  uint32_t main_cid = f.cid;
+  f.cid = c2;
+  ASSERT_OK(fx_put(&f, 1000, 0, 1, 0));
+  f.cid = main_cid;
+  expect_listing(&f, 200, 1);
+  expect_listing(&f, 200, 7);
+  expect_listing(&f, 200, 16);
+  fx_close(&f);
+}
+
+/* ---- eviction -------------------------------------------------------------------------- */
+
+/* A pool of npages with seqs 1..nseq of one page each, written in id order
+ * (seq 1 least recently used), at clock 10 * id. */
+static void full_pool(fx_t *f, uint64_t npages, uint64_t nseq) {
+  kvc_layout_t l = fx_small_layout();
+  fx_open(f, &l, npages);
+  for (uint64_t s = 1; s <= nseq; s++) {
+    engine_set_now(f->eng, 10 * s);
+    ASSERT_OK(fx_put(f, s, 0, 4, 0));
+  }
+}
+
+static bool seq_exists(fx_t *f, uint64_t seq) {
+  kvc_seq_info_t si;
+  int rc = engine_seq_info(f->eng, f->cid, seq, &si);
+  if (rc != 0 && rc != KVC_E_NOSEQ) TEST_FAIL_("seq_info: %s", kvc_err_name(rc));
+  return rc == 0;
+}
+
+TEST(evict_least_recently_used_first) {
+  fx_t f;
+  full_pool(&f, 6, 6);
+  engine_set_now(f.eng, 100);
+  FX_EXPECT(&f, 1, 0, 4, 0); /* a read makes 1 the most recent */
+  ASSERT_OK(fx_put(&f, 7, 0, 4, 0));
+  ASSERT(!seq_exists(&f, 2) && seq_exists(&f, 1));
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.evicted_sequences, 1);
+  ASSERT_U64_EQ(s.evicted_pages, 1);
+  ASSERT_OK(fx_put(&f, 3, 1, 1, 0)); /* a write makes 3 recent */
+  ASSERT_OK(fx_put(&f, 8, 0, 8, 0)); /* 2 pages: 4 then 5 go */
+  ASSERT(!seq_exists(&f, 4) && !seq_exists(&f, 5));
+  for (uint64_t q = 1; q <= 8; q++)
+    if (q != 2 && q != 4 && q != 5) ASSERT(seq_exists(&f, q));
+  s = fx_stats(&f);
+  ASSERT_U64_EQ(s.evicted_sequences, 3);
+  ASSERT_U64_EQ(s.evicted_pages, 3);
+  ASSERT_U64_EQ(s.pages_free, 0);
+  ASSERT_U64_EQ(s.sequences, 5);
+  cache_stats_t cs;
+  ASSERT_OK(engine_cache_stats(f.eng, f.cid, &cs));
+  ASSERT_U64_EQ(cs.evicted_sequences, 3);
+  FX_EXPECT(&f, 1, 0, 4, 0);
+  FX_EXPECT(&f, 8, 0, 8, 0);
+  fx_close(&f);
+}
+
+TEST(evict_never_takes_a_pinned_sequence) {
+  fx_t f;
+  full_pool(&f, 4, 4);
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 1));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 2, 2));
+  ASSERT_OK(fx_put(&f, 5, 0, 4, 0));
+  ASSERT(seq_exists(&f, 1) && seq_exists(&f, 2) && !seq_exists(&f, 3));
+  ASSERT_OK(fx_put(&f, 6, 0, 4, 0));
+  ASSERT(seq_exists(&f, 1) && seq_exists(&f, 2) && !seq_exists(&f, 4));
+  ASSERT_OK(engine_unpin(f.eng, f.cid, 1, 1));
+  ASSERT_OK(fx_put(&f, 7, 0, 12, 0)); /* 3 pages: every unpinned one goes */
+  ASSERT(!seq_exists(&f, 1) && seq_exists(&f, 2) && !seq_exists(&f, 5));
+  fx_close(&f);
+}
+
+/* Regression: pin set last_use_ms and unpin put the sequence at the most
+ * recently used end, so a sequence last read or written long ago outlived
+ * newer ones. The brief's order is by last read or write ("every read or
+ * write touches"), the clock seq_info reports as last_use_ms. */
+TEST(pin_and_unpin_do_not_count_as_use) {
+  fx_t f;
+  full_pool(&f, 4, 4); /* last use: seq s at 10 * s */
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 1));
+  engine_set_now(f.eng, 100);
+  ASSERT_OK(engine_unpin(f.eng, f.cid, 1, 1));
+  ASSERT_U64_EQ(FX_INFO(&f, 1).last_use_ms, 10);
+  ASSERT_OK(fx_put(&f, 5, 0, 4, 0));
+  ASSERT(!seq_exists(&f, 1)); /* used at 10: before 2, 3, 4 */
+  ASSERT(seq_exists(&f, 2));
+  fx_close(&f);
+}
+
+/* Reads back seqs 1..n, each ntok tokens of salt 0. */
+static void expect_all(fx_t *f, uint64_t n, uint64_t ntok) {
+  for (uint64_t s = 1; s <= n; s++) FX_EXPECT(f, s, 0, ntok, 0);
+}
+
+TEST(full_when_pinned_pages_leave_no_room) {
+  fx_t f;
+  full_pool(&f, 6, 6);
+  for (uint64_t s = 1; s <= 3; s++) ASSERT_OK(engine_pin(f.eng, f.cid, s, 1));
+  engine_stats_t s0 = fx_stats(&f);
+  ASSERT_ERR(fx_put(&f, 9, 0, 16, 0), KVC_E_FULL); /* 4 pages, 3 freeable */
+  const engine_err_t *e = engine_last_error(f.eng);
+  ASSERT_EQ(e->code, KVC_E_FULL);
+  ASSERT_U64_EQ(e->needed, 4);
+  ASSERT_U64_EQ(e->freeable, 3);
+  ASSERT_ERR(fx_put(&f, 1, 4, 16, 0), KVC_E_FULL); /* an append of 4 pages */
+  ASSERT_U64_EQ(engine_last_error(f.eng)->needed, 4);
+  engine_stats_t s1 = fx_stats(&f);
+  FX_STATS_SAME_BUT_HEAP(&s0, &s1); /* heap: failed_put_keeps_no_allocation */
+  ASSERT_U64_EQ(s1.full_errors, s0.full_errors + 2);
+  ASSERT_U64_EQ(s1.evicted_sequences, 0);
+  FX_AUDIT(f.eng);
+  expect_all(&f, 6, 4);
+  cache_stats_t cs;
+  ASSERT_OK(engine_cache_stats(f.eng, f.cid, &cs));
+  ASSERT_U64_EQ(cs.full_errors, 2);
+  ASSERT_OK(fx_put(&f, 1, 1, 3, 0)); /* an overwrite needs no page */
+  ASSERT_OK(fx_put(&f, 9, 0, 12, 0)); /* 3 pages fit: 4, 5, 6 go */
+  ASSERT(!seq_exists(&f, 4) && !seq_exists(&f, 5) && !seq_exists(&f, 6));
+  fx_close(&f);
+}
+
+TEST(full_batched_put_is_all_or_nothing) {
+  fx_t f;
+  full_pool(&f, 6, 6);
+  for (uint64_t s = 1; s <= 3; s++) ASSERT_OK(engine_pin(f.eng, f.cid, s, 1));
+  engine_stats_t s0 = fx_stats(&f);
+  /* two new sequences of 2 pages each: 4 needed, 3 freeable */
+  fx_rng_t r = fx_all(&f.lay);
+  fx_buf_t b[2] = {fx_buf_new(&f.lay, r, 8), fx_buf_new(&f.lay, r, 8)};
+  engine_io_t io[2] = {fx_io(20, 0, 8, &b[0]), fx_io(21, 0, 8, &b[1])};
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, io, 2), KVC_E_FULL);
+  ASSERT_U64_EQ(engine_last_error(f.eng)->needed, 4);
+  ASSERT_U64_EQ(engine_last_error(f.eng)->freeable, 3);
+  engine_stats_t s1 = fx_stats(&f);
+  FX_STATS_SAME_BUT_HEAP(&s0, &s1);
+  ASSERT(!seq_exists(&f, 20) && !seq_exists(&f, 21));
+  FX_AUDIT(f.eng);
+  expect_all(&f, 6, 4);
+  io[1].ntokens = 4, io[1].k_bytes /= 2, io[1].v_bytes /= 2; /* 3 pages: fits */
+  ASSERT_OK(engine_put(f.eng, f.cid, &x, io, 2));
+  ASSERT(seq_exists(&f, 20) && seq_exists(&f, 21) && !seq_exists(&f, 6));
+  fx_buf_free(&b[0]);
+  fx_buf_free(&b[1]);
+  fx_close(&f);
+}
+
+/* The oldest sequence is part of the call: the engine must pass over it. */
+TEST(put_never_evicts_its_own_sequences) {
+  fx_t f;
+  full_pool(&f, 4, 4);
+  fx_rng_t r = fx_all(&f.lay);
+  fx_buf_t b[2] = {fx_buf_new(&f.lay, r, 4), fx_buf_new(&f.lay, r, 4)};
+  fx_fill(&f.lay, r, 1, 4, 4, 0, b[0].k, b[0].v);
+  fx_fill(&f.lay, r, 9, 0, 4, 0, b[1].k, b[1].v);
+  engine_io_t io[2] = {fx_io(1, 4, 4, &b[0]), fx_io(9, 0, 4, &b[1])};
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  ASSERT_OK(engine_put(f.eng, f.cid, &x, io, 2)); /* 2 pages: 2 and 3 go, not 1 */
+  ASSERT(seq_exists(&f, 1) && !seq_exists(&f, 2) && !seq_exists(&f, 3));
+  FX_EXPECT(&f, 1, 0, 8, 0);
+  FX_EXPECT(&f, 9, 0, 4, 0);
+  FX_EXPECT(&f, 4, 0, 4, 0);
+  fx_buf_free(&b[0]);
+  fx_buf_free(&b[1]);
+  fx_close(&f);
+}
+
+/* Evicting a sequence whose pages another holds frees nothing: the engine
+ * goes on to the next, and the FULL figures count only pages that free. */
+TEST(evict_counts_only_pages_that_free) {
+  fx_t f;
+  full_pool(&f, 4, 2); /* seqs 1, 2: one page each, 2 pages free */
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 2, 3, 4)); /* 3 shares 2's page */
+  ASSERT_OK(engine_pin(f.eng, f.cid, 2, 1));
+  ASSERT_OK(fx_put(&f, 4, 0, 12, 0)); /* 3 pages: 2 free + seq 1 */
+  ASSERT(!seq_exists(&f, 1) && seq_exists(&f, 3));
+  ASSERT_U64_EQ(fx_stats(&f).evicted_pages, 1);
+  ASSERT_OK(engine_pin(f.eng, f.cid, 4, 1));
+  /* only 3 is evictable, and its one page is 2's too: nothing can free */
+  ASSERT_ERR(fx_put(&f, 5, 0, 4, 0), KVC_E_FULL);
+  ASSERT_U64_EQ(engine_last_error(f.eng)->needed, 1);
+  ASSERT_U64_EQ(engine_last_error(f.eng)->freeable, 0);
+  ASSERT(seq_exists(&f, 3)); /* all or nothing: not evicted for nothing */
+  FX_AUDIT(f.eng);
+  FX_EXPECT_RNG(&f, 3, 0, 4, fx_all(&f.lay), 2, 0);
+  ASSERT_OK(engine_unpin(f.eng, f.cid, 2, 1));
+  ASSERT_OK(fx_put(&f, 5, 0, 4, 0)); /* 3 then 2 go: the page frees */
+  ASSERT(!seq_exists(&f, 3) && !seq_exists(&f, 2));
+  fx_close(&f);
+}
