@@ -1881,3 +1881,20 @@ TEST(evict_counts_only_pages_that_free) {
   ASSERT(!seq_exists(&f, 3) && !seq_exists(&f, 2));
   fx_close(&f);
 }
+
+/* Regression: a write into a page shared with an evictable sequence counted
+ * the copy as needed even when evicting that sequence leaves the page to the
+ * writer alone. The brief reclaims unpinned sequences "until the write fits":
+ * here it fits once seq 2 is gone, with no page at all. */
+TEST(cow_put_evicts_the_other_holder_instead_of_full) {
+  fx_t f;
+  full_pool(&f, 1, 1);
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 1, 2, 4)); /* the one page, shared */
+  engine_set_now(f.eng, 1000);
+  FX_EXPECT(&f, 1, 0, 4, 0); /* 2 is the least recently used */
+  ASSERT_OK(fx_put(&f, 1, 0, 1, 5));
+  ASSERT(!seq_exists(&f, 2));
+  FX_EXPECT(&f, 1, 0, 1, 5);
+  FX_EXPECT(&f, 1, 1, 3, 0);
+  fx_close(&f);
+}
