@@ -114,7 +114,7 @@ $(B)/kvcached: $(DAEMON_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
 # ---- client library and kvcachectl ----------------------------------------
 # The client links the protocol and the error table, and exports only kvc_*.
 CLIENT_DEPS := $(CLIENT_OBJ) $(PROTO_OBJ) $(B)/src/errors.o
-$(CLIENT_OBJ): CFLAGS += -fvisibility=hidden
+$(CLIENT_OBJ) $(PROTO_OBJ): CFLAGS += -fvisibility=hidden
 $(B)/libkvcache.so: $(CLIENT_DEPS)
 	$(call say,LD,$@)
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libkvcache.so.1 -o $@ $^ $(PB_LIBS)

@@ -178,8 +178,9 @@ typedef struct kvc_xfer {
 
 /* One entry of a batched transfer: tokens [pos, pos + ntokens) of seq_id.
  * k/v are read by a put and written by a get ([layer][token][head][dim] of the
- * xfer's ranges); k_scale/v_scale only for a raw int8 get ([layer][token]
- * [head] f32), else NULL. All buffers are borrowed for the call. */
+ * xfer's ranges; a get may pass NULL to skip one); k_scale/v_scale only for a
+ * raw int8 get ([layer][token][head] f32), else NULL. All buffers are
+ * borrowed for the call. */
 typedef struct kvc_io {
   uint64_t seq_id;
   uint64_t pos;
@@ -191,13 +192,17 @@ typedef struct kvc_io {
 } kvc_io_t;
 
 /* The same with byte offsets into the shared buffer (kvc_client_shm). The
- * lengths are implied by the layout and ntokens (see kvc_xfer_bytes). */
+ * lengths follow from the layout and ntokens (see kvc_xfer_bytes); k_len and
+ * v_len, when not 0, state the caller's region sizes and must equal them
+ * (else KVC_E_SIZE from the daemon). */
 typedef struct kvc_shm_io {
   uint64_t seq_id;
   uint64_t pos;
   uint64_t ntokens;
   uint64_t k_off;
   uint64_t v_off;
+  uint64_t k_len;       /* 0: as the layout requires */
+  uint64_t v_len;       /* 0: as the layout requires */
   uint64_t k_scale_off; /* raw int8 get only */
   uint64_t v_scale_off;
 } kvc_shm_io_t;

@@ -1,0 +1,269 @@
+/* cache.c: cache handles and the sequence operations that carry no tensor
+ * bytes (remove, copy_prefix, can_resume, trim_front, pin, info, list). */
+#include "client.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define REQ(body_field, CASE, value)                                           \
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;                        \
+  req.body_case = KVCACHE__V1__REQUEST__BODY_##CASE;                            \
+  req.body_field = (value)
+
+static kvc_cache_t *cache_new(kvc_client_t *c, const char *name, uint32_t id,
+                              const kvc_layout_t *layout, uint64_t page_bytes) {
+  kvc_cache_t *h = calloc(1, sizeof *h);
+  if (!h) return NULL;
+  h->client = c;
+  h->id = id;
+  h->page_bytes = page_bytes;
+  h->layout = *layout;
+  if (h->layout.page_tokens == 0) h->layout.page_tokens = KVC_DEFAULT_PAGE_TOKENS;
+  strncpy(h->name, name, KVC_MAX_NAME);
+  h->next = c->caches;
+  if (c->caches) c->caches->prev = h;
+  c->caches = h;
+  return h;
+}
+
+KVC_API int kvc_cache_open(kvc_client_t *c, const char *name, const kvc_layout_t *layout,
+                           kvc_cache_t **out) {
+  if (!c) return KVC_E_INVAL;
+  if (!name || !layout || !out)
+    return client_fail(c, KVC_E_INVAL, "kvc_cache_open: name, layout and out are required");
+  *out = NULL;
+  Kvcache__V1__Layout wl = KVCACHE__V1__LAYOUT__INIT;
+  wl.num_layers = layout->num_layers;
+  wl.num_kv_heads = layout->num_kv_heads;
+  wl.head_dim_k = layout->head_dim_k;
+  wl.head_dim_v = layout->head_dim_v;
+  wl.dtype = (Kvcache__V1__DType)layout->dtype;
+  wl.page_tokens = layout->page_tokens;
+  Kvcache__V1__CacheOpen co = KVCACHE__V1__CACHE_OPEN__INIT;
+  co.name = (char *)name;
+  co.layout = &wl;
+  REQ(cache_open, CACHE_OPEN, &co);
+  Kvcache__V1__Response *r;
+  int rc = client_call(c, &req, &r);
+  if (rc) return rc;
+  if (r->body_case != KVCACHE__V1__RESPONSE__BODY_CACHE_OPEN) {
+    kvcache__v1__response__free_unpacked(r, NULL);
+    return client_fail(c, KVC_E_PROTO, "cache_open reply without a body");
+  }
+  *out = cache_new(c, name, r->cache_open->cache_id, layout, r->cache_open->page_bytes);
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return *out ? 0 : client_fail(c, KVC_E_NOMEM, "out of memory");
+}
+
+static void info_from_wire(const Kvcache__V1__CacheInfo *w, kvc_cache_info_t *i) {
+  memset(i, 0, sizeof *i);
+  strncpy(i->name, w->name ? w->name : "", KVC_MAX_NAME);
+  i->cache_id = w->cache_id;
+  if (w->layout) {
+    i->layout.num_layers = w->layout->num_layers;
+    i->layout.num_kv_heads = w->layout->num_kv_heads;
+    i->layout.head_dim_k = w->layout->head_dim_k;
+    i->layout.head_dim_v = w->layout->head_dim_v;
+    i->layout.dtype = (kvc_dtype_t)w->layout->dtype;
+    i->layout.page_tokens = w->layout->page_tokens;
+  }
+  i->page_bytes = w->page_bytes;
+  i->sequences = w->sequences;
+  i->tokens = w->tokens;
+  i->pages = w->pages;
+}
+
+KVC_API int kvc_cache_list(kvc_client_t *c, kvc_cache_info_t *out, size_t cap, size_t *n) {
+  if (!c) return KVC_E_INVAL;
+  if (!n || (cap && !out))
+    return client_fail(c, KVC_E_INVAL, "kvc_cache_list: n is required, out with cap");
+  Kvcache__V1__Empty e = KVCACHE__V1__EMPTY__INIT;
+  REQ(cache_list, CACHE_LIST, &e);
+  Kvcache__V1__Response *r;
+  int rc = client_call(c, &req, &r);
+  if (rc) return rc;
+  const Kvcache__V1__CacheListReply *l =
+      r->body_case == KVCACHE__V1__RESPONSE__BODY_CACHE_LIST ? r->cache_list : NULL;
+  size_t count = l ? l->n_caches : 0;
+  for (size_t i = 0; i < count && i < cap; i++) info_from_wire(l->caches[i], &out[i]);
+  *n = count;
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return 0;
+}
+
+KVC_API int kvc_cache_find(kvc_client_t *c, const char *name, kvc_cache_t **out) {
+  if (!c) return KVC_E_INVAL;
+  if (!name || !out) return client_fail(c, KVC_E_INVAL, "kvc_cache_find: name and out required");
+  *out = NULL;
+  size_t n = 0;
+  int rc = kvc_cache_list(c, NULL, 0, &n);
+  if (rc) return rc;
+  kvc_cache_info_t *infos = calloc(n ? n : 1, sizeof *infos);
+  if (!infos) return client_fail(c, KVC_E_NOMEM, "out of memory");
+  size_t got = 0;
+  rc = kvc_cache_list(c, infos, n, &got);
+  if (rc == 0) {
+    rc = client_fail(c, KVC_E_NOCACHE, "no cache named '%s'", name);
+    for (size_t i = 0; i < got && i < n; i++) {
+      if (strcmp(infos[i].name, name) != 0) continue;
+      *out = cache_new(c, name, infos[i].cache_id, &infos[i].layout, infos[i].page_bytes);
+      rc = *out ? 0 : client_fail(c, KVC_E_NOMEM, "out of memory");
+      if (rc == 0) c->err[0] = '\0';
+      break;
+    }
+  }
+  free(infos);
+  return rc;
+}
+
+KVC_API void kvc_cache_close(kvc_cache_t *h) {
+  if (!h) return;
+  kvc_client_t *c = h->client;
+  if (h->prev) h->prev->next = h->next;
+  else c->caches = h->next;
+  if (h->next) h->next->prev = h->prev;
+  free(h);
+}
+
+KVC_API const kvc_layout_t *kvc_cache_layout(const kvc_cache_t *h) { return h ? &h->layout : NULL; }
+KVC_API const char *kvc_cache_name(const kvc_cache_t *h) { return h ? h->name : ""; }
+KVC_API uint32_t kvc_cache_id(const kvc_cache_t *h) { return h ? h->id : 0; }
+
+KVC_API int kvc_cache_clear(kvc_cache_t *h) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__CacheRef ref = KVCACHE__V1__CACHE_REF__INIT;
+  ref.cache_id = h->id;
+  REQ(cache_clear, CACHE_CLEAR, &ref);
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_cache_drop(kvc_cache_t *h) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__CacheRef ref = KVCACHE__V1__CACHE_REF__INIT;
+  ref.cache_id = h->id;
+  REQ(cache_drop, CACHE_DROP, &ref);
+  return client_call(h->client, &req, NULL);
+}
+
+/* ---- sequences ------------------------------------------------------------ */
+
+KVC_API int kvc_seq_remove(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t end) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__Remove b = KVCACHE__V1__REMOVE__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.begin = begin;
+  b.end = end;
+  REQ(remove, REMOVE, &b);
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_copy_prefix(kvc_cache_t *h, uint64_t src, uint64_t dst, uint64_t ntokens) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__CopyPrefix b = KVCACHE__V1__COPY_PREFIX__INIT;
+  b.cache_id = h->id;
+  b.src = src;
+  b.dst = dst;
+  b.ntokens = ntokens;
+  REQ(copy_prefix, COPY_PREFIX, &b);
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_can_resume(kvc_cache_t *h, uint64_t seq_id, uint64_t pos, bool *out) {
+  if (!h) return KVC_E_INVAL;
+  if (!out) return client_fail(h->client, KVC_E_INVAL, "kvc_seq_can_resume: out is NULL");
+  Kvcache__V1__SeqPos b = KVCACHE__V1__SEQ_POS__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.pos = pos;
+  REQ(can_resume, CAN_RESUME, &b);
+  Kvcache__V1__Response *r;
+  int rc = client_call(h->client, &req, &r);
+  if (rc) return rc;
+  *out = r->body_case == KVCACHE__V1__RESPONSE__BODY_BOOL_VALUE && r->bool_value->value;
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return 0;
+}
+
+KVC_API int kvc_seq_trim_front(kvc_cache_t *h, uint64_t seq_id, uint64_t n) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__SeqPos b = KVCACHE__V1__SEQ_POS__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.pos = n;
+  REQ(trim_front, TRIM_FRONT, &b);
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_pin(kvc_cache_t *h, uint64_t seq_id) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__SeqRef b = KVCACHE__V1__SEQ_REF__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  REQ(pin, PIN, &b);
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_unpin(kvc_cache_t *h, uint64_t seq_id) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__SeqRef b = KVCACHE__V1__SEQ_REF__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  REQ(unpin, UNPIN, &b);
+  return client_call(h->client, &req, NULL);
+}
+
+static void seq_from_wire(const Kvcache__V1__SeqInfo *w, kvc_seq_info_t *s) {
+  memset(s, 0, sizeof *s);
+  s->seq_id = w->seq_id;
+  s->start = w->start;
+  s->length = w->length;
+  s->extent = w->extent;
+  s->pages = w->pages;
+  s->shared_pages = w->shared_pages;
+  s->pins = w->pins;
+  s->last_use_ms = w->last_use_ms;
+}
+
+KVC_API int kvc_seq_info(kvc_cache_t *h, uint64_t seq_id, kvc_seq_info_t *out) {
+  if (!h) return KVC_E_INVAL;
+  if (!out) return client_fail(h->client, KVC_E_INVAL, "kvc_seq_info: out is NULL");
+  Kvcache__V1__SeqRef b = KVCACHE__V1__SEQ_REF__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  REQ(seq_info, SEQ_INFO, &b);
+  Kvcache__V1__Response *r;
+  int rc = client_call(h->client, &req, &r);
+  if (rc) return rc;
+  if (r->body_case == KVCACHE__V1__RESPONSE__BODY_SEQ_INFO)
+    seq_from_wire(r->seq_info, out);
+  else
+    rc = client_fail(h->client, KVC_E_PROTO, "seq_info reply without a body");
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return rc;
+}
+
+KVC_API int kvc_seq_list(kvc_cache_t *h, uint64_t *cursor, kvc_seq_info_t *out, size_t cap,
+                         size_t *n) {
+  if (!h) return KVC_E_INVAL;
+  if (!cursor || !out || !n || cap == 0)
+    return client_fail(h->client, KVC_E_INVAL, "kvc_seq_list: cursor, out, cap and n required");
+  Kvcache__V1__SeqList b = KVCACHE__V1__SEQ_LIST__INIT;
+  b.cache_id = h->id;
+  b.cursor = *cursor;
+  b.max = cap > 4096 ? 4096u : (uint32_t)cap;
+  REQ(seq_list, SEQ_LIST, &b);
+  Kvcache__V1__Response *r;
+  int rc = client_call(h->client, &req, &r);
+  if (rc) return rc;
+  if (r->body_case != KVCACHE__V1__RESPONSE__BODY_SEQ_LIST) {
+    kvcache__v1__response__free_unpacked(r, NULL);
+    return client_fail(h->client, KVC_E_PROTO, "seq_list reply without a body");
+  }
+  size_t count = r->seq_list->n_seqs < cap ? r->seq_list->n_seqs : cap;
+  for (size_t i = 0; i < count; i++) seq_from_wire(r->seq_list->seqs[i], &out[i]);
+  *n = count;
+  *cursor = r->seq_list->cursor;
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return 0;
+}

@@ -1,0 +1,343 @@
+/* client.c: a client's connection: connect, handshake with the shared buffer's
+ * fd, one framed request/reply round trip, close. */
+#include "client.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define FRAME_HEADER 4u
+
+static _Thread_local char open_err[256];
+
+int client_fail(kvc_client_t *c, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int client_code(Kvcache__V1__Status s) {
+  if (s == KVCACHE__V1__STATUS__OK) return 0;
+  if ((int)s > 0 && -(int)s > KVC_E_MIN_) return -(int)s;
+  return KVC_E_PROTO;
+}
+
+kvc_dtype_t client_natural_dtype(const kvc_layout_t *l) {
+  return l->dtype == KVC_DTYPE_INT8 ? KVC_DTYPE_F32 : l->dtype;
+}
+
+/* Marks the connection unusable: the reply stream is out of step. */
+static int broken(kvc_client_t *c, int code, const char *what, int err) {
+  c->broken = true;
+  if (err == EAGAIN || err == EWOULDBLOCK) code = KVC_E_TIMEOUT;
+  if (err)
+    snprintf(c->err, sizeof c->err, "%s: %s", what, strerror(err));
+  else
+    snprintf(c->err, sizeof c->err, "%s", what);
+  return code;
+}
+
+static int ensure(uint8_t **buf, size_t *cap, size_t need) {
+  if (need <= *cap) return 0;
+  size_t n = *cap ? *cap : 4096;
+  while (n < need) n *= 2;
+  uint8_t *p = realloc(*buf, n);
+  if (!p) return KVC_E_NOMEM;
+  *buf = p;
+  *cap = n;
+  return 0;
+}
+
+static int send_all(kvc_client_t *c, const uint8_t *p, size_t len) {
+  while (len) {
+    ssize_t n = send(c->fd, p, len, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static int pack_request(kvc_client_t *c, Kvcache__V1__Request *req, size_t *len) {
+  size_t n = kvcache__v1__request__get_packed_size(req);
+  if (n > c->info.max_frame_bytes && c->info.max_frame_bytes)
+    return client_fail(c, KVC_E_TOOMANY, "request of %zu bytes exceeds max_frame_bytes %llu",
+                       n, (unsigned long long)c->info.max_frame_bytes);
+  if (ensure(&c->wbuf, &c->wcap, FRAME_HEADER + n) != 0)
+    return client_fail(c, KVC_E_NOMEM, "out of memory");
+  c->wbuf[0] = (uint8_t)n;
+  c->wbuf[1] = (uint8_t)(n >> 8);
+  c->wbuf[2] = (uint8_t)(n >> 16);
+  c->wbuf[3] = (uint8_t)(n >> 24);
+  kvcache__v1__request__pack(req, c->wbuf + FRAME_HEADER);
+  *len = FRAME_HEADER + n;
+  return 0;
+}
+
+/* Receives one reply frame into rbuf; *fd gets a passed descriptor, if any
+ * (fd NULL: none expected). Returns the payload length or a negative code. */
+static int64_t recv_frame(kvc_client_t *c, int *fd) {
+  size_t have = 0, need = FRAME_HEADER;
+  if (ensure(&c->rbuf, &c->rcap, 4096) != 0) return client_fail(c, KVC_E_NOMEM, "out of memory");
+  while (have < need) {
+    ssize_t n;
+    if (fd && have == 0) {
+      union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+      } ctl;
+      struct iovec iov = {.iov_base = c->rbuf, .iov_len = c->rcap};
+      struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                           .msg_controllen = sizeof ctl.buf};
+      n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
+      if (n > 0)
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+          if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+              cm->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(fd, CMSG_DATA(cm), sizeof(int));
+    } else {
+      n = recv(c->fd, c->rbuf + have, c->rcap - have, 0);
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return broken(c, KVC_E_IO, "receiving from kvcached", errno);
+    if (n == 0) return broken(c, KVC_E_IO, "kvcached closed the connection", 0);
+    have += (size_t)n;
+    if (need == FRAME_HEADER && have >= FRAME_HEADER) {
+      uint32_t len = (uint32_t)c->rbuf[0] | (uint32_t)c->rbuf[1] << 8 |
+                     (uint32_t)c->rbuf[2] << 16 | (uint32_t)c->rbuf[3] << 24;
+      if (len > CLIENT_MAX_REPLY_BYTES)
+        return broken(c, KVC_E_PROTO, "reply frame too large", 0);
+      need = FRAME_HEADER + len;
+      if (ensure(&c->rbuf, &c->rcap, need) != 0)
+        return broken(c, KVC_E_NOMEM, "out of memory for a reply", 0);
+    }
+  }
+  if (have != need) return broken(c, KVC_E_PROTO, "unexpected bytes after a reply", 0);
+  return (int64_t)(need - FRAME_HEADER);
+}
+
+/* Turns a decoded reply into a code; keeps the message and FULL figures. */
+static int reply_status(kvc_client_t *c, const Kvcache__V1__Response *r) {
+  int code = client_code(r->status);
+  if (code == 0) return 0;
+  snprintf(c->err, sizeof c->err, "%s", r->error && r->error[0] ? r->error : kvc_strerror(code));
+  if (code == KVC_E_FULL) {
+    c->full_needed = r->full_needed;
+    c->full_freeable = r->full_freeable;
+  }
+  return code;
+}
+
+int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp) {
+  if (c->broken || c->fd < 0)
+    return client_fail(c, KVC_E_IO, "connection to kvcached is broken; reopen the client");
+  req->id = ++c->next_id;
+  size_t len;
+  int rc = pack_request(c, req, &len);
+  if (rc) return rc;
+  rc = send_all(c, c->wbuf, len);
+  if (rc) return broken(c, KVC_E_IO, "sending to kvcached", -rc);
+  int64_t n = recv_frame(c, NULL);
+  if (n < 0) return (int)n;
+  Kvcache__V1__Response *r =
+      kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER);
+  if (!r) return broken(c, KVC_E_PROTO, "reply does not decode", 0);
+  if (r->id != req->id) {
+    kvcache__v1__response__free_unpacked(r, NULL);
+    return broken(c, KVC_E_PROTO, "reply id does not match the request", 0);
+  }
+  rc = reply_status(c, r);
+  if (rc || !resp)
+    kvcache__v1__response__free_unpacked(r, NULL);
+  else
+    *resp = r;
+  return rc;
+}
+
+/* ---- open ---------------------------------------------------------------- */
+
+static void default_socket(char *out, size_t len) {
+  const char *env = getenv(KVC_SOCKET_ENV);
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  if (env && *env)
+    snprintf(out, len, "%s", env);
+  else if (geteuid() == 0)
+    snprintf(out, len, "/run/kvcached/kvcached.sock");
+  else if (xdg && *xdg)
+    snprintf(out, len, "%s/kvcached.sock", xdg);
+  else
+    snprintf(out, len, "/tmp/kvcached-%u/kvcached.sock", (unsigned)geteuid());
+}
+
+static int connect_socket(kvc_client_t *c, const kvc_client_opts_t *o) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  char path[sizeof sa.sun_path + 1];
+  if (o->socket_path)
+    snprintf(path, sizeof path, "%s", o->socket_path);
+  else
+    default_socket(path, sizeof path);
+  if (strlen(path) >= sizeof sa.sun_path)
+    return client_fail(c, KVC_E_INVAL, "socket path too long: %s", path);
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c->fd < 0) return client_fail(c, KVC_E_IO, "socket: %s", strerror(errno));
+  if (o->timeout_ms) {
+    struct timeval tv = {.tv_sec = o->timeout_ms / 1000,
+                         .tv_usec = (suseconds_t)(o->timeout_ms % 1000) * 1000};
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  }
+  while (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    int e = errno;
+    if (e == EINTR) continue;
+    if (e == ENOENT || e == ECONNREFUSED || e == ENOTDIR)
+      return client_fail(c, KVC_E_NOTRUNNING, "kvcached is not running (%s: %s)", path,
+                         strerror(e));
+    if (e == EACCES || e == EPERM)
+      return client_fail(c, KVC_E_PERM, "permission denied connecting to %s", path);
+    return client_fail(c, KVC_E_IO, "connect %s: %s", path, strerror(e));
+  }
+  return 0;
+}
+
+static int map_buffer(kvc_client_t *c, int fd, uint64_t bytes) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < bytes || bytes == 0)
+    return client_fail(c, KVC_E_PROTO, "shared buffer fd does not match its size");
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED)
+    return client_fail(c, KVC_E_NOMEM, "mmap shared buffer: %s", strerror(errno));
+  c->shm = p;
+  c->shm_bytes = bytes;
+  return 0;
+}
+
+static void take_info(kvc_client_t *c, const Kvcache__V1__HelloReply *h) {
+  kvc_client_info_t *i = &c->info;
+  i->conn_id = h->conn_id;
+  i->shm_bytes = h->shm_bytes;
+  i->max_frame_bytes = h->max_frame_bytes;
+  i->max_entries = h->max_entries ? h->max_entries : 1;
+  i->protocol_version = h->protocol_version;
+  i->pool_bytes = h->pool_bytes;
+  i->page_bytes = h->page_bytes;
+  snprintf(i->server_version, sizeof i->server_version, "%s",
+           h->server_version ? h->server_version : "");
+  /* An IoEntry packs to at most 124 bytes; keep a margin for the rest. */
+  uint64_t by_frame = h->max_frame_bytes > 256 ? (h->max_frame_bytes - 128) / 128 : 1;
+  c->max_io_entries = (uint32_t)(by_frame < i->max_entries ? by_frame : i->max_entries);
+}
+
+static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Hello hello = KVCACHE__V1__HELLO__INIT;
+  hello.protocol_version = KVC_PROTOCOL_VERSION;
+  hello.shm_bytes = o->shm_bytes;
+  hello.client_name = (char *)(o->client_name ? o->client_name : "libkvcache");
+  req.body_case = KVCACHE__V1__REQUEST__BODY_HELLO;
+  req.hello = &hello;
+  req.id = ++c->next_id;
+  size_t len;
+  int rc = pack_request(c, &req, &len);
+  if (rc) return rc;
+  /* A refused peer may find the socket closed already; its reply still
+   * waits to be read, so a failed send is not yet an answer. */
+  (void)send_all(c, c->wbuf, len);
+  int fd = -1;
+  int64_t n = recv_frame(c, &fd);
+  if (n < 0) {
+    if (fd >= 0) close(fd);
+    return (int)n;
+  }
+  Kvcache__V1__Response *r =
+      kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER);
+  if (!r) {
+    if (fd >= 0) close(fd);
+    return client_fail(c, KVC_E_PROTO, "handshake reply does not decode");
+  }
+  rc = reply_status(c, r);
+  if (rc == 0 && (r->body_case != KVCACHE__V1__RESPONSE__BODY_HELLO || fd < 0))
+    rc = client_fail(c, KVC_E_PROTO, "handshake reply without the shared buffer");
+  if (rc == 0) {
+    take_info(c, r->hello);
+    rc = map_buffer(c, fd, r->hello->shm_bytes);
+  }
+  if (fd >= 0) close(fd);
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return rc;
+}
+
+KVC_API int kvc_client_open(const kvc_client_opts_t *opts, kvc_client_t **out) {
+  static const kvc_client_opts_t defaults;
+  open_err[0] = '\0';
+  if (!out) {
+    snprintf(open_err, sizeof open_err, "kvc_client_open: out is NULL");
+    return KVC_E_INVAL;
+  }
+  *out = NULL;
+  kvc_client_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    snprintf(open_err, sizeof open_err, "out of memory");
+    return KVC_E_NOMEM;
+  }
+  c->fd = -1;
+  int rc = connect_socket(c, opts ? opts : &defaults);
+  if (rc == 0) rc = handshake(c, opts ? opts : &defaults);
+  if (rc != 0) {
+    snprintf(open_err, sizeof open_err, "%s", c->err);
+    kvc_client_close(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+KVC_API const char *kvc_client_open_error(void) { return open_err; }
+
+KVC_API void kvc_client_close(kvc_client_t *c) {
+  if (!c) return;
+  while (c->caches) kvc_cache_close(c->caches);
+  if (c->fd >= 0) close(c->fd);
+  if (c->shm) munmap(c->shm, c->shm_bytes);
+  free(c->wbuf);
+  free(c->rbuf);
+  free(c);
+}
+
+KVC_API const char *kvc_client_last_error(const kvc_client_t *c) { return c ? c->err : ""; }
+
+KVC_API void kvc_client_last_full(const kvc_client_t *c, uint64_t *needed, uint64_t *freeable) {
+  if (needed) *needed = c ? c->full_needed : 0;
+  if (freeable) *freeable = c ? c->full_freeable : 0;
+}
+
+KVC_API void kvc_client_info(const kvc_client_t *c, kvc_client_info_t *out) {
+  if (c && out) *out = c->info;
+}
+
+KVC_API void kvc_client_shm(const kvc_client_t *c, void **base, uint64_t *bytes) {
+  if (base) *base = c ? c->shm : NULL;
+  if (bytes) *bytes = c ? c->shm_bytes : 0;
+}
+
+KVC_API int kvc_ping(kvc_client_t *c) {
+  if (!c) return KVC_E_INVAL;
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Ping ping = KVCACHE__V1__PING__INIT;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_PING;
+  req.ping = &ping;
+  return client_call(c, &req, NULL);
+}

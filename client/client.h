@@ -1,0 +1,57 @@
+/* client.h: libkvcache's internals shared by its files (not installed).
+ *
+ * A client is a blocking Unix socket plus the mapped shared buffer. Every
+ * call builds one Request, client_call sends it as one frame and waits for
+ * the one Response (the daemon answers in order, one reply per request).
+ */
+#ifndef KVC_CLIENT_INTERNAL_H
+#define KVC_CLIENT_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvcache.pb-c.h"
+#include "kvcache/kvcache.h"
+
+#define CLIENT_MAX_REPLY_BYTES (256u << 20) /* a larger reply is a protocol error */
+
+struct kvc_client {
+  int fd;                    /* the connected socket; -1 when closed */
+  uint8_t *shm;              /* the shared buffer, MAP_SHARED read-write */
+  uint64_t shm_bytes;
+  kvc_client_info_t info;    /* from HelloReply */
+  uint32_t max_io_entries;   /* entries per Io request: max_entries, frame-bounded */
+  uint64_t next_id;          /* request id */
+  bool broken;               /* an I/O or protocol error ended the connection */
+  char err[256];             /* last error, one line */
+  uint64_t full_needed, full_freeable;
+  uint8_t *wbuf, *rbuf;      /* frame buffers */
+  size_t wcap, rcap;
+  kvc_cache_t *caches;       /* open handles, freed by kvc_client_close */
+};
+
+struct kvc_cache {
+  kvc_client_t *client;      /* the owner; the handle lives in its list */
+  kvc_cache_t *prev, *next;
+  uint32_t id;
+  uint64_t page_bytes;
+  kvc_layout_t layout;       /* page_tokens filled in */
+  char name[KVC_MAX_NAME + 1];
+};
+
+/* Records a local error; returns code. */
+int client_fail(kvc_client_t *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Sends req (its id is set here) and waits for the reply. On 0, *resp is
+ * new (free with kvcache__v1__response__free_unpacked) unless resp is NULL.
+ * A non-OK status returns its code, with the daemon's message in c->err. */
+int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp);
+
+/* The KVC_E_* code of a wire status. */
+int client_code(Kvcache__V1__Status s);
+
+/* The cache dtype, or f32 for int8 caches: what kvc_put/kvc_get move. */
+kvc_dtype_t client_natural_dtype(const kvc_layout_t *l);
+
+#endif

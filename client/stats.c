@@ -1,0 +1,53 @@
+/* stats.c: fetching the daemon's figures into one caller-owned block. */
+#include "client.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+KVC_API int kvc_stats(kvc_client_t *c, kvc_stat_t **out, size_t *n) {
+  if (!c) return KVC_E_INVAL;
+  if (!out || !n) return client_fail(c, KVC_E_INVAL, "kvc_stats: out and n are required");
+  *out = NULL;
+  *n = 0;
+  Kvcache__V1__StatsRequest sr = KVCACHE__V1__STATS_REQUEST__INIT;
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_STATS;
+  req.stats = &sr;
+  Kvcache__V1__Response *r;
+  int rc = client_call(c, &req, &r);
+  if (rc) return rc;
+  const Kvcache__V1__StatsReply *s =
+      r->body_case == KVCACHE__V1__RESPONSE__BODY_STATS ? r->stats : NULL;
+  size_t count = s ? s->n_stats : 0, bytes = (count + 1) * sizeof(kvc_stat_t);
+  for (size_t i = 0; i < count; i++) {
+    const Kvcache__V1__Stat *st = s->stats[i];
+    bytes += strlen(st->name) + strlen(st->help) + strlen(st->cache) + 3;
+  }
+  /* One block: the array, then every string. */
+  kvc_stat_t *arr = malloc(bytes);
+  if (!arr) {
+    kvcache__v1__response__free_unpacked(r, NULL);
+    return client_fail(c, KVC_E_NOMEM, "out of memory");
+  }
+  char *p = (char *)(arr + count + 1);
+  for (size_t i = 0; i < count; i++) {
+    const Kvcache__V1__Stat *st = s->stats[i];
+    const char *src[3] = {st->name, st->help, st->cache};
+    const char *dst[3];
+    for (int j = 0; j < 3; j++) {
+      size_t len = strlen(src[j]) + 1;
+      memcpy(p, src[j], len);
+      dst[j] = p;
+      p += len;
+    }
+    arr[i] = (kvc_stat_t){.name = dst[0], .value = st->value, .gauge = st->gauge,
+                          .help = dst[1], .cache = dst[2]};
+  }
+  arr[count] = (kvc_stat_t){0};
+  kvcache__v1__response__free_unpacked(r, NULL);
+  *out = arr;
+  *n = count;
+  return 0;
+}
+
+KVC_API void kvc_stats_free(kvc_stat_t *stats) { free(stats); }

@@ -1,0 +1,404 @@
+/* xfer.c: put and get: sizing a transfer from the layout, packing entries into
+ * the shared buffer and splitting what does not fit into several requests.
+ *
+ * A caller's entry is [layer][token][head][dim] over all its tokens. When an
+ * entry is split by tokens, each part copies one run per layer:
+ *
+ *   caller k (L layers x T tokens)      shared buffer part (tokens t0..t0+m)
+ *   [l0: t0 .. t0+m ...............]    [l0: m rows][l1: m rows] ...
+ *   [l1: t0 .. t0+m ...............]
+ */
+#include "client.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ALIGN 64u
+
+typedef struct xr {
+  uint32_t l0, l1, h0, h1;
+  kvc_dtype_t bt;    /* buffer dtype */
+  bool raw;          /* raw int8 get: scales too */
+  uint64_t k_row;    /* bytes of one token's K in one layer (the xfer's heads) */
+  uint64_t v_row;
+  uint64_t s_row;    /* bytes of one token's scales in one layer (raw) */
+  uint32_t nl;       /* layers moved */
+} xr_t;
+
+static uint64_t dtype_bytes(kvc_dtype_t d) {
+  switch (d) {
+  case KVC_DTYPE_F32: return 4;
+  case KVC_DTYPE_F64: return 8;
+  case KVC_DTYPE_F16:
+  case KVC_DTYPE_BF16: return 2;
+  case KVC_DTYPE_INT8: return 1;
+  }
+  return 0;
+}
+
+/* Mirrors the daemon's rules so sizes agree; the daemon still checks all. */
+static int resolve(const kvc_cache_t *h, const kvc_xfer_t *x, bool is_put, xr_t *r) {
+  static const kvc_xfer_t all;
+  const kvc_layout_t *l = &h->layout;
+  kvc_client_t *c = h->client;
+  if (!x) x = &all;
+  r->l0 = x->layer_begin;
+  r->l1 = x->layer_end ? x->layer_end : l->num_layers;
+  r->h0 = x->head_begin;
+  r->h1 = x->head_end ? x->head_end : l->num_kv_heads;
+  if (r->l0 >= r->l1 || r->l1 > l->num_layers)
+    return client_fail(c, KVC_E_LAYER, "layer range [%u, %u) outside 0..%u", r->l0, r->l1,
+                       l->num_layers);
+  if (r->h0 >= r->h1 || r->h1 > l->num_kv_heads)
+    return client_fail(c, KVC_E_HEAD, "head range [%u, %u) outside 0..%u", r->h0, r->h1,
+                       l->num_kv_heads);
+  if (is_put && (r->h0 != 0 || r->h1 != l->num_kv_heads))
+    return client_fail(c, KVC_E_HEAD, "a put writes every head");
+  kvc_dtype_t bt = x->dtype ? x->dtype : client_natural_dtype(l);
+  bool int8 = l->dtype == KVC_DTYPE_INT8, ok;
+  if (int8)
+    ok = is_put ? (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_F16 || bt == KVC_DTYPE_BF16)
+                : (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_INT8);
+  else
+    ok = bt == l->dtype || bt == KVC_DTYPE_F32;
+  if (!ok)
+    return client_fail(c, KVC_E_DTYPE, "cannot %s dtype %d with a cache of dtype %d",
+                       is_put ? "put" : "get", (int)bt, (int)l->dtype);
+  uint64_t heads = r->h1 - r->h0, es = dtype_bytes(bt);
+  r->bt = bt;
+  r->raw = int8 && bt == KVC_DTYPE_INT8;
+  r->nl = r->l1 - r->l0;
+  r->k_row = heads * l->head_dim_k * es; /* < 2^38: no overflow */
+  r->v_row = heads * l->head_dim_v * es;
+  r->s_row = r->raw ? heads * 4u : 0;
+  return 0;
+}
+
+static int sizes(const xr_t *r, uint64_t ntokens, uint64_t *kb, uint64_t *vb, uint64_t *sb) {
+  uint64_t rows;
+  if (__builtin_mul_overflow((uint64_t)r->nl, ntokens, &rows) ||
+      __builtin_mul_overflow(rows, r->k_row, kb) || __builtin_mul_overflow(rows, r->v_row, vb) ||
+      __builtin_mul_overflow(rows, r->s_row, sb))
+    return KVC_E_OVERFLOW;
+  return 0;
+}
+
+KVC_API int kvc_xfer_bytes(const kvc_cache_t *h, const kvc_xfer_t *x, bool is_put,
+                           uint64_t ntokens, uint64_t *k_bytes, uint64_t *v_bytes,
+                           uint64_t *scale_bytes) {
+  if (!h) return KVC_E_INVAL;
+  xr_t r;
+  uint64_t kb, vb, sb;
+  int rc = resolve(h, x, is_put, &r);
+  if (rc) return rc;
+  if (sizes(&r, ntokens, &kb, &vb, &sb))
+    return client_fail(h->client, KVC_E_OVERFLOW, "transfer of %llu tokens overflows",
+                       (unsigned long long)ntokens);
+  if (k_bytes) *k_bytes = kb;
+  if (v_bytes) *v_bytes = vb;
+  if (scale_bytes) *scale_bytes = sb;
+  return 0;
+}
+
+/* ---- one request ---------------------------------------------------------- */
+
+typedef struct batch {
+  kvc_cache_t *h;
+  const kvc_xfer_t *x;
+  bool is_put;
+  Kvcache__V1__IoEntry *wire;   /* max_io_entries entries */
+  Kvcache__V1__IoEntry **ptrs;
+  size_t n;
+} batch_t;
+
+static int batch_init(batch_t *b, kvc_cache_t *h, const kvc_xfer_t *x, bool is_put) {
+  uint32_t cap = h->client->max_io_entries;
+  b->h = h;
+  b->x = x;
+  b->is_put = is_put;
+  b->n = 0;
+  b->wire = calloc(cap, sizeof *b->wire);
+  b->ptrs = calloc(cap, sizeof *b->ptrs);
+  if (!b->wire || !b->ptrs) {
+    free(b->wire);
+    free(b->ptrs);
+    return client_fail(h->client, KVC_E_NOMEM, "out of memory");
+  }
+  return 0;
+}
+
+static void batch_deinit(batch_t *b) {
+  free(b->wire);
+  free(b->ptrs);
+}
+
+static Kvcache__V1__IoEntry *batch_add(batch_t *b) {
+  Kvcache__V1__IoEntry *w = &b->wire[b->n];
+  kvcache__v1__io_entry__init(w);
+  b->ptrs[b->n++] = w;
+  return w;
+}
+
+/* Sends the batch's entries as one Io request. */
+static int batch_send(batch_t *b) {
+  Kvcache__V1__Xfer wx = KVCACHE__V1__XFER__INIT;
+  Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  if (b->x) {
+    wx.layer_begin = b->x->layer_begin;
+    wx.layer_end = b->x->layer_end;
+    wx.head_begin = b->x->head_begin;
+    wx.head_end = b->x->head_end;
+    wx.dtype = (Kvcache__V1__DType)b->x->dtype;
+  }
+  io.cache_id = b->h->id;
+  io.xfer = &wx;
+  io.n_entries = b->n;
+  io.entries = b->ptrs;
+  if (b->is_put) {
+    req.body_case = KVCACHE__V1__REQUEST__BODY_PUT;
+    req.put = &io;
+  } else {
+    req.body_case = KVCACHE__V1__REQUEST__BODY_GET;
+    req.get = &io;
+  }
+  b->n = 0;
+  return client_call(b->h->client, &req, NULL);
+}
+
+/* ---- the pointer forms: copy through the shared buffer --------------------- */
+
+typedef struct part {
+  const kvc_io_t *e; /* the caller's entry */
+  uint64_t t0, m;    /* its tokens [t0, t0 + m) */
+} part_t;
+
+/* Copies m tokens starting at t0 of each of nl layers between the caller's
+ * buffer (total tokens per layer) and a packed run in the shared buffer. */
+static void copy_rows(uint8_t *shm, uint8_t *user, uint32_t nl, uint64_t total, uint64_t t0,
+                      uint64_t m, uint64_t row, bool to_shm) {
+  if (!user || m == 0 || row == 0) return;
+  if (t0 == 0 && m == total) {
+    if (to_shm) memcpy(shm, user, nl * m * row);
+    else memcpy(user, shm, nl * m * row);
+    return;
+  }
+  for (uint32_t l = 0; l < nl; l++) {
+    uint8_t *u = user + (l * total + t0) * row, *s = shm + l * m * row;
+    if (to_shm) memcpy(s, u, m * row);
+    else memcpy(u, s, m * row);
+  }
+}
+
+static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
+
+/* Places part p at *used in the shared buffer and fills its wire entry. */
+static void place(kvc_client_t *c, const xr_t *r, const part_t *p, Kvcache__V1__IoEntry *w,
+                  uint64_t *used, bool is_put) {
+  uint64_t kb = r->nl * p->m * r->k_row, vb = r->nl * p->m * r->v_row;
+  uint64_t sb = r->nl * p->m * r->s_row;
+  w->seq_id = p->e->seq_id;
+  w->pos = p->e->pos + p->t0;
+  w->ntokens = p->m;
+  w->k_off = *used;
+  w->k_len = kb;
+  w->v_off = align_up(w->k_off + kb);
+  w->v_len = vb;
+  w->ks_off = align_up(w->v_off + vb);
+  w->ks_len = sb;
+  w->vs_off = align_up(w->ks_off + sb);
+  w->vs_len = sb;
+  *used = align_up(w->vs_off + sb);
+  if (!is_put) return;
+  uint64_t T = p->e->ntokens;
+  copy_rows(c->shm + w->k_off, p->e->k, r->nl, T, p->t0, p->m, r->k_row, true);
+  copy_rows(c->shm + w->v_off, p->e->v, r->nl, T, p->t0, p->m, r->v_row, true);
+}
+
+static void unplace(kvc_client_t *c, const xr_t *r, const part_t *p,
+                    const Kvcache__V1__IoEntry *w) {
+  uint64_t T = p->e->ntokens;
+  copy_rows(c->shm + w->k_off, p->e->k, r->nl, T, p->t0, p->m, r->k_row, false);
+  copy_rows(c->shm + w->v_off, p->e->v, r->nl, T, p->t0, p->m, r->v_row, false);
+  copy_rows(c->shm + w->ks_off, (uint8_t *)p->e->k_scale, r->nl, T, p->t0, p->m, r->s_row, false);
+  copy_rows(c->shm + w->vs_off, (uint8_t *)p->e->v_scale, r->nl, T, p->t0, p->m, r->s_row, false);
+}
+
+static int flush(batch_t *b, const xr_t *r, part_t *parts, uint64_t *used) {
+  size_t n = b->n;
+  int rc = batch_send(b);
+  if (rc == 0 && !b->is_put)
+    for (size_t i = 0; i < n; i++) unplace(b->h->client, r, &parts[i], &b->wire[i]);
+  *used = 0;
+  return rc;
+}
+
+static int check_entry(kvc_client_t *c, const xr_t *r, const kvc_io_t *e, size_t i, bool is_put) {
+  uint64_t kb, vb, sb;
+  if (sizes(r, e->ntokens, &kb, &vb, &sb) != 0)
+    return client_fail(c, KVC_E_OVERFLOW, "entry %zu: %llu tokens overflow a size", i,
+                       (unsigned long long)e->ntokens);
+  if (e->ntokens && is_put && (!e->k || !e->v))
+    return client_fail(c, KVC_E_INVAL, "entry %zu: NULL k or v", i);
+  return 0;
+}
+
+static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries, size_t n,
+                    bool is_put) {
+  if (!h) return KVC_E_INVAL;
+  kvc_client_t *c = h->client;
+  if (!entries && n) return client_fail(c, KVC_E_INVAL, "entries is NULL");
+  xr_t r;
+  int rc = resolve(h, x, is_put, &r);
+  for (size_t i = 0; rc == 0 && i < n; i++) rc = check_entry(c, &r, &entries[i], i, is_put);
+  if (rc) return rc;
+  batch_t b;
+  if ((rc = batch_init(&b, h, x, is_put)) != 0) return rc;
+  part_t *parts = calloc(c->max_io_entries, sizeof *parts);
+  if (!parts) {
+    batch_deinit(&b);
+    return client_fail(c, KVC_E_NOMEM, "out of memory");
+  }
+  /* Bytes of one token in the buffer, and the alignment slack of a part. */
+  uint64_t per_token = r.nl * (r.k_row + r.v_row + 2 * r.s_row), slack = 4 * ALIGN;
+  uint64_t used = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    const kvc_io_t *e = &entries[i];
+    uint64_t t0 = 0;
+    for (;;) {
+      uint64_t rem = e->ntokens - t0, room = c->shm_bytes - used;
+      uint64_t fit = room > slack ? (room - slack) / (per_token ? per_token : 1) : 0;
+      uint64_t m = rem < fit ? rem : fit;
+      if ((m == 0 && rem > 0) || b.n == c->max_io_entries) {
+        if (b.n == 0) {
+          rc = client_fail(c, KVC_E_SIZE,
+                           "one token needs %llu bytes, the shared buffer has %llu: open the "
+                           "client with a larger shm_bytes",
+                           (unsigned long long)per_token, (unsigned long long)c->shm_bytes);
+          break;
+        }
+        if ((rc = flush(&b, &r, parts, &used)) != 0) break;
+        continue;
+      }
+      parts[b.n] = (part_t){.e = e, .t0 = t0, .m = m};
+      place(c, &r, &parts[b.n], batch_add(&b), &used, is_put);
+      t0 += m;
+      if (t0 >= e->ntokens) break;
+    }
+  }
+  if (rc == 0 && b.n) rc = flush(&b, &r, parts, &used);
+  free(parts);
+  batch_deinit(&b);
+  return rc;
+}
+
+KVC_API int kvc_put_batch(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries,
+                          size_t n) {
+  return transfer(h, x, entries, n, true);
+}
+
+KVC_API int kvc_get_batch(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries,
+                          size_t n) {
+  return transfer(h, x, entries, n, false);
+}
+
+KVC_API int kvc_put(kvc_cache_t *h, uint64_t seq_id, uint64_t pos, uint64_t ntokens,
+                    const void *k, const void *v) {
+  kvc_io_t e = {.seq_id = seq_id, .pos = pos, .ntokens = ntokens, .k = (void *)k, .v = (void *)v};
+  return transfer(h, NULL, &e, 1, true);
+}
+
+static int get_range(kvc_cache_t *h, uint64_t begin, uint64_t end) {
+  if (!h) return KVC_E_INVAL;
+  if (end < begin)
+    return client_fail(h->client, KVC_E_RANGE, "end %llu precedes begin %llu",
+                       (unsigned long long)end, (unsigned long long)begin);
+  return 0;
+}
+
+KVC_API int kvc_get(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t end, void *k,
+                    void *v) {
+  int rc = get_range(h, begin, end);
+  if (rc) return rc;
+  kvc_io_t e = {.seq_id = seq_id, .pos = begin, .ntokens = end - begin, .k = k, .v = v};
+  return transfer(h, NULL, &e, 1, false);
+}
+
+KVC_API int kvc_get_token(kvc_cache_t *h, uint64_t seq_id, uint64_t pos, const kvc_xfer_t *x,
+                          void *k, void *v) {
+  kvc_io_t e = {.seq_id = seq_id, .pos = pos, .ntokens = 1, .k = k, .v = v};
+  return transfer(h, x, &e, 1, false);
+}
+
+KVC_API int kvc_get_head(kvc_cache_t *h, uint64_t seq_id, uint32_t layer, uint32_t head,
+                         uint64_t begin, uint64_t end, void *k, void *v) {
+  int rc = get_range(h, begin, end);
+  if (rc) return rc;
+  if (layer == UINT32_MAX || head == UINT32_MAX)
+    return client_fail(h->client, layer == UINT32_MAX ? KVC_E_LAYER : KVC_E_HEAD,
+                       "layer or head out of range");
+  kvc_xfer_t x = {.layer_begin = layer, .layer_end = layer + 1, .head_begin = head,
+                  .head_end = head + 1};
+  kvc_io_t e = {.seq_id = seq_id, .pos = begin, .ntokens = end - begin, .k = k, .v = v};
+  return transfer(h, &x, &e, 1, false);
+}
+
+KVC_API int kvc_get_raw(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t end,
+                        const kvc_xfer_t *x, int8_t *k, int8_t *v, float *k_scale,
+                        float *v_scale) {
+  int rc = get_range(h, begin, end);
+  if (rc) return rc;
+  if (h->layout.dtype != KVC_DTYPE_INT8)
+    return client_fail(h->client, KVC_E_DTYPE, "raw reads need an int8 cache");
+  kvc_xfer_t rx = x ? *x : (kvc_xfer_t){0};
+  rx.dtype = KVC_DTYPE_INT8;
+  kvc_io_t e = {.seq_id = seq_id, .pos = begin, .ntokens = end - begin, .k = k, .v = v,
+                .k_scale = k_scale, .v_scale = v_scale};
+  return transfer(h, &rx, &e, 1, false);
+}
+
+/* ---- the direct-buffer forms ---------------------------------------------- */
+
+static int transfer_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t *entries,
+                        size_t n, bool is_put) {
+  if (!h) return KVC_E_INVAL;
+  kvc_client_t *c = h->client;
+  if (!entries && n) return client_fail(c, KVC_E_INVAL, "entries is NULL");
+  xr_t r;
+  batch_t b;
+  int rc = resolve(h, x, is_put, &r);
+  if (rc || (rc = batch_init(&b, h, x, is_put)) != 0) return rc;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    const kvc_shm_io_t *e = &entries[i];
+    uint64_t kb, vb, sb;
+    if (sizes(&r, e->ntokens, &kb, &vb, &sb) != 0) {
+      /* Let the daemon judge (and count) the overflow. */
+      kb = vb = sb = 0;
+    }
+    Kvcache__V1__IoEntry *w = batch_add(&b);
+    w->seq_id = e->seq_id;
+    w->pos = e->pos;
+    w->ntokens = e->ntokens;
+    w->k_off = e->k_off;
+    w->k_len = e->k_len ? e->k_len : kb;
+    w->v_off = e->v_off;
+    w->v_len = e->v_len ? e->v_len : vb;
+    w->ks_off = e->k_scale_off;
+    w->ks_len = sb;
+    w->vs_off = e->v_scale_off;
+    w->vs_len = sb;
+    if (b.n == c->max_io_entries || i + 1 == n) rc = batch_send(&b);
+  }
+  batch_deinit(&b);
+  return rc;
+}
+
+KVC_API int kvc_put_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t *entries,
+                        size_t n) {
+  return transfer_shm(h, x, entries, n, true);
+}
+
+KVC_API int kvc_get_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t *entries,
+                        size_t n) {
+  return transfer_shm(h, x, entries, n, false);
+}
