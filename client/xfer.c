@@ -280,8 +280,9 @@ static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries
         if ((rc = flush(&b, &r, parts, &used)) != 0) break;
         continue;
       }
-      parts[b.n] = (part_t){.e = e, .t0 = t0, .m = m};
-      place(c, &r, &parts[b.n], batch_add(&b), &used, is_put);
+      part_t *p = &parts[b.n];
+      *p = (part_t){.e = e, .t0 = t0, .m = m};
+      place(c, &r, p, batch_add(&b), &used, is_put);
       t0 += m;
       if (t0 >= e->ntokens) break;
     }
@@ -366,15 +367,16 @@ static int transfer_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t 
   if (!entries && n) return client_fail(c, KVC_E_INVAL, "entries is NULL");
   xr_t r;
   batch_t b;
-  int rc = resolve(h, x, is_put, &r);
-  if (rc || (rc = batch_init(&b, h, x, is_put)) != 0) return rc;
+  /* Entries go out as they are: the daemon judges (and counts) bad ranges,
+   * dtypes, sizes and offsets; lengths it cannot derive are sent as 0. */
+  bool sized = resolve(h, x, is_put, &r) == 0;
+  c->err[0] = '\0';
+  int rc = batch_init(&b, h, x, is_put);
+  if (rc) return rc;
   for (size_t i = 0; rc == 0 && i < n; i++) {
     const kvc_shm_io_t *e = &entries[i];
-    uint64_t kb, vb, sb;
-    if (sizes(&r, e->ntokens, &kb, &vb, &sb) != 0) {
-      /* Let the daemon judge (and count) the overflow. */
-      kb = vb = sb = 0;
-    }
+    uint64_t kb = 0, vb = 0, sb = 0;
+    if (!sized || sizes(&r, e->ntokens, &kb, &vb, &sb) != 0) kb = vb = sb = 0;
     Kvcache__V1__IoEntry *w = batch_add(&b);
     w->seq_id = e->seq_id;
     w->pos = e->pos;

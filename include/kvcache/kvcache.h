@@ -256,8 +256,10 @@ KVC_API int kvc_get_batch(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_io_
 
 /* Direct-buffer forms: the data is already in (put) or lands in (get) the
  * shared buffer at the entries' offsets; no copy in the library. Entries are
- * sent as they are (split only by the per-request entry limit).
- * KVC_E_OFFSET if a region lies outside the buffer. */
+ * sent as they are, unchecked by the library and split only by the
+ * per-request entry limit; the daemon validates each: KVC_E_OFFSET (a region
+ * outside the buffer, or offset + length overflowing), KVC_E_SIZE, KVC_E_LAYER,
+ * KVC_E_HEAD, KVC_E_DTYPE, KVC_E_OVERFLOW, then the codes of kvc_put/kvc_get. */
 KVC_API int kvc_put_shm(kvc_cache_t *cache, const kvc_xfer_t *x,
                         const kvc_shm_io_t *entries, size_t n);
 KVC_API int kvc_get_shm(kvc_cache_t *cache, const kvc_xfer_t *x,

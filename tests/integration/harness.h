@@ -1,0 +1,229 @@
+/* harness.h: starts the real kvcached for an integration test and drives it
+ * through libkvcache and kvcachectl.
+ *
+ * daemon_start() runs $KVC_BUILD/kvcached (build or build-asan) on a socket in
+ * a fresh mkdtemp directory with a small pool, its stderr in a log file there,
+ * and waits until the socket accepts. The daemon dies with the test process
+ * (PR_SET_PDEATHSIG), so a failing test leaves nothing running.
+ * daemon_stop() sends SIGTERM, expects exit status 0 and a log free of
+ * sanitizer reports.
+ */
+#ifndef KVC_IT_HARNESS_H
+#define KVC_IT_HARNESS_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvcache/kvcache.h"
+#include "test.h"
+
+#define IT_UNUSED __attribute__((unused))
+
+typedef struct daemon {
+  pid_t pid;
+  char dir[64];    /* the temporary directory */
+  char sock[100];  /* its socket */
+  char log[128];   /* its stderr */
+} daemon_t;
+
+IT_UNUSED static const char *it_build(void) {
+  const char *b = getenv("KVC_BUILD");
+  return b && *b ? b : "build";
+}
+
+IT_UNUSED static void it_sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* A raw connection to the daemon's socket; -1 if it does not accept. */
+IT_UNUSED static int it_connect_raw(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
+IT_UNUSED static void it_dump_log(const daemon_t *d) {
+  FILE *f = fopen(d->log, "r");
+  char line[1024];
+  if (!f) return;
+  fprintf(stderr, "---- kvcached log (%s) ----\n", d->log);
+  while (fgets(line, sizeof line, f)) fputs(line, stderr);
+  fclose(f);
+}
+
+/* Starts kvcached with the test defaults, then the NULL-terminated extra
+ * flags (later flags win). */
+IT_UNUSED static void daemon_start_args(daemon_t *d, const char *const *extra) {
+  memset(d, 0, sizeof *d);
+  snprintf(d->dir, sizeof d->dir, "/tmp/kvcit-XXXXXX");
+  ASSERT(mkdtemp(d->dir) != NULL);
+  snprintf(d->sock, sizeof d->sock, "%s/kvcached.sock", d->dir);
+  snprintf(d->log, sizeof d->log, "%s/kvcached.log", d->dir);
+  char bin[256];
+  snprintf(bin, sizeof bin, "%s/kvcached", it_build());
+  const char *argv[64] = {bin, "--socket", d->sock, "--pool-bytes", "8MiB",
+                          "--page-bytes", "16KiB", "--shm-default-bytes", "4MiB",
+                          "--log-level", "debug"};
+  int argc = 11;
+  for (int i = 0; extra && extra[i] && argc < 62; i++) argv[argc++] = extra[i];
+  argv[argc] = NULL;
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int log = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int null = open("/dev/null", O_WRONLY);
+    dup2(log, 2);
+    dup2(null, 1);
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  d->pid = pid;
+  for (int i = 0; i < 1000; i++) {
+    int fd = it_connect_raw(d->sock);
+    if (fd >= 0) {
+      close(fd);
+      return;
+    }
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      it_dump_log(d);
+      TEST_FAIL_("kvcached exited at start (status %d)", st);
+    }
+    it_sleep_ms(10);
+  }
+  it_dump_log(d);
+  TEST_FAIL_("kvcached did not accept on %s within 10 s", d->sock);
+}
+
+IT_UNUSED static void daemon_start(daemon_t *d) { daemon_start_args(d, NULL); }
+
+/* Whether the log holds a sanitizer report. */
+IT_UNUSED static bool it_log_has(const daemon_t *d, const char *needle) {
+  FILE *f = fopen(d->log, "r");
+  char line[2048];
+  bool found = false;
+  if (!f) return false;
+  while (!found && fgets(line, sizeof line, f)) found = strstr(line, needle) != NULL;
+  fclose(f);
+  return found;
+}
+
+/* SIGTERM, then exit status 0 and a clean log are required. */
+IT_UNUSED static void daemon_stop(daemon_t *d) {
+  ASSERT(kill(d->pid, SIGTERM) == 0);
+  int st = 0;
+  ASSERT(waitpid(d->pid, &st, 0) == d->pid);
+  bool bad = it_log_has(d, "ERROR: AddressSanitizer") || it_log_has(d, "runtime error") ||
+             it_log_has(d, "ERROR: LeakSanitizer");
+  if (bad || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    it_dump_log(d);
+    TEST_FAIL_("kvcached: exited=%d status=%d signal=%d sanitizer_report=%d",
+               WIFEXITED(st), WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+               WIFSIGNALED(st) ? WTERMSIG(st) : 0, bad);
+  }
+  ASSERT(access(d->sock, F_OK) != 0); /* the socket file is removed */
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->dir);
+  ASSERT(system(cmd) == 0);
+}
+
+IT_UNUSED static kvc_client_t *client_open_shm(const daemon_t *d, uint64_t shm_bytes) {
+  kvc_client_opts_t o = {.socket_path = d->sock, .shm_bytes = shm_bytes, .timeout_ms = 20000,
+                         .client_name = "it"};
+  kvc_client_t *c = NULL;
+  int rc = kvc_client_open(&o, &c);
+  if (rc) TEST_FAIL_("kvc_client_open: %s: %s", kvc_err_name(rc), kvc_client_open_error());
+  return c;
+}
+
+IT_UNUSED static kvc_client_t *client_open(const daemon_t *d) { return client_open_shm(d, 0); }
+
+/* A global figure (cache NULL) or one cache's; fails the test if absent. */
+IT_UNUSED static uint64_t stat_get(kvc_client_t *c, const char *name, const char *cache) {
+  kvc_stat_t *st;
+  size_t n;
+  ASSERT_OK(kvc_stats(c, &st, &n));
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(st[i].name, name) != 0 || strcmp(st[i].cache, cache ? cache : "") != 0) continue;
+    uint64_t v = st[i].value;
+    kvc_stats_free(st);
+    return v;
+  }
+  kvc_stats_free(st);
+  TEST_FAIL_("no stat %s (cache %s)", name, cache ? cache : "-");
+}
+
+/* Runs `kvcachectl --socket SOCK ARGS` (ARGS a printf format), keeping its
+ * stdout in out (and stderr when err_too). Returns its exit status. */
+IT_UNUSED static int ctl_run(const daemon_t *d, char *out, size_t cap, bool err_too,
+                             const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+IT_UNUSED static int ctl_run(const daemon_t *d, char *out, size_t cap, bool err_too,
+                             const char *fmt, ...) {
+  char args[512], cmd[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  snprintf(cmd, sizeof cmd, "%s/kvcachectl --socket '%s' %s%s", it_build(), d->sock, args,
+           err_too ? " 2>&1" : "");
+  FILE *p = popen(cmd, "r");
+  ASSERT(p != NULL);
+  size_t used = 0;
+  size_t got;
+  while (used + 1 < cap && (got = fread(out + used, 1, cap - 1 - used, p)) > 0) used += got;
+  out[used] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* A small layout used by most tests; page = 16 tokens x 2 layers x 2 heads x
+ * (32 + 32) x 4 bytes = 16 KiB, one pool page. */
+IT_UNUSED static kvc_layout_t it_layout(kvc_dtype_t dtype) {
+  kvc_layout_t l = {.num_layers = 2, .num_kv_heads = 2, .head_dim_k = 32, .head_dim_v = 32,
+                    .dtype = dtype, .page_tokens = 16};
+  return l;
+}
+
+/* Deterministic test bytes for (seq, token, salt): f32 values that differ per
+ * element, for a layout's every layer/head/dim. */
+IT_UNUSED static void it_fill_f32(float *k, float *v, const kvc_layout_t *l, uint64_t seq,
+                                  uint64_t pos, uint64_t ntokens, uint32_t salt) {
+  size_t i = 0, j = 0;
+  for (uint32_t layer = 0; layer < l->num_layers; layer++)
+    for (uint64_t t = 0; t < ntokens; t++)
+      for (uint32_t h = 0; h < l->num_kv_heads; h++) {
+        for (uint32_t d = 0; d < l->head_dim_k; d++)
+          k[i++] = (float)(seq * 1000 + (pos + t) * 10 + layer) + (float)(h * 64 + d) / 128.0f +
+                   (float)salt;
+        for (uint32_t d = 0; d < l->head_dim_v; d++)
+          v[j++] = -(float)(seq * 1000 + (pos + t) * 10 + layer) - (float)(h * 64 + d) / 128.0f -
+                   (float)salt;
+      }
+}
+
+/* Bytes of one token of every layer in f32 (K or V). */
+IT_UNUSED static size_t it_tok_floats(const kvc_layout_t *l, bool v) {
+  return (size_t)l->num_layers * l->num_kv_heads * (v ? l->head_dim_v : l->head_dim_k);
+}
+
+#endif
