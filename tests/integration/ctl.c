@@ -1,0 +1,172 @@
+/* ctl.c: kvcachectl against a real daemon: ping, stats as JSON (figures
+ * matching what the test did) and as Prometheus text (validated), caches,
+ * seqs, info, and its one-line failures. */
+#include <ctype.h>
+
+#include "harness.h"
+
+static void put_tokens(kvc_cache_t *h, uint64_t seq, uint64_t n) {
+  const kvc_layout_t *l = kvc_cache_layout(h);
+  float *k = calloc(it_tok_floats(l, false) * n, 4), *v = calloc(it_tok_floats(l, true) * n, 4);
+  it_fill_f32(k, v, l, seq, 0, n, 0);
+  ASSERT_OK(kvc_put(h, seq, 0, n, k, v));
+  free(k);
+  free(v);
+}
+
+static const char *const json_reader =
+    "import json,sys; d=json.load(sys.stdin); g=d['global']; c=d['caches']['ctl']; "
+    "print(g['sequences'], g['tokens'], g['caches'], g['requests_put'], g['errors_get'], "
+    "g['sequences_pinned'], g['connections_current'], c['sequences'], c['tokens'], "
+    "g['latency_put_p99_ns'] >= g['latency_put_p50_ns'] > 0, len(d['caches']))";
+
+TEST(ctl_stats_json_matches_what_happened) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = client_open(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h, *h2;
+  ASSERT_OK(kvc_cache_open(c, "ctl", &l, &h));
+  ASSERT_OK(kvc_cache_open(c, "other\"quoted", &l, &h2));
+  put_tokens(h, 1, 20);
+  put_tokens(h, 2, 5);
+  put_tokens(h2, 3, 1);
+  ASSERT_OK(kvc_seq_pin(h, 2));
+  float buf[4096];
+  ASSERT_ERR(kvc_get(h, 99, 0, 1, buf, buf), KVC_E_NOSEQ);
+
+  char out[65536], cmd[1024];
+  snprintf(cmd, sizeof cmd, "stats --json | python3 -c \"%s\"", json_reader);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "%s", cmd), 0);
+  /* sequences tokens caches requests_put errors_get pinned conns
+   * cache.sequences cache.tokens p99>=p50>0 ncaches; the kvcachectl
+   * connection itself is the second. */
+  ASSERT_STR_EQ(out, "3 26 2 3 1 1 2 2 25 True 2\n");
+
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "ping"), 0);
+  ASSERT(strncmp(out, "pong from kvcached " KVC_VERSION_STRING, 23) == 0);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "caches"), 0);
+  ASSERT(strstr(out, "ctl ") != NULL && strstr(out, "f32") != NULL);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "seqs --cache ctl"), 0);
+  int lines = 0;
+  for (char *p = out; *p; p++) lines += *p == '\n';
+  ASSERT_EQ(lines, 3); /* header + 2 sequences */
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "seqs"), 0);
+  lines = 0;
+  for (char *p = out; *p; p++) lines += *p == '\n';
+  ASSERT_EQ(lines, 4);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "info ctl 1"), 0);
+  ASSERT(strstr(out, "length        20\n") != NULL);
+  ASSERT(strstr(out, "pins          0\n") != NULL);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "info ctl 2"), 0);
+  ASSERT(strstr(out, "pins          1\n") != NULL);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "info ctl 99"), 1);
+  ASSERT(strstr(out, "NOSEQ") != NULL);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "info nope 1"), 1);
+  ASSERT(strstr(out, "NOCACHE") != NULL);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "frobnicate"), 1);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "--help"), 0);
+  ASSERT(strstr(out, "usage: kvcachectl") != NULL);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "stats"), 0);
+  ASSERT(strstr(out, "pages_total") != NULL && strstr(out, "latency_get_p99_ns") != NULL);
+  /* Counted by the daemon: every kvcachectl run above is one connection. */
+  ASSERT_U64_EQ(stat_get(c, "connections_total", NULL), 1 + 1 + 10);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
+
+/* Validates Prometheus text exposition: comment lines are HELP or TYPE,
+ * every sample is `name{labels} value` with a TYPE line for its name seen
+ * before it, each TYPE once. Returns the number of samples. */
+static int check_exposition(char *text) {
+  char types[512][96];
+  int ntypes = 0, samples = 0;
+  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    char name[96];
+    if (strncmp(line, "# HELP ", 7) == 0) continue;
+    if (strncmp(line, "# TYPE ", 7) == 0) {
+      char kind[32];
+      ASSERT_EQ(sscanf(line + 7, "%95s %31s", name, kind), 2);
+      ASSERT(strcmp(kind, "counter") == 0 || strcmp(kind, "gauge") == 0);
+      for (int i = 0; i < ntypes; i++)
+        if (strcmp(types[i], name) == 0) TEST_FAIL_("TYPE twice for %s", name);
+      ASSERT(ntypes < 512);
+      strcpy(types[ntypes++], name);
+      continue;
+    }
+    ASSERT(line[0] != '#');
+    size_t i = 0;
+    ASSERT(isalpha((unsigned char)line[0]) || line[0] == '_' || line[0] == ':');
+    while (isalnum((unsigned char)line[i]) || line[i] == '_' || line[i] == ':') i++;
+    ASSERT(i < sizeof name);
+    memcpy(name, line, i);
+    name[i] = '\0';
+    if (line[i] == '{') { /* label="value"[,label="value"]} */
+      i++;
+      for (;;) {
+        ASSERT(isalpha((unsigned char)line[i]) || line[i] == '_');
+        while (isalnum((unsigned char)line[i]) || line[i] == '_') i++;
+        ASSERT(line[i] == '=' && line[i + 1] == '"');
+        i += 2;
+        while (line[i] != '"') {
+          ASSERT(line[i] != '\0');
+          if (line[i] == '\\') {
+            ASSERT(line[i + 1] == '\\' || line[i + 1] == '"' || line[i + 1] == 'n');
+            i++;
+          }
+          i++;
+        }
+        i++;
+        if (line[i] == ',') { i++; continue; }
+        ASSERT(line[i] == '}');
+        i++;
+        break;
+      }
+    }
+    ASSERT(line[i] == ' ');
+    char *end;
+    strtod(line + i + 1, &end);
+    ASSERT(end != line + i + 1 && *end == '\0');
+    bool typed = false;
+    for (int t = 0; t < ntypes && !typed; t++) typed = strcmp(types[t], name) == 0;
+    if (!typed) TEST_FAIL_("sample %s has no TYPE line before it", name);
+    ASSERT(strncmp(name, "kvcached_", 9) == 0);
+    samples++;
+  }
+  return samples;
+}
+
+TEST(ctl_stats_prometheus_is_valid_exposition) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = client_open(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h, *h2;
+  ASSERT_OK(kvc_cache_open(c, "prom", &l, &h));
+  ASSERT_OK(kvc_cache_open(c, "we\"ird\\name", &l, &h2));
+  put_tokens(h, 1, 3);
+  static char out[1 << 18];
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "stats --prometheus"), 0);
+  ASSERT(strstr(out, "# TYPE kvcached_pages_free gauge\n") != NULL);
+  ASSERT(strstr(out, "# TYPE kvcached_puts counter\n") != NULL);
+  ASSERT(strstr(out, "kvcached_cache_tokens{cache=\"prom\"} 3\n") != NULL);
+  ASSERT(strstr(out, "kvcached_cache_tokens{cache=\"we\\\"ird\\\\name\"} 0\n") != NULL);
+  ASSERT(strstr(out, "kvcached_requests_put 1\n") != NULL);
+  kvc_stat_t *st;
+  size_t n;
+  ASSERT_OK(kvc_stats(c, &st, &n));
+  kvc_stats_free(st);
+  ASSERT_EQ(check_exposition(out), (long long)n);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
+
+TEST(ctl_fails_with_one_line_when_not_running) {
+  daemon_t d;
+  memset(&d, 0, sizeof d);
+  snprintf(d.sock, sizeof d.sock, "/tmp/kvcit-no-such-dir/kvcached.sock");
+  char out[1024];
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "stats"), 1);
+  ASSERT(strstr(out, "not running") != NULL);
+  ASSERT(strchr(out, '\n') == out + strlen(out) - 1);
+}
