@@ -371,7 +371,7 @@ TEST(xfer_bytes_int8) {
 
 /* A put of seq [pos, pos+n) whose buffers are not read (it must fail first). */
 static int put_fake(fx_t *f, const engine_xfer_t *x, uint64_t seq, uint64_t pos, uint64_t n) {
-  static float dummy[16];
+  static float dummy[4096]; /* enough for one token; a failing call reads none */
   engine_io_t io = {seq, pos, n, dummy, dummy, 0, 0, NULL, NULL, 0, 0};
   uint64_t kb = 0, vb = 0;
   if (engine_xfer_bytes(f->eng, f->cid, x, true, n, &kb, &vb, NULL) == 0) {
@@ -1896,5 +1896,53 @@ TEST(cow_put_evicts_the_other_holder_instead_of_full) {
   ASSERT(!seq_exists(&f, 2));
   FX_EXPECT(&f, 1, 0, 1, 5);
   FX_EXPECT(&f, 1, 1, 3, 0);
+  fx_close(&f);
+}
+
+/* ---- page offsets and trims inside a page ------------------------------------------------- */
+
+TEST(page_offset_values_follow_sharing) {
+  fx_t f;
+  shared_pair(&f); /* seq 2 = seq 1's 10 tokens */
+  uint64_t a, b;
+  ASSERT_ERR(engine_page_offset(f.eng, f.cid, 1, 0, NULL), KVC_E_INVAL);
+  ASSERT_ERR(engine_page_offset(f.eng, f.cid + 1, 1, 0, &a), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_page_offset(f.eng, f.cid, 9, 0, &a), KVC_E_NOSEQ);
+  ASSERT_ERR(engine_page_offset(f.eng, f.cid, 1, 10, &a), KVC_E_RANGE);
+  ASSERT_ERR(engine_page_offset(f.eng, f.cid, 1, BIG, &a), KVC_E_RANGE);
+  for (uint64_t p = 0; p < 10; p++) {
+    ASSERT_OK(engine_page_offset(f.eng, f.cid, 1, p, &a));
+    ASSERT_OK(engine_page_offset(f.eng, f.cid, 2, p, &b));
+    ASSERT_U64_EQ(a, b);
+    ASSERT(a % f.page_bytes == 0 && a / f.page_bytes < f.npages);
+  }
+  ASSERT_OK(engine_page_offset(f.eng, f.cid, 1, 3, &a));
+  ASSERT_OK(engine_page_offset(f.eng, f.cid, 1, 4, &b));
+  ASSERT(a != b);
+  ASSERT_OK(fx_put(&f, 2, 9, 1, 3)); /* COW of the last page */
+  ASSERT_OK(engine_page_offset(f.eng, f.cid, 1, 9, &a));
+  ASSERT_OK(engine_page_offset(f.eng, f.cid, 2, 9, &b));
+  ASSERT(a != b);
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 1, 5));
+  ASSERT_ERR(engine_page_offset(f.eng, f.cid, 1, 4, &a), KVC_E_RANGE);
+  fx_close(&f);
+}
+
+/* Trimming to the end inside a page keeps positions: the next append lands
+ * in the page that holds them. */
+TEST(trim_front_to_the_end_inside_a_page_then_append) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 0));
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 1, 10));
+  kvc_seq_info_t si = FX_INFO(&f, 1);
+  ASSERT(si.start == 10 && si.length == 10 && si.pages <= 1);
+  ASSERT_ERR(fx_get_rc(&f, 1, 9, 1, fx_all(&l)), KVC_E_RANGE);
+  ASSERT_OK(fx_put(&f, 1, 10, 3, 2)); /* 10, 11 in page 2; 12 in page 3 */
+  FX_EXPECT(&f, 1, 10, 3, 2);
+  si = FX_INFO(&f, 1);
+  ASSERT_EQ(si.pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
   fx_close(&f);
 }
