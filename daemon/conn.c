@@ -243,7 +243,8 @@ static void schedule(conn_t *c) {
   bool have_frame = frame_parse(c->rbuf, c->rlen, c->max_frame, &plen) != FRAME_NEED_MORE;
   bool want_read = !pressure && !have_frame && c->rlen < c->rcap;
   bool want_idle = !pressure && have_frame;
-  if (pressure && c->reading) srv->stats.write_pauses++;
+  if (pressure && !c->paused) srv->stats.write_pauses++;
+  c->paused = pressure;
   if (want_read != c->reading) {
     if (want_read) {
       int rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);

@@ -40,6 +40,7 @@ struct conn {
   bool counted;              /* counted in connections_current */
   bool greeted;              /* Hello accepted */
   bool reading, idling;      /* uv_read_start / uv_idle_start in effect */
+  bool paused;               /* over write_queue_bytes: not reading or running */
   bool closing;              /* no more requests run; closing or flushing */
   bool closed;               /* uv_close called */
   int open_handles;          /* handles not yet through their close callback */
