@@ -92,10 +92,14 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     return reject(r, KVC_E_NOMEM, "cannot create a %llu-byte shared buffer: %s",
                   (unsigned long long)bytes, why);
   }
+  Kvcache__V1__HelloReply *hr = arena_alloc(r->a, sizeof *hr);
+  if (!hr) {
+    shm_close(&c->shm);
+    r->close_after = true;
+    return reject(r, KVC_E_NOMEM, "out of memory");
+  }
   srv->stats.shm_bytes += bytes;
   snprintf(c->name, sizeof c->name, "%s", h->client_name ? h->client_name : "");
-  Kvcache__V1__HelloReply *hr = arena_alloc(r->a, sizeof *hr);
-  if (!hr) return reject(r, KVC_E_NOMEM, "out of memory");
   kvcache__v1__hello_reply__init(hr);
   hr->protocol_version = KVC_PROTOCOL_VERSION;
   hr->shm_bytes = bytes;

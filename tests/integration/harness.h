@@ -128,8 +128,21 @@ IT_UNUSED static bool it_log_has(const daemon_t *d, const char *needle) {
   return found;
 }
 
+/* With KVC_IT_STATS=FILE in the environment, appends the daemon's latency
+ * figures (kvcachectl stats) to FILE before it stops: how the suite's
+ * latencies are collected. */
+IT_UNUSED static void it_save_latencies(const daemon_t *d) {
+  const char *file = getenv("KVC_IT_STATS");
+  if (!file || !*file) return;
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "%s/kvcachectl --socket '%s' stats | grep -E '^(requests|latency)_' >> '%s'",
+           it_build(), d->sock, file);
+  if (system(cmd) != 0) fprintf(stderr, "could not save latencies\n");
+}
+
 /* SIGTERM, then exit status 0 and a clean log are required. */
 IT_UNUSED static void daemon_stop(daemon_t *d) {
+  it_save_latencies(d);
   ASSERT(kill(d->pid, SIGTERM) == 0);
   int st = 0;
   ASSERT(waitpid(d->pid, &st, 0) == d->pid);
