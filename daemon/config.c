@@ -160,7 +160,9 @@ static int parse_ids(const char *s, bool gids, uint32_t *ids, uint32_t *n) {
       v = 0;
     else if (parse_u64(tok, &v) != 0 || v > UINT32_MAX)
       return -1;
-    ids[count++] = (uint32_t)v;
+    bool dup = false;
+    for (uint32_t i = 0; i < count; i++) dup |= ids[i] == (uint32_t)v;
+    if (!dup) ids[count++] = (uint32_t)v;
     p = comma ? comma + 1 : p + len;
   }
   *n = count;

@@ -70,7 +70,7 @@ IT_UNUSED static void it_dump_log(const daemon_t *d) {
 }
 
 /* Starts kvcached with the test defaults, then the NULL-terminated extra
- * flags (later flags win). */
+ * flags (later flags win; a --socket among them is the one waited on). */
 IT_UNUSED static void daemon_start_args(daemon_t *d, const char *const *extra) {
   memset(d, 0, sizeof *d);
   snprintf(d->dir, sizeof d->dir, "/tmp/kvcit-XXXXXX");
@@ -83,7 +83,11 @@ IT_UNUSED static void daemon_start_args(daemon_t *d, const char *const *extra) {
                           "--page-bytes", "16KiB", "--shm-default-bytes", "4MiB",
                           "--log-level", "debug"};
   int argc = 11;
-  for (int i = 0; extra && extra[i] && argc < 62; i++) argv[argc++] = extra[i];
+  for (int i = 0; extra && extra[i] && argc < 62; i++) {
+    argv[argc++] = extra[i];
+    if (strcmp(extra[i], "--socket") == 0 && extra[i + 1])
+      snprintf(d->sock, sizeof d->sock, "%s", extra[i + 1]); /* wait on that one */
+  }
   argv[argc] = NULL;
   fflush(NULL);
   pid_t pid = fork();
