@@ -4,6 +4,7 @@
 #include <ctype.h>
 
 #include "harness.h"
+#include "raw.h"
 
 static void put_tokens(kvc_cache_t *h, uint64_t seq, uint64_t n) {
   const kvc_layout_t *l = kvc_cache_layout(h);
@@ -169,4 +170,50 @@ TEST(ctl_fails_with_one_line_when_not_running) {
   ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "stats"), 1);
   ASSERT(strstr(out, "not running") != NULL);
   ASSERT(strchr(out, '\n') == out + strlen(out) - 1);
+}
+
+/* A fake daemon of another protocol version: it answers the Hello with
+ * VERSION, as kvcached does, and kvcachectl reports it in one line. */
+TEST(ctl_fails_with_one_line_on_version_mismatch) {
+  daemon_t d;
+  memset(&d, 0, sizeof d);
+  snprintf(d.dir, sizeof d.dir, "/tmp/kvcit-XXXXXX");
+  ASSERT(mkdtemp(d.dir) != NULL);
+  snprintf(d.sock, sizeof d.sock, "%s/fake.sock", d.dir);
+  int ls = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", d.sock);
+  ASSERT(bind(ls, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(ls, 4) == 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    int fd = accept(ls, NULL, NULL);
+    uint8_t buf[512];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n < 4) _exit(3);
+    Kvcache__V1__Request *req = kvcache__v1__request__unpack(NULL, (size_t)n - 4, buf + 4);
+    if (!req || req->body_case != KVCACHE__V1__REQUEST__BODY_HELLO) _exit(4);
+    Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
+    resp.id = req->id;
+    resp.status = KVCACHE__V1__STATUS__VERSION;
+    resp.error = (char *)"client speaks protocol 1, kvcached 9.0 speaks 9";
+    size_t len = kvcache__v1__response__get_packed_size(&resp);
+    buf[0] = (uint8_t)len, buf[1] = buf[2] = buf[3] = 0;
+    kvcache__v1__response__pack(&resp, buf + 4);
+    if (send(fd, buf, 4 + len, 0) != (ssize_t)(4 + len)) _exit(5);
+    close(fd);
+    _exit(0);
+  }
+  close(ls);
+  char out[1024];
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "ping"), 1);
+  ASSERT(strstr(out, "speaks 9") != NULL && strstr(out, "VERSION") != NULL);
+  ASSERT(strchr(out, '\n') == out + strlen(out) - 1);
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_EQ(WEXITSTATUS(st), 0);
+  char rm[160];
+  snprintf(rm, sizeof rm, "rm -rf '%s'", d.dir);
+  ASSERT_EQ(system(rm), 0);
 }
