@@ -154,7 +154,9 @@ int engine_can_resume(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_
  * KVC_E_RANGE if n > length. n <= start does nothing. */
 int engine_trim_front(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t n);
 
-/* Pins seq for owner (idempotent per owner): never evicted while pinned. */
+/* Pins seq for owner (idempotent per owner): never evicted while pinned.
+ * Pin and unpin count as uses: an unpinned sequence rejoins the LRU as the
+ * most recently used. */
 int engine_pin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner);
 /* KVC_E_NOTPINNED if owner does not pin it. */
 int engine_unpin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner);

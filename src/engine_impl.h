@@ -119,6 +119,16 @@ void lru_insert(engine_t *eng, seq_t *s);
 void lru_remove(seq_t *s);
 /* Moves s to the most recent end (unless pinned) and stamps last_use. */
 void lru_touch(engine_t *eng, seq_t *s);
+/* Eviction planning marks in pool.sim: pages written by the current call
+ * while shared (they need a copy unless their other holders are evicted). */
+#define SIM_COW 0x80000000u
+#define SIM_SEEN 0x40000000u
+#define SIM_MASK 0x3fffffffu
+/* Notes a write of page by the current call; returns 1 if it needs a copy. */
+uint64_t evict_note_write(engine_t *eng, uint32_t page);
+/* After all notes: returns 1 (once per page) if every holder of page writes
+ * it, so one of them may write in place. */
+uint64_t evict_settle_writes(engine_t *eng, uint32_t page);
 /* Ensures `need` free pages by evicting unpinned, unmarked sequences in LRU
  * order, all or nothing: KVC_E_FULL (with figures) changes nothing. */
 int evict_make_room(engine_t *eng, uint64_t need);

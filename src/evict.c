@@ -7,9 +7,8 @@
  * least recent end, each candidate's pages get a count in pool.sim; a page is
  * freed by the plan once sim reaches its refcnt (every holder is a victim).
  * If the plan cannot reach the need, the call fails with KVC_E_FULL and the
- * counts are cleared: nothing changed. Otherwise the same walk evicts for
- * real, stopping as soon as enough pages are free. Each step is O(1) per
- * page of a visited sequence.
+ * counts are cleared: nothing changed. Otherwise exactly the planned victims
+ * are evicted. Each step is O(1) per page of a visited sequence.
  */
 #include "engine_impl.h"
 
@@ -34,16 +33,24 @@ void lru_touch(engine_t *eng, seq_t *s) {
   lru_insert(eng, s);
 }
 
-/* Walks victims from the least recent end; plans (sim counts) or clears. */
-static uint64_t plan(engine_t *eng, uint64_t want, seq_t **last) {
+/* Walks victims from the least recent end, counting their pages in sim,
+ * until free + planned reaches *need. A page whose every holder is a victim
+ * is freed by the plan; a page written by this call (SIM_COW) whose other
+ * holders are all victims no longer needs its copy, so *need drops. */
+static uint64_t plan(engine_t *eng, uint64_t *need, seq_t **last) {
   pool_t *p = &eng->pool;
   uint64_t freed = 0;
   *last = &eng->lru;
-  for (seq_t *s = eng->lru.lru_prev; s != &eng->lru && freed < want; s = s->lru_prev) {
+  for (seq_t *s = eng->lru.lru_prev; s != &eng->lru && p->nfree + freed < *need;
+       s = s->lru_prev) {
     *last = s;
     if (s->mark == eng->epoch) continue;
-    for (uint32_t i = 0; i < s->ntable; i++)
-      if (++p->sim[s->table[i]] == p->refcnt[s->table[i]]) freed++;
+    for (uint32_t i = 0; i < s->ntable; i++) {
+      uint32_t page = s->table[i], v = ++p->sim[page];
+      if ((v & SIM_MASK) != p->refcnt[page]) continue;
+      if (v & SIM_COW) (*need)--;
+      else freed++;
+    }
   }
   return freed;
 }
@@ -57,11 +64,26 @@ static void plan_clear(engine_t *eng, seq_t *last) {
   }
 }
 
+uint64_t evict_note_write(engine_t *eng, uint32_t page) {
+  pool_t *p = &eng->pool;
+  if (p->refcnt[page] < 2) return 0;
+  p->sim[page] = (p->sim[page] | SIM_COW) + 1;
+  return 1;
+}
+
+uint64_t evict_settle_writes(engine_t *eng, uint32_t page) {
+  pool_t *p = &eng->pool;
+  uint32_t v = p->sim[page];
+  if (!(v & SIM_COW) || (v & SIM_SEEN) || (v & SIM_MASK) != p->refcnt[page]) return 0;
+  p->sim[page] = v | SIM_SEEN; /* every holder writes it: one may write in place */
+  return 1;
+}
+
 int evict_make_room(engine_t *eng, uint64_t need) {
   pool_t *p = &eng->pool;
   if (need <= p->nfree) return 0;
   seq_t *last;
-  uint64_t freeable = plan(eng, need - p->nfree, &last);
+  uint64_t freeable = plan(eng, &need, &last);
   plan_clear(eng, last);
   if (p->nfree + freeable < need) {
     eng->st.full_errors++;
@@ -73,8 +95,8 @@ int evict_make_room(engine_t *eng, uint64_t need) {
     eng->err.freeable = p->nfree + freeable;
     return rc;
   }
-  seq_t *s = eng->lru.lru_prev;
-  while (p->nfree < need) {
+  /* Evict exactly the planned victims: the least recent through `last`. */
+  for (seq_t *s = eng->lru.lru_prev, *stop = last->lru_prev; s != stop;) {
     seq_t *prev = s->lru_prev;
     if (s->mark != eng->epoch) {
       uint32_t before = p->nfree;

@@ -41,6 +41,24 @@ void hmap_insert(hmap_t *h, uint64_t key, void *val) {
   h->count++;
 }
 
+int hmap_resize(hmap_t *h, mem_t *m, size_t cap) {
+  if (cap == h->cap) return 0;
+  if (cap == 0) {
+    if (h->count) return KVC_E_INVAL;
+    hmap_deinit(h, m);
+    return 0;
+  }
+  if ((cap & (cap - 1)) || h->count > cap / 4 * 3) return KVC_E_INVAL;
+  hmap_slot_t *slots = mem_calloc(m, cap, sizeof *slots);
+  if (!slots) return KVC_E_NOMEM;
+  hmap_t next = {slots, cap, 0};
+  for (size_t i = 0; i < h->cap; i++)
+    if (h->slots[i].val) hmap_insert(&next, h->slots[i].key, h->slots[i].val);
+  mem_free(m, h->slots);
+  *h = next;
+  return 0;
+}
+
 int hmap_reserve(hmap_t *h, mem_t *m, size_t more) {
   size_t need = h->count + more;
   if (need < h->count) return KVC_E_NOMEM;
@@ -50,14 +68,7 @@ int hmap_reserve(hmap_t *h, mem_t *m, size_t more) {
     if (cap > SIZE_MAX / 2 / sizeof(hmap_slot_t)) return KVC_E_NOMEM;
     cap *= 2;
   }
-  hmap_slot_t *slots = mem_calloc(m, cap, sizeof *slots);
-  if (!slots) return KVC_E_NOMEM;
-  hmap_t next = {slots, cap, 0};
-  for (size_t i = 0; i < h->cap; i++)
-    if (h->slots[i].val) hmap_insert(&next, h->slots[i].key, h->slots[i].val);
-  mem_free(m, h->slots);
-  *h = next;
-  return 0;
+  return hmap_resize(h, m, cap);
 }
 
 void *hmap_remove(hmap_t *h, uint64_t key) {

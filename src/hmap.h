@@ -35,6 +35,9 @@ void hmap_deinit(hmap_t *h, mem_t *m);
 void *hmap_get(const hmap_t *h, uint64_t key);
 /* Makes room so that `more` inserts cannot fail. 0 or KVC_E_NOMEM. */
 int hmap_reserve(hmap_t *h, mem_t *m, size_t more);
+/* Rehashes into cap slots (a power of two holding count at 3/4 load):
+ * used to undo a reserve when the call that needed it fails. 0 or NOMEM. */
+int hmap_resize(hmap_t *h, mem_t *m, size_t cap);
 /* Inserts a key not present (val != NULL); needs room (hmap_reserve). */
 void hmap_insert(hmap_t *h, uint64_t key, void *val);
 /* Removes key if present; returns its value or NULL. */

@@ -121,7 +121,7 @@ typedef struct target {
   bool new_layers;   /* layer_len allocated by this call */
 } target_t;
 
-static void put_rollback(engine_t *eng, const cache_t *c, target_t *t, size_t n) {
+static void put_rollback(engine_t *eng, target_t *t, size_t n) {
   for (size_t i = n; i-- > 0;) {
     seq_t *s = t[i].s;
     if (!s) continue;
@@ -148,12 +148,11 @@ static void put_rollback(engine_t *eng, const cache_t *c, target_t *t, size_t n)
       }
     }
   }
-  (void)c;
 }
 
 /* Finds or creates the entry's sequence and checks positions against it. */
 static int put_target(engine_t *eng, cache_t *c, const xr_t *r, const engine_io_t *e,
-                      size_t i, target_t *t) {
+                      size_t i, target_t *t, uint64_t *created) {
   seq_t *s = hmap_get(&c->seqs, e->seq_id);
   if (s && s->mark == eng->epoch)
     return engine_fail(eng, KVC_E_DUPSEQ, "entry %zu: sequence %llu appears twice", i,
@@ -162,13 +161,14 @@ static int put_target(engine_t *eng, cache_t *c, const xr_t *r, const engine_io_
     if (e->pos != 0)
       return engine_fail(eng, KVC_E_RANGE, "entry %zu: new sequence %llu must start at 0",
                          i, (unsigned long long)e->seq_id);
-    if (eng->max_seqs && eng->nseqs + 1 > eng->max_seqs)
+    if (eng->max_seqs && eng->nseqs + *created + 1 > eng->max_seqs)
       return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
                          (unsigned long long)eng->max_seqs);
     if (hmap_reserve(&c->seqs, &eng->mem, 1) || !(s = seq_new(eng, c, e->seq_id)))
       return engine_fail(eng, KVC_E_NOMEM, "out of memory");
     hmap_insert(&c->seqs, s->id, s);
     t->created = true;
+    (*created)++;
   }
   t->s = s;
   t->old_cap = s->cap;
@@ -191,15 +191,32 @@ static int put_target(engine_t *eng, cache_t *c, const xr_t *r, const engine_io_
   return 0;
 }
 
-/* Pages an entry will take: new pages past the table, copies of shared ones. */
-static uint64_t put_need(const engine_t *eng, const seq_t *s, const engine_io_t *e) {
+static uint64_t sim_clear(engine_t *eng, uint32_t page) {
+  eng->pool.sim[page] = 0;
+  return 0;
+}
+
+/* Applies fn to every page of the table an entry writes and sums the results;
+ * with count_new, adds one for every page past the table. */
+static uint64_t put_pages(engine_t *eng, const seq_t *s, const engine_io_t *e,
+                          uint64_t (*fn)(engine_t *, uint32_t), bool count_new) {
   if (e->ntokens == 0) return 0;
   uint32_t sh = s->cache->g.tshift;
-  uint64_t first = e->pos >> sh, last = (e->pos + e->ntokens - 1) >> sh, need = 0;
+  uint64_t first = e->pos >> sh, last = (e->pos + e->ntokens - 1) >> sh, sum = 0;
   for (uint64_t idx = first; idx <= last; idx++) {
     uint64_t rel = idx - s->base;
-    if (rel >= s->ntable || eng->pool.refcnt[s->table[rel]] > 1) need++;
+    if (rel < s->ntable) sum += fn(eng, s->table[rel]);
+    else sum += count_new;
   }
+  return sum;
+}
+
+/* Pages the put needs: new ones, plus a copy of every shared page it writes,
+ * less those whose holders all write them. Leaves marks in pool.sim. */
+static uint64_t put_need(engine_t *eng, const target_t *t, const engine_io_t *e, size_t n) {
+  uint64_t need = 0;
+  for (size_t i = 0; i < n; i++) need += put_pages(eng, t[i].s, &e[i], evict_note_write, true);
+  for (size_t i = 0; i < n; i++) need -= put_pages(eng, t[i].s, &e[i], evict_settle_writes, false);
   return need;
 }
 
@@ -265,15 +282,18 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   if (!t) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   memset(t, 0, n * sizeof *t);
   eng->epoch++;
-  uint64_t need = 0;
-  size_t done = 0;
-  for (; done < n; done++) {
-    if ((rc = put_target(eng, c, &r, &entries[done], done, &t[done]))) break;
-    need += put_need(eng, t[done].s, &entries[done]);
+  size_t map_cap = c->seqs.cap, done = 0;
+  uint64_t created = 0;
+  for (; done < n; done++)
+    if ((rc = put_target(eng, c, &r, &entries[done], done, &t[done], &created))) break;
+  if (rc == 0) {
+    rc = evict_make_room(eng, put_need(eng, t, entries, n));
+    for (size_t i = 0; i < n; i++) put_pages(eng, t[i].s, &entries[i], sim_clear, false);
+    if (rc == KVC_E_FULL) c->st.full_errors++;
   }
-  if (rc == 0 && (rc = evict_make_room(eng, need)) == KVC_E_FULL) c->st.full_errors++;
   if (rc) {
-    put_rollback(eng, c, t, done + 1 < n ? done + 1 : n);
+    put_rollback(eng, t, done + 1 < n ? done + 1 : n);
+    if (c->seqs.cap != map_cap) (void)hmap_resize(&c->seqs, &eng->mem, map_cap);
   } else {
     for (size_t i = 0; i < n; i++) {
       if (t[i].created) seq_attach(eng, t[i].s);

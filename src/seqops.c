@@ -81,12 +81,15 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
                        (unsigned long long)src->len);
   seq_t *dst = hmap_get(&c->seqs, dst_id);
   bool created = false;
+  size_t map_cap = c->seqs.cap;
   if (!dst) {
     if (eng->max_seqs && eng->nseqs + 1 > eng->max_seqs)
       return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
                          (unsigned long long)eng->max_seqs);
-    if (hmap_reserve(&c->seqs, &eng->mem, 1) || !(dst = seq_new(eng, c, dst_id)))
+    if (hmap_reserve(&c->seqs, &eng->mem, 1) || !(dst = seq_new(eng, c, dst_id))) {
+      (void)hmap_resize(&c->seqs, &eng->mem, map_cap);
       return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    }
     created = true;
   }
   uint64_t ntable = seq_pages_for(src, n);
@@ -94,6 +97,7 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
   uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table);
   if (!table) {
     if (created) seq_free(eng, dst);
+    (void)hmap_resize(&c->seqs, &eng->mem, map_cap);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
   if (created) {
@@ -152,12 +156,14 @@ int engine_pin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner
   if (rc) return rc;
   if (pin_find(s, owner)) return 0;
   owner_t *o = hmap_get(&eng->owners, owner);
+  size_t map_cap = eng->owners.cap;
   pin_t *p = mem_calloc(&eng->mem, 1, sizeof *p);
   bool new_owner = !o;
   if (p && new_owner && hmap_reserve(&eng->owners, &eng->mem, 1) == 0)
     o = mem_calloc(&eng->mem, 1, sizeof *o);
   if (!p || !o) {
     mem_free(&eng->mem, p);
+    (void)hmap_resize(&eng->owners, &eng->mem, map_cap);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
   if (new_owner) {
@@ -201,6 +207,7 @@ static void pin_release(engine_t *eng, pin_t *p) {
     eng->nseqs_pinned--;
     lru_insert(eng, s); /* unpinned: the most recently used */
   }
+  s->last_use_ms = eng->now_ms;
   eng->st.unpins++;
 }
 

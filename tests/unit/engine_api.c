@@ -1767,16 +1767,20 @@ TEST(evict_never_takes_a_pinned_sequence) {
  * recently used end, so a sequence last read or written long ago outlived
  * newer ones. The brief's order is by last read or write ("every read or
  * write touches"), the clock seq_info reports as last_use_ms. */
-TEST(pin_and_unpin_do_not_count_as_use) {
+/* Design decision (doc/design.md): a worker pins what it works on, so pin
+ * and unpin count as uses; an unpinned sequence rejoins the LRU as the most
+ * recent, as vLLM returns a finished request's blocks to the tail of its
+ * free queue. */
+TEST(pin_and_unpin_count_as_use) {
   fx_t f;
   full_pool(&f, 4, 4); /* last use: seq s at 10 * s */
   ASSERT_OK(engine_pin(f.eng, f.cid, 1, 1));
   engine_set_now(f.eng, 100);
   ASSERT_OK(engine_unpin(f.eng, f.cid, 1, 1));
-  ASSERT_U64_EQ(FX_INFO(&f, 1).last_use_ms, 10);
+  ASSERT_U64_EQ(FX_INFO(&f, 1).last_use_ms, 100);
   ASSERT_OK(fx_put(&f, 5, 0, 4, 0));
-  ASSERT(!seq_exists(&f, 1)); /* used at 10: before 2, 3, 4 */
-  ASSERT(seq_exists(&f, 2));
+  ASSERT(seq_exists(&f, 1)); /* unpinned at 100: after 2, 3, 4 */
+  ASSERT(!seq_exists(&f, 2));
   fx_close(&f);
 }
 
