@@ -222,7 +222,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   if (nread == UV_EOF) {
-    conn_close(c, c->rlen ? "EOF inside a frame" : "EOF");
+    /* A client may half-close after its last request: answer what it sent
+     * (libuv has stopped reading), then close. */
+    c->eof = true;
+    c->reading = false;
+    conn_run_all(c);
+    conn_close_after_flush(c, c->rlen ? "EOF inside a frame" : "EOF");
     return;
   }
   if (nread < 0) {
@@ -241,7 +246,7 @@ static void schedule(conn_t *c) {
   uint32_t plen;
   bool pressure = c->wq_bytes > srv->cfg.write_queue_bytes;
   bool have_frame = frame_parse(c->rbuf, c->rlen, c->max_frame, &plen) != FRAME_NEED_MORE;
-  bool want_read = !pressure && !have_frame && c->rlen < c->rcap;
+  bool want_read = !pressure && !have_frame && c->rlen < c->rcap && !c->eof;
   bool want_idle = !pressure && have_frame;
   if (pressure && !c->paused) srv->stats.write_pauses++;
   c->paused = pressure;

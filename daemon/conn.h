@@ -41,6 +41,7 @@ struct conn {
   bool greeted;              /* Hello accepted */
   bool reading, idling;      /* uv_read_start / uv_idle_start in effect */
   bool paused;               /* over write_queue_bytes: not reading or running */
+  bool eof;                  /* the peer closed its side; never read again */
   bool closing;              /* no more requests run; closing or flushing */
   bool closed;               /* uv_close called */
   int open_handles;          /* handles not yet through their close callback */

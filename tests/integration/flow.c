@@ -60,3 +60,34 @@ TEST(flow_pipelined_flood_is_bounded_and_fair) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+TEST(flow_half_closed_client_gets_its_replies) {
+  daemon_t d;
+  daemon_start(&d);
+  int fd = it_connect_raw(d.sock);
+  raw_hello(fd, KVC_PROTOCOL_VERSION);
+  Kvcache__V1__Response *r = raw_reply(fd);
+  ASSERT(r && r->status == KVCACHE__V1__STATUS__OK);
+  kvcache__v1__response__free_unpacked(r, NULL);
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Ping ping = KVCACHE__V1__PING__INIT;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_PING;
+  req.ping = &ping;
+  for (uint64_t i = 0; i < 3; i++) {
+    req.id = 40 + i;
+    raw_send_request(fd, &req);
+  }
+  ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
+  for (uint64_t i = 0; i < 3; i++) {
+    r = raw_reply(fd);
+    ASSERT(r != NULL);
+    ASSERT_U64_EQ(r->id, 40 + i);
+    kvcache__v1__response__free_unpacked(r, NULL);
+  }
+  ASSERT(raw_closed(fd));
+  close(fd);
+  kvc_client_t *c = client_open(&d);
+  ASSERT_U64_EQ(stat_get(c, "requests_ping", NULL), 3);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
