@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -19,8 +20,9 @@ uint64_t shm_mem_available(void) {
   return (uint64_t)kib * 1024u;
 }
 
-static int create_backed(const char *name, uint64_t bytes, shm_region_t *out,
-                         char *err, size_t errlen) {
+/* backed: reserve the memory now with fallocate. */
+static int create(const char *name, uint64_t bytes, bool backed, shm_region_t *out,
+                  char *err, size_t errlen) {
   out->fd = -1;
   out->base = NULL;
   out->bytes = 0;
@@ -35,8 +37,8 @@ static int create_backed(const char *name, uint64_t bytes, shm_region_t *out,
     goto fail;
   }
   /* Reserve the memory now: without it a later page fault could SIGBUS. */
-  int rc;
-  while ((rc = fallocate(fd, 0, 0, (off_t)bytes)) != 0 && errno == EINTR) {
+  int rc = 0;
+  while (backed && (rc = fallocate(fd, 0, 0, (off_t)bytes)) != 0 && errno == EINTR) {
   }
   if (rc != 0) {
     snprintf(err, errlen, "cannot back %llu bytes (fallocate: %s)",
@@ -63,7 +65,7 @@ int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen) {
              (unsigned long long)bytes, (unsigned long long)avail);
     return -1;
   }
-  if (create_backed("kvcached-pool", bytes, out, err, errlen) != 0) return -1;
+  if (create("kvcached-pool", bytes, true, out, err, errlen) != 0) return -1;
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, out->fd, 0);
   if (p == MAP_FAILED) {
     snprintf(err, errlen, "mmap pool of %llu bytes: %s", (unsigned long long)bytes,
@@ -76,7 +78,12 @@ int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen) {
 }
 
 int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen) {
-  if (create_backed("kvcached-conn", bytes, out, err, errlen) != 0) return -1;
+  /* Not fallocated: zeroing tens of MiB here would stall every client's
+   * event loop turn. The client populates its mapping at open (in its own
+   * time); an unsized internal memfd cannot run out of space, so a later
+   * fault cannot SIGBUS (memory pressure is the OOM killer's, as for any
+   * anonymous memory). */
+  if (create("kvcached-conn", bytes, false, out, err, errlen) != 0) return -1;
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, out->fd, 0);
   if (p == MAP_FAILED) {
     snprintf(err, errlen, "mmap buffer: %s", strerror(errno));

@@ -4,10 +4,12 @@
  * the machine cannot hold fails at start instead of raising SIGBUS later. It
  * is sealed against shrinking and growing and never leaves the daemon.
  *
- * A connection's buffer is a memfd of its own, backed the same way, sealed
- * (SHRINK, GROW, SEAL) so the client cannot truncate it under the daemon, and
- * mapped read-write by both sides: the client writes put data into it, the
- * daemon copies from it into the pool (or from the pool into it for a get).
+ * A connection's buffer is a memfd of its own, sealed (SHRINK, GROW, SEAL) so
+ * the client cannot truncate it under the daemon, and mapped read-write by
+ * both sides: the client writes put data into it, the engine copies from it
+ * into the pool (or from the pool into it for a get). It is not fallocated:
+ * the client pre-faults it (MAP_POPULATE) so the daemon's loop never zeroes
+ * tens of MiB for a new connection.
  */
 #ifndef KVCD_SHM_H
 #define KVCD_SHM_H
@@ -29,8 +31,8 @@ uint64_t shm_mem_available(void);
  * MemAvailable, cannot be backed, mmap failed). Nothing is left on failure. */
 int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
 
-/* Creates a connection buffer of `bytes` (page-rounded by the caller), backed
- * and sealed, mapped read-write (not populated: the client touches it).
+/* Creates a connection buffer of `bytes` (page-rounded by the caller), sealed,
+ * mapped read-write (neither backed nor populated: the client touches it).
  * Returns 0 or -1 with errno-style reason in err. The fd stays open in *out
  * until shm_close_fd (after it has been sent). */
 int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
