@@ -209,8 +209,9 @@ TEST(batch_int8_raw_exact_and_dequantized) {
 }
 
 TEST(batch_split_transfers_token_head_reads_and_shm_form) {
+  static const char *const big[] = {"--pool-bytes", "32MiB", NULL};
   daemon_t d;
-  daemon_start(&d);
+  daemon_start_args(&d, big);
   kvc_client_t *c = client_open_shm(&d, 1 << 20); /* a 1 MiB buffer forces splits */
   kvc_layout_t l = batch_layout(KVC_DTYPE_F32);
   kvc_cache_t *h;
@@ -227,6 +228,27 @@ TEST(batch_split_transfers_token_head_reads_and_shm_form) {
   ASSERT_OK(kvc_get(h, 9, 0, T, gk, gv));
   ASSERT_MEM_EQ(gk, k, L * T * rk * 4);
   ASSERT_MEM_EQ(gv, v, L * T * rv * 4);
+
+  /* A batch of 4 x 600 tokens (4 x 450 KiB): split by entries and tokens,
+   * every entry still round-trips. */
+  kvc_io_t many[4], many_back[4];
+  for (int i = 0; i < 4; i++) {
+    many[i] = (kvc_io_t){.seq_id = 20u + (unsigned)i, .ntokens = 600,
+                         .k = malloc(L * 600 * rk * 4), .v = malloc(L * 600 * rv * 4)};
+    fill_random(many[i].k, L * 600 * rk, KVC_DTYPE_F32);
+    fill_random(many[i].v, L * 600 * rv, KVC_DTYPE_F32);
+    many_back[i] = many[i];
+    many_back[i].k = calloc(L * 600 * rk, 4), many_back[i].v = calloc(L * 600 * rv, 4);
+  }
+  puts = stat_get(c, "requests_put", NULL);
+  ASSERT_OK(kvc_put_batch(h, NULL, many, 4));
+  ASSERT_U64_EQ(stat_get(c, "requests_put", NULL), puts + 2); /* 1364 + 1036 tokens */
+  ASSERT_OK(kvc_get_batch(h, NULL, many_back, 4));
+  for (int i = 0; i < 4; i++) {
+    ASSERT_MEM_EQ(many_back[i].k, many[i].k, L * 600 * rk * 4);
+    ASSERT_MEM_EQ(many_back[i].v, many[i].v, L * 600 * rv * 4);
+    free(many[i].k), free(many[i].v), free(many_back[i].k), free(many_back[i].v);
+  }
 
   /* One token of layers 1..3; one head of one layer over a range. */
   kvc_xfer_t x = {.layer_begin = 1, .layer_end = 3};
@@ -251,7 +273,7 @@ TEST(batch_split_transfers_token_head_reads_and_shm_form) {
   ASSERT_OK(kvc_put_shm(h, NULL, &in, 1));
   ASSERT_OK(kvc_get_shm(h, NULL, &out, 1));
   ASSERT_MEM_EQ((uint8_t *)shm + 65536, shm, kb + vb);
-  ASSERT_U64_EQ(stat_get(c, "tokens", "split"), T + 3);
+  ASSERT_U64_EQ(stat_get(c, "tokens", "split"), T + 4 * 600 + 3);
   free(k), free(v), free(gk), free(gv);
   kvc_client_close(c);
   daemon_stop(&d);
