@@ -39,6 +39,7 @@ kvc_dtype_t client_natural_dtype(const kvc_layout_t *l) {
 /* Marks the connection unusable: the reply stream is out of step. */
 static int broken(kvc_client_t *c, int code, const char *what, int err) {
   c->broken = true;
+  c->broken_code = code == KVC_E_SHUTDOWN ? KVC_E_SHUTDOWN : KVC_E_IO;
   if (err == EAGAIN || err == EWOULDBLOCK) code = KVC_E_TIMEOUT;
   if (err)
     snprintf(c->err, sizeof c->err, "%s: %s", what, strerror(err));
@@ -88,33 +89,15 @@ static int pack_request(kvc_client_t *c, Kvcache__V1__Request *req, size_t *len)
 }
 
 /* Receives one reply frame into rbuf; *fd gets a passed descriptor, if any
- * (fd NULL: none expected). Returns the payload length or a negative code. */
-static int64_t recv_frame(kvc_client_t *c, int *fd) {
-  size_t have = 0, need = FRAME_HEADER;
+ * (fd NULL: none expected). flags go to recv (MSG_DONTWAIT). Bytes that
+ * arrived past the frame (the daemon's goodbye can follow a reply at once)
+ * are kept for the next call. Returns the payload length or a negative code. */
+static int64_t recv_frame(kvc_client_t *c, int *fd, int flags) {
+  size_t have = c->rnext_len, need = FRAME_HEADER;
   if (ensure(&c->rbuf, &c->rcap, 4096) != 0) return client_fail(c, KVC_E_NOMEM, "out of memory");
-  while (have < need) {
-    ssize_t n;
-    if (fd && have == 0) {
-      union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
-      } ctl;
-      struct iovec iov = {.iov_base = c->rbuf, .iov_len = c->rcap};
-      struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                           .msg_controllen = sizeof ctl.buf};
-      n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
-      if (n > 0)
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
-          if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-              cm->cmsg_len == CMSG_LEN(sizeof(int)))
-            memcpy(fd, CMSG_DATA(cm), sizeof(int));
-    } else {
-      n = recv(c->fd, c->rbuf + have, c->rcap - have, 0);
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return broken(c, KVC_E_IO, "receiving from kvcached", errno);
-    if (n == 0) return broken(c, KVC_E_IO, "kvcached closed the connection", 0);
-    have += (size_t)n;
+  if (have) memmove(c->rbuf, c->rbuf + c->rnext_off, have);
+  c->rnext_len = 0;
+  for (;;) {
     if (need == FRAME_HEADER && have >= FRAME_HEADER) {
       uint32_t len = (uint32_t)c->rbuf[0] | (uint32_t)c->rbuf[1] << 8 |
                      (uint32_t)c->rbuf[2] << 16 | (uint32_t)c->rbuf[3] << 24;
@@ -124,9 +107,50 @@ static int64_t recv_frame(kvc_client_t *c, int *fd) {
       if (ensure(&c->rbuf, &c->rcap, need) != 0)
         return broken(c, KVC_E_NOMEM, "out of memory for a reply", 0);
     }
+    if (have >= need) break;
+    ssize_t n;
+    if (fd && have == 0) {
+      union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+      } ctl;
+      struct iovec iov = {.iov_base = c->rbuf, .iov_len = c->rcap};
+      struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                           .msg_controllen = sizeof ctl.buf};
+      n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | flags);
+      if (n > 0)
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+          if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+              cm->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(fd, CMSG_DATA(cm), sizeof(int));
+    } else {
+      n = recv(c->fd, c->rbuf + have, c->rcap - have, flags);
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return broken(c, KVC_E_IO, "receiving from kvcached", errno);
+    if (n == 0) return broken(c, KVC_E_IO, "kvcached closed the connection", 0);
+    have += (size_t)n;
   }
-  if (have != need) return broken(c, KVC_E_PROTO, "unexpected bytes after a reply", 0);
+  c->rnext_off = need;
+  c->rnext_len = have - need;
   return (int64_t)(need - FRAME_HEADER);
+}
+
+/* The daemon's goodbye when it drains: id 0, status SHUTDOWN. */
+static bool is_goodbye(const Kvcache__V1__Response *r) {
+  return r->id == 0 && r->status == KVCACHE__V1__STATUS__SHUTDOWN;
+}
+
+/* After a failed send: whether the daemon said goodbye before closing (it
+ * is then waiting in the socket, or already received). */
+static bool goodbye_waiting(kvc_client_t *c) {
+  int64_t n = recv_frame(c, NULL, MSG_DONTWAIT);
+  if (n < 0) return false;
+  Kvcache__V1__Response *r =
+      kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER);
+  bool bye = r && is_goodbye(r);
+  if (r) kvcache__v1__response__free_unpacked(r, NULL);
+  return bye;
 }
 
 /* Turns a decoded reply into a code; keeps the message and FULL figures. */
@@ -143,18 +167,27 @@ static int reply_status(kvc_client_t *c, const Kvcache__V1__Response *r) {
 
 int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp) {
   if (c->broken || c->fd < 0)
-    return client_fail(c, KVC_E_IO, "connection to kvcached is broken; reopen the client");
+    return client_fail(c, c->fd < 0 ? KVC_E_IO : c->broken_code,
+                       c->broken_code == KVC_E_SHUTDOWN
+                           ? "kvcached shut down; reopen the client when it is back"
+                           : "connection to kvcached is broken; reopen the client");
   req->id = ++c->next_id;
   size_t len;
   int rc = pack_request(c, req, &len);
   if (rc) return rc;
   rc = send_all(c, c->wbuf, len);
+  if (rc && goodbye_waiting(c))
+    return broken(c, KVC_E_SHUTDOWN, "kvcached is shutting down (request not sent)", 0);
   if (rc) return broken(c, KVC_E_IO, "sending to kvcached", -rc);
-  int64_t n = recv_frame(c, NULL);
+  int64_t n = recv_frame(c, NULL, 0);
   if (n < 0) return (int)n;
   Kvcache__V1__Response *r =
       kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER);
   if (!r) return broken(c, KVC_E_PROTO, "reply does not decode", 0);
+  if (is_goodbye(r)) {
+    kvcache__v1__response__free_unpacked(r, NULL);
+    return broken(c, KVC_E_SHUTDOWN, "kvcached is shutting down (request not run)", 0);
+  }
   if (r->id != req->id) {
     kvcache__v1__response__free_unpacked(r, NULL);
     return broken(c, KVC_E_PROTO, "reply id does not match the request", 0);
@@ -257,7 +290,7 @@ static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
    * waits to be read, so a failed send is not yet an answer. */
   (void)send_all(c, c->wbuf, len);
   int fd = -1;
-  int64_t n = recv_frame(c, &fd);
+  int64_t n = recv_frame(c, &fd, 0);
   if (n < 0) {
     if (fd >= 0) close(fd);
     return (int)n;

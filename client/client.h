@@ -23,10 +23,12 @@ struct kvc_client {
   uint32_t max_io_entries;   /* entries per Io request: max_entries, frame-bounded */
   uint64_t next_id;          /* request id */
   bool broken;               /* an I/O or protocol error ended the connection */
+  int broken_code;           /* what later calls return: KVC_E_IO or KVC_E_SHUTDOWN */
   char err[256];             /* last error, one line */
   uint64_t full_needed, full_freeable;
   uint8_t *wbuf, *rbuf;      /* frame buffers */
   size_t wcap, rcap;
+  size_t rnext_off, rnext_len; /* bytes received past the last reply, in rbuf */
   kvc_cache_t *caches;       /* open handles, freed by kvc_client_close */
 };
 

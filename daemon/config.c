@@ -39,7 +39,8 @@ typedef struct option {
 
 static const option_t options[] = {
   {"socket", OPT_PATH, "auto", 0, 0, false, F(socket_path),
-   "Unix socket path (auto: /run/kvcached/kvcached.sock as root, else $XDG_RUNTIME_DIR/kvcached.sock)"},
+   "Unix socket path (auto: /run/kvcached/kvcached.sock as root, else "
+   "$XDG_RUNTIME_DIR/kvcached.sock); ignored when systemd passes the socket"},
   {"socket_mode", OPT_MODE, "0660", 0, 0777, false, F(socket_mode),
    "permission bits of the socket file (set through the umask at bind)"},
   {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, false, F(pool_bytes),
@@ -70,6 +71,10 @@ static const option_t options[] = {
    "peer uids allowed to connect (comma list; self, root or numbers)"},
   {"allow_gids", OPT_GIDS, "", 0, 0, true, F(allow_gids),
    "peer primary gids allowed to connect (comma list; empty: none)"},
+  {"drain_timeout_ms", OPT_U32, "10000", 100, 3600000, true, F(drain_timeout_ms),
+   "longest graceful shutdown (ms); clients still connected then are closed"},
+  {"status_interval_ms", OPT_U32, "5000", 100, 3600000, true, F(status_interval_ms),
+   "period (ms) of the STATUS= line sent to systemd and of the eviction summary in the log"},
   {"log_level", OPT_LEVEL, "info", 0, 0, true, F(log_level),
    "error, warn, info or debug"},
 };
@@ -99,6 +104,15 @@ int config_is_reloadable(const char *name) {
   const option_t *o = find_option(name);
   return o ? o->reloadable : -1;
 }
+
+size_t config_option_count(void) { return NOPTIONS; }
+
+int config_option_index(const char *name) {
+  const option_t *o = find_option(name);
+  return o ? (int)(o - options) : -1;
+}
+
+const char *config_option_name(size_t i) { return i < NOPTIONS ? options[i].name : NULL; }
 
 int config_parse_size(const char *s, uint64_t *out) {
   static const struct { const char *unit; uint64_t mul; } units[] = {
@@ -294,6 +308,19 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
   return 0;
 }
 
+/* A size in the largest binary unit that divides it: 1GiB, 64KiB, 100. */
+static void print_size(uint64_t v, char *buf, size_t len) {
+  static const struct { const char *unit; uint64_t mul; } units[] = {
+      {"TiB", TiB}, {"GiB", GiB}, {"MiB", MiB}, {"KiB", KiB}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (v && v % units[i].mul == 0) {
+      snprintf(buf, len, "%llu%s", (unsigned long long)(v / units[i].mul), units[i].unit);
+      return;
+    }
+  snprintf(buf, len, "%llu", (unsigned long long)v);
+}
+
+/* The value as text that config_set reads back to the same value. */
 static void print_value(const config_t *cfg, const option_t *o, char *buf, size_t len) {
   const char *field = (const char *)cfg + o->off;
   size_t used = 0;
@@ -301,7 +328,7 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
   case OPT_PATH: snprintf(buf, len, "%s", field); return;
   case OPT_MODE: snprintf(buf, len, "%04o", *(const uint32_t *)(const void *)field); return;
   case OPT_U32: snprintf(buf, len, "%u", *(const uint32_t *)(const void *)field); return;
-  case OPT_SIZE:
+  case OPT_SIZE: print_size(*(const uint64_t *)(const void *)field, buf, len); return;
   case OPT_U64:
     snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)(const void *)field);
     return;
@@ -335,65 +362,115 @@ void config_format(const config_t *cfg, char *buf, size_t len) {
   }
 }
 
-void config_print_help(FILE *f) {
-  fprintf(f,
-          "usage: kvcached [--OPTION VALUE]...\n"
-          "kvcached %s: node-local KV-cache daemon. Options (also --OPTION=VALUE;\n"
-          "dashes or underscores; sizes take B, KiB, MiB, GiB, TiB):\n\n",
+/* An empty value or one with spaces or '#' is quoted, as the file reads it. */
+static void print_line(FILE *f, const char *prefix, const char *name, const char *v) {
+  bool quote = v[0] == '\0' || strpbrk(v, " \t#\"") != NULL;
+  fprintf(f, "%s%s = %s%s%s\n", prefix, name, quote ? "\"" : "", v, quote ? "\"" : "");
+}
+
+void config_print(const config_t *cfg, FILE *f) {
+  fprintf(f, "# kvcached %s: the configuration in force (kvcached --print-config)\n",
           KVC_VERSION_STRING);
   for (size_t i = 0; i < NOPTIONS; i++) {
+    char v[1024];
+    print_value(cfg, &options[i], v, sizeof v);
+    print_line(f, "", options[i].name, v);
+  }
+}
+
+/* Bounds and flags of an option as one phrase: "1MiB..64TiB, reloadable". */
+static void describe(const option_t *o, char *buf, size_t len) {
+  char lo[32], hi[32];
+  buf[0] = '\0';
+  if (o->type == OPT_SIZE) {
+    print_size(o->min, lo, sizeof lo);
+    print_size(o->max, hi, sizeof hi);
+  } else {
+    snprintf(lo, sizeof lo, "%llu", (unsigned long long)o->min);
+    snprintf(hi, sizeof hi, "%llu", (unsigned long long)o->max);
+  }
+  bool ranged = o->type == OPT_SIZE || o->type == OPT_U32 || o->type == OPT_U64;
+  snprintf(buf, len, "%s%s%s%s%s", ranged ? lo : "", ranged ? ".." : "", ranged ? hi : "",
+           ranged ? ", " : "", o->reloadable ? "reloadable" : "needs a restart");
+}
+
+/* Writes text as comment lines of at most 78 columns. */
+static void print_comment(FILE *f, const char *text) {
+  const char *p = text;
+  while (*p) {
+    size_t take = strlen(p);
+    if (take > 76) {
+      take = 76;
+      while (take > 0 && p[take] != ' ') take--;
+      if (take == 0) take = strcspn(p, " ");
+    }
+    fprintf(f, "# %.*s\n", (int)take, p);
+    p += take;
+    while (*p == ' ') p++;
+  }
+}
+
+void config_print_example(FILE *f) {
+  fputs("# kvcached.conf: the configuration file of kvcached, with every option at\n"
+        "# its default (commented out). Generated by `kvcached --example-config`.\n"
+        "#\n"
+        "# One `name = value` per line; `#` starts a comment; quote a value that is\n"
+        "# empty or holds spaces (\"\"). Sizes take B, KiB, MiB, GiB or TiB.\n"
+        "# Command-line flags (--name VALUE) override this file. A reloadable option\n"
+        "# changes on SIGHUP (systemctl reload kvcached); the others need a restart.\n"
+        "# Check a file with `kvcached --check-config --config FILE`; see the\n"
+        "# configuration in force with `kvcached --print-config`.\n", f);
+  for (size_t i = 0; i < NOPTIONS; i++) {
     const option_t *o = &options[i];
-    char flag[64];
+    char d[128];
+    describe(o, d, sizeof d);
+    fputc('\n', f);
+    print_comment(f, o->help);
+    fprintf(f, "# (%s)\n", d);
+    print_line(f, "#", o->name, o->def);
+  }
+}
+
+void config_print_options_help(FILE *f) {
+  for (size_t i = 0; i < NOPTIONS; i++) {
+    const option_t *o = &options[i];
+    char flag[64], d[128];
     snprintf(flag, sizeof flag, "--%s", o->name);
     for (char *p = flag + 2; *p; p++)
       if (*p == '_') *p = '-';
-    fprintf(f, "  %-22s %s\n  %-22s default %s", flag, o->help, "",
-            o->def[0] ? o->def : "(empty)");
-    if (o->type == OPT_SIZE || o->type == OPT_U32 || o->type == OPT_U64)
-      fprintf(f, ", %llu..%llu", (unsigned long long)o->min, (unsigned long long)o->max);
-    fprintf(f, "%s\n", o->reloadable ? ", reloadable" : "");
+    describe(o, d, sizeof d);
+    fprintf(f, "  %-22s %s\n  %-22s default %s; %s\n", flag, o->help, "",
+            o->def[0] ? o->def : "(empty)", d);
   }
-  fprintf(f, "\n  --help                 this text\n  --version              print the version\n");
 }
 
-int config_load_args(int argc, char **argv, config_t *out, char *err, size_t errlen) {
-  config_t cfg;
-  config_defaults(&cfg);
-  for (int i = 1; i < argc; i++) {
-    const char *arg = argv[i];
-    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-      config_print_help(stdout);
-      return CONFIG_ARGS_EXIT;
-    }
-    if (strcmp(arg, "--version") == 0) {
-      printf("kvcached %s (protocol %d)\n", KVC_VERSION_STRING, KVC_PROTOCOL_VERSION);
-      return CONFIG_ARGS_EXIT;
-    }
-    if (strncmp(arg, "--", 2) != 0) {
-      fail(err, errlen, "unexpected argument '%s' (see --help)", arg);
-      return CONFIG_ARGS_ERROR;
-    }
-    char name[64];
-    const char *value;
-    const char *eq = strchr(arg + 2, '=');
-    size_t nlen = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
-    if (nlen >= sizeof name) {
-      fail(err, errlen, "unknown option '%s' (see --help)", arg);
-      return CONFIG_ARGS_ERROR;
-    }
-    memcpy(name, arg + 2, nlen);
-    name[nlen] = '\0';
-    if (eq) {
-      value = eq + 1;
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      fail(err, errlen, "option '%s' needs a value", arg);
-      return CONFIG_ARGS_ERROR;
-    }
-    if (config_set(&cfg, name, value, err, errlen) != 0) return CONFIG_ARGS_ERROR;
+int config_reload_merge(const config_t *cur, const config_t *fresh, config_t *out,
+                        char *err, size_t errlen) {
+  config_t next = *cur;
+  char was[1024], now[1024];
+  for (size_t i = 0; i < NOPTIONS; i++) {
+    const option_t *o = &options[i];
+    print_value(cur, o, was, sizeof was);
+    print_value(fresh, o, now, sizeof now);
+    /* Printed values read back exactly (--print-config round-trips). */
+    if (o->reloadable && strcmp(was, now) != 0 && set_value(&next, o, now, err, errlen) != 0)
+      return -1;
   }
-  if (config_validate(&cfg, err, errlen) != 0) return CONFIG_ARGS_ERROR;
-  *out = cfg;
-  return CONFIG_ARGS_OK;
+  if (config_validate(&next, err, errlen) != 0) return -1;
+  int changed = 0;
+  for (size_t i = 0; i < NOPTIONS; i++) {
+    const option_t *o = &options[i];
+    print_value(cur, o, was, sizeof was);
+    print_value(fresh, o, now, sizeof now);
+    if (strcmp(was, now) == 0) continue;
+    if (o->reloadable) {
+      LOG_INFO("reload_set", "option=%s old=\"%s\" new=\"%s\"", o->name, was, now);
+      changed++;
+    } else {
+      LOG_WARN("reload_skipped", "option=%s running=\"%s\" configured=\"%s\" "
+               "reason=\"needs a restart\"", o->name, was, now);
+    }
+  }
+  *out = next;
+  return changed;
 }

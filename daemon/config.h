@@ -1,13 +1,15 @@
 /* config.h: every option of kvcached, defined once in a table.
  *
  * Each row gives the option's name, type, default, bounds, whether it may
- * change at run time (a later SIGHUP reload) and its help line; --help is
- * generated from the rows. Loading fills a fresh struct from the defaults,
- * applies overrides (flags now, a config file later), validates the whole
- * struct and only then is it swapped in, so a bad value never leaves a half
- * applied configuration.
+ * change at run time (a SIGHUP reload) and its help line; --help, the example
+ * file (systemd/kvcached.conf) and --print-config are generated from the rows.
+ * A configuration is built in a fresh struct from three sources, later ones
+ * winning: the defaults, the config file (config_file.c), the command-line
+ * flags (config_cmdline.c). The whole struct is validated and only then
+ * swapped in, so a bad value never leaves a half-applied configuration.
  *
  *   --name VALUE, --name=VALUE   (dashes or underscores: --pool-bytes 4GiB)
+ *   name = value                 in the file (see config_file.c)
  *   sizes accept B, KiB, MiB, GiB, TiB (also K, M, G, T, KB, MB, GB: powers of two)
  */
 #ifndef KVCD_CONFIG_H
@@ -20,6 +22,11 @@
 #include <sys/types.h>
 
 #define CONFIG_MAX_IDS 32 /* entries of allow_uids / allow_gids */
+
+/* The file read when no --config is given, if it exists. */
+#ifndef CONFIG_DEFAULT_PATH
+#define CONFIG_DEFAULT_PATH "/etc/kvcached/kvcached.conf"
+#endif
 
 typedef struct config {
   char socket_path[108];     /* Unix socket to listen on */
@@ -40,37 +47,103 @@ typedef struct config {
   uint32_t n_allow_uids;
   gid_t allow_gids[CONFIG_MAX_IDS]; /* peers allowed by primary gid */
   uint32_t n_allow_gids;
+  uint32_t drain_timeout_ms; /* longest graceful shutdown before closing clients */
+  uint32_t status_interval_ms; /* period of STATUS= and of the eviction summary */
   int log_level;             /* LOG_LEVEL_* */
 } config_t;
+
+/* ---- the option table (config.c) ----------------------------------------- */
 
 /* Fills *cfg with the defaults (the embedded configuration). */
 void config_defaults(config_t *cfg);
 
 /* Sets one option by name ("pool_bytes" or "pool-bytes") from text. Returns 0,
- * or -1 with a one-line reason in err (unknown name, bad value, out of
- * bounds). The struct is only changed on success. */
+ * or -1 with a one-line reason naming the option in err (unknown name, bad
+ * value, out of bounds). The struct is only changed on success. */
 int config_set(config_t *cfg, const char *name, const char *value, char *err,
                size_t errlen);
 
 /* Cross-option checks (page_bytes vs pool_bytes, shm bounds). 0 or -1 + err. */
 int config_validate(const config_t *cfg, char *err, size_t errlen);
 
-enum config_args_result { CONFIG_ARGS_OK = 0, CONFIG_ARGS_EXIT = 1, CONFIG_ARGS_ERROR = -1 };
+/* Number of options, and the index of a name ("pool-bytes" too), -1 if none. */
+size_t config_option_count(void);
+int config_option_index(const char *name);
+/* The canonical name of option i ("pool_bytes"). */
+const char *config_option_name(size_t i);
 
-/* Loads defaults + argv into *out (untouched on error). --help and --version
- * print to stdout and return CONFIG_ARGS_EXIT. */
-int config_load_args(int argc, char **argv, config_t *out, char *err, size_t errlen);
+/* Whether the named option may change at run time; -1 if unknown. */
+int config_is_reloadable(const char *name);
 
-/* Prints every option with its value as one `key=value` log-style list. */
+/* Formats every option as one `key=value ...` log list into buf. */
 void config_format(const config_t *cfg, char *buf, size_t len);
 
-/* Prints the generated --help text. */
-void config_print_help(FILE *f);
+/* Writes cfg as a config file (`key = value` lines) that reads back as the
+ * same values: --print-config. */
+void config_print(const config_t *cfg, FILE *f);
+
+/* Writes the commented example file: every option with its help, bounds and
+ * default, commented out (systemd/kvcached.conf is this output). */
+void config_print_example(FILE *f);
+
+/* Writes the option part of --help. */
+void config_print_options_help(FILE *f);
 
 /* Parses "4GiB", "512MiB", "65536". Returns 0 or -1 (bad text, overflow). */
 int config_parse_size(const char *s, uint64_t *out);
 
-/* Whether the named option may change at run time; -1 if unknown. */
-int config_is_reloadable(const char *name);
+/* A reload: out = cur with every reloadable option that differs taken from
+ * fresh. A non-reloadable option that differs keeps cur's value and is logged
+ * (it needs a restart). Returns the number of options changed, or -1 with err
+ * when the merged configuration does not validate (out untouched). */
+int config_reload_merge(const config_t *cur, const config_t *fresh, config_t *out,
+                        char *err, size_t errlen);
+
+/* ---- the file (config_file.c) ---------------------------------------------- */
+
+/* Applies the `key = value` lines of the file at path onto *cfg. Returns 0,
+ * or -1 with "PATH:LINE: option: reason" (or "PATH: reason" when the file
+ * cannot be read) in err; *cfg is then unspecified (load into a copy). */
+int config_file_apply(config_t *cfg, const char *path, char *err, size_t errlen);
+
+/* ---- the command line (config_cmdline.c) ------------------------------------ */
+
+#define CONFIG_MAX_FLAGS 64
+
+enum config_action {
+  CONFIG_RUN = 0,       /* start the daemon */
+  CONFIG_HELP,          /* --help */
+  CONFIG_VERSION,       /* --version */
+  CONFIG_PRINT,         /* --print-config: the effective configuration */
+  CONFIG_CHECK,         /* --check-config: validate and exit */
+  CONFIG_EXAMPLE,       /* --example-config: the commented example file */
+};
+
+typedef struct config_cmdline {
+  enum config_action action;
+  char config_path[4096];    /* --config PATH, or "" for the default */
+  bool config_given;         /* --config was on the command line */
+  struct {
+    char name[64];           /* as given, without the dashes */
+    const char *value;       /* borrows argv */
+  } flags[CONFIG_MAX_FLAGS]; /* option flags, in order */
+  int nflags;
+} config_cmdline_t;
+
+/* Splits argv into the action, --config and the option flags (values are not
+ * parsed yet; argv must outlive *out). Returns 0 or -1 with err. */
+int config_cmdline_parse(int argc, char **argv, config_cmdline_t *out, char *err,
+                         size_t errlen);
+
+/* Builds a configuration: defaults, then the config file (--config PATH must
+ * exist; without it CONFIG_DEFAULT_PATH is read if it exists), then the
+ * flags; validates. On 0, *out is the result and used_path the file read (""
+ * if none). On -1, err says why (file:line and option for a bad line) and
+ * *out is untouched. */
+int config_load(const config_cmdline_t *cmd, config_t *out, char *used_path,
+                size_t used_len, char *err, size_t errlen);
+
+/* The whole --help text. */
+void config_print_help(FILE *f);
 
 #endif

@@ -175,8 +175,9 @@ static void run_frames(conn_t *c, unsigned limit) {
     uint32_t plen = 0;
     int st = frame_parse(c->rbuf + off, c->rlen - off, c->max_frame, &plen);
     if (st == FRAME_TOO_BIG) {
-      LOG_WARN("bad_frame", "conn=%llu pid=%d frame_bytes=%u max_frame_bytes=%u",
-               (unsigned long long)c->id, (int)c->pid, plen, c->max_frame);
+      LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",
+                  "conn=%llu pid=%d frame_bytes=%u max_frame_bytes=%u",
+                  (unsigned long long)c->id, (int)c->pid, plen, c->max_frame);
       srv->stats.connections_dropped++;
       conn_close(c, "frame larger than max_frame_bytes");
       return;
@@ -201,6 +202,37 @@ static void run_frames(conn_t *c, unsigned limit) {
 }
 
 void conn_run_all(conn_t *c) { run_frames(c, UINT32_MAX); }
+
+void conn_drain(conn_t *c) {
+  if (c->closing) return;
+  server_t *srv = c->srv;
+  uv_os_fd_t fd = -1;
+  if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
+  c->reading = false;
+  (void)uv_fileno((uv_handle_t *)&c->pipe, &fd);
+  /* Requests the client sent before the signal may still sit in the socket:
+   * read them here (the pipe is non-blocking) so they are answered too. */
+  for (;;) {
+    conn_run_all(c);
+    if (c->closing) return; /* a bad frame, or a refused Hello */
+    if (c->eof || fd < 0 || c->wq_bytes > srv->cfg.write_queue_bytes || c->rlen == c->rcap)
+      break;
+    ssize_t n = read(fd, c->rbuf + c->rlen, c->rcap - c->rlen);
+    if (n > 0) {
+      c->rlen += (size_t)n;
+      srv->stats.socket_bytes_in += (uint64_t)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) c->eof = true;
+    break; /* EAGAIN: nothing more was sent; an error: the goodbye will fail */
+  }
+  Kvcache__V1__Response bye = KVCACHE__V1__RESPONSE__INIT;
+  bye.id = 0;
+  bye.status = KVCACHE__V1__STATUS__SHUTDOWN;
+  bye.error = (char *)"kvcached is shutting down";
+  if (conn_send(c, &bye) == 0) conn_close_after_flush(c, "shutdown");
+}
 
 static void on_idle(uv_idle_t *h) {
   conn_t *c = h->data;
@@ -278,9 +310,11 @@ static bool peer_allowed(const config_t *cfg, uid_t uid, gid_t gid) {
 }
 
 static void refuse(conn_t *c, Kvcache__V1__Status status, const char *msg) {
-  c->srv->stats.connections_rejected++;
-  LOG_WARN("refused", "pid=%d uid=%u gid=%u status=%s reason=\"%s\"", (int)c->pid,
-           (unsigned)c->uid, (unsigned)c->gid, kvc_err_name(-(int)status), msg);
+  server_t *srv = c->srv;
+  srv->stats.connections_rejected++;
+  LOG_LIMITED(&srv->limit_refused, uv_now(srv->loop), LOG_LEVEL_WARN, "refused",
+              "pid=%d uid=%u gid=%u status=%s reason=\"%s\"", (int)c->pid, (unsigned)c->uid,
+              (unsigned)c->gid, kvc_err_name(-(int)status), msg);
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
   resp.status = status;
   resp.error = (char *)msg;

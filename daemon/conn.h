@@ -69,4 +69,10 @@ void conn_close(conn_t *c, const char *reason);
 /* Runs every complete buffered frame, ignoring the per-turn bound (drain). */
 void conn_run_all(conn_t *c);
 
+/* The drain of one connection: answers every complete request the client has
+ * sent (what is buffered and what is still in the socket, up to write
+ * backpressure), queues the goodbye (a Response with id 0 and status
+ * SHUTDOWN), flushes and closes. */
+void conn_drain(conn_t *c);
+
 #endif

@@ -462,8 +462,9 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   ProtobufCAllocator alloc = {budget_alloc, budget_free, &budget};
   Kvcache__V1__Request *req = kvcache__v1__request__unpack(&alloc, len, payload);
   if (!req) {
-    LOG_WARN("bad_frame", "conn=%llu pid=%d frame_bytes=%zu reason=\"does not decode "
-             "within max_decode_bytes\"", (unsigned long long)c->id, (int)c->pid, len);
+    LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",
+                "conn=%llu pid=%d frame_bytes=%zu reason=\"does not decode within "
+                "max_decode_bytes\"", (unsigned long long)c->id, (int)c->pid, len);
     srv->stats.connections_dropped++;
     conn_close(c, "frame does not decode");
     return;

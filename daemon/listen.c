@@ -1,5 +1,6 @@
-/* listen.c: the daemon's listening socket: its directory, stale-file check,
- * mode (through the umask at bind) and the accept callback. */
+/* listen.c: the daemon's listening socket: systemd's when socket-activated,
+ * else bound here (its directory, stale-file check, mode through the umask at
+ * bind); and the accept callback. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "activate.h"
 #include "conn.h"
 #include "log.h"
 #include "server.h"
@@ -75,8 +77,44 @@ static void on_connection(uv_stream_t *listener, int status) {
   conn_accept(srv);
 }
 
+/* The socket systemd passed: its path comes from systemd, not the config. */
+static int listen_inherited(server_t *srv, int fd, char *err, size_t errlen) {
+  struct sockaddr_un sa;
+  socklen_t len = sizeof sa;
+  memset(&sa, 0, sizeof sa);
+  if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_path[0])
+    snprintf(srv->listen_path, sizeof srv->listen_path, "%.*s",
+             (int)sizeof sa.sun_path, sa.sun_path);
+  else
+    snprintf(srv->listen_path, sizeof srv->listen_path, "(fd %d)", fd);
+  int rc = uv_pipe_init(srv->loop, &srv->listener, 0);
+  if (rc != 0) {
+    snprintf(err, errlen, "uv_pipe_init: %s", uv_strerror(rc));
+    return -1;
+  }
+  srv->listener.data = srv;
+  rc = uv_pipe_open(&srv->listener, fd);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, SOMAXCONN, on_connection);
+  if (rc != 0) {
+    snprintf(err, errlen, "cannot listen on the socket systemd passed (fd %d): %s", fd,
+             uv_strerror(rc));
+    uv_close((uv_handle_t *)&srv->listener, NULL);
+    return -1;
+  }
+  srv->activated = true;
+  srv->listening = true;
+  LOG_INFO("socket_activation", "fd=%d socket=%s configured_socket=%s "
+           "note=\"the configured socket path is ignored\"", fd, srv->listen_path,
+           srv->cfg.socket_path);
+  return 0;
+}
+
 int server_listen(server_t *srv, char *err, size_t errlen) {
+  int fd = activate_listen_fd(err, errlen);
+  if (fd == -2) return -1;
+  if (fd >= 0) return listen_inherited(srv, fd, err, errlen);
   const char *path = srv->cfg.socket_path;
+  snprintf(srv->listen_path, sizeof srv->listen_path, "%s", path);
   if (make_parent(path, err, errlen) != 0 || remove_stale(path, err, errlen) != 0)
     return -1;
   int rc = uv_pipe_init(srv->loop, &srv->listener, 0);
@@ -104,5 +142,5 @@ void server_unlisten(server_t *srv) {
   if (!srv->listening) return;
   srv->listening = false;
   uv_close((uv_handle_t *)&srv->listener, NULL);
-  unlink(srv->cfg.socket_path);
+  if (!srv->activated) unlink(srv->listen_path); /* systemd's stays for the next start */
 }

@@ -1,4 +1,5 @@
-/* log.c: formats one event line (time, level, event, the caller's pairs). */
+/* log.c: formats one event line (time, level, event, the caller's pairs),
+ * and the budget that keeps peer-triggered lines from flooding. */
 #include "log.h"
 
 #include <stdarg.h>
@@ -42,4 +43,19 @@ void log_emit(int level, const char *event, const char *fmt, ...) {
   /* One write per line keeps lines whole when stderr is shared. */
   line[used < sizeof line - 1 ? used : sizeof line - 2] = '\n';
   fwrite(line, 1, (used < sizeof line - 1 ? used : sizeof line - 2) + 1, stderr);
+}
+
+bool log_limit_allow(log_limit_t *l, uint64_t now_ms, uint64_t *suppressed) {
+  if (now_ms - l->window_start_ms >= LOG_LIMIT_WINDOW_MS || now_ms < l->window_start_ms) {
+    l->window_start_ms = now_ms;
+    l->lines = 0;
+  }
+  if (l->lines >= LOG_LIMIT_BURST) {
+    l->suppressed++;
+    return false;
+  }
+  l->lines++;
+  *suppressed = l->suppressed;
+  l->suppressed = 0;
+  return true;
 }

@@ -1,4 +1,5 @@
-/* main.c: kvcached's entry point: options, startup, signals and shutdown. */
+/* main.c: kvcached's entry point: the command line, startup in order (pool,
+ * engine, socket, signals, then READY=1), the loop, and the exit. */
 #include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,40 +13,19 @@
 #include "log.h"
 #include "server.h"
 
-static void close_signals(server_t *srv) {
-  if (!uv_is_closing((uv_handle_t *)&srv->sig_term)) {
-    uv_close((uv_handle_t *)&srv->sig_term, NULL);
-    uv_close((uv_handle_t *)&srv->sig_int, NULL);
-  }
+void server_stop(server_t *srv) {
+  if (srv->stopped) return;
+  srv->stopped = true;
+  uv_close((uv_handle_t *)&srv->sig_term, NULL);
+  uv_close((uv_handle_t *)&srv->sig_int, NULL);
+  uv_close((uv_handle_t *)&srv->sig_hup, NULL);
+  uv_close((uv_handle_t *)&srv->status_timer, NULL);
+  uv_close((uv_handle_t *)&srv->drain_timer, NULL);
 }
 
-void server_conn_gone(server_t *srv) {
-  if (srv->draining && !srv->conns) close_signals(srv);
-}
-
-void server_drain(server_t *srv) {
-  srv->draining = true;
-  server_unlisten(srv);
-  for (conn_t *c = srv->conns; c; c = c->next) {
-    if (c->closing) continue;
-    conn_run_all(c); /* answer what the client already sent */
-    conn_close_after_flush(c, "shutdown");
-  }
-  if (!srv->conns) close_signals(srv);
-}
-
-static void on_signal(uv_signal_t *h, int signum) {
-  server_t *srv = h->data;
-  if (srv->draining) {
-    LOG_WARN("shutdown", "signal=%d mode=immediate", signum);
-    _exit(1);
-  }
-  LOG_INFO("shutdown", "signal=%d mode=drain connections=%llu", signum,
-           (unsigned long long)srv->stats.connections_current);
-  server_drain(srv);
-}
-
+/* Everything that can fail at start, in order; READY=1 comes after. */
 static int start(server_t *srv, char *err, size_t errlen) {
+  if (notify_open(&srv->notify, err, errlen) != 0) return -1;
   if (shm_pool_open(srv->cfg.pool_bytes, &srv->pool, err, errlen) != 0) return -1;
   engine_config_t ec = {.base = srv->pool.base,
                         .pool_bytes = srv->pool.bytes,
@@ -58,35 +38,78 @@ static int start(server_t *srv, char *err, size_t errlen) {
     return -1;
   }
   if (server_listen(srv, err, errlen) != 0) return -1;
-  uv_signal_init(srv->loop, &srv->sig_term);
-  uv_signal_init(srv->loop, &srv->sig_int);
-  srv->sig_term.data = srv->sig_int.data = srv;
-  uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
-  uv_signal_start(&srv->sig_int, on_signal, SIGINT);
+  signals_start(srv);
+  uv_timer_init(srv->loop, &srv->status_timer);
+  uv_timer_init(srv->loop, &srv->drain_timer);
+  srv->drain_timer.data = srv;
+  status_start(srv);
   return 0;
 }
 
-static void announce(const server_t *srv, const char *argv0) {
-  char opts[2048], self[4096];
+static void announce(server_t *srv, const char *argv0) {
+  char opts[4096], self[4096], line[256];
   config_format(&srv->cfg, opts, sizeof opts);
-  LOG_INFO("start", "version=%s pid=%d %s", KVC_VERSION_STRING, (int)getpid(), opts);
+  LOG_INFO("start", "version=%s pid=%d config_file=\"%s\"", KVC_VERSION_STRING,
+           (int)getpid(), srv->config_file);
+  LOG_INFO("config", "%s", opts);
   LOG_INFO("pool", "bytes=%llu page_bytes=%llu pages=%llu prefaulted=yes sealed=yes",
            (unsigned long long)srv->pool.bytes, (unsigned long long)srv->cfg.page_bytes,
            (unsigned long long)(srv->pool.bytes / srv->cfg.page_bytes));
-  LOG_INFO("listen", "socket=%s mode=%04o", srv->cfg.socket_path, srv->cfg.socket_mode);
+  if (srv->activated)
+    LOG_INFO("listen", "socket=%s source=systemd", srv->listen_path);
+  else
+    LOG_INFO("listen", "socket=%s source=config mode=%04o", srv->listen_path,
+             srv->cfg.socket_mode);
+  status_line(srv, line, sizeof line);
+  if (notify_send(&srv->notify, "READY=1\nSTATUS=%s", line) != 0)
+    LOG_WARN("notify", "state=READY error=\"send to NOTIFY_SOCKET failed\"");
+  else if (notify_enabled(&srv->notify))
+    LOG_DEBUG("notify", "state=READY");
   snprintf(self, sizeof self, "%s", argv0);
-  printf("kvcached %s listening on %s\n", KVC_VERSION_STRING, srv->cfg.socket_path);
-  printf("try: %s/kvcachectl stats --socket %s\n", dirname(self), srv->cfg.socket_path);
+  printf("kvcached %s listening on %s\n", KVC_VERSION_STRING, srv->listen_path);
+  printf("try: %s/kvcachectl stats --socket %s\n", dirname(self), srv->listen_path);
   fflush(stdout);
+}
+
+/* The actions that only read the configuration. Returns the exit status. */
+static int act(const config_cmdline_t *cmd) {
+  config_t cfg;
+  char path[4096], err[1024];
+  if (cmd->action == CONFIG_HELP) {
+    config_print_help(stdout);
+    return 0;
+  }
+  if (cmd->action == CONFIG_VERSION) {
+    printf("kvcached %s (protocol %d)\n", KVC_VERSION_STRING, KVC_PROTOCOL_VERSION);
+    return 0;
+  }
+  if (cmd->action == CONFIG_EXAMPLE) {
+    config_print_example(stdout);
+    return 0;
+  }
+  if (config_load(cmd, &cfg, path, sizeof path, err, sizeof err) != 0) {
+    fprintf(stderr, "kvcached: %s\n", err);
+    return 2;
+  }
+  if (cmd->action == CONFIG_PRINT) {
+    config_print(&cfg, stdout);
+  } else {
+    printf("kvcached: configuration OK (file %s)\n", path[0] ? path : "none: defaults");
+  }
+  return 0;
 }
 
 int main(int argc, char **argv) {
   static server_t srv;
   static uv_loop_t loop;
-  char err[512];
-  int rc = config_load_args(argc, argv, &srv.cfg, err, sizeof err);
-  if (rc == CONFIG_ARGS_EXIT) return 0;
-  if (rc != CONFIG_ARGS_OK) {
+  char err[1024];
+  if (config_cmdline_parse(argc, argv, &srv.cmdline, err, sizeof err) != 0) {
+    fprintf(stderr, "kvcached: %s\n", err);
+    return 2;
+  }
+  if (srv.cmdline.action != CONFIG_RUN) return act(&srv.cmdline);
+  if (config_load(&srv.cmdline, &srv.cfg, srv.config_file, sizeof srv.config_file, err,
+                  sizeof err) != 0) {
     fprintf(stderr, "kvcached: %s\n", err);
     return 2;
   }
@@ -96,11 +119,13 @@ int main(int argc, char **argv) {
   srv.loop = &loop;
   srv.next_conn_id = 1;
   srv.pool.fd = -1;
+  srv.notify.fd = -1;
   arena_init(&srv.arena);
   stats_init(&srv.stats, uv_hrtime());
   int status = 0;
   if (start(&srv, err, sizeof err) != 0) {
     LOG_ERROR("start_failed", "reason=\"%s\"", err);
+    notify_send(&srv.notify, "STATUS=start failed: %s", err);
     fprintf(stderr, "kvcached: %s\n", err);
     status = 1;
     server_unlisten(&srv);
@@ -114,6 +139,7 @@ int main(int argc, char **argv) {
   uv_loop_close(&loop);
   engine_free(srv.eng);
   shm_close(&srv.pool);
+  notify_close(&srv.notify);
   arena_deinit(&srv.arena);
   return status;
 }

@@ -14,6 +14,8 @@
 #include "arena.h"
 #include "config.h"
 #include "engine.h"
+#include "log.h"
+#include "notify.h"
 #include "shm.h"
 #include "stats.h"
 
@@ -22,31 +24,65 @@ typedef struct conn conn_t;
 typedef struct server {
   uv_loop_t *loop;
   config_t cfg;            /* the configuration in force */
+  config_cmdline_t cmdline;/* how it was built, read again on SIGHUP */
+  char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
   shm_region_t pool;       /* the page pool memfd */
   daemon_stats_t stats;
   uv_pipe_t listener;
+  char listen_path[108];   /* the socket actually served (systemd's, or cfg's) */
+  bool activated;          /* listener inherited from systemd: never unlinked */
   bool listening;          /* listener open (closed when draining starts) */
   bool draining;           /* SIGTERM seen: no new work, close when flushed */
-  uv_signal_t sig_term, sig_int;
+  bool stopped;            /* signals and timers closed: the loop may end */
+  uv_signal_t sig_term, sig_int, sig_hup;
+  uv_timer_t status_timer; /* STATUS= and the eviction summary */
+  uv_timer_t drain_timer;  /* ends a drain that takes too long */
+  notify_t notify;         /* $NOTIFY_SOCKET */
+  uint64_t seen_evicted_seqs, seen_evicted_pages, seen_full_errors; /* at last status */
+  log_limit_t limit_refused;  /* budget of "refused" lines */
+  log_limit_t limit_bad_frame;/* budget of "bad_frame" lines */
   conn_t *conns;           /* every connection not yet freed (doubly linked) */
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */
   arena_t arena;           /* scratch for building the current reply */
 } server_t;
 
-/* Starts listening on cfg.socket_path: creates the parent directory, removes
- * a stale socket (one nobody listens on), binds under a umask giving at most
- * cfg.socket_mode, listens. Returns 0 or -1 with a reason in err. */
+/* listen.c. Listens on the socket systemd passed (socket activation), else
+ * on cfg.socket_path: creates the parent directory, removes a stale socket
+ * (one nobody listens on), binds under a umask giving at most
+ * cfg.socket_mode, listens. Sets listen_path and activated. Returns 0 or -1
+ * with a reason in err. */
 int server_listen(server_t *srv, char *err, size_t errlen);
 
-/* Stops accepting and removes the socket file. Idempotent. */
+/* Stops accepting and removes the socket file (not systemd's). Idempotent. */
 void server_unlisten(server_t *srv);
 
-/* Begins the graceful shutdown: stop accepting, run what each connection has
- * buffered, flush replies and close every connection. */
+/* drain.c. Begins the graceful shutdown: stop accepting, answer what each
+ * connection already sent, send it a SHUTDOWN goodbye, flush and close;
+ * after drain_timeout_ms the connections left are closed. */
 void server_drain(server_t *srv);
 
 /* Called when a connection is freed; finishes the drain when none is left. */
 void server_conn_gone(server_t *srv);
+
+/* signals.c. Starts SIGTERM/SIGINT (drain, a second one exits at once) and
+ * SIGHUP (reload). */
+void signals_start(server_t *srv);
+
+/* reload.c. Reads the configuration again (file and flags) into a fresh
+ * struct and swaps in its reloadable options; an invalid one keeps the
+ * running configuration. Returns 0 or -1 (logged). */
+int server_reload(server_t *srv);
+
+/* status.c. Starts the status_interval_ms timer: STATUS= to systemd and a
+ * log line when evictions or FULL refusals happened since the last tick. */
+void status_start(server_t *srv);
+/* Applies a new status_interval_ms. */
+void status_reschedule(server_t *srv);
+/* The live figures as one line, for STATUS= ("12 clients, ..."). */
+void status_line(server_t *srv, char *buf, size_t len);
+
+/* main.c. Closes the signal handlers and timers so the loop can end. */
+void server_stop(server_t *srv);
 
 #endif

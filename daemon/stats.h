@@ -29,7 +29,9 @@
   X(socket_bytes_out, STAT_COUNTER, "bytes of replies queued to client sockets") \
   X(shm_bytes, STAT_GAUGE, "bytes of the connections' shared buffers")        \
   X(deferred_turns, STAT_COUNTER, "times a connection yielded with frames still buffered") \
-  X(write_pauses, STAT_COUNTER, "times reading paused for write backpressure")
+  X(write_pauses, STAT_COUNTER, "times reading paused for write backpressure") \
+  X(config_reloads, STAT_COUNTER, "SIGHUP reloads applied")                  \
+  X(config_reload_failures, STAT_COUNTER, "SIGHUP reloads refused (invalid configuration kept out)")
 
 #define STATS_HIST_BUCKETS 252
 

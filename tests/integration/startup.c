@@ -112,6 +112,11 @@ TEST(startup_sigterm_drains_buffered_requests) {
     ASSERT_U64_EQ(r->id, 10 + i);
     kvcache__v1__response__free_unpacked(r, NULL);
   }
+  r = raw_reply(fd); /* the goodbye: id 0, SHUTDOWN */
+  ASSERT(r != NULL);
+  ASSERT_U64_EQ(r->id, 0);
+  ASSERT_EQ(r->status, KVCACHE__V1__STATUS__SHUTDOWN);
+  kvcache__v1__response__free_unpacked(r, NULL);
   ASSERT(raw_closed(fd));
   close(fd);
   int st;
