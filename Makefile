@@ -8,6 +8,8 @@
 #   make check      the suite under sanitizers only, with the long model run
 #   make bench      benchmarks (never part of pass/fail)
 #   make deps       install the Debian packages the build needs, if missing
+#   make install    binaries, library, headers, kvcache.pc, units, config, man pages
+#                   (PREFIX=/usr/local, DESTDIR=, SYSCONFDIR=/etc; see "install" below)
 #
 # Knobs: SANITIZE=1, OPT=-O2, MALLOC=jemalloc|libc, V=1, CI=true (-Werror).
 
@@ -81,7 +83,7 @@ endif
 endif
 ALL += $(UNIT_BIN) $(IT_BIN)
 
-.PHONY: all run test check bench deps clean install
+.PHONY: all run test check bench deps clean install uninstall
 all: $(ALL)
 
 # ---- engine --------------------------------------------------------------
@@ -152,8 +154,9 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $^ $(PB_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- top-level targets ------------------------------------------------------
+# systemd: systemd-analyze and systemd-socket-activate for the service tests.
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev \
-                protobuf-c-compiler libjemalloc-dev
+                protobuf-c-compiler libjemalloc-dev systemd
 deps:
 	@missing=""; for p in $(DEB_PACKAGES) $(EXTRA_PACKAGES); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -183,5 +186,67 @@ bench: deps
 
 clean:
 	rm -rf build build-asan
+
+# ---- install ------------------------------------------------------------------
+# The unit's ExecStart names $(BINDIR)/kvcached; kvcached reads
+# /etc/kvcached/kvcached.conf when it exists, so the example config goes to
+# $(SYSCONFDIR)/kvcached/ (kept if already there) and to the doc directory.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+DATADIR ?= $(PREFIX)/share
+MANDIR ?= $(DATADIR)/man
+DOCDIR ?= $(DATADIR)/doc/kvcached
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+SYSCONFDIR ?= /etc
+VERSION := $(shell sed -n 's/^\#define KVC_VERSION_STRING "\(.*\)"/\1/p' include/kvcache/kvcache.h)
+SOVERSION := 1
+INSTALL ?= install
+
+# kvcache.pc and the service's ExecStart= are written for this PREFIX.
+install: $(B)/kvcached $(B)/kvcachectl $(B)/libkvcache.so $(B)/libkvcache.a
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/kvcache \
+	  $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+	  $(DESTDIR)$(SYSCONFDIR)/kvcached $(DESTDIR)$(DOCDIR) \
+	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8
+	$(INSTALL) -m 0755 $(B)/kvcached $(B)/kvcachectl $(DESTDIR)$(BINDIR)/
+	$(INSTALL) -m 0755 $(B)/libkvcache.so $(DESTDIR)$(LIBDIR)/libkvcache.so.$(SOVERSION).0.0
+	ln -sf libkvcache.so.$(SOVERSION).0.0 $(DESTDIR)$(LIBDIR)/libkvcache.so.$(SOVERSION)
+	ln -sf libkvcache.so.$(SOVERSION) $(DESTDIR)$(LIBDIR)/libkvcache.so
+	$(INSTALL) -m 0644 $(B)/libkvcache.a $(DESTDIR)$(LIBDIR)/
+	$(INSTALL) -m 0644 include/kvcache/*.h $(DESTDIR)$(INCLUDEDIR)/kvcache/
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+	  'Name: kvcache' \
+	  'Description: client library of kvcached, the node-local KV-cache daemon' \
+	  'Version: $(VERSION)' \
+	  'Requires.private: libprotobuf-c' \
+	  'Libs: -L$${libdir} -lkvcache' \
+	  'Cflags: -I$${includedir}' > $(DESTDIR)$(PKGCONFIGDIR)/kvcache.pc
+	sed 's|^ExecStart=/usr/local/bin/kvcached|ExecStart=$(BINDIR)/kvcached|' \
+	  systemd/kvcached.service > $(DESTDIR)$(UNITDIR)/kvcached.service
+	$(INSTALL) -m 0644 systemd/kvcached.socket $(DESTDIR)$(UNITDIR)/
+	$(INSTALL) -m 0644 systemd/kvcached.sysusers $(DESTDIR)$(SYSUSERSDIR)/kvcached.conf
+	$(INSTALL) -m 0644 systemd/kvcached.conf $(DESTDIR)$(DOCDIR)/kvcached.conf.example
+	[ -e $(DESTDIR)$(SYSCONFDIR)/kvcached/kvcached.conf ] || \
+	  $(INSTALL) -m 0644 systemd/kvcached.conf $(DESTDIR)$(SYSCONFDIR)/kvcached/kvcached.conf
+	$(INSTALL) -m 0644 doc/kvcachectl.1 $(DESTDIR)$(MANDIR)/man1/
+	$(INSTALL) -m 0644 doc/kvcached.8 $(DESTDIR)$(MANDIR)/man8/
+
+# Leaves $(SYSCONFDIR)/kvcached/kvcached.conf: it may hold the operator's edits.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/kvcached $(DESTDIR)$(BINDIR)/kvcachectl \
+	  $(DESTDIR)$(LIBDIR)/libkvcache.so* $(DESTDIR)$(LIBDIR)/libkvcache.a \
+	  $(DESTDIR)$(PKGCONFIGDIR)/kvcache.pc $(DESTDIR)$(UNITDIR)/kvcached.service \
+	  $(DESTDIR)$(UNITDIR)/kvcached.socket $(DESTDIR)$(SYSUSERSDIR)/kvcached.conf \
+	  $(DESTDIR)$(DOCDIR)/kvcached.conf.example $(DESTDIR)$(MANDIR)/man1/kvcachectl.1 \
+	  $(DESTDIR)$(MANDIR)/man8/kvcached.8
+	rm -rf $(DESTDIR)$(INCLUDEDIR)/kvcache
+
+# The example config is generated from the option table (a test checks it).
+systemd/kvcached.conf: $(B)/kvcached
+	$(B)/kvcached --example-config > $@
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -39,8 +39,9 @@ typedef struct option {
 
 static const option_t options[] = {
   {"socket", OPT_PATH, "auto", 0, 0, false, F(socket_path),
-   "Unix socket path (auto: /run/kvcached/kvcached.sock as root, else "
-   "$XDG_RUNTIME_DIR/kvcached.sock); ignored when systemd passes the socket"},
+   "Unix socket path (auto: $RUNTIME_DIRECTORY/kvcached.sock under systemd, "
+   "/run/kvcached/kvcached.sock as root, else $XDG_RUNTIME_DIR/kvcached.sock); "
+   "ignored when systemd passes the socket"},
   {"socket_mode", OPT_MODE, "0660", 0, 0777, false, F(socket_mode),
    "permission bits of the socket file (set through the umask at bind)"},
   {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, false, F(pool_bytes),
@@ -70,7 +71,8 @@ static const option_t options[] = {
   {"allow_uids", OPT_UIDS, "self,root", 0, 0, true, F(allow_uids),
    "peer uids allowed to connect (comma list; self, root or numbers)"},
   {"allow_gids", OPT_GIDS, "", 0, 0, true, F(allow_gids),
-   "peer primary gids allowed to connect (comma list; empty: none)"},
+   "peer gids allowed to connect, primary or supplementary (comma list; self, root or "
+   "numbers; empty: none; under systemd, self is group kvcached)"},
   {"drain_timeout_ms", OPT_U32, "10000", 100, 3600000, true, F(drain_timeout_ms),
    "longest graceful shutdown (ms); clients still connected then are closed"},
   {"status_interval_ms", OPT_U32, "5000", 100, 3600000, true, F(status_interval_ms),
@@ -146,8 +148,11 @@ static int parse_u64(const char *s, uint64_t *out) {
 
 static int default_socket(char *out, size_t len) {
   const char *xdg = getenv("XDG_RUNTIME_DIR");
+  const char *rt = getenv("RUNTIME_DIRECTORY"); /* systemd's RuntimeDirectory= */
   int n;
-  if (geteuid() == 0)
+  if (rt && *rt && !strchr(rt, ':'))
+    n = snprintf(out, len, "%s/kvcached.sock", rt);
+  else if (geteuid() == 0)
     n = snprintf(out, len, "/run/kvcached/kvcached.sock");
   else if (xdg && *xdg)
     n = snprintf(out, len, "%s/kvcached.sock", xdg);

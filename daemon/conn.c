@@ -301,11 +301,29 @@ static void schedule(conn_t *c) {
   }
 }
 
-static bool peer_allowed(const config_t *cfg, uid_t uid, gid_t gid) {
-  for (uint32_t i = 0; i < cfg->n_allow_uids; i++)
-    if (cfg->allow_uids[i] == uid) return true;
+#ifndef SO_PEERGROUPS
+#define SO_PEERGROUPS 59 /* Linux 4.13; older glibc headers lack it */
+#endif
+
+static bool gid_allowed(const config_t *cfg, gid_t gid) {
   for (uint32_t i = 0; i < cfg->n_allow_gids; i++)
     if (cfg->allow_gids[i] == gid) return true;
+  return false;
+}
+
+/* By uid, primary gid, or a supplementary group of the peer (SO_PEERGROUPS):
+ * a worker in group kvcached may connect to a socket of SocketGroup=kvcached
+ * with allow_gids naming that group. */
+static bool peer_allowed(const config_t *cfg, int fd, uid_t uid, gid_t gid) {
+  for (uint32_t i = 0; i < cfg->n_allow_uids; i++)
+    if (cfg->allow_uids[i] == uid) return true;
+  if (cfg->n_allow_gids == 0) return false;
+  if (gid_allowed(cfg, gid)) return true;
+  gid_t groups[256];
+  socklen_t len = sizeof groups;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) != 0) return false;
+  for (size_t i = 0; i < len / sizeof groups[0]; i++)
+    if (gid_allowed(cfg, groups[i])) return true;
   return false;
 }
 
@@ -365,7 +383,7 @@ void conn_accept(server_t *srv) {
   char msg[160];
   if (srv->draining) {
     refuse(c, KVCACHE__V1__STATUS__SHUTDOWN, "kvcached is shutting down");
-  } else if (!peer_allowed(&srv->cfg, cred.uid, cred.gid)) {
+  } else if (!peer_allowed(&srv->cfg, fd, cred.uid, cred.gid)) {
     snprintf(msg, sizeof msg,
              "permission denied: uid %u gid %u is not in allow_uids/allow_gids",
              (unsigned)cred.uid, (unsigned)cred.gid);

@@ -3,7 +3,8 @@
  * TEST(name) { ... } registers a test. test_main.c runs each one in its own
  * child process with a timeout (libuv's runner does the same), so a crash or
  * a hang fails that test alone. Assertions print the expression and both
- * values, then abort the child.
+ * values, then abort the child. A test that cannot run here (a missing tool,
+ * not root) calls TEST_SKIP("why"): it is counted as skipped, never passed.
  *
  *   build/tests/unit_engine              run every test of the file
  *   build/tests/unit_engine put_append   run one
@@ -20,6 +21,9 @@ typedef void (*test_fn)(void);
 void test_register(const char *name, test_fn fn, unsigned timeout_s);
 /* Long-run mode (make check): KVC_LONG=1 in the environment. */
 int test_long(void);
+/* Ends the running test as skipped, with a reason ("SKIP name (reason)"). */
+void test_skip(const char *reason) __attribute__((noreturn));
+#define TEST_SKIP(reason) test_skip(reason)
 
 #define TEST_TIMEOUT(name, secs)                                               \
   static void test_##name(void);                                               \

@@ -1,5 +1,6 @@
 /* test_main.c: runs the registered tests, each in a child with a timeout.
- * Prints one line per test ("PASS name", "FAIL name (why)") for tests/run.sh. */
+ * Prints one line per test ("PASS name", "FAIL name (why)", "SKIP name
+ * (why)") for tests/run.sh. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,15 @@ static struct {
   unsigned timeout_s;
 } tests[MAX_TESTS];
 static int ntests;
+static const char *running; /* the test of this child process */
+
+#define EXIT_SKIP 77 /* the child skipped; it printed the verdict itself */
+
+void test_skip(const char *reason) {
+  printf("SKIP %s (%s)\n", running ? running : "?", reason);
+  fflush(NULL);
+  _exit(EXIT_SKIP);
+}
 
 void test_register(const char *name, test_fn fn, unsigned timeout_s) {
   if (ntests == MAX_TESTS) {
@@ -43,6 +53,7 @@ static int run_one(int i) {
     return 1;
   }
   if (pid == 0) {
+    running = tests[i].name;
     alarm(tests[i].timeout_s * (test_long() ? 10u : 1u));
     tests[i].fn();
     fflush(NULL);
@@ -55,6 +66,7 @@ static int run_one(int i) {
     printf("PASS %s\n", tests[i].name);
     return 0;
   }
+  if (WIFEXITED(st) && WEXITSTATUS(st) == EXIT_SKIP) return 0;
   if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
     printf("FAIL %s (timed out after %us)\n", tests[i].name, tests[i].timeout_s);
   else if (WIFSIGNALED(st))

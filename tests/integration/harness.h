@@ -69,16 +69,20 @@ IT_UNUSED static void it_dump_log(const daemon_t *d) {
   fclose(f);
 }
 
-/* Starts kvcached with the test defaults, then the NULL-terminated extra
- * flags (later flags win; a --socket among them is the one waited on). */
-IT_UNUSED static void daemon_start_args(daemon_t *d, const char *const *extra) {
+/* Runs the kvcached binary bin (NULL: $KVC_BUILD/kvcached) with the test
+ * defaults, then the NULL-terminated extra flags (later flags win; a
+ * --socket among them is the one waited on), with the NULL-terminated
+ * "NAME=value" strings of env added to its environment. Does not wait. */
+IT_UNUSED static void daemon_spawn(daemon_t *d, const char *bin, const char *const *extra,
+                                   const char *const *env) {
   memset(d, 0, sizeof *d);
   snprintf(d->dir, sizeof d->dir, "/tmp/kvcit-XXXXXX");
   ASSERT(mkdtemp(d->dir) != NULL);
   snprintf(d->sock, sizeof d->sock, "%s/kvcached.sock", d->dir);
   snprintf(d->log, sizeof d->log, "%s/kvcached.log", d->dir);
-  char bin[256];
-  snprintf(bin, sizeof bin, "%s/kvcached", it_build());
+  char def[256];
+  snprintf(def, sizeof def, "%s/kvcached", it_build());
+  if (!bin) bin = def;
   const char *argv[64] = {bin, "--socket", d->sock, "--pool-bytes", "8MiB",
                           "--page-bytes", "16KiB", "--shm-default-bytes", "4MiB",
                           "--log-level", "debug"};
@@ -98,10 +102,16 @@ IT_UNUSED static void daemon_start_args(daemon_t *d, const char *const *extra) {
     int null = open("/dev/null", O_WRONLY);
     dup2(log, 2);
     dup2(null, 1);
+    for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
     execv(bin, (char *const *)argv);
     _exit(127);
   }
   d->pid = pid;
+}
+
+/* Waits until the daemon's socket accepts (10 s at most). */
+IT_UNUSED static void daemon_wait_accepting(daemon_t *d) {
+  pid_t pid = d->pid;
   for (int i = 0; i < 1000; i++) {
     int fd = it_connect_raw(d->sock);
     if (fd >= 0) {
@@ -119,7 +129,60 @@ IT_UNUSED static void daemon_start_args(daemon_t *d, const char *const *extra) {
   TEST_FAIL_("kvcached did not accept on %s within 10 s", d->sock);
 }
 
+/* daemon_spawn, then daemon_wait_accepting. */
+IT_UNUSED static void daemon_start_full(daemon_t *d, const char *bin,
+                                        const char *const *extra,
+                                        const char *const *env) {
+  daemon_spawn(d, bin, extra, env);
+  daemon_wait_accepting(d);
+}
+
+/* Starts $KVC_BUILD/kvcached with the test defaults and extra flags. */
+IT_UNUSED static void daemon_start_args(daemon_t *d, const char *const *extra) {
+  daemon_start_full(d, NULL, extra, NULL);
+}
+
 IT_UNUSED static void daemon_start(daemon_t *d) { daemon_start_args(d, NULL); }
+
+/* Runs a shell command (a printf format), keeping its stdout and stderr in
+ * out. Returns its exit status (128 + signal when killed). */
+IT_UNUSED static int it_sh(char *out, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+IT_UNUSED static int it_sh(char *out, size_t cap, const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
+  va_end(ap);
+  ASSERT(n > 0 && (size_t)n < sizeof cmd - 8);
+  strcat(cmd, " 2>&1");
+  fflush(NULL);
+  FILE *p = popen(cmd, "r");
+  ASSERT(p != NULL);
+  size_t used = 0, got;
+  char sink[4096];
+  while ((got = fread(used + 1 < cap ? out + used : sink, 1,
+                      used + 1 < cap ? cap - 1 - used : sizeof sink, p)) > 0)
+    if (used + 1 < cap) used += got;
+  out[used] = '\0';
+  int st = pclose(p);
+  if (WIFEXITED(st)) return WEXITSTATUS(st);
+  return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+}
+
+/* Writes text to path (the test fails if it cannot). */
+IT_UNUSED static void it_write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) TEST_FAIL_("cannot write %s: %s", path, strerror(errno));
+  ASSERT(fputs(text, f) >= 0);
+  ASSERT(fclose(f) == 0);
+}
+
+/* The source tree (tests run from it; KVC_SRCDIR overrides). */
+IT_UNUSED static const char *it_srcdir(void) {
+  const char *s = getenv("KVC_SRCDIR");
+  return s && *s ? s : ".";
+}
 
 /* Whether the log holds a sanitizer report. */
 IT_UNUSED static bool it_log_has(const daemon_t *d, const char *needle) {
@@ -130,6 +193,15 @@ IT_UNUSED static bool it_log_has(const daemon_t *d, const char *needle) {
   while (!found && fgets(line, sizeof line, f)) found = strstr(line, needle) != NULL;
   fclose(f);
   return found;
+}
+
+/* Waits up to ms for needle in the daemon's log. */
+IT_UNUSED static bool it_log_wait(const daemon_t *d, const char *needle, long ms) {
+  for (long waited = 0; waited <= ms; waited += 10) {
+    if (it_log_has(d, needle)) return true;
+    it_sleep_ms(10);
+  }
+  return false;
 }
 
 /* With KVC_IT_STATS=FILE in the environment, appends the daemon's latency
