@@ -152,10 +152,11 @@ IT_UNUSED static int it_sh(char *out, size_t cap, const char *fmt, ...) {
   char cmd[4096];
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
+  int n = vsnprintf(cmd + 2, sizeof cmd - 16, fmt, ap);
   va_end(ap);
-  ASSERT(n > 0 && (size_t)n < sizeof cmd - 8);
-  strcat(cmd, " 2>&1");
+  ASSERT(n > 0 && (size_t)n < sizeof cmd - 16);
+  memcpy(cmd, "{ ", 2);
+  strcat(cmd, "\n} 2>&1"); /* the stderr of every command in the line */
   fflush(NULL);
   FILE *p = popen(cmd, "r");
   ASSERT(p != NULL);
