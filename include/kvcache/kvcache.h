@@ -89,6 +89,12 @@ typedef struct kvc_client_info {
 
 /* ---- client ------------------------------------------------------------ */
 
+/* Every call that talks to the daemon may also return KVC_E_SHUTDOWN: the
+ * daemon is draining (SIGTERM) and did not run this request; every later call
+ * on the client returns it too (reopen once the daemon is back). KVC_E_IO
+ * means the connection broke without that notice (the daemon crashed or was
+ * killed). */
+
 /* Connects, performs the handshake and maps the shared buffer. opts is
  * borrowed (NULL: defaults). Returns new *out (close with kvc_client_close).
  * KVC_E_NOTRUNNING (no socket or nobody listening), KVC_E_PERM (refused by
@@ -124,7 +130,8 @@ KVC_API void kvc_client_info(const kvc_client_t *client, kvc_client_info_t *out)
  * (kvc_put and friends), which overwrite it. */
 KVC_API void kvc_client_shm(const kvc_client_t *client, void **base, uint64_t *bytes);
 
-/* One round trip with no effect. KVC_E_IO if the connection is broken. */
+/* One round trip with no effect. KVC_E_IO if the connection is broken,
+ * KVC_E_SHUTDOWN if the daemon is draining. */
 KVC_API int kvc_ping(kvc_client_t *client);
 
 /* ---- caches -------------------------------------------------------------- */
