@@ -10,6 +10,8 @@
 #   make deps       install the Debian packages the build needs, if missing
 #   make install    binaries, library, headers, kvcache.pc, units, config, man pages
 #                   (PREFIX=/usr/local, DESTDIR=, SYSCONFDIR=/etc; see "install" below)
+#   make uninstall  removes what install installed, except the config file
+#   make systemd/kvcached.conf   regenerates the example config from the option table
 #
 # Knobs: SANITIZE=1, OPT=-O2, MALLOC=jemalloc|libc, V=1, CI=true (-Werror).
 

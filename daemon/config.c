@@ -204,6 +204,10 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
            sizeof cfg->socket_path - 1);
       return -1;
     }
+    if (strpbrk(value, "\"\n")) { /* a config file could not say it */
+      fail(err, errlen, "socket: a path may not hold '\"' or a newline");
+      return -1;
+    }
     strcpy(field, value);
     return 0;
   case OPT_MODE: {

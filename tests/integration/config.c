@@ -154,6 +154,9 @@ TEST(config_bad_lines_name_file_line_and_option) {
   ASSERT(strstr(out, "missing.conf: cannot read: No such file or directory") != NULL);
   ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --config %s --max-caches 0", it_build(), path), 2);
   ASSERT(strstr(out, "command line: max_caches: 0 out of bounds") != NULL);
+  /* A path --print-config could not write back is refused. */
+  ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --socket '/tmp/a\"b' --check-config", it_build()), 2);
+  ASSERT(strstr(out, "socket: a path may not hold") != NULL);
   ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --print-config --check-config", it_build()), 2);
   ASSERT(strstr(out, "cannot be combined") != NULL);
   rmdir_all(dir);
