@@ -403,19 +403,22 @@ static void describe(const option_t *o, char *buf, size_t len) {
            ranged ? ", " : "", o->reloadable ? "reloadable" : "needs a restart");
 }
 
-/* Writes text as comment lines of at most 78 columns. */
-static void print_comment(FILE *f, const char *text) {
-  const char *p = text;
+/* Writes text in lines of at most 78 columns, the first after `first`, the
+ * others after `rest` (prefixes of one width). */
+static void print_wrapped(FILE *f, const char *first, const char *rest, const char *text) {
+  const char *p = text, *prefix = first;
+  size_t width = 78 - strlen(first);
   while (*p) {
     size_t take = strlen(p);
-    if (take > 76) {
-      take = 76;
+    if (take > width) {
+      take = width;
       while (take > 0 && p[take] != ' ') take--;
       if (take == 0) take = strcspn(p, " ");
     }
-    fprintf(f, "# %.*s\n", (int)take, p);
+    fprintf(f, "%s%.*s\n", prefix, (int)take, p);
     p += take;
     while (*p == ' ') p++;
+    prefix = rest;
   }
 }
 
@@ -434,7 +437,7 @@ void config_print_example(FILE *f) {
     char d[128];
     describe(o, d, sizeof d);
     fputc('\n', f);
-    print_comment(f, o->help);
+    print_wrapped(f, "# ", "# ", o->help);
     fprintf(f, "# (%s)\n", d);
     print_line(f, "#", o->name, o->def);
   }
@@ -448,8 +451,10 @@ void config_print_options_help(FILE *f) {
     for (char *p = flag + 2; *p; p++)
       if (*p == '_') *p = '-';
     describe(o, d, sizeof d);
-    fprintf(f, "  %-22s %s\n  %-22s default %s; %s\n", flag, o->help, "",
-            o->def[0] ? o->def : "(empty)", d);
+    char first[80], more[512];
+    snprintf(first, sizeof first, "  %-22s ", flag);
+    snprintf(more, sizeof more, "%s. Default %s; %s.", o->help, o->def[0] ? o->def : "empty", d);
+    print_wrapped(f, first, "                         ", more);
   }
 }
 
