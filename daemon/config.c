@@ -1,4 +1,5 @@
-/* config.c: the option table of kvcached and the one way values enter it. */
+/* config.c: the option table of kvcached, and every way a value goes in
+ * (config_set) or out (--print-config, --help, the example file, a reload). */
 #include "config.h"
 
 #include <errno.h>
