@@ -7,6 +7,8 @@
 #   make test T=name    one test (a unit or integration test name) in both builds
 #   make check      the suite under sanitizers only, with the long model run
 #   make bench      benchmarks (never part of pass/fail)
+#   make fuzz       libFuzzer (clang) on each target for FUZZ_SECONDS (default 60)
+#   make fuzz-corpus    regenerate the checked-in seed corpus (tests/fuzz/corpus)
 #   make deps       install the Debian packages the build needs, if missing
 #   make install    binaries, library, headers, kvcache.pc, units, config, man pages
 #                   (PREFIX=/usr/local, DESTDIR=, SYSCONFDIR=/etc; see "install" below)
@@ -15,7 +17,14 @@
 #
 # Knobs: SANITIZE=1, OPT=-O2, MALLOC=jemalloc|libc, V=1, CI=true (-Werror).
 
-ifeq ($(SANITIZE),1)
+ifeq ($(FUZZ),1)
+  # libFuzzer build: every object instrumented, fuzz targets linked with its main.
+  B ?= build-fuzz
+  CC := clang
+  MALLOC ?= libc
+  OPT ?= -O1 -g -fno-omit-frame-pointer
+  SANFLAGS := -fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=all
+else ifeq ($(SANITIZE),1)
   B ?= build-asan
   MALLOC ?= libc
   OPT ?= -O1 -g -fno-omit-frame-pointer
@@ -69,6 +78,14 @@ IT_BIN := $(IT_SRC:tests/integration/%.c=$(B)/tests/it_%)
 BENCH_SRC := $(wildcard tests/bench/*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(B)/bench/%)
 TEST_MAIN_OBJ := $(B)/tests/test_main.o
+# Fuzz targets: each is a replay test in every build (tests/fuzz/replay.c,
+# any compiler) and a libFuzzer binary in the FUZZ=1 build.
+FUZZ_TARGETS := frame msg handler
+FUZZ_DAEMON_OBJ := $(filter-out $(B)/daemon/main.o $(B)/daemon/conn.o $(B)/daemon/listen.o,$(DAEMON_OBJ))
+FUZZ_COMMON_OBJ := $(B)/tests/fuzz/fake_conn.o $(FUZZ_DAEMON_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
+FUZZ_REPLAY_BIN := $(FUZZ_TARGETS:%=$(B)/tests/fuzz_%)
+FUZZ_BIN := $(FUZZ_TARGETS:%=$(B)/fuzz/%)
+FUZZ_SECONDS ?= 60
 
 HAVE_PROTO := $(wildcard proto/kvcache.proto)
 HAVE_DAEMON := $(DAEMON_SRC)
@@ -82,10 +99,13 @@ endif
 ifneq ($(HAVE_CLIENT),)
   ALL += $(B)/libkvcache.so $(B)/libkvcache.a $(B)/kvcachectl
 endif
+ifneq ($(HAVE_DAEMON),)
+  ALL += $(FUZZ_REPLAY_BIN)
+endif
 endif
 ALL += $(UNIT_BIN) $(IT_BIN)
 
-.PHONY: all run test check bench deps clean install uninstall
+.PHONY: all run test check bench deps clean install uninstall fuzz fuzz-build fuzz-corpus
 all: $(ALL)
 
 # ---- engine --------------------------------------------------------------
@@ -149,6 +169,27 @@ $(B)/tests/test_main.o: tests/test_main.c
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -c $< -o $@
 
+# ---- fuzzers ---------------------------------------------------------------
+$(B)/tests/fuzz/%.o: tests/fuzz/%.c | $(B)/gen/kvcache.pb-c.h
+	$(call say,CC,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) -Itests -Idaemon $(CFLAGS) -c $< -o $@
+$(B)/tests/fuzz/replay_%.o: tests/fuzz/replay.c
+	$(call say,CC,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) -Itests -DFUZZ_NAME=$* $(CFLAGS) -c $< -o $@
+$(B)/tests/fuzz_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/replay_%.o $(TEST_MAIN_OBJ) $(FUZZ_COMMON_OBJ)
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(MALLOC_LIBS) -lm
+$(B)/fuzz/%: $(B)/tests/fuzz/fuzz_%.o $(FUZZ_COMMON_OBJ)
+	$(call say,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(UV_LIBS) $(PB_LIBS) -lm
+$(B)/tools/gen_corpus: $(B)/tests/fuzz/gen_corpus.o $(FUZZ_COMMON_OBJ)
+	$(call say,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(MALLOC_LIBS) -lm
+
 # ---- benchmarks -------------------------------------------------------------
 $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkvcache.a)
 	$(call say,LD,$@)
@@ -186,8 +227,10 @@ bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; $$b || exit 1; done
 
-clean:
-	rm -rf build build-asan
+fuzz:
+	@$(MAKE) --no-print-directory deps EXTRA_PACKAGES="clang libclang-rt-14-dev"
+	@$(MAKE) --no-print-directory FUZZ=1 fuzz-build
+	@tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 # ---- install ------------------------------------------------------------------
 # The unit's ExecStart names $(BINDIR)/kvcached; kvcached reads
@@ -251,4 +294,16 @@ uninstall:
 systemd/kvcached.conf: $(B)/kvcached
 	$(B)/kvcached --example-config > $@
 
+fuzz-build: $(FUZZ_BIN)
+
+fuzz-corpus: deps
+	@$(MAKE) --no-print-directory $(B)/tools/gen_corpus
+	rm -rf tests/fuzz/corpus
+	$(B)/tools/gen_corpus tests/fuzz/corpus
+
+clean:
+	rm -rf build build-asan build-fuzz
+
+# Dependency files are made by the compiler, never by a rule.
+%.d: ;
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

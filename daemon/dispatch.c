@@ -10,6 +10,7 @@
 #include "kvcache/kvcache.h"
 #include "log.h"
 #include "ops.h"
+#include "testhook.h"
 
 /* Every KVC_E_* code is the wire status of the same name, negated. */
 #define STATUS_CHECK_(name, code, msg)                                         \
@@ -473,7 +474,9 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
   reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1};
   int op;
+  testhook_before(srv->eng);
   int rc = run(c, req, &r, &op);
+  testhook_after(srv->eng);
   resp.id = req->id;
   resp.status = dispatch_status(rc);
   resp.error = rc ? r.err : (char *)"";

@@ -13,7 +13,7 @@ export KVC_SRCDIR="${KVC_SRCDIR:-$(pwd)}"
 pass=0; fail=0; skip=0; failed_names=""
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 for dir in "$@"; do
-  for bin in "$dir"/tests/unit_* "$dir"/tests/it_*; do
+  for bin in "$dir"/tests/unit_* "$dir"/tests/it_* "$dir"/tests/fuzz_*; do
     [ -x "$bin" ] || continue
     if [ -n "$only" ]; then
       "$bin" --list | grep -qx "$only" || continue

@@ -1,0 +1,40 @@
+/* testhook.c: the environment-driven audit and allocation-failure hooks. */
+#include "testhook.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "log.h"
+
+static struct {
+  bool read;       /* the environment was read */
+  bool audit;      /* KVCACHED_TEST_AUDIT */
+  uint64_t period; /* KVCACHED_TEST_FAILALLOC, 0: off */
+  uint64_t nreq;   /* requests seen */
+} hook;
+
+static void read_env(void) {
+  const char *a = getenv("KVCACHED_TEST_AUDIT");
+  const char *f = getenv("KVCACHED_TEST_FAILALLOC");
+  hook.audit = a && *a && *a != '0';
+  hook.period = f ? strtoull(f, NULL, 10) : 0;
+  hook.read = true;
+  if (hook.audit || hook.period)
+    LOG_WARN("testhook", "audit=%d failalloc_period=%llu (test build behaviour)",
+             hook.audit, (unsigned long long)hook.period);
+}
+
+void testhook_before(engine_t *eng) {
+  if (!hook.read) read_env();
+  if (hook.period) engine_fail_alloc_after(eng, (int64_t)(hook.nreq++ % hook.period));
+}
+
+void testhook_after(engine_t *eng) {
+  if (hook.period) engine_fail_alloc_after(eng, -1);
+  if (!hook.audit) return;
+  char why[256];
+  if (engine_audit(eng, why, sizeof why) != 0) {
+    LOG_ERROR("audit_failed", "why=\"%s\"", why);
+    abort();
+  }
+}

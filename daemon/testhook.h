@@ -1,0 +1,25 @@
+/* testhook.h: test-only checks around each request, switched on by the
+ * environment and off (one branch per request) otherwise.
+ *
+ *   KVCACHED_TEST_AUDIT=1       run engine_audit after every request; a
+ *                               violation is logged (event=audit_failed) and
+ *                               the daemon aborts, so the test sees it.
+ *   KVCACHED_TEST_FAILALLOC=N   request i fails its (i mod N)-th engine heap
+ *                               allocation (engine_fail_alloc_after), to show
+ *                               that exhaustion is an error reply, never a
+ *                               crash or a leak.
+ *
+ * The integration harness sets KVCACHED_TEST_AUDIT; the fuzzers call the
+ * engine hooks directly and leave these unset.
+ */
+#ifndef KVCD_TESTHOOK_H
+#define KVCD_TESTHOOK_H
+
+#include "engine.h"
+
+/* Before the handler of a request runs. */
+void testhook_before(engine_t *eng);
+/* After it ran (the engine is idle again). */
+void testhook_after(engine_t *eng);
+
+#endif

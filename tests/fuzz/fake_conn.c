@@ -1,0 +1,204 @@
+/* fake_conn.c: daemon/conn.c's interface for dispatch.c, without sockets:
+ * replies are checked and dropped, closes release pins and buffers. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fuzz_daemon.h"
+#include "kvcache/errors.h"
+#include "log.h"
+
+#define FZ_FAIL(...)                                                           \
+  do {                                                                         \
+    fprintf(stderr, "fuzz invariant: " __VA_ARGS__);                           \
+    fputc('\n', stderr);                                                       \
+    abort();                                                                   \
+  } while (0)
+
+typedef struct fz_conn {
+  conn_t c;      /* first: a conn_t * is a fz_conn_t * */
+  fz_seen_t seen;
+} fz_conn_t;
+
+static uint8_t *pool_mem;
+static uv_loop_t fake_loop; /* uv_now reads its time field only */
+
+void fz_server_init(server_t *srv, uint64_t npages, uint64_t page_bytes) {
+  memset(srv, 0, sizeof *srv);
+  config_defaults(&srv->cfg);
+  srv->cfg.max_frame_bytes = FZ_MAX_FRAME;
+  srv->cfg.shm_default_bytes = srv->cfg.shm_max_bytes = 1u << 20;
+  srv->cfg.max_decode_bytes = 256u << 10;
+  srv->cfg.max_caches = 4;
+  srv->cfg.max_seqs = 64;
+  srv->cfg.page_bytes = page_bytes;
+  srv->cfg.pool_bytes = npages * page_bytes;
+  log_level = -1; /* quiet */
+  srv->loop = &fake_loop;
+  srv->next_conn_id = 1;
+  srv->pool.fd = -1;
+  arena_init(&srv->arena);
+  stats_init(&srv->stats, 0);
+  pool_mem = aligned_alloc(64, srv->cfg.pool_bytes);
+  if (!pool_mem) FZ_FAIL("pool");
+  memset(pool_mem, 0xa5, srv->cfg.pool_bytes);
+  engine_config_t ec = {.base = pool_mem,
+                        .pool_bytes = srv->cfg.pool_bytes,
+                        .page_bytes = page_bytes,
+                        .max_caches = srv->cfg.max_caches,
+                        .max_seqs = srv->cfg.max_seqs};
+  if (engine_new(&ec, &srv->eng) != 0) FZ_FAIL("engine_new");
+}
+
+void fz_server_deinit(server_t *srv) {
+  if (srv->stats.shm_bytes != 0 || srv->stats.connections_current != 0)
+    FZ_FAIL("shm_bytes %llu connections %llu left after every close",
+            (unsigned long long)srv->stats.shm_bytes,
+            (unsigned long long)srv->stats.connections_current);
+  engine_free(srv->eng);
+  srv->eng = NULL;
+  free(pool_mem);
+  pool_mem = NULL;
+  arena_deinit(&srv->arena);
+}
+
+void fz_audit(server_t *srv, const char *where) {
+  char why[256];
+  if (engine_audit(srv->eng, why, sizeof why) != 0) FZ_FAIL("audit after %s: %s", where, why);
+}
+
+int fz_count_memfds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  if (!d) return -1;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    char path[300], target[256];
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t len = readlink(path, target, sizeof target - 1);
+    if (len <= 0) continue;
+    target[len] = '\0';
+    n += strncmp(target, "/memfd:kvcached", 15) == 0;
+  }
+  closedir(d);
+  return n;
+}
+
+conn_t *fz_conn_open(server_t *srv) {
+  fz_conn_t *f = calloc(1, sizeof *f);
+  if (!f) FZ_FAIL("calloc");
+  conn_t *c = &f->c;
+  c->srv = srv;
+  c->shm.fd = -1;
+  c->id = srv->next_conn_id++;
+  c->max_frame = (uint32_t)srv->cfg.max_frame_bytes;
+  c->rcap = 2u * (FRAME_HEADER_BYTES + c->max_frame);
+  c->rbuf = malloc(c->rcap);
+  if (!c->rbuf) FZ_FAIL("malloc");
+  c->counted = true;
+  srv->stats.connections_current++;
+  return c;
+}
+
+fz_seen_t *fz_seen(conn_t *c) { return &((fz_conn_t *)c)->seen; }
+
+uint8_t *fz_pool(void) { return pool_mem; }
+
+void fz_conn_free(conn_t *c) {
+  if (!c) return;
+  conn_close(c, "fuzz: freed");
+  free(c->rbuf);
+  free(c);
+}
+
+void fz_conn_feed(conn_t *c, const uint8_t *p, size_t n) {
+  if (c->closing) return;
+  if (n > c->rcap - c->rlen) n = c->rcap - c->rlen;
+  memcpy(c->rbuf + c->rlen, p, n);
+  c->rlen += n;
+  size_t off = 0;
+  while (!c->closing) {
+    uint32_t plen = 0;
+    int st = frame_parse(c->rbuf + off, c->rlen - off, c->max_frame, &plen);
+    if (st == FRAME_TOO_BIG) {
+      conn_close(c, "frame larger than max_frame_bytes");
+      return;
+    }
+    if (st == FRAME_NEED_MORE) break;
+    if (plen > c->max_frame || off + FRAME_HEADER_BYTES + plen > c->rlen)
+      FZ_FAIL("frame_parse: %u-byte frame at %zu of %zu", plen, off, c->rlen);
+    dispatch_frame(c, c->rbuf + off + FRAME_HEADER_BYTES, plen);
+    fz_audit(c->srv, "a frame");
+    off += FRAME_HEADER_BYTES + plen;
+  }
+  if (c->closing) return;
+  memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+  c->rlen -= off;
+}
+
+void fz_conn_frame(conn_t *c, const uint8_t *payload, size_t n) {
+  uint8_t hdr[FRAME_HEADER_BYTES];
+  frame_put_header(hdr, (uint32_t)n);
+  if (c->closing || c->rcap - c->rlen < FRAME_HEADER_BYTES + n) return;
+  memcpy(c->rbuf + c->rlen, hdr, sizeof hdr);
+  c->rlen += sizeof hdr;
+  fz_conn_feed(c, payload, n);
+}
+
+/* ---- the interface of daemon/conn.h ----------------------------------------- */
+
+int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
+  if (c->closed) return KVC_E_IO;
+  size_t n = kvcache__v1__response__get_packed_size(resp);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) FZ_FAIL("malloc");
+  if (kvcache__v1__response__pack(resp, buf) != n) FZ_FAIL("pack size");
+  Kvcache__V1__Response *back = kvcache__v1__response__unpack(NULL, n, buf);
+  if (!back) FZ_FAIL("a reply of %zu bytes does not decode", n);
+  if (back->id != resp->id || back->status != resp->status) FZ_FAIL("reply round trip");
+  if ((int)resp->status < 0 || resp->status > KVCACHE__V1__STATUS__INTERNAL)
+    FZ_FAIL("status %d", (int)resp->status);
+  if (resp->status != KVCACHE__V1__STATUS__OK && (!resp->error || !resp->error[0]))
+    FZ_FAIL("status %d without a message", (int)resp->status);
+  if (resp->status == KVCACHE__V1__STATUS__INTERNAL)
+    FZ_FAIL("INTERNAL: %s", resp->error);
+  kvcache__v1__response__free_unpacked(back, NULL);
+  free(buf);
+  static int trace = -1;
+  if (trace < 0) trace = getenv("KVC_FUZZ_TRACE") != NULL;
+  if (trace)
+    fprintf(stderr, "conn %llu reply id=%llu status=%s %s\n", (unsigned long long)c->id,
+            (unsigned long long)resp->id, kvc_err_name(-(int)resp->status),
+            resp->error ? resp->error : "");
+  fz_seen_t *s = fz_seen(c);
+  s->replies++;
+  s->last_id = resp->id;
+  s->last_status = (int)resp->status;
+  c->srv->stats.socket_bytes_out += n + FRAME_HEADER_BYTES;
+  return 0;
+}
+
+int conn_send_fd(conn_t *c, const Kvcache__V1__Response *resp, int fd) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  int want = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (seals < 0 || (seals & want) != want) FZ_FAIL("buffer fd %d seals %d", fd, seals);
+  fz_seen(c)->fds++;
+  return conn_send(c, resp);
+}
+
+void conn_close(conn_t *c, const char *reason) {
+  (void)reason;
+  if (c->closed) return;
+  server_t *srv = c->srv;
+  c->closing = c->closed = true;
+  if (c->greeted) engine_unpin_all(srv->eng, c->id);
+  if (c->shm.base) srv->stats.shm_bytes -= c->shm.bytes;
+  shm_close(&c->shm);
+  if (c->counted) srv->stats.connections_current--;
+  c->counted = false;
+}
+
+void conn_close_after_flush(conn_t *c, const char *reason) { conn_close(c, reason); }

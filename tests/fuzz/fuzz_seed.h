@@ -1,0 +1,130 @@
+/* fuzz_seed.h: valid requests for the fuzzers' seeds, packed as payloads.
+ *
+ * The seed layout is cache "f": f32, 2 layers, 2 kv heads, head dims 4,
+ * 4-token pages: a token is 64 bytes of K and 64 of V over every layer, a
+ * cache page is 1 KiB. Data lives at offset 0 (K) and 64 KiB (V) of the
+ * shared buffer. Used by gen_corpus.c and by fuzz_msg.c's fixed state.
+ */
+#ifndef KVC_FUZZ_SEED_H
+#define KVC_FUZZ_SEED_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kvcache.pb-c.h"
+
+#define SEED_UNUSED __attribute__((unused))
+#define SEED_TOKEN_BYTES 64u
+#define SEED_V_OFF 65536u
+
+typedef Kvcache__V1__Request seed_req_t;
+
+/* Packs req with id into out (at least FZ_MAX_FRAME bytes); returns length. */
+SEED_UNUSED static size_t seed_pack(seed_req_t *req, uint64_t id, uint8_t *out) {
+  req->id = id;
+  return kvcache__v1__request__pack(req, out);
+}
+
+SEED_UNUSED static size_t seed_hello(uint8_t *out, uint64_t id) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Hello h = KVCACHE__V1__HELLO__INIT;
+  h.protocol_version = 1;
+  h.shm_bytes = 1u << 20;
+  h.client_name = (char *)"fuzz";
+  r.body_case = KVCACHE__V1__REQUEST__BODY_HELLO;
+  r.hello = &h;
+  return seed_pack(&r, id, out);
+}
+
+SEED_UNUSED static size_t seed_ping(uint8_t *out, uint64_t id) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Ping p = KVCACHE__V1__PING__INIT;
+  r.body_case = KVCACHE__V1__REQUEST__BODY_PING;
+  r.ping = &p;
+  return seed_pack(&r, id, out);
+}
+
+SEED_UNUSED static size_t seed_cache_open(uint8_t *out, uint64_t id, const char *name,
+                                          uint32_t dtype) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__CacheOpen o = KVCACHE__V1__CACHE_OPEN__INIT;
+  Kvcache__V1__Layout l = KVCACHE__V1__LAYOUT__INIT;
+  l.num_layers = 2, l.num_kv_heads = 2, l.head_dim_k = 4, l.head_dim_v = 4;
+  l.dtype = (Kvcache__V1__DType)dtype, l.page_tokens = 4;
+  o.name = (char *)name;
+  o.layout = &l;
+  r.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_OPEN;
+  r.cache_open = &o;
+  return seed_pack(&r, id, out);
+}
+
+/* A put (is_put) or get of n entries of (seq + i, pos, ntokens) in the f32 seed layout;
+ * bytes_per_token is the K (and V) size of one token in the xfer's dtype. */
+SEED_UNUSED static size_t seed_io(uint8_t *out, uint64_t id, int is_put, uint32_t cache,
+                                  uint64_t seq, uint64_t pos, uint64_t ntokens, size_t n,
+                                  uint64_t bytes_per_token, const Kvcache__V1__Xfer *x) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
+  Kvcache__V1__IoEntry e[8], *pe[8];
+  if (n > 8) n = 8;
+  for (size_t i = 0; i < n; i++) {
+    kvcache__v1__io_entry__init(&e[i]);
+    e[i].seq_id = seq + i;
+    e[i].pos = pos;
+    e[i].ntokens = ntokens;
+    e[i].k_off = i * ntokens * bytes_per_token;
+    e[i].k_len = ntokens * bytes_per_token;
+    e[i].v_off = SEED_V_OFF + i * ntokens * bytes_per_token;
+    e[i].v_len = ntokens * bytes_per_token;
+    pe[i] = &e[i];
+  }
+  io.cache_id = cache;
+  io.xfer = (Kvcache__V1__Xfer *)x;
+  io.n_entries = n;
+  io.entries = pe;
+  r.body_case = is_put ? KVCACHE__V1__REQUEST__BODY_PUT : KVCACHE__V1__REQUEST__BODY_GET;
+  if (is_put) r.put = &io;
+  else r.get = &io;
+  return seed_pack(&r, id, out);
+}
+
+/* Requests naming (cache, seq) and one or two numbers. */
+enum seed_seqop { SEED_REMOVE, SEED_COPY, SEED_RESUME, SEED_TRIM, SEED_PIN, SEED_UNPIN,
+                  SEED_INFO, SEED_LIST, SEED_CLEAR, SEED_DROP, SEED_CLIST, SEED_STATS };
+
+SEED_UNUSED static size_t seed_seqop(uint8_t *out, uint64_t id, enum seed_seqop op,
+                                     uint32_t cache, uint64_t seq, uint64_t a, uint64_t b) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Remove rm = KVCACHE__V1__REMOVE__INIT;
+  Kvcache__V1__CopyPrefix cp = KVCACHE__V1__COPY_PREFIX__INIT;
+  Kvcache__V1__SeqPos sp = KVCACHE__V1__SEQ_POS__INIT;
+  Kvcache__V1__SeqRef sr = KVCACHE__V1__SEQ_REF__INIT;
+  Kvcache__V1__SeqList sl = KVCACHE__V1__SEQ_LIST__INIT;
+  Kvcache__V1__CacheRef cr = KVCACHE__V1__CACHE_REF__INIT;
+  Kvcache__V1__Empty cl = KVCACHE__V1__EMPTY__INIT;
+  Kvcache__V1__StatsRequest st = KVCACHE__V1__STATS_REQUEST__INIT;
+  rm.cache_id = cp.cache_id = sp.cache_id = sr.cache_id = sl.cache_id = cr.cache_id = cache;
+  rm.seq_id = sp.seq_id = sr.seq_id = seq;
+  switch (op) {
+  case SEED_REMOVE: rm.begin = a, rm.end = b;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_REMOVE, r.remove = &rm; break;
+  case SEED_COPY: cp.src = seq, cp.dst = a, cp.ntokens = b;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_COPY_PREFIX, r.copy_prefix = &cp; break;
+  case SEED_RESUME: sp.pos = a;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_CAN_RESUME, r.can_resume = &sp; break;
+  case SEED_TRIM: sp.pos = a;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_TRIM_FRONT, r.trim_front = &sp; break;
+  case SEED_PIN: r.body_case = KVCACHE__V1__REQUEST__BODY_PIN, r.pin = &sr; break;
+  case SEED_UNPIN: r.body_case = KVCACHE__V1__REQUEST__BODY_UNPIN, r.unpin = &sr; break;
+  case SEED_INFO: r.body_case = KVCACHE__V1__REQUEST__BODY_SEQ_INFO, r.seq_info = &sr; break;
+  case SEED_LIST: sl.cursor = a, sl.max = (uint32_t)b;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_SEQ_LIST, r.seq_list = &sl; break;
+  case SEED_CLEAR: r.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_CLEAR, r.cache_clear = &cr; break;
+  case SEED_DROP: r.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_DROP, r.cache_drop = &cr; break;
+  case SEED_CLIST: r.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_LIST, r.cache_list = &cl; break;
+  case SEED_STATS: r.body_case = KVCACHE__V1__REQUEST__BODY_STATS, r.stats = &st; break;
+  }
+  return seed_pack(&r, id, out);
+}
+
+#endif

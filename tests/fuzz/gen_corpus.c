@@ -1,0 +1,214 @@
+/* gen_corpus.c: writes the fuzzers' seed corpus from valid requests.
+ *
+ *   gen_corpus DIR    writes the files of DIR/frame, DIR/msg and DIR/handler
+ *
+ * msg seeds are single payloads for fuzz_msg's fixed state (cache 0, seqs 1
+ * and 2); handler seeds are scenarios of several connections in
+ * fuzz_handler's record format; frame seeds are framed streams.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "fuzz_daemon.h"
+#include "fuzz_seed.h"
+
+static const char *root;
+static uint8_t buf[FZ_MAX_FRAME];
+
+static void write_file(const char *target, const char *name, const uint8_t *p, size_t n) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", root, target);
+  if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+    perror(path);
+    exit(1);
+  }
+  snprintf(path, sizeof path, "%s/%s/%s", root, target, name);
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(p, 1, n, f) != n || fclose(f) != 0) {
+    perror(path);
+    exit(1);
+  }
+}
+
+/* ---- handler scenarios: records [ctl][len lo][len hi][bytes] ---------------- */
+
+static uint8_t scen[1 << 16];
+static size_t scen_len;
+
+static void rec(unsigned conn, unsigned op, const uint8_t *p, size_t n) {
+  scen[scen_len++] = (uint8_t)(op << 2 | conn);
+  scen[scen_len++] = (uint8_t)n;
+  scen[scen_len++] = (uint8_t)(n >> 8);
+  memcpy(scen + scen_len, p, n);
+  scen_len += n;
+}
+static void frame(unsigned conn, size_t n) { rec(conn, 0, buf, n); }
+static void hello(unsigned conn) { rec(conn, 6, NULL, 0); }
+static void disconnect(unsigned conn) { rec(conn, 4, NULL, 0); }
+static void fail_alloc(unsigned k) {
+  uint8_t b = (uint8_t)k;
+  rec(0, 5, &b, 1);
+}
+static void scenario(const char *name) {
+  write_file("handler", name, scen, scen_len);
+  scen_len = 0;
+}
+
+static void handler_seeds(void) {
+  const uint32_t F32 = KVCACHE__V1__DTYPE__F32;
+  /* put, get, copy_prefix, COW on both sides, remove. */
+  hello(0);
+  frame(0, seed_cache_open(buf, 1, "f", F32));
+  frame(0, seed_io(buf, 2, 1, 0, 1, 0, 6, 1, SEED_TOKEN_BYTES, NULL));
+  frame(0, seed_seqop(buf, 3, SEED_COPY, 0, 1, 2, 5));
+  frame(0, seed_io(buf, 4, 1, 0, 2, 5, 2, 1, SEED_TOKEN_BYTES, NULL));
+  frame(0, seed_io(buf, 5, 1, 0, 1, 6, 3, 1, SEED_TOKEN_BYTES, NULL));
+  frame(0, seed_io(buf, 6, 0, 0, 1, 0, 9, 1, SEED_TOKEN_BYTES, NULL));
+  frame(0, seed_io(buf, 7, 0, 0, 2, 0, 7, 1, SEED_TOKEN_BYTES, NULL));
+  frame(0, seed_seqop(buf, 8, SEED_REMOVE, 0, 1, 4, 100));
+  frame(0, seed_seqop(buf, 9, SEED_INFO, 0, 2, 0, 0));
+  scenario("cow_both_sides");
+
+  /* Two connections share a cache; one pins and disconnects. */
+  hello(0);
+  hello(1);
+  frame(0, seed_cache_open(buf, 1, "f", F32));
+  frame(1, seed_cache_open(buf, 1, "f", F32));
+  frame(0, seed_io(buf, 2, 1, 0, 10, 0, 8, 4, SEED_TOKEN_BYTES, NULL));
+  frame(0, seed_seqop(buf, 3, SEED_PIN, 0, 10, 0, 0));
+  frame(1, seed_seqop(buf, 2, SEED_PIN, 0, 11, 0, 0));
+  frame(1, seed_seqop(buf, 3, SEED_COPY, 0, 10, 20, 8));
+  disconnect(0);
+  frame(1, seed_io(buf, 4, 0, 0, 20, 0, 8, 1, SEED_TOKEN_BYTES, NULL));
+  frame(1, seed_seqop(buf, 5, SEED_UNPIN, 0, 11, 0, 0));
+  frame(1, seed_seqop(buf, 6, SEED_LIST, 0, 0, 0, 3));
+  frame(1, seed_seqop(buf, 7, SEED_STATS, 0, 0, 0, 0));
+  scenario("two_conns_pin_disconnect");
+
+  /* Fill the 24-page pool: eviction, then FULL with everything pinned. */
+  hello(0);
+  hello(2);
+  frame(0, seed_cache_open(buf, 1, "f", F32));
+  for (unsigned i = 0; i < 6; i++) /* 24 sequences of one page: the pool */
+    frame(0, seed_io(buf, 2 + i, 1, 0, 100 + i * 4, 0, 4, 4, SEED_TOKEN_BYTES, NULL));
+  for (unsigned i = 0; i < 4; i++) frame(2, seed_seqop(buf, 20 + i, SEED_PIN, 0, 100 + i, 0, 0));
+  /* 24 pages needed, 20 reclaimable: FULL; after the pins go, it fits. */
+  frame(0, seed_io(buf, 30, 1, 0, 500, 0, 12, 8, SEED_TOKEN_BYTES, NULL));
+  disconnect(2);
+  frame(0, seed_io(buf, 31, 1, 0, 500, 0, 12, 8, SEED_TOKEN_BYTES, NULL));
+  frame(0, seed_io(buf, 32, 0, 0, 500, 0, 12, 8, SEED_TOKEN_BYTES, NULL));
+  scenario("evict_and_full");
+
+  /* int8 and f16 caches, layer and head ranges, raw reads. */
+  hello(1);
+  frame(1, seed_cache_open(buf, 1, "q", KVCACHE__V1__DTYPE__INT8));
+  frame(1, seed_cache_open(buf, 2, "h", KVCACHE__V1__DTYPE__F16));
+  frame(1, seed_io(buf, 3, 1, 0, 1, 0, 4, 2, SEED_TOKEN_BYTES, NULL));
+  Kvcache__V1__Xfer raw = KVCACHE__V1__XFER__INIT;
+  raw.dtype = KVCACHE__V1__DTYPE__INT8;
+  raw.layer_begin = 1, raw.layer_end = 2, raw.head_begin = 0, raw.head_end = 1;
+  frame(1, seed_io(buf, 4, 0, 0, 1, 0, 4, 1, 4, &raw));
+  frame(1, seed_io(buf, 5, 1, 1, 1, 0, 4, 1, SEED_TOKEN_BYTES / 2, NULL));
+  Kvcache__V1__Xfer l1 = KVCACHE__V1__XFER__INIT;
+  l1.layer_begin = 1, l1.layer_end = 2;
+  frame(1, seed_io(buf, 6, 1, 1, 1, 4, 2, 1, SEED_TOKEN_BYTES / 4, &l1));
+  frame(1, seed_seqop(buf, 7, SEED_TRIM, 1, 1, 4, 0));
+  frame(1, seed_seqop(buf, 8, SEED_RESUME, 1, 1, 4, 0));
+  frame(1, seed_seqop(buf, 9, SEED_CLIST, 0, 0, 0, 0));
+  frame(1, seed_seqop(buf, 10, SEED_CLEAR, 0, 0, 0, 0));
+  frame(1, seed_seqop(buf, 11, SEED_DROP, 1, 0, 0, 0));
+  scenario("dtypes_ranges_drop");
+
+  /* Allocation failures in the middle of a put, a copy and an open. */
+  hello(3);
+  for (unsigned k = 0; k < 4; k++) {
+    fail_alloc(k);
+    rec(3, 0, buf, seed_cache_open(buf, 1, "f", F32));
+    fail_alloc(k);
+    rec(3, 0, buf, seed_io(buf, 2, 1, 0, 1 + k, 0, 5, 3, SEED_TOKEN_BYTES, NULL));
+    fail_alloc(k);
+    rec(3, 0, buf, seed_seqop(buf, 3, SEED_COPY, 0, 1, 40 + k, 5));
+  }
+  scenario("alloc_failures");
+
+  /* A frame split into single bytes, then a bad header. */
+  hello(0);
+  size_t n = seed_ping(buf + 4, 9);
+  frame_put_header(buf, (uint32_t)n);
+  for (size_t i = 0; i < n + 4; i++) rec(0, 3, buf + i, 1);
+  uint8_t bad[4] = {0xff, 0xff, 0xff, 0xff};
+  rec(0, 3, bad, 4);
+  scenario("split_bytes_bad_header");
+}
+
+/* ---- msg seeds: one payload each, for fuzz_msg's fixed state ------------------ */
+
+static void msg_seeds(void) {
+#define M(nm, expr) write_file("msg", nm, buf, (expr))
+  M("ping", seed_ping(buf, 7));
+  M("hello_again", seed_hello(buf, 7));
+  M("cache_open", seed_cache_open(buf, 7, "g", KVCACHE__V1__DTYPE__BF16));
+  M("put_append", seed_io(buf, 7, 1, 0, 1, 8, 2, 1, SEED_TOKEN_BYTES, NULL));
+  M("put_batch", seed_io(buf, 7, 1, 0, 3, 0, 5, 4, SEED_TOKEN_BYTES, NULL));
+  M("get", seed_io(buf, 7, 0, 0, 1, 2, 6, 1, SEED_TOKEN_BYTES, NULL));
+  M("get_batch", seed_io(buf, 7, 0, 0, 1, 0, 3, 2, SEED_TOKEN_BYTES, NULL));
+  M("remove_tail", seed_seqop(buf, 7, SEED_REMOVE, 0, 1, 5, 8));
+  M("remove_all", seed_seqop(buf, 7, SEED_REMOVE, 0, 1, 0, 8));
+  M("copy_prefix", seed_seqop(buf, 7, SEED_COPY, 0, 1, 9, 6));
+  M("can_resume", seed_seqop(buf, 7, SEED_RESUME, 0, 1, 8, 0));
+  M("trim_front", seed_seqop(buf, 7, SEED_TRIM, 0, 1, 4, 0));
+  M("pin", seed_seqop(buf, 7, SEED_PIN, 0, 1, 0, 0));
+  M("unpin", seed_seqop(buf, 7, SEED_UNPIN, 0, 2, 0, 0));
+  M("seq_info", seed_seqop(buf, 7, SEED_INFO, 0, 1, 0, 0));
+  M("seq_list", seed_seqop(buf, 7, SEED_LIST, 0, 0, 0, 1));
+  M("cache_list", seed_seqop(buf, 7, SEED_CLIST, 0, 0, 0, 0));
+  M("cache_clear", seed_seqop(buf, 7, SEED_CLEAR, 0, 0, 0, 0));
+  M("cache_drop", seed_seqop(buf, 7, SEED_DROP, 0, 0, 0, 0));
+  M("stats", seed_seqop(buf, 7, SEED_STATS, 0, 0, 0, 0));
+  M("put_near_max", seed_io(buf, 7, 1, 0, 1, UINT64_MAX - 1, 2, 1, SEED_TOKEN_BYTES, NULL));
+  M("get_huge", seed_io(buf, 7, 0, 0, 1, 0, UINT64_MAX / 64, 1, SEED_TOKEN_BYTES, NULL));
+  M("empty", 0);
+#undef M
+}
+
+/* ---- frame seeds: [max_payload u32][stream] ---------------------------------- */
+
+static void frame_seeds(void) {
+  uint8_t s[256];
+  uint32_t max = 64;
+  memcpy(s, &max, 4);
+  size_t n = 4;
+  for (int i = 0; i < 3; i++) {
+    size_t p = seed_ping(s + n + 4, (uint64_t)i + 1);
+    frame_put_header(s + n, (uint32_t)p);
+    n += 4 + p;
+  }
+  write_file("frame", "three_pings", s, n);
+  write_file("frame", "partial_header", s, 6);
+  frame_put_header(s + 4, 65);
+  write_file("frame", "too_big", s, 12);
+  frame_put_header(s + 4, 0);
+  write_file("frame", "empty_frame", s, 8);
+  frame_put_header(s + 4, 64);
+  memset(s + 8, 0, 64);
+  write_file("frame", "exact_max", s, 72);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    return 2;
+  }
+  root = argv[1];
+  if (mkdir(root, 0755) != 0 && errno != EEXIST) {
+    perror(root);
+    return 1;
+  }
+  handler_seeds();
+  msg_seeds();
+  frame_seeds();
+  return 0;
+}
