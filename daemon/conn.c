@@ -57,6 +57,7 @@ void conn_close(conn_t *c, const char *reason) {
   shm_close(&c->shm);
   uv_close((uv_handle_t *)&c->pipe, on_handle_closed);
   uv_close((uv_handle_t *)&c->idle, on_handle_closed);
+  uv_close((uv_handle_t *)&c->deadline, on_handle_closed);
 }
 
 static void on_shutdown(uv_shutdown_t *req, int status) {
@@ -70,7 +71,8 @@ void conn_close_after_flush(conn_t *c, const char *reason) {
   LOG_DEBUG("closing", "conn=%llu reason=\"%s\"", (unsigned long long)c->id, reason);
   if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
   if (c->idling) uv_idle_stop(&c->idle);
-  c->reading = c->idling = false;
+  uv_timer_stop(&c->deadline);
+  c->reading = c->idling = c->deadline_armed = false;
   c->shutdown_req.data = c;
   if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->pipe, on_shutdown) != 0)
     conn_close(c, reason);
@@ -197,6 +199,9 @@ static void run_frames(conn_t *c, unsigned limit) {
   if (off) {
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
     c->rlen -= off;
+    /* The next frame's deadline counts from now, not from its predecessor. */
+    uv_timer_stop(&c->deadline);
+    c->deadline_armed = false;
   }
   schedule(c);
 }
@@ -271,6 +276,17 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   run_frames(c, c->srv->cfg.frames_per_turn);
 }
 
+static void on_deadline(uv_timer_t *t) {
+  conn_t *c = t->data;
+  c->deadline_armed = false;
+  LOG_WARN("frame_timeout", "conn=%llu pid=%d greeted=%d bytes_buffered=%zu frame_timeout_ms=%u",
+           (unsigned long long)c->id, (int)c->pid, c->greeted, c->rlen,
+           c->srv->cfg.frame_timeout_ms);
+  c->srv->stats.connections_timed_out++;
+  conn_close(c, c->greeted ? "frame not complete within frame_timeout_ms"
+                           : "no Hello within frame_timeout_ms");
+}
+
 /* Decides between reading, running buffered frames and waiting for writes. */
 static void schedule(conn_t *c) {
   if (c->closing) return;
@@ -298,6 +314,15 @@ static void schedule(conn_t *c) {
     if (want_idle) uv_idle_start(&c->idle, on_idle);
     else uv_idle_stop(&c->idle);
     c->idling = want_idle;
+  }
+  /* Waiting for the rest of a frame the client started (or for its Hello):
+   * that wait is bounded. Not while we are the ones not reading. */
+  bool want_deadline = srv->cfg.frame_timeout_ms && want_read &&
+                       (!c->greeted || c->rlen > 0);
+  if (want_deadline != c->deadline_armed) {
+    if (want_deadline) uv_timer_start(&c->deadline, on_deadline, srv->cfg.frame_timeout_ms, 0);
+    else uv_timer_stop(&c->deadline);
+    c->deadline_armed = want_deadline;
   }
 }
 
@@ -358,8 +383,9 @@ void conn_accept(server_t *srv) {
   }
   uv_pipe_init(srv->loop, &c->pipe, 0);
   uv_idle_init(srv->loop, &c->idle);
-  c->pipe.data = c->idle.data = c;
-  c->open_handles = 2;
+  uv_timer_init(srv->loop, &c->deadline);
+  c->pipe.data = c->idle.data = c->deadline.data = c;
+  c->open_handles = 3;
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;

@@ -5,6 +5,8 @@
  * runs at most frames_per_turn complete frames per loop turn (the rest wait
  * for a uv_idle callback, so one busy client cannot starve the others) and
  * stops reading while more than write_queue_bytes of replies are pending.
+ * A frame that has started must be complete within frame_timeout_ms, and the
+ * Hello must arrive within it after accept (slowloris clients are closed).
  * However it closes, its pins are released at once and its buffer unmapped.
  *
  *   accept -> [peer check] -> NEW --Hello--> READY --EOF/error/bad frame--> closing -> freed
@@ -26,6 +28,8 @@ struct conn {
   server_t *srv;
   uv_pipe_t pipe;
   uv_idle_t idle;            /* runs buffered frames on the next turns */
+  uv_timer_t deadline;       /* frame_timeout_ms: a started frame (or the
+                                Hello) must arrive whole before it fires */
   uv_shutdown_t shutdown_req;
   conn_t *prev, *next;       /* srv->conns */
   uint64_t id;               /* conn_id: pin owner, unique, never 0 */
@@ -40,6 +44,7 @@ struct conn {
   bool counted;              /* counted in connections_current */
   bool greeted;              /* Hello accepted */
   bool reading, idling;      /* uv_read_start / uv_idle_start in effect */
+  bool deadline_armed;       /* the deadline timer runs */
   bool paused;               /* over write_queue_bytes: not reading or running */
   bool eof;                  /* the peer closed its side; never read again */
   bool closing;              /* no more requests run; closing or flushing */
