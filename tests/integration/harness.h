@@ -6,7 +6,8 @@
  * and waits until the socket accepts. The daemon dies with the test process
  * (PR_SET_PDEATHSIG), so a failing test leaves nothing running.
  * daemon_stop() sends SIGTERM, expects exit status 0 and a log free of
- * sanitizer reports.
+ * sanitizer reports. The daemon runs with KVCACHED_TEST_AUDIT=1: it audits
+ * the engine after every request and aborts on a violation.
  */
 #ifndef KVC_IT_HARNESS_H
 #define KVC_IT_HARNESS_H
@@ -98,6 +99,7 @@ IT_UNUSED static void daemon_spawn(daemon_t *d, const char *bin, const char *con
   ASSERT(pid >= 0);
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    setenv("KVCACHED_TEST_AUDIT", "1", 0); /* engine_audit after every request */
     int log = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int null = open("/dev/null", O_WRONLY);
     dup2(log, 2);
@@ -224,7 +226,8 @@ IT_UNUSED static void daemon_stop(daemon_t *d) {
   int st = 0;
   ASSERT(waitpid(d->pid, &st, 0) == d->pid);
   bool bad = it_log_has(d, "ERROR: AddressSanitizer") || it_log_has(d, "runtime error") ||
-             it_log_has(d, "ERROR: LeakSanitizer");
+             it_log_has(d, "ERROR: LeakSanitizer") || it_log_has(d, "event=audit_failed") ||
+             it_log_has(d, "Sanitizer:");
   if (bad || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
     it_dump_log(d);
     TEST_FAIL_("kvcached: exited=%d status=%d signal=%d sanitizer_report=%d",
