@@ -1,0 +1,315 @@
+/* hard_faults.c: faults from outside. Writers SIGKILLed in the middle of
+ * puts leave no pin and no partial write; a SIGKILLed daemon is restarted
+ * and nobody reads its old data; the seals refuse truncation of the shared
+ * buffer; injected allocation failures are error replies; concurrent
+ * writers never show a reader a mix of versions; copy-on-write under races
+ * and a pool too small for it never changes a shared prefix. */
+#include <sys/mman.h>
+
+#include "hard.h"
+
+/* Fills K with `val` and V with -val for ntokens of every layer. */
+static void fill_version(float *k, float *v, const kvc_layout_t *l, uint64_t ntokens,
+                         float val) {
+  size_t n = it_tok_floats(l, false) * ntokens, m = it_tok_floats(l, true) * ntokens;
+  for (size_t i = 0; i < n; i++) k[i] = val;
+  for (size_t i = 0; i < m; i++) v[i] = -val;
+}
+
+/* Every float of K is one value and every float of V its negation: one
+ * complete version. Returns the version. */
+static float one_version(const float *k, const float *v, const kvc_layout_t *l,
+                         uint64_t ntokens) {
+  size_t n = it_tok_floats(l, false) * ntokens, m = it_tok_floats(l, true) * ntokens;
+  float val = k[0];
+  for (size_t i = 0; i < n; i++)
+    if (k[i] != val) TEST_FAIL_("K float %zu is %g, float 0 is %g: a mixed read", i, k[i], val);
+  for (size_t i = 0; i < m; i++)
+    if (v[i] != -val) TEST_FAIL_("V float %zu is %g, want %g: a mixed read", i, v[i], -val);
+  return val;
+}
+
+static kvc_client_t *open_small(const daemon_t *d) { return client_open_shm(d, 1u << 20); }
+
+/* A writer that pins seq 1 and overwrites its 16 tokens forever with
+ * versions base, base+1, ..., half through its buffer (put_shm), half through
+ * the copying form. */
+static void writer_forever(const daemon_t *d, float base) {
+  kvc_client_t *c = open_small(d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  if (kvc_cache_open(c, "kill", &l, &h)) _exit(3);
+  if (kvc_seq_pin(h, 1)) _exit(4);
+  void *shm;
+  uint64_t shm_bytes;
+  kvc_client_shm(c, &shm, &shm_bytes);
+  size_t kb = it_tok_floats(&l, false) * 16 * 4;
+  float *k = malloc(kb), *v = malloc(kb);
+  for (uint64_t i = 0;; i++) {
+    float val = base + (float)i;
+    int rc;
+    if (i % 2) {
+      fill_version(k, v, &l, 16, val);
+      rc = kvc_put(h, 1, 0, 16, k, v);
+    } else {
+      fill_version(shm, (float *)shm + kb / 4, &l, 16, val);
+      kvc_shm_io_t e = {.seq_id = 1, .pos = 0, .ntokens = 16, .k_off = 0, .v_off = kb};
+      rc = kvc_put_shm(h, NULL, &e, 1);
+    }
+    if (rc) _exit(5);
+  }
+}
+
+TEST_TIMEOUT(hard_writer_sigkilled_mid_put_leaves_no_pin_or_partial_write, 600) {
+  int rounds = test_long() ? 10000 : 150;
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = open_small(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "kill", &l, &h));
+  size_t kb = it_tok_floats(&l, false) * 16 * 4;
+  float *k = malloc(kb), *v = malloc(kb);
+  fill_version(k, v, &l, 16, 1.0f);
+  ASSERT_OK(kvc_put(h, 1, 0, 16, k, v));
+  uint64_t seed = 12345;
+  double worst_unpin_ms = 0;
+  for (int r = 0; r < rounds; r++) {
+    fflush(NULL);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) writer_forever(&d, (float)(r + 1) * 1e5f);
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    it_sleep_ms(0);
+    struct timespec ts = {0, (long)((seed >> 33) % 4000000)}; /* 0..4 ms */
+    nanosleep(&ts, NULL);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int st;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    ASSERT(WIFSIGNALED(st)); /* it was still writing, not failing */
+    double t0 = hard_now_ms();
+    uint64_t pinned = 1;
+    while ((pinned = stat_get(c, "pages_pinned", NULL)) != 0 && hard_now_ms() - t0 < 1000)
+      it_sleep_ms(1);
+    ASSERT_U64_EQ(pinned, 0);
+    double ms = hard_now_ms() - t0;
+    if (ms > worst_unpin_ms) worst_unpin_ms = ms;
+    ASSERT_OK(kvc_get(h, 1, 0, 16, k, v));
+    float val = one_version(k, v, &l, 16);
+    ASSERT(val == 1.0f || (val >= 1e5f && val < (float)(r + 2) * 1e5f));
+  }
+  ASSERT_U64_EQ(stat_get(c, "sequences_pinned", NULL), 0);
+  /* Evictions proceed: 40 new sequences of a page each fill the 512-page
+   * pool... 600 pages' worth make it evict seq 1 among others. */
+  uint64_t ev0 = stat_get(c, "evicted_sequences", NULL);
+  fill_version(k, v, &l, 16, 7.0f);
+  for (uint64_t s = 100; s < 700; s++) ASSERT_OK(kvc_put(h, s, 0, 16, k, v));
+  uint64_t ev = stat_get(c, "evicted_sequences", NULL) - ev0;
+  fprintf(stderr, "%d writers killed mid-put; pins gone within %.1f ms at worst; %llu evictions after\n",
+          rounds, worst_unpin_ms, (unsigned long long)ev);
+  ASSERT(ev >= 80);
+  free(k), free(v);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
+
+/* A reader killed while it holds pins releases them the same way. */
+TEST(hard_reader_sigkilled_holding_pins_releases_them) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = open_small(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "rk", &l, &h));
+  size_t kb = it_tok_floats(&l, false) * 16 * 4;
+  float *k = malloc(kb), *v = malloc(kb);
+  fill_version(k, v, &l, 16, 3.0f);
+  for (uint64_t s = 1; s <= 8; s++) ASSERT_OK(kvc_put(h, s, 0, 16, k, v));
+  for (int r = 0; r < 20; r++) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+      kvc_client_t *rc = open_small(&d);
+      kvc_cache_t *rh;
+      if (kvc_cache_open(rc, "rk", &l, &rh)) _exit(3);
+      for (uint64_t s = 1; s <= 8; s++)
+        if (kvc_seq_pin(rh, s)) _exit(4);
+      for (;;)
+        if (kvc_get(rh, 1 + (uint64_t)r % 8, 0, 16, k, v)) _exit(5);
+    }
+    it_sleep_ms(5 + r % 7);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int st;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    ASSERT(WIFSIGNALED(st));
+    double t0 = hard_now_ms();
+    while (stat_get(c, "sequences_pinned", NULL) != 0 && hard_now_ms() - t0 < 1000) it_sleep_ms(1);
+    ASSERT_U64_EQ(stat_get(c, "sequences_pinned", NULL), 0);
+  }
+  free(k), free(v);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
+
+/* Load from two child processes while the daemon is SIGKILLed and started
+ * again on the same socket: the children see an I/O error, not a hang; the
+ * old client stays broken; a new client finds none of the old data. */
+TEST(hard_daemon_sigkilled_under_load_restarts_without_stale_data) {
+  char dir[64] = "/tmp/kvcit-restart-XXXXXX", sock[128], cmd[128];
+  ASSERT(mkdtemp(dir) != NULL);
+  snprintf(sock, sizeof sock, "%s/kvcached.sock", dir);
+  const char *args[] = {"--socket", sock, NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  kvc_client_t *c = open_small(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "old", &l, &h));
+  size_t kb = it_tok_floats(&l, false) * 16 * 4;
+  float *k = malloc(kb), *v = malloc(kb);
+  fill_version(k, v, &l, 16, 42.0f);
+  ASSERT_OK(kvc_put(h, 1, 0, 16, k, v));
+  pid_t kids[2];
+  for (int i = 0; i < 2; i++) {
+    fflush(NULL);
+    kids[i] = fork();
+    if (kids[i] == 0) {
+      kvc_client_opts_t o = {.socket_path = sock, .shm_bytes = 1u << 20, .timeout_ms = 5000};
+      kvc_client_t *kc;
+      kvc_cache_t *kh;
+      if (kvc_client_open(&o, &kc) || kvc_cache_open(kc, "old", &l, &kh)) _exit(3);
+      for (uint64_t n = 0;; n++) {
+        int rc = n % 2 ? kvc_get(kh, 1, 0, 16, k, v) : kvc_put(kh, 10 + (uint64_t)i, 0, 16, k, v);
+        if (rc == KVC_E_IO) _exit(strlen(kvc_client_last_error(kc)) > 0 ? 0 : 6);
+        if (rc) _exit(4);
+      }
+    }
+  }
+  it_sleep_ms(200);
+  ASSERT_EQ(kill(d.pid, SIGKILL), 0);
+  int st;
+  ASSERT_EQ(waitpid(d.pid, &st, 0), d.pid);
+  for (int i = 0; i < 2; i++) {
+    ASSERT_EQ(waitpid(kids[i], &st, 0), kids[i]);
+    ASSERT(WIFEXITED(st));
+    ASSERT_EQ(WEXITSTATUS(st), 0); /* each saw KVC_E_IO with a message */
+  }
+  ASSERT_ERR(kvc_get(h, 1, 0, 16, k, v), KVC_E_IO);
+  fprintf(stderr, "old client after the kill: %s\n", kvc_client_last_error(c));
+  kvc_client_opts_t o = {.socket_path = sock};
+  kvc_client_t *none = NULL;
+  ASSERT_ERR(kvc_client_open(&o, &none), KVC_E_NOTRUNNING); /* a stale socket file */
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", d.dir);
+  ASSERT(system(cmd) == 0);
+
+  daemon_t d2;
+  daemon_start_args(&d2, args); /* the stale socket file is replaced */
+  ASSERT_ERR(kvc_ping(c), KVC_E_IO); /* the old connection stays broken */
+  kvc_client_close(c);
+  c = open_small(&d2);
+  kvc_cache_t *h2;
+  ASSERT_ERR(kvc_cache_find(c, "old", &h2), KVC_E_NOCACHE);
+  ASSERT_OK(kvc_cache_open(c, "old", &l, &h2));
+  ASSERT_ERR(kvc_get(h2, 1, 0, 16, k, v), KVC_E_NOSEQ);
+  ASSERT_U64_EQ(stat_get(c, "sequences", NULL), 0);
+  free(k), free(v);
+  kvc_client_close(c);
+  daemon_stop(&d2);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT(system(cmd) == 0);
+}
+
+/* Reads the Hello reply keeping the passed descriptor; returns it. */
+static int hello_keep_fd(int fd, uint64_t *shm_bytes) {
+  raw_hello(fd, KVC_PROTOCOL_VERSION);
+  uint8_t buf[4096];
+  char ctl[CMSG_SPACE(sizeof(int))];
+  struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
+                       .msg_controllen = sizeof ctl};
+  ssize_t n = recvmsg(fd, &msg, 0);
+  ASSERT(n > 4);
+  int passed = -1;
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+  ASSERT(cm && cm->cmsg_type == SCM_RIGHTS);
+  memcpy(&passed, CMSG_DATA(cm), sizeof passed);
+  Kvcache__V1__Response *r = kvcache__v1__response__unpack(NULL, (size_t)n - 4, buf + 4);
+  ASSERT(r && r->status == KVCACHE__V1__STATUS__OK && r->hello);
+  *shm_bytes = r->hello->shm_bytes;
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return passed;
+}
+
+TEST(hard_seals_refuse_truncating_the_shared_buffer) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = open_small(&d);
+  int fds0 = hard_fd_count(d.pid);
+  int sock = it_connect_raw(d.sock);
+  uint64_t bytes;
+  int mfd = hello_keep_fd(sock, &bytes);
+  ASSERT_U64_EQ(bytes, 1u << 20);
+  int seals = fcntl(mfd, F_GET_SEALS);
+  ASSERT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  ASSERT_EQ(ftruncate(mfd, 0), -1);
+  ASSERT_EQ(errno, EPERM);
+  ASSERT_EQ(ftruncate(mfd, (off_t)bytes / 2), -1);
+  ASSERT_EQ(errno, EPERM);
+  ASSERT_EQ(ftruncate(mfd, (off_t)bytes * 2), -1);
+  ASSERT_EQ(errno, EPERM);
+  ASSERT_EQ(fallocate(mfd, 0, (off_t)bytes - 4096, 8192), -1); /* grow */
+  ASSERT_EQ(errno, EPERM);
+  ASSERT_EQ(fcntl(mfd, F_ADD_SEALS, F_SEAL_WRITE), -1); /* no more seals */
+  ASSERT_EQ(errno, EPERM);
+  /* Punching a hole keeps the size: no seal short of F_SEAL_WRITE (which
+   * would forbid the client's own writes) refuses it, and it only zeroes
+   * the client's own buffer. The daemon's mapping still has its size, so
+   * no access of it can fault. */
+  uint8_t *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+  ASSERT(map != MAP_FAILED);
+  memset(map, 0x7f, bytes);
+  int punched = fallocate(mfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)bytes);
+  fprintf(stderr, "ftruncate and growing fallocate: EPERM; punch hole: %s\n",
+          punched == 0 ? "allowed (size kept, buffer reads zeros)" : strerror(errno));
+  struct stat st;
+  ASSERT_EQ(fstat(mfd, &st), 0);
+  ASSERT_EQ(st.st_size, (off_t)bytes);
+  if (punched == 0) ASSERT_EQ(map[bytes - 1], 0);
+  /* The daemon uses the punched buffer for a put and a get: no fault. */
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__CacheOpen co = KVCACHE__V1__CACHE_OPEN__INIT;
+  Kvcache__V1__Layout lw = KVCACHE__V1__LAYOUT__INIT;
+  lw.num_layers = 2, lw.num_kv_heads = 2, lw.head_dim_k = 32, lw.head_dim_v = 32;
+  lw.dtype = KVCACHE__V1__DTYPE__F32;
+  co.name = (char *)"sealed", co.layout = &lw;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_OPEN, req.cache_open = &co, req.id = 2;
+  raw_send_request(sock, &req);
+  Kvcache__V1__Response *r = raw_reply(sock);
+  ASSERT(r && r->status == KVCACHE__V1__STATUS__OK);
+  uint32_t cache = r->cache_open->cache_id;
+  kvcache__v1__response__free_unpacked(r, NULL);
+  for (int round = 0; round < 2; round++) {
+    Kvcache__V1__IoEntry e = KVCACHE__V1__IO_ENTRY__INIT, *pe = &e;
+    Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
+    e.seq_id = 1, e.ntokens = 16, e.k_len = e.v_len = 16 * 512, e.v_off = bytes - 16 * 512;
+    io.cache_id = cache, io.n_entries = 1, io.entries = &pe;
+    req = (Kvcache__V1__Request)KVCACHE__V1__REQUEST__INIT;
+    req.id = 3 + (uint64_t)round;
+    if (round == 0) req.body_case = KVCACHE__V1__REQUEST__BODY_PUT, req.put = &io;
+    else req.body_case = KVCACHE__V1__REQUEST__BODY_GET, req.get = &io;
+    if (round == 1) memset(map, 0x55, bytes);
+    raw_send_request(sock, &req);
+    r = raw_reply(sock);
+    ASSERT(r && r->status == KVCACHE__V1__STATUS__OK);
+    kvcache__v1__response__free_unpacked(r, NULL);
+  }
+  for (size_t i = 0; i < 16 * 512; i++) ASSERT(map[i] == 0 && map[bytes - 1 - i] == 0);
+  munmap(map, bytes);
+  close(mfd);
+  close(sock);
+  ASSERT_EQ(hard_wait_fds(d.pid, fds0, 1000), fds0);
+  ASSERT_OK(kvc_ping(c));
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
