@@ -313,3 +313,147 @@ TEST(hard_seals_refuse_truncating_the_shared_buffer) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+/* KVCACHED_TEST_FAILALLOC=6: every other request fails its 0th..5th engine
+ * allocation in turn. Every request either succeeds or answers NOMEM,
+ * nothing half-done stays behind, and the engine's heap after each round of
+ * create-copy-remove is the same. */
+TEST(hard_allocation_failures_are_error_replies) {
+  setenv("KVCACHED_TEST_FAILALLOC", "6", 1);
+  daemon_t d;
+  daemon_start(&d);
+  unsetenv("KVCACHED_TEST_FAILALLOC");
+  kvc_client_t *c = open_small(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h = NULL;
+  int rc, nomem = 0, ok = 0;
+#define RETRY(expr)                                                            \
+  do {                                                                         \
+    for (int try_ = 0; (rc = (expr)) == KVC_E_NOMEM && try_ < 10; try_++) nomem++; \
+    ASSERT_OK(rc);                                                             \
+    ok++;                                                                      \
+  } while (0)
+  RETRY(kvc_cache_open(c, "af", &l, &h));
+  uint64_t meta[3];
+  size_t kb = it_tok_floats(&l, false) * 40 * 4;
+  float *k = malloc(kb), *v = malloc(kb), *gk = malloc(kb), *gv = malloc(kb);
+  for (int round = 0; round < 3; round++) {
+    for (uint64_t s = 1; s <= 20; s++) {
+      it_fill_f32(k, v, &l, s, 0, 40, (uint32_t)round);
+      RETRY(kvc_put(h, s, 0, 40, k, v));
+      RETRY(kvc_seq_pin(h, s));
+      RETRY(kvc_seq_copy_prefix(h, s, 100 + s, 20 + s));
+      RETRY(kvc_put(h, 100 + s, 20 + s, 1, k, v)); /* copy on write */
+      RETRY(kvc_get(h, s, 0, 40, gk, gv));
+      ASSERT_MEM_EQ(gk, k, kb);
+      ASSERT_MEM_EQ(gv, v, kb);
+      RETRY(kvc_seq_unpin(h, s));
+    }
+    for (uint64_t s = 1; s <= 20; s++) RETRY(kvc_seq_remove(h, 100 + s, 0, UINT64_MAX));
+    for (uint64_t s = 1; s <= 20; s++) RETRY(kvc_seq_remove(h, s, 0, UINT64_MAX));
+    meta[round] = stat_get(c, "metadata_bytes", NULL);
+  }
+  fprintf(stderr, "%d operations succeeded, %d NOMEM replies on the way; engine heap after "
+          "each round %llu, %llu, %llu bytes\n", ok, nomem, (unsigned long long)meta[0],
+          (unsigned long long)meta[1], (unsigned long long)meta[2]);
+  ASSERT_U64_EQ(meta[2], meta[1]);
+  ASSERT(nomem > 10);
+  ASSERT_U64_EQ(stat_get(c, "sequences", NULL), 0);
+  ASSERT_U64_EQ(stat_get(c, "pages_used", NULL), 0);
+  ASSERT_U64_EQ(stat_get(c, "connections_dropped", NULL), 0);
+  free(k), free(v), free(gk), free(gv);
+  kvc_client_close(c);
+  daemon_stop(&d); /* LeakSanitizer in the asan build: nothing leaked */
+#undef RETRY
+}
+
+/* A request that needs more heap to decode than max_decode_bytes (the
+ * protobuf-c allocator refuses) closes only its connection. */
+TEST(hard_decode_budget_exhaustion_closes_only_that_connection) {
+  static const char *const args[] = {"--max-decode-bytes", "4KiB", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  kvc_client_t *a = open_small(&d), *b = open_small(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(a, "dec", &l, &h));
+  size_t kb = it_tok_floats(&l, false) * 4;
+  float *k = calloc(200, kb), *v = calloc(200, kb);
+  kvc_io_t e[200];
+  for (int i = 0; i < 200; i++)
+    e[i] = (kvc_io_t){.seq_id = (uint64_t)i, .ntokens = 1, .k = k + i * kb / 4, .v = v + i * kb / 4};
+  ASSERT_ERR(kvc_put_batch(h, NULL, e, 200), KVC_E_IO);
+  ASSERT_OK(kvc_ping(b));
+  ASSERT_U64_EQ(stat_get(b, "connections_dropped", NULL), 1);
+  ASSERT_U64_EQ(stat_get(b, "sequences", NULL), 0);
+  free(k), free(v);
+  kvc_client_close(a);
+  kvc_client_close(b);
+  daemon_stop(&d);
+}
+
+/* Four writers overwrite seq 1 with their own versions while two readers
+ * read it whole: every read is one complete version. */
+TEST(hard_concurrent_writers_readers_see_whole_versions) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = open_small(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "cw", &l, &h));
+  size_t kb = it_tok_floats(&l, false) * 64 * 4;
+  float *k = malloc(kb), *v = malloc(kb);
+  fill_version(k, v, &l, 64, 0.5f);
+  ASSERT_OK(kvc_put(h, 1, 0, 64, k, v)); /* four pages */
+  double ms = test_long() ? 10000 : 1500;
+  pid_t kids[6];
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  for (int i = 0; i < 6; i++) {
+    fflush(NULL);
+    kids[i] = fork();
+    if (kids[i] != 0) continue;
+    kvc_client_t *kc = open_small(&d);
+    kvc_cache_t *kh;
+    if (kvc_cache_open(kc, "cw", &l, &kh)) _exit(3);
+    double t0 = hard_now_ms();
+    uint64_t n = 0, versions_seen = 0;
+    float last = 0;
+    while (hard_now_ms() - t0 < ms) {
+      if (i < 4) {
+        fill_version(k, v, &l, 64, (float)(i + 1) * 1e6f + (float)n);
+        if (kvc_put(kh, 1, 0, 64, k, v)) _exit(4);
+      } else {
+        if (kvc_get(kh, 1, 0, 64, k, v)) _exit(5);
+        float val = one_version(k, v, &l, 64);
+        versions_seen += val != last;
+        last = val;
+      }
+      n++;
+    }
+    if (i >= 4) {
+      char line[64];
+      int len = snprintf(line, sizeof line, "%llu %llu\n", (unsigned long long)n,
+                         (unsigned long long)versions_seen);
+      if (write(pipefd[1], line, (size_t)len) != len) _exit(6);
+    }
+    _exit(0);
+  }
+  close(pipefd[1]);
+  for (int i = 0; i < 6; i++) {
+    int st;
+    ASSERT_EQ(waitpid(kids[i], &st, 0), kids[i]);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) TEST_FAIL_("child %d: status %d", i, st);
+  }
+  char out[256] = {0};
+  ASSERT(read(pipefd[0], out, sizeof out - 1) > 0);
+  close(pipefd[0]);
+  unsigned long long r1, v1, r2, v2;
+  ASSERT_EQ(sscanf(out, "%llu %llu\n%llu %llu", &r1, &v1, &r2, &v2), 4);
+  fprintf(stderr, "reads %llu + %llu, distinct versions seen in a row %llu + %llu, puts %llu\n",
+          r1, r2, v1, v2, (unsigned long long)stat_get(c, "requests_put", NULL));
+  ASSERT(r1 > 10 && r2 > 10 && v1 > 2 && v2 > 2);
+  free(k), free(v);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
