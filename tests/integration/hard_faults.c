@@ -457,3 +457,103 @@ TEST(hard_concurrent_writers_readers_see_whole_versions) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+/* The tokens [from, to) of seq read back as pattern(base_seq) below split and
+ * pattern(seq) from split on (it_fill_f32, salt 0). */
+static void expect_tokens(kvc_cache_t *h, const kvc_layout_t *l, uint64_t seq, uint64_t len,
+                          uint64_t split, uint64_t base_seq) {
+  size_t row = it_tok_floats(l, false);
+  float *k = malloc(row * len * 4), *v = malloc(row * len * 4);
+  float *ek = malloc(row * len * 4), *ev = malloc(row * len * 4);
+  ASSERT_OK(kvc_get(h, seq, 0, len, k, v));
+  size_t lrow = row / l->num_layers;
+  for (uint64_t t = 0; t < len; t++) {
+    it_fill_f32(ek, ev, l, t < split ? base_seq : seq, t, 1, 0);
+    for (uint32_t layer = 0; layer < l->num_layers; layer++) {
+      size_t at = (layer * len + t) * lrow;
+      if (memcmp(k + at, ek + layer * lrow, lrow * 4) || memcmp(v + at, ev + layer * lrow, lrow * 4))
+        TEST_FAIL_("seq %llu token %llu layer %u differs (prefix of %llu up to %llu)",
+                   (unsigned long long)seq, (unsigned long long)t, layer,
+                   (unsigned long long)base_seq, (unsigned long long)split);
+    }
+  }
+  free(k), free(v), free(ek), free(ev);
+}
+
+/* 32 forks of a 40-token parent (two full shared pages and a shared partial
+ * one), all pinned, in a 64-page pool: four processes extend the parent and
+ * the forks concurrently, so copies on write keep running out of pages
+ * (FULL) and trimming makes room again. The shared prefix never changes, a
+ * failed write changes nothing, every sequence reads back as written. */
+TEST_TIMEOUT(hard_cow_races_under_pressure_keep_prefixes, 120) {
+  static const char *const args[] = {"--pool-bytes", "1MiB", NULL}; /* 64 pages */
+  daemon_t d;
+  daemon_start_args(&d, args);
+  kvc_client_t *c = open_small(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "cow", &l, &h));
+  size_t row = it_tok_floats(&l, false);
+  float *k = malloc(row * 64 * 4), *v = malloc(row * 64 * 4);
+  it_fill_f32(k, v, &l, 1000, 0, 40, 0);
+  ASSERT_OK(kvc_put(h, 1000, 0, 40, k, v));
+  for (uint64_t f = 0; f < 32; f++) ASSERT_OK(kvc_seq_copy_prefix(h, 1000, f, 40));
+  double ms = test_long() ? 20000 : 2000;
+  pid_t kids[4];
+  for (int p = 0; p < 4; p++) {
+    fflush(NULL);
+    kids[p] = fork();
+    if (kids[p] != 0) continue;
+    kvc_client_t *kc = open_small(&d);
+    kvc_cache_t *kh;
+    if (kvc_cache_open(kc, "cow", &l, &kh)) _exit(3);
+    uint64_t mine[9], len[9];
+    int n = 0;
+    for (uint64_t f = (uint64_t)p; f < 32; f += 4) mine[n++] = f;
+    if (p == 0) mine[n++] = 1000;
+    for (int i = 0; i < n; i++) {
+      len[i] = 40;
+      if (kvc_seq_pin(kh, mine[i])) _exit(4);
+    }
+    uint64_t x = (uint64_t)p + 1;
+    double t0 = hard_now_ms();
+    while (hard_now_ms() - t0 < ms) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      int i = (int)((x >> 33) % (uint64_t)n);
+      uint64_t s = mine[i], add = 1 + (x >> 40) % 20;
+      if ((x >> 20) % 8 == 0 && len[i] > 40) { /* make room: back to the prefix */
+        if (kvc_seq_remove(kh, s, 40, UINT64_MAX)) _exit(5);
+        len[i] = 40;
+        continue;
+      }
+      if (len[i] + add > 200) continue;
+      it_fill_f32(k, v, &l, s == 1000 ? 1000 : s, len[i], add, 0);
+      int rc = kvc_put(kh, s, len[i], add, k, v);
+      if (rc == 0) len[i] += add;
+      else if (rc != KVC_E_FULL) _exit(6);
+      kvc_seq_info_t si;
+      if (kvc_seq_info(kh, s, &si) || si.length != len[i]) _exit(7);
+    }
+    _exit(0);
+  }
+  for (int p = 0; p < 4; p++) {
+    int st;
+    ASSERT_EQ(waitpid(kids[p], &st, 0), kids[p]);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) TEST_FAIL_("extender %d: status %d", p, st);
+  }
+  uint64_t full = stat_get(c, "full_errors", NULL), cow = stat_get(c, "cow_copies", NULL);
+  fprintf(stderr, "FULL %llu times, %llu pages copied on write, %llu puts\n",
+          (unsigned long long)full, (unsigned long long)cow,
+          (unsigned long long)stat_get(c, "requests_put", NULL));
+  ASSERT(full > 0 && cow > 0);
+  for (uint64_t f = 0; f <= 32; f++) {
+    uint64_t s = f == 32 ? 1000 : f;
+    kvc_seq_info_t si;
+    ASSERT_OK(kvc_seq_info(h, s, &si));
+    ASSERT(si.length >= 40);
+    expect_tokens(h, &l, s, si.length, 40, 1000);
+  }
+  free(k), free(v);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
