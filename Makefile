@@ -7,6 +7,8 @@
 #   make test T=name    one test (a unit or integration test name) in both builds
 #   make check      the suite under sanitizers only, with the long model run
 #   make bench      benchmarks (never part of pass/fail)
+#   make soak       the verified soak (SOAK_CLIENTS=16, SOAK_SECONDS=60)
+#   make valgrind   the integration suite's daemon under valgrind memcheck
 #   make fuzz       libFuzzer (clang) on each target for FUZZ_SECONDS (default 60)
 #   make fuzz-corpus    regenerate the checked-in seed corpus (tests/fuzz/corpus)
 #   make deps       install the Debian packages the build needs, if missing
@@ -105,7 +107,7 @@ endif
 endif
 ALL += $(UNIT_BIN) $(IT_BIN)
 
-.PHONY: all run test check bench deps clean install uninstall fuzz fuzz-build fuzz-corpus
+.PHONY: all run test check bench deps clean install uninstall fuzz fuzz-build fuzz-corpus soak valgrind
 all: $(ALL)
 
 # ---- engine --------------------------------------------------------------
@@ -223,6 +225,23 @@ check: deps
 	@$(MAKE) --no-print-directory SANITIZE=1 all
 	@KVC_LONG=1 tests/run.sh $(if $(T),--only $(T)) build-asan
 
+SOAK_CLIENTS ?= 16
+SOAK_SECONDS ?= 60
+soak: deps
+	@$(MAKE) --no-print-directory all
+	@KVC_SOAK_CLIENTS=$(SOAK_CLIENTS) KVC_SOAK_SECONDS=$(SOAK_SECONDS) KVC_LONG=1 \
+	  tests/run.sh --only hard_soak_verified_mix build
+
+# The daemon of every integration test runs under memcheck (tests/valgrind.sh
+# stands in for kvcached); a report of errors or definite leaks fails it.
+valgrind: deps
+	@$(MAKE) --no-print-directory deps EXTRA_PACKAGES=valgrind
+	@$(MAKE) --no-print-directory MALLOC=libc B=build-vg all
+	@rm -f build-vg/kvcached.real && mv build-vg/kvcached build-vg/kvcached.real && \
+	  cp tests/valgrind.sh build-vg/kvcached && \
+	  KVC_VALGRIND=1 tests/run.sh build-vg; rc=$$?; \
+	  mv build-vg/kvcached.real build-vg/kvcached; exit $$rc
+
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; $$b || exit 1; done
@@ -302,7 +321,7 @@ fuzz-corpus: deps
 	$(B)/tools/gen_corpus tests/fuzz/corpus
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-vg
 
 # Dependency files are made by the compiler, never by a rule.
 %.d: ;
