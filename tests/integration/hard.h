@@ -40,6 +40,10 @@ IT_UNUSED static void hard_hdr(uint8_t h[4], uint32_t n) {
   h[0] = (uint8_t)n, h[1] = (uint8_t)(n >> 8), h[2] = (uint8_t)(n >> 16), h[3] = (uint8_t)(n >> 24);
 }
 
+/* Whether the daemon is a sanitizer build (its allocator's quarantine and
+ * shadow memory make RSS figures meaningless). */
+IT_UNUSED static bool hard_sanitized(void) { return strstr(it_build(), "asan") != NULL; }
+
 /* Descriptors the process holds. */
 IT_UNUSED static int hard_fd_count(pid_t pid) {
   char path[64];
