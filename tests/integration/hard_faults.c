@@ -498,6 +498,10 @@ TEST_TIMEOUT(hard_cow_races_under_pressure_keep_prefixes, 120) {
   it_fill_f32(k, v, &l, 1000, 0, 40, 0);
   ASSERT_OK(kvc_put(h, 1000, 0, 40, k, v));
   for (uint64_t f = 0; f < 32; f++) ASSERT_OK(kvc_seq_copy_prefix(h, 1000, f, 40));
+  /* Pinned here too: an extender that finishes first releases its own pins,
+   * and its sequences must not then be evicted by the others' puts. */
+  for (uint64_t f = 0; f < 32; f++) ASSERT_OK(kvc_seq_pin(h, f));
+  ASSERT_OK(kvc_seq_pin(h, 1000));
   double ms = test_long() ? 20000 : 2000;
   pid_t kids[4];
   for (int p = 0; p < 4; p++) {
