@@ -83,7 +83,8 @@ TEST_MAIN_OBJ := $(B)/tests/test_main.o
 # Fuzz targets: each is a replay test in every build (tests/fuzz/replay.c,
 # any compiler) and a libFuzzer binary in the FUZZ=1 build.
 FUZZ_TARGETS := frame msg handler
-FUZZ_DAEMON_OBJ := $(filter-out $(B)/daemon/main.o $(B)/daemon/conn.o $(B)/daemon/listen.o,$(DAEMON_OBJ))
+FUZZ_DAEMON_OBJ := $(filter-out $(B)/daemon/main.o $(B)/daemon/conn.o $(B)/daemon/listen.o \
+  $(B)/daemon/drain.o $(B)/daemon/signals.o,$(DAEMON_OBJ))
 FUZZ_COMMON_OBJ := $(B)/tests/fuzz/fake_conn.o $(FUZZ_DAEMON_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
 FUZZ_REPLAY_BIN := $(FUZZ_TARGETS:%=$(B)/tests/fuzz_%)
 FUZZ_BIN := $(FUZZ_TARGETS:%=$(B)/fuzz/%)

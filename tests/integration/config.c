@@ -27,6 +27,7 @@ static const struct {
     {"allow_uids", "1,2", "1,2", "3", "3"},
     {"allow_gids", "5,6", "5,6", "", "\"\""},
     {"drain_timeout_ms", "500", "500", "600", "600"},
+    {"frame_timeout_ms", "700", "700", "800", "800"},
     {"status_interval_ms", "1000", "1000", "2000", "2000"},
     {"log_level", "warn", "warn", "error", "error"},
 };

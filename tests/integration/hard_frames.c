@@ -291,7 +291,9 @@ TEST(hard_passed_fds_and_credentials_leave_the_fd_table_alone) {
   for (int greet = 0; greet < 2; greet++)
     for (size_t i = 0; i < 3; i++) {
       int fd = greet ? hard_greeted(&d) : it_connect_raw(d.sock);
-      int during = hard_fd_count(d.pid);
+      /* Greeted: the connection's socket only, once the daemon has closed its
+       * copy of the buffer's memfd (it may still hold it when Hello returns). */
+      int during = greet ? hard_wait_fds(d.pid, fds0 + 1, 1000) : hard_fd_count(d.pid);
       if (greet) {
         for (uint64_t k = 0; k < 3; k++) send_with_ancillary(fd, counts[i], 10 + k);
         for (uint64_t k = 0; k < 3; k++) {
