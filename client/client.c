@@ -88,11 +88,11 @@ static int pack_request(kvc_client_t *c, Kvcache__V1__Request *req, size_t *len)
   return 0;
 }
 
-/* Receives one reply frame into rbuf; *fd gets a passed descriptor, if any
- * (fd NULL: none expected). flags go to recv (MSG_DONTWAIT). Bytes that
+/* Receives one reply frame into rbuf; fds[0..2) get passed descriptors, if
+ * any (fds NULL: none expected). flags go to recv (MSG_DONTWAIT). Bytes that
  * arrived past the frame (the daemon's goodbye can follow a reply at once)
  * are kept for the next call. Returns the payload length or a negative code. */
-static int64_t recv_frame(kvc_client_t *c, int *fd, int flags) {
+static int64_t recv_frame(kvc_client_t *c, int *fds, int flags) {
   size_t have = c->rnext_len, need = FRAME_HEADER;
   if (ensure(&c->rbuf, &c->rcap, 4096) != 0) return client_fail(c, KVC_E_NOMEM, "out of memory");
   if (have) memmove(c->rbuf, c->rbuf + c->rnext_off, have);
@@ -109,10 +109,10 @@ static int64_t recv_frame(kvc_client_t *c, int *fd, int flags) {
     }
     if (have >= need) break;
     ssize_t n;
-    if (fd && have == 0) {
+    if (fds && have == 0) {
       union {
         struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(2 * sizeof(int))];
       } ctl;
       struct iovec iov = {.iov_base = c->rbuf, .iov_len = c->rcap};
       struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
@@ -121,8 +121,8 @@ static int64_t recv_frame(kvc_client_t *c, int *fd, int flags) {
       if (n > 0)
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
           if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-              cm->cmsg_len == CMSG_LEN(sizeof(int)))
-            memcpy(fd, CMSG_DATA(cm), sizeof(int));
+              cm->cmsg_len >= CMSG_LEN(sizeof(int)) && cm->cmsg_len <= CMSG_LEN(2 * sizeof(int)))
+            memcpy(fds, CMSG_DATA(cm), cm->cmsg_len - CMSG_LEN(0));
     } else {
       n = recv(c->fd, c->rbuf + have, c->rcap - have, flags);
     }
@@ -258,6 +258,22 @@ static int map_buffer(kvc_client_t *c, int fd, uint64_t bytes) {
   return 0;
 }
 
+/* Maps the pool read-only for zero-copy reads (the daemon passed an O_RDONLY
+ * descriptor, so no writable mapping can be made of it). Not populated: the
+ * pool may be far larger than what this client reads, and 4 KiB page tables
+ * of all of it would cost memory per client; pages fault in on first read. */
+static int map_pool(kvc_client_t *c, int fd, uint64_t bytes) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < bytes || bytes == 0)
+    return client_fail(c, KVC_E_PROTO, "pool fd does not match the pool size");
+  void *p = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED)
+    return client_fail(c, KVC_E_NOMEM, "mmap pool read-only: %s", strerror(errno));
+  c->pool = p;
+  c->pool_bytes = bytes;
+  return 0;
+}
+
 static void take_info(kvc_client_t *c, const Kvcache__V1__HelloReply *h) {
   kvc_client_info_t *i = &c->info;
   i->conn_id = h->conn_id;
@@ -289,26 +305,26 @@ static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
   /* A refused peer may find the socket closed already; its reply still
    * waits to be read, so a failed send is not yet an answer. */
   (void)send_all(c, c->wbuf, len);
-  int fd = -1;
-  int64_t n = recv_frame(c, &fd, 0);
-  if (n < 0) {
-    if (fd >= 0) close(fd);
-    return (int)n;
-  }
+  int fds[2] = {-1, -1};
+  int64_t n = recv_frame(c, fds, 0);
   Kvcache__V1__Response *r =
-      kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER);
-  if (!r) {
-    if (fd >= 0) close(fd);
-    return client_fail(c, KVC_E_PROTO, "handshake reply does not decode");
-  }
-  rc = reply_status(c, r);
-  if (rc == 0 && (r->body_case != KVCACHE__V1__RESPONSE__BODY_HELLO || fd < 0))
+      n < 0 ? NULL : kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER);
+  if (n >= 0 && !r) rc = client_fail(c, KVC_E_PROTO, "handshake reply does not decode");
+  else if (n < 0) rc = (int)n;
+  else rc = reply_status(c, r);
+  if (rc == 0 && (r->body_case != KVCACHE__V1__RESPONSE__BODY_HELLO || fds[0] < 0))
     rc = client_fail(c, KVC_E_PROTO, "handshake reply without the shared buffer");
   if (rc == 0) {
     take_info(c, r->hello);
-    rc = map_buffer(c, fd, r->hello->shm_bytes);
+    rc = map_buffer(c, fds[0], r->hello->shm_bytes);
   }
-  if (fd >= 0) close(fd);
+  if (rc == 0 && r->hello->pool_fd) {
+    if (fds[1] < 0) rc = client_fail(c, KVC_E_PROTO, "handshake reply without the pool fd");
+    else rc = map_pool(c, fds[1], r->hello->pool_bytes);
+  }
+  for (int i = 0; i < 2; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  if (!r) return rc;
   kvcache__v1__response__free_unpacked(r, NULL);
   return rc;
 }
@@ -343,8 +359,10 @@ KVC_API const char *kvc_client_open_error(void) { return open_err; }
 KVC_API void kvc_client_close(kvc_client_t *c) {
   if (!c) return;
   while (c->caches) kvc_cache_close(c->caches);
+  client_leases_free(c);
   if (c->fd >= 0) close(c->fd);
   if (c->shm) munmap(c->shm, c->shm_bytes);
+  if (c->pool) munmap((void *)c->pool, c->pool_bytes);
   free(c->wbuf);
   free(c->rbuf);
   free(c);
@@ -364,6 +382,11 @@ KVC_API void kvc_client_info(const kvc_client_t *c, kvc_client_info_t *out) {
 KVC_API void kvc_client_shm(const kvc_client_t *c, void **base, uint64_t *bytes) {
   if (base) *base = c ? c->shm : NULL;
   if (bytes) *bytes = c ? c->shm_bytes : 0;
+}
+
+KVC_API void kvc_client_pool(const kvc_client_t *c, const void **base, uint64_t *bytes) {
+  if (base) *base = c ? c->pool : NULL;
+  if (bytes) *bytes = c ? c->pool_bytes : 0;
 }
 
 KVC_API int kvc_ping(kvc_client_t *c) {

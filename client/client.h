@@ -30,6 +30,9 @@ struct kvc_client {
   size_t wcap, rcap;
   size_t rnext_off, rnext_len; /* bytes received past the last reply, in rbuf */
   kvc_cache_t *caches;       /* open handles, freed by kvc_client_close */
+  const uint8_t *pool;       /* the daemon's pool, mapped read-only; NULL if not passed */
+  uint64_t pool_bytes;
+  kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
 };
 
 struct kvc_cache {
@@ -49,6 +52,10 @@ int client_fail(kvc_client_t *c, int code, const char *fmt, ...)
  * new (free with kvcache__v1__response__free_unpacked) unless resp is NULL.
  * A non-OK status returns its code, with the daemon's message in c->err. */
 int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp);
+
+/* Frees every lease handle (the daemon releases them when the connection
+ * closes). */
+void client_leases_free(kvc_client_t *c);
 
 /* The KVC_E_* code of a wire status. */
 int client_code(Kvcache__V1__Status s);

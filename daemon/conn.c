@@ -46,8 +46,10 @@ void conn_close(conn_t *c, const char *reason) {
   c->closed = true;
   if (c->greeted) {
     size_t n = engine_unpin_all(srv->eng, c->id);
-    LOG_INFO("disconnect", "conn=%llu pid=%d uid=%u reason=\"%s\" pins_released=%zu",
-             (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, reason, n);
+    size_t nl = engine_lease_release_all(srv->eng, c->id);
+    LOG_INFO("disconnect",
+             "conn=%llu pid=%d uid=%u reason=\"%s\" pins_released=%zu leases_released=%zu",
+             (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, reason, n, nl);
   } else {
     LOG_DEBUG("disconnect", "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id,
               (int)c->pid, reason);
@@ -126,7 +128,7 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
   return write_frame(c, w);
 }
 
-int conn_send_fd(conn_t *c, const Kvcache__V1__Response *resp, int fd) {
+int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds) {
   uv_os_fd_t sock;
   if (c->closed || uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) != 0 ||
       uv_fileno((uv_handle_t *)&c->pipe, &sock) != 0)
@@ -135,17 +137,21 @@ int conn_send_fd(conn_t *c, const Kvcache__V1__Response *resp, int fd) {
   if (!w) return KVC_E_NOMEM;
   union {
     struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int))];
+    char buf[CMSG_SPACE(2 * sizeof(int))];
   } ctl;
+  if (nfds < 1 || nfds > 2) {
+    free(w);
+    return KVC_E_INTERNAL;
+  }
   memset(&ctl, 0, sizeof ctl);
   struct iovec iov = {.iov_base = w->data, .iov_len = w->len};
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                       .msg_controllen = sizeof ctl.buf};
+                       .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
   struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
   cm->cmsg_level = SOL_SOCKET;
   cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+  memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
   ssize_t sent;
   while ((sent = sendmsg(sock, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
   }

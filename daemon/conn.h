@@ -40,6 +40,7 @@ struct conn {
   size_t rlen, rcap;         /* bytes held, capacity */
   uint32_t max_frame;        /* max_frame_bytes at accept */
   uint64_t wq_bytes;         /* reply bytes queued to libuv, not yet written */
+  uint32_t nleases;          /* zero-copy read leases this connection holds */
   shm_region_t shm;          /* the shared buffer (after Hello) */
   bool counted;              /* counted in connections_current */
   bool greeted;              /* Hello accepted */
@@ -61,9 +62,10 @@ void conn_accept(server_t *srv);
  * connection is then closed). */
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
 
-/* Sends resp with fd attached (SCM_RIGHTS) on the raw socket; only while the
- * write queue is empty (the handshake). Returns 0 or a negative code. */
-int conn_send_fd(conn_t *c, const Kvcache__V1__Response *resp, int fd);
+/* Sends resp with nfds (1 or 2) descriptors attached (one SCM_RIGHTS
+ * message) on the raw socket; only while the write queue is empty (the
+ * handshake). Returns 0 or a negative code. */
+int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds);
 
 /* Stops running requests, flushes queued replies, then closes. */
 void conn_close_after_flush(conn_t *c, const char *reason);

@@ -23,12 +23,14 @@ _Static_assert(KVC_PROTOCOL_VERSION == KVCACHE__V1__PROTOCOL_VERSION__PROTOCOL_V
 #define SHM_MIN_BYTES (1u << 20)
 #define SEQ_LIST_DEFAULT 256u
 #define SEQ_LIST_MAX 4096u
+#define LEASES_PER_CONN 4096u /* leases one connection may hold at once */
 
 typedef struct reply {
   server_t *srv;
   Kvcache__V1__Response *resp;
   arena_t *a;
   int fd;            /* sent with the reply (SCM_RIGHTS) when >= 0 */
+  int fd2;           /* a second one in the same message, when >= 0 */
   bool close_after;  /* close the connection once the reply is flushed */
   char err[256];     /* the one-line reason of a failure */
 } reply_t;
@@ -111,9 +113,11 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   hr->server_version = (char *)KVC_VERSION_STRING;
   hr->max_entries = srv->cfg.max_entries;
   hr->max_decode_bytes = srv->cfg.max_decode_bytes;
+  hr->pool_fd = srv->pool_ro_fd >= 0;
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HELLO;
   r->resp->hello = hr;
   r->fd = c->shm.fd;
+  r->fd2 = srv->pool_ro_fd;
   c->greeted = true;
   LOG_INFO("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
            (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name,
@@ -413,6 +417,54 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   return 0;
 }
 
+/* ---- zero-copy read leases -------------------------------------------------- */
+
+static int h_lease(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Lease *b = req->lease;
+  NEED_BODY(r, b, "lease");
+  if (c->nleases >= LEASES_PER_CONN)
+    return reject(r, KVC_E_TOOMANY, "this connection holds %u leases already; release some",
+                  c->nleases);
+  engine_lease_t l;
+  ENGINE_CALL(r, engine_lease(c->srv->eng, b->cache_id, b->seq_id, b->begin, b->end, c->id, &l));
+  Kvcache__V1__LeaseReply *lr = arena_alloc(r->a, sizeof *lr);
+  uint64_t *offs = arena_alloc(r->a, l.npages * sizeof *offs);
+  if (!lr || !offs) {
+    (void)engine_lease_release(c->srv->eng, c->id, l.id);
+    return reject(r, KVC_E_NOMEM, "out of memory");
+  }
+  c->nleases++;
+  kvcache__v1__lease_reply__init(lr);
+  uint64_t pb = c->srv->cfg.page_bytes;
+  for (uint32_t i = 0; i < l.npages; i++) offs[i] = (uint64_t)l.pages[i] * pb;
+  lr->lease_id = l.id;
+  lr->first_pos = l.first_pos;
+  lr->n_page_offsets = l.npages;
+  lr->page_offsets = offs;
+  lr->page_tokens = l.page_tokens;
+  lr->layer_bytes = l.layer_bytes;
+  lr->v_offset = l.v_offset;
+  lr->k_row_bytes = l.k_row_bytes;
+  lr->v_row_bytes = l.v_row_bytes;
+  lr->k_scale_offset = l.k_scale_offset;
+  lr->v_scale_offset = l.v_scale_offset;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_LEASE;
+  r->resp->lease = lr;
+  return 0;
+}
+
+/* Releases every listed lease; an unknown id fails the request after the
+ * ones before it were released (each release stands alone). */
+static int h_lease_release(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__LeaseRelease *b = req->lease_release;
+  NEED_BODY(r, b, "lease_release");
+  for (size_t i = 0; i < b->n_lease_ids; i++) {
+    ENGINE_CALL(r, engine_lease_release(c->srv->eng, c->id, b->lease_ids[i]));
+    c->nleases--;
+  }
+  return 0;
+}
+
 /* ---- the table ----------------------------------------------------------- */
 
 static const struct {
@@ -472,7 +524,7 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   }
   engine_set_now(srv->eng, uv_now(srv->loop));
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
-  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1};
+  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1};
   int op;
   testhook_before(srv->eng);
   int rc = run(c, req, &r, &op);
@@ -488,7 +540,8 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   protobuf_c_message_free_unpacked(&req->base, &alloc);
   int sent;
   if (r.fd >= 0) {
-    sent = conn_send_fd(c, &resp, r.fd);
+    int fds[2] = {r.fd, r.fd2};
+    sent = conn_send_fds(c, &resp, fds, r.fd2 >= 0 ? 2 : 1);
     shm_close_fd(&c->shm);
   } else {
     sent = conn_send(c, &resp);

@@ -27,6 +27,7 @@ void server_stop(server_t *srv) {
 static int start(server_t *srv, char *err, size_t errlen) {
   if (notify_open(&srv->notify, err, errlen) != 0) return -1;
   if (shm_pool_open(srv->cfg.pool_bytes, &srv->pool, err, errlen) != 0) return -1;
+  if ((srv->pool_ro_fd = shm_open_readonly(&srv->pool, err, errlen)) < 0) return -1;
   engine_config_t ec = {.base = srv->pool.base,
                         .pool_bytes = srv->pool.bytes,
                         .page_bytes = srv->cfg.page_bytes,
@@ -120,6 +121,7 @@ int main(int argc, char **argv) {
   srv.next_conn_id = 1;
   srv.pool.fd = -1;
   srv.notify.fd = -1;
+  srv.pool_ro_fd = -1;
   arena_init(&srv.arena);
   stats_init(&srv.stats, uv_hrtime());
   int status = 0;
@@ -140,6 +142,7 @@ int main(int argc, char **argv) {
   engine_free(srv.eng);
   shm_close(&srv.pool);
   notify_close(&srv.notify);
+  if (srv.pool_ro_fd >= 0) close(srv.pool_ro_fd);
   arena_deinit(&srv.arena);
   return status;
 }

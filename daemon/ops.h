@@ -25,7 +25,9 @@
   X(unpin, UNPIN)                                                              \
   X(seq_info, SEQ_INFO)                                                        \
   X(seq_list, SEQ_LIST)                                                        \
-  X(stats, STATS)
+  X(stats, STATS)                                                              \
+  X(lease, LEASE)                                                              \
+  X(lease_release, LEASE_RELEASE)
 
 enum op {
 #define OP_ENUM_(name, CASE) OP_##CASE,

@@ -28,6 +28,7 @@ typedef struct server {
   char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
   shm_region_t pool;       /* the page pool memfd */
+  int pool_ro_fd;          /* read-only reopening of it, passed at each Hello */
   daemon_stats_t stats;
   uv_pipe_t listener;
   char listen_path[108];   /* the socket actually served (systemd's, or cfg's) */

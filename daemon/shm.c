@@ -94,6 +94,14 @@ int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen)
   return 0;
 }
 
+int shm_open_readonly(const shm_region_t *r, char *err, size_t errlen) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", r->fd);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) snprintf(err, errlen, "reopening the pool read-only (%s): %s", path, strerror(errno));
+  return fd;
+}
+
 void shm_close_fd(shm_region_t *r) {
   if (r->fd >= 0) close(r->fd);
   r->fd = -1;

@@ -37,6 +37,13 @@ int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
  * until shm_close_fd (after it has been sent). */
 int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
 
+/* A new read-only descriptor of r's memfd (reopened O_RDONLY through
+ * /proc/self/fd), for clients' zero-copy reads: a mapping of it cannot be
+ * made writable (mmap PROT_WRITE MAP_SHARED and mprotect fail with EACCES),
+ * nor can it truncate, seal or punch the file. Returns the fd or -1 with
+ * the reason in err. */
+int shm_open_readonly(const shm_region_t *r, char *err, size_t errlen);
+
 /* Closes the fd, keeping the mapping. */
 void shm_close_fd(shm_region_t *r);
 /* Unmaps and closes. Accepts an already closed region (fd -1, base NULL). */

@@ -116,6 +116,7 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
     nseqs += cseqs;
     tokens += ctokens;
   }
+  if (rc == 0) rc = lease_audit(eng, refs, why, why_len);
   if (rc == 0) rc = audit_pages(eng, refs, pins, why, why_len);
   for (const seq_t *s = eng->lru.lru_next; rc == 0 && s != &eng->lru; s = s->lru_next) {
     if (s->npins || s->lru_next->lru_prev != s) rc = bad(why, why_len, "LRU list broken");

@@ -36,6 +36,7 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
   eng->max_seqs = cfg->max_seqs;
   eng->lru.lru_next = eng->lru.lru_prev = &eng->lru;
   hmap_init(&eng->owners);
+  hmap_init(&eng->leases);
   int rc = pool_init(&eng->pool, &eng->mem, cfg->base, cfg->pool_bytes, cfg->page_bytes);
   if (rc == 0) {
     eng->caches = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->caches);
@@ -74,6 +75,7 @@ void engine_free(engine_t *eng) {
     mem_free(&eng->mem, eng->caches);
   }
   hmap_deinit(&eng->owners, &eng->mem);
+  lease_free_all(eng);
   pool_deinit(&eng->pool, &eng->mem);
   mem_t m = eng->mem;
   mem_free(&m, eng);

@@ -178,6 +178,41 @@ void engine_stats(const engine_t *eng, engine_stats_t *out);
  * why. Cost O(pages + sequences): for tests and the fuzzers. */
 int engine_audit(engine_t *eng, char *why, size_t why_len);
 
+/* A zero-copy read lease: references on the pool pages holding a token range
+ * of a sequence, so they are neither freed (eviction, remove, drop) nor
+ * written (copy on write) until the lease is released. Token p of the range
+ * lies in pages[(p - first_pos) / page_tokens], row r = (p - first_pos) %
+ * page_tokens; in that page, layer l's K row of r is at
+ * l * layer_bytes + r * k_row_bytes, its V row at
+ * l * layer_bytes + v_offset + r * v_row_bytes (heads in order inside a row);
+ * int8 scales at k_scale_offset / v_scale_offset + r * heads * 4. */
+typedef struct engine_lease {
+  uint64_t id;            /* never 0 */
+  uint64_t first_pos;     /* position of the first token of pages[0] */
+  uint32_t npages;
+  const uint32_t *pages;  /* pool page indices; owned by the engine, valid
+                             until the lease is released */
+  uint32_t page_tokens;
+  uint64_t layer_bytes;   /* bytes of one layer in a page */
+  uint64_t v_offset;      /* offset of V in a layer */
+  uint64_t k_row_bytes;   /* one token's K of one layer, every head */
+  uint64_t v_row_bytes;
+  uint64_t k_scale_offset;/* int8 only, else 0 */
+  uint64_t v_scale_offset;
+} engine_lease_t;
+
+/* Leases tokens [begin, end) of seq for owner: every layer must have them
+ * (end <= length). Fills *out. Counts as a use of the sequence. KVC_E_NOCACHE,
+ * KVC_E_NOSEQ, KVC_E_RANGE (empty, before start or past the length),
+ * KVC_E_NOMEM. */
+int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t begin,
+                 uint64_t end, uint64_t owner, engine_lease_t *out);
+/* Releases one lease of owner; pages no one else holds are freed.
+ * KVC_E_NOLEASE if owner holds no lease of that id. */
+int engine_lease_release(engine_t *eng, uint64_t owner, uint64_t lease_id);
+/* Releases every lease of owner; returns how many. */
+size_t engine_lease_release_all(engine_t *eng, uint64_t owner);
+
 /* Page bytes for zero-copy readers: the pool offset of a sequence's page
  * holding position pos. For the daemon's lease path. */
 int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,

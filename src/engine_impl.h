@@ -23,6 +23,7 @@
 
 typedef struct seq seq_t;
 typedef struct owner owner_t;
+typedef struct lease lease_t; /* lease.c */
 
 /* One pin: owner pins seq. Linked into both the owner's and the seq's list. */
 typedef struct pin {
@@ -79,6 +80,9 @@ struct engine {
   hmap_t owners;       /* owner id -> owner_t */
   uint64_t now_ms;
   uint64_t epoch;      /* bumped by every call that marks sequences */
+  hmap_t leases;       /* lease id -> lease_t */
+  lease_t *lease_list; /* every lease, newest first */
+  uint64_t next_lease_id;
   engine_stats_t st;   /* counters (gauges are computed by engine_stats) */
   engine_err_t err;
 };
@@ -113,6 +117,13 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
 /* Shortens every layer to at most n tokens and frees pages past it. */
 void seq_truncate(engine_t *eng, seq_t *s, uint64_t n);
 void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out);
+
+/* lease.c */
+/* Frees every lease without touching page counts (the engine is going away). */
+void lease_free_all(engine_t *eng);
+/* Adds every lease's page references into refs; checks the lease counters.
+ * 0 or KVC_E_INTERNAL with the reason in why. */
+int lease_audit(const engine_t *eng, uint32_t *refs, char *why, size_t len);
 
 /* evict.c */
 void lru_insert(engine_t *eng, seq_t *s);

@@ -42,7 +42,10 @@ enum stat_kind { STAT_COUNTER = 0, STAT_GAUGE = 1 };
   X(evicted_sequences, STAT_COUNTER, "sequences evicted to make room")         \
   X(evicted_pages,     STAT_COUNTER, "pages freed by eviction")                \
   X(full_errors,       STAT_COUNTER, "writes refused with KVC_E_FULL")         \
-  X(errors,            STAT_COUNTER, "engine calls that failed")
+  X(errors,            STAT_COUNTER, "engine calls that failed")                \
+  X(leases,            STAT_GAUGE,   "zero-copy read leases held")             \
+  X(leased_pages,      STAT_GAUGE,   "page references held by leases")         \
+  X(leases_taken,      STAT_COUNTER, "zero-copy read leases granted")
 
 /* Per-cache subset: the same names, scoped to one cache. */
 #define CACHE_STATS(X)                                                         \

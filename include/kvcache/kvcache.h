@@ -8,6 +8,10 @@
  *   (kvc_put: two copies)    (kvc_put_shm: the caller fills the buffer
  *                             itself, one copy)
  *
+ * A zero-copy read maps no byte at all: the client maps the daemon's pool
+ * read-only (a read-only descriptor passed once at open) and, under a lease
+ * (kvc_lease), reads the pages of a sequence in place.
+ *
  * The pool itself is never mapped writable by a client. Calls are
  * synchronous: each sends one request (or several, see "splitting") and waits
  * for its answer.
@@ -63,6 +67,7 @@ extern "C" {
 
 typedef struct kvc_client kvc_client_t; /* one connection; opaque */
 typedef struct kvc_cache kvc_cache_t;   /* an opened cache of a client; opaque */
+typedef struct kvc_lease kvc_lease_t;   /* a zero-copy read lease; opaque */
 
 /* Options of kvc_client_open. Zero fields mean the default. */
 typedef struct kvc_client_opts {
@@ -129,6 +134,11 @@ KVC_API void kvc_client_info(const kvc_client_t *client, kvc_client_info_t *out)
  * kvc_get_shm and read it. The library also uses it for the pointer forms
  * (kvc_put and friends), which overwrite it. */
 KVC_API void kvc_client_shm(const kvc_client_t *client, void **base, uint64_t *bytes);
+
+/* The daemon's pool as this client maps it: read-only (PROT_READ of a
+ * read-only descriptor: it cannot be made writable), for the client's
+ * lifetime. *base is NULL if the daemon passed no pool. */
+KVC_API void kvc_client_pool(const kvc_client_t *client, const void **base, uint64_t *bytes);
 
 /* One round trip with no effect. KVC_E_IO if the connection is broken,
  * KVC_E_SHUTDOWN if the daemon is draining. */
@@ -271,6 +281,55 @@ KVC_API int kvc_put_shm(kvc_cache_t *cache, const kvc_xfer_t *x,
                         const kvc_shm_io_t *entries, size_t n);
 KVC_API int kvc_get_shm(kvc_cache_t *cache, const kvc_xfer_t *x,
                         const kvc_shm_io_t *entries, size_t n);
+
+/* ---- zero-copy reads ------------------------------------------------------ */
+
+/* Where a lease's tokens are. Token p (first_pos <= p) is in page
+ * pages[(p - first_pos) / page_tokens], at row r = (p - first_pos) %
+ * page_tokens. In a page, layer l starts at l * layer_bytes; its K rows come
+ * first (row r at r * k_row_bytes: every head in order, head_dim_k elements
+ * each, the cache's dtype), then its V rows (row r at v_offset +
+ * r * v_row_bytes). For int8 caches the f32 scales of row r are at
+ * k_scale_offset + r * num_kv_heads * 4 (V: v_scale_offset + ...), in the
+ * same layer. kvc_lease_k / kvc_lease_v compute this. */
+typedef struct kvc_lease_info {
+  uint64_t lease_id;
+  uint64_t seq_id;
+  uint64_t begin, end;      /* the leased tokens */
+  uint64_t first_pos;       /* position of the first token of pages[0] */
+  uint32_t npages;
+  uint32_t page_tokens;
+  const void *const *pages; /* npages read-only pointers into the pool */
+  uint64_t layer_bytes;
+  uint64_t v_offset;
+  uint64_t k_row_bytes;
+  uint64_t v_row_bytes;
+  uint64_t k_scale_offset;  /* int8 caches only */
+  uint64_t v_scale_offset;
+} kvc_lease_info_t;
+
+/* Leases tokens [begin, end) of seq_id (every layer must hold them): until
+ * kvc_lease_release, or until the connection closes, the daemon neither
+ * frees nor overwrites those pages. A later write to the sequence copies a
+ * leased page first (so keep leases short while the sequence is being
+ * appended: each append into a leased page costs a page copy), and eviction
+ * may drop the sequence but not the leased pages. Returns new *out, owned by
+ * the client (release it, or kvc_client_close frees it). KVC_E_NOSEQ,
+ * KVC_E_RANGE (empty, or past the length), KVC_E_TOOMANY (4096 leases per
+ * connection), KVC_E_PROTO (the daemon passed no pool). */
+KVC_API int kvc_lease(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin, uint64_t end,
+                      kvc_lease_t **out);
+/* The lease's placement; owned by the lease. */
+KVC_API const kvc_lease_info_t *kvc_lease_info(const kvc_lease_t *lease);
+/* Read-only pointer to K (or V) of one token of one layer, all heads in
+ * order (the head h starts h * head_dim elements further); NULL if pos is
+ * outside the lease or layer outside the layout. */
+KVC_API const void *kvc_lease_k(const kvc_lease_t *lease, uint32_t layer, uint64_t pos);
+KVC_API const void *kvc_lease_v(const kvc_lease_t *lease, uint32_t layer, uint64_t pos);
+/* Releases the lease in the daemon (one round trip) and frees the handle
+ * (in every case: on KVC_E_IO the connection's close releases it). Accepts
+ * NULL. */
+KVC_API int kvc_lease_release(kvc_lease_t *lease);
 
 /* ---- sequences ---------------------------------------------------------- */
 

@@ -40,6 +40,7 @@ void fz_server_init(server_t *srv, uint64_t npages, uint64_t page_bytes) {
   srv->loop = &fake_loop;
   srv->next_conn_id = 1;
   srv->pool.fd = -1;
+  srv->pool_ro_fd = -1; /* no pool to pass: the fuzzers never map it */
   arena_init(&srv->arena);
   stats_init(&srv->stats, 0);
   pool_mem = aligned_alloc(64, srv->cfg.pool_bytes);
@@ -181,10 +182,12 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
   return 0;
 }
 
-int conn_send_fd(conn_t *c, const Kvcache__V1__Response *resp, int fd) {
-  int seals = fcntl(fd, F_GET_SEALS);
+int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds) {
   int want = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-  if (seals < 0 || (seals & want) != want) FZ_FAIL("buffer fd %d seals %d", fd, seals);
+  for (int i = 0; i < nfds; i++) {
+    int seals = fcntl(fds[i], F_GET_SEALS);
+    if (seals < 0 || (seals & want) != want) FZ_FAIL("fd %d seals %d", fds[i], seals);
+  }
   fz_seen(c)->fds++;
   return conn_send(c, resp);
 }
@@ -194,7 +197,10 @@ void conn_close(conn_t *c, const char *reason) {
   if (c->closed) return;
   server_t *srv = c->srv;
   c->closing = c->closed = true;
-  if (c->greeted) engine_unpin_all(srv->eng, c->id);
+  if (c->greeted) {
+    engine_unpin_all(srv->eng, c->id);
+    engine_lease_release_all(srv->eng, c->id);
+  }
   if (c->shm.base) srv->stats.shm_bytes -= c->shm.bytes;
   shm_close(&c->shm);
   if (c->counted) srv->stats.connections_current--;

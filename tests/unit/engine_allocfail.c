@@ -283,3 +283,20 @@ TEST(allocfail_put_first_sequence_of_a_cache) {
   ASSERT(fails >= 2);
   sweep_close(&w);
 }
+
+/* A lease of seq 1's tokens [2, 9): three pages. */
+static int op_lease(sweep_t *w) {
+  engine_lease_t l;
+  return engine_lease(w->f.eng, w->f.cid, 1, 2, 9, 42, &l);
+}
+
+TEST(allocfail_lease) {
+  sweep_t w;
+  sweep_open(&w, 16);
+  int fails = sweep_run(&w, op_lease);
+  ASSERT(fails >= 1);
+  ASSERT_U64_EQ(fx_stats(&w.f).leases, 1);
+  ASSERT_U64_EQ(fx_stats(&w.f).leased_pages, 3);
+  ASSERT_EQ(engine_lease_release_all(w.f.eng, 42), 1);
+  sweep_close(&w);
+}

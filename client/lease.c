@@ -1,0 +1,123 @@
+/* lease.c: zero-copy reads: leasing a token range and reading it in place in
+ * the read-only pool mapping. */
+#include "client.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kvc_lease {
+  kvc_client_t *client;
+  kvc_lease_t *prev, *next; /* the client's list */
+  uint32_t num_layers;
+  kvc_lease_info_t info;
+  const void *pages[];      /* info.pages points here */
+};
+
+static void unlink_lease(kvc_lease_t *l) {
+  kvc_client_t *c = l->client;
+  if (l->prev) l->prev->next = l->next;
+  else c->leases = l->next;
+  if (l->next) l->next->prev = l->prev;
+}
+
+void client_leases_free(kvc_client_t *c) {
+  while (c->leases) {
+    kvc_lease_t *l = c->leases;
+    unlink_lease(l);
+    free(l);
+  }
+}
+
+/* Builds the handle from the reply, checking every page lies in the pool. */
+static int take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_t seq_id,
+                uint64_t begin, uint64_t end, kvc_lease_t **out) {
+  kvc_client_t *c = h->client;
+  uint64_t pb = c->info.page_bytes;
+  kvc_lease_t *l = calloc(1, sizeof *l + lr->n_page_offsets * sizeof l->pages[0]);
+  if (!l) return client_fail(c, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < lr->n_page_offsets; i++) {
+    uint64_t off = lr->page_offsets[i];
+    if (off > c->pool_bytes || c->pool_bytes - off < pb) {
+      free(l);
+      return client_fail(c, KVC_E_PROTO, "lease page at %llu lies outside the pool",
+                         (unsigned long long)off);
+    }
+    l->pages[i] = c->pool + off;
+  }
+  l->client = c;
+  l->num_layers = h->layout.num_layers;
+  l->info = (kvc_lease_info_t){
+      .lease_id = lr->lease_id, .seq_id = seq_id, .begin = begin, .end = end,
+      .first_pos = lr->first_pos, .npages = (uint32_t)lr->n_page_offsets,
+      .page_tokens = lr->page_tokens, .pages = l->pages, .layer_bytes = lr->layer_bytes,
+      .v_offset = lr->v_offset, .k_row_bytes = lr->k_row_bytes,
+      .v_row_bytes = lr->v_row_bytes, .k_scale_offset = lr->k_scale_offset,
+      .v_scale_offset = lr->v_scale_offset};
+  l->next = c->leases;
+  if (l->next) l->next->prev = l;
+  c->leases = l;
+  *out = l;
+  return 0;
+}
+
+KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t end,
+                      kvc_lease_t **out) {
+  if (!h || !out) return KVC_E_INVAL;
+  *out = NULL;
+  kvc_client_t *c = h->client;
+  if (!c->pool) return client_fail(c, KVC_E_PROTO, "the daemon passed no pool to read from");
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Lease b = KVCACHE__V1__LEASE__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.begin = begin;
+  b.end = end;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_LEASE;
+  req.lease = &b;
+  Kvcache__V1__Response *r;
+  int rc = client_call(c, &req, &r);
+  if (rc) return rc;
+  if (r->body_case != KVCACHE__V1__RESPONSE__BODY_LEASE || !r->lease ||
+      r->lease->page_tokens == 0)
+    rc = client_fail(c, KVC_E_PROTO, "lease reply without a lease");
+  else
+    rc = take(h, r->lease, seq_id, begin, end, out);
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return rc;
+}
+
+KVC_API const kvc_lease_info_t *kvc_lease_info(const kvc_lease_t *l) {
+  return l ? &l->info : NULL;
+}
+
+static const uint8_t *row(const kvc_lease_t *l, uint32_t layer, uint64_t pos, bool v) {
+  const kvc_lease_info_t *i = &l->info;
+  if (layer >= l->num_layers || pos < i->begin || pos >= i->end) return NULL;
+  uint64_t rel = pos - i->first_pos, r = rel % i->page_tokens;
+  const uint8_t *page = i->pages[rel / i->page_tokens];
+  return page + layer * i->layer_bytes + (v ? i->v_offset + r * i->v_row_bytes
+                                            : r * i->k_row_bytes);
+}
+
+KVC_API const void *kvc_lease_k(const kvc_lease_t *l, uint32_t layer, uint64_t pos) {
+  return l ? row(l, layer, pos, false) : NULL;
+}
+
+KVC_API const void *kvc_lease_v(const kvc_lease_t *l, uint32_t layer, uint64_t pos) {
+  return l ? row(l, layer, pos, true) : NULL;
+}
+
+KVC_API int kvc_lease_release(kvc_lease_t *l) {
+  if (!l) return 0;
+  kvc_client_t *c = l->client;
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__LeaseRelease b = KVCACHE__V1__LEASE_RELEASE__INIT;
+  uint64_t id = l->info.lease_id;
+  b.n_lease_ids = 1;
+  b.lease_ids = &id;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_LEASE_RELEASE;
+  req.lease_release = &b;
+  unlink_lease(l);
+  free(l);
+  return client_call(c, &req, NULL);
+}
