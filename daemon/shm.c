@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 uint64_t shm_mem_available(void) {
@@ -20,9 +21,13 @@ uint64_t shm_mem_available(void) {
   return (uint64_t)kib * 1024u;
 }
 
-/* backed: reserve the memory now with fallocate. */
-static int create(const char *name, uint64_t bytes, bool backed, shm_region_t *out,
-                  char *err, size_t errlen) {
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
+
+/* backed: reserve the memory now with fallocate. seals: added at once. */
+static int create(const char *name, uint64_t bytes, bool backed, int seals,
+                  shm_region_t *out, char *err, size_t errlen) {
   out->fd = -1;
   out->base = NULL;
   out->bytes = 0;
@@ -45,7 +50,7 @@ static int create(const char *name, uint64_t bytes, bool backed, shm_region_t *o
              (unsigned long long)bytes, strerror(errno));
     goto fail;
   }
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+  if (fcntl(fd, F_ADD_SEALS, seals) != 0) {
     snprintf(err, errlen, "sealing: %s", strerror(errno));
     goto fail;
   }
@@ -65,7 +70,8 @@ int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen) {
              (unsigned long long)bytes, (unsigned long long)avail);
     return -1;
   }
-  if (create("kvcached-pool", bytes, true, out, err, errlen) != 0) return -1;
+  if (create("kvcached-pool", bytes, true, F_SEAL_SHRINK | F_SEAL_GROW, out, err, errlen) != 0)
+    return -1;
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, out->fd, 0);
   if (p == MAP_FAILED) {
     snprintf(err, errlen, "mmap pool of %llu bytes: %s", (unsigned long long)bytes,
@@ -74,6 +80,16 @@ int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen) {
     return -1;
   }
   out->base = p;
+  /* From now on the daemon's mapping is the only writable one there will
+   * ever be: no new writable mapping, write() or hole punch, through any
+   * descriptor (even one a client reopens through /proc), and the mode
+   * refuses a read-write reopening to anyone but root. */
+  if (fcntl(out->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0 ||
+      fchmod(out->fd, 0400) != 0) {
+    snprintf(err, errlen, "sealing the pool against writes: %s", strerror(errno));
+    shm_close(out);
+    return -1;
+  }
   return 0;
 }
 
@@ -83,7 +99,9 @@ int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen)
    * time); an unsized internal memfd cannot run out of space, so a later
    * fault cannot SIGBUS (memory pressure is the OOM killer's, as for any
    * anonymous memory). */
-  if (create("kvcached-conn", bytes, false, out, err, errlen) != 0) return -1;
+  if (create("kvcached-conn", bytes, false, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, out, err,
+             errlen) != 0)
+    return -1;
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, out->fd, 0);
   if (p == MAP_FAILED) {
     snprintf(err, errlen, "mmap buffer: %s", strerror(errno));

@@ -2,7 +2,10 @@
  *
  * The pool is created, backed (fallocate) and pre-faulted at start, so a pool
  * the machine cannot hold fails at start instead of raising SIGBUS later. It
- * is sealed against shrinking and growing and never leaves the daemon.
+ * is sealed against shrinking and growing, and once the daemon has mapped it
+ * read-write, against any future write (F_SEAL_FUTURE_WRITE: no new writable
+ * mapping, write() or hole punch through any descriptor). Clients get only a
+ * read-only reopening of it (shm_open_readonly), for zero-copy reads.
  *
  * A connection's buffer is a memfd of its own, sealed (SHRINK, GROW, SEAL) so
  * the client cannot truncate it under the daemon, and mapped read-write by
