@@ -365,6 +365,9 @@ KVC_API void kvc_client_close(kvc_client_t *c) {
   if (c->pool) munmap((void *)c->pool, c->pool_bytes);
   free(c->wbuf);
   free(c->rbuf);
+  free(c->io_wire);
+  free(c->io_ptrs);
+  free(c->io_parts);
   free(c);
 }
 

@@ -33,6 +33,8 @@ struct kvc_client {
   const uint8_t *pool;       /* the daemon's pool, mapped read-only; NULL if not passed */
   uint64_t pool_bytes;
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
+  void *io_wire, *io_ptrs, *io_parts; /* transfer scratch, max_io_entries each,
+                                         allocated at the first transfer */
 };
 
 struct kvc_cache {

@@ -111,26 +111,35 @@ typedef struct batch {
   size_t n;
 } batch_t;
 
+typedef struct part part_t;
+
+/* The client's transfer scratch: allocated once (every transfer used to
+ * calloc some 70 KB of it), kept until the client closes. */
+static int scratch(kvc_client_t *c) {
+  if (c->io_parts) return 0;
+  uint32_t cap = c->max_io_entries;
+  free(c->io_wire);
+  free(c->io_ptrs);
+  c->io_wire = malloc(cap * sizeof(Kvcache__V1__IoEntry));
+  c->io_ptrs = malloc(cap * sizeof(Kvcache__V1__IoEntry *));
+  c->io_parts = c->io_wire && c->io_ptrs ? malloc(cap * 3 * sizeof(uint64_t)) : NULL;
+  if (!c->io_parts) return client_fail(c, KVC_E_NOMEM, "out of memory");
+  return 0;
+}
+
 static int batch_init(batch_t *b, kvc_cache_t *h, const kvc_xfer_t *x, bool is_put) {
-  uint32_t cap = h->client->max_io_entries;
+  int rc = scratch(h->client);
+  if (rc) return rc;
   b->h = h;
   b->x = x;
   b->is_put = is_put;
   b->n = 0;
-  b->wire = calloc(cap, sizeof *b->wire);
-  b->ptrs = calloc(cap, sizeof *b->ptrs);
-  if (!b->wire || !b->ptrs) {
-    free(b->wire);
-    free(b->ptrs);
-    return client_fail(h->client, KVC_E_NOMEM, "out of memory");
-  }
+  b->wire = h->client->io_wire;
+  b->ptrs = h->client->io_ptrs;
   return 0;
 }
 
-static void batch_deinit(batch_t *b) {
-  free(b->wire);
-  free(b->ptrs);
-}
+static void batch_deinit(batch_t *b) { (void)b; }
 
 static Kvcache__V1__IoEntry *batch_add(batch_t *b) {
   Kvcache__V1__IoEntry *w = &b->wire[b->n];
@@ -168,10 +177,11 @@ static int batch_send(batch_t *b) {
 
 /* ---- the pointer forms: copy through the shared buffer --------------------- */
 
-typedef struct part {
+struct part {
   const kvc_io_t *e; /* the caller's entry */
   uint64_t t0, m;    /* its tokens [t0, t0 + m) */
-} part_t;
+};
+_Static_assert(sizeof(part_t) <= 3 * sizeof(uint64_t), "scratch() sizes parts as 3 words");
 
 /* Copies m tokens starting at t0 of each of nl layers between the caller's
  * buffer (total tokens per layer) and a packed run in the shared buffer. */
@@ -254,11 +264,7 @@ static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries
   if (rc) return rc;
   batch_t b;
   if ((rc = batch_init(&b, h, x, is_put)) != 0) return rc;
-  part_t *parts = calloc(c->max_io_entries, sizeof *parts);
-  if (!parts) {
-    batch_deinit(&b);
-    return client_fail(c, KVC_E_NOMEM, "out of memory");
-  }
+  part_t *parts = c->io_parts;
   /* Bytes of one token in the buffer, and the alignment slack of a part. */
   uint64_t per_token = r.nl * (r.k_row + r.v_row + 2 * r.s_row), slack = 4 * ALIGN;
   uint64_t used = 0;
@@ -288,7 +294,6 @@ static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries
     }
   }
   if (rc == 0 && b.n) rc = flush(&b, &r, parts, &used);
-  free(parts);
   batch_deinit(&b);
   return rc;
 }

@@ -118,8 +118,45 @@ static wreq_t *pack(const Kvcache__V1__Response *resp) {
   return w;
 }
 
+/* Queues the unwritten tail [sent, len) of a packed frame. */
+static int write_rest(conn_t *c, const uint8_t *frame, size_t len, size_t sent) {
+  size_t rest = len - sent;
+  wreq_t *w = malloc(sizeof *w + rest);
+  if (!w) {
+    conn_close(c, "out of memory queueing a reply");
+    return KVC_E_NOMEM;
+  }
+  memcpy(w->data, frame + sent, rest);
+  w->len = rest;
+  c->srv->stats.socket_bytes_out -= rest; /* counted again by write_frame */
+  return write_frame(c, w);
+}
+
+/* Small replies (nearly all) are packed on the stack and written at once
+ * with uv_try_write when nothing is queued: no allocation, no write request,
+ * and none of the epoll_ctl that libuv 1.44 issues after every uv_write.
+ * What the socket does not take goes through the write queue. */
+#define SMALL_REPLY 1024
+
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
   if (c->closed) return KVC_E_IO;
+  size_t n = kvcache__v1__response__get_packed_size(resp);
+  if (n + FRAME_HEADER_BYTES <= SMALL_REPLY && c->wq_bytes == 0) {
+    _Alignas(8) uint8_t frame[SMALL_REPLY];
+    frame_put_header(frame, (uint32_t)n);
+    kvcache__v1__response__pack(resp, frame + FRAME_HEADER_BYTES);
+    size_t len = FRAME_HEADER_BYTES + n;
+    uv_buf_t buf = uv_buf_init((char *)frame, (unsigned)len);
+    int sent = uv_try_write((uv_stream_t *)&c->pipe, &buf, 1);
+    if (sent == UV_EAGAIN) sent = 0;
+    if (sent < 0) {
+      conn_close(c, uv_strerror(sent));
+      return KVC_E_IO;
+    }
+    c->srv->stats.socket_bytes_out += len;
+    if ((size_t)sent == len) return 0;
+    return write_rest(c, frame, len, (size_t)sent);
+  }
   wreq_t *w = pack(resp);
   if (!w) {
     conn_close(c, "out of memory packing a reply");

@@ -184,10 +184,38 @@ static int op_get_shm(void *p) {
   return kvc_get_shm(t->h, &t->x, &t->sio, 1);
 }
 
-enum path { PATH_COPY, PATH_SHM, PATH_NPATHS };
-static const char *const path_names[PATH_NPATHS] = {"copy path", "direct buffer"};
-static const op_fn put_ops[PATH_NPATHS] = {op_put_copy, op_put_shm};
-static const op_fn get_ops[PATH_NPATHS] = {op_get_copy, op_get_shm};
+/* Reads layers [0, nl) of the leased tokens in place, every byte once (as a
+ * consumer would: the sum stands for its use of them). */
+static uint64_t read_leased(const kvc_lease_t *l, uint32_t nl, uint64_t pos, uint64_t nt) {
+  const kvc_lease_info_t *li = kvc_lease_info(l);
+  uint64_t sum = 0;
+  for (uint32_t ly = 0; ly < nl; ly++)
+    for (uint64_t p = pos; p < pos + nt; p++) {
+      const uint64_t *k = kvc_lease_k(l, ly, p), *v = kvc_lease_v(l, ly, p);
+      for (uint64_t i = 0; i < li->k_row_bytes / 8; i++) sum += k[i];
+      for (uint64_t i = 0; i < li->v_row_bytes / 8; i++) sum += v[i];
+    }
+  return sum;
+}
+
+static volatile uint64_t sink;
+
+/* A zero-copy read: lease, read in place, release (two round trips). */
+static int op_lease_read(void *p) {
+  kx_t *t = p;
+  kx_step(t);
+  kvc_lease_t *l;
+  int rc = kvc_lease(t->h, t->io.seq_id, t->io.pos, t->io.pos + t->io.ntokens, &l);
+  if (rc) return rc;
+  sink += read_leased(l, t->x.layer_end, t->io.pos, t->io.ntokens);
+  return kvc_lease_release(l);
+}
+
+enum path { PATH_COPY, PATH_SHM, PATH_LEASE, PATH_NPATHS };
+static const char *const path_names[PATH_NPATHS] = {"copy path", "direct buffer",
+                                                    "zero-copy read"};
+static const op_fn put_ops[PATH_NPATHS] = {op_put_copy, op_put_shm, NULL};
+static const op_fn get_ops[PATH_NPATHS] = {op_get_copy, op_get_shm, op_lease_read};
 
 /* ---- references ------------------------------------------------------------- */
 
@@ -313,6 +341,37 @@ static void transfer_row(const char *what, int i, double ns, bool held, bool get
 
 static int op_ping(void *p) { return kvc_ping(p); }
 
+/* Reading again under a lease held across reads (attention over a prefix at
+ * every decode step): no round trip at all. */
+typedef struct held {
+  kvc_lease_t *l;
+  uint64_t nt, pos, span;
+} held_t;
+
+static int op_held_read(void *p) {
+  held_t *hd = p;
+  hd->pos = hd->pos + 2 * hd->nt > hd->span ? 0 : hd->pos + hd->nt;
+  sink += read_leased(hd->l, 32, hd->pos, hd->nt);
+  return 0;
+}
+
+static void bench_held_lease(kvc_client_t *c, kvc_cache_t *h) {
+  for (int i = 1; i < NSIZES; i += 2) {
+    held_t hd = {NULL, sizes[i] / TOKEN_BYTES ? sizes[i] / TOKEN_BYTES : 1, 0, SPAN};
+    if (sizes[i] < TOKEN_BYTES) continue;
+    must(c, kvc_lease(h, 1, 0, SPAN, &hd.l), "lease");
+    meas_t m = measure(op_held_read, &hd, TRIAL_MS, 10);
+    must(c, kvc_lease_release(hd.l), "lease release");
+    char name[64];
+    snprintf(name, sizeof name, "re-read %s under a held lease", size_names[i]);
+    row_t *r = row_add(name, GOAL_NONE, 0);
+    fmt_bw(r->fig, sizeof r->fig, (double)sizes[i], m.ns);
+    snprintf(r->ref, sizeof r->ref, "memcpy out %.2f GB/s", (double)sizes[i] / memcpy_ns[1][i]);
+    r->ratio = memcpy_ns[1][i] / m.ns;
+    snprintf(r->note, sizeof r->note, "no round trip");
+  }
+}
+
 static void bench_one_client(const kd_t *d) {
   section("1 client");
   kvc_client_t *c = kc_open(d, 64 * MiB);
@@ -326,6 +385,7 @@ static void bench_one_client(const kd_t *d) {
   snprintf(r->note, sizeof r->note, "the floor of any request");
   for (int p = 0; p < PATH_NPATHS; p++) {
     for (int dir = 0; dir < 2; dir++) {
+      if (dir == 0 && !put_ops[p]) continue;
       for (int i = 0; i < NSIZES; i++) {
         kx_t t;
         kx_init(&t, c, h, 1, sizes[i], SPAN);
@@ -337,13 +397,17 @@ static void bench_one_client(const kd_t *d) {
         meas_t m = measure(dir == 0 ? put_ops[p] : get_ops[p], &t, TRIAL_MS, 20);
         if (!m.ok) must(c, -1, "transfer");
         char what[48];
-        snprintf(what, sizeof what, "%s %s", dir == 0 ? "put" : "get", path_names[p]);
+        if (p == PATH_LEASE) snprintf(what, sizeof what, "%s", path_names[p]);
+        else snprintf(what, sizeof what, "%s %s", dir == 0 ? "put" : "get", path_names[p]);
         transfer_row(what, i, m.ns, p != PATH_COPY, dir == 1);
         if (p == PATH_SHM && i == 3) *(dir == 0 ? &kvc_1m_put_ns : &kvc_1m_get_ns) = m.ns;
+        if (p == PATH_LEASE && i == 0)
+          snprintf(rows[nrows - 1].note, sizeof rows[0].note, "lease + read + release: 2 RTT");
         kx_deinit(&t);
       }
     }
   }
+  bench_held_lease(c, h);
   kvc_client_close(c);
 
   struct {
@@ -373,7 +437,7 @@ static void bench_one_client(const kd_t *d) {
 
 /* A child: its own client and sequence; each byte on `go` starts a trial of
  * trial_ms, after which it writes its op count and elapsed ns to `done`. */
-static void multi_child(const kd_t *d, int go, int done, int idx, uint64_t bytes, bool put) {
+static void multi_child(const kd_t *d, int go, int done, int idx, uint64_t bytes, op_fn op) {
   kvc_client_t *c = kc_open(d, 16 * MiB);
   kvc_cache_t *h = kc_cache(c, "llama", &llama);
   kc_fill(h, c, 100 + (uint64_t)idx, SPAN / 16);
@@ -386,7 +450,7 @@ static void multi_child(const kd_t *d, int go, int done, int idx, uint64_t bytes
     double t0 = now_ns(), end = t0 + TRIAL_MS * 2 * 1e6, now = t0;
     uint64_t n = 0;
     while (now < end) {
-      if ((put ? op_put_shm : op_get_shm)(&t) != 0) _exit(2);
+      if (op(&t) != 0) _exit(2);
       n++;
       now = now_ns();
     }
@@ -397,7 +461,7 @@ static void multi_child(const kd_t *d, int go, int done, int idx, uint64_t bytes
   _exit(0);
 }
 
-static double multi_run(const kd_t *d, uint64_t bytes, bool put) {
+static double multi_run(const kd_t *d, uint64_t bytes, op_fn op) {
   int go[NCLIENTS], done[NCLIENTS];
   pid_t pids[NCLIENTS];
   for (int i = 0; i < NCLIENTS; i++) {
@@ -412,7 +476,7 @@ static double multi_run(const kd_t *d, uint64_t bytes, bool put) {
         close(go[j]);
         close(done[j]);
       }
-      multi_child(d, a[0], b[1], i, bytes, put);
+      multi_child(d, a[0], b[1], i, bytes, op);
     }
     close(a[0]);
     close(b[1]);
@@ -441,14 +505,16 @@ static double multi_run(const kd_t *d, uint64_t bytes, bool put) {
 
 static void bench_multi_client(const kd_t *d) {
   section("8 clients");
-  for (int dir = 0; dir < 2; dir++)
+  static const op_fn ops[3] = {op_put_shm, op_get_shm, op_lease_read};
+  static const char *const names[3] = {"put direct buffer", "get direct buffer",
+                                       "zero-copy read"};
+  for (int k = 0; k < 3; k++)
     for (int i = 0; i < NSIZES; i++) {
-      double bw = multi_run(d, sizes[i], dir == 0);
+      double bw = multi_run(d, sizes[i], ops[k]);
       char name[64];
-      snprintf(name, sizeof name, "%s direct buffer %s, total", dir ? "get" : "put",
-               size_names[i]);
+      snprintf(name, sizeof name, "%s %s, total", names[k], size_names[i]);
       row_t *r = row_add(name, GOAL_NONE, 0);
-      double limit = (double)sizes[i] / (memcpy_ns[dir][i] + rtt_ns);
+      double limit = (double)sizes[i] / (memcpy_ns[k > 0][i] + rtt_ns);
       snprintf(r->fig, sizeof r->fig, "%.2f GB/s", bw);
       snprintf(r->ref, sizeof r->ref, "1-client limit %.2f GB/s", limit);
       r->ratio = bw / limit;
