@@ -2,8 +2,12 @@
  * kvc_bench.
  *
  * A measurement runs an operation in TRIALS trials of at least trial_ms each
- * (after a warm-up) and keeps the median of the per-trial means; it also keeps
- * every single duration so a percentile can be read. A row of the table holds
+ * (after a warm-up), timing every single operation; its figure is the median
+ * operation (robust to the preemptions of a shared 2-vCPU machine), and p99
+ * is there too. Figures that are compared are measured side by side:
+ * measure_side alternates the trials of several operations (kvcached, the
+ * memcpy and the round trip of its limit, Redis), so a change of load on the
+ * machine hits all of them alike. A row of the table holds
  * a figure, its reference, their ratio and the goal the ratio is held to
  * (BRIEF section 7), met or not. Nothing here asserts a timing.
  */
@@ -65,37 +69,53 @@ static BU_UNUSED double quantile(double *v, size_t n, double q) {
 typedef int (*op_fn)(void *ctx);
 
 typedef struct meas {
-  double ns;       /* median over trials of the mean time of one operation */
+  double ns;       /* median time of one operation */
   double p50, p99; /* of single operations, over every trial */
   uint64_t ops;    /* operations timed in all */
   bool ok;         /* false if an operation failed */
 } meas_t;
 
-static double samples[MAX_SAMPLES];
-
-/* Runs fn warm times, then TRIALS trials of at least trial_ms and min_ops. */
-static BU_UNUSED meas_t measure(op_fn fn, void *ctx, double trial_ms, int min_ops) {
-  meas_t m = {0, 0, 0, 0, true};
-  double per[TRIALS];
-  size_t ns = 0;
-  for (int i = 0; i < 3; i++)
-    if (fn(ctx) != 0) return (meas_t){0, 0, 0, 0, false};
-  for (int t = 0; t < TRIALS; t++) {
-    double start = now_ns(), last = start, end = start + trial_ms * 1e6;
-    int n = 0;
-    while (n < min_ops || last < end) {
-      if (fn(ctx) != 0) return (meas_t){0, 0, 0, 0, false};
-      double now = now_ns();
-      if (ns < MAX_SAMPLES) samples[ns++] = now - last;
-      last = now;
-      n++;
-    }
-    per[t] = (last - start) / n;
-    m.ops += (uint64_t)n;
+/* One trial of fn: at least trial_ms and min_ops; appends single times. */
+static int trial(op_fn fn, void *ctx, double trial_ms, int min_ops, double *s, size_t *ns,
+                 uint64_t *ops) {
+  double start = now_ns(), last = start, end = start + trial_ms * 1e6;
+  for (int n = 0; n < min_ops || last < end; n++) {
+    if (fn(ctx) != 0) return -1;
+    double now = now_ns();
+    if (*ns < MAX_SAMPLES) s[(*ns)++] = now - last;
+    last = now;
+    (*ops)++;
   }
-  m.ns = quantile(per, TRIALS, 0.5);
-  m.p50 = quantile(samples, ns, 0.5);
-  m.p99 = quantile(samples, ns, 0.99);
+  return 0;
+}
+
+#define MAX_SIDE 4
+
+/* Measures n operations side by side: after a warm-up of each, TRIALS rounds
+ * in which each runs one trial in turn. out[i] belongs to fns[i]. */
+static BU_UNUSED void measure_side(const op_fn *fns, void *const *ctxs, int n, double trial_ms,
+                                   int min_ops, meas_t *out) {
+  static double samples[MAX_SIDE][MAX_SAMPLES];
+  size_t ns[MAX_SIDE] = {0};
+  for (int i = 0; i < n; i++) {
+    out[i] = (meas_t){0, 0, 0, 0, true};
+    for (int w = 0; w < 3 && out[i].ok; w++) out[i].ok = fns[i](ctxs[i]) == 0;
+  }
+  for (int t = 0; t < TRIALS; t++)
+    for (int i = 0; i < n; i++)
+      if (out[i].ok)
+        out[i].ok = trial(fns[i], ctxs[i], trial_ms, min_ops, samples[i], &ns[i],
+                          &out[i].ops) == 0;
+  for (int i = 0; i < n; i++) {
+    if (!out[i].ok) continue;
+    out[i].ns = out[i].p50 = quantile(samples[i], ns[i], 0.5);
+    out[i].p99 = quantile(samples[i], ns[i], 0.99);
+  }
+}
+
+static BU_UNUSED meas_t measure(op_fn fn, void *ctx, double trial_ms, int min_ops) {
+  meas_t m;
+  measure_side(&fn, &ctx, 1, trial_ms, min_ops, &m);
   return m;
 }
 
