@@ -172,6 +172,8 @@ int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Respons
                            ? "kvcached shut down; reopen the client when it is back"
                            : "connection to kvcached is broken; reopen the client");
   req->id = ++c->next_id;
+  req->n_release_leases = c->nrelease;
+  req->release_leases = c->release_q;
   size_t len;
   int rc = pack_request(c, req, &len);
   if (rc) return rc;
@@ -179,6 +181,7 @@ int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Respons
   if (rc && goodbye_waiting(c))
     return broken(c, KVC_E_SHUTDOWN, "kvcached is shutting down (request not sent)", 0);
   if (rc) return broken(c, KVC_E_IO, "sending to kvcached", -rc);
+  c->nrelease = 0; /* sent: the daemon releases them before the body runs */
   int64_t n = recv_frame(c, NULL, 0);
   if (n < 0) return (int)n;
   Kvcache__V1__Response *r =

@@ -35,6 +35,8 @@ struct kvc_client {
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
   void *io_wire, *io_ptrs, *io_parts; /* transfer scratch, max_io_entries each,
                                          allocated at the first transfer */
+  uint64_t release_q[64];    /* deferred lease releases, sent with the next request */
+  size_t nrelease;
 };
 
 struct kvc_cache {

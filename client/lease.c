@@ -107,6 +107,25 @@ KVC_API const void *kvc_lease_v(const kvc_lease_t *l, uint32_t layer, uint64_t p
   return l ? row(l, layer, pos, true) : NULL;
 }
 
+KVC_API int kvc_lease_release_later(kvc_lease_t *l) {
+  if (!l) return 0;
+  kvc_client_t *c = l->client;
+  uint64_t id = l->info.lease_id;
+  unlink_lease(l);
+  free(l);
+  if (c->nrelease == sizeof c->release_q / sizeof c->release_q[0]) {
+    /* The queue is full: send it with an explicit release. */
+    Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+    Kvcache__V1__LeaseRelease b = KVCACHE__V1__LEASE_RELEASE__INIT;
+    req.body_case = KVCACHE__V1__REQUEST__BODY_LEASE_RELEASE;
+    req.lease_release = &b;
+    int rc = client_call(c, &req, NULL);
+    if (rc) return rc;
+  }
+  c->release_q[c->nrelease++] = id;
+  return 0;
+}
+
 KVC_API int kvc_lease_release(kvc_lease_t *l) {
   if (!l) return 0;
   kvc_client_t *c = l->client;

@@ -508,6 +508,12 @@ static int run(conn_t *c, const Kvcache__V1__Request *req, reply_t *r, int *op) 
   return handlers[bc].fn(c, req, r);
 }
 
+/* Deferred lease releases ride on any request of a greeted connection. */
+static void release_deferred(conn_t *c, const Kvcache__V1__Request *req) {
+  for (size_t i = 0; i < req->n_release_leases; i++)
+    if (engine_lease_release(c->srv->eng, c->id, req->release_leases[i]) == 0) c->nleases--;
+}
+
 void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   server_t *srv = c->srv;
   uint64_t t0 = uv_hrtime();
@@ -527,6 +533,7 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1};
   int op;
   testhook_before(srv->eng);
+  if (c->greeted) release_deferred(c, req);
   int rc = run(c, req, &r, &op);
   testhook_after(srv->eng);
   resp.id = req->id;

@@ -330,6 +330,13 @@ KVC_API const void *kvc_lease_v(const kvc_lease_t *lease, uint32_t layer, uint64
  * (in every case: on KVC_E_IO the connection's close releases it). Accepts
  * NULL. */
 KVC_API int kvc_lease_release(kvc_lease_t *lease);
+/* Frees the handle now and releases the lease in the daemon with this
+ * client's next request, whatever it is (no round trip of its own): the
+ * pages stay held until then. Use it in a loop that leases again (a decode
+ * step reading in place): each read then costs one round trip, not two.
+ * After 64 deferred releases the next one sends them at once. Accepts NULL;
+ * KVC_E_IO only if that flush fails. */
+KVC_API int kvc_lease_release_later(kvc_lease_t *lease);
 
 /* ---- sequences ---------------------------------------------------------- */
 

@@ -236,6 +236,32 @@ TEST(lease_released_when_client_killed) {
   daemon_stop(&d);
 }
 
+TEST(lease_release_later_rides_on_the_next_request) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_f32(c);
+  put_seq(h, 1, 0, NTOK, 0);
+  kvc_lease_t *ls;
+  for (int i = 0; i < 3; i++) {
+    ASSERT_OK(kvc_lease(h, 1, 0, NTOK, &ls));
+    ASSERT_OK(kvc_lease_release_later(ls)); /* sent with the next lease */
+  }
+  ASSERT_U64_EQ(stat_get(c, "leases_taken", NULL), 3);
+  /* The stats request itself carried the last release. */
+  ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
+  ASSERT_U64_EQ(stat_get(c, "requests_lease_release", NULL), 0);
+  /* 64 deferred releases fill the queue; the 65th flushes it first. */
+  kvc_lease_t *many[65];
+  for (int i = 0; i < 65; i++) ASSERT_OK(kvc_lease(h, 1, 0, 4, &many[i]));
+  for (int i = 0; i < 65; i++) ASSERT_OK(kvc_lease_release_later(many[i]));
+  ASSERT_U64_EQ(stat_get(c, "requests_lease_release", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
+  ASSERT_OK(kvc_lease_release_later(NULL));
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
+
 TEST(lease_bad_input) {
   daemon_t d;
   daemon_start(&d);
