@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -88,6 +89,24 @@ static int pack_request(kvc_client_t *c, Kvcache__V1__Request *req, size_t *len)
   return 0;
 }
 
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* recv that polls for spin_ns before it blocks: a reply that arrives within
+ * that time needs no wakeup of this thread (on a VM, a wakeup of an idle
+ * vCPU is most of a round trip). Costs this thread's CPU while it waits. */
+static ssize_t recv_spin(kvc_client_t *c, uint8_t *buf, size_t len) {
+  uint64_t end = mono_ns() + c->spin_ns;
+  do {
+    ssize_t n = recv(c->fd, buf, len, MSG_DONTWAIT);
+    if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return n;
+  } while (mono_ns() < end);
+  return recv(c->fd, buf, len, 0);
+}
+
 /* Receives one reply frame into rbuf; fds[0..2) get passed descriptors, if
  * any (fds NULL: none expected). flags go to recv (MSG_DONTWAIT). Bytes that
  * arrived past the frame (the daemon's goodbye can follow a reply at once)
@@ -124,7 +143,10 @@ static int64_t recv_frame(kvc_client_t *c, int *fds, int flags) {
               cm->cmsg_len >= CMSG_LEN(sizeof(int)) && cm->cmsg_len <= CMSG_LEN(2 * sizeof(int)))
             memcpy(fds, CMSG_DATA(cm), cm->cmsg_len - CMSG_LEN(0));
     } else {
-      n = recv(c->fd, c->rbuf + have, c->rcap - have, flags);
+      /* A blocking wait polls first when the client asked for it. */
+      n = c->spin_ns && !(flags & MSG_DONTWAIT)
+              ? recv_spin(c, c->rbuf + have, c->rcap - have)
+              : recv(c->fd, c->rbuf + have, c->rcap - have, flags);
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return broken(c, KVC_E_IO, "receiving from kvcached", errno);
@@ -346,6 +368,7 @@ KVC_API int kvc_client_open(const kvc_client_opts_t *opts, kvc_client_t **out) {
     return KVC_E_NOMEM;
   }
   c->fd = -1;
+  c->spin_ns = opts ? (uint64_t)opts->spin_us * 1000u : 0;
   int rc = connect_socket(c, opts ? opts : &defaults);
   if (rc == 0) rc = handshake(c, opts ? opts : &defaults);
   if (rc != 0) {

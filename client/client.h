@@ -22,6 +22,7 @@ struct kvc_client {
   kvc_client_info_t info;    /* from HelloReply */
   uint32_t max_io_entries;   /* entries per Io request: max_entries, frame-bounded */
   uint64_t next_id;          /* request id */
+  uint64_t spin_ns;          /* poll this long for a reply before blocking */
   bool broken;               /* an I/O or protocol error ended the connection */
   int broken_code;           /* what later calls return: KVC_E_IO or KVC_E_SHUTDOWN */
   char err[256];             /* last error, one line */

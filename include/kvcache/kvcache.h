@@ -78,6 +78,10 @@ typedef struct kvc_client_opts {
                               The daemon clamps it to its bounds. */
   uint32_t timeout_ms;     /* per send/receive; 0: wait forever */
   const char *client_name; /* shown in the daemon's logs; borrowed; may be NULL */
+  uint32_t spin_us;        /* 0: block for each reply. Else poll for a reply up to
+                              this long before blocking: a reply within it costs
+                              no wakeup (on a VM most of a round trip) but the
+                              thread spins while it waits. */
 } kvc_client_opts_t;
 
 /* What the handshake told the client. */

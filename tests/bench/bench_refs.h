@@ -84,6 +84,7 @@ static BU_UNUSED int pingpong_open(pid_t *pid) {
   fflush(NULL);
   *pid = fork();
   if (*pid == 0) {
+    place_on(true);
     close(sv[0]);
     char buf[64];
     while (read_full(sv[1], buf, 64) == 0 && write_full(sv[1], buf, 64) == 0) {

@@ -15,6 +15,7 @@
 #define KVC_BENCH_UTIL_H
 
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -196,6 +197,21 @@ static BU_UNUSED void table_print(FILE *f) {
 
 /* ---- processes ------------------------------------------------------------ */
 
+/* Placement: clients run on the first CPU, servers (kvcached, Redis,
+ * memcached, the echo process of the bare round trip) on the last, so every
+ * round trip of every figure wakes a process on the other CPU, whatever the
+ * scheduler would have chosen (a wakeup on the same CPU costs a fraction of
+ * one on the other, and which one happens otherwise changes from run to
+ * run). With one CPU this does nothing. */
+static BU_UNUSED void place_on(bool server) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  if (n < 2) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(server ? (int)n - 1 : 0, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) perror("sched_setaffinity");
+}
+
 /* Waits until a Unix socket at path accepts, up to timeout_ms; false if not
  * (or if pid exited). */
 static BU_UNUSED bool wait_socket(const char *path, pid_t pid, int timeout_ms) {
@@ -223,6 +239,7 @@ static BU_UNUSED pid_t spawn(const char *const *argv, const char *log) {
   if (pid < 0) die("fork: %s", strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the bench */
+    place_on(true);
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
