@@ -185,6 +185,7 @@ static BU_UNUSED void table_print(FILE *f) {
     char ratio[24], goal[24];
     if (r->ratio < 0) snprintf(ratio, sizeof ratio, "-");
     else if (r->ratio >= 100) snprintf(ratio, sizeof ratio, "%.0fx", r->ratio);
+    else if (r->ratio < 0.1) snprintf(ratio, sizeof ratio, "%.4fx", r->ratio);
     else snprintf(ratio, sizeof ratio, "%.2fx", r->ratio);
     if (r->gk == GOAL_MIN) snprintf(goal, sizeof goal, ">= %gx", r->goal);
     else if (r->gk == GOAL_MAX) snprintf(goal, sizeof goal, "<= %gx", r->goal);
