@@ -223,21 +223,22 @@ TEST(hard_daemon_sigkilled_under_load_restarts_without_stale_data) {
 static int hello_keep_fd(int fd, uint64_t *shm_bytes) {
   raw_hello(fd, KVC_PROTOCOL_VERSION);
   uint8_t buf[4096];
-  char ctl[CMSG_SPACE(sizeof(int))];
+  char ctl[CMSG_SPACE(2 * sizeof(int))];
   struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf};
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
                        .msg_controllen = sizeof ctl};
   ssize_t n = recvmsg(fd, &msg, 0);
   ASSERT(n > 4);
-  int passed = -1;
+  int passed[2] = {-1, -1};
   struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
   ASSERT(cm && cm->cmsg_type == SCM_RIGHTS);
-  memcpy(&passed, CMSG_DATA(cm), sizeof passed);
+  memcpy(passed, CMSG_DATA(cm), cm->cmsg_len - CMSG_LEN(0));
+  if (passed[1] >= 0) close(passed[1]); /* the read-only pool: not this test's */
   Kvcache__V1__Response *r = kvcache__v1__response__unpack(NULL, (size_t)n - 4, buf + 4);
   ASSERT(r && r->status == KVCACHE__V1__STATUS__OK && r->hello);
   *shm_bytes = r->hello->shm_bytes;
   kvcache__v1__response__free_unpacked(r, NULL);
-  return passed;
+  return passed[0];
 }
 
 TEST(hard_seals_refuse_truncating_the_shared_buffer) {

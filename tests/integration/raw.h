@@ -26,7 +26,7 @@ IT_UNUSED static Kvcache__V1__Response *raw_reply(int fd) {
   uint8_t buf[65536];
   size_t have = 0, need = 4;
   while (have < need) {
-    char ctl[CMSG_SPACE(sizeof(int))];
+    char ctl[CMSG_SPACE(2 * sizeof(int))]; /* the buffer and the read-only pool */
     struct iovec iov = {.iov_base = buf + have, .iov_len = need - have};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
                          .msg_controllen = sizeof ctl};
@@ -34,9 +34,11 @@ IT_UNUSED static Kvcache__V1__Response *raw_reply(int fd) {
     if (n <= 0) return NULL;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
       if (cm->cmsg_type == SCM_RIGHTS) {
-        int passed;
-        memcpy(&passed, CMSG_DATA(cm), sizeof passed);
-        close(passed);
+        int passed[2];
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        if (k > 2) k = 2;
+        memcpy(passed, CMSG_DATA(cm), k * sizeof(int));
+        for (size_t i = 0; i < k; i++) close(passed[i]);
       }
     have += (size_t)n;
     if (need == 4 && have >= 4) need = 4 + (buf[0] | buf[1] << 8 | buf[2] << 16);
