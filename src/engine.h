@@ -213,6 +213,20 @@ int engine_lease_release(engine_t *eng, uint64_t owner, uint64_t lease_id);
 /* Releases every lease of owner; returns how many. */
 size_t engine_lease_release_all(engine_t *eng, uint64_t owner);
 
+/* A get whose copy runs outside the engine's thread (a worker of the
+ * daemon): engine_get_begin does everything engine_get does but the copy
+ * (validation, counters, LRU) and holds a reference on every page it reads,
+ * as a lease does, so nothing frees or writes them meanwhile (a write copies
+ * them first). engine_get_run copies into the entries' buffers; it touches
+ * no engine state, so any thread may run it while the engine's thread goes
+ * on. engine_get_end, on the engine's thread, drops the references and frees
+ * the job. Returns new *job; the codes of engine_get, KVC_E_NOMEM. */
+typedef struct engine_get_job engine_get_job_t;
+int engine_get_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+                     const engine_io_t *entries, size_t n, engine_get_job_t **job);
+void engine_get_run(const engine_get_job_t *job);
+void engine_get_end(engine_t *eng, engine_get_job_t *job);
+
 /* Page bytes for zero-copy readers: the pool offset of a sequence's page
  * holding position pos. For the daemon's lease path. */
 int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,

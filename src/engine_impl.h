@@ -119,6 +119,12 @@ void seq_truncate(engine_t *eng, seq_t *s, uint64_t n);
 void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out);
 
 /* lease.c */
+/* An internal lease (owner 0) on n pages (listed in any order, repeats
+ * allowed), for a copy that runs outside the engine's thread. NULL: out of
+ * memory (nothing changed). */
+lease_t *lease_pages(engine_t *eng, const uint32_t *pages, uint32_t n, uint64_t layout_bytes);
+/* Releases a lease (pages no one else holds are freed). */
+void lease_drop(engine_t *eng, lease_t *l);
 /* Frees every lease without touching page counts (the engine is going away). */
 void lease_free_all(engine_t *eng);
 /* Adds every lease's page references into refs; checks the lease counters.

@@ -94,6 +94,32 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
   return 0;
 }
 
+lease_t *lease_pages(engine_t *eng, const uint32_t *pages, uint32_t n, uint64_t layout_bytes) {
+  lease_t *l = mem_alloc(&eng->mem, sizeof *l + (size_t)n * sizeof l->pages[0]);
+  if (!l || hmap_reserve(&eng->leases, &eng->mem, 1) != 0) {
+    mem_free(&eng->mem, l);
+    return NULL;
+  }
+  l->id = ++eng->next_lease_id;
+  l->owner = 0; /* no connection: engine_lease_release_all never matches it */
+  l->layout_bytes = layout_bytes;
+  l->npages = n;
+  for (uint32_t i = 0; i < n; i++) {
+    l->pages[i] = pages[i];
+    pool_ref(&eng->pool, pages[i]);
+  }
+  l->prev = NULL;
+  l->next = eng->lease_list;
+  if (l->next) l->next->prev = l;
+  eng->lease_list = l;
+  hmap_insert(&eng->leases, l->id, l);
+  eng->st.leases++;
+  eng->st.leased_pages += n;
+  return l;
+}
+
+void lease_drop(engine_t *eng, lease_t *l) { lease_unlink(eng, l); }
+
 int engine_lease_release(engine_t *eng, uint64_t owner, uint64_t lease_id) {
   if (!eng) return KVC_E_INVAL;
   lease_t *l = hmap_get(&eng->leases, lease_id);

@@ -304,9 +304,9 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   return rc;
 }
 
-int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
-               const engine_io_t *entries, size_t n) {
-  if (!eng) return KVC_E_INVAL;
+/* Validates a get completely (nothing changes); fills *cp and *r. */
+static int get_check(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+                     const engine_io_t *entries, size_t n, cache_t **cp, xr_t *r_) {
   cache_t *c = engine_cache(eng, cache_id);
   if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
   if (!entries || n == 0) return engine_fail(eng, KVC_E_INVAL, "no entries");
@@ -328,6 +328,27 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                          (unsigned long long)e->pos, (unsigned long long)(e->pos + e->ntokens),
                          (unsigned long long)s->start, (unsigned long long)have);
   }
+  *cp = c;
+  *r_ = r;
+  return 0;
+}
+
+/* Counts a served get entry and touches its sequence. */
+static void get_count(engine_t *eng, cache_t *c, seq_t *s, const engine_io_t *e) {
+  lru_touch(eng, s);
+  eng->st.gets++;
+  eng->st.get_tokens += e->ntokens;
+  eng->st.bytes_out += e->k_bytes + e->v_bytes + e->k_scale_bytes + e->v_scale_bytes;
+  c->st.gets++;
+}
+
+int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+               const engine_io_t *entries, size_t n) {
+  if (!eng) return KVC_E_INVAL;
+  cache_t *c;
+  xr_t r;
+  int rc = get_check(eng, cache_id, x, entries, n, &c, &r);
+  if (rc) return rc;
   const geom_t *g = &c->g;
   for (size_t i = 0; i < n; i++) {
     const engine_io_t *e = &entries[i];
@@ -344,11 +365,97 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                e->v_scale);
       pos += cnt;
     }
-    lru_touch(eng, s);
-    eng->st.gets++;
-    eng->st.get_tokens += e->ntokens;
-    eng->st.bytes_out += e->k_bytes + e->v_bytes + e->k_scale_bytes + e->v_scale_bytes;
-    c->st.gets++;
+    get_count(eng, c, s, e);
   }
   return 0;
+}
+
+/* ---- a get copied outside the engine's thread ------------------------------ */
+
+/* One page's share of one entry. */
+typedef struct chunk {
+  const unsigned char *page;
+  uint64_t pt0, bt0, cnt; /* page tokens [pt0, +cnt) -> buffer tokens [bt0, +cnt) */
+  uint32_t entry;
+} chunk_t;
+
+struct engine_get_job {
+  geom_t g;               /* the cache's geometry: the cache may go meanwhile */
+  lease_t *lease;         /* holds every page a chunk reads */
+  size_t n, nchunks;
+  copy_plan_t *plans;     /* per entry, pointing at g */
+  engine_io_t *io;        /* per entry: the buffers */
+  chunk_t chunks[];
+};
+
+int engine_get_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+                     const engine_io_t *entries, size_t n, engine_get_job_t **job) {
+  if (!eng) return KVC_E_INVAL;
+  if (!job) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  cache_t *c;
+  xr_t r;
+  int rc = get_check(eng, cache_id, x, entries, n, &c, &r);
+  if (rc) return rc;
+  const geom_t *g = &c->g;
+  size_t nchunks = 0;
+  for (size_t i = 0; i < n; i++)
+    if (entries[i].ntokens)
+      nchunks += ((entries[i].pos + entries[i].ntokens - 1) >> g->tshift) -
+                 (entries[i].pos >> g->tshift) + 1;
+  if (nchunks > UINT32_MAX) return engine_fail(eng, KVC_E_TOOMANY, "get of too many pages");
+  engine_get_job_t *j = mem_alloc(&eng->mem, sizeof *j + nchunks * sizeof j->chunks[0]);
+  copy_plan_t *plans = mem_calloc(&eng->mem, n, sizeof *plans);
+  engine_io_t *io = mem_calloc(&eng->mem, n, sizeof *io);
+  uint32_t *pages = mem_calloc(&eng->mem, nchunks ? nchunks : 1, sizeof *pages);
+  if (!j || !plans || !io || !pages) goto nomem;
+  j->g = *g;
+  j->n = n;
+  j->nchunks = nchunks;
+  j->plans = plans;
+  j->io = io;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    const engine_io_t *e = &entries[i];
+    seq_t *s = hmap_get(&c->seqs, e->seq_id);
+    io[i] = *e;
+    copy_plan_init(&plans[i], &j->g, c->layout.dtype, r.l0, r.l1 - r.l0, r.h0, r.h1 - r.h0,
+                   r.bt, e->ntokens);
+    for (uint64_t pos = e->pos, end = e->pos + e->ntokens; pos < end;) {
+      uint64_t idx = pos >> g->tshift, pstart = idx << g->tshift;
+      uint64_t cnt = (pstart + g->T < end ? pstart + g->T : end) - pos;
+      pages[k] = s->table[idx - s->base];
+      j->chunks[k] = (chunk_t){pool_page(&eng->pool, pages[k]), pos - pstart, pos - e->pos, cnt,
+                               (uint32_t)i};
+      k++;
+      pos += cnt;
+    }
+  }
+  if (!(j->lease = lease_pages(eng, pages, (uint32_t)nchunks, g->page_bytes))) goto nomem;
+  mem_free(&eng->mem, pages);
+  for (size_t i = 0; i < n; i++) get_count(eng, c, hmap_get(&c->seqs, entries[i].seq_id), &entries[i]);
+  *job = j;
+  return 0;
+nomem:
+  mem_free(&eng->mem, j);
+  mem_free(&eng->mem, plans);
+  mem_free(&eng->mem, io);
+  mem_free(&eng->mem, pages);
+  return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+}
+
+void engine_get_run(const engine_get_job_t *j) {
+  for (size_t k = 0; k < j->nchunks; k++) {
+    const chunk_t *ch = &j->chunks[k];
+    const engine_io_t *e = &j->io[ch->entry];
+    copy_out(&j->plans[ch->entry], ch->page, ch->pt0, ch->bt0, ch->cnt, e->k, e->v, e->k_scale,
+             e->v_scale);
+  }
+}
+
+void engine_get_end(engine_t *eng, engine_get_job_t *j) {
+  if (!j) return;
+  lease_drop(eng, j->lease);
+  mem_free(&eng->mem, j->plans);
+  mem_free(&eng->mem, j->io);
+  mem_free(&eng->mem, j);
 }

@@ -300,3 +300,29 @@ TEST(allocfail_lease) {
   ASSERT_EQ(engine_lease_release_all(w.f.eng, 42), 1);
   sweep_close(&w);
 }
+
+/* A get job of seq 1 [1, 9) and seq 2 [0, 6): begin, run, end. */
+static int op_get_job(sweep_t *w) {
+  fx_rng_t r = fx_all(&w->f.lay);
+  fx_buf_t b1 = fx_buf_new(&w->f.lay, r, 8), b2 = fx_buf_new(&w->f.lay, r, 6);
+  engine_io_t io[2] = {fx_io(1, 1, 8, &b1), fx_io(2, 0, 6, &b2)};
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  engine_get_job_t *job;
+  int rc = engine_get_begin(w->f.eng, w->f.cid, &x, io, 2, &job);
+  if (rc == 0) {
+    engine_get_run(job);
+    engine_get_end(w->f.eng, job);
+  }
+  fx_buf_free(&b1);
+  fx_buf_free(&b2);
+  return rc;
+}
+
+TEST(allocfail_get_job) {
+  sweep_t w;
+  sweep_open(&w, 16);
+  int fails = sweep_run(&w, op_get_job);
+  ASSERT(fails >= 4);
+  ASSERT_U64_EQ(fx_stats(&w.f).leases, 0);
+  sweep_close(&w);
+}

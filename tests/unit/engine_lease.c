@@ -186,3 +186,38 @@ TEST(lease_held_at_engine_free) {
   ASSERT_OK(engine_lease(f.eng, f.cid, 1, 0, 8, 7, &l));
   fx_close(&f); /* LeakSanitizer checks the lease is freed */
 }
+
+/* A get job copies what the pages held at begin, whatever happens to the
+ * sequence before it runs (the daemon runs it on a worker thread). */
+TEST(get_job_copies_what_begin_saw) {
+  fx_t f;
+  open_small(&f, 6);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 2));
+  fx_rng_t r = fx_all(&f.lay);
+  fx_buf_t b = fx_buf_new(&f.lay, r, 9), want = fx_buf_new(&f.lay, r, 9);
+  engine_io_t io = fx_io(1, 1, 9, &b);
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  engine_get_job_t *job = NULL;
+  ASSERT_ERR(engine_get_begin(f.eng, f.cid, &x, &io, 1, NULL), KVC_E_INVAL);
+  engine_io_t bad = fx_io(2, 1, 9, &b);
+  ASSERT_ERR(engine_get_begin(f.eng, f.cid, &x, &bad, 1, &job), KVC_E_NOSEQ);
+  ASSERT(job == NULL);
+  ASSERT_U64_EQ(fx_stats(&f).leases, 0);
+  ASSERT_OK(engine_get_begin(f.eng, f.cid, &x, &io, 1, &job));
+  ASSERT_U64_EQ(fx_stats(&f).leased_pages, 3);
+  ASSERT_U64_EQ(fx_stats(&f).gets, 1);
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 9));  /* overwrite: copies the 3 pages */
+  ASSERT_OK(fx_put(&f, 7, 0, 4, 7));   /* a new sequence: evicts 1, frees no leased page */
+  FX_AUDIT(f.eng);
+  engine_get_run(job);
+  engine_get_end(f.eng, job);
+  fx_fill(&f.lay, r, 1, 1, 9, 2, want.k, want.v);
+  ASSERT_MEM_EQ(b.k, want.k, b.kb);
+  ASSERT_MEM_EQ(b.v, want.v, b.vb);
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.leases, 0);
+  ASSERT_U64_EQ(s.leased_pages, 0);
+  fx_buf_free(&b);
+  fx_buf_free(&want);
+  fx_close(&f);
+}
