@@ -11,13 +11,14 @@
 #   make valgrind   the integration suite's daemon under valgrind memcheck
 #   make fuzz       libFuzzer (clang) on each target for FUZZ_SECONDS (default 60)
 #   make fuzz-corpus    regenerate the checked-in seed corpus (tests/fuzz/corpus)
+#   make tsan       the integration suite under ThreadSanitizer (build-tsan/)
 #   make deps       install the Debian packages the build needs, if missing
 #   make install    binaries, library, headers, kvcache.pc, units, config, man pages
 #                   (PREFIX=/usr/local, DESTDIR=, SYSCONFDIR=/etc; see "install" below)
 #   make uninstall  removes what install installed, except the config file
 #   make systemd/kvcached.conf   regenerates the example config from the option table
 #
-# Knobs: SANITIZE=1, OPT=-O2, MALLOC=jemalloc|libc, V=1, CI=true (-Werror).
+# Knobs: SANITIZE=1 (or thread), OPT=-O2, MALLOC=jemalloc|libc, V=1, CI=true (-Werror).
 
 ifeq ($(FUZZ),1)
   # libFuzzer build: every object instrumented, fuzz targets linked with its main.
@@ -26,6 +27,12 @@ ifeq ($(FUZZ),1)
   MALLOC ?= libc
   OPT ?= -O1 -g -fno-omit-frame-pointer
   SANFLAGS := -fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=all
+else ifeq ($(SANITIZE),thread)
+  # ThreadSanitizer: the daemon's thread-pool copies (offload_bytes).
+  B ?= build-tsan
+  MALLOC ?= libc
+  OPT ?= -O1 -g -fno-omit-frame-pointer
+  SANFLAGS := -fsanitize=thread
 else ifeq ($(SANITIZE),1)
   B ?= build-asan
   MALLOC ?= libc
@@ -108,7 +115,7 @@ endif
 endif
 ALL += $(UNIT_BIN) $(IT_BIN)
 
-.PHONY: all run test check bench deps clean install uninstall fuzz fuzz-build fuzz-corpus soak valgrind
+.PHONY: all run test check bench deps clean install uninstall fuzz fuzz-build fuzz-corpus soak valgrind tsan
 all: $(ALL)
 
 # ---- engine --------------------------------------------------------------
@@ -242,6 +249,12 @@ valgrind: deps
 	  cp tests/valgrind.sh build-vg/kvcached && \
 	  KVC_VALGRIND=1 tests/run.sh build-vg; rc=$$?; \
 	  mv build-vg/kvcached.real build-vg/kvcached; exit $$rc
+
+# The integration tests against a daemon built with ThreadSanitizer (the
+# thread-pool copies of large gets are the daemon's only threads).
+tsan: deps
+	@$(MAKE) --no-print-directory SANITIZE=thread all
+	@TSAN_OPTIONS="$${TSAN_OPTIONS:-halt_on_error=1}" tests/run.sh --it-only build-tsan
 
 # One program prints the one table (tests/bench/kvc_bench.c); engine_bench
 # (the engine alone, no daemon) is built too and runs by hand.

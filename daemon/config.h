@@ -44,6 +44,7 @@ typedef struct config {
   uint32_t frames_per_turn;  /* requests one connection runs per loop turn */
   uint64_t write_queue_bytes;/* pending reply bytes that pause reading */
   uint32_t frame_timeout_ms; /* a started frame must be whole within it; 0: none */
+  uint64_t offload_bytes;    /* gets this large copy on the thread pool; 0: never */
   uid_t allow_uids[CONFIG_MAX_IDS]; /* peers allowed by uid */
   uint32_t n_allow_uids;
   gid_t allow_gids[CONFIG_MAX_IDS]; /* peers allowed by primary gid */

@@ -36,7 +36,39 @@ static void free_conn(conn_t *c) {
 
 static void on_handle_closed(uv_handle_t *h) {
   conn_t *c = h->data;
-  if (--c->open_handles == 0) free_conn(c);
+  if (--c->open_handles > 0) return;
+  if (c->offloaded) c->free_pending = true; /* a pool thread still uses its buffer */
+  else free_conn(c);
+}
+
+void conn_offload_begin(conn_t *c) { c->offloaded = true; }
+
+bool conn_offload_end(conn_t *c) {
+  c->offloaded = false;
+  if (c->free_pending) {
+    free_conn(c);
+    return false;
+  }
+  if (c->closed) shm_close(&c->shm); /* kept mapped for the copy */
+  return !c->closed;
+}
+
+void conn_resume(conn_t *c) {
+  if (c->drain_pending) {
+    c->drain_pending = false;
+    conn_drain(c);
+    return;
+  }
+  if (c->flush_reason[0]) {
+    char why[sizeof c->flush_reason];
+    snprintf(why, sizeof why, "%s", c->flush_reason);
+    c->flush_reason[0] = '\0';
+    c->closing = false; /* set only to stop running requests meanwhile */
+    conn_run_all(c);    /* what the client sent before closing is answered */
+    if (!c->closed) conn_close_after_flush(c, why);
+    return;
+  }
+  schedule(c);
 }
 
 void conn_close(conn_t *c, const char *reason) {
@@ -55,8 +87,9 @@ void conn_close(conn_t *c, const char *reason) {
               (int)c->pid, reason);
   }
   if (c->shm.base) srv->stats.shm_bytes -= c->shm.bytes;
-  /* Unmap now: the pins are gone and nothing may use the buffer again. */
-  shm_close(&c->shm);
+  /* Unmap now: the pins are gone and nothing may use the buffer again,
+   * unless a pool thread still copies into it (then when it is done). */
+  if (!c->offloaded) shm_close(&c->shm);
   uv_close((uv_handle_t *)&c->pipe, on_handle_closed);
   uv_close((uv_handle_t *)&c->idle, on_handle_closed);
   uv_close((uv_handle_t *)&c->deadline, on_handle_closed);
@@ -69,6 +102,11 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
 
 void conn_close_after_flush(conn_t *c, const char *reason) {
   if (c->closing) return;
+  if (c->offloaded) { /* answer the offloaded request first: conn_resume */
+    snprintf(c->flush_reason, sizeof c->flush_reason, "%s", reason && *reason ? reason : "closing");
+    c->closing = true;
+    return;
+  }
   c->closing = true;
   LOG_DEBUG("closing", "conn=%llu reason=\"%s\"", (unsigned long long)c->id, reason);
   if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
@@ -216,7 +254,7 @@ static void run_frames(conn_t *c, unsigned limit) {
   server_t *srv = c->srv;
   size_t off = 0;
   unsigned n = 0;
-  while (!c->closing) {
+  while (!c->closing && !c->offloaded) {
     uint32_t plen = 0;
     int st = frame_parse(c->rbuf + off, c->rlen - off, c->max_frame, &plen);
     if (st == FRAME_TOO_BIG) {
@@ -253,6 +291,10 @@ void conn_run_all(conn_t *c) { run_frames(c, UINT32_MAX); }
 
 void conn_drain(conn_t *c) {
   if (c->closing) return;
+  if (c->offloaded) { /* after its reply: conn_resume */
+    c->drain_pending = true;
+    return;
+  }
   server_t *srv = c->srv;
   uv_os_fd_t fd = -1;
   if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
@@ -338,7 +380,7 @@ static void schedule(conn_t *c) {
   bool pressure = c->wq_bytes > srv->cfg.write_queue_bytes;
   bool have_frame = frame_parse(c->rbuf, c->rlen, c->max_frame, &plen) != FRAME_NEED_MORE;
   bool want_read = !pressure && !have_frame && c->rlen < c->rcap && !c->eof;
-  bool want_idle = !pressure && have_frame;
+  bool want_idle = !pressure && have_frame && !c->offloaded;
   if (pressure && !c->paused) srv->stats.write_pauses++;
   c->paused = pressure;
   if (want_read != c->reading) {

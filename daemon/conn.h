@@ -41,6 +41,11 @@ struct conn {
   uint32_t max_frame;        /* max_frame_bytes at accept */
   uint64_t wq_bytes;         /* reply bytes queued to libuv, not yet written */
   uint32_t nleases;          /* zero-copy read leases this connection holds */
+  bool offloaded;            /* a get copies on the thread pool: no other
+                                request runs, the buffer stays mapped */
+  bool free_pending;         /* closed while offloaded: free when it ends */
+  bool drain_pending;        /* the drain reached it while offloaded */
+  char flush_reason[64];     /* close-after-flush asked while offloaded */
   shm_region_t shm;          /* the shared buffer (after Hello) */
   bool counted;              /* counted in connections_current */
   bool greeted;              /* Hello accepted */
@@ -72,6 +77,16 @@ void conn_close_after_flush(conn_t *c, const char *reason);
 
 /* Closes now (pending writes are dropped). reason goes to the log. */
 void conn_close(conn_t *c, const char *reason);
+
+/* A get of c is being copied off the loop (offload.c): c runs nothing else
+ * and keeps its buffer until conn_offload_end. */
+void conn_offload_begin(conn_t *c);
+/* The copy is done: returns false if c was closed meanwhile (then it is
+ * freed here and must not be used), else true (reply, then conn_resume). */
+bool conn_offload_end(conn_t *c);
+/* Runs what waited for the offloaded request (buffered frames, a pending
+ * close after flush). */
+void conn_resume(conn_t *c);
 
 /* Runs every complete buffered frame, ignoring the per-turn bound (drain). */
 void conn_run_all(conn_t *c);

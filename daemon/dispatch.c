@@ -9,6 +9,7 @@
 
 #include "kvcache/kvcache.h"
 #include "log.h"
+#include "offload.h"
 #include "ops.h"
 #include "testhook.h"
 
@@ -24,6 +25,7 @@ _Static_assert(KVC_PROTOCOL_VERSION == KVCACHE__V1__PROTOCOL_VERSION__PROTOCOL_V
 #define SEQ_LIST_DEFAULT 256u
 #define SEQ_LIST_MAX 4096u
 #define LEASES_PER_CONN 4096u /* leases one connection may hold at once */
+#define DEFERRED 1            /* a handler's "the reply comes later" */
 
 typedef struct reply {
   server_t *srv;
@@ -32,6 +34,7 @@ typedef struct reply {
   int fd;            /* sent with the reply (SCM_RIGHTS) when >= 0 */
   int fd2;           /* a second one in the same message, when >= 0 */
   bool close_after;  /* close the connection once the reply is flushed */
+  uint64_t t0_ns;    /* when decoding began */
   char err[256];     /* the one-line reason of a failure */
 } reply_t;
 
@@ -294,12 +297,29 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   return 0;
 }
 
+/* A get large enough, while other clients are connected, copies on the
+ * thread pool (offload.c); its reply is sent when the copy is done. */
+static bool offload_wanted(conn_t *c, const engine_io_t *e, size_t n) {
+  server_t *srv = c->srv;
+  if (!srv->cfg.offload_bytes || srv->stats.connections_current < 2) return false;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++)
+    bytes += e[i].k_bytes + e[i].v_bytes + e[i].k_scale_bytes + e[i].v_scale_bytes;
+  return bytes >= srv->cfg.offload_bytes;
+}
+
 static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   NEED_BODY(r, req->get, "get");
   engine_xfer_t x;
   engine_io_t *e;
   int rc = check_io(c, req->get, false, r, &x, &e);
   if (rc) return rc;
+  if (offload_wanted(c, e, req->get->n_entries)) {
+    engine_get_job_t *job;
+    ENGINE_CALL(r, engine_get_begin(c->srv->eng, req->get->cache_id, &x, e,
+                                    req->get->n_entries, &job));
+    return offload_get(c, job, req->id, r->t0_ns) ? DEFERRED : 0;
+  }
   ENGINE_CALL(r, engine_get(c->srv->eng, req->get->cache_id, &x, e, req->get->n_entries));
   return 0;
 }
@@ -530,12 +550,17 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   }
   engine_set_now(srv->eng, uv_now(srv->loop));
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
-  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1};
+  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1, .t0_ns = t0};
   int op;
   testhook_before(srv->eng);
   if (c->greeted) release_deferred(c, req);
   int rc = run(c, req, &r, &op);
   testhook_after(srv->eng);
+  if (rc == DEFERRED) { /* offloaded: offload.c replies and counts it */
+    protobuf_c_message_free_unpacked(&req->base, &alloc);
+    arena_reset(&srv->arena);
+    return;
+  }
   resp.id = req->id;
   resp.status = dispatch_status(rc);
   resp.error = rc ? r.err : (char *)"";

@@ -31,6 +31,7 @@
   X(shm_bytes, STAT_GAUGE, "bytes of the connections' shared buffers")        \
   X(deferred_turns, STAT_COUNTER, "times a connection yielded with frames still buffered") \
   X(write_pauses, STAT_COUNTER, "times reading paused for write backpressure") \
+  X(offloaded_gets, STAT_COUNTER, "gets copied on the thread pool (offload_bytes)") \
   X(config_reloads, STAT_COUNTER, "SIGHUP reloads applied")                  \
   X(config_reload_failures, STAT_COUNTER, "SIGHUP reloads refused (invalid configuration kept out)")
 

@@ -1,11 +1,14 @@
 #!/bin/sh
 # run.sh: runs every test binary of the given build directories and ends with
 # "N passed, N failed" (", N skipped" when a test could not run here).
-# Usage: tests/run.sh [--only NAME] BUILD_DIR...
+# Usage: tests/run.sh [--only NAME] [--it-only] BUILD_DIR...
+# (--it-only: the integration tests alone, as the ThreadSanitizer build runs them)
 # Integration tests find the daemon through KVC_BUILD (the build directory)
 # and the sources through KVC_SRCDIR (the current directory by default).
 only=""
 if [ "$1" = "--only" ]; then only="$2"; shift 2; fi
+itonly=""
+if [ "$1" = "--it-only" ]; then itonly=1; shift; fi
 [ $# -gt 0 ] || set -- build
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -15,6 +18,7 @@ out=$(mktemp); trap 'rm -f "$out"' EXIT
 for dir in "$@"; do
   for bin in "$dir"/tests/unit_* "$dir"/tests/it_* "$dir"/tests/fuzz_*; do
     [ -x "$bin" ] || continue
+    case "$bin" in */it_*) ;; *) [ -n "$itonly" ] && continue ;; esac
     if [ -n "$only" ]; then
       "$bin" --list | grep -qx "$only" || continue
       set -- "$only"

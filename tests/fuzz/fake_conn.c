@@ -41,6 +41,7 @@ void fz_server_init(server_t *srv, uint64_t npages, uint64_t page_bytes) {
   srv->next_conn_id = 1;
   srv->pool.fd = -1;
   srv->pool_ro_fd = -1; /* no pool to pass: the fuzzers never map it */
+  srv->cfg.offload_bytes = 0; /* no thread pool here: every get copies inline */
   arena_init(&srv->arena);
   stats_init(&srv->stats, 0);
   pool_mem = aligned_alloc(64, srv->cfg.pool_bytes);
@@ -191,6 +192,13 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
   fz_seen(c)->fds++;
   return conn_send(c, resp);
 }
+
+/* offload_bytes is 0 in the fuzzers: nothing is ever offloaded. */
+void conn_offload_begin(conn_t *c) { FZ_FAIL("conn %llu offloaded", (unsigned long long)c->id); }
+bool conn_offload_end(conn_t *c) {
+  FZ_FAIL("conn %llu offload ended", (unsigned long long)c->id);
+}
+void conn_resume(conn_t *c) { FZ_FAIL("conn %llu resumed", (unsigned long long)c->id); }
 
 void conn_close(conn_t *c, const char *reason) {
   (void)reason;

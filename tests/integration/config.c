@@ -28,6 +28,7 @@ static const struct {
     {"allow_gids", "5,6", "5,6", "", "\"\""},
     {"drain_timeout_ms", "500", "500", "600", "600"},
     {"frame_timeout_ms", "700", "700", "800", "800"},
+    {"offload_bytes", "1MiB", "1MiB", "0", "0"},
     {"status_interval_ms", "1000", "1000", "2000", "2000"},
     {"log_level", "warn", "warn", "error", "error"},
 };

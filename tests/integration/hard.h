@@ -42,7 +42,9 @@ IT_UNUSED static void hard_hdr(uint8_t h[4], uint32_t n) {
 
 /* Whether the daemon is a sanitizer build (its allocator's quarantine and
  * shadow memory make RSS figures meaningless). */
-IT_UNUSED static bool hard_sanitized(void) { return strstr(it_build(), "asan") != NULL; }
+IT_UNUSED static bool hard_sanitized(void) {
+  return strstr(it_build(), "asan") != NULL || strstr(it_build(), "tsan") != NULL;
+}
 
 /* Descriptors the process holds. */
 IT_UNUSED static int hard_fd_count(pid_t pid) {
