@@ -40,7 +40,8 @@ endif
 
 CC ?= cc
 WARN := -Wall -Wextra -Wshadow -Wconversion -Wno-sign-conversion \
-        -Wmissing-prototypes -Wstrict-prototypes -Wpointer-arith -Wvla
+        -Wmissing-prototypes -Wstrict-prototypes -Wpointer-arith -Wvla \
+        -Wno-missing-field-initializers
 ifeq ($(CI),true)
   WARN += -Werror
 endif
@@ -53,6 +54,7 @@ else
   MALLOC_LIBS :=
 endif
 UV_LIBS := -luv
+ENGINE_LIBS := -lcrypto -lxxhash
 PB_LIBS := -lprotobuf-c
 
 ifeq ($(V),1)
@@ -136,7 +138,7 @@ $(DAEMON_OBJ) $(CLIENT_OBJ) $(CTL_OBJ): | $(B)/gen/kvcache.pb-c.h
 # ---- daemon ---------------------------------------------------------------
 $(B)/kvcached: $(DAEMON_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- client library and kvcachectl ----------------------------------------
 # The client links the protocol and the error table, and exports only kvc_*.
@@ -155,7 +157,7 @@ $(B)/kvcachectl: $(CTL_OBJ) $(B)/libkvcache.a
 # ---- tests ----------------------------------------------------------------
 $(B)/tests/unit_%: $(B)/tests/unit/%.o $(TEST_MAIN_OBJ) $(B)/libkvcengine.a
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 $(B)/tests/unit/%.o: tests/unit/%.c
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
@@ -197,12 +199,13 @@ $(B)/tools/gen_corpus: $(B)/tests/fuzz/gen_corpus.o $(FUZZ_COMMON_OBJ)
 $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkvcache.a)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $^ $(PB_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $^ $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- top-level targets ------------------------------------------------------
-# systemd: systemd-analyze and systemd-socket-activate for the service tests.
-DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev \
-                protobuf-c-compiler libjemalloc-dev systemd
+# systemd: systemd-analyze and systemd-socket-activate for the service tests;
+# libssl (SHA-256) and libxxhash for the prefix index.
+DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
+                libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd
 deps:
 	@missing=""; for p in $(DEB_PACKAGES) $(EXTRA_PACKAGES); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -33,13 +33,39 @@
 
 typedef struct engine engine_t;
 
+/* The content hash of the prefix index. SHA-256 resists deliberate
+ * collisions between tenants; xxHash3-128 is faster and only for a node that
+ * declares a single trusted tenant. Either way a hit is verified token by
+ * token, so a collision can never serve another prompt's pages. */
+typedef enum { KVC_HASH_SHA256 = 0, KVC_HASH_XXH3 = 1 } kvc_hash_t;
+
 typedef struct engine_config {
   void *base;           /* pool bytes; borrowed, must outlive the engine */
   uint64_t pool_bytes;  /* bytes at base; npages = pool_bytes / page_bytes */
   uint64_t page_bytes;  /* bytes of one pool page, a multiple of 64 */
   uint32_t max_caches;  /* 0 means 64 */
   uint64_t max_seqs;    /* 0 means unlimited */
+  kvc_hash_t hash;      /* prefix index hash */
+  uint32_t pin_limit_pct; /* pinned pages at most this % of the pool; 0: 100 */
+  uint32_t hash_bits;   /* test hook: truncate hashes to this many bits; 0: all */
 } engine_config_t;
+
+/* Who may share prefix pages: the tenant's salt (given at cache open by the
+ * client) and an extra key (an adapter id, ...). Both at most 64 bytes;
+ * borrowed for the call. Pages written under one key never match another. */
+typedef struct engine_pkey {
+  const void *salt;
+  size_t salt_len;
+  const void *extra;
+  size_t extra_len;
+} engine_pkey_t;
+
+/* What a match or attach found. */
+typedef struct engine_match {
+  uint64_t tokens;      /* leading tokens cached (whole pages) */
+  uint64_t pages;       /* pages matched */
+  uint64_t ineligible;  /* trailing tokens shorter than a page */
+} engine_match_t;
 
 /* Why the last failing call failed. needed/freeable are set for KVC_E_FULL:
  * pages the write needed, and pages free plus reclaimable by eviction. */
@@ -67,6 +93,7 @@ typedef struct engine_io {
   void *v_scale;
   uint64_t k_scale_bytes;
   uint64_t v_scale_bytes;
+  const uint32_t *tokens; /* put: the token ids written (ntokens), or NULL */
 } engine_io_t;
 
 /* What part of each token a put or get moves, and in which dtype.
@@ -79,6 +106,7 @@ typedef struct engine_xfer {
   uint32_t layer_begin, layer_end;
   uint32_t head_begin, head_end;
   kvc_dtype_t dtype;
+  const engine_pkey_t *pkey; /* put with tokens: the chain's key; NULL: empty */
 } engine_xfer_t;
 
 /* Creates an engine over cfg->base. Returns new *out (free with
@@ -172,6 +200,51 @@ int engine_seq_list(engine_t *eng, uint32_t cache_id, uint64_t *cursor,
                     kvc_seq_info_t *out, size_t cap, size_t *n);
 
 void engine_stats(const engine_t *eng, engine_stats_t *out);
+
+/* ---- prefix cache (prefix.c) ----------------------------------------------
+ * A put that carries token ids (all layers) records them per page. A page that
+ * is full, and whose previous pages are hashed, gets the chained hash
+ *   H(page) = hash(H(previous page) || token ids || extra),  H(-1) = hash(seed || salt)
+ * and enters the cache's index, which keeps it (as a "cached" page) after the
+ * last sequence holding it goes away, until eviction reclaims it: cached pages
+ * and idle sequences go in LRU order, lower retention priority first, and a
+ * cached page only once no indexed page continues its chain. */
+
+/* How many leading tokens of tokens[0..n) the cache holds, whole pages only;
+ * each hit is verified against the stored token ids, chain and key, and
+ * touches the pages. Counts queried, hit and ineligible tokens. */
+int engine_match(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                 const engine_pkey_t *key, engine_match_t *out);
+
+/* match, then makes dst (created or replaced) exactly the matched pages
+ * (shared, no copy) and, if owner != 0, pins dst for owner, in one step: no
+ * eviction can come between the match and the attach. dst may be empty. */
+int engine_attach(engine_t *eng, uint32_t cache_id, uint64_t dst, const uint32_t *tokens,
+                  uint64_t n, const engine_pkey_t *key, uint64_t owner,
+                  engine_match_t *out);
+
+/* Retention priority of a sequence, 0..100 (default 35): under pressure lower
+ * priorities are evicted first, least recently used first within one. */
+int engine_set_priority(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint32_t prio);
+
+/* A soft pin: like engine_pin, but it lapses at now + ttl_ms unless a read,
+ * write or prefix hit refreshes it. ttl_ms 0 turns a soft pin into a hard one.
+ * Hard and soft pins both count against the pin limit (KVC_E_PINLIMIT). */
+int engine_pin_ttl(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner,
+                   uint64_t ttl_ms);
+
+/* Lapses the soft pins whose time has come (the daemon calls it once a
+ * second); returns how many lapsed. */
+size_t engine_expire(engine_t *eng);
+
+/* Per-cache prefix index figures for kvcachectl prefix. */
+typedef struct engine_prefix_top {
+  uint8_t hash[32];     /* chain head's hash */
+  uint64_t hits;        /* times the head was matched */
+  uint32_t depth;       /* pages in its longest indexed chain known */
+} engine_prefix_top_t;
+int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out, size_t cap,
+                      size_t *n);
 
 /* Checks every invariant (refcounts against block tables, free list, LRU,
  * pins, counters). Returns 0, or KVC_E_INTERNAL with the first violation in

@@ -6,7 +6,9 @@
  *   engine
  *    +- pool            pages + refcnt/pinref arrays        (pool.h)
  *    +- caches[id]      name, layout, geometry, seqs map    (u64 seq_id -> seq)
- *    +- lru             unpinned sequences of every cache, most recent first
+ *    +- lru[prio]       unpinned sequences and cached pages, most recent first,
+ *                       one list per retention priority (evict.c)
+ *    +- ip[page]        token ids and content hash of pages that have them
  *    +- owners          map owner id -> pins of that owner
  *
  *   seq: start, len, extent, table[0..ntable) = pages of logical pages
@@ -23,6 +25,42 @@
 
 typedef struct seq seq_t;
 typedef struct owner owner_t;
+typedef struct cache cache_t;
+
+#define PRIO_LEVELS 101u /* retention priorities 0..100; lower goes first */
+#define PRIO_DEFAULT 35u
+
+enum lru_kind { LRU_SENTINEL = 0, LRU_SEQ = 1, LRU_PAGE = 2 };
+
+/* A link of an LRU list: embedded in a sequence or in a cached page. */
+typedef struct lru_node {
+  struct lru_node *prev, *next; /* NULL while not on a list */
+  uint8_t kind;                 /* enum lru_kind */
+  uint8_t prio;                 /* the list it is (or goes) on */
+} lru_node_t;
+
+/* What the engine knows of a page's tokens (prefix.c). A page gets one when
+ * a put carries token ids; once full, with its chain hashed up to it, it is
+ * hashed and indexed; the index then holds a reference of its own, so an
+ * indexed page never changes (a write copies it) and outlives its sequences
+ * as a "cached" page on the LRU. */
+typedef struct ipage {
+  lru_node_t node;      /* first member; on an LRU while cached */
+  cache_t *cache;
+  uint32_t page;
+  uint32_t parent;      /* previous page of the chain; POOL_NOPAGE for a head */
+  uint32_t key;         /* interned (salt, extra) the chain was written with */
+  uint32_t ntok;        /* leading token ids known */
+  uint32_t nchildren;   /* indexed pages whose parent this is */
+  uint32_t plan_gone;   /* eviction planning: children the plan reclaims */
+  uint64_t hits;        /* matches that reached this page */
+  bool hashed;          /* hash is valid */
+  bool indexed;         /* in cache->index, holding a page reference */
+  bool planned;         /* eviction planning: the plan reclaims it */
+  bool stacked;         /* eviction planning: on the plan's stack */
+  uint8_t hash[32];
+  uint32_t tokens[];    /* page_tokens ids */
+} ipage_t;
 
 /* One pin: owner pins seq. Linked into both the owner's and the seq's list. */
 typedef struct pin {
@@ -30,6 +68,9 @@ typedef struct pin {
   owner_t *owner;
   struct pin *s_next, *s_prev; /* the sequence's pins */
   struct pin *o_next, *o_prev; /* the owner's pins */
+  uint64_t ttl_ms;             /* soft pin: lapses ttl_ms after the last use; 0: hard */
+  uint64_t deadline_ms;        /* soft pin: when it lapses */
+  struct pin *t_next, *t_prev; /* soft pins: eng->soft list */
 } pin_t;
 
 struct owner {
@@ -37,16 +78,19 @@ struct owner {
   pin_t *pins; /* list head */
 };
 
-typedef struct cache {
+struct cache {
   char name[KVC_MAX_NAME + 1];
   uint32_t id;
   kvc_layout_t layout; /* normalized */
   geom_t g;
   hmap_t seqs;         /* seq_id -> seq_t */
+  hmap_t index;        /* first 8 bytes of a page hash -> indexed ipage_t */
+  uint8_t seed[32];    /* hash chain seed: the cache's name and layout */
   cache_stats_t st;    /* counters; gauges kept current */
-} cache_t;
+};
 
 struct seq {
+  lru_node_t node;     /* first member; on eng->lru while npins == 0 */
   uint64_t id;
   cache_t *cache;
   uint64_t start;      /* first position held */
@@ -57,9 +101,8 @@ struct seq {
   uint32_t base;       /* logical page of table[0] */
   uint32_t ntable;     /* entries used */
   uint32_t cap;        /* entries allocated */
-  uint32_t npins;      /* owners pinning it */
+  uint32_t npins;      /* owners pinning it (hard and soft) */
   pin_t *pins;
-  seq_t *lru_prev, *lru_next; /* in eng->lru while npins == 0 */
   uint64_t last_use_ms;
   uint64_t mark;       /* == eng->epoch: taking part in the current call */
 };
@@ -75,7 +118,18 @@ struct engine {
   uint64_t nseqs_pinned;
   uint64_t ntokens;
   uint64_t bytes_used; /* layout bytes of used pages */
-  seq_t lru;           /* sentinel: lru.lru_next is the most recent */
+  lru_node_t lru[PRIO_LEVELS]; /* sentinels: lru[p].next is the most recent */
+  ipage_t **ip;        /* per page: token metadata or NULL */
+  uint32_t *scratch;   /* per page: eviction planning stack */
+  hmap_t keys;         /* digest of (salt, extra) -> key_t */
+  uint32_t nkeys;
+  uint32_t hash_bits;  /* test hook: keep only this many hash bits (0: all) */
+  uint32_t pin_limit;  /* pages that may be pinned */
+  bool evicting;       /* pages a dropped sequence leaves cached go to the tail */
+  pin_t *soft;         /* soft (TTL) pins */
+  void *reserve;       /* ipage blocks reserved for the current call */
+  void *md_ctx;        /* EVP_MD_CTX for SHA-256 */
+  kvc_hash_t hash_kind;
   hmap_t owners;       /* owner id -> owner_t */
   uint64_t now_ms;
   uint64_t epoch;      /* bumped by every call that marks sequences */
@@ -113,24 +167,63 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
 /* Shortens every layer to at most n tokens and frees pages past it. */
 void seq_truncate(engine_t *eng, seq_t *s, uint64_t n);
 void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out);
+/* seqops.c: takes a pin off the soft-pin list if it is on it. */
+void pin_soft_unlink(engine_t *eng, pin_t *p);
+/* seqops.c: makes dst (created or replaced) exactly pages[0..m) from
+ * position 0 and pins it for owner (0: no pin); all or nothing. */
+int seq_attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32_t *pages,
+                     uint64_t m, uint64_t owner);
 
 /* evict.c */
+void lru_link(engine_t *eng, lru_node_t *n, bool at_tail);
+void lru_unlink(lru_node_t *n);
 void lru_insert(engine_t *eng, seq_t *s);
 void lru_remove(seq_t *s);
-/* Moves s to the most recent end (unless pinned) and stamps last_use. */
+/* Moves s to the most recent end (unless pinned), stamps last_use and
+ * refreshes a soft pin. */
 void lru_touch(engine_t *eng, seq_t *s);
-/* Eviction planning marks in pool.sim: pages written by the current call
- * while shared (they need a copy unless their other holders are evicted). */
+
+/* The pages a call needs: new pages, and the shared pages it writes. A shared
+ * page needs a copy per writer, or one fewer if its writers are its only
+ * holders (eviction of the other holders can make it so). Noted pages carry
+ * SIM_COW in pool.sim while the call plans. */
 #define SIM_COW 0x80000000u
-#define SIM_SEEN 0x40000000u
-#define SIM_MASK 0x3fffffffu
-/* Notes a write of page by the current call; returns 1 if it needs a copy. */
-uint64_t evict_note_write(engine_t *eng, uint32_t page);
-/* After all notes: returns 1 (once per page) if every holder of page writes
- * it, so one of them may write in place. */
-uint64_t evict_settle_writes(engine_t *eng, uint32_t page);
-/* Ensures `need` free pages by evicting unpinned, unmarked sequences in LRU
+#define SIM_MASK 0x7fffffffu
+typedef struct evict_note {
+  uint32_t page;
+  uint32_t writers;
+} evict_note_t;
+typedef struct evict_need {
+  uint64_t new_pages;
+  evict_note_t *noted;
+  size_t nnoted;
+} evict_need_t;
+/* Frees pages by evicting unpinned, unmarked sequences and cached pages in
  * order, all or nothing: KVC_E_FULL (with figures) changes nothing. */
-int evict_make_room(engine_t *eng, uint64_t need);
+int evict_make_room(engine_t *eng, const evict_need_t *need);
+
+/* prefix.c */
+/* The engine's part of page references: cached-state transitions of indexed
+ * pages and the release of token metadata with the page. */
+void page_ref(engine_t *eng, uint32_t page);
+void page_unref(engine_t *eng, const cache_t *c, uint32_t page, uint8_t prio);
+/* Drops a cached page from the index and frees it. */
+void prefix_reclaim(engine_t *eng, ipage_t *ip);
+/* Drops every index entry of a cache (its sequences are gone already). */
+void prefix_cache_clear(engine_t *eng, cache_t *c);
+int prefix_cache_init(engine_t *eng, cache_t *c);
+/* Gives the copy made on write the token metadata of the original. */
+void prefix_page_copied(engine_t *eng, uint32_t from, uint32_t to);
+/* Records token ids of a put into s's pages (allocated by prefix_reserve)
+ * and hashes and indexes pages that became full. */
+void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e,
+                       const engine_pkey_t *key, uint32_t key_id);
+/* Forgets token ids of positions a put without ids overwrote. */
+void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
+/* Preallocates the ipages a put will need (before anything changes). */
+int prefix_reserve(engine_t *eng, uint32_t page_tokens, uint64_t n);
+void prefix_unreserve(engine_t *eng);
+/* Interns a key; 0 or NOMEM (key_id 0 is never used). */
+int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *key_id);
 
 #endif

@@ -16,7 +16,7 @@ typedef struct xr {
 
 static int xfer_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put,
                         xr_t *r) {
-  engine_xfer_t d = {0, 0, 0, 0, 0};
+  engine_xfer_t d = {0, 0, 0, 0, 0, NULL};
   if (!x) x = &d;
   const geom_t *g = &c->g;
   r->l0 = x->layer_begin;
@@ -191,33 +191,89 @@ static int put_target(engine_t *eng, cache_t *c, const xr_t *r, const engine_io_
   return 0;
 }
 
-static uint64_t sim_clear(engine_t *eng, uint32_t page) {
-  eng->pool.sim[page] = 0;
+/* Calls fn(eng, page, arg) for every page of the table an entry writes;
+ * returns how many pages it writes past the table. */
+static uint64_t put_pages(engine_t *eng, const seq_t *s, const engine_io_t *e,
+                          void (*fn)(engine_t *, uint32_t, void *), void *arg) {
+  if (e->ntokens == 0) return 0;
+  uint32_t sh = s->cache->g.tshift;
+  uint64_t first = e->pos >> sh, last = (e->pos + e->ntokens - 1) >> sh, past = 0;
+  for (uint64_t idx = first; idx <= last; idx++) {
+    uint64_t rel = idx - s->base;
+    if (rel < s->ntable) fn(eng, s->table[rel], arg);
+    else past++;
+  }
+  return past;
+}
+
+/* Notes a shared page the call writes (one more writer). */
+static void note_write(engine_t *eng, uint32_t page, void *arg) {
+  evict_need_t *nd = arg;
+  if (eng->pool.refcnt[page] < 2) return;
+  if (eng->pool.sim[page] & SIM_COW) {
+    for (size_t i = 0; i < nd->nnoted; i++)
+      if (nd->noted[i].page == page) nd->noted[i].writers++;
+    return;
+  }
+  eng->pool.sim[page] = SIM_COW;
+  nd->noted[nd->nnoted].page = page;
+  nd->noted[nd->nnoted++].writers = 1;
+}
+
+/* Counts pages an entry writes: into *arg, and the token metadata it needs. */
+static void count_page(engine_t *eng, uint32_t page, void *arg) {
+  (void)eng;
+  (void)page;
+  (*(uint64_t *)arg)++;
+}
+
+static void count_cow_meta(engine_t *eng, uint32_t page, void *arg) {
+  if (eng->ip[page] && eng->pool.refcnt[page] > 1) (*(uint64_t *)arg)++;
+}
+
+/* Everything a put allocates beyond sequences: token metadata for the pages
+ * it touches and index room. Undone by put_unprepare. */
+static int put_prepare(engine_t *eng, cache_t *c, const target_t *t, const engine_io_t *e,
+                       size_t n, size_t *index_cap) {
+  uint64_t meta = 0, indexable = 0;
+  *index_cap = c->index.cap;
+  for (size_t i = 0; i < n; i++) {
+    if (e[i].tokens) {
+      uint64_t touched = 0;
+      touched += put_pages(eng, t[i].s, &e[i], count_page, &touched);
+      meta += touched;
+      indexable += touched;
+    } else {
+      put_pages(eng, t[i].s, &e[i], count_cow_meta, &meta);
+    }
+  }
+  if (indexable && hmap_reserve(&c->index, &eng->mem, indexable))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  if (meta && prefix_reserve(eng, c->g.T, meta)) {
+    (void)hmap_resize(&c->index, &eng->mem, *index_cap);
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
   return 0;
 }
 
-/* Applies fn to every page of the table an entry writes and sums the results;
- * with count_new, adds one for every page past the table. */
-static uint64_t put_pages(engine_t *eng, const seq_t *s, const engine_io_t *e,
-                          uint64_t (*fn)(engine_t *, uint32_t), bool count_new) {
-  if (e->ntokens == 0) return 0;
-  uint32_t sh = s->cache->g.tshift;
-  uint64_t first = e->pos >> sh, last = (e->pos + e->ntokens - 1) >> sh, sum = 0;
-  for (uint64_t idx = first; idx <= last; idx++) {
-    uint64_t rel = idx - s->base;
-    if (rel < s->ntable) sum += fn(eng, s->table[rel]);
-    else sum += count_new;
-  }
-  return sum;
+static void clear_note(engine_t *eng, uint32_t page, void *arg) {
+  (void)arg;
+  eng->pool.sim[page] = 0;
 }
 
-/* Pages the put needs: new ones, plus a copy of every shared page it writes,
- * less those whose holders all write them. Leaves marks in pool.sim. */
-static uint64_t put_need(engine_t *eng, const target_t *t, const engine_io_t *e, size_t n) {
-  uint64_t need = 0;
-  for (size_t i = 0; i < n; i++) need += put_pages(eng, t[i].s, &e[i], evict_note_write, true);
-  for (size_t i = 0; i < n; i++) need -= put_pages(eng, t[i].s, &e[i], evict_settle_writes, false);
-  return need;
+/* Makes room for the put: notes its shared pages, plans and evicts. */
+static int put_room(engine_t *eng, const target_t *t, const engine_io_t *e, size_t n) {
+  evict_note_t local[64];
+  uint64_t written = 0;
+  for (size_t i = 0; i < n; i++) written += e[i].ntokens ? 1 + ((e[i].pos + e[i].ntokens - 1) >> t[i].s->cache->g.tshift) - (e[i].pos >> t[i].s->cache->g.tshift) : 0;
+  evict_need_t nd = {0, local, 0};
+  if (written > 64 && !(nd.noted = mem_alloc(&eng->mem, written * sizeof *nd.noted)))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) nd.new_pages += put_pages(eng, t[i].s, &e[i], note_write, &nd);
+  int rc = evict_make_room(eng, &nd);
+  for (size_t i = 0; i < n; i++) put_pages(eng, t[i].s, &e[i], clear_note, NULL);
+  if (nd.noted != local) mem_free(&eng->mem, nd.noted);
+  return rc;
 }
 
 /* The page for logical page idx of s, allocated or copied so s owns it. */
@@ -237,6 +293,7 @@ static uint32_t page_for_write(engine_t *eng, seq_t *s, uint64_t idx) {
   uint32_t copy = pool_alloc(p); /* copy on write: the other holders keep page */
   eng->bytes_used += g->page_bytes;
   memcpy(pool_page(p, copy), pool_page(p, page), g->page_bytes);
+  prefix_page_copied(eng, page, copy);
   seq_page_release(eng, s, page);
   s->table[rel] = copy;
   seq_page_add(eng, s, copy);
@@ -245,7 +302,8 @@ static uint32_t page_for_write(engine_t *eng, seq_t *s, uint64_t idx) {
   return copy;
 }
 
-static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t *e) {
+static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t *e,
+                      const engine_pkey_t *key, uint32_t key_id) {
   const geom_t *g = &s->cache->g;
   copy_plan_t plan;
   copy_plan_init(&plan, g, s->cache->layout.dtype, r->l0, r->l1 - r->l0, 0, g->H, r->bt,
@@ -258,6 +316,8 @@ static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t 
     copy_in(&plan, pool_page(&eng->pool, page), pos - pstart, pos - e->pos, cnt, e->k, e->v);
     pos += cnt;
   }
+  if (e->tokens) prefix_put_tokens(eng, s, e, key, key_id);
+  else if (e->ntokens) prefix_put_untokened(eng, s, e->pos, end);
   seq_set_lengths(eng, s, r->l0, r->l1, end);
   lru_touch(eng, s);
   eng->st.puts++;
@@ -281,25 +341,40 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   target_t one, *t = n == 1 ? &one : mem_calloc(&eng->mem, n, sizeof *t);
   if (!t) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   memset(t, 0, n * sizeof *t);
+  uint32_t key_id = 0;
+  const engine_pkey_t *key = x ? x->pkey : NULL;
+  bool tokened = false;
+  for (size_t i = 0; i < n; i++) tokened |= entries[i].tokens != NULL;
+  if (tokened && (r.l0 != 0 || r.l1 != c->g.L)) {
+    rc = engine_fail(eng, KVC_E_INVAL, "token ids go with puts of every layer");
+    goto out;
+  }
+  if (tokened && (rc = prefix_key(eng, key, true, &key_id))) {
+    rc = engine_fail(eng, rc, rc == KVC_E_NOMEM ? "out of memory"
+                                                : "salt and extra key are at most 64 bytes");
+    goto out;
+  }
   eng->epoch++;
-  size_t map_cap = c->seqs.cap, done = 0;
+  size_t map_cap = c->seqs.cap, index_cap = c->index.cap, done = 0;
   uint64_t created = 0;
   for (; done < n; done++)
     if ((rc = put_target(eng, c, &r, &entries[done], done, &t[done], &created))) break;
-  if (rc == 0) {
-    rc = evict_make_room(eng, put_need(eng, t, entries, n));
-    for (size_t i = 0; i < n; i++) put_pages(eng, t[i].s, &entries[i], sim_clear, false);
-    if (rc == KVC_E_FULL) c->st.full_errors++;
-  }
+  if (rc == 0 && (rc = put_prepare(eng, c, t, entries, n, &index_cap)) == 0 &&
+      (rc = put_room(eng, t, entries, n)) == KVC_E_FULL)
+    c->st.full_errors++;
   if (rc) {
+    prefix_unreserve(eng);
+    if (c->index.cap != index_cap) (void)hmap_resize(&c->index, &eng->mem, index_cap);
     put_rollback(eng, t, done + 1 < n ? done + 1 : n);
     if (c->seqs.cap != map_cap) (void)hmap_resize(&c->seqs, &eng->mem, map_cap);
   } else {
     for (size_t i = 0; i < n; i++) {
       if (t[i].created) seq_attach(eng, t[i].s);
-      put_apply(eng, t[i].s, &r, &entries[i]);
+      put_apply(eng, t[i].s, &r, &entries[i], key, key_id);
     }
+    prefix_unreserve(eng);
   }
+out:
   if (t != &one) mem_free(&eng->mem, t);
   return rc;
 }

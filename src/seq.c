@@ -8,6 +8,8 @@ seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id) {
   if (!s) return NULL;
   s->id = id;
   s->cache = c;
+  s->node.kind = LRU_SEQ;
+  s->node.prio = PRIO_DEFAULT;
   return s;
 }
 
@@ -44,7 +46,7 @@ void seq_page_add(engine_t *eng, seq_t *s, uint32_t page) {
 void seq_page_release(engine_t *eng, seq_t *s, uint32_t page) {
   if (s->npins) pool_unpin(&eng->pool, page);
   s->cache->st.pages--;
-  if (pool_unref(&eng->pool, page)) eng->bytes_used -= s->cache->g.page_bytes;
+  page_unref(eng, s->cache, page, s->node.prio);
 }
 
 /* Recomputes len and extent from layer_len; frees it once all are equal. */
@@ -100,6 +102,7 @@ void seq_drop(engine_t *eng, seq_t *s) {
     if (p->o_prev) p->o_prev->o_next = p->o_next;
     else o->pins = p->o_next;
     if (p->o_next) p->o_next->o_prev = p->o_prev;
+    pin_soft_unlink(eng, p);
     mem_free(&eng->mem, p);
     if (!o->pins) {
       hmap_remove(&eng->owners, o->id);
@@ -107,7 +110,10 @@ void seq_drop(engine_t *eng, seq_t *s) {
     }
     eng->st.unpins++;
   }
-  while (s->ntable) seq_page_release(eng, s, s->table[--s->ntable]);
+  /* Front first: pages left cached join the LRU tail deepest last, so chain
+   * tails go before chain heads. */
+  for (uint32_t i = 0; i < s->ntable; i++) seq_page_release(eng, s, s->table[i]);
+  s->ntable = 0;
   if (s->npins) {
     s->npins = 0;
     eng->nseqs_pinned--;

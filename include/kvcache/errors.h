@@ -42,13 +42,14 @@
   XX(SHUTDOWN,  -31, "daemon is shutting down")                                \
   XX(NOTRUNNING,-32, "daemon not running (no socket)")                         \
   XX(TIMEOUT,   -33, "timed out")                                              \
-  XX(INTERNAL,  -34, "internal error")
+  XX(INTERNAL,  -34, "internal error")                                       \
+  XX(PINLIMIT,  -35, "pinning this would exceed the pool's pin limit")
 
 typedef enum {
 #define KVC_ERR_ENUM_(name, code, msg) KVC_E_##name = (code),
   KVC_ERRNO_MAP(KVC_ERR_ENUM_)
 #undef KVC_ERR_ENUM_
-  KVC_E_MIN_ = -35 /* one below the lowest code; not an error */
+  KVC_E_MIN_ = -36 /* one below the lowest code; not an error */
 } kvc_errno_t;
 
 #ifdef __cplusplus
