@@ -287,6 +287,9 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   ip->hashed = true;
   ip->parent = parent_page;
   uint64_t k64 = hash_key64(ip->hash);
+  /* Only a chain indexed from its head is indexed: a page under an unindexed
+   * parent (a duplicate of an indexed twin) could never be reached. */
+  if (parent_page != NOPAGE && !eng->ip[parent_page]->indexed) return true;
   if (hmap_get(&c->index, k64)) { /* taken: the same prefix elsewhere, or a clash */
     ipage_t *other = hmap_get(&c->index, k64);
     if (memcmp(other->tokens, ip->tokens, c->g.T * sizeof *ip->tokens) != 0 ||
@@ -299,7 +302,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   hmap_insert(&c->index, k64, ip); /* room reserved by the caller */
   ip->indexed = true;
   pool_ref(&eng->pool, page);
-  if (parent_page != NOPAGE && eng->ip[parent_page]->indexed) eng->ip[parent_page]->nchildren++;
+  if (parent_page != NOPAGE) eng->ip[parent_page]->nchildren++;
   eng->st.pages_indexed++;
   c->st.pages_indexed++;
   return true;
