@@ -110,9 +110,11 @@ void seq_drop(engine_t *eng, seq_t *s) {
     }
     eng->st.unpins++;
   }
-  /* Front first: pages left cached join the LRU tail deepest last, so chain
-   * tails go before chain heads. */
-  for (uint32_t i = 0; i < s->ntable; i++) seq_page_release(eng, s, s->table[i]);
+  /* Pages left cached go deepest nearest the least recent end, so chain tails
+   * go before chain heads: evicted ones join the tail (front page first),
+   * removed ones the head (last page first). */
+  for (uint32_t i = 0; i < s->ntable; i++)
+    seq_page_release(eng, s, s->table[eng->evicting ? i : s->ntable - 1 - i]);
   s->ntable = 0;
   if (s->npins) {
     s->npins = 0;

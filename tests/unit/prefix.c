@@ -459,7 +459,7 @@ static void random_op(fx_t *f, rseq_t *rs, uint64_t *rng) {
 }
 
 TEST(prefix_random_ops_keep_invariants_and_bytes) {
-  uint64_t seeds = test_long() ? 20 : 3, ops = 0;
+  uint64_t seeds = test_long() ? 100 : 10, ops = 0;
   for (uint64_t seed = 1; seed <= seeds; seed++) {
     fx_t f;
     open_small(&f, 14);
