@@ -167,6 +167,9 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
 /* Shortens every layer to at most n tokens and frees pages past it. */
 void seq_truncate(engine_t *eng, seq_t *s, uint64_t n);
 void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out);
+/* seqops.c: frees a pin record out of its sequence's and owner's lists (and
+ * the owner with its last pin); the sequence's pin count is the caller's. */
+void pin_unlink(engine_t *eng, pin_t *p);
 /* seqops.c: takes a pin off the soft-pin list if it is on it. */
 void pin_soft_unlink(engine_t *eng, pin_t *p);
 /* seqops.c: makes dst (created or replaced) exactly pages[0..m) from

@@ -104,6 +104,19 @@ static int entry_check(engine_t *eng, const cache_t *c, const xr_t *r, bool is_p
   return 0;
 }
 
+/* Checks what every put and get checks first: the cache, the entry count,
+ * the transfer's ranges and each entry's arithmetic and buffers. */
+static int io_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x, bool is_put,
+                    const engine_io_t *entries, size_t n, cache_t **c, xr_t *r) {
+  *c = engine_cache(eng, cache_id);
+  if (!*c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  if (!entries || n == 0) return engine_fail(eng, KVC_E_INVAL, "no entries");
+  if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u entries", MAX_BATCH);
+  int rc = xfer_resolve(eng, *c, x, is_put, r);
+  for (size_t i = 0; rc == 0 && i < n; i++) rc = entry_check(eng, *c, r, is_put, &entries[i], i);
+  return rc;
+}
+
 /* The smallest written length over layers [l0, l1). */
 static uint64_t range_len(const seq_t *s, uint32_t l0, uint32_t l1) {
   if (!s->layer_len) return s->len;
@@ -329,15 +342,10 @@ static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t 
 int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                const engine_io_t *entries, size_t n) {
   if (!eng) return KVC_E_INVAL;
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
-  if (!entries || n == 0) return engine_fail(eng, KVC_E_INVAL, "no entries");
-  if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u entries", MAX_BATCH);
+  cache_t *c;
   xr_t r;
-  int rc = xfer_resolve(eng, c, x, true, &r);
+  int rc = io_begin(eng, cache_id, x, true, entries, n, &c, &r);
   if (rc) return rc;
-  for (size_t i = 0; i < n; i++)
-    if ((rc = entry_check(eng, c, &r, true, &entries[i], i))) return rc;
   target_t one, *t = n == 1 ? &one : mem_calloc(&eng->mem, n, sizeof *t);
   if (!t) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   memset(t, 0, n * sizeof *t);
@@ -382,16 +390,12 @@ out:
 int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                const engine_io_t *entries, size_t n) {
   if (!eng) return KVC_E_INVAL;
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
-  if (!entries || n == 0) return engine_fail(eng, KVC_E_INVAL, "no entries");
-  if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u entries", MAX_BATCH);
+  cache_t *c;
   xr_t r;
-  int rc = xfer_resolve(eng, c, x, false, &r);
+  int rc = io_begin(eng, cache_id, x, false, entries, n, &c, &r);
   if (rc) return rc;
   for (size_t i = 0; i < n; i++) {
     const engine_io_t *e = &entries[i];
-    if ((rc = entry_check(eng, c, &r, false, e, i))) return rc;
     seq_t *s = hmap_get(&c->seqs, e->seq_id);
     if (!s)
       return engine_fail(eng, KVC_E_NOSEQ, "entry %zu: no sequence %llu", i,

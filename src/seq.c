@@ -95,21 +95,7 @@ void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
 }
 
 void seq_drop(engine_t *eng, seq_t *s) {
-  while (s->pins) { /* release pins without touching the LRU: s is going away */
-    pin_t *p = s->pins;
-    owner_t *o = p->owner;
-    s->pins = p->s_next;
-    if (p->o_prev) p->o_prev->o_next = p->o_next;
-    else o->pins = p->o_next;
-    if (p->o_next) p->o_next->o_prev = p->o_prev;
-    pin_soft_unlink(eng, p);
-    mem_free(&eng->mem, p);
-    if (!o->pins) {
-      hmap_remove(&eng->owners, o->id);
-      mem_free(&eng->mem, o);
-    }
-    eng->st.unpins++;
-  }
+  while (s->pins) pin_unlink(eng, s->pins); /* s is going away: no LRU moves */
   /* Pages left cached go deepest nearest the least recent end, so chain tails
    * go before chain heads: evicted ones join the tail (front page first),
    * removed ones the head (last page first). */

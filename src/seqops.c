@@ -167,7 +167,7 @@ static pin_t *pin_find(const seq_t *s, uint64_t owner) {
   return NULL;
 }
 
-static void pin_release(engine_t *eng, pin_t *p) {
+void pin_unlink(engine_t *eng, pin_t *p) {
   seq_t *s = p->seq;
   owner_t *o = p->owner;
   pin_soft_unlink(eng, p);
@@ -182,13 +182,18 @@ static void pin_release(engine_t *eng, pin_t *p) {
     hmap_remove(&eng->owners, o->id);
     mem_free(&eng->mem, o);
   }
+  eng->st.unpins++;
+}
+
+static void pin_release(engine_t *eng, pin_t *p) {
+  seq_t *s = p->seq;
+  pin_unlink(eng, p);
   if (--s->npins == 0) {
     for (uint32_t i = 0; i < s->ntable; i++) pool_unpin(&eng->pool, s->table[i]);
     eng->nseqs_pinned--;
     lru_insert(eng, s); /* unpinned: the most recently used */
   }
   s->last_use_ms = eng->now_ms;
-  eng->st.unpins++;
 }
 
 /* Pages of s not yet pinned by anyone: what pinning s adds to the pool's. */
