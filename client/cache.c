@@ -1,5 +1,6 @@
 /* cache.c: cache handles and the sequence operations that carry no tensor
- * bytes (remove, copy_prefix, can_resume, trim_front, pin, info, list). */
+ * bytes (remove, copy_prefix, can_resume, trim_front, pins, priority, info,
+ * list). */
 #include "client.h"
 
 #include <stdlib.h>
@@ -26,12 +27,29 @@ static kvc_cache_t *cache_new(kvc_client_t *c, const char *name, uint32_t id,
   return h;
 }
 
+/* A key of at most KVC_MAX_KEY_BYTES, or the reason it is not. */
+static int key_check(kvc_client_t *c, const char *what, const void *p, size_t len) {
+  if (len > KVC_MAX_KEY_BYTES)
+    return client_fail(c, KVC_E_INVAL, "%s of %zu bytes: at most %u", what, len,
+                       KVC_MAX_KEY_BYTES);
+  if (len && !p) return client_fail(c, KVC_E_INVAL, "%s is NULL with a length of %zu", what, len);
+  return 0;
+}
+
 KVC_API int kvc_cache_open(kvc_client_t *c, const char *name, const kvc_layout_t *layout,
                            kvc_cache_t **out) {
+  return kvc_cache_open_salted(c, name, layout, NULL, 0, out);
+}
+
+KVC_API int kvc_cache_open_salted(kvc_client_t *c, const char *name,
+                                  const kvc_layout_t *layout, const void *salt,
+                                  size_t salt_len, kvc_cache_t **out) {
   if (!c) return KVC_E_INVAL;
   if (!name || !layout || !out)
     return client_fail(c, KVC_E_INVAL, "kvc_cache_open: name, layout and out are required");
   *out = NULL;
+  int rc = key_check(c, "salt", salt, salt_len);
+  if (rc) return rc;
   Kvcache__V1__Layout wl = KVCACHE__V1__LAYOUT__INIT;
   wl.num_layers = layout->num_layers;
   wl.num_kv_heads = layout->num_kv_heads;
@@ -44,15 +62,34 @@ KVC_API int kvc_cache_open(kvc_client_t *c, const char *name, const kvc_layout_t
   co.layout = &wl;
   REQ(cache_open, CACHE_OPEN, &co);
   Kvcache__V1__Response *r;
-  int rc = client_call(c, &req, &r);
-  if (rc) return rc;
+  if ((rc = client_call(c, &req, &r))) return rc;
   if (r->body_case != KVCACHE__V1__RESPONSE__BODY_CACHE_OPEN) {
     kvcache__v1__response__free_unpacked(r, NULL);
     return client_fail(c, KVC_E_PROTO, "cache_open reply without a body");
   }
   *out = cache_new(c, name, r->cache_open->cache_id, layout, r->cache_open->page_bytes);
   kvcache__v1__response__free_unpacked(r, NULL);
-  return *out ? 0 : client_fail(c, KVC_E_NOMEM, "out of memory");
+  if (!*out) return client_fail(c, KVC_E_NOMEM, "out of memory");
+  if (salt_len) memcpy((*out)->salt, salt, salt_len);
+  (*out)->salt_len = (uint32_t)salt_len;
+  return 0;
+}
+
+KVC_API int kvc_cache_set_extra(kvc_cache_t *h, const void *extra, size_t extra_len) {
+  if (!h) return KVC_E_INVAL;
+  int rc = key_check(h->client, "extra key", extra, extra_len);
+  if (rc) return rc;
+  if (extra_len) memcpy(h->extra, extra, extra_len);
+  h->extra_len = (uint32_t)extra_len;
+  return 0;
+}
+
+ProtobufCBinaryData client_salt(const kvc_cache_t *h) {
+  return (ProtobufCBinaryData){.len = h->salt_len, .data = (uint8_t *)h->salt};
+}
+
+ProtobufCBinaryData client_extra(const kvc_cache_t *h) {
+  return (ProtobufCBinaryData){.len = h->extra_len, .data = (uint8_t *)h->extra};
 }
 
 static void info_from_wire(const Kvcache__V1__CacheInfo *w, kvc_cache_info_t *i) {
@@ -210,6 +247,26 @@ KVC_API int kvc_seq_unpin(kvc_cache_t *h, uint64_t seq_id) {
   b.cache_id = h->id;
   b.seq_id = seq_id;
   REQ(unpin, UNPIN, &b);
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_pin_ttl(kvc_cache_t *h, uint64_t seq_id, uint64_t ttl_ms) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__PinTtl b = KVCACHE__V1__PIN_TTL__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.ttl_ms = ttl_ms;
+  REQ(pin_ttl, PIN_TTL, &b);
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_set_priority(kvc_cache_t *h, uint64_t seq_id, uint32_t priority) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__SetPriority b = KVCACHE__V1__SET_PRIORITY__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.priority = priority;
+  REQ(set_priority, SET_PRIORITY, &b);
   return client_call(h->client, &req, NULL);
 }
 

@@ -25,7 +25,12 @@
   X(unpin, UNPIN)                                                              \
   X(seq_info, SEQ_INFO)                                                        \
   X(seq_list, SEQ_LIST)                                                        \
-  X(stats, STATS)
+  X(stats, STATS)                                                              \
+  X(match, MATCH)                                                              \
+  X(attach, ATTACH)                                                            \
+  X(set_priority, SET_PRIORITY)                                                \
+  X(pin_ttl, PIN_TTL)                                                          \
+  X(prefix_top, PREFIX_TOP)
 
 enum op {
 #define OP_ENUM_(name, CASE) OP_##CASE,

@@ -26,6 +26,10 @@ typedef enum {
 #define KVC_MAX_PAGE_TOKENS 65536u
 #define KVC_MAX_NAME 64u            /* bytes of a cache name, without NUL */
 #define KVC_MAX_SEQ_TOKENS (1ull << 31) /* positions are below this */
+#define KVC_MAX_KEY_BYTES 64u       /* bytes of a tenant salt or of an extra key */
+#define KVC_MAX_PRIORITY 100u       /* retention priorities are 0..100 */
+#define KVC_DEFAULT_PRIORITY 35u    /* a sequence's priority until it is set */
+#define KVC_MAX_TTL_MS (365ull * 24 * 3600 * 1000) /* longest soft pin: a year */
 
 /* The layout of a cache. Every field is validated when the cache is opened. */
 typedef struct kvc_layout {
