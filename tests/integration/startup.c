@@ -35,6 +35,23 @@ TEST(startup_options_help_version_and_errors) {
   ASSERT_EQ(run_daemon(out, sizeof out, "--socket-mode 0999"), 2);
 }
 
+TEST(startup_prefix_options) {
+  static char out[4096];
+  ASSERT_EQ(run_daemon(out, sizeof out, "--prefix-hash xxh3"), 2);
+  ASSERT(strstr(out, "prefix_single_tenant = true") != NULL);
+  ASSERT(strchr(out, '\n') == out + strlen(out) - 1); /* one line */
+  ASSERT_EQ(run_daemon(out, sizeof out, "--prefix-hash md5"), 2);
+  ASSERT(strstr(out, "sha256 or xxh3") != NULL);
+  ASSERT_EQ(run_daemon(out, sizeof out, "--prefix-single-tenant maybe"), 2);
+  ASSERT(strstr(out, "true or false") != NULL);
+  ASSERT_EQ(run_daemon(out, sizeof out, "--pin-limit-pct 0"), 2);
+  ASSERT(strstr(out, "pin_limit_pct") && strstr(out, "out of bounds"));
+  ASSERT_EQ(run_daemon(out, sizeof out, "--pin-limit-pct 101"), 2);
+  ASSERT_EQ(run_daemon(out, sizeof out, "--help"), 0);
+  ASSERT(strstr(out, "--prefix-hash") && strstr(out, "--pin-limit-pct") &&
+         strstr(out, "default 20"));
+}
+
 TEST(startup_pool_larger_than_memory_fails_clearly) {
   static char out[4096];
   ASSERT_EQ(run_daemon(out, sizeof out,
