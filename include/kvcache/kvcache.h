@@ -376,8 +376,9 @@ KVC_API int kvc_cache_set_extra(kvc_cache_t *cache, const void *extra, size_t ex
 
 /* How many leading tokens of tokens[0..ntokens) (borrowed) the cache holds
  * under this handle's key, in whole pages; every hit is verified and
- * touches its pages. One round trip. *out (borrowed) is filled. KVC_E_SIZE
- * if the ids do not fit the shared buffer; KVC_E_NOCACHE. */
+ * touches its pages. One round trip: the ids go through the start of the
+ * shared buffer, which the call overwrites. *out (borrowed) is filled.
+ * KVC_E_SIZE if the ids do not fit the shared buffer; KVC_E_NOCACHE. */
 KVC_API int kvc_match(kvc_cache_t *cache, const uint32_t *tokens, uint64_t ntokens,
                       kvc_match_t *out);
 
