@@ -394,6 +394,7 @@ static int cmd_prefix(kvc_client_t *c, const args_t *a) {
     return fail(c, rc, "caches");
   }
   if (a->json) printf("{\"caches\": {");
+  else if (!a->cache && n == 0) printf("no caches\n");
   if (a->cache) rc = print_prefix(c, a, st, nst, a->cache, true);
   for (size_t i = 0; i < n && rc == 0; i++)
     rc = print_prefix(c, a, st, nst, infos[i].name, i == 0);

@@ -540,6 +540,12 @@ TEST(prefix_metrics_match_a_scripted_scenario) {
            "round(d['hit_rate'], 4), len(t), len(t[0]['hash']), t[0]['hits'], t[0]['depth'])\"");
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "%s", cmd), 0);
   ASSERT_STR_EQ(out, "301 224 0.7442 1 64 3 6\n");
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "prefix --cache nope"), 1);
+  ASSERT(strstr(out, "NOCACHE") != NULL);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "prefix --top 0"), 1);
+  ASSERT(strstr(out, "--top takes 1..1000") != NULL);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "prefix --top 1"), 0);
+  ASSERT(strstr(out, "top prefixes by hits") != NULL);
   kvc_prefix_head_t heads[4];
   size_t n = 0;
   ASSERT_OK(kvc_prefix_top(h, heads, 4, &n));
