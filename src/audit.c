@@ -89,7 +89,7 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
  * pages are in their cache's index with the right child counts, and the
  * cached ones (refcnt 1) are exactly those on the LRU (*cached). */
 static int audit_index(const engine_t *eng, const uint64_t *cached, char *why, size_t len) {
-  uint64_t indexed = 0, nc = 0;
+  uint64_t indexed = 0, nc = 0, pairs = 0;
   for (uint32_t page = 0; page < eng->pool.npages; page++) {
     const ipage_t *ip = eng->ip[page];
     if (!ip) continue;
@@ -99,6 +99,7 @@ static int audit_index(const engine_t *eng, const uint64_t *cached, char *why, s
       return bad(why, len, "page %u: eviction plan marks left", page);
     if (!ip->indexed) continue;
     indexed++;
+    pairs += eng->pool.refcnt[page] == 2;
     uint64_t k;
     memcpy(&k, ip->hash, 8);
     if (hmap_get(&ip->cache->index, k) != ip)
@@ -112,6 +113,9 @@ static int audit_index(const engine_t *eng, const uint64_t *cached, char *why, s
     if (kids != ip->nchildren)
       return bad(why, len, "page %u: %u indexed children, %u recorded", page, kids, ip->nchildren);
   }
+  if (pairs != eng->idx_pairs)
+    return bad(why, len, "index: %llu pages held by the index and one sequence, %u recorded",
+               (unsigned long long)pairs, eng->idx_pairs);
   if (indexed != eng->st.pages_indexed || nc != *cached || nc != eng->st.pages_cached)
     return bad(why, len, "index: %llu indexed (%llu recorded), %llu cached (%llu on LRU, %llu recorded)",
                (unsigned long long)indexed, (unsigned long long)eng->st.pages_indexed,

@@ -225,7 +225,7 @@ void engine_stats(const engine_t *eng, engine_stats_t *out) {
   out->pages_total = p->npages;
   out->pages_free = p->nfree;
   out->pages_used = p->npages - p->nfree;
-  out->pages_shared = p->nshared;
+  out->pages_shared = p->nshared - eng->idx_pairs; /* the index's reference is no sharer */
   out->pages_pinned = p->npinned;
   out->bytes_used = eng->bytes_used;
   out->bytes_padding = out->pages_used * p->page_bytes - eng->bytes_used;

@@ -127,6 +127,7 @@ struct engine {
   uint32_t pin_limit;  /* pages that may be pinned */
   bool evicting;       /* pages a dropped sequence leaves cached go to the tail */
   pin_t *soft;         /* soft (TTL) pins */
+  uint32_t idx_pairs;  /* indexed pages held by exactly one sequence */
   void *reserve;       /* ipage blocks reserved for the current call */
   void *md_ctx;        /* EVP_MD_CTX for SHA-256 */
   kvc_hash_t hash_kind;

@@ -56,7 +56,9 @@ void lru_touch(engine_t *eng, seq_t *s) {
   s->last_use_ms = eng->now_ms;
   if (s->npins) {
     for (pin_t *p = s->pins; p; p = p->s_next)
-      if (p->ttl_ms) p->deadline_ms = eng->now_ms + p->ttl_ms;
+      if (p->ttl_ms)
+        p->deadline_ms = __builtin_add_overflow(eng->now_ms, p->ttl_ms, &p->deadline_ms)
+                             ? UINT64_MAX : p->deadline_ms;
     return;
   }
   lru_unlink(&s->node);

@@ -180,16 +180,28 @@ static void cached_count(engine_t *eng, cache_t *c, int delta) {
   c->st.pages_cached = (uint64_t)((int64_t)c->st.pages_cached + delta);
 }
 
+/* The pool counts a page with two references as shared; for an indexed page
+ * one of them is the index's. idx_pairs counts those, to subtract. */
+static void index_pairs(engine_t *eng, uint32_t page, uint32_t before, uint32_t after) {
+  const ipage_t *ip = eng->ip[page];
+  if (!ip || !ip->indexed) return;
+  eng->idx_pairs += (after == 2) - (before == 2);
+}
+
 void page_ref(engine_t *eng, uint32_t page) {
   ipage_t *ip = eng->ip[page];
-  if (ip && ip->indexed && eng->pool.refcnt[page] == 1) { /* leaves the cached state */
+  uint32_t r = eng->pool.refcnt[page];
+  if (ip && ip->indexed && r == 1) { /* leaves the cached state */
     lru_unlink(&ip->node);
     cached_count(eng, ip->cache, -1);
   }
   pool_ref(&eng->pool, page);
+  index_pairs(eng, page, r, r + 1);
 }
 
 void page_unref(engine_t *eng, const cache_t *c, uint32_t page, uint8_t prio) {
+  uint32_t r = eng->pool.refcnt[page];
+  index_pairs(eng, page, r, r - 1);
   if (pool_unref(&eng->pool, page)) {
     eng->bytes_used -= c->g.page_bytes;
     mem_free(&eng->mem, eng->ip[page]);
@@ -302,6 +314,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   hmap_insert(&c->index, k64, ip); /* room reserved by the caller */
   ip->indexed = true;
   pool_ref(&eng->pool, page);
+  index_pairs(eng, page, 0, eng->pool.refcnt[page]);
   if (parent_page != NOPAGE) eng->ip[parent_page]->nchildren++;
   eng->st.pages_indexed++;
   c->st.pages_indexed++;

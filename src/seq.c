@@ -123,8 +123,11 @@ void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out) {
   out->length = s->len;
   out->extent = s->extent;
   out->pages = s->ntable;
-  for (uint32_t i = 0; i < s->ntable; i++)
-    if (eng->pool.refcnt[s->table[i]] > 1) out->shared_pages++;
+  for (uint32_t i = 0; i < s->ntable; i++) {
+    uint32_t page = s->table[i], holders = eng->pool.refcnt[page];
+    if (eng->ip[page] && eng->ip[page]->indexed) holders--; /* the index is no sharer */
+    if (holders > 1) out->shared_pages++;
+  }
   out->pins = s->npins;
   out->last_use_ms = s->last_use_ms;
 }

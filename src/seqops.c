@@ -227,6 +227,12 @@ static int pin_prepare(engine_t *eng, uint64_t owner, pin_prep_t *pp) {
   return 0;
 }
 
+/* now + ttl, saturating: a TTL too long to add never lapses. */
+static uint64_t deadline(const engine_t *eng, uint64_t ttl_ms) {
+  uint64_t d;
+  return __builtin_add_overflow(eng->now_ms, ttl_ms, &d) ? UINT64_MAX : d;
+}
+
 static void pin_commit(engine_t *eng, seq_t *s, pin_prep_t *pp, uint64_t ttl_ms) {
   pin_t *p = pp->p;
   owner_t *o = pp->o;
@@ -241,7 +247,7 @@ static void pin_commit(engine_t *eng, seq_t *s, pin_prep_t *pp, uint64_t ttl_ms)
   o->pins = p;
   if (ttl_ms) {
     p->ttl_ms = ttl_ms;
-    p->deadline_ms = eng->now_ms + ttl_ms;
+    p->deadline_ms = deadline(eng, ttl_ms);
     p->t_next = eng->soft;
     if (eng->soft) eng->soft->t_prev = p;
     eng->soft = p;
@@ -280,7 +286,7 @@ int engine_pin_ttl(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t o
         if (eng->soft) eng->soft->t_prev = have;
         eng->soft = have;
       }
-      have->deadline_ms = eng->now_ms + ttl_ms;
+      have->deadline_ms = deadline(eng, ttl_ms);
     }
     have->ttl_ms = ttl_ms;
     return 0;

@@ -17,7 +17,7 @@ enum stat_kind { STAT_COUNTER = 0, STAT_GAUGE = 1 };
   X(page_bytes,        STAT_GAUGE,   "bytes of one pool page")                 \
   X(pages_total,       STAT_GAUGE,   "pages in the pool")                      \
   X(pages_free,        STAT_GAUGE,   "pages on the free list")                 \
-  X(pages_used,        STAT_GAUGE,   "pages referenced by a sequence")         \
+  X(pages_used,        STAT_GAUGE,   "pages referenced by a sequence or the prefix index") \
   X(pages_shared,      STAT_GAUGE,   "pages referenced by more than one sequence") \
   X(pages_pinned,      STAT_GAUGE,   "pages referenced by a pinned sequence")  \
   X(bytes_used,        STAT_GAUGE,   "layout bytes in used pages")             \

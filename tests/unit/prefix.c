@@ -486,3 +486,33 @@ TEST(prefix_random_ops_keep_invariants_and_bytes) {
   }
   fprintf(stderr, "%" PRIu64 " random prefix ops\n", ops);
 }
+
+TEST(prefix_index_reference_is_not_sharing) {
+  fx_t f;
+  open_small(&f, 16);
+  ASSERT_OK(put_tok(&f, 1, 0, 8, 7, &KEY_A)); /* 2 indexed pages, one sequence */
+  ASSERT_U64_EQ(fx_stats(&f).pages_shared, 0);
+  ASSERT_EQ(FX_INFO(&f, 1).shared_pages, 0);
+  engine_match_t m;
+  ASSERT_OK(attach(&f, 2, 7, 8, &KEY_A, 0, &m));
+  ASSERT_U64_EQ(fx_stats(&f).pages_shared, 2);
+  ASSERT_EQ(FX_INFO(&f, 2).shared_pages, 2);
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX));
+  ASSERT_U64_EQ(fx_stats(&f).pages_shared, 0);
+  fx_close(&f);
+}
+
+TEST(prefix_ttl_near_uint64_max_never_lapses) {
+  fx_t f;
+  open_small(&f, 4);
+  ASSERT_OK(fx_put(&f, 1, 0, T, 1));
+  engine_set_now(f.eng, 100);
+  ASSERT_OK(engine_pin_ttl(f.eng, f.cid, 1, 9, UINT64_MAX - 10));
+  engine_set_now(f.eng, 200);
+  FX_EXPECT(&f, 1, 0, T, 1); /* a use refreshes the deadline: still saturated */
+  engine_set_now(f.eng, UINT64_MAX - 1);
+  ASSERT_EQ(engine_expire(f.eng), 0);
+  ASSERT_EQ(FX_INFO(&f, 1).pins, 1);
+  ASSERT_EQ(engine_unpin_all(f.eng, 9), 1);
+  fx_close(&f);
+}
