@@ -185,15 +185,15 @@ $(B)/tests/fuzz/replay_%.o: tests/fuzz/replay.c
 	$(Q)$(CC) $(CPPFLAGS) -Itests -DFUZZ_NAME=$* $(CFLAGS) -c $< -o $@
 $(B)/tests/fuzz_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/replay_%.o $(TEST_MAIN_OBJ) $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 $(B)/fuzz/%: $(B)/tests/fuzz/fuzz_%.o $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(UV_LIBS) $(PB_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) -lm
 $(B)/tools/gen_corpus: $(B)/tests/fuzz/gen_corpus.o $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- benchmarks -------------------------------------------------------------
 $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkvcache.a)
