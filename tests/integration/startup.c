@@ -11,9 +11,7 @@ static int run_daemon(char *out, size_t cap, const char *args) {
   snprintf(cmd, sizeof cmd, "%s/kvcached %s 2>&1", it_build(), args);
   FILE *p = popen(cmd, "r");
   ASSERT(p != NULL);
-  size_t used = 0, got;
-  while (used + 1 < cap && (got = fread(out + used, 1, cap - 1 - used, p)) > 0) used += got;
-  out[used] = '\0';
+  it_read_all(p, out, cap);
   int st = pclose(p);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
@@ -36,7 +34,7 @@ TEST(startup_options_help_version_and_errors) {
 }
 
 TEST(startup_prefix_options) {
-  static char out[4096];
+  static char out[32768]; /* --help is long */
   ASSERT_EQ(run_daemon(out, sizeof out, "--prefix-hash xxh3"), 2);
   ASSERT(strstr(out, "prefix_single_tenant = true") != NULL);
   ASSERT(strchr(out, '\n') == out + strlen(out) - 1); /* one line */
