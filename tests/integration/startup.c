@@ -47,7 +47,7 @@ TEST(startup_prefix_options) {
   ASSERT_EQ(run_daemon(out, sizeof out, "--pin-limit-pct 101"), 2);
   ASSERT_EQ(run_daemon(out, sizeof out, "--help"), 0);
   ASSERT(strstr(out, "--prefix-hash") && strstr(out, "--pin-limit-pct") &&
-         strstr(out, "default 20"));
+         strstr(out, "Default 20"));
 }
 
 TEST(startup_pool_larger_than_memory_fails_clearly) {
