@@ -28,9 +28,17 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
   if (s->base != (s->start >> g->tshift))
     return bad(why, len, "seq %llu: base %u for start %llu", id, s->base,
                (unsigned long long)s->start);
-  if (s->ntable != seq_pages_for(s, s->extent) || s->ntable > s->cap)
+  if (s->ntable != seq_pages_for(s, seq_table_end(s)) || s->ntable > s->cap)
     return bad(why, len, "seq %llu: %u table entries (cap %u) for extent %llu", id,
-               s->ntable, s->cap, (unsigned long long)s->extent);
+               s->ntable, s->cap, (unsigned long long)seq_table_end(s));
+  for (uint32_t i = 0; i < s->nholes; i++) { /* sorted, disjoint, apart, held */
+    const hole_t *h = &s->holes[i];
+    if (h->b >= h->e || h->b < s->start || h->e > s->extent ||
+        (i && h->b <= s->holes[i - 1].e) || s->nholes > s->hcap)
+      return bad(why, len, "seq %llu: hole %u [%llu, %llu) bad for [%llu, %llu)", id, i,
+                 (unsigned long long)h->b, (unsigned long long)h->e,
+                 (unsigned long long)s->start, (unsigned long long)s->extent);
+  }
   if (s->layer_len) {
     uint64_t lo = UINT64_MAX, hi = 0;
     for (uint32_t l = 0; l < g->L; l++) {

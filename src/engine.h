@@ -161,8 +161,12 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                const engine_io_t *entries, size_t n);
 
 /* remove(seq, begin, end): end >= extent truncates to begin; begin <= start
- * with end >= extent drops the sequence; a middle range is KVC_E_NOROPE.
- * begin > end is KVC_E_RANGE; an empty or past-the-end range does nothing. */
+ * with end >= extent drops the sequence; a middle range moves the later
+ * tokens down by end - begin and re-rotates their keys (a cache with a RoPE
+ * description; an encoder cache moves without rotating), all or nothing
+ * (KVC_E_FULL when shared pages must be copied first); without RoPE it is
+ * KVC_E_NOROPE. begin > end is KVC_E_RANGE; an empty or past-the-end range
+ * does nothing. */
 int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id,
                   uint64_t begin, uint64_t end);
 
@@ -172,9 +176,10 @@ int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id,
 int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src, uint64_t dst,
                        uint64_t n);
 
-/* *out = the cache holds what is needed to continue seq at pos (causal:
- * start == 0 and pos <= length). A missing sequence answers false with 0,
- * except pos 0 which is always true. */
+/* *out = the cache holds what is needed to continue seq at pos: pos <= length
+ * and the first position the token at pos attends to is held (causal: 0;
+ * window: pos - W; chunked: pos - pos % C). Encoder caches and pos 0 always
+ * answer true; otherwise a missing sequence answers false. */
 int engine_can_resume(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
                       bool *out);
 
@@ -245,6 +250,82 @@ typedef struct engine_prefix_top {
 } engine_prefix_top_t;
 int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out, size_t cap,
                       size_t *n);
+
+/* ---- attention (attn.c, batch.c, shift.c; doc/attention.md) ---------------
+ * Positions are slots: token p of a sequence is slot p. Slots a reservation
+ * skips or a shift vacates are holes: gets return zeros for them, history
+ * masks them. */
+
+/* One token of a batch. */
+typedef struct engine_tok {
+  uint64_t seq_id;
+  uint64_t pos;
+} engine_tok_t;
+
+/* Reserves the slots of a batch (ollama's StartForward): each sequence's
+ * tokens, in batch order, are consecutive positions p0, p0 + 1, ...
+ * (KVC_E_POSORDER), p0 >= start; p0 past the length leaves holes. Makes
+ * every page the batch writes allocated and unshared, all or nothing
+ * (KVC_E_FULL with figures), so the put that follows needs no page (unless
+ * another call shares or evicts the sequence in between: pin it). Creates
+ * sequences; frees what a window or chunked cache no longer needs below
+ * the batch. RANGE, TOOMANY, NOCACHE, NOMEM. */
+int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, size_t n);
+
+/* One sequence's part of a history view: entries [first, first + n) are its
+ * positions pos .. pos + n - 1. */
+typedef struct engine_span {
+  uint64_t seq_id;
+  uint64_t pos;
+  uint64_t first;
+  uint64_t n;
+} engine_span_t;
+
+/* A history view. In: k, v ([layer][entry][head][dim], f32 or the cache's
+ * float dtype), mask (f32 [token][entry]: 0 attend, -inf masked), spans
+ * (spans_cap of them, or NULL). All of k, v, mask NULL asks only the sizes.
+ * Out: nentries, nspans. */
+typedef struct engine_hist {
+  void *k;
+  void *v;
+  uint64_t k_bytes, v_bytes;
+  float *mask;
+  uint64_t mask_bytes;
+  engine_span_t *spans;
+  size_t spans_cap;
+  uint64_t nentries;
+  size_t nspans;
+} engine_hist_t;
+
+/* The history a batch of n tokens attends to: per sequence of the batch (in
+ * order of first appearance), its held positions [start, highest batch
+ * position + 1), gathered in position order, and the mask following the
+ * cache's kind; a token never attends to another sequence's entries. The
+ * positions must be written (put after reserve). NOSEQ, RANGE, DTYPE (raw
+ * int8), SIZE, LAYER, HEAD. */
+int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+                   const engine_tok_t *toks, size_t n, engine_hist_t *h);
+
+/* llama.cpp's seq_add: moves positions [p0, p1) by delta, re-rotating their
+ * keys. Negative p0 or p1 means open (from start, to the end). Slots it
+ * vacates become holes; it never overwrites another token (RANGE) nor moves
+ * below start (RANGE). NOROPE without a RoPE description, KIND for an
+ * encoder cache; FULL like a put when pages must be copied or added. */
+int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1,
+                 int64_t delta);
+
+/* llama.cpp's seq_rm without a shift: positions [p0, p1) stop holding
+ * tokens (holes; the tail truncates). Open ends as for shift. */
+int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1);
+
+/* llama.cpp's seq_keep: drops every sequence of the cache but seq_id (which
+ * need not exist). */
+int engine_keep(engine_t *eng, uint32_t cache_id, uint64_t seq_id);
+
+/* llama.cpp's seq_pos_min / seq_pos_max: the lowest and highest positions
+ * holding a token, -1 for both if none (or no such sequence). */
+int engine_pos_range(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t *pmin,
+                     int64_t *pmax);
 
 /* Checks every invariant (refcounts against block tables, free list, LRU,
  * pins, counters). Returns 0, or KVC_E_INTERNAL with the first violation in

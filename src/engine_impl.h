@@ -24,6 +24,10 @@
 #include "pool.h"
 
 typedef struct seq seq_t;
+/* Slots [b, e) of a sequence that hold no token (doc/attention.md, gaps). */
+typedef struct hole {
+  uint64_t b, e;
+} hole_t;
 typedef struct owner owner_t;
 typedef struct cache cache_t;
 
@@ -105,6 +109,10 @@ struct seq {
   pin_t *pins;
   uint64_t last_use_ms;
   uint64_t mark;       /* == eng->epoch: taking part in the current call */
+  uint64_t rsv_end;    /* slots reserved up to here (table covers them), or 0 */
+  hole_t *holes;       /* sorted, disjoint slots in [start, extent) never written */
+  uint32_t nholes, hcap;
+  uint32_t slot;       /* per-call scratch: index of its record in the call */
 };
 
 struct engine {
@@ -148,6 +156,10 @@ static inline uint64_t seq_pages_for(const seq_t *s, uint64_t extent) {
   uint64_t T = s->cache->g.T, lo = (uint64_t)s->base * T;
   return extent > lo ? ((extent + T - 1) >> s->cache->g.tshift) - s->base : 0;
 }
+/* Last slot the table must cover: the extent or the end of a reservation. */
+static inline uint64_t seq_table_end(const seq_t *s) {
+  return s->rsv_end > s->extent ? s->rsv_end : s->extent;
+}
 static inline uint32_t seq_layer_len(const seq_t *s, uint32_t l) {
   return s->layer_len ? s->layer_len[l] : (uint32_t)s->len;
 }
@@ -168,6 +180,26 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
 /* Shortens every layer to at most n tokens and frees pages past it. */
 void seq_truncate(engine_t *eng, seq_t *s, uint64_t n);
 void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out);
+/* Drops positions before n (n <= len): start moves, whole pages go. */
+void seq_trim(engine_t *eng, seq_t *s, uint64_t n);
+/* holes.c: the hole set of a sequence. reserve makes room for k more ranges
+ * (0 or KVC_E_NOMEM); add and cut then never allocate as long as the room
+ * reserved covers them (a cut inside one range splits it: one more). */
+int holes_reserve(engine_t *eng, seq_t *s, uint32_t k);
+void holes_add(seq_t *s, uint64_t b, uint64_t e);
+void holes_cut(seq_t *s, uint64_t b, uint64_t e);
+bool holes_has(const seq_t *s, uint64_t pos);
+/* Slots [b, e) move by delta: the target range's holes are replaced by the
+ * moved ones (tmp: room for nholes ranges; reserve nholes + 2 first). */
+void holes_move(seq_t *s, uint64_t b, uint64_t e, int64_t delta, hole_t *tmp);
+/* shift.c: removes a middle range [b, e) (e < extent), moving later tokens
+ * down with their keys re-rotated; all or nothing. */
+int shift_remove(engine_t *eng, seq_t *s, uint64_t b, uint64_t e);
+/* attn.c: frees what no future token of s can attend to, given that the
+ * lowest position still to be computed is h (window, chunked). */
+void attn_trim(engine_t *eng, seq_t *s, uint64_t h);
+/* Whether a token at p may attend to position q of its own sequence. */
+bool attn_allows(const cache_t *c, uint64_t p, uint64_t q);
 /* seqops.c: frees a pin record out of its sequence's and owner's lists (and
  * the owner with its last pin); the sequence's pin count is the caller's. */
 void pin_unlink(engine_t *eng, pin_t *p);
@@ -177,6 +209,26 @@ void pin_soft_unlink(engine_t *eng, pin_t *p);
  * position 0 and pins it for owner (0: no pin); all or nothing. */
 int seq_attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32_t *pages,
                      uint64_t m, uint64_t owner);
+
+/* ops.c: makes the pages of slots [pos, end) of s writable (allocated or
+ * copied on write) after ops_room planned them. */
+typedef struct span {
+  seq_t *s;
+  uint64_t pos, end;
+} span_t;
+/* A transfer's ranges after defaults and checks. */
+typedef struct xr {
+  uint32_t l0, l1, h0, h1;
+  kvc_dtype_t bt; /* buffer dtype */
+} xr_t;
+int ops_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put, xr_t *r);
+/* Buffer bytes of ntokens: K, V, each scale buffer (raw int8); OVERFLOW. */
+int ops_sizes(const cache_t *c, const xr_t *r, uint64_t ntokens, uint64_t *kb, uint64_t *vb,
+              uint64_t *sb);
+/* The smallest written length over layers [l0, l1). */
+uint64_t ops_range_len(const seq_t *s, uint32_t l0, uint32_t l1);
+int ops_room(engine_t *eng, const span_t *sp, size_t n);
+void ops_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
 
 /* evict.c */
 void lru_link(engine_t *eng, lru_node_t *n, bool at_tail);

@@ -8,13 +8,7 @@
 
 #define MAX_BATCH (1u << 20)
 
-/* A transfer's ranges after defaults and checks. */
-typedef struct xr {
-  uint32_t l0, l1, h0, h1;
-  kvc_dtype_t bt; /* buffer dtype */
-} xr_t;
-
-static int xfer_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put,
+int ops_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put,
                         xr_t *r) {
   engine_xfer_t d = {0, 0, 0, 0, 0, NULL};
   if (!x) x = &d;
@@ -47,7 +41,7 @@ static int xfer_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x,
 }
 
 /* Buffer bytes of ntokens for r: K, V and (raw int8) each scale buffer. */
-static int xfer_sizes(const cache_t *c, const xr_t *r, uint64_t ntokens, uint64_t *kb,
+int ops_sizes(const cache_t *c, const xr_t *r, uint64_t ntokens, uint64_t *kb,
                       uint64_t *vb, uint64_t *sb) {
   uint64_t rows, krow = (uint64_t)c->g.dk * dtype_size(r->bt);
   uint64_t vrow = (uint64_t)c->g.dv * dtype_size(r->bt);
@@ -67,9 +61,9 @@ int engine_xfer_bytes(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x, 
   if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
   xr_t r;
   uint64_t kb, vb, sb;
-  int rc = xfer_resolve(eng, c, x, is_put, &r);
+  int rc = ops_resolve(eng, c, x, is_put, &r);
   if (rc) return rc;
-  if (xfer_sizes(c, &r, ntokens, &kb, &vb, &sb))
+  if (ops_sizes(c, &r, ntokens, &kb, &vb, &sb))
     return engine_fail(eng, KVC_E_OVERFLOW, "transfer of %llu tokens overflows",
                        (unsigned long long)ntokens);
   if (k_bytes) *k_bytes = kb;
@@ -87,7 +81,7 @@ static int entry_check(engine_t *eng, const cache_t *c, const xr_t *r, bool is_p
   if (end > KVC_MAX_SEQ_TOKENS)
     return engine_fail(eng, KVC_E_RANGE, "entry %zu: end %llu beyond the maximum of %llu", i,
                        (unsigned long long)end, (unsigned long long)KVC_MAX_SEQ_TOKENS);
-  if (xfer_sizes(c, r, e->ntokens, &kb, &vb, &sb))
+  if (ops_sizes(c, r, e->ntokens, &kb, &vb, &sb))
     return engine_fail(eng, KVC_E_OVERFLOW, "entry %zu: size overflows", i);
   if (e->k_bytes != kb || e->v_bytes != vb || (sb && (e->k_scale_bytes != sb ||
                                                       e->v_scale_bytes != sb)))
@@ -112,13 +106,13 @@ static int io_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x, bo
   if (!*c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
   if (!entries || n == 0) return engine_fail(eng, KVC_E_INVAL, "no entries");
   if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u entries", MAX_BATCH);
-  int rc = xfer_resolve(eng, *c, x, is_put, r);
+  int rc = ops_resolve(eng, *c, x, is_put, r);
   for (size_t i = 0; rc == 0 && i < n; i++) rc = entry_check(eng, *c, r, is_put, &entries[i], i);
   return rc;
 }
 
 /* The smallest written length over layers [l0, l1). */
-static uint64_t range_len(const seq_t *s, uint32_t l0, uint32_t l1) {
+uint64_t ops_range_len(const seq_t *s, uint32_t l0, uint32_t l1) {
   if (!s->layer_len) return s->len;
   uint64_t m = UINT64_MAX;
   for (uint32_t l = l0; l < l1; l++)
@@ -186,7 +180,7 @@ static int put_target(engine_t *eng, cache_t *c, const xr_t *r, const engine_io_
   t->s = s;
   t->old_cap = s->cap;
   s->mark = eng->epoch;
-  uint64_t have = range_len(s, r->l0, r->l1);
+  uint64_t have = ops_range_len(s, r->l0, r->l1);
   if (e->pos < s->start || e->pos > have)
     return engine_fail(eng, KVC_E_RANGE,
                        "entry %zu: pos %llu outside [start %llu, written length %llu]", i,
@@ -199,7 +193,8 @@ static int put_target(engine_t *eng, cache_t *c, const xr_t *r, const engine_io_
     t->new_layers = true;
   }
   uint64_t end = e->pos + e->ntokens;
-  if (end > s->extent && seq_reserve(eng, s, seq_pages_for(s, end)))
+  if ((end > s->extent && seq_reserve(eng, s, seq_pages_for(s, end))) ||
+      (s->nholes && holes_reserve(eng, s, 1)))
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   return 0;
 }
@@ -315,6 +310,37 @@ static uint32_t page_for_write(engine_t *eng, seq_t *s, uint64_t idx) {
   return copy;
 }
 
+void ops_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
+  uint32_t sh = s->cache->g.tshift;
+  if (pos >= end) return;
+  for (uint64_t idx = pos >> sh; idx <= (end - 1) >> sh; idx++) (void)page_for_write(eng, s, idx);
+}
+
+/* Calls fn for every page of s's table that slots [pos, end) fall in;
+ * returns how many pages they need past the table. */
+static uint64_t span_pages(engine_t *eng, const span_t *sp,
+                           void (*fn)(engine_t *, uint32_t, void *), void *arg) {
+  engine_io_t e = {.seq_id = sp->s->id, .pos = sp->pos, .ntokens = sp->end - sp->pos};
+  return sp->end > sp->pos ? put_pages(eng, sp->s, &e, fn, arg) : 0;
+}
+
+int ops_room(engine_t *eng, const span_t *sp, size_t n) {
+  uint64_t written = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t sh = sp[i].s->cache->g.tshift;
+    if (sp[i].end > sp[i].pos) written += 1 + ((sp[i].end - 1) >> sh) - (sp[i].pos >> sh);
+  }
+  evict_note_t local[64];
+  evict_need_t nd = {0, local, 0};
+  if (written > 64 && !(nd.noted = mem_alloc(&eng->mem, written * sizeof *nd.noted)))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) nd.new_pages += span_pages(eng, &sp[i], note_write, &nd);
+  int rc = evict_make_room(eng, &nd);
+  for (size_t i = 0; i < n; i++) span_pages(eng, &sp[i], clear_note, NULL);
+  if (nd.noted != local) mem_free(&eng->mem, nd.noted);
+  return rc;
+}
+
 static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t *e,
                       const engine_pkey_t *key, uint32_t key_id) {
   const geom_t *g = &s->cache->g;
@@ -332,6 +358,8 @@ static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t 
   if (e->tokens) prefix_put_tokens(eng, s, e, key, key_id);
   else if (e->ntokens) prefix_put_untokened(eng, s, e->pos, end);
   seq_set_lengths(eng, s, r->l0, r->l1, end);
+  holes_cut(s, e->pos, end);
+  attn_trim(eng, s, e->pos < s->len ? e->pos : s->len);
   lru_touch(eng, s);
   eng->st.puts++;
   eng->st.put_tokens += e->ntokens;
@@ -400,7 +428,7 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     if (!s)
       return engine_fail(eng, KVC_E_NOSEQ, "entry %zu: no sequence %llu", i,
                          (unsigned long long)e->seq_id);
-    uint64_t have = range_len(s, r.l0, r.l1);
+    uint64_t have = ops_range_len(s, r.l0, r.l1);
     if (e->pos < s->start || e->pos + e->ntokens > have)
       return engine_fail(eng, KVC_E_RANGE,
                          "entry %zu: tokens [%llu, %llu) outside [start %llu, length %llu)", i,
@@ -422,6 +450,11 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
       copy_out(&plan, page, pos - pstart, pos - e->pos, cnt, e->k, e->v, e->k_scale,
                e->v_scale);
       pos += cnt;
+    }
+    for (uint32_t h = 0; h < s->nholes; h++) { /* holes read as zeros */
+      uint64_t b = s->holes[h].b > e->pos ? s->holes[h].b : e->pos;
+      uint64_t z = s->holes[h].e < end ? s->holes[h].e : end;
+      if (b < z) copy_zero(&plan, b - e->pos, z - b, e->k, e->v, e->k_scale, e->v_scale);
     }
     lru_touch(eng, s);
     eng->st.gets++;

@@ -17,6 +17,7 @@
  * "cached", after its last sequence goes, until eviction reclaims it.
  */
 #include <openssl/evp.h>
+#include <stddef.h>
 #include <string.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
@@ -90,7 +91,7 @@ static void page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *t
 
 int prefix_cache_init(engine_t *eng, cache_t *c) {
   hpart_t parts[3] = {{"kvcached-prefix-v1", 18}, {c->name, strlen(c->name)},
-                      {&c->layout, sizeof c->layout}};
+                      {&c->layout, offsetof(kvc_layout_t, attn)}}; /* seed as before issue 8 */
   EVP_MD_CTX *ctx = eng->md_ctx;
   unsigned len = 32;
   EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);

@@ -17,6 +17,7 @@ void seq_free(engine_t *eng, seq_t *s) {
   if (!s) return;
   mem_free(&eng->mem, s->table);
   mem_free(&eng->mem, s->layer_len);
+  mem_free(&eng->mem, s->holes);
   mem_free(&eng->mem, s);
 }
 
@@ -81,6 +82,8 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
 }
 
 void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
+  s->rsv_end = 0; /* a reservation ends with the slots it reserved */
+  holes_cut(s, n, UINT64_MAX);
   if (s->layer_len) {
     for (uint32_t l = 0; l < s->cache->g.L; l++)
       if (s->layer_len[l] > n) s->layer_len[l] = (uint32_t)n;
@@ -92,6 +95,16 @@ void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
   }
   uint64_t keep = seq_pages_for(s, s->extent);
   while (s->ntable > keep) seq_page_release(eng, s, s->table[--s->ntable]);
+}
+
+void seq_trim(engine_t *eng, seq_t *s, uint64_t n) {
+  uint32_t nbase = (uint32_t)(n >> s->cache->g.tshift), drop = nbase - s->base;
+  for (uint32_t i = 0; i < drop; i++) seq_page_release(eng, s, s->table[i]);
+  memmove(s->table, s->table + drop, (s->ntable - drop) * sizeof *s->table);
+  s->ntable -= drop;
+  s->base = nbase;
+  s->start = n;
+  holes_cut(s, 0, n);
 }
 
 void seq_drop(engine_t *eng, seq_t *s) {

@@ -31,12 +31,7 @@ int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t be
     return 0;
   }
   if (begin >= s->extent) return 0;
-  if (end < s->extent)
-    return engine_fail(eng, KVC_E_NOROPE,
-                       "removing [%llu, %llu) of %llu tokens shifts later keys: the cache "
-                       "has no RoPE description",
-                       (unsigned long long)begin, (unsigned long long)end,
-                       (unsigned long long)s->extent);
+  if (end < s->extent) return shift_remove(eng, s, begin, end);
   eng->st.removes++;
   seq_truncate(eng, s, begin);
   lru_touch(eng, s);
@@ -47,7 +42,7 @@ int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t be
  * start and lengths; the table array is dst's from now on. */
 static void share_pages(engine_t *eng, seq_t *dst, const uint32_t *pages, uint32_t *table,
                         uint32_t ntable, uint32_t cap, uint32_t base, uint64_t start,
-                        uint64_t n) {
+                        uint64_t n, hole_t *holes, uint32_t nholes) {
   for (uint32_t i = 0; i < ntable; i++) {
     table[i] = pages[i];
     page_ref(eng, table[i]);
@@ -56,6 +51,10 @@ static void share_pages(engine_t *eng, seq_t *dst, const uint32_t *pages, uint32
   for (uint32_t i = 0; i < dst->ntable; i++) seq_page_release(eng, dst, dst->table[i]);
   mem_free(&eng->mem, dst->table);
   mem_free(&eng->mem, dst->layer_len);
+  mem_free(&eng->mem, dst->holes);
+  dst->holes = holes;
+  dst->nholes = dst->hcap = nholes;
+  dst->rsv_end = 0;
   dst->layer_len = NULL;
   dst->table = table;
   dst->ntable = ntable;
@@ -116,27 +115,24 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
   if ((rc = dst_prepare(eng, c, dst_id, &dst, &created, &map_cap))) return rc;
   uint64_t ntable = seq_pages_for(src, n);
   uint32_t cap = ntable ? (uint32_t)ntable : 1;
-  uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table);
-  if (!table) {
+  uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table), nh = 0;
+  while (nh < src->nholes && src->holes[nh].b < n) nh++; /* dst keeps the gaps below n */
+  hole_t *holes = nh ? mem_alloc(&eng->mem, nh * sizeof *holes) : NULL;
+  if (!table || (nh && !holes)) {
+    mem_free(&eng->mem, table);
     dst_abandon(eng, c, dst, created, map_cap);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
+  for (uint32_t i = 0; i < nh; i++) {
+    holes[i] = src->holes[i];
+    if (holes[i].e > n) holes[i].e = n;
+  }
   dst_commit(eng, c, dst, created);
-  share_pages(eng, dst, src->table, table, (uint32_t)ntable, cap, src->base, src->start, n);
+  share_pages(eng, dst, src->table, table, (uint32_t)ntable, cap, src->base, src->start, n,
+              holes, nh);
   lru_touch(eng, src);
   lru_touch(eng, dst);
   eng->st.copies++;
-  return 0;
-}
-
-int engine_can_resume(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
-                      bool *out) {
-  if (!eng) return KVC_E_INVAL;
-  if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
-  seq_t *s = hmap_get(&c->seqs, seq_id);
-  *out = pos == 0 || (s && s->start == 0 && pos <= s->len);
   return 0;
 }
 
@@ -149,12 +145,7 @@ int engine_trim_front(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_
     return engine_fail(eng, KVC_E_RANGE, "trim to %llu beyond length %llu",
                        (unsigned long long)n, (unsigned long long)s->len);
   if (n <= s->start) return 0;
-  uint32_t nbase = (uint32_t)(n >> s->cache->g.tshift), drop = nbase - s->base;
-  for (uint32_t i = 0; i < drop; i++) seq_page_release(eng, s, s->table[i]);
-  memmove(s->table, s->table + drop, (s->ntable - drop) * sizeof *s->table);
-  s->ntable -= drop;
-  s->base = nbase;
-  s->start = n;
+  seq_trim(eng, s, n);
   lru_touch(eng, s);
   eng->st.trims++;
   return 0;
@@ -329,7 +320,7 @@ int seq_attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32_t 
     goto fail;
   }
   dst_commit(eng, c, dst, created);
-  share_pages(eng, dst, pages, table, (uint32_t)m, cap, 0, 0, m * c->g.T);
+  share_pages(eng, dst, pages, table, (uint32_t)m, cap, 0, 0, m * c->g.T, NULL, 0);
   if (pp.p) pin_commit(eng, dst, &pp, 0);
   lru_touch(eng, dst);
   return 0;
