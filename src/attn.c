@@ -46,7 +46,7 @@ int engine_can_resume(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_
   if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
   const seq_t *s = hmap_get(&c->seqs, seq_id);
   const kvc_layout_t *l = &c->layout;
-  if (l->attn == KVC_ATTN_ENCODER || pos == 0) {
+  if (l->attn == KVC_ATTN_ENCODER || (l->attn == KVC_ATTN_CAUSAL && pos == 0)) {
     *out = true; /* nothing positional is needed */
     return 0;
   }

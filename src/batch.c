@@ -103,7 +103,6 @@ static void rsv_apply(engine_t *eng, rec_t *x, const span_t *sp) {
     seq_set_lengths(eng, s, 0, s->cache->g.L, x->lo);
   }
   if (x->hi > s->rsv_end) s->rsv_end = x->hi;
-  attn_trim(eng, s, x->lo);
   lru_touch(eng, s);
 }
 
@@ -127,6 +126,9 @@ int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, s
     if (seq_reserve(eng, s, seq_pages_for(s, r[i].hi)) || holes_reserve(eng, s, 1))
       rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
+  /* What the batch makes unreachable goes first, so a window cache reuses its
+   * own pages; it stays freed even if the reservation then fails. */
+  for (size_t i = 0; rc == 0 && i < nr; i++) attn_trim(eng, r[i].s, r[i].lo);
   if (rc == 0 && (rc = ops_room(eng, sp, nr)) == KVC_E_FULL) c->st.full_errors++;
   if (rc) {
     rsv_rollback(eng, c, r, nr, map_cap);
@@ -153,13 +155,16 @@ static int hist_group(engine_t *eng, cache_t *c, const xr_t *xr, const engine_to
                          "token %zu: position %llu not written (start %llu, length %llu)", i,
                          (unsigned long long)t->pos, (unsigned long long)s->start,
                          (unsigned long long)ops_range_len(s, xr->l0, xr->l1));
+    /* encoder entries are read whole; positional kinds up to the batch */
+    uint64_t hi = c->layout.attn == KVC_ATTN_ENCODER ? ops_range_len(s, xr->l0, xr->l1)
+                                                     : t->pos + 1;
     if (s->mark == eng->epoch) {
-      if (t->pos + 1 > r[s->slot].hi) r[s->slot].hi = t->pos + 1;
+      if (hi > r[s->slot].hi) r[s->slot].hi = hi;
       continue;
     }
     s->mark = eng->epoch;
     s->slot = (uint32_t)*nr;
-    r[(*nr)++] = (rec_t){s, s->start, t->pos + 1, 0, false};
+    r[(*nr)++] = (rec_t){s, s->start, hi, 0, false};
   }
   uint64_t total = 0;
   for (size_t i = 0; i < *nr; i++) {

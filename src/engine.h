@@ -178,8 +178,8 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src, uint64_t 
 
 /* *out = the cache holds what is needed to continue seq at pos: pos <= length
  * and the first position the token at pos attends to is held (causal: 0;
- * window: pos - W; chunked: pos - pos % C). Encoder caches and pos 0 always
- * answer true; otherwise a missing sequence answers false. */
+ * window: pos - W; chunked: pos - pos % C). Encoder caches always answer
+ * true, causal ones true for pos 0; otherwise a missing sequence is false. */
 int engine_can_resume(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
                       bool *out);
 
@@ -268,8 +268,10 @@ typedef struct engine_tok {
  * every page the batch writes allocated and unshared, all or nothing
  * (KVC_E_FULL with figures), so the put that follows needs no page (unless
  * another call shares or evicts the sequence in between: pin it). Creates
- * sequences; frees what a window or chunked cache no longer needs below
- * the batch. RANGE, TOOMANY, NOCACHE, NOMEM. */
+ * sequences. In a window or chunked cache it first frees what no token of
+ * the batch or after it can attend to (that stays freed even when the
+ * reservation then fails with FULL: the batch's positions made it
+ * unreachable). RANGE, TOOMANY, NOCACHE, NOMEM. */
 int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, size_t n);
 
 /* One sequence's part of a history view: entries [first, first + n) are its
@@ -299,7 +301,7 @@ typedef struct engine_hist {
 
 /* The history a batch of n tokens attends to: per sequence of the batch (in
  * order of first appearance), its held positions [start, highest batch
- * position + 1), gathered in position order, and the mask following the
+ * position + 1) (an encoder cache: [start, length)), gathered in position order, and the mask following the
  * cache's kind; a token never attends to another sequence's entries. The
  * positions must be written (put after reserve). NOSEQ, RANGE, DTYPE (raw
  * int8), SIZE, LAYER, HEAD. */
