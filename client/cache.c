@@ -57,6 +57,14 @@ KVC_API int kvc_cache_open_salted(kvc_client_t *c, const char *name,
   wl.head_dim_v = layout->head_dim_v;
   wl.dtype = (Kvcache__V1__DType)layout->dtype;
   wl.page_tokens = layout->page_tokens;
+  wl.attn = (uint32_t)layout->attn;
+  wl.attn_window = layout->attn_window;
+  wl.attn_memory = layout->attn_memory;
+  wl.attn_chunk = layout->attn_chunk;
+  wl.rope_dims = layout->rope_dims;
+  wl.rope_style = (uint32_t)layout->rope_style;
+  wl.rope_theta = layout->rope_theta;
+  wl.rope_scale = layout->rope_scale;
   Kvcache__V1__CacheOpen co = KVCACHE__V1__CACHE_OPEN__INIT;
   co.name = (char *)name;
   co.layout = &wl;
@@ -103,6 +111,14 @@ static void info_from_wire(const Kvcache__V1__CacheInfo *w, kvc_cache_info_t *i)
     i->layout.head_dim_v = w->layout->head_dim_v;
     i->layout.dtype = (kvc_dtype_t)w->layout->dtype;
     i->layout.page_tokens = w->layout->page_tokens;
+    i->layout.attn = (kvc_attn_t)w->layout->attn;
+    i->layout.attn_window = w->layout->attn_window;
+    i->layout.attn_memory = w->layout->attn_memory;
+    i->layout.attn_chunk = w->layout->attn_chunk;
+    i->layout.rope_dims = w->layout->rope_dims;
+    i->layout.rope_style = (kvc_rope_style_t)w->layout->rope_style;
+    i->layout.rope_theta = w->layout->rope_theta;
+    i->layout.rope_scale = w->layout->rope_scale;
   }
   i->page_bytes = w->page_bytes;
   i->sequences = w->sequences;
@@ -321,6 +337,169 @@ KVC_API int kvc_seq_list(kvc_cache_t *h, uint64_t *cursor, kvc_seq_info_t *out, 
   for (size_t i = 0; i < count; i++) seq_from_wire(r->seq_list->seqs[i], &out[i]);
   *n = count;
   *cursor = r->seq_list->cursor;
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return 0;
+}
+
+/* ---- attention-aware sequences -------------------------------------------- */
+
+/* The batch as the two parallel arrays of the wire (malloc'd). */
+static int batch_to_wire(kvc_client_t *c, const kvc_tok_t *toks, size_t n, uint64_t **seqs,
+                         uint64_t **pos) {
+  if (!toks || n == 0) return client_fail(c, KVC_E_INVAL, "a batch without tokens");
+  *seqs = malloc(n * sizeof **seqs);
+  *pos = malloc(n * sizeof **pos);
+  if (!*seqs || !*pos) {
+    free(*seqs);
+    free(*pos);
+    return client_fail(c, KVC_E_NOMEM, "out of memory");
+  }
+  for (size_t i = 0; i < n; i++) {
+    (*seqs)[i] = toks[i].seq_id;
+    (*pos)[i] = toks[i].pos;
+  }
+  return 0;
+}
+
+KVC_API int kvc_reserve(kvc_cache_t *h, const kvc_tok_t *toks, size_t n) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__Reserve b = KVCACHE__V1__RESERVE__INIT;
+  int rc = batch_to_wire(h->client, toks, n, &b.seq_ids, &b.positions);
+  if (rc) return rc;
+  b.cache_id = h->id;
+  b.n_seq_ids = b.n_positions = n;
+  REQ(reserve, RESERVE, &b);
+  rc = client_call(h->client, &req, NULL);
+  free(b.seq_ids);
+  free(b.positions);
+  return rc;
+}
+
+static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
+
+/* One History request; *reply is the daemon's (free it). */
+static int history_call(kvc_cache_t *h, Kvcache__V1__History *b,
+                        Kvcache__V1__HistoryReply **reply, Kvcache__V1__Response **r) {
+  REQ(history, HISTORY, b);
+  int rc = client_call(h->client, &req, r);
+  if (rc) return rc;
+  if ((*r)->body_case != KVCACHE__V1__RESPONSE__BODY_HISTORY) {
+    kvcache__v1__response__free_unpacked(*r, NULL);
+    return client_fail(h->client, KVC_E_PROTO, "history reply without a body");
+  }
+  *reply = (*r)->history;
+  return 0;
+}
+
+KVC_API int kvc_history(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_tok_t *toks, size_t n,
+                        kvc_hist_t *out, kvc_hist_span_t *spans, size_t spans_cap) {
+  if (!h) return KVC_E_INVAL;
+  kvc_client_t *c = h->client;
+  if (!out) return client_fail(c, KVC_E_INVAL, "kvc_history: out is NULL");
+  Kvcache__V1__History b = KVCACHE__V1__HISTORY__INIT;
+  Kvcache__V1__Xfer wx = KVCACHE__V1__XFER__INIT;
+  int rc = batch_to_wire(c, toks, n, &b.seq_ids, &b.positions);
+  if (rc) return rc;
+  b.cache_id = h->id;
+  b.n_seq_ids = b.n_positions = n;
+  if (x) {
+    wx.layer_begin = x->layer_begin;
+    wx.layer_end = x->layer_end;
+    wx.head_begin = x->head_begin;
+    wx.head_end = x->head_end;
+    wx.dtype = (Kvcache__V1__DType)x->dtype;
+    b.xfer = &wx;
+  }
+  Kvcache__V1__Response *r = NULL;
+  Kvcache__V1__HistoryReply *hr;
+  if ((rc = history_call(h, &b, &hr, &r))) goto out; /* the sizes first */
+  memset(out, 0, sizeof *out);
+  out->k_bytes = hr->k_len;
+  out->v_off = align64(hr->k_len);
+  out->v_bytes = hr->v_len;
+  out->mask_off = align64(out->v_off + hr->v_len);
+  out->mask_bytes = hr->mask_len;
+  kvcache__v1__response__free_unpacked(r, NULL);
+  r = NULL;
+  if (out->mask_off + out->mask_bytes > c->shm_bytes) {
+    rc = client_fail(c, KVC_E_SIZE, "a history of %llu + %llu + %llu bytes exceeds the "
+                     "%llu-byte shared buffer", (unsigned long long)out->k_bytes,
+                     (unsigned long long)out->v_bytes, (unsigned long long)out->mask_bytes,
+                     (unsigned long long)c->shm_bytes);
+    goto out;
+  }
+  b.k_off = 0, b.k_len = out->k_bytes;
+  b.v_off = out->v_off, b.v_len = out->v_bytes;
+  b.mask_off = out->mask_off, b.mask_len = out->mask_bytes;
+  if ((rc = history_call(h, &b, &hr, &r))) goto out;
+  out->entries = hr->entries;
+  out->nspans = hr->n_spans;
+  for (size_t i = 0; spans && i < hr->n_spans && i < spans_cap; i++)
+    spans[i] = (kvc_hist_span_t){hr->spans[i]->seq_id, hr->spans[i]->pos,
+                                 hr->spans[i]->first, hr->spans[i]->n};
+  kvcache__v1__response__free_unpacked(r, NULL);
+out:
+  free(b.seq_ids);
+  free(b.positions);
+  return rc;
+}
+
+static int shift_call(kvc_cache_t *h, bool punch, uint64_t seq_id, int64_t p0, int64_t p1,
+                      int64_t delta) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__Shift b = KVCACHE__V1__SHIFT__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.p0 = p0;
+  b.p1 = p1;
+  b.delta = delta;
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  if (punch) {
+    req.body_case = KVCACHE__V1__REQUEST__BODY_PUNCH;
+    req.punch = &b;
+  } else {
+    req.body_case = KVCACHE__V1__REQUEST__BODY_SHIFT;
+    req.shift = &b;
+  }
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_shift(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1,
+                          int64_t delta) {
+  return shift_call(h, false, seq_id, p0, p1, delta);
+}
+
+KVC_API int kvc_seq_rm(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1) {
+  return shift_call(h, true, seq_id, p0, p1, 0);
+}
+
+KVC_API int kvc_seq_keep(kvc_cache_t *h, uint64_t seq_id) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__SeqRef b = KVCACHE__V1__SEQ_REF__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  REQ(keep, KEEP, &b);
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_pos_range(kvc_cache_t *h, uint64_t seq_id, int64_t *pos_min,
+                              int64_t *pos_max) {
+  if (!h) return KVC_E_INVAL;
+  if (!pos_min || !pos_max)
+    return client_fail(h->client, KVC_E_INVAL, "kvc_seq_pos_range: NULL out");
+  Kvcache__V1__SeqRef b = KVCACHE__V1__SEQ_REF__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  REQ(pos_range, POS_RANGE, &b);
+  Kvcache__V1__Response *r;
+  int rc = client_call(h->client, &req, &r);
+  if (rc) return rc;
+  if (r->body_case != KVCACHE__V1__RESPONSE__BODY_POS_RANGE) {
+    kvcache__v1__response__free_unpacked(r, NULL);
+    return client_fail(h->client, KVC_E_PROTO, "pos_range reply without a body");
+  }
+  *pos_min = r->pos_range->pos_min;
+  *pos_max = r->pos_range->pos_max;
   kvcache__v1__response__free_unpacked(r, NULL);
   return 0;
 }

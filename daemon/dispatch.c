@@ -142,6 +142,14 @@ static void layout_from_wire(const Kvcache__V1__Layout *w, kvc_layout_t *l) {
   l->head_dim_v = w->head_dim_v;
   l->dtype = (kvc_dtype_t)w->dtype;
   l->page_tokens = w->page_tokens;
+  l->attn = (kvc_attn_t)w->attn;
+  l->attn_window = w->attn_window;
+  l->attn_memory = w->attn_memory;
+  l->attn_chunk = w->attn_chunk;
+  l->rope_dims = w->rope_dims;
+  l->rope_style = (kvc_rope_style_t)w->rope_style;
+  l->rope_theta = w->rope_theta;
+  l->rope_scale = w->rope_scale;
 }
 
 static Kvcache__V1__Layout *layout_to_wire(arena_t *a, const kvc_layout_t *l) {
@@ -154,6 +162,14 @@ static Kvcache__V1__Layout *layout_to_wire(arena_t *a, const kvc_layout_t *l) {
   w->head_dim_v = l->head_dim_v;
   w->dtype = (Kvcache__V1__DType)l->dtype;
   w->page_tokens = l->page_tokens;
+  w->attn = (uint32_t)l->attn;
+  w->attn_window = l->attn_window;
+  w->attn_memory = l->attn_memory;
+  w->attn_chunk = l->attn_chunk;
+  w->rope_dims = l->rope_dims;
+  w->rope_style = (uint32_t)l->rope_style;
+  w->rope_theta = l->rope_theta;
+  w->rope_scale = l->rope_scale;
   return w;
 }
 
@@ -410,6 +426,135 @@ static int h_trim_front(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) 
   const Kvcache__V1__SeqPos *b = req->trim_front;
   NEED_BODY(r, b, "trim_front");
   ENGINE_CALL(r, engine_trim_front(c->srv->eng, b->cache_id, b->seq_id, b->pos));
+  return 0;
+}
+
+/* ---- attention-aware sequences --------------------------------------------- */
+
+/* The batch of a Reserve or History as engine tokens (arena). */
+static int batch_from_wire(conn_t *c, reply_t *r, size_t nseq, const uint64_t *seqs,
+                           size_t npos, const uint64_t *pos, engine_tok_t **out) {
+  if (nseq != npos)
+    return reject(r, KVC_E_INVAL, "%zu sequence ids for %zu positions", nseq, npos);
+  if (nseq == 0) return reject(r, KVC_E_INVAL, "a batch without tokens");
+  if (nseq > c->srv->cfg.max_entries)
+    return reject(r, KVC_E_TOOMANY, "a batch of %zu tokens exceeds max_entries %u", nseq,
+                  c->srv->cfg.max_entries);
+  engine_tok_t *t = arena_alloc(r->a, nseq * sizeof *t);
+  if (!t) return reject(r, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < nseq; i++) t[i] = (engine_tok_t){seqs[i], pos[i]};
+  *out = t;
+  return 0;
+}
+
+static int h_reserve(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Reserve *b = req->reserve;
+  NEED_BODY(r, b, "reserve");
+  engine_tok_t *t;
+  int rc = batch_from_wire(c, r, b->n_seq_ids, b->seq_ids, b->n_positions, b->positions, &t);
+  if (rc) return rc;
+  ENGINE_CALL(r, engine_reserve(c->srv->eng, b->cache_id, t, b->n_seq_ids));
+  return 0;
+}
+
+static int history_reply(reply_t *r, const engine_hist_t *h, uint64_t kb, uint64_t vb) {
+  Kvcache__V1__HistoryReply *hr = arena_alloc(r->a, sizeof *hr);
+  Kvcache__V1__HistorySpan **sp = arena_alloc(r->a, (h->nspans + 1) * sizeof *sp);
+  if (!hr || !sp) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__history_reply__init(hr);
+  hr->entries = h->nentries;
+  hr->k_len = kb;
+  hr->v_len = vb;
+  hr->mask_len = h->mask_bytes;
+  for (size_t i = 0; h->spans && i < h->nspans; i++) {
+    if (!(sp[i] = arena_alloc(r->a, sizeof *sp[i]))) return reject(r, KVC_E_NOMEM, "out of memory");
+    kvcache__v1__history_span__init(sp[i]);
+    sp[i]->seq_id = h->spans[i].seq_id;
+    sp[i]->pos = h->spans[i].pos;
+    sp[i]->first = h->spans[i].first;
+    sp[i]->n = h->spans[i].n;
+  }
+  hr->spans = sp;
+  hr->n_spans = h->spans ? h->nspans : 0;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HISTORY;
+  r->resp->history = hr;
+  return 0;
+}
+
+static int h_history(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__History *b = req->history;
+  NEED_BODY(r, b, "history");
+  engine_t *eng = c->srv->eng;
+  engine_tok_t *t;
+  int rc = batch_from_wire(c, r, b->n_seq_ids, b->seq_ids, b->n_positions, b->positions, &t);
+  if (rc) return rc;
+  engine_xfer_t x = {0, 0, 0, 0, 0, NULL};
+  if (b->xfer) {
+    x.layer_begin = b->xfer->layer_begin;
+    x.layer_end = b->xfer->layer_end;
+    x.head_begin = b->xfer->head_begin;
+    x.head_end = b->xfer->head_end;
+    x.dtype = (kvc_dtype_t)b->xfer->dtype;
+  }
+  engine_hist_t h = {0};
+  size_t n = b->n_seq_ids;
+  ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, n, &h));
+  uint64_t kb, vb, mb;
+  ENGINE_CALL(r, engine_xfer_bytes(eng, b->cache_id, &x, false, h.nentries, &kb, &vb, NULL));
+  if (__builtin_mul_overflow(h.nentries, (uint64_t)n * 4, &mb))
+    return reject(r, KVC_E_OVERFLOW, "a mask of %zu x %llu overflows", n,
+                  (unsigned long long)h.nentries);
+  h.mask_bytes = mb;
+  if (b->k_len == 0 && b->v_len == 0 && b->mask_len == 0) return history_reply(r, &h, kb, vb);
+  void *mask;
+  if ((rc = check_region(c, r, 0, "k", b->k_off, b->k_len, kb, &h.k)) ||
+      (rc = check_region(c, r, 0, "v", b->v_off, b->v_len, vb, &h.v)) ||
+      (rc = check_region(c, r, 0, "mask", b->mask_off, b->mask_len, mb, &mask)))
+    return rc;
+  if (b->mask_off % 4) return reject(r, KVC_E_OFFSET, "mask_off is not a multiple of 4");
+  h.mask = mask;
+  h.k_bytes = kb;
+  h.v_bytes = vb;
+  h.spans_cap = h.nspans;
+  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)))
+    return reject(r, KVC_E_NOMEM, "out of memory");
+  ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, n, &h));
+  return history_reply(r, &h, kb, vb);
+}
+
+static int h_shift(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Shift *b = req->shift;
+  NEED_BODY(r, b, "shift");
+  ENGINE_CALL(r, engine_shift(c->srv->eng, b->cache_id, b->seq_id, b->p0, b->p1, b->delta));
+  return 0;
+}
+
+static int h_punch(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Shift *b = req->punch;
+  NEED_BODY(r, b, "punch");
+  ENGINE_CALL(r, engine_punch(c->srv->eng, b->cache_id, b->seq_id, b->p0, b->p1));
+  return 0;
+}
+
+static int h_keep(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqRef *b = req->keep;
+  NEED_BODY(r, b, "keep");
+  ENGINE_CALL(r, engine_keep(c->srv->eng, b->cache_id, b->seq_id));
+  return 0;
+}
+
+static int h_pos_range(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqRef *b = req->pos_range;
+  NEED_BODY(r, b, "pos_range");
+  int64_t lo, hi;
+  ENGINE_CALL(r, engine_pos_range(c->srv->eng, b->cache_id, b->seq_id, &lo, &hi));
+  Kvcache__V1__PosRangeReply *pr = arena_alloc(r->a, sizeof *pr);
+  if (!pr) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__pos_range_reply__init(pr);
+  pr->pos_min = lo;
+  pr->pos_max = hi;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_POS_RANGE;
+  r->resp->pos_range = pr;
   return 0;
 }
 

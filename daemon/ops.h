@@ -30,7 +30,13 @@
   X(attach, ATTACH)                                                            \
   X(set_priority, SET_PRIORITY)                                                \
   X(pin_ttl, PIN_TTL)                                                          \
-  X(prefix_top, PREFIX_TOP)
+  X(prefix_top, PREFIX_TOP)                                                    \
+  X(reserve, RESERVE)                                                          \
+  X(history, HISTORY)                                                          \
+  X(shift, SHIFT)                                                              \
+  X(punch, PUNCH)                                                              \
+  X(keep, KEEP)                                                                \
+  X(pos_range, POS_RANGE)
 
 enum op {
 #define OP_ENUM_(name, CASE) OP_##CASE,

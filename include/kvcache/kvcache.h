@@ -301,8 +301,10 @@ KVC_API int kvc_get_shm(kvc_cache_t *cache, const kvc_xfer_t *x,
 /* ---- sequences ---------------------------------------------------------- */
 
 /* Removes [begin, end): end past the length truncates; begin at the start
- * with end past the length drops the sequence; a middle range is
- * KVC_E_NOROPE. KVC_E_RANGE if begin > end. */
+ * with end past the length drops the sequence; a middle range moves the later
+ * tokens down by end - begin with their keys re-rotated (the cache needs a
+ * RoPE description, else KVC_E_NOROPE; KVC_E_FULL when shared pages must be
+ * copied and cannot). KVC_E_RANGE if begin > end. */
 KVC_API int kvc_seq_remove(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin,
                            uint64_t end);
 /* Makes dst the first ntokens of src, sharing pages (copy on write).
@@ -326,6 +328,64 @@ KVC_API int kvc_seq_info(kvc_cache_t *cache, uint64_t seq_id, kvc_seq_info_t *ou
  * for the whole scan is returned at least once. */
 KVC_API int kvc_seq_list(kvc_cache_t *cache, uint64_t *cursor, kvc_seq_info_t *out,
                          size_t cap, size_t *n);
+
+/* ---- attention-aware sequences (doc/attention.md) -------------------------- */
+
+/* One token of a forward pass's batch. */
+typedef struct kvc_tok {
+  uint64_t seq_id;
+  uint64_t pos;
+} kvc_tok_t;
+
+/* Reserves the slots of a batch before it is computed (ollama's
+ * StartForward), all or nothing: KVC_E_FULL (kvc_client_last_full) changes
+ * nothing. Each sequence's tokens, in batch order, are consecutive positions
+ * (KVC_E_POSORDER); a first position past the length leaves holes. Then put
+ * the batch's K/V in one kvc_put_batch. Pin the sequences to keep another
+ * client's eviction or sharing from undoing the reservation. */
+KVC_API int kvc_reserve(kvc_cache_t *cache, const kvc_tok_t *toks, size_t n);
+
+/* One sequence's entries of a history: entries [first, first + n) are its
+ * positions pos, pos + 1, ... */
+typedef struct kvc_hist_span {
+  uint64_t seq_id;
+  uint64_t pos;
+  uint64_t first;
+  uint64_t n;
+} kvc_hist_span_t;
+
+/* Where a history view landed in the shared buffer (kvc_client_shm). */
+typedef struct kvc_hist {
+  uint64_t entries;        /* history entries (all sequences) */
+  uint64_t k_off, k_bytes; /* K [layer][entry][head][dim] */
+  uint64_t v_off, v_bytes; /* V likewise */
+  uint64_t mask_off, mask_bytes; /* f32 [token][entry]: 0 attend, -inf masked */
+  size_t nspans;           /* sequences of the batch (spans filled: min(cap, nspans)) */
+} kvc_hist_t;
+
+/* The history the batch toks[0..n) attends to, per layer of x (NULL: all,
+ * f32 or the cache's float dtype), gathered in position order per sequence,
+ * and its mask (the cache's attention kind; sequences never see each
+ * other's entries), written to the shared buffer: K at 0, then V, then the
+ * mask, each 64-byte aligned. Call after the batch's put. KVC_E_SIZE if it
+ * does not fit the buffer; KVC_E_NOSEQ, KVC_E_RANGE, KVC_E_DTYPE. */
+KVC_API int kvc_history(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_tok_t *toks,
+                        size_t n, kvc_hist_t *out, kvc_hist_span_t *spans, size_t spans_cap);
+
+/* llama.cpp's seq_add: moves positions [p0, p1) by delta, re-rotating their
+ * keys; a negative p0 or p1 is open. Vacated slots become holes; it never
+ * overwrites a token or moves below the start (KVC_E_RANGE). KVC_E_NOROPE,
+ * KVC_E_KIND (encoder caches), KVC_E_FULL. */
+KVC_API int kvc_seq_shift(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1,
+                          int64_t delta);
+/* llama.cpp's seq_rm: positions [p0, p1) stop holding tokens, later ones stay
+ * where they are (holes; to the end it truncates). Negative = open. */
+KVC_API int kvc_seq_rm(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1);
+/* llama.cpp's seq_keep: drops every other sequence of the cache. */
+KVC_API int kvc_seq_keep(kvc_cache_t *cache, uint64_t seq_id);
+/* llama.cpp's seq_pos_min / seq_pos_max: -1 for both if it holds no token. */
+KVC_API int kvc_seq_pos_range(kvc_cache_t *cache, uint64_t seq_id, int64_t *pos_min,
+                              int64_t *pos_max);
 
 /* ---- retention ------------------------------------------------------------ */
 
