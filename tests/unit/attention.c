@@ -33,7 +33,7 @@ static void sc_open(fx_t *f, kvc_attn_t kind, uint32_t w, uint32_t m, uint32_t c
  * sequence, in one request), as ollama's StartForward then Put. */
 static void sc_step(fx_t *f, size_t n, const uint64_t *seqs, const uint64_t *pos,
                     const float *vals) {
-  engine_tok_t toks[MAXH];
+  engine_tok_t toks[MAXH] = {{0, 0}};
   for (size_t i = 0; i < n; i++) toks[i] = (engine_tok_t){seqs[i], pos[i]};
   ASSERT_OK(engine_reserve(f->eng, f->cid, toks, n));
   float k[MAXH][MAXH * 2], v[MAXH][MAXH];
@@ -59,7 +59,7 @@ static void sc_step(fx_t *f, size_t n, const uint64_t *seqs, const uint64_t *pos
 static void sc_expect_(fx_t *f, size_t n, const uint64_t *seqs, const uint64_t *pos,
                        size_t nwant, const float *want, const float *wmask, const char *file,
                        int line) {
-  engine_tok_t toks[MAXH];
+  engine_tok_t toks[MAXH] = {{0, 0}};
   for (size_t i = 0; i < n; i++) toks[i] = (engine_tok_t){seqs[i], pos[i]};
   engine_hist_t h = {0};
   ASSERT_OK(engine_history(f->eng, f->cid, NULL, toks, n, &h));
