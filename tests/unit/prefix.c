@@ -56,6 +56,22 @@ static void open_small(fx_t *f, uint64_t npages) {
   fx_open(f, &lay, npages);
 }
 
+/* Like open_small, with the engine options of tweak (base and sizes are set
+ * here). */
+static void open_cfg(fx_t *f, uint64_t npages, engine_config_t tweak) {
+  kvc_layout_t lay = fx_small_layout();
+  memset(f, 0, sizeof *f);
+  f->page_bytes = 1536;
+  f->npages = npages;
+  f->base = fx_pool_alloc(f->page_bytes * npages);
+  tweak.base = f->base;
+  tweak.pool_bytes = f->page_bytes * npages;
+  tweak.page_bytes = f->page_bytes;
+  ASSERT_OK(engine_new(&tweak, &f->eng));
+  f->lay = lay;
+  ASSERT_OK(engine_cache_open(f->eng, "main", &lay, &f->cid));
+}
+
 TEST(prefix_bad_arguments) {
   fx_t f;
   open_small(&f, 16);
@@ -236,17 +252,8 @@ TEST(prefix_hit_touches_cached_pages) {
 }
 
 TEST(prefix_forced_collision_never_serves_wrong_pages) {
-  kvc_layout_t lay = fx_small_layout();
   fx_t f;
-  memset(&f, 0, sizeof f);
-  f.page_bytes = 1536;
-  f.npages = 64;
-  f.base = fx_pool_alloc(f.page_bytes * f.npages);
-  engine_config_t cfg = {.base = f.base, .pool_bytes = f.page_bytes * f.npages,
-                         .page_bytes = f.page_bytes, .hash_bits = 4};
-  ASSERT_OK(engine_new(&cfg, &f.eng));
-  f.lay = lay;
-  ASSERT_OK(engine_cache_open(f.eng, "main", &lay, &f.cid));
+  open_cfg(&f, 64, (engine_config_t){.hash_bits = 4});
   /* 16 one-page prompts with 4-bit hashes: some must share a hash */
   for (uint32_t p = 0; p < 16; p++) ASSERT_OK(put_tok(&f, 1 + p, 0, T, p, &KEY_A));
   engine_stats_t s = fx_stats(&f);
@@ -267,16 +274,7 @@ TEST(prefix_forced_collision_never_serves_wrong_pages) {
 
 TEST(prefix_xxh3_matches_too) {
   fx_t f;
-  memset(&f, 0, sizeof f);
-  kvc_layout_t lay = fx_small_layout();
-  f.page_bytes = 1536;
-  f.npages = 16;
-  f.base = fx_pool_alloc(f.page_bytes * f.npages);
-  engine_config_t cfg = {.base = f.base, .pool_bytes = f.page_bytes * f.npages,
-                         .page_bytes = f.page_bytes, .hash = KVC_HASH_XXH3};
-  ASSERT_OK(engine_new(&cfg, &f.eng));
-  f.lay = lay;
-  ASSERT_OK(engine_cache_open(f.eng, "main", &lay, &f.cid));
+  open_cfg(&f, 16, (engine_config_t){.hash = KVC_HASH_XXH3});
   ASSERT_OK(put_tok(&f, 1, 0, 9, 3, &KEY_A));
   ASSERT_U64_EQ(match(&f, 3, 9, &KEY_A).tokens, 8);
   ASSERT_U64_EQ(match(&f, 3, 9, &KEY_B).tokens, 0);
@@ -326,16 +324,7 @@ TEST(prefix_soft_pin_lapses_and_is_refreshed_by_use) {
 
 TEST(prefix_pin_limit_refuses_pins_past_it) {
   fx_t f;
-  memset(&f, 0, sizeof f);
-  kvc_layout_t lay = fx_small_layout();
-  f.page_bytes = 1536;
-  f.npages = 10;
-  f.base = fx_pool_alloc(f.page_bytes * f.npages);
-  engine_config_t cfg = {.base = f.base, .pool_bytes = f.page_bytes * f.npages,
-                         .page_bytes = f.page_bytes, .pin_limit_pct = 20};
-  ASSERT_OK(engine_new(&cfg, &f.eng));
-  f.lay = lay;
-  ASSERT_OK(engine_cache_open(f.eng, "main", &lay, &f.cid));
+  open_cfg(&f, 10, (engine_config_t){.pin_limit_pct = 20});
   ASSERT_OK(fx_put(&f, 1, 0, 2 * T, 1));
   ASSERT_OK(fx_put(&f, 2, 0, T, 1));
   ASSERT_OK(engine_pin(f.eng, f.cid, 1, 5)); /* 2 of 10 pages: at the limit */
