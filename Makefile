@@ -216,8 +216,9 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# Builds only what running needs (the daemon and kvcachectl), then runs.
 run: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(B)/kvcached $(B)/kvcachectl
 	$(B)/kvcached $(ARGS)
 
 test: deps
