@@ -1,5 +1,6 @@
 /* cache.c: cache handles and the sequence operations that carry no tensor
- * bytes (remove, copy_prefix, can_resume, trim_front, pin, info, list). */
+ * bytes (remove, copy_prefix, can_resume, trim_front, pins, priority, info,
+ * list). */
 #include "client.h"
 
 #include <stdlib.h>
@@ -26,12 +27,29 @@ static kvc_cache_t *cache_new(kvc_client_t *c, const char *name, uint32_t id,
   return h;
 }
 
+/* A key of at most KVC_MAX_KEY_BYTES, or the reason it is not. */
+static int key_check(kvc_client_t *c, const char *what, const void *p, size_t len) {
+  if (len > KVC_MAX_KEY_BYTES)
+    return client_fail(c, KVC_E_INVAL, "%s of %zu bytes: at most %u", what, len,
+                       KVC_MAX_KEY_BYTES);
+  if (len && !p) return client_fail(c, KVC_E_INVAL, "%s is NULL with a length of %zu", what, len);
+  return 0;
+}
+
 KVC_API int kvc_cache_open(kvc_client_t *c, const char *name, const kvc_layout_t *layout,
                            kvc_cache_t **out) {
+  return kvc_cache_open_salted(c, name, layout, NULL, 0, out);
+}
+
+KVC_API int kvc_cache_open_salted(kvc_client_t *c, const char *name,
+                                  const kvc_layout_t *layout, const void *salt,
+                                  size_t salt_len, kvc_cache_t **out) {
   if (!c) return KVC_E_INVAL;
   if (!name || !layout || !out)
     return client_fail(c, KVC_E_INVAL, "kvc_cache_open: name, layout and out are required");
   *out = NULL;
+  int rc = key_check(c, "salt", salt, salt_len);
+  if (rc) return rc;
   Kvcache__V1__Layout wl = KVCACHE__V1__LAYOUT__INIT;
   wl.num_layers = layout->num_layers;
   wl.num_kv_heads = layout->num_kv_heads;
@@ -39,20 +57,47 @@ KVC_API int kvc_cache_open(kvc_client_t *c, const char *name, const kvc_layout_t
   wl.head_dim_v = layout->head_dim_v;
   wl.dtype = (Kvcache__V1__DType)layout->dtype;
   wl.page_tokens = layout->page_tokens;
+  wl.attn = (uint32_t)layout->attn;
+  wl.attn_window = layout->attn_window;
+  wl.attn_memory = layout->attn_memory;
+  wl.attn_chunk = layout->attn_chunk;
+  wl.rope_dims = layout->rope_dims;
+  wl.rope_style = (uint32_t)layout->rope_style;
+  wl.rope_theta = layout->rope_theta;
+  wl.rope_scale = layout->rope_scale;
   Kvcache__V1__CacheOpen co = KVCACHE__V1__CACHE_OPEN__INIT;
   co.name = (char *)name;
   co.layout = &wl;
   REQ(cache_open, CACHE_OPEN, &co);
   Kvcache__V1__Response *r;
-  int rc = client_call(c, &req, &r);
-  if (rc) return rc;
+  if ((rc = client_call(c, &req, &r))) return rc;
   if (r->body_case != KVCACHE__V1__RESPONSE__BODY_CACHE_OPEN) {
     kvcache__v1__response__free_unpacked(r, NULL);
     return client_fail(c, KVC_E_PROTO, "cache_open reply without a body");
   }
   *out = cache_new(c, name, r->cache_open->cache_id, layout, r->cache_open->page_bytes);
   kvcache__v1__response__free_unpacked(r, NULL);
-  return *out ? 0 : client_fail(c, KVC_E_NOMEM, "out of memory");
+  if (!*out) return client_fail(c, KVC_E_NOMEM, "out of memory");
+  if (salt_len) memcpy((*out)->salt, salt, salt_len);
+  (*out)->salt_len = (uint32_t)salt_len;
+  return 0;
+}
+
+KVC_API int kvc_cache_set_extra(kvc_cache_t *h, const void *extra, size_t extra_len) {
+  if (!h) return KVC_E_INVAL;
+  int rc = key_check(h->client, "extra key", extra, extra_len);
+  if (rc) return rc;
+  if (extra_len) memcpy(h->extra, extra, extra_len);
+  h->extra_len = (uint32_t)extra_len;
+  return 0;
+}
+
+ProtobufCBinaryData client_salt(const kvc_cache_t *h) {
+  return (ProtobufCBinaryData){.len = h->salt_len, .data = (uint8_t *)h->salt};
+}
+
+ProtobufCBinaryData client_extra(const kvc_cache_t *h) {
+  return (ProtobufCBinaryData){.len = h->extra_len, .data = (uint8_t *)h->extra};
 }
 
 static void info_from_wire(const Kvcache__V1__CacheInfo *w, kvc_cache_info_t *i) {
@@ -66,6 +111,14 @@ static void info_from_wire(const Kvcache__V1__CacheInfo *w, kvc_cache_info_t *i)
     i->layout.head_dim_v = w->layout->head_dim_v;
     i->layout.dtype = (kvc_dtype_t)w->layout->dtype;
     i->layout.page_tokens = w->layout->page_tokens;
+    i->layout.attn = (kvc_attn_t)w->layout->attn;
+    i->layout.attn_window = w->layout->attn_window;
+    i->layout.attn_memory = w->layout->attn_memory;
+    i->layout.attn_chunk = w->layout->attn_chunk;
+    i->layout.rope_dims = w->layout->rope_dims;
+    i->layout.rope_style = (kvc_rope_style_t)w->layout->rope_style;
+    i->layout.rope_theta = w->layout->rope_theta;
+    i->layout.rope_scale = w->layout->rope_scale;
   }
   i->page_bytes = w->page_bytes;
   i->sequences = w->sequences;
@@ -213,6 +266,26 @@ KVC_API int kvc_seq_unpin(kvc_cache_t *h, uint64_t seq_id) {
   return client_call(h->client, &req, NULL);
 }
 
+KVC_API int kvc_seq_pin_ttl(kvc_cache_t *h, uint64_t seq_id, uint64_t ttl_ms) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__PinTtl b = KVCACHE__V1__PIN_TTL__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.ttl_ms = ttl_ms;
+  REQ(pin_ttl, PIN_TTL, &b);
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_set_priority(kvc_cache_t *h, uint64_t seq_id, uint32_t priority) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__SetPriority b = KVCACHE__V1__SET_PRIORITY__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.priority = priority;
+  REQ(set_priority, SET_PRIORITY, &b);
+  return client_call(h->client, &req, NULL);
+}
+
 static void seq_from_wire(const Kvcache__V1__SeqInfo *w, kvc_seq_info_t *s) {
   memset(s, 0, sizeof *s);
   s->seq_id = w->seq_id;
@@ -264,6 +337,169 @@ KVC_API int kvc_seq_list(kvc_cache_t *h, uint64_t *cursor, kvc_seq_info_t *out, 
   for (size_t i = 0; i < count; i++) seq_from_wire(r->seq_list->seqs[i], &out[i]);
   *n = count;
   *cursor = r->seq_list->cursor;
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return 0;
+}
+
+/* ---- attention-aware sequences -------------------------------------------- */
+
+/* The batch as the two parallel arrays of the wire (malloc'd). */
+static int batch_to_wire(kvc_client_t *c, const kvc_tok_t *toks, size_t n, uint64_t **seqs,
+                         uint64_t **pos) {
+  if (!toks || n == 0) return client_fail(c, KVC_E_INVAL, "a batch without tokens");
+  *seqs = malloc(n * sizeof **seqs);
+  *pos = malloc(n * sizeof **pos);
+  if (!*seqs || !*pos) {
+    free(*seqs);
+    free(*pos);
+    return client_fail(c, KVC_E_NOMEM, "out of memory");
+  }
+  for (size_t i = 0; i < n; i++) {
+    (*seqs)[i] = toks[i].seq_id;
+    (*pos)[i] = toks[i].pos;
+  }
+  return 0;
+}
+
+KVC_API int kvc_reserve(kvc_cache_t *h, const kvc_tok_t *toks, size_t n) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__Reserve b = KVCACHE__V1__RESERVE__INIT;
+  int rc = batch_to_wire(h->client, toks, n, &b.seq_ids, &b.positions);
+  if (rc) return rc;
+  b.cache_id = h->id;
+  b.n_seq_ids = b.n_positions = n;
+  REQ(reserve, RESERVE, &b);
+  rc = client_call(h->client, &req, NULL);
+  free(b.seq_ids);
+  free(b.positions);
+  return rc;
+}
+
+static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
+
+/* One History request; *reply is the daemon's (free it). */
+static int history_call(kvc_cache_t *h, Kvcache__V1__History *b,
+                        Kvcache__V1__HistoryReply **reply, Kvcache__V1__Response **r) {
+  REQ(history, HISTORY, b);
+  int rc = client_call(h->client, &req, r);
+  if (rc) return rc;
+  if ((*r)->body_case != KVCACHE__V1__RESPONSE__BODY_HISTORY) {
+    kvcache__v1__response__free_unpacked(*r, NULL);
+    return client_fail(h->client, KVC_E_PROTO, "history reply without a body");
+  }
+  *reply = (*r)->history;
+  return 0;
+}
+
+KVC_API int kvc_history(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_tok_t *toks, size_t n,
+                        kvc_hist_t *out, kvc_hist_span_t *spans, size_t spans_cap) {
+  if (!h) return KVC_E_INVAL;
+  kvc_client_t *c = h->client;
+  if (!out) return client_fail(c, KVC_E_INVAL, "kvc_history: out is NULL");
+  Kvcache__V1__History b = KVCACHE__V1__HISTORY__INIT;
+  Kvcache__V1__Xfer wx = KVCACHE__V1__XFER__INIT;
+  int rc = batch_to_wire(c, toks, n, &b.seq_ids, &b.positions);
+  if (rc) return rc;
+  b.cache_id = h->id;
+  b.n_seq_ids = b.n_positions = n;
+  if (x) {
+    wx.layer_begin = x->layer_begin;
+    wx.layer_end = x->layer_end;
+    wx.head_begin = x->head_begin;
+    wx.head_end = x->head_end;
+    wx.dtype = (Kvcache__V1__DType)x->dtype;
+    b.xfer = &wx;
+  }
+  Kvcache__V1__Response *r = NULL;
+  Kvcache__V1__HistoryReply *hr;
+  if ((rc = history_call(h, &b, &hr, &r))) goto out; /* the sizes first */
+  memset(out, 0, sizeof *out);
+  out->k_bytes = hr->k_len;
+  out->v_off = align64(hr->k_len);
+  out->v_bytes = hr->v_len;
+  out->mask_off = align64(out->v_off + hr->v_len);
+  out->mask_bytes = hr->mask_len;
+  kvcache__v1__response__free_unpacked(r, NULL);
+  r = NULL;
+  if (out->mask_off + out->mask_bytes > c->shm_bytes) {
+    rc = client_fail(c, KVC_E_SIZE, "a history of %llu + %llu + %llu bytes exceeds the "
+                     "%llu-byte shared buffer", (unsigned long long)out->k_bytes,
+                     (unsigned long long)out->v_bytes, (unsigned long long)out->mask_bytes,
+                     (unsigned long long)c->shm_bytes);
+    goto out;
+  }
+  b.k_off = 0, b.k_len = out->k_bytes;
+  b.v_off = out->v_off, b.v_len = out->v_bytes;
+  b.mask_off = out->mask_off, b.mask_len = out->mask_bytes;
+  if ((rc = history_call(h, &b, &hr, &r))) goto out;
+  out->entries = hr->entries;
+  out->nspans = hr->n_spans;
+  for (size_t i = 0; spans && i < hr->n_spans && i < spans_cap; i++)
+    spans[i] = (kvc_hist_span_t){hr->spans[i]->seq_id, hr->spans[i]->pos,
+                                 hr->spans[i]->first, hr->spans[i]->n};
+  kvcache__v1__response__free_unpacked(r, NULL);
+out:
+  free(b.seq_ids);
+  free(b.positions);
+  return rc;
+}
+
+static int shift_call(kvc_cache_t *h, bool punch, uint64_t seq_id, int64_t p0, int64_t p1,
+                      int64_t delta) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__Shift b = KVCACHE__V1__SHIFT__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.p0 = p0;
+  b.p1 = p1;
+  b.delta = delta;
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  if (punch) {
+    req.body_case = KVCACHE__V1__REQUEST__BODY_PUNCH;
+    req.punch = &b;
+  } else {
+    req.body_case = KVCACHE__V1__REQUEST__BODY_SHIFT;
+    req.shift = &b;
+  }
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_shift(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1,
+                          int64_t delta) {
+  return shift_call(h, false, seq_id, p0, p1, delta);
+}
+
+KVC_API int kvc_seq_rm(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1) {
+  return shift_call(h, true, seq_id, p0, p1, 0);
+}
+
+KVC_API int kvc_seq_keep(kvc_cache_t *h, uint64_t seq_id) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__SeqRef b = KVCACHE__V1__SEQ_REF__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  REQ(keep, KEEP, &b);
+  return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_pos_range(kvc_cache_t *h, uint64_t seq_id, int64_t *pos_min,
+                              int64_t *pos_max) {
+  if (!h) return KVC_E_INVAL;
+  if (!pos_min || !pos_max)
+    return client_fail(h->client, KVC_E_INVAL, "kvc_seq_pos_range: NULL out");
+  Kvcache__V1__SeqRef b = KVCACHE__V1__SEQ_REF__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  REQ(pos_range, POS_RANGE, &b);
+  Kvcache__V1__Response *r;
+  int rc = client_call(h->client, &req, &r);
+  if (rc) return rc;
+  if (r->body_case != KVCACHE__V1__RESPONSE__BODY_POS_RANGE) {
+    kvcache__v1__response__free_unpacked(r, NULL);
+    return client_fail(h->client, KVC_E_PROTO, "pos_range reply without a body");
+  }
+  *pos_min = r->pos_range->pos_min;
+  *pos_max = r->pos_range->pos_max;
   kvcache__v1__response__free_unpacked(r, NULL);
   return 0;
 }

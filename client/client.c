@@ -310,8 +310,9 @@ static void take_info(kvc_client_t *c, const Kvcache__V1__HelloReply *h) {
   i->page_bytes = h->page_bytes;
   snprintf(i->server_version, sizeof i->server_version, "%s",
            h->server_version ? h->server_version : "");
-  /* An IoEntry packs to at most 124 bytes; keep a margin for the rest. */
-  uint64_t by_frame = h->max_frame_bytes > 256 ? (h->max_frame_bytes - 128) / 128 : 1;
+  /* An IoEntry packs to at most 146 bytes (13 varints and its header); the
+   * rest of an Io (ids, xfer, salt and extra key) to under 200. */
+  uint64_t by_frame = h->max_frame_bytes > 512 ? (h->max_frame_bytes - 256) / 160 : 1;
   c->max_io_entries = (uint32_t)(by_frame < i->max_entries ? by_frame : i->max_entries);
 }
 

@@ -47,6 +47,9 @@ struct kvc_cache {
   uint64_t page_bytes;
   kvc_layout_t layout;       /* page_tokens filled in */
   char name[KVC_MAX_NAME + 1];
+  uint8_t salt[KVC_MAX_KEY_BYTES];  /* tenant salt of the prefix cache */
+  uint8_t extra[KVC_MAX_KEY_BYTES]; /* extra key of token-aware calls */
+  uint32_t salt_len, extra_len;     /* bytes of each in use */
 };
 
 /* Records a local error; returns code. */
@@ -64,6 +67,10 @@ void client_leases_free(kvc_client_t *c);
 
 /* The KVC_E_* code of a wire status. */
 int client_code(Kvcache__V1__Status s);
+
+/* The handle's prefix key as wire bytes (borrowing the handle's arrays). */
+ProtobufCBinaryData client_salt(const kvc_cache_t *h);
+ProtobufCBinaryData client_extra(const kvc_cache_t *h);
 
 /* The cache dtype, or f32 for int8 caches: what kvc_put/kvc_get move. */
 kvc_dtype_t client_natural_dtype(const kvc_layout_t *l);

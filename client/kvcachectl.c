@@ -1,6 +1,6 @@
 /* kvcachectl.c: the operator's command line for kvcached, built only on the
  * public client API (ping, stats as a table, JSON or Prometheus text, caches,
- * seqs, info). */
+ * seqs, info, the prefix cache's figures). */
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -19,6 +19,10 @@ static const char usage[] =
     "  caches                    the caches and their layouts\n"
     "  seqs [--cache NAME]       the sequences of one cache or of all\n"
     "  info CACHE SEQ            one sequence\n"
+    "  prefix [--cache NAME] [--json] [--top N]\n"
+    "                            the prefix cache of one cache or of all: tokens\n"
+    "                            queried, hit and ineligible, hit rate, pages indexed\n"
+    "                            and cached, and the N (10) chain heads with most hits\n"
     "\n"
     "options:\n"
     "  --socket PATH             the daemon's socket (default: $KVCACHED_SOCKET,\n"
@@ -35,6 +39,7 @@ typedef struct args {
   const char *pos[2]; /* positional arguments after the command */
   int npos;
   bool json, prometheus;
+  unsigned top;       /* prefix: chain heads to show */
 } args_t;
 
 static int die(const char *fmt, const char *what) {
@@ -65,6 +70,13 @@ static int parse(int argc, char **argv, args_t *a) {
       a->socket = s + 9;
     } else if (strncmp(s, "--cache=", 8) == 0) {
       a->cache = s + 8;
+    } else if (strcmp(s, "--top") == 0 || strncmp(s, "--top=", 6) == 0) {
+      const char *v = s[5] == '=' ? s + 6 : i + 1 < argc ? argv[++i] : NULL;
+      char *end;
+      unsigned long n = v ? strtoul(v, &end, 10) : 0;
+      if (!v || !*v || *end || n == 0 || n > 1000)
+        return die("--top takes 1..1000, got %s", v ? v : "nothing");
+      a->top = (unsigned)n;
     } else if (strcmp(s, "--json") == 0) {
       a->json = true;
     } else if (strcmp(s, "--prometheus") == 0) {
@@ -278,6 +290,120 @@ static int cmd_info(kvc_client_t *c, const args_t *a) {
   return 0;
 }
 
+/* ---- prefix ------------------------------------------------------------------ */
+
+/* The prefix figures of a cache, as `kvcachectl stats` names them. */
+static const struct {
+  const char *name, *label;
+} prefix_figures[] = {
+    {"prefix_matches", "match requests"},
+    {"prefix_tokens_queried", "tokens queried"},
+    {"prefix_tokens_hit", "tokens hit"},
+    {"prefix_tokens_ineligible", "tokens ineligible"},
+    {"pages_indexed", "pages indexed"},
+    {"pages_cached", "pages cached"},
+    {"cached_reclaimed", "cached pages reclaimed"},
+    {"hash_verify_failed", "verify failures"},
+    {"hash_collisions", "hash collisions"},
+};
+#define NPREFIX_FIGURES (sizeof prefix_figures / sizeof prefix_figures[0])
+
+static uint64_t cache_figure(const kvc_stat_t *st, size_t n, const char *cache,
+                             const char *name) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(st[i].cache, cache) == 0 && strcmp(st[i].name, name) == 0) return st[i].value;
+  return 0;
+}
+
+static void hex(const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++) printf("%02x", p[i]);
+}
+
+static void prefix_text(const char *cache, const uint64_t *v, double rate,
+                        const kvc_prefix_head_t *heads, size_t nheads) {
+  printf("cache %s\n", cache);
+  for (size_t i = 0; i < NPREFIX_FIGURES; i++) {
+    printf("  %-24s %14" PRIu64, prefix_figures[i].label, v[i]);
+    if (strcmp(prefix_figures[i].name, "prefix_tokens_hit") == 0)
+      printf("   hit rate %.2f%%", 100.0 * rate);
+    putchar('\n');
+  }
+  printf("  top prefixes by hits:\n    %-16s %14s %8s\n", "HASH", "HITS", "DEPTH");
+  for (size_t i = 0; i < nheads; i++) {
+    printf("    ");
+    hex(heads[i].hash, 8);
+    printf(" %14" PRIu64 " %8u\n", heads[i].hits, heads[i].depth);
+  }
+}
+
+static void prefix_json(const char *cache, const uint64_t *v, double rate,
+                        const kvc_prefix_head_t *heads, size_t nheads) {
+  json_string(cache);
+  printf(": {");
+  for (size_t i = 0; i < NPREFIX_FIGURES; i++)
+    printf("\"%s\": %" PRIu64 ", ", prefix_figures[i].name, v[i]);
+  printf("\"hit_rate\": %.6f, \"top\": [", rate);
+  for (size_t i = 0; i < nheads; i++) {
+    printf("%s{\"hash\": \"", i ? ", " : "");
+    hex(heads[i].hash, heads[i].hash_len);
+    printf("\", \"hits\": %" PRIu64 ", \"depth\": %u}", heads[i].hits, heads[i].depth);
+  }
+  printf("]}");
+}
+
+static int print_prefix(kvc_client_t *c, const args_t *a, const kvc_stat_t *st, size_t nst,
+                        const char *name, bool first) {
+  kvc_cache_t *h;
+  int rc = kvc_cache_find(c, name, &h);
+  if (rc) return fail(c, rc, name);
+  size_t cap = a->top ? a->top : 10, nheads = 0;
+  kvc_prefix_head_t *heads = calloc(cap, sizeof *heads);
+  if (!heads) return die("%s", "out of memory");
+  rc = kvc_prefix_top(h, heads, cap, &nheads);
+  kvc_cache_close(h);
+  if (rc) {
+    free(heads);
+    return fail(c, rc, "prefix");
+  }
+  uint64_t v[NPREFIX_FIGURES];
+  for (size_t i = 0; i < NPREFIX_FIGURES; i++)
+    v[i] = cache_figure(st, nst, name, prefix_figures[i].name);
+  /* Hit rate in tokens: hit over queried (ineligible tokens count as missed). */
+  double rate = v[1] ? (double)v[2] / (double)v[1] : 0.0;
+  if (a->json) {
+    printf("%s\n  ", first ? "" : ",");
+    prefix_json(name, v, rate, heads, nheads);
+  } else {
+    if (!first) putchar('\n');
+    prefix_text(name, v, rate, heads, nheads);
+  }
+  free(heads);
+  return 0;
+}
+
+static int cmd_prefix(kvc_client_t *c, const args_t *a) {
+  kvc_stat_t *st;
+  size_t nst;
+  int rc = kvc_stats(c, &st, &nst);
+  if (rc) return fail(c, rc, "stats");
+  kvc_cache_info_t *infos = NULL;
+  size_t n = 0;
+  if (!a->cache && (rc = list_caches(c, &infos, &n)) != 0) {
+    free(infos);
+    kvc_stats_free(st);
+    return fail(c, rc, "caches");
+  }
+  if (a->json) printf("{\"caches\": {");
+  else if (!a->cache && n == 0) printf("no caches\n");
+  if (a->cache) rc = print_prefix(c, a, st, nst, a->cache, true);
+  for (size_t i = 0; i < n && rc == 0; i++)
+    rc = print_prefix(c, a, st, nst, infos[i].name, i == 0);
+  if (a->json && rc == 0) printf("\n}}\n");
+  free(infos);
+  kvc_stats_free(st);
+  return rc;
+}
+
 static int cmd_ping(kvc_client_t *c) {
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -295,7 +421,7 @@ static int cmd_ping(kvc_client_t *c) {
 int main(int argc, char **argv) {
   args_t a = {0};
   if (parse(argc, argv, &a) != 0) return 1;
-  static const char *const known[] = {"ping", "stats", "caches", "seqs", "info"};
+  static const char *const known[] = {"ping", "stats", "caches", "seqs", "info", "prefix"};
   bool ok = false;
   for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) ok |= strcmp(a.cmd, known[i]) == 0;
   if (!ok) return die("unknown command %s (see --help)", a.cmd);
@@ -309,6 +435,7 @@ int main(int argc, char **argv) {
   else if (strcmp(a.cmd, "stats") == 0) rc = cmd_stats(c, &a);
   else if (strcmp(a.cmd, "caches") == 0) rc = cmd_caches(c);
   else if (strcmp(a.cmd, "seqs") == 0) rc = cmd_seqs(c, &a);
+  else if (strcmp(a.cmd, "prefix") == 0) rc = cmd_prefix(c, &a);
   else rc = cmd_info(c, &a);
   kvc_client_close(c);
   return rc;

@@ -2,11 +2,12 @@
  * the shared buffer and splitting what does not fit into several requests.
  *
  * A caller's entry is [layer][token][head][dim] over all its tokens. When an
- * entry is split by tokens, each part copies one run per layer:
+ * entry is split by tokens, each part copies one run per layer, and its
+ * token ids (a put's, if any) go with it:
  *
  *   caller k (L layers x T tokens)      shared buffer part (tokens t0..t0+m)
  *   [l0: t0 .. t0+m ...............]    [l0: m rows][l1: m rows] ...
- *   [l1: t0 .. t0+m ...............]
+ *   [l1: t0 .. t0+m ...............]    ... v, scales ... [ids t0 .. t0+m]
  */
 #include "client.h"
 
@@ -164,6 +165,10 @@ static int batch_send(batch_t *b) {
   io.xfer = &wx;
   io.n_entries = b->n;
   io.entries = b->ptrs;
+  if (b->is_put) { /* the key of any token ids the entries carry */
+    io.salt = client_salt(b->h);
+    io.extra = client_extra(b->h);
+  }
   if (b->is_put) {
     req.body_case = KVCACHE__V1__REQUEST__BODY_PUT;
     req.put = &io;
@@ -223,6 +228,12 @@ static void place(kvc_client_t *c, const xr_t *r, const part_t *p, Kvcache__V1__
   uint64_t T = p->e->ntokens;
   copy_rows(c->shm + w->k_off, p->e->k, r->nl, T, p->t0, p->m, r->k_row, true);
   copy_rows(c->shm + w->v_off, p->e->v, r->nl, T, p->t0, p->m, r->v_row, true);
+  if (p->e->tokens && p->m) {
+    w->tok_off = *used;
+    w->tok_len = p->m * sizeof *p->e->tokens;
+    memcpy(c->shm + w->tok_off, p->e->tokens + p->t0, w->tok_len);
+    *used = align_up(w->tok_off + w->tok_len);
+  }
 }
 
 static void unplace(kvc_client_t *c, const xr_t *r, const part_t *p,
@@ -250,6 +261,8 @@ static int check_entry(kvc_client_t *c, const xr_t *r, const kvc_io_t *e, size_t
                        (unsigned long long)e->ntokens);
   if (e->ntokens && is_put && (!e->k || !e->v))
     return client_fail(c, KVC_E_INVAL, "entry %zu: NULL k or v", i);
+  if (e->tokens && !is_put)
+    return client_fail(c, KVC_E_INVAL, "entry %zu: token ids go with puts only", i);
   return 0;
 }
 
@@ -266,7 +279,10 @@ static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries
   if ((rc = batch_init(&b, h, x, is_put)) != 0) return rc;
   part_t *parts = c->io_parts;
   /* Bytes of one token in the buffer, and the alignment slack of a part. */
-  uint64_t per_token = r.nl * (r.k_row + r.v_row + 2 * r.s_row), slack = 4 * ALIGN;
+  bool tokened = false;
+  for (size_t i = 0; i < n; i++) tokened |= entries[i].tokens != NULL;
+  uint64_t per_token = r.nl * (r.k_row + r.v_row + 2 * r.s_row) + (tokened ? 4u : 0u);
+  uint64_t slack = 5 * ALIGN;
   uint64_t used = 0;
   for (size_t i = 0; rc == 0 && i < n; i++) {
     const kvc_io_t *e = &entries[i];
@@ -311,6 +327,14 @@ KVC_API int kvc_get_batch(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *e
 KVC_API int kvc_put(kvc_cache_t *h, uint64_t seq_id, uint64_t pos, uint64_t ntokens,
                     const void *k, const void *v) {
   kvc_io_t e = {.seq_id = seq_id, .pos = pos, .ntokens = ntokens, .k = (void *)k, .v = (void *)v};
+  return transfer(h, NULL, &e, 1, true);
+}
+
+KVC_API int kvc_put_tokens(kvc_cache_t *h, uint64_t seq_id, uint64_t pos, uint64_t ntokens,
+                           const void *k, const void *v, const uint32_t *tokens) {
+  if (h && ntokens && !tokens) return client_fail(h->client, KVC_E_INVAL, "tokens is NULL");
+  kvc_io_t e = {.seq_id = seq_id, .pos = pos, .ntokens = ntokens, .k = (void *)k,
+                .v = (void *)v, .tokens = tokens};
   return transfer(h, NULL, &e, 1, true);
 }
 
@@ -394,6 +418,8 @@ static int transfer_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t 
     w->ks_len = sb;
     w->vs_off = e->v_scale_off;
     w->vs_len = sb;
+    w->tok_off = e->tok_off;
+    w->tok_len = e->tok_len;
     if (b.n == c->max_io_entries || i + 1 == n) rc = batch_send(&b);
   }
   batch_deinit(&b);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
 
@@ -20,6 +21,8 @@ enum opt_type {
   OPT_UIDS,  /* comma list of uids, "self", "root" */
   OPT_GIDS,  /* comma list of gids, "self", "root"; empty allowed */
   OPT_LEVEL, /* log level name */
+  OPT_HASH,  /* sha256 or xxh3 */
+  OPT_BOOL,  /* true/false, yes/no, on/off, 1/0 */
 };
 
 typedef struct option {
@@ -85,6 +88,12 @@ static const option_t options[] = {
    "period (ms) of the STATUS= line sent to systemd and of the eviction summary in the log"},
   {"log_level", OPT_LEVEL, "info", 0, 0, true, F(log_level),
    "error, warn, info or debug"},
+  {"prefix_hash", OPT_HASH, "sha256", 0, 0, false, F(prefix_hash),
+   "prefix index hash: sha256, or xxh3 (needs prefix_single_tenant = true)"},
+  {"prefix_single_tenant", OPT_BOOL, "false", 0, 0, false, F(prefix_single_tenant),
+   "declare that every client is one trusted tenant (allows prefix_hash = xxh3)"},
+  {"pin_limit_pct", OPT_U32, "20", 1, 100, false, F(pin_limit_pct),
+   "pinned pages (hard and TTL pins) at most this percent of the pool"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -263,6 +272,27 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     }
     return 0;
   }
+  case OPT_HASH:
+    if (strcmp(value, "sha256") == 0) v = KVC_HASH_SHA256;
+    else if (strcmp(value, "xxh3") == 0) v = KVC_HASH_XXH3;
+    else {
+      fail(err, errlen, "%s: expected sha256 or xxh3, got '%s'", o->name, value);
+      return -1;
+    }
+    *(uint32_t *)(void *)field = (uint32_t)v;
+    return 0;
+  case OPT_BOOL: {
+    static const char *const yes[] = {"true", "yes", "on", "1"};
+    static const char *const no[] = {"false", "no", "off", "0"};
+    for (size_t i = 0; i < 4; i++) {
+      if (strcmp(value, yes[i]) == 0 || strcmp(value, no[i]) == 0) {
+        *(bool *)(void *)field = strcmp(value, yes[i]) == 0;
+        return 0;
+      }
+    }
+    fail(err, errlen, "%s: expected true or false, got '%s'", o->name, value);
+    return -1;
+  }
   case OPT_LEVEL: {
     int l = log_level_parse(value);
     if (l < 0) {
@@ -320,6 +350,13 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
     fail(err, errlen, "write_queue_bytes is smaller than max_frame_bytes");
     return -1;
   }
+  if (cfg->prefix_hash == KVC_HASH_XXH3 && !cfg->prefix_single_tenant) {
+    fail(err, errlen,
+         "prefix_hash = xxh3 is not collision-resistant: a tenant could craft prompts "
+         "that collide with another's; use it only on a node with one trusted tenant "
+         "and say so with prefix_single_tenant = true");
+    return -1;
+  }
   return 0;
 }
 
@@ -348,6 +385,10 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
     snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)(const void *)field);
     return;
   case OPT_LEVEL: snprintf(buf, len, "%s", log_level_name(cfg->log_level)); return;
+  case OPT_HASH:
+    snprintf(buf, len, "%s", *(const uint32_t *)(const void *)field == KVC_HASH_XXH3 ? "xxh3" : "sha256");
+    return;
+  case OPT_BOOL: snprintf(buf, len, "%s", *(const bool *)(const void *)field ? "true" : "false"); return;
   case OPT_UIDS:
   case OPT_GIDS: {
     bool gids = o->type == OPT_GIDS;

@@ -52,6 +52,9 @@ typedef struct config {
   uint32_t drain_timeout_ms; /* longest graceful shutdown before closing clients */
   uint32_t status_interval_ms; /* period of STATUS= and of the eviction summary */
   int log_level;             /* LOG_LEVEL_* */
+  uint32_t prefix_hash;      /* kvc_hash_t of the prefix index */
+  bool prefix_single_tenant; /* the node declares one trusted tenant (allows xxh3) */
+  uint32_t pin_limit_pct;    /* pinned pages at most this % of the pool */
 } config_t;
 
 /* ---- the option table (config.c) ----------------------------------------- */
@@ -65,7 +68,8 @@ void config_defaults(config_t *cfg);
 int config_set(config_t *cfg, const char *name, const char *value, char *err,
                size_t errlen);
 
-/* Cross-option checks (page_bytes vs pool_bytes, shm bounds). 0 or -1 + err. */
+/* Cross-option checks (page_bytes vs pool_bytes, shm bounds, xxh3 only for a
+ * single tenant). 0 or -1 + err. */
 int config_validate(const config_t *cfg, char *err, size_t errlen);
 
 /* Number of options, and the index of a name ("pool-bytes" too), -1 if none. */

@@ -21,11 +21,18 @@ KVC_ERRNO_MAP(STATUS_CHECK_)
 _Static_assert(KVC_PROTOCOL_VERSION == KVCACHE__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT,
                "kvcache.h and kvcache.proto disagree on the protocol version");
 
+/* Token ids travel in the shared buffer as little-endian u32 and the engine
+ * reads them in place: a big-endian port must convert them first. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "token ids in the shared buffer are little-endian u32");
+
 #define SHM_MIN_BYTES (1u << 20)
 #define SEQ_LIST_DEFAULT 256u
 #define SEQ_LIST_MAX 4096u
 #define LEASES_PER_CONN 4096u /* leases one connection may hold at once */
 #define DEFERRED 1            /* a handler's "the reply comes later" */
+#define TOP_DEFAULT 10u
+#define TOP_MAX 1000u
 
 typedef struct reply {
   server_t *srv;
@@ -142,6 +149,14 @@ static void layout_from_wire(const Kvcache__V1__Layout *w, kvc_layout_t *l) {
   l->head_dim_v = w->head_dim_v;
   l->dtype = (kvc_dtype_t)w->dtype;
   l->page_tokens = w->page_tokens;
+  l->attn = (kvc_attn_t)w->attn;
+  l->attn_window = w->attn_window;
+  l->attn_memory = w->attn_memory;
+  l->attn_chunk = w->attn_chunk;
+  l->rope_dims = w->rope_dims;
+  l->rope_style = (kvc_rope_style_t)w->rope_style;
+  l->rope_theta = w->rope_theta;
+  l->rope_scale = w->rope_scale;
 }
 
 static Kvcache__V1__Layout *layout_to_wire(arena_t *a, const kvc_layout_t *l) {
@@ -154,6 +169,14 @@ static Kvcache__V1__Layout *layout_to_wire(arena_t *a, const kvc_layout_t *l) {
   w->head_dim_v = l->head_dim_v;
   w->dtype = (Kvcache__V1__DType)l->dtype;
   w->page_tokens = l->page_tokens;
+  w->attn = (uint32_t)l->attn;
+  w->attn_window = l->attn_window;
+  w->attn_memory = l->attn_memory;
+  w->attn_chunk = l->attn_chunk;
+  w->rope_dims = l->rope_dims;
+  w->rope_style = (uint32_t)l->rope_style;
+  w->rope_theta = l->rope_theta;
+  w->rope_scale = l->rope_scale;
   return w;
 }
 
@@ -241,6 +264,69 @@ static int check_region(conn_t *c, reply_t *r, size_t i, const char *what, uint6
   return 0;
 }
 
+/* The ntokens token ids at off in the shared buffer: 4-byte aligned, inside
+ * it, without overflow. *ptr points into the buffer (NULL for none). */
+static int check_tokens(conn_t *c, reply_t *r, const char *what, uint64_t off,
+                        uint64_t ntokens, const uint32_t **ptr) {
+  if (ntokens > UINT64_MAX / 4)
+    return reject(r, KVC_E_OVERFLOW, "%s: %llu token ids overflow a size", what,
+                  (unsigned long long)ntokens);
+  uint64_t len = 4 * ntokens;
+  if (off % 4)
+    return reject(r, KVC_E_OFFSET, "%s: tok_off %llu is not a multiple of 4", what,
+                  (unsigned long long)off);
+  if (off > UINT64_MAX - len)
+    return reject(r, KVC_E_OFFSET, "%s: tok_off + tok_len overflows", what);
+  if (off + len > c->shm.bytes)
+    return reject(r, KVC_E_OFFSET,
+                  "%s: token ids [%llu, %llu) lie outside the %llu-byte shared buffer", what,
+                  (unsigned long long)off, (unsigned long long)(off + len),
+                  (unsigned long long)c->shm.bytes);
+  *ptr = len ? (const uint32_t *)(const void *)(c->shm.base + off) : NULL;
+  return 0;
+}
+
+/* The prefix key of a request: salt and extra key, each at most 64 bytes.
+ * k borrows the decoded message's bytes for the engine call. */
+static int check_key(reply_t *r, ProtobufCBinaryData salt, ProtobufCBinaryData extra,
+                     engine_pkey_t *k) {
+  if (salt.len > KVC_MAX_KEY_BYTES || extra.len > KVC_MAX_KEY_BYTES)
+    return reject(r, KVC_E_INVAL, "%s of %zu bytes: at most %u",
+                  salt.len > KVC_MAX_KEY_BYTES ? "salt" : "extra key",
+                  salt.len > KVC_MAX_KEY_BYTES ? salt.len : extra.len, KVC_MAX_KEY_BYTES);
+  k->salt = salt.data;
+  k->salt_len = salt.len;
+  k->extra = extra.data;
+  k->extra_len = extra.len;
+  return 0;
+}
+
+/* A put's token ids: tok_len 0 is none, else exactly 4 bytes per token, and
+ * only with every layer (the engine hashes whole tokens). */
+static int check_entry_tokens(conn_t *c, reply_t *r, size_t i, const Kvcache__V1__IoEntry *w,
+                              bool is_put, bool all_layers, const uint32_t **tokens) {
+  char what[32];
+  *tokens = NULL;
+  if (w->tok_len == 0) return 0;
+  if (!is_put) return reject(r, KVC_E_INVAL, "entry %zu: token ids go with puts only", i);
+  if (!all_layers)
+    return reject(r, KVC_E_INVAL, "entry %zu: token ids go with puts of every layer", i);
+  if (w->ntokens > UINT64_MAX / 4 || w->tok_len != 4 * w->ntokens)
+    return reject(r, KVC_E_SIZE, "entry %zu: tok_len is %llu, %llu token ids need %llu", i,
+                  (unsigned long long)w->tok_len, (unsigned long long)w->ntokens,
+                  (unsigned long long)(w->ntokens * 4));
+  snprintf(what, sizeof what, "entry %zu", i);
+  return check_tokens(c, r, what, w->tok_off, w->ntokens, tokens);
+}
+
+/* Whether x covers every layer of the cache (an unknown cache answers true:
+ * the engine reports NOCACHE). */
+static bool xfer_all_layers(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x) {
+  kvc_cache_info_t ci;
+  if (engine_cache_info(eng, cache_id, &ci) != 0) return true;
+  return x->layer_begin == 0 && (x->layer_end == 0 || x->layer_end == ci.layout.num_layers);
+}
+
 /* Validates every entry of an Io against the layout and the shared buffer and
  * builds the engine's entries, pointing into the buffer. */
 static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *r,
@@ -261,6 +347,9 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
   }
   engine_io_t *e = arena_alloc(r->a, io->n_entries * sizeof *e);
   if (!e) return reject(r, KVC_E_NOMEM, "out of memory");
+  bool tokened = false;
+  for (size_t i = 0; i < io->n_entries; i++) tokened |= io->entries[i]->tok_len != 0;
+  bool all_layers = !tokened || xfer_all_layers(srv->eng, io->cache_id, x);
   for (size_t i = 0; i < io->n_entries; i++) {
     const Kvcache__V1__IoEntry *w = io->entries[i];
     uint64_t kb, vb, sb;
@@ -279,7 +368,8 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
     if ((rc = check_region(c, r, i, "k", w->k_off, w->k_len, kb, &e[i].k)) ||
         (rc = check_region(c, r, i, "v", w->v_off, w->v_len, vb, &e[i].v)) ||
         (rc = check_region(c, r, i, "ks", w->ks_off, w->ks_len, sb, &e[i].k_scale)) ||
-        (rc = check_region(c, r, i, "vs", w->vs_off, w->vs_len, sb, &e[i].v_scale)))
+        (rc = check_region(c, r, i, "vs", w->vs_off, w->vs_len, sb, &e[i].v_scale)) ||
+        (rc = check_entry_tokens(c, r, i, w, is_put, all_layers, &e[i].tokens)))
       return rc;
     e[i].k_scale_bytes = e[i].v_scale_bytes = sb;
   }
@@ -291,8 +381,10 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   NEED_BODY(r, req->put, "put");
   engine_xfer_t x;
   engine_io_t *e;
+  engine_pkey_t key;
   int rc = check_io(c, req->put, true, r, &x, &e);
-  if (rc) return rc;
+  if (rc || (rc = check_key(r, req->put->salt, req->put->extra, &key))) return rc;
+  x.pkey = &key;
   ENGINE_CALL(r, engine_put(c->srv->eng, req->put->cache_id, &x, e, req->put->n_entries));
   return 0;
 }
@@ -358,6 +450,135 @@ static int h_trim_front(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) 
   const Kvcache__V1__SeqPos *b = req->trim_front;
   NEED_BODY(r, b, "trim_front");
   ENGINE_CALL(r, engine_trim_front(c->srv->eng, b->cache_id, b->seq_id, b->pos));
+  return 0;
+}
+
+/* ---- attention-aware sequences --------------------------------------------- */
+
+/* The batch of a Reserve or History as engine tokens (arena). */
+static int batch_from_wire(conn_t *c, reply_t *r, size_t nseq, const uint64_t *seqs,
+                           size_t npos, const uint64_t *pos, engine_tok_t **out) {
+  if (nseq != npos)
+    return reject(r, KVC_E_INVAL, "%zu sequence ids for %zu positions", nseq, npos);
+  if (nseq == 0) return reject(r, KVC_E_INVAL, "a batch without tokens");
+  if (nseq > c->srv->cfg.max_entries)
+    return reject(r, KVC_E_TOOMANY, "a batch of %zu tokens exceeds max_entries %u", nseq,
+                  c->srv->cfg.max_entries);
+  engine_tok_t *t = arena_alloc(r->a, nseq * sizeof *t);
+  if (!t) return reject(r, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < nseq; i++) t[i] = (engine_tok_t){seqs[i], pos[i]};
+  *out = t;
+  return 0;
+}
+
+static int h_reserve(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Reserve *b = req->reserve;
+  NEED_BODY(r, b, "reserve");
+  engine_tok_t *t;
+  int rc = batch_from_wire(c, r, b->n_seq_ids, b->seq_ids, b->n_positions, b->positions, &t);
+  if (rc) return rc;
+  ENGINE_CALL(r, engine_reserve(c->srv->eng, b->cache_id, t, b->n_seq_ids));
+  return 0;
+}
+
+static int history_reply(reply_t *r, const engine_hist_t *h, uint64_t kb, uint64_t vb) {
+  Kvcache__V1__HistoryReply *hr = arena_alloc(r->a, sizeof *hr);
+  Kvcache__V1__HistorySpan **sp = arena_alloc(r->a, (h->nspans + 1) * sizeof *sp);
+  if (!hr || !sp) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__history_reply__init(hr);
+  hr->entries = h->nentries;
+  hr->k_len = kb;
+  hr->v_len = vb;
+  hr->mask_len = h->mask_bytes;
+  for (size_t i = 0; h->spans && i < h->nspans; i++) {
+    if (!(sp[i] = arena_alloc(r->a, sizeof *sp[i]))) return reject(r, KVC_E_NOMEM, "out of memory");
+    kvcache__v1__history_span__init(sp[i]);
+    sp[i]->seq_id = h->spans[i].seq_id;
+    sp[i]->pos = h->spans[i].pos;
+    sp[i]->first = h->spans[i].first;
+    sp[i]->n = h->spans[i].n;
+  }
+  hr->spans = sp;
+  hr->n_spans = h->spans ? h->nspans : 0;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HISTORY;
+  r->resp->history = hr;
+  return 0;
+}
+
+static int h_history(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__History *b = req->history;
+  NEED_BODY(r, b, "history");
+  engine_t *eng = c->srv->eng;
+  engine_tok_t *t;
+  int rc = batch_from_wire(c, r, b->n_seq_ids, b->seq_ids, b->n_positions, b->positions, &t);
+  if (rc) return rc;
+  engine_xfer_t x = {0, 0, 0, 0, 0, NULL};
+  if (b->xfer) {
+    x.layer_begin = b->xfer->layer_begin;
+    x.layer_end = b->xfer->layer_end;
+    x.head_begin = b->xfer->head_begin;
+    x.head_end = b->xfer->head_end;
+    x.dtype = (kvc_dtype_t)b->xfer->dtype;
+  }
+  engine_hist_t h = {0};
+  size_t n = b->n_seq_ids;
+  ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, n, &h));
+  uint64_t kb, vb, mb;
+  ENGINE_CALL(r, engine_xfer_bytes(eng, b->cache_id, &x, false, h.nentries, &kb, &vb, NULL));
+  if (__builtin_mul_overflow(h.nentries, (uint64_t)n * 4, &mb))
+    return reject(r, KVC_E_OVERFLOW, "a mask of %zu x %llu overflows", n,
+                  (unsigned long long)h.nentries);
+  h.mask_bytes = mb;
+  if (b->k_len == 0 && b->v_len == 0 && b->mask_len == 0) return history_reply(r, &h, kb, vb);
+  void *mask;
+  if ((rc = check_region(c, r, 0, "k", b->k_off, b->k_len, kb, &h.k)) ||
+      (rc = check_region(c, r, 0, "v", b->v_off, b->v_len, vb, &h.v)) ||
+      (rc = check_region(c, r, 0, "mask", b->mask_off, b->mask_len, mb, &mask)))
+    return rc;
+  if (b->mask_off % 4) return reject(r, KVC_E_OFFSET, "mask_off is not a multiple of 4");
+  h.mask = mask;
+  h.k_bytes = kb;
+  h.v_bytes = vb;
+  h.spans_cap = h.nspans;
+  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)))
+    return reject(r, KVC_E_NOMEM, "out of memory");
+  ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, n, &h));
+  return history_reply(r, &h, kb, vb);
+}
+
+static int h_shift(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Shift *b = req->shift;
+  NEED_BODY(r, b, "shift");
+  ENGINE_CALL(r, engine_shift(c->srv->eng, b->cache_id, b->seq_id, b->p0, b->p1, b->delta));
+  return 0;
+}
+
+static int h_punch(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Shift *b = req->punch;
+  NEED_BODY(r, b, "punch");
+  ENGINE_CALL(r, engine_punch(c->srv->eng, b->cache_id, b->seq_id, b->p0, b->p1));
+  return 0;
+}
+
+static int h_keep(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqRef *b = req->keep;
+  NEED_BODY(r, b, "keep");
+  ENGINE_CALL(r, engine_keep(c->srv->eng, b->cache_id, b->seq_id));
+  return 0;
+}
+
+static int h_pos_range(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqRef *b = req->pos_range;
+  NEED_BODY(r, b, "pos_range");
+  int64_t lo, hi;
+  ENGINE_CALL(r, engine_pos_range(c->srv->eng, b->cache_id, b->seq_id, &lo, &hi));
+  Kvcache__V1__PosRangeReply *pr = arena_alloc(r->a, sizeof *pr);
+  if (!pr) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__pos_range_reply__init(pr);
+  pr->pos_min = lo;
+  pr->pos_max = hi;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_POS_RANGE;
+  r->resp->pos_range = pr;
   return 0;
 }
 
@@ -482,6 +703,108 @@ static int h_lease_release(conn_t *c, const Kvcache__V1__Request *req, reply_t *
     ENGINE_CALL(r, engine_lease_release(c->srv->eng, c->id, b->lease_ids[i]));
     c->nleases--;
   }
+  return 0;
+}
+
+/* ---- prefix cache -------------------------------------------------------- */
+
+/* The query's token ids, copied out of the shared buffer: the client cannot
+ * change them between the hash and the verification of one match. */
+static int match_tokens(conn_t *c, reply_t *r, const char *op, uint64_t off, uint64_t n,
+                        uint32_t **out) {
+  const uint32_t *in;
+  int rc = check_tokens(c, r, op, off, n, &in);
+  if (rc) return rc;
+  *out = NULL;
+  if (n == 0) return 0;
+  if (!(*out = arena_alloc(r->a, n * sizeof **out)))
+    return reject(r, KVC_E_NOMEM, "out of memory");
+  memcpy(*out, in, n * sizeof **out);
+  return 0;
+}
+
+static int match_reply(reply_t *r, const engine_match_t *m) {
+  Kvcache__V1__MatchReply *mr = arena_alloc(r->a, sizeof *mr);
+  if (!mr) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__match_reply__init(mr);
+  mr->tokens = m->tokens;
+  mr->pages = m->pages;
+  mr->ineligible = m->ineligible;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_MATCH;
+  r->resp->match = mr;
+  return 0;
+}
+
+static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Match *b = req->match;
+  NEED_BODY(r, b, "match");
+  engine_pkey_t key;
+  uint32_t *tokens;
+  int rc = check_key(r, b->salt, b->extra, &key);
+  if (rc || (rc = match_tokens(c, r, "match", b->tok_off, b->ntokens, &tokens))) return rc;
+  engine_match_t m;
+  ENGINE_CALL(r, engine_match(c->srv->eng, b->cache_id, tokens, b->ntokens, &key, &m));
+  return match_reply(r, &m);
+}
+
+static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Attach *b = req->attach;
+  NEED_BODY(r, b, "attach");
+  engine_pkey_t key;
+  uint32_t *tokens;
+  int rc = check_key(r, b->salt, b->extra, &key);
+  if (rc || (rc = match_tokens(c, r, "attach", b->tok_off, b->ntokens, &tokens))) return rc;
+  engine_match_t m;
+  ENGINE_CALL(r, engine_attach(c->srv->eng, b->cache_id, b->dst_seq, tokens, b->ntokens, &key,
+                               b->pin ? c->id : 0, &m));
+  return match_reply(r, &m);
+}
+
+static int h_set_priority(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SetPriority *b = req->set_priority;
+  NEED_BODY(r, b, "set_priority");
+  if (b->priority > KVC_MAX_PRIORITY)
+    return reject(r, KVC_E_INVAL, "priority %u outside 0..%u", b->priority, KVC_MAX_PRIORITY);
+  ENGINE_CALL(r, engine_set_priority(c->srv->eng, b->cache_id, b->seq_id, b->priority));
+  return 0;
+}
+
+static int h_pin_ttl(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__PinTtl *b = req->pin_ttl;
+  NEED_BODY(r, b, "pin_ttl");
+  if (b->ttl_ms > KVC_MAX_TTL_MS)
+    return reject(r, KVC_E_RANGE, "ttl_ms %llu exceeds %llu (a year); use a hard pin",
+                  (unsigned long long)b->ttl_ms, (unsigned long long)KVC_MAX_TTL_MS);
+  ENGINE_CALL(r, engine_pin_ttl(c->srv->eng, b->cache_id, b->seq_id, c->id, b->ttl_ms));
+  return 0;
+}
+
+static int h_prefix_top(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__PrefixTop *b = req->prefix_top;
+  NEED_BODY(r, b, "prefix_top");
+  size_t cap = b->max == 0 ? TOP_DEFAULT : b->max > TOP_MAX ? TOP_MAX : b->max, n = 0;
+  engine_prefix_top_t *top = arena_alloc(r->a, cap * sizeof *top);
+  Kvcache__V1__PrefixTopReply *tr = arena_alloc(r->a, sizeof *tr);
+  Kvcache__V1__PrefixHead **heads = arena_alloc(r->a, cap * sizeof *heads);
+  if (!top || !tr || !heads) return reject(r, KVC_E_NOMEM, "out of memory");
+  ENGINE_CALL(r, engine_prefix_top(c->srv->eng, b->cache_id, top, cap, &n));
+  /* xxHash3-128 fills the first 16 bytes of the engine's 32. */
+  size_t hash_bytes = c->srv->cfg.prefix_hash == KVC_HASH_XXH3 ? 16 : 32;
+  kvcache__v1__prefix_top_reply__init(tr);
+  for (size_t i = 0; i < n && i < cap; i++) {
+    Kvcache__V1__PrefixHead *h = arena_alloc(r->a, sizeof *h);
+    if (!h) return reject(r, KVC_E_NOMEM, "out of memory");
+    kvcache__v1__prefix_head__init(h);
+    h->hash.data = top[i].hash;
+    h->hash.len = hash_bytes;
+    h->hits = top[i].hits;
+    h->depth = top[i].depth;
+    heads[i] = h;
+  }
+  tr->n_heads = n < cap ? n : cap;
+  tr->heads = heads;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_PREFIX_TOP;
+  r->resp->prefix_top = tr;
   return 0;
 }
 

@@ -13,6 +13,17 @@
 #include "log.h"
 #include "server.h"
 
+#define EXPIRE_INTERVAL_MS 1000u
+
+/* Soft (TTL) pins lapse here, so a lapse is seen within a second of its
+ * deadline even when no request arrives. */
+static void on_expire(uv_timer_t *t) {
+  server_t *srv = t->data;
+  engine_set_now(srv->eng, uv_now(srv->loop));
+  size_t n = engine_expire(srv->eng);
+  if (n) LOG_DEBUG("pins_lapsed", "count=%zu", n);
+}
+
 void server_stop(server_t *srv) {
   if (srv->stopped) return;
   srv->stopped = true;
@@ -21,6 +32,7 @@ void server_stop(server_t *srv) {
   uv_close((uv_handle_t *)&srv->sig_hup, NULL);
   uv_close((uv_handle_t *)&srv->status_timer, NULL);
   uv_close((uv_handle_t *)&srv->drain_timer, NULL);
+  uv_close((uv_handle_t *)&srv->expire_timer, NULL);
 }
 
 /* Everything that can fail at start, in order; READY=1 comes after. */
@@ -32,7 +44,9 @@ static int start(server_t *srv, char *err, size_t errlen) {
                         .pool_bytes = srv->pool.bytes,
                         .page_bytes = srv->cfg.page_bytes,
                         .max_caches = srv->cfg.max_caches,
-                        .max_seqs = srv->cfg.max_seqs};
+                        .max_seqs = srv->cfg.max_seqs,
+                        .hash = (kvc_hash_t)srv->cfg.prefix_hash,
+                        .pin_limit_pct = srv->cfg.pin_limit_pct};
   int rc = engine_new(&ec, &srv->eng);
   if (rc != 0) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
@@ -44,6 +58,9 @@ static int start(server_t *srv, char *err, size_t errlen) {
   uv_timer_init(srv->loop, &srv->drain_timer);
   srv->drain_timer.data = srv;
   status_start(srv);
+  uv_timer_init(srv->loop, &srv->expire_timer);
+  srv->expire_timer.data = srv;
+  uv_timer_start(&srv->expire_timer, on_expire, EXPIRE_INTERVAL_MS, EXPIRE_INTERVAL_MS);
   return 0;
 }
 

@@ -26,6 +26,17 @@
   X(seq_info, SEQ_INFO)                                                        \
   X(seq_list, SEQ_LIST)                                                        \
   X(stats, STATS)                                                              \
+  X(match, MATCH)                                                              \
+  X(attach, ATTACH)                                                            \
+  X(set_priority, SET_PRIORITY)                                                \
+  X(pin_ttl, PIN_TTL)                                                          \
+  X(prefix_top, PREFIX_TOP)                                                    \
+  X(reserve, RESERVE)                                                          \
+  X(history, HISTORY)                                                          \
+  X(shift, SHIFT)                                                              \
+  X(punch, PUNCH)                                                              \
+  X(keep, KEEP)                                                                \
+  X(pos_range, POS_RANGE)                                                      \
   X(lease, LEASE)                                                              \
   X(lease_release, LEASE_RELEASE)
 

@@ -43,6 +43,7 @@ typedef struct server {
   uint64_t seen_evicted_seqs, seen_evicted_pages, seen_full_errors; /* at last status */
   log_limit_t limit_refused;  /* budget of "refused" lines */
   log_limit_t limit_bad_frame;/* budget of "bad_frame" lines */
+  uv_timer_t expire_timer; /* lapses TTL pins once a second */
   conn_t *conns;           /* every connection not yet freed (doubly linked) */
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */
   arena_t arena;           /* scratch for building the current reply */

@@ -28,9 +28,17 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
   if (s->base != (s->start >> g->tshift))
     return bad(why, len, "seq %llu: base %u for start %llu", id, s->base,
                (unsigned long long)s->start);
-  if (s->ntable != seq_pages_for(s, s->extent) || s->ntable > s->cap)
+  if (s->ntable != seq_pages_for(s, seq_table_end(s)) || s->ntable > s->cap)
     return bad(why, len, "seq %llu: %u table entries (cap %u) for extent %llu", id,
-               s->ntable, s->cap, (unsigned long long)s->extent);
+               s->ntable, s->cap, (unsigned long long)seq_table_end(s));
+  for (uint32_t i = 0; i < s->nholes; i++) { /* sorted, disjoint, apart, held */
+    const hole_t *h = &s->holes[i];
+    if (h->b >= h->e || h->b < s->start || h->e > s->extent ||
+        (i && h->b <= s->holes[i - 1].e) || s->nholes > s->hcap)
+      return bad(why, len, "seq %llu: hole %u [%llu, %llu) bad for [%llu, %llu)", id, i,
+                 (unsigned long long)h->b, (unsigned long long)h->e,
+                 (unsigned long long)s->start, (unsigned long long)s->extent);
+  }
   if (s->layer_len) {
     uint64_t lo = UINT64_MAX, hi = 0;
     for (uint32_t l = 0; l < g->L; l++) {
@@ -49,8 +57,9 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
     npins++;
   }
   if (npins != s->npins) return bad(why, len, "seq %llu: %u pins, %u recorded", id, npins, s->npins);
-  if (!s->npins && (!s->lru_next || !s->lru_prev))
+  if (!s->npins && (!s->node.next || !s->node.prev))
     return bad(why, len, "seq %llu: unpinned but not on the LRU", id);
+  if (s->npins && s->node.next) return bad(why, len, "seq %llu: pinned but on the LRU", id);
   for (uint32_t i = 0; i < s->ntable; i++) {
     uint32_t page = s->table[i];
     if (page >= eng->pool.npages) return bad(why, len, "seq %llu: page %u out of pool", id, page);
@@ -81,6 +90,45 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
   if (used + p->nfree != p->npages || shared != p->nshared || pinned != p->npinned)
     return bad(why, len, "pages: used %u free %u total %u shared %u/%u pinned %u/%u", used,
                p->nfree, p->npages, shared, p->nshared, pinned, p->npinned);
+  return 0;
+}
+
+/* Token metadata and the index: every ipage belongs to its page, indexed
+ * pages are in their cache's index with the right child counts, and the
+ * cached ones (refcnt 1) are exactly those on the LRU (*cached). */
+static int audit_index(const engine_t *eng, const uint64_t *cached, char *why, size_t len) {
+  uint64_t indexed = 0, nc = 0, pairs = 0;
+  for (uint32_t page = 0; page < eng->pool.npages; page++) {
+    const ipage_t *ip = eng->ip[page];
+    if (!ip) continue;
+    if (ip->page != page || eng->pool.refcnt[page] == 0)
+      return bad(why, len, "page %u: token metadata of a free or other page", page);
+    if (ip->planned || ip->stacked || ip->plan_gone)
+      return bad(why, len, "page %u: eviction plan marks left", page);
+    if (!ip->indexed) continue;
+    indexed++;
+    pairs += eng->pool.refcnt[page] == 2;
+    uint64_t k;
+    memcpy(&k, ip->hash, 8);
+    if (hmap_get(&ip->cache->index, k) != ip)
+      return bad(why, len, "page %u: indexed but not in the index", page);
+    if (eng->pool.refcnt[page] == 1) nc++;
+    if (eng->pool.refcnt[page] == 1 && !ip->node.next)
+      return bad(why, len, "page %u: cached but not on the LRU", page);
+    uint32_t kids = 0;
+    for (uint32_t q = 0; q < eng->pool.npages; q++)
+      kids += eng->ip[q] && eng->ip[q]->indexed && eng->ip[q]->parent == page;
+    if (kids != ip->nchildren)
+      return bad(why, len, "page %u: %u indexed children, %u recorded", page, kids, ip->nchildren);
+  }
+  if (pairs != eng->idx_pairs)
+    return bad(why, len, "index: %llu pages held by the index and one sequence, %u recorded",
+               (unsigned long long)pairs, eng->idx_pairs);
+  if (indexed != eng->st.pages_indexed || nc != *cached || nc != eng->st.pages_cached)
+    return bad(why, len, "index: %llu indexed (%llu recorded), %llu cached (%llu on LRU, %llu recorded)",
+               (unsigned long long)indexed, (unsigned long long)eng->st.pages_indexed,
+               (unsigned long long)nc, (unsigned long long)*cached,
+               (unsigned long long)eng->st.pages_cached);
   return 0;
 }
 
@@ -116,12 +164,29 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
     nseqs += cseqs;
     tokens += ctokens;
   }
+  for (uint32_t page = 0; rc == 0 && page < n; page++)
+    if (eng->ip[page] && eng->ip[page]->indexed) refs[page]++; /* the index's own */
   if (rc == 0) rc = lease_audit(eng, refs, why, why_len);
   if (rc == 0) rc = audit_pages(eng, refs, pins, why, why_len);
-  for (const seq_t *s = eng->lru.lru_next; rc == 0 && s != &eng->lru; s = s->lru_next) {
-    if (s->npins || s->lru_next->lru_prev != s) rc = bad(why, why_len, "LRU list broken");
-    if (++lru > nseqs) rc = bad(why, why_len, "LRU list longer than the sequences");
+  uint64_t cached = 0;
+  for (uint32_t prio = 0; rc == 0 && prio < PRIO_LEVELS; prio++) {
+    const lru_node_t *head = &eng->lru[prio];
+    for (const lru_node_t *nd = head->next; rc == 0 && nd != head; nd = nd->next) {
+      if (nd->next->prev != nd || nd->prio != prio) rc = bad(why, why_len, "LRU list broken");
+      else if (nd->kind == LRU_SEQ && ((const seq_t *)(const void *)nd)->npins)
+        rc = bad(why, why_len, "pinned sequence on the LRU");
+      else if (nd->kind == LRU_PAGE) {
+        const ipage_t *ip = (const ipage_t *)(const void *)nd;
+        if (!ip->indexed || eng->pool.refcnt[ip->page] != 1)
+          rc = bad(why, why_len, "page %u on the LRU but not cached", ip->page);
+        cached++;
+      } else if (nd->kind == LRU_SEQ) {
+        lru++;
+      }
+      if (lru + cached > nseqs + n) rc = bad(why, why_len, "LRU list longer than its members");
+    }
   }
+  if (rc == 0) rc = audit_index(eng, &cached, why, why_len);
   if (rc == 0 && (nseqs != eng->nseqs || npinned != eng->nseqs_pinned ||
                   lru != nseqs - npinned || tokens != eng->ntokens))
     rc = bad(why, why_len, "engine: %llu seqs (%llu counted), %llu pinned (%llu), lru %llu, "

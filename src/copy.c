@@ -109,3 +109,17 @@ void copy_out(const copy_plan_t *x, const unsigned char *page, uint64_t pt0, uin
     }
   }
 }
+
+void copy_zero(const copy_plan_t *x, uint64_t bt0, uint64_t cnt, void *k, void *v, void *ks,
+               void *vs) {
+  bool raw = x->bt == KVC_DTYPE_INT8;
+  for (uint32_t l = 0; l < x->nl; l++) {
+    uint64_t t = (uint64_t)l * x->n + bt0;
+    memset((unsigned char *)k + t * x->bk_row, 0, cnt * x->bk_row);
+    memset((unsigned char *)v + t * x->bv_row, 0, cnt * x->bv_row);
+    if (raw) {
+      memset((float *)ks + t * x->nh, 0, cnt * x->nh * sizeof(float));
+      memset((float *)vs + t * x->nh, 0, cnt * x->nh * sizeof(float));
+    }
+  }
+}

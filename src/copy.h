@@ -38,4 +38,9 @@ void copy_in(const copy_plan_t *x, unsigned char *page, uint64_t pt0, uint64_t b
 void copy_out(const copy_plan_t *x, const unsigned char *page, uint64_t pt0, uint64_t bt0,
               uint64_t cnt, void *k, void *v, void *ks, void *vs);
 
+/* Zeroes buffer tokens [bt0, bt0 + cnt) of every layer (and their scales):
+ * what a get returns for holes. */
+void copy_zero(const copy_plan_t *x, uint64_t bt0, uint64_t cnt, void *k, void *v, void *ks,
+               void *vs);
+
 #endif

@@ -1,5 +1,6 @@
 /* engine.c: the engine's lifecycle and its caches. Operations on sequences
  * live in ops.c (put/get) and seqops.c (remove, copy, trim, pins). */
+#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,7 +26,8 @@ void engine_fail_alloc_after(engine_t *eng, int64_t k) { eng->mem.fail_after = k
 
 int engine_new(const engine_config_t *cfg, engine_t **out) {
   if (!cfg || !out || !cfg->base || cfg->page_bytes == 0 || cfg->page_bytes % 64 ||
-      cfg->page_bytes > cfg->pool_bytes || ((uintptr_t)cfg->base % 64))
+      cfg->page_bytes > cfg->pool_bytes || ((uintptr_t)cfg->base % 64) ||
+      cfg->hash > KVC_HASH_XXH3 || cfg->pin_limit_pct > 100)
     return KVC_E_INVAL;
   mem_t m;
   mem_init(&m);
@@ -34,13 +36,24 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
   eng->mem = m;
   eng->max_caches = cfg->max_caches ? cfg->max_caches : 64;
   eng->max_seqs = cfg->max_seqs;
-  eng->lru.lru_next = eng->lru.lru_prev = &eng->lru;
+  for (uint32_t p = 0; p < PRIO_LEVELS; p++) {
+    eng->lru[p].next = eng->lru[p].prev = &eng->lru[p];
+    eng->lru[p].prio = (uint8_t)p;
+  }
   hmap_init(&eng->owners);
+  hmap_init(&eng->keys);
+  eng->hash_kind = cfg->hash;
+  eng->hash_bits = cfg->hash_bits;
   hmap_init(&eng->leases);
   int rc = pool_init(&eng->pool, &eng->mem, cfg->base, cfg->pool_bytes, cfg->page_bytes);
   if (rc == 0) {
+    uint32_t pct = cfg->pin_limit_pct && cfg->pin_limit_pct < 100 ? cfg->pin_limit_pct : 100;
+    eng->pin_limit = (uint32_t)((uint64_t)eng->pool.npages * pct / 100);
     eng->caches = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->caches);
-    if (!eng->caches) rc = KVC_E_NOMEM;
+    eng->ip = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->ip);
+    eng->scratch = mem_calloc(&eng->mem, (size_t)eng->pool.npages * 2, sizeof *eng->scratch);
+    eng->md_ctx = EVP_MD_CTX_new();
+    if (!eng->caches || !eng->ip || !eng->scratch || !eng->md_ctx) rc = KVC_E_NOMEM;
   }
   if (rc) {
     engine_free(eng);
@@ -50,7 +63,8 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
   return 0;
 }
 
-static void cache_free(engine_t *eng, cache_t *c) {
+/* Drops every sequence and index entry of c; keep_seqs keeps its map. */
+static void cache_free(engine_t *eng, cache_t *c, bool keep_seqs) {
   size_t pos = 0;
   seq_t *s;
   /* Dropping shifts map entries back; rescan until the map is empty. */
@@ -61,7 +75,8 @@ static void cache_free(engine_t *eng, cache_t *c) {
       if (pos > 0) pos--; /* the slot may have been refilled by a shift */
     }
   }
-  hmap_deinit(&c->seqs, &eng->mem);
+  prefix_cache_clear(eng, c);
+  if (!keep_seqs) hmap_deinit(&c->seqs, &eng->mem);
 }
 
 void engine_free(engine_t *eng) {
@@ -69,13 +84,21 @@ void engine_free(engine_t *eng) {
   if (eng->caches) {
     for (uint32_t i = 0; i < eng->ncaches; i++) {
       if (!eng->caches[i]) continue;
-      cache_free(eng, eng->caches[i]);
+      cache_free(eng, eng->caches[i], false);
       mem_free(&eng->mem, eng->caches[i]);
     }
     mem_free(&eng->mem, eng->caches);
   }
+  size_t pos = 0;
+  void *k;
+  while ((k = hmap_next(&eng->keys, &pos, NULL))) mem_free(&eng->mem, k);
+  hmap_deinit(&eng->keys, &eng->mem);
   hmap_deinit(&eng->owners, &eng->mem);
   lease_free_all(eng);
+  mem_free(&eng->mem, eng->ip);
+  mem_free(&eng->mem, eng->scratch);
+  prefix_unreserve(eng);
+  EVP_MD_CTX_free(eng->md_ctx);
   pool_deinit(&eng->pool, &eng->mem);
   mem_t m = eng->mem;
   mem_free(&m, eng);
@@ -133,6 +156,7 @@ int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layou
   c->layout = layout_normalize(layout);
   c->g = g;
   hmap_init(&c->seqs);
+  prefix_cache_init(eng, c);
   eng->caches[eng->ncaches++] = c;
   *cache_id = c->id;
   return 0;
@@ -142,7 +166,7 @@ int engine_cache_clear(engine_t *eng, uint32_t cache_id) {
   if (!eng) return KVC_E_INVAL;
   cache_t *c = engine_cache(eng, cache_id);
   if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
-  cache_free(eng, c);
+  cache_free(eng, c, true);
   return 0;
 }
 
@@ -150,7 +174,7 @@ int engine_cache_drop(engine_t *eng, uint32_t cache_id) {
   if (!eng) return KVC_E_INVAL;
   cache_t *c = engine_cache(eng, cache_id);
   if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
-  cache_free(eng, c);
+  cache_free(eng, c, false);
   eng->caches[cache_id] = NULL;
   mem_free(&eng->mem, c);
   return 0;
@@ -203,7 +227,7 @@ void engine_stats(const engine_t *eng, engine_stats_t *out) {
   out->pages_total = p->npages;
   out->pages_free = p->nfree;
   out->pages_used = p->npages - p->nfree;
-  out->pages_shared = p->nshared;
+  out->pages_shared = p->nshared - eng->idx_pairs; /* the index's reference is no sharer */
   out->pages_pinned = p->npinned;
   out->bytes_used = eng->bytes_used;
   out->bytes_padding = out->pages_used * p->page_bytes - eng->bytes_used;

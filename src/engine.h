@@ -33,13 +33,39 @@
 
 typedef struct engine engine_t;
 
+/* The content hash of the prefix index. SHA-256 resists deliberate
+ * collisions between tenants; xxHash3-128 is faster and only for a node that
+ * declares a single trusted tenant. Either way a hit is verified token by
+ * token, so a collision can never serve another prompt's pages. */
+typedef enum { KVC_HASH_SHA256 = 0, KVC_HASH_XXH3 = 1 } kvc_hash_t;
+
 typedef struct engine_config {
   void *base;           /* pool bytes; borrowed, must outlive the engine */
   uint64_t pool_bytes;  /* bytes at base; npages = pool_bytes / page_bytes */
   uint64_t page_bytes;  /* bytes of one pool page, a multiple of 64 */
   uint32_t max_caches;  /* 0 means 64 */
   uint64_t max_seqs;    /* 0 means unlimited */
+  kvc_hash_t hash;      /* prefix index hash */
+  uint32_t pin_limit_pct; /* pinned pages at most this % of the pool; 0: 100 */
+  uint32_t hash_bits;   /* test hook: truncate hashes to this many bits; 0: all */
 } engine_config_t;
+
+/* Who may share prefix pages: the tenant's salt (given at cache open by the
+ * client) and an extra key (an adapter id, ...). Both at most 64 bytes;
+ * borrowed for the call. Pages written under one key never match another. */
+typedef struct engine_pkey {
+  const void *salt;
+  size_t salt_len;
+  const void *extra;
+  size_t extra_len;
+} engine_pkey_t;
+
+/* What a match or attach found. */
+typedef struct engine_match {
+  uint64_t tokens;      /* leading tokens cached (whole pages) */
+  uint64_t pages;       /* pages matched */
+  uint64_t ineligible;  /* trailing tokens shorter than a page */
+} engine_match_t;
 
 /* Why the last failing call failed. needed/freeable are set for KVC_E_FULL:
  * pages the write needed, and pages free plus reclaimable by eviction. */
@@ -67,6 +93,7 @@ typedef struct engine_io {
   void *v_scale;
   uint64_t k_scale_bytes;
   uint64_t v_scale_bytes;
+  const uint32_t *tokens; /* put: the token ids written (ntokens), or NULL */
 } engine_io_t;
 
 /* What part of each token a put or get moves, and in which dtype.
@@ -79,6 +106,7 @@ typedef struct engine_xfer {
   uint32_t layer_begin, layer_end;
   uint32_t head_begin, head_end;
   kvc_dtype_t dtype;
+  const engine_pkey_t *pkey; /* put with tokens: the chain's key; NULL: empty */
 } engine_xfer_t;
 
 /* Creates an engine over cfg->base. Returns new *out (free with
@@ -133,8 +161,12 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                const engine_io_t *entries, size_t n);
 
 /* remove(seq, begin, end): end >= extent truncates to begin; begin <= start
- * with end >= extent drops the sequence; a middle range is KVC_E_NOROPE.
- * begin > end is KVC_E_RANGE; an empty or past-the-end range does nothing. */
+ * with end >= extent drops the sequence; a middle range moves the later
+ * tokens down by end - begin and re-rotates their keys (a cache with a RoPE
+ * description; an encoder cache moves without rotating), all or nothing
+ * (KVC_E_FULL when shared pages must be copied first); without RoPE it is
+ * KVC_E_NOROPE. begin > end is KVC_E_RANGE; an empty or past-the-end range
+ * does nothing. */
 int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id,
                   uint64_t begin, uint64_t end);
 
@@ -144,9 +176,10 @@ int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id,
 int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src, uint64_t dst,
                        uint64_t n);
 
-/* *out = the cache holds what is needed to continue seq at pos (causal:
- * start == 0 and pos <= length). A missing sequence answers false with 0,
- * except pos 0 which is always true. */
+/* *out = the cache holds what is needed to continue seq at pos: pos <= length
+ * and the first position the token at pos attends to is held (causal: 0;
+ * window: pos - W; chunked: pos - pos % C). Encoder caches always answer
+ * true, causal ones true for pos 0; otherwise a missing sequence is false. */
 int engine_can_resume(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
                       bool *out);
 
@@ -172,6 +205,129 @@ int engine_seq_list(engine_t *eng, uint32_t cache_id, uint64_t *cursor,
                     kvc_seq_info_t *out, size_t cap, size_t *n);
 
 void engine_stats(const engine_t *eng, engine_stats_t *out);
+
+/* ---- prefix cache (prefix.c) ----------------------------------------------
+ * A put that carries token ids (all layers) records them per page. A page that
+ * is full, and whose previous pages are hashed, gets the chained hash
+ *   H(page) = hash(H(previous page) || token ids || extra),  H(-1) = hash(seed || salt)
+ * and enters the cache's index, which keeps it (as a "cached" page) after the
+ * last sequence holding it goes away, until eviction reclaims it: cached pages
+ * and idle sequences go in LRU order, lower retention priority first, and a
+ * cached page only once no indexed page continues its chain. */
+
+/* How many leading tokens of tokens[0..n) the cache holds, whole pages only;
+ * each hit is verified against the stored token ids, chain and key, and
+ * touches the pages. Counts queried, hit and ineligible tokens. */
+int engine_match(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                 const engine_pkey_t *key, engine_match_t *out);
+
+/* match, then makes dst (created or replaced) exactly the matched pages
+ * (shared, no copy) and, if owner != 0, pins dst for owner, in one step: no
+ * eviction can come between the match and the attach. dst may be empty. */
+int engine_attach(engine_t *eng, uint32_t cache_id, uint64_t dst, const uint32_t *tokens,
+                  uint64_t n, const engine_pkey_t *key, uint64_t owner,
+                  engine_match_t *out);
+
+/* Retention priority of a sequence, 0..100 (default 35): under pressure lower
+ * priorities are evicted first, least recently used first within one. */
+int engine_set_priority(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint32_t prio);
+
+/* A soft pin: like engine_pin, but it lapses at now + ttl_ms unless a read,
+ * write or prefix hit refreshes it. ttl_ms 0 turns a soft pin into a hard one.
+ * Hard and soft pins both count against the pin limit (KVC_E_PINLIMIT). */
+int engine_pin_ttl(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner,
+                   uint64_t ttl_ms);
+
+/* Lapses the soft pins whose time has come (the daemon calls it once a
+ * second); returns how many lapsed. */
+size_t engine_expire(engine_t *eng);
+
+/* Per-cache prefix index figures for kvcachectl prefix. */
+typedef struct engine_prefix_top {
+  uint8_t hash[32];     /* chain head's hash */
+  uint64_t hits;        /* times the head was matched */
+  uint32_t depth;       /* pages in its longest indexed chain known */
+} engine_prefix_top_t;
+int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out, size_t cap,
+                      size_t *n);
+
+/* ---- attention (attn.c, batch.c, shift.c; doc/attention.md) ---------------
+ * Positions are slots: token p of a sequence is slot p. Slots a reservation
+ * skips or a shift vacates are holes: gets return zeros for them, history
+ * masks them. */
+
+/* One token of a batch. */
+typedef struct engine_tok {
+  uint64_t seq_id;
+  uint64_t pos;
+} engine_tok_t;
+
+/* Reserves the slots of a batch (ollama's StartForward): each sequence's
+ * tokens, in batch order, are consecutive positions p0, p0 + 1, ...
+ * (KVC_E_POSORDER), p0 >= start; p0 past the length leaves holes. Makes
+ * every page the batch writes allocated and unshared, all or nothing
+ * (KVC_E_FULL with figures), so the put that follows needs no page (unless
+ * another call shares or evicts the sequence in between: pin it). Creates
+ * sequences. In a window or chunked cache it first frees what no token of
+ * the batch or after it can attend to (that stays freed even when the
+ * reservation then fails with FULL: the batch's positions made it
+ * unreachable). RANGE, TOOMANY, NOCACHE, NOMEM. */
+int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, size_t n);
+
+/* One sequence's part of a history view: entries [first, first + n) are its
+ * positions pos .. pos + n - 1. */
+typedef struct engine_span {
+  uint64_t seq_id;
+  uint64_t pos;
+  uint64_t first;
+  uint64_t n;
+} engine_span_t;
+
+/* A history view. In: k, v ([layer][entry][head][dim], f32 or the cache's
+ * float dtype), mask (f32 [token][entry]: 0 attend, -inf masked), spans
+ * (spans_cap of them, or NULL). All of k, v, mask NULL asks only the sizes.
+ * Out: nentries, nspans. */
+typedef struct engine_hist {
+  void *k;
+  void *v;
+  uint64_t k_bytes, v_bytes;
+  float *mask;
+  uint64_t mask_bytes;
+  engine_span_t *spans;
+  size_t spans_cap;
+  uint64_t nentries;
+  size_t nspans;
+} engine_hist_t;
+
+/* The history a batch of n tokens attends to: per sequence of the batch (in
+ * order of first appearance), its held positions [start, highest batch
+ * position + 1) (an encoder cache: [start, length)), gathered in position order, and the mask following the
+ * cache's kind; a token never attends to another sequence's entries. The
+ * positions must be written (put after reserve). NOSEQ, RANGE, DTYPE (raw
+ * int8), SIZE, LAYER, HEAD. */
+int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+                   const engine_tok_t *toks, size_t n, engine_hist_t *h);
+
+/* llama.cpp's seq_add: moves positions [p0, p1) by delta, re-rotating their
+ * keys. Negative p0 or p1 means open (from start, to the end). Slots it
+ * vacates become holes; it never overwrites another token (RANGE) nor moves
+ * below start (RANGE). NOROPE without a RoPE description, KIND for an
+ * encoder cache; FULL like a put when pages must be copied or added. */
+int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1,
+                 int64_t delta);
+
+/* llama.cpp's seq_rm without a shift: positions [p0, p1) stop holding
+ * tokens (holes; the tail truncates). Open ends as for shift. */
+int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1);
+
+/* llama.cpp's seq_keep: drops every sequence of the cache but seq_id (which
+ * need not exist). */
+int engine_keep(engine_t *eng, uint32_t cache_id, uint64_t seq_id);
+
+/* llama.cpp's seq_pos_min / seq_pos_max: the lowest and highest positions
+ * holding a token, -1 for both if none (or no such sequence). */
+int engine_pos_range(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t *pmin,
+                     int64_t *pmax);
 
 /* Checks every invariant (refcounts against block tables, free list, LRU,
  * pins, counters). Returns 0, or KVC_E_INTERNAL with the first violation in
@@ -202,9 +358,9 @@ typedef struct engine_lease {
 } engine_lease_t;
 
 /* Leases tokens [begin, end) of seq for owner: every layer must have them
- * (end <= length). Fills *out. Counts as a use of the sequence. KVC_E_NOCACHE,
- * KVC_E_NOSEQ, KVC_E_RANGE (empty, before start or past the length),
- * KVC_E_NOMEM. */
+ * (end <= length) and none may be a hole. Fills *out. Counts as a use of the
+ * sequence. KVC_E_NOCACHE, KVC_E_NOSEQ, KVC_E_RANGE (empty, before start,
+ * past the length, or covering a hole), KVC_E_NOMEM. */
 int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t begin,
                  uint64_t end, uint64_t owner, engine_lease_t *out);
 /* Releases one lease of owner; pages no one else holds are freed.

@@ -6,7 +6,9 @@
  *   engine
  *    +- pool            pages + refcnt/pinref arrays        (pool.h)
  *    +- caches[id]      name, layout, geometry, seqs map    (u64 seq_id -> seq)
- *    +- lru             unpinned sequences of every cache, most recent first
+ *    +- lru[prio]       unpinned sequences and cached pages, most recent first,
+ *                       one list per retention priority (evict.c)
+ *    +- ip[page]        token ids and content hash of pages that have them
  *    +- owners          map owner id -> pins of that owner
  *
  *   seq: start, len, extent, table[0..ntable) = pages of logical pages
@@ -22,7 +24,48 @@
 #include "pool.h"
 
 typedef struct seq seq_t;
+/* Slots [b, e) of a sequence that hold no token (doc/attention.md, gaps). */
+typedef struct hole {
+  uint64_t b, e;
+} hole_t;
 typedef struct owner owner_t;
+typedef struct cache cache_t;
+
+#define PRIO_LEVELS 101u /* retention priorities 0..100; lower goes first */
+#define PRIO_DEFAULT 35u
+
+enum lru_kind { LRU_SENTINEL = 0, LRU_SEQ = 1, LRU_PAGE = 2 };
+
+/* A link of an LRU list: embedded in a sequence or in a cached page. */
+typedef struct lru_node {
+  struct lru_node *prev, *next; /* NULL while not on a list */
+  uint8_t kind;                 /* enum lru_kind */
+  uint8_t prio;                 /* the list it is (or goes) on */
+} lru_node_t;
+
+/* What the engine knows of a page's tokens (prefix.c). A page gets one when
+ * a put carries token ids; once full, with its chain hashed up to it, it is
+ * hashed and indexed; the index then holds a reference of its own, so an
+ * indexed page never changes (a write copies it) and outlives its sequences
+ * as a "cached" page on the LRU. */
+typedef struct ipage {
+  lru_node_t node;      /* first member; on an LRU while cached */
+  cache_t *cache;
+  uint32_t page;
+  uint32_t parent;      /* previous page of the chain; POOL_NOPAGE for a head */
+  uint32_t key;         /* interned (salt, extra) the chain was written with */
+  uint32_t ntok;        /* leading token ids known */
+  uint32_t nchildren;   /* indexed pages whose parent this is */
+  uint32_t plan_gone;   /* eviction planning: children the plan reclaims */
+  uint64_t hits;        /* matches that reached this page */
+  bool hashed;          /* hash is valid */
+  bool indexed;         /* in cache->index, holding a page reference */
+  bool planned;         /* eviction planning: the plan reclaims it */
+  bool stacked;         /* eviction planning: on the plan's stack */
+  uint8_t hash[32];
+  uint32_t tokens[];    /* page_tokens ids */
+} ipage_t;
+
 typedef struct lease lease_t; /* lease.c */
 
 /* One pin: owner pins seq. Linked into both the owner's and the seq's list. */
@@ -31,6 +74,9 @@ typedef struct pin {
   owner_t *owner;
   struct pin *s_next, *s_prev; /* the sequence's pins */
   struct pin *o_next, *o_prev; /* the owner's pins */
+  uint64_t ttl_ms;             /* soft pin: lapses ttl_ms after the last use; 0: hard */
+  uint64_t deadline_ms;        /* soft pin: when it lapses */
+  struct pin *t_next, *t_prev; /* soft pins: eng->soft list */
 } pin_t;
 
 struct owner {
@@ -38,16 +84,19 @@ struct owner {
   pin_t *pins; /* list head */
 };
 
-typedef struct cache {
+struct cache {
   char name[KVC_MAX_NAME + 1];
   uint32_t id;
   kvc_layout_t layout; /* normalized */
   geom_t g;
   hmap_t seqs;         /* seq_id -> seq_t */
+  hmap_t index;        /* first 8 bytes of a page hash -> indexed ipage_t */
+  uint8_t seed[32];    /* hash chain seed: the cache's name and layout */
   cache_stats_t st;    /* counters; gauges kept current */
-} cache_t;
+};
 
 struct seq {
+  lru_node_t node;     /* first member; on eng->lru while npins == 0 */
   uint64_t id;
   cache_t *cache;
   uint64_t start;      /* first position held */
@@ -58,11 +107,14 @@ struct seq {
   uint32_t base;       /* logical page of table[0] */
   uint32_t ntable;     /* entries used */
   uint32_t cap;        /* entries allocated */
-  uint32_t npins;      /* owners pinning it */
+  uint32_t npins;      /* owners pinning it (hard and soft) */
   pin_t *pins;
-  seq_t *lru_prev, *lru_next; /* in eng->lru while npins == 0 */
   uint64_t last_use_ms;
   uint64_t mark;       /* == eng->epoch: taking part in the current call */
+  uint64_t rsv_end;    /* slots reserved up to here (table covers them), or 0 */
+  hole_t *holes;       /* sorted, disjoint slots in [start, extent) never written */
+  uint32_t nholes, hcap;
+  uint32_t slot;       /* per-call scratch: index of its record in the call */
 };
 
 struct engine {
@@ -76,7 +128,19 @@ struct engine {
   uint64_t nseqs_pinned;
   uint64_t ntokens;
   uint64_t bytes_used; /* layout bytes of used pages */
-  seq_t lru;           /* sentinel: lru.lru_next is the most recent */
+  lru_node_t lru[PRIO_LEVELS]; /* sentinels: lru[p].next is the most recent */
+  ipage_t **ip;        /* per page: token metadata or NULL */
+  uint32_t *scratch;   /* per page: eviction planning stack */
+  hmap_t keys;         /* digest of (salt, extra) -> key_t */
+  uint32_t nkeys;
+  uint32_t hash_bits;  /* test hook: keep only this many hash bits (0: all) */
+  uint32_t pin_limit;  /* pages that may be pinned */
+  bool evicting;       /* pages a dropped sequence leaves cached go to the tail */
+  pin_t *soft;         /* soft (TTL) pins */
+  uint32_t idx_pairs;  /* indexed pages held by exactly one sequence */
+  void *reserve;       /* ipage blocks reserved for the current call */
+  void *md_ctx;        /* EVP_MD_CTX for SHA-256 */
+  kvc_hash_t hash_kind;
   hmap_t owners;       /* owner id -> owner_t */
   uint64_t now_ms;
   uint64_t epoch;      /* bumped by every call that marks sequences */
@@ -96,6 +160,10 @@ cache_t *engine_cache(engine_t *eng, uint32_t cache_id);
 static inline uint64_t seq_pages_for(const seq_t *s, uint64_t extent) {
   uint64_t T = s->cache->g.T, lo = (uint64_t)s->base * T;
   return extent > lo ? ((extent + T - 1) >> s->cache->g.tshift) - s->base : 0;
+}
+/* Last slot the table must cover: the extent or the end of a reservation. */
+static inline uint64_t seq_table_end(const seq_t *s) {
+  return s->rsv_end > s->extent ? s->rsv_end : s->extent;
 }
 static inline uint32_t seq_layer_len(const seq_t *s, uint32_t l) {
   return s->layer_len ? s->layer_len[l] : (uint32_t)s->len;
@@ -117,6 +185,55 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
 /* Shortens every layer to at most n tokens and frees pages past it. */
 void seq_truncate(engine_t *eng, seq_t *s, uint64_t n);
 void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out);
+/* Drops positions before n (n <= len): start moves, whole pages go. */
+void seq_trim(engine_t *eng, seq_t *s, uint64_t n);
+/* holes.c: the hole set of a sequence. reserve makes room for k more ranges
+ * (0 or KVC_E_NOMEM); add and cut then never allocate as long as the room
+ * reserved covers them (a cut inside one range splits it: one more). */
+int holes_reserve(engine_t *eng, seq_t *s, uint32_t k);
+void holes_add(seq_t *s, uint64_t b, uint64_t e);
+void holes_cut(seq_t *s, uint64_t b, uint64_t e);
+bool holes_has(const seq_t *s, uint64_t pos);
+/* Slots [b, e) move by delta: the target range's holes are replaced by the
+ * moved ones (tmp: room for nholes ranges; reserve nholes + 2 first). */
+void holes_move(seq_t *s, uint64_t b, uint64_t e, int64_t delta, hole_t *tmp);
+/* shift.c: removes a middle range [b, e) (e < extent), moving later tokens
+ * down with their keys re-rotated; all or nothing. */
+int shift_remove(engine_t *eng, seq_t *s, uint64_t b, uint64_t e);
+/* attn.c: frees what no future token of s can attend to, given that the
+ * lowest position still to be computed is h (window, chunked). */
+void attn_trim(engine_t *eng, seq_t *s, uint64_t h);
+/* Whether a token at p may attend to position q of its own sequence. */
+bool attn_allows(const cache_t *c, uint64_t p, uint64_t q);
+/* seqops.c: frees a pin record out of its sequence's and owner's lists (and
+ * the owner with its last pin); the sequence's pin count is the caller's. */
+void pin_unlink(engine_t *eng, pin_t *p);
+/* seqops.c: takes a pin off the soft-pin list if it is on it. */
+void pin_soft_unlink(engine_t *eng, pin_t *p);
+/* seqops.c: makes dst (created or replaced) exactly pages[0..m) from
+ * position 0 and pins it for owner (0: no pin); all or nothing. */
+int seq_attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32_t *pages,
+                     uint64_t m, uint64_t owner);
+
+/* ops.c: makes the pages of slots [pos, end) of s writable (allocated or
+ * copied on write) after ops_room planned them. */
+typedef struct span {
+  seq_t *s;
+  uint64_t pos, end;
+} span_t;
+/* A transfer's ranges after defaults and checks. */
+typedef struct xr {
+  uint32_t l0, l1, h0, h1;
+  kvc_dtype_t bt; /* buffer dtype */
+} xr_t;
+int ops_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put, xr_t *r);
+/* Buffer bytes of ntokens: K, V, each scale buffer (raw int8); OVERFLOW. */
+int ops_sizes(const cache_t *c, const xr_t *r, uint64_t ntokens, uint64_t *kb, uint64_t *vb,
+              uint64_t *sb);
+/* The smallest written length over layers [l0, l1). */
+uint64_t ops_range_len(const seq_t *s, uint32_t l0, uint32_t l1);
+int ops_room(engine_t *eng, const span_t *sp, size_t n);
+void ops_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
 
 /* lease.c */
 /* An internal lease (owner 0) on n pages (listed in any order, repeats
@@ -132,22 +249,58 @@ void lease_free_all(engine_t *eng);
 int lease_audit(const engine_t *eng, uint32_t *refs, char *why, size_t len);
 
 /* evict.c */
+void lru_link(engine_t *eng, lru_node_t *n, bool at_tail);
+void lru_unlink(lru_node_t *n);
 void lru_insert(engine_t *eng, seq_t *s);
 void lru_remove(seq_t *s);
-/* Moves s to the most recent end (unless pinned) and stamps last_use. */
+/* Moves s to the most recent end (unless pinned), stamps last_use and
+ * refreshes a soft pin. */
 void lru_touch(engine_t *eng, seq_t *s);
-/* Eviction planning marks in pool.sim: pages written by the current call
- * while shared (they need a copy unless their other holders are evicted). */
+
+/* The pages a call needs: new pages, and the shared pages it writes. A shared
+ * page needs a copy per writer, or one fewer if its writers are its only
+ * holders (eviction of the other holders can make it so). Noted pages carry
+ * SIM_COW in pool.sim while the call plans. */
 #define SIM_COW 0x80000000u
-#define SIM_SEEN 0x40000000u
-#define SIM_MASK 0x3fffffffu
-/* Notes a write of page by the current call; returns 1 if it needs a copy. */
-uint64_t evict_note_write(engine_t *eng, uint32_t page);
-/* After all notes: returns 1 (once per page) if every holder of page writes
- * it, so one of them may write in place. */
-uint64_t evict_settle_writes(engine_t *eng, uint32_t page);
-/* Ensures `need` free pages by evicting unpinned, unmarked sequences in LRU
+#define SIM_MASK 0x7fffffffu
+typedef struct evict_note {
+  uint32_t page;
+  uint32_t writers;
+} evict_note_t;
+typedef struct evict_need {
+  uint64_t new_pages;
+  evict_note_t *noted;
+  size_t nnoted;
+} evict_need_t;
+/* Frees pages by evicting unpinned, unmarked sequences and cached pages in
  * order, all or nothing: KVC_E_FULL (with figures) changes nothing. */
-int evict_make_room(engine_t *eng, uint64_t need);
+int evict_make_room(engine_t *eng, const evict_need_t *need);
+
+/* prefix.c */
+/* The engine's part of page references: cached-state transitions of indexed
+ * pages and the release of token metadata with the page. */
+void page_ref(engine_t *eng, uint32_t page);
+void page_unref(engine_t *eng, const cache_t *c, uint32_t page, uint8_t prio);
+/* page_unref for a holder that knows only the layout's page bytes (a lease,
+ * whose cache may be gone). */
+void page_unref_bytes(engine_t *eng, uint64_t layout_bytes, uint32_t page, uint8_t prio);
+/* Drops a cached page from the index and frees it. */
+void prefix_reclaim(engine_t *eng, ipage_t *ip);
+/* Drops every index entry of a cache (its sequences are gone already). */
+void prefix_cache_clear(engine_t *eng, cache_t *c);
+int prefix_cache_init(engine_t *eng, cache_t *c);
+/* Gives the copy made on write the token metadata of the original. */
+void prefix_page_copied(engine_t *eng, uint32_t from, uint32_t to);
+/* Records token ids of a put into s's pages (allocated by prefix_reserve)
+ * and hashes and indexes pages that became full. */
+void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e,
+                       const engine_pkey_t *key, uint32_t key_id);
+/* Forgets token ids of positions a put without ids overwrote. */
+void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
+/* Preallocates the ipages a put will need (before anything changes). */
+int prefix_reserve(engine_t *eng, uint32_t page_tokens, uint64_t n);
+void prefix_unreserve(engine_t *eng);
+/* Interns a key; 0 or NOMEM (key_id 0 is never used). */
+int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *key_id);
 
 #endif

@@ -1,111 +1,244 @@
-/* evict.c: the LRU of unpinned sequences and all-or-nothing eviction.
+/* evict.c: the LRU lists of unpinned sequences and cached pages, and
+ * all-or-nothing eviction.
  *
- *   eng->lru (sentinel) <-> most recent <-> ... <-> least recent <-> (sentinel)
+ *   lru[0]   (sentinel) <-> most recent <-> ... <-> least recent <-> (sentinel)
+ *   lru[1]   ...
+ *   lru[100] ...            a list per retention priority; 0 goes first
  *
- * Pinned sequences are not on the list at all, so eviction never has to skip
- * them. Making room is planned before anything is freed: walking from the
- * least recent end, each candidate's pages get a count in pool.sim; a page is
- * freed by the plan once sim reaches its refcnt (every holder is a victim).
- * If the plan cannot reach the need, the call fails with KVC_E_FULL and the
- * counts are cleared: nothing changed. Otherwise exactly the planned victims
- * are evicted. Each step is O(1) per page of a visited sequence.
+ * A node is a sequence (unpinned) or a cached page (an indexed page that only
+ * the prefix index holds). Pinned sequences are not on any list, so eviction
+ * never skips them. A cached page goes only once no indexed page continues its
+ * chain (a "leaf"): a prefix never loses a page in its middle. When a sequence
+ * is evicted, its pages that become cached join the tail of its list, deepest
+ * page last, so they go next, chain tails before chain heads.
+ *
+ * Making room is planned before anything changes: walking victims in order,
+ * pool.sim counts each page's victim holders; a page is freed by the plan
+ * once every holder is a victim, and an indexed page that keeps only the
+ * index's reference becomes a cached page the plan reclaims right after its
+ * sequence (if it is a leaf by then). If free + planned cannot reach the need
+ * the call fails with KVC_E_FULL and nothing changed. Otherwise victims are
+ * evicted in the same order until the need is met. Each step is O(1) per page.
  */
+#include <stddef.h>
+
 #include "engine_impl.h"
 
-void lru_insert(engine_t *eng, seq_t *s) {
-  seq_t *head = &eng->lru;
-  s->lru_prev = head;
-  s->lru_next = head->lru_next;
-  head->lru_next->lru_prev = s;
-  head->lru_next = s;
+#define SEQ_OF(n) ((seq_t *)(void *)((char *)(n) - offsetof(seq_t, node)))
+#define IPAGE_OF(n) ((ipage_t *)(void *)((char *)(n) - offsetof(ipage_t, node)))
+
+void lru_link(engine_t *eng, lru_node_t *n, bool at_tail) {
+  lru_node_t *head = &eng->lru[n->prio];
+  if (at_tail) {
+    n->next = head;
+    n->prev = head->prev;
+    head->prev->next = n;
+    head->prev = n;
+  } else {
+    n->prev = head;
+    n->next = head->next;
+    head->next->prev = n;
+    head->next = n;
+  }
 }
 
-void lru_remove(seq_t *s) {
-  s->lru_prev->lru_next = s->lru_next;
-  s->lru_next->lru_prev = s->lru_prev;
-  s->lru_prev = s->lru_next = NULL;
+void lru_unlink(lru_node_t *n) {
+  n->prev->next = n->next;
+  n->next->prev = n->prev;
+  n->prev = n->next = NULL;
 }
+
+void lru_insert(engine_t *eng, seq_t *s) { lru_link(eng, &s->node, false); }
+
+void lru_remove(seq_t *s) { lru_unlink(&s->node); }
 
 void lru_touch(engine_t *eng, seq_t *s) {
   s->last_use_ms = eng->now_ms;
-  if (s->npins) return;
-  lru_remove(s);
-  lru_insert(eng, s);
+  if (s->npins) {
+    for (pin_t *p = s->pins; p; p = p->s_next)
+      if (p->ttl_ms)
+        p->deadline_ms = __builtin_add_overflow(eng->now_ms, p->ttl_ms, &p->deadline_ms)
+                             ? UINT64_MAX : p->deadline_ms;
+    return;
+  }
+  lru_unlink(&s->node);
+  lru_link(eng, &s->node, false);
 }
 
-/* Walks victims from the least recent end, counting their pages in sim,
- * until free + planned reaches *need. A page whose every holder is a victim
- * is freed by the plan; a page written by this call (SIM_COW) whose other
- * holders are all victims no longer needs its copy, so *need drops. */
-static uint64_t plan(engine_t *eng, uint64_t *need, seq_t **last) {
+/* ---- the pages a call needs ------------------------------------------------ */
+
+/* Writers of a noted page (a shared page this call writes). */
+static uint32_t writers_of(const evict_need_t *nd, uint32_t page) {
+  for (size_t i = 0; i < nd->nnoted; i++)
+    if (nd->noted[i].page == page) return nd->noted[i].writers;
+  return 0;
+}
+
+/* Pages the call needs now: new ones plus a copy per writer of each shared
+ * page, less one where the writers are its only holders. */
+static uint64_t need_now(const engine_t *eng, const evict_need_t *nd) {
+  uint64_t need = nd->new_pages;
+  for (size_t i = 0; i < nd->nnoted; i++) {
+    uint32_t w = nd->noted[i].writers;
+    need += eng->pool.refcnt[nd->noted[i].page] > w ? w : w - 1;
+  }
+  return need;
+}
+
+/* ---- planning --------------------------------------------------------------- */
+
+typedef struct plan {
+  uint64_t need;    /* pages still needed from eviction, shrinking as copies lapse */
+  uint64_t freed;   /* pages the plan frees */
+  uint32_t *stack;  /* cached pages to reclaim next (deepest on top) */
+  uint32_t top;
+  uint32_t *touched; /* ipages whose plan fields were set */
+  uint32_t ntouched;
+  uint32_t last_prio; /* the walk's last node, to clear what it marked */
+  lru_node_t *last;
+} plan_t;
+
+static void touch_ip(plan_t *pl, ipage_t *ip) {
+  if (ip->plan_gone == 0 && !ip->planned && !ip->stacked) pl->touched[pl->ntouched++] = ip->page;
+}
+
+static void plan_push(plan_t *pl, ipage_t *ip) {
+  if (ip->stacked) return;
+  touch_ip(pl, ip);
+  ip->stacked = true;
+  pl->stack[pl->top++] = ip->page;
+}
+
+static bool plan_cached(const engine_t *eng, uint32_t page) {
+  return eng->pool.refcnt[page] - (eng->pool.sim[page] & SIM_MASK) == 1;
+}
+
+/* The plan reclaims cached page ip; its parent may become a reclaimable leaf. */
+static void plan_reclaim(engine_t *eng, plan_t *pl, ipage_t *ip) {
+  touch_ip(pl, ip);
+  ip->planned = true;
+  pl->freed++;
+  if (ip->parent == POOL_NOPAGE) return;
+  ipage_t *par = eng->ip[ip->parent];
+  touch_ip(pl, par);
+  par->plan_gone++;
+  if (!par->planned && par->plan_gone == par->nchildren && plan_cached(eng, par->page))
+    plan_push(pl, par);
+}
+
+static bool plan_done(const engine_t *eng, const plan_t *pl) {
+  return eng->pool.nfree + pl->freed >= pl->need;
+}
+
+static void plan_drain(engine_t *eng, plan_t *pl) {
+  while (pl->top && !plan_done(eng, pl)) {
+    ipage_t *ip = eng->ip[pl->stack[--pl->top]];
+    if (!ip->planned && ip->plan_gone == ip->nchildren) plan_reclaim(eng, pl, ip);
+  }
+}
+
+static void plan_seq(engine_t *eng, plan_t *pl, const evict_need_t *nd, seq_t *s) {
   pool_t *p = &eng->pool;
-  uint64_t freed = 0;
-  *last = &eng->lru;
-  for (seq_t *s = eng->lru.lru_prev; s != &eng->lru && p->nfree + freed < *need;
-       s = s->lru_prev) {
-    *last = s;
-    if (s->mark == eng->epoch) continue;
-    for (uint32_t i = 0; i < s->ntable; i++) {
-      uint32_t page = s->table[i], v = ++p->sim[page];
-      if ((v & SIM_MASK) != p->refcnt[page]) continue;
-      if (v & SIM_COW) (*need)--;
-      else freed++;
+  for (uint32_t i = 0; i < s->ntable; i++) {
+    uint32_t page = s->table[i], v = ++p->sim[page], held = v & SIM_MASK;
+    if (v & SIM_COW) {
+      if (held == p->refcnt[page] - writers_of(nd, page)) pl->need--; /* copy lapses */
+    } else if (held == p->refcnt[page]) {
+      pl->freed++;
+    } else if (held == p->refcnt[page] - 1 && eng->ip[page] && eng->ip[page]->indexed) {
+      plan_push(pl, eng->ip[page]); /* becomes a cached page, reclaimed next */
     }
   }
-  return freed;
 }
 
-static void plan_clear(engine_t *eng, seq_t *last) {
-  if (last == &eng->lru) return;
-  for (seq_t *s = eng->lru.lru_prev;; s = s->lru_prev) {
-    if (s->mark != eng->epoch)
-      for (uint32_t i = 0; i < s->ntable; i++) eng->pool.sim[s->table[i]] = 0;
-    if (s == last) break;
+/* Walks the victims in eviction order until the plan meets its need. */
+static void plan_walk(engine_t *eng, plan_t *pl, const evict_need_t *nd) {
+  for (uint32_t prio = 0; prio < PRIO_LEVELS && !plan_done(eng, pl); prio++) {
+    lru_node_t *head = &eng->lru[prio];
+    for (lru_node_t *n = head->prev; n != head && !plan_done(eng, pl); n = n->prev) {
+      pl->last_prio = prio;
+      pl->last = n;
+      if (n->kind == LRU_SEQ) {
+        seq_t *s = SEQ_OF(n);
+        if (s->mark == eng->epoch) continue;
+        plan_seq(eng, pl, nd, s);
+      } else {
+        ipage_t *ip = IPAGE_OF(n);
+        if (!ip->planned && ip->plan_gone == ip->nchildren) plan_reclaim(eng, pl, ip);
+      }
+      plan_drain(eng, pl);
+    }
   }
 }
 
-uint64_t evict_note_write(engine_t *eng, uint32_t page) {
-  pool_t *p = &eng->pool;
-  if (p->refcnt[page] < 2) return 0;
-  p->sim[page] = (p->sim[page] | SIM_COW) + 1;
-  return 1;
+/* Undoes the plan's marks on the nodes it walked; SIM_COW notes stay. */
+static void plan_clear(engine_t *eng, plan_t *pl) {
+  for (uint32_t prio = 0; pl->last && prio <= pl->last_prio; prio++) {
+    lru_node_t *head = &eng->lru[prio];
+    for (lru_node_t *n = head->prev; n != head; n = n->prev) {
+      if (n->kind == LRU_SEQ && SEQ_OF(n)->mark != eng->epoch) {
+        seq_t *s = SEQ_OF(n);
+        for (uint32_t i = 0; i < s->ntable; i++) eng->pool.sim[s->table[i]] &= SIM_COW;
+      }
+      if (n == pl->last) break;
+    }
+  }
+  for (uint32_t i = 0; i < pl->ntouched; i++) {
+    ipage_t *ip = eng->ip[pl->touched[i]];
+    ip->planned = ip->stacked = false;
+    ip->plan_gone = 0;
+  }
 }
 
-uint64_t evict_settle_writes(engine_t *eng, uint32_t page) {
-  pool_t *p = &eng->pool;
-  uint32_t v = p->sim[page];
-  if (!(v & SIM_COW) || (v & SIM_SEEN) || (v & SIM_MASK) != p->refcnt[page]) return 0;
-  p->sim[page] = v | SIM_SEEN; /* every holder writes it: one may write in place */
-  return 1;
+/* ---- evicting ---------------------------------------------------------------- */
+
+/* Reclaims the least recent victim; false if there is none. */
+static bool evict_one(engine_t *eng) {
+  for (uint32_t prio = 0; prio < PRIO_LEVELS; prio++) {
+    lru_node_t *head = &eng->lru[prio];
+    for (lru_node_t *n = head->prev; n != head; n = n->prev) {
+      if (n->kind == LRU_SEQ) {
+        seq_t *s = SEQ_OF(n);
+        if (s->mark == eng->epoch) continue;
+        uint32_t before = eng->pool.nfree;
+        s->cache->st.evicted_sequences++;
+        eng->evicting = true;
+        seq_drop(eng, s);
+        eng->evicting = false;
+        eng->st.evicted_sequences++;
+        eng->st.evicted_pages += eng->pool.nfree - before;
+        return true;
+      }
+      ipage_t *ip = IPAGE_OF(n);
+      if (ip->nchildren == 0) {
+        prefix_reclaim(eng, ip);
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
-int evict_make_room(engine_t *eng, uint64_t need) {
+int evict_make_room(engine_t *eng, const evict_need_t *nd) {
   pool_t *p = &eng->pool;
+  uint64_t need = need_now(eng, nd);
   if (need <= p->nfree) return 0;
-  seq_t *last;
-  uint64_t freeable = plan(eng, &need, &last);
-  plan_clear(eng, last);
-  if (p->nfree + freeable < need) {
+  plan_t pl = {need, 0, eng->scratch, 0, eng->scratch + p->npages, 0, 0, NULL};
+  plan_walk(eng, &pl, nd);
+  bool enough = plan_done(eng, &pl);
+  plan_clear(eng, &pl);
+  if (!enough) {
     eng->st.full_errors++;
     int rc = engine_fail(eng, KVC_E_FULL,
                          "pool full: need %llu pages, %u free, %llu reclaimable",
-                         (unsigned long long)need, p->nfree,
-                         (unsigned long long)freeable);
-    eng->err.needed = need;
-    eng->err.freeable = p->nfree + freeable;
+                         (unsigned long long)pl.need, p->nfree,
+                         (unsigned long long)pl.freed);
+    eng->err.needed = pl.need;
+    eng->err.freeable = p->nfree + pl.freed;
     return rc;
   }
-  /* Evict exactly the planned victims: the least recent through `last`. */
-  for (seq_t *s = eng->lru.lru_prev, *stop = last->lru_prev; s != stop;) {
-    seq_t *prev = s->lru_prev;
-    if (s->mark != eng->epoch) {
-      uint32_t before = p->nfree;
-      s->cache->st.evicted_sequences++;
-      seq_drop(eng, s);
-      eng->st.evicted_sequences++;
-      eng->st.evicted_pages += p->nfree - before;
-    }
-    s = prev;
-  }
+  while (p->nfree < need_now(eng, nd))
+    if (!evict_one(eng))
+      return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
   return 0;
 }

@@ -1,12 +1,16 @@
 /* layout.c: validates a layout and computes the byte geometry of its pages. */
 #include "layout.h"
 
+#include <math.h>
+
 #include "dtype.h"
 #include "kvcache/errors.h"
 
 kvc_layout_t layout_normalize(const kvc_layout_t *layout) {
   kvc_layout_t l = *layout;
   if (l.page_tokens == 0) l.page_tokens = KVC_DEFAULT_PAGE_TOKENS;
+  if (l.attn == KVC_ATTN_WINDOW && l.attn_memory == 0) l.attn_memory = l.attn_window;
+  if (l.rope_dims && l.rope_scale == 0) l.rope_scale = 1;
   return l;
 }
 
@@ -14,7 +18,35 @@ bool layout_equal(const kvc_layout_t *a, const kvc_layout_t *b) {
   kvc_layout_t x = layout_normalize(a), y = layout_normalize(b);
   return x.num_layers == y.num_layers && x.num_kv_heads == y.num_kv_heads &&
          x.head_dim_k == y.head_dim_k && x.head_dim_v == y.head_dim_v &&
-         x.dtype == y.dtype && x.page_tokens == y.page_tokens;
+         x.dtype == y.dtype && x.page_tokens == y.page_tokens && x.attn == y.attn &&
+         x.attn_window == y.attn_window && x.attn_memory == y.attn_memory &&
+         x.attn_chunk == y.attn_chunk && x.rope_dims == y.rope_dims &&
+         x.rope_style == y.rope_style && x.rope_theta == y.rope_theta &&
+         x.rope_scale == y.rope_scale;
+}
+
+/* The attention kind and its sizes: ATTN, WINDOW or CHUNK. */
+static int attn_check(const kvc_layout_t *l) {
+  if ((unsigned)l->attn > KVC_ATTN_ENCODER) return KVC_E_ATTN;
+  bool win = l->attn == KVC_ATTN_WINDOW, chunked = l->attn == KVC_ATTN_CHUNKED;
+  if (win ? (l->attn_window == 0 || l->attn_window > KVC_MAX_ATTN_SPAN ||
+             l->attn_memory < l->attn_window || l->attn_memory > KVC_MAX_ATTN_SPAN)
+          : (l->attn_window != 0 || l->attn_memory != 0))
+    return KVC_E_WINDOW;
+  if (chunked ? (l->attn_chunk == 0 || l->attn_chunk > KVC_MAX_ATTN_SPAN) : l->attn_chunk != 0)
+    return KVC_E_CHUNK;
+  return 0;
+}
+
+/* The RoPE description: none (all zero), or a valid one on a positional kind. */
+static int rope_check(const kvc_layout_t *l) {
+  if (l->rope_dims == 0)
+    return l->rope_style == 0 && l->rope_theta == 0 && l->rope_scale == 0 ? 0 : KVC_E_ROPE;
+  if (l->attn == KVC_ATTN_ENCODER || (l->rope_dims & 1) || l->rope_dims > l->head_dim_k ||
+      (unsigned)l->rope_style > KVC_ROPE_GPTJ || !isfinite(l->rope_theta) ||
+      l->rope_theta <= 0 || !isfinite(l->rope_scale) || l->rope_scale <= 0)
+    return KVC_E_ROPE;
+  return 0;
 }
 
 /* a * b into *out; false on u64 overflow. */
@@ -32,6 +64,9 @@ int layout_geom(const kvc_layout_t *layout, geom_t *g) {
   if (l.page_tokens > KVC_MAX_PAGE_TOKENS || (l.page_tokens & (l.page_tokens - 1)))
     return KVC_E_PAGETOKENS;
   if (!dtype_valid(l.dtype)) return KVC_E_DTYPE;
+  int rc = attn_check(&l);
+  if (rc == 0) rc = rope_check(&l);
+  if (rc) return rc;
   g->L = l.num_layers;
   g->H = l.num_kv_heads;
   g->dk = l.head_dim_k;

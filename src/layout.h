@@ -32,7 +32,8 @@ typedef struct geom {
 } geom_t;
 
 /* Validates layout (page_tokens 0 means the default) and fills g. Returns 0
- * or NLAYERS, NHEADS, HEADDIM, PAGETOKENS, DTYPE, OVERFLOW. */
+ * or NLAYERS, NHEADS, HEADDIM, PAGETOKENS, DTYPE, ATTN, WINDOW, CHUNK, ROPE,
+ * OVERFLOW. */
 int layout_geom(const kvc_layout_t *layout, geom_t *g);
 /* The layout with defaults applied (page_tokens 0 -> 16). */
 kvc_layout_t layout_normalize(const kvc_layout_t *layout);

@@ -38,8 +38,10 @@ static void lease_unlink(engine_t *eng, lease_t *l) {
   else eng->lease_list = l->next;
   if (l->next) l->next->prev = l->prev;
   hmap_remove(&eng->leases, l->id);
+  /* As a sequence's release does: a page only the prefix index still holds
+   * becomes a cached page. */
   for (uint32_t i = 0; i < l->npages; i++)
-    if (pool_unref(&eng->pool, l->pages[i])) eng->bytes_used -= l->layout_bytes;
+    page_unref_bytes(eng, l->layout_bytes, l->pages[i], PRIO_DEFAULT);
   eng->st.leases--;
   eng->st.leased_pages -= l->npages;
   mem_free(&eng->mem, l);
@@ -60,6 +62,14 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
                        "lease of [%llu, %llu) outside [start %llu, length %llu), or empty",
                        (unsigned long long)begin, (unsigned long long)end,
                        (unsigned long long)s->start, (unsigned long long)s->len);
+  /* A hole's slots hold whatever the page held before: a get zeroes them,
+   * a reader in place could not tell, so a lease never covers one. */
+  for (uint32_t h = 0; h < s->nholes; h++)
+    if (s->holes[h].b < end && s->holes[h].e > begin)
+      return engine_fail(eng, KVC_E_RANGE,
+                         "lease of [%llu, %llu) covers unwritten slots [%llu, %llu)",
+                         (unsigned long long)begin, (unsigned long long)end,
+                         (unsigned long long)s->holes[h].b, (unsigned long long)s->holes[h].e);
   const geom_t *g = &c->g;
   uint64_t first = begin >> g->tshift, last = (end - 1) >> g->tshift;
   uint32_t n = (uint32_t)(last - first + 1);
@@ -74,7 +84,7 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
   l->npages = n;
   for (uint32_t i = 0; i < n; i++) {
     l->pages[i] = s->table[first + i - s->base];
-    pool_ref(&eng->pool, l->pages[i]);
+    page_ref(eng, l->pages[i]);
   }
   l->prev = NULL;
   l->next = eng->lease_list;
@@ -106,7 +116,7 @@ lease_t *lease_pages(engine_t *eng, const uint32_t *pages, uint32_t n, uint64_t 
   l->npages = n;
   for (uint32_t i = 0; i < n; i++) {
     l->pages[i] = pages[i];
-    pool_ref(&eng->pool, pages[i]);
+    page_ref(eng, pages[i]);
   }
   l->prev = NULL;
   l->next = eng->lease_list;

@@ -8,15 +8,9 @@
 
 #define MAX_BATCH (1u << 20)
 
-/* A transfer's ranges after defaults and checks. */
-typedef struct xr {
-  uint32_t l0, l1, h0, h1;
-  kvc_dtype_t bt; /* buffer dtype */
-} xr_t;
-
-static int xfer_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put,
+int ops_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put,
                         xr_t *r) {
-  engine_xfer_t d = {0, 0, 0, 0, 0};
+  engine_xfer_t d = {0, 0, 0, 0, 0, NULL};
   if (!x) x = &d;
   const geom_t *g = &c->g;
   r->l0 = x->layer_begin;
@@ -47,7 +41,7 @@ static int xfer_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x,
 }
 
 /* Buffer bytes of ntokens for r: K, V and (raw int8) each scale buffer. */
-static int xfer_sizes(const cache_t *c, const xr_t *r, uint64_t ntokens, uint64_t *kb,
+int ops_sizes(const cache_t *c, const xr_t *r, uint64_t ntokens, uint64_t *kb,
                       uint64_t *vb, uint64_t *sb) {
   uint64_t rows, krow = (uint64_t)c->g.dk * dtype_size(r->bt);
   uint64_t vrow = (uint64_t)c->g.dv * dtype_size(r->bt);
@@ -67,9 +61,9 @@ int engine_xfer_bytes(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x, 
   if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
   xr_t r;
   uint64_t kb, vb, sb;
-  int rc = xfer_resolve(eng, c, x, is_put, &r);
+  int rc = ops_resolve(eng, c, x, is_put, &r);
   if (rc) return rc;
-  if (xfer_sizes(c, &r, ntokens, &kb, &vb, &sb))
+  if (ops_sizes(c, &r, ntokens, &kb, &vb, &sb))
     return engine_fail(eng, KVC_E_OVERFLOW, "transfer of %llu tokens overflows",
                        (unsigned long long)ntokens);
   if (k_bytes) *k_bytes = kb;
@@ -87,7 +81,7 @@ static int entry_check(engine_t *eng, const cache_t *c, const xr_t *r, bool is_p
   if (end > KVC_MAX_SEQ_TOKENS)
     return engine_fail(eng, KVC_E_RANGE, "entry %zu: end %llu beyond the maximum of %llu", i,
                        (unsigned long long)end, (unsigned long long)KVC_MAX_SEQ_TOKENS);
-  if (xfer_sizes(c, r, e->ntokens, &kb, &vb, &sb))
+  if (ops_sizes(c, r, e->ntokens, &kb, &vb, &sb))
     return engine_fail(eng, KVC_E_OVERFLOW, "entry %zu: size overflows", i);
   if (e->k_bytes != kb || e->v_bytes != vb || (sb && (e->k_scale_bytes != sb ||
                                                       e->v_scale_bytes != sb)))
@@ -104,8 +98,21 @@ static int entry_check(engine_t *eng, const cache_t *c, const xr_t *r, bool is_p
   return 0;
 }
 
+/* Checks what every put and get checks first: the cache, the entry count,
+ * the transfer's ranges and each entry's arithmetic and buffers. */
+static int io_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x, bool is_put,
+                    const engine_io_t *entries, size_t n, cache_t **c, xr_t *r) {
+  *c = engine_cache(eng, cache_id);
+  if (!*c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  if (!entries || n == 0) return engine_fail(eng, KVC_E_INVAL, "no entries");
+  if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u entries", MAX_BATCH);
+  int rc = ops_resolve(eng, *c, x, is_put, r);
+  for (size_t i = 0; rc == 0 && i < n; i++) rc = entry_check(eng, *c, r, is_put, &entries[i], i);
+  return rc;
+}
+
 /* The smallest written length over layers [l0, l1). */
-static uint64_t range_len(const seq_t *s, uint32_t l0, uint32_t l1) {
+uint64_t ops_range_len(const seq_t *s, uint32_t l0, uint32_t l1) {
   if (!s->layer_len) return s->len;
   uint64_t m = UINT64_MAX;
   for (uint32_t l = l0; l < l1; l++)
@@ -173,7 +180,7 @@ static int put_target(engine_t *eng, cache_t *c, const xr_t *r, const engine_io_
   t->s = s;
   t->old_cap = s->cap;
   s->mark = eng->epoch;
-  uint64_t have = range_len(s, r->l0, r->l1);
+  uint64_t have = ops_range_len(s, r->l0, r->l1);
   if (e->pos < s->start || e->pos > have)
     return engine_fail(eng, KVC_E_RANGE,
                        "entry %zu: pos %llu outside [start %llu, written length %llu]", i,
@@ -186,38 +193,95 @@ static int put_target(engine_t *eng, cache_t *c, const xr_t *r, const engine_io_
     t->new_layers = true;
   }
   uint64_t end = e->pos + e->ntokens;
-  if (end > s->extent && seq_reserve(eng, s, seq_pages_for(s, end)))
+  if ((end > s->extent && seq_reserve(eng, s, seq_pages_for(s, end))) ||
+      (s->nholes && holes_reserve(eng, s, 1)))
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   return 0;
 }
 
-static uint64_t sim_clear(engine_t *eng, uint32_t page) {
-  eng->pool.sim[page] = 0;
+/* Calls fn(eng, page, arg) for every page of the table an entry writes;
+ * returns how many pages it writes past the table. */
+static uint64_t put_pages(engine_t *eng, const seq_t *s, const engine_io_t *e,
+                          void (*fn)(engine_t *, uint32_t, void *), void *arg) {
+  if (e->ntokens == 0) return 0;
+  uint32_t sh = s->cache->g.tshift;
+  uint64_t first = e->pos >> sh, last = (e->pos + e->ntokens - 1) >> sh, past = 0;
+  for (uint64_t idx = first; idx <= last; idx++) {
+    uint64_t rel = idx - s->base;
+    if (rel < s->ntable) fn(eng, s->table[rel], arg);
+    else past++;
+  }
+  return past;
+}
+
+/* Notes a shared page the call writes (one more writer). */
+static void note_write(engine_t *eng, uint32_t page, void *arg) {
+  evict_need_t *nd = arg;
+  if (eng->pool.refcnt[page] < 2) return;
+  if (eng->pool.sim[page] & SIM_COW) {
+    for (size_t i = 0; i < nd->nnoted; i++)
+      if (nd->noted[i].page == page) nd->noted[i].writers++;
+    return;
+  }
+  eng->pool.sim[page] = SIM_COW;
+  nd->noted[nd->nnoted].page = page;
+  nd->noted[nd->nnoted++].writers = 1;
+}
+
+/* Counts pages an entry writes: into *arg, and the token metadata it needs. */
+static void count_page(engine_t *eng, uint32_t page, void *arg) {
+  (void)eng;
+  (void)page;
+  (*(uint64_t *)arg)++;
+}
+
+static void count_cow_meta(engine_t *eng, uint32_t page, void *arg) {
+  if (eng->ip[page] && eng->pool.refcnt[page] > 1) (*(uint64_t *)arg)++;
+}
+
+/* Everything a put allocates beyond sequences: token metadata for the pages
+ * it touches and index room. Undone by put_unprepare. */
+static int put_prepare(engine_t *eng, cache_t *c, const target_t *t, const engine_io_t *e,
+                       size_t n, size_t *index_cap) {
+  uint64_t meta = 0, indexable = 0;
+  *index_cap = c->index.cap;
+  for (size_t i = 0; i < n; i++) {
+    if (e[i].tokens) {
+      uint64_t touched = 0;
+      touched += put_pages(eng, t[i].s, &e[i], count_page, &touched);
+      meta += touched;
+      indexable += touched;
+    } else {
+      put_pages(eng, t[i].s, &e[i], count_cow_meta, &meta);
+    }
+  }
+  if (indexable && hmap_reserve(&c->index, &eng->mem, indexable))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  if (meta && prefix_reserve(eng, c->g.T, meta)) {
+    (void)hmap_resize(&c->index, &eng->mem, *index_cap);
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
   return 0;
 }
 
-/* Applies fn to every page of the table an entry writes and sums the results;
- * with count_new, adds one for every page past the table. */
-static uint64_t put_pages(engine_t *eng, const seq_t *s, const engine_io_t *e,
-                          uint64_t (*fn)(engine_t *, uint32_t), bool count_new) {
-  if (e->ntokens == 0) return 0;
-  uint32_t sh = s->cache->g.tshift;
-  uint64_t first = e->pos >> sh, last = (e->pos + e->ntokens - 1) >> sh, sum = 0;
-  for (uint64_t idx = first; idx <= last; idx++) {
-    uint64_t rel = idx - s->base;
-    if (rel < s->ntable) sum += fn(eng, s->table[rel]);
-    else sum += count_new;
-  }
-  return sum;
+static void clear_note(engine_t *eng, uint32_t page, void *arg) {
+  (void)arg;
+  eng->pool.sim[page] = 0;
 }
 
-/* Pages the put needs: new ones, plus a copy of every shared page it writes,
- * less those whose holders all write them. Leaves marks in pool.sim. */
-static uint64_t put_need(engine_t *eng, const target_t *t, const engine_io_t *e, size_t n) {
-  uint64_t need = 0;
-  for (size_t i = 0; i < n; i++) need += put_pages(eng, t[i].s, &e[i], evict_note_write, true);
-  for (size_t i = 0; i < n; i++) need -= put_pages(eng, t[i].s, &e[i], evict_settle_writes, false);
-  return need;
+/* Makes room for the put: notes its shared pages, plans and evicts. */
+static int put_room(engine_t *eng, const target_t *t, const engine_io_t *e, size_t n) {
+  evict_note_t local[64];
+  uint64_t written = 0;
+  for (size_t i = 0; i < n; i++) written += e[i].ntokens ? 1 + ((e[i].pos + e[i].ntokens - 1) >> t[i].s->cache->g.tshift) - (e[i].pos >> t[i].s->cache->g.tshift) : 0;
+  evict_need_t nd = {0, local, 0};
+  if (written > 64 && !(nd.noted = mem_alloc(&eng->mem, written * sizeof *nd.noted)))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) nd.new_pages += put_pages(eng, t[i].s, &e[i], note_write, &nd);
+  int rc = evict_make_room(eng, &nd);
+  for (size_t i = 0; i < n; i++) put_pages(eng, t[i].s, &e[i], clear_note, NULL);
+  if (nd.noted != local) mem_free(&eng->mem, nd.noted);
+  return rc;
 }
 
 /* The page for logical page idx of s, allocated or copied so s owns it. */
@@ -237,6 +301,7 @@ static uint32_t page_for_write(engine_t *eng, seq_t *s, uint64_t idx) {
   uint32_t copy = pool_alloc(p); /* copy on write: the other holders keep page */
   eng->bytes_used += g->page_bytes;
   memcpy(pool_page(p, copy), pool_page(p, page), g->page_bytes);
+  prefix_page_copied(eng, page, copy);
   seq_page_release(eng, s, page);
   s->table[rel] = copy;
   seq_page_add(eng, s, copy);
@@ -245,7 +310,39 @@ static uint32_t page_for_write(engine_t *eng, seq_t *s, uint64_t idx) {
   return copy;
 }
 
-static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t *e) {
+void ops_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
+  uint32_t sh = s->cache->g.tshift;
+  if (pos >= end) return;
+  for (uint64_t idx = pos >> sh; idx <= (end - 1) >> sh; idx++) (void)page_for_write(eng, s, idx);
+}
+
+/* Calls fn for every page of s's table that slots [pos, end) fall in;
+ * returns how many pages they need past the table. */
+static uint64_t span_pages(engine_t *eng, const span_t *sp,
+                           void (*fn)(engine_t *, uint32_t, void *), void *arg) {
+  engine_io_t e = {.seq_id = sp->s->id, .pos = sp->pos, .ntokens = sp->end - sp->pos};
+  return sp->end > sp->pos ? put_pages(eng, sp->s, &e, fn, arg) : 0;
+}
+
+int ops_room(engine_t *eng, const span_t *sp, size_t n) {
+  uint64_t written = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t sh = sp[i].s->cache->g.tshift;
+    if (sp[i].end > sp[i].pos) written += 1 + ((sp[i].end - 1) >> sh) - (sp[i].pos >> sh);
+  }
+  evict_note_t local[64];
+  evict_need_t nd = {0, local, 0};
+  if (written > 64 && !(nd.noted = mem_alloc(&eng->mem, written * sizeof *nd.noted)))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) nd.new_pages += span_pages(eng, &sp[i], note_write, &nd);
+  int rc = evict_make_room(eng, &nd);
+  for (size_t i = 0; i < n; i++) span_pages(eng, &sp[i], clear_note, NULL);
+  if (nd.noted != local) mem_free(&eng->mem, nd.noted);
+  return rc;
+}
+
+static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t *e,
+                      const engine_pkey_t *key, uint32_t key_id) {
   const geom_t *g = &s->cache->g;
   copy_plan_t plan;
   copy_plan_init(&plan, g, s->cache->layout.dtype, r->l0, r->l1 - r->l0, 0, g->H, r->bt,
@@ -258,7 +355,11 @@ static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t 
     copy_in(&plan, pool_page(&eng->pool, page), pos - pstart, pos - e->pos, cnt, e->k, e->v);
     pos += cnt;
   }
+  if (e->tokens) prefix_put_tokens(eng, s, e, key, key_id);
+  else if (e->ntokens) prefix_put_untokened(eng, s, e->pos, end);
   seq_set_lengths(eng, s, r->l0, r->l1, end);
+  holes_cut(s, e->pos, end);
+  attn_trim(eng, s, e->pos < s->len ? e->pos : s->len);
   lru_touch(eng, s);
   eng->st.puts++;
   eng->st.put_tokens += e->ntokens;
@@ -269,59 +370,65 @@ static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t 
 int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                const engine_io_t *entries, size_t n) {
   if (!eng) return KVC_E_INVAL;
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
-  if (!entries || n == 0) return engine_fail(eng, KVC_E_INVAL, "no entries");
-  if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u entries", MAX_BATCH);
+  cache_t *c;
   xr_t r;
-  int rc = xfer_resolve(eng, c, x, true, &r);
+  int rc = io_begin(eng, cache_id, x, true, entries, n, &c, &r);
   if (rc) return rc;
-  for (size_t i = 0; i < n; i++)
-    if ((rc = entry_check(eng, c, &r, true, &entries[i], i))) return rc;
   target_t one, *t = n == 1 ? &one : mem_calloc(&eng->mem, n, sizeof *t);
   if (!t) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   memset(t, 0, n * sizeof *t);
+  uint32_t key_id = 0;
+  const engine_pkey_t *key = x ? x->pkey : NULL;
+  bool tokened = false;
+  for (size_t i = 0; i < n; i++) tokened |= entries[i].tokens != NULL;
+  if (tokened && (r.l0 != 0 || r.l1 != c->g.L)) {
+    rc = engine_fail(eng, KVC_E_INVAL, "token ids go with puts of every layer");
+    goto out;
+  }
+  if (tokened && (rc = prefix_key(eng, key, true, &key_id))) {
+    rc = engine_fail(eng, rc, rc == KVC_E_NOMEM ? "out of memory"
+                                                : "salt and extra key are at most 64 bytes");
+    goto out;
+  }
   eng->epoch++;
-  size_t map_cap = c->seqs.cap, done = 0;
+  size_t map_cap = c->seqs.cap, index_cap = c->index.cap, done = 0;
   uint64_t created = 0;
   for (; done < n; done++)
     if ((rc = put_target(eng, c, &r, &entries[done], done, &t[done], &created))) break;
-  if (rc == 0) {
-    rc = evict_make_room(eng, put_need(eng, t, entries, n));
-    for (size_t i = 0; i < n; i++) put_pages(eng, t[i].s, &entries[i], sim_clear, false);
-    if (rc == KVC_E_FULL) c->st.full_errors++;
-  }
+  if (rc == 0 && (rc = put_prepare(eng, c, t, entries, n, &index_cap)) == 0 &&
+      (rc = put_room(eng, t, entries, n)) == KVC_E_FULL)
+    c->st.full_errors++;
   if (rc) {
+    prefix_unreserve(eng);
+    if (c->index.cap != index_cap) (void)hmap_resize(&c->index, &eng->mem, index_cap);
     put_rollback(eng, t, done + 1 < n ? done + 1 : n);
     if (c->seqs.cap != map_cap) (void)hmap_resize(&c->seqs, &eng->mem, map_cap);
   } else {
     for (size_t i = 0; i < n; i++) {
       if (t[i].created) seq_attach(eng, t[i].s);
-      put_apply(eng, t[i].s, &r, &entries[i]);
+      put_apply(eng, t[i].s, &r, &entries[i], key, key_id);
     }
+    prefix_unreserve(eng);
   }
+out:
   if (t != &one) mem_free(&eng->mem, t);
   return rc;
 }
 
-/* Validates a get completely (nothing changes); fills *cp and *r. */
+/* Validates a get completely (nothing changes); fills *cp and *r_. */
 static int get_check(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                      const engine_io_t *entries, size_t n, cache_t **cp, xr_t *r_) {
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
-  if (!entries || n == 0) return engine_fail(eng, KVC_E_INVAL, "no entries");
-  if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u entries", MAX_BATCH);
+  cache_t *c;
   xr_t r;
-  int rc = xfer_resolve(eng, c, x, false, &r);
+  int rc = io_begin(eng, cache_id, x, false, entries, n, &c, &r);
   if (rc) return rc;
   for (size_t i = 0; i < n; i++) {
     const engine_io_t *e = &entries[i];
-    if ((rc = entry_check(eng, c, &r, false, e, i))) return rc;
     seq_t *s = hmap_get(&c->seqs, e->seq_id);
     if (!s)
       return engine_fail(eng, KVC_E_NOSEQ, "entry %zu: no sequence %llu", i,
                          (unsigned long long)e->seq_id);
-    uint64_t have = range_len(s, r.l0, r.l1);
+    uint64_t have = ops_range_len(s, r.l0, r.l1);
     if (e->pos < s->start || e->pos + e->ntokens > have)
       return engine_fail(eng, KVC_E_RANGE,
                          "entry %zu: tokens [%llu, %llu) outside [start %llu, length %llu)", i,
@@ -331,6 +438,16 @@ static int get_check(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   *cp = c;
   *r_ = r;
   return 0;
+}
+
+/* Holes (positions never written, or vacated by a shift) read as zeros. */
+static void get_zero_holes(const seq_t *s, const copy_plan_t *plan, const engine_io_t *e) {
+  uint64_t end = e->pos + e->ntokens;
+  for (uint32_t h = 0; h < s->nholes; h++) {
+    uint64_t b = s->holes[h].b > e->pos ? s->holes[h].b : e->pos;
+    uint64_t z = s->holes[h].e < end ? s->holes[h].e : end;
+    if (b < z) copy_zero(plan, b - e->pos, z - b, e->k, e->v, e->k_scale, e->v_scale);
+  }
 }
 
 /* Counts a served get entry and touches its sequence. */
@@ -365,6 +482,7 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                e->v_scale);
       pos += cnt;
     }
+    get_zero_holes(s, &plan, e);
     get_count(eng, c, s, e);
   }
   return 0;
@@ -379,14 +497,48 @@ typedef struct chunk {
   uint32_t entry;
 } chunk_t;
 
+/* A range of an entry's buffer that reads as zeros (a hole). */
+typedef struct zero_run {
+  uint64_t bt0, cnt;
+  uint32_t entry;
+} zero_run_t;
+
 struct engine_get_job {
   geom_t g;               /* the cache's geometry: the cache may go meanwhile */
   lease_t *lease;         /* holds every page a chunk reads */
+  zero_run_t *zeros;      /* holes, zeroed after the chunks are copied */
+  size_t nzeros;
   size_t n, nchunks;
   copy_plan_t *plans;     /* per entry, pointing at g */
   engine_io_t *io;        /* per entry: the buffers */
   chunk_t chunks[];
 };
+
+/* Records the holes the job's entries cover; 0 or NOMEM. */
+static int get_job_holes(engine_t *eng, cache_t *c, engine_get_job_t *j,
+                         const engine_io_t *entries) {
+  size_t nz = 0;
+  j->zeros = NULL;
+  j->nzeros = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    for (size_t i = 0; i < j->n; i++) {
+      const engine_io_t *e = &entries[i];
+      const seq_t *s = hmap_get(&c->seqs, e->seq_id);
+      uint64_t end = e->pos + e->ntokens;
+      for (uint32_t h = 0; h < s->nholes; h++) {
+        uint64_t b = s->holes[h].b > e->pos ? s->holes[h].b : e->pos;
+        uint64_t z = s->holes[h].e < end ? s->holes[h].e : end;
+        if (b >= z) continue;
+        if (pass) j->zeros[j->nzeros++] = (zero_run_t){b - e->pos, z - b, (uint32_t)i};
+        else nz++;
+      }
+    }
+    if (pass == 0 && nz && !(j->zeros = mem_calloc(&eng->mem, nz, sizeof *j->zeros)))
+      return KVC_E_NOMEM;
+    if (pass == 0 && !nz) return 0;
+  }
+  return 0;
+}
 
 int engine_get_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                      const engine_io_t *entries, size_t n, engine_get_job_t **job) {
@@ -407,6 +559,10 @@ int engine_get_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   copy_plan_t *plans = mem_calloc(&eng->mem, n, sizeof *plans);
   engine_io_t *io = mem_calloc(&eng->mem, n, sizeof *io);
   uint32_t *pages = mem_calloc(&eng->mem, nchunks ? nchunks : 1, sizeof *pages);
+  if (j) {
+    j->zeros = NULL;
+    j->nzeros = 0;
+  }
   if (!j || !plans || !io || !pages) goto nomem;
   j->g = *g;
   j->n = n;
@@ -430,12 +586,14 @@ int engine_get_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
       pos += cnt;
     }
   }
+  if (get_job_holes(eng, c, j, entries)) goto nomem;
   if (!(j->lease = lease_pages(eng, pages, (uint32_t)nchunks, g->page_bytes))) goto nomem;
   mem_free(&eng->mem, pages);
   for (size_t i = 0; i < n; i++) get_count(eng, c, hmap_get(&c->seqs, entries[i].seq_id), &entries[i]);
   *job = j;
   return 0;
 nomem:
+  if (j) mem_free(&eng->mem, j->zeros);
   mem_free(&eng->mem, j);
   mem_free(&eng->mem, plans);
   mem_free(&eng->mem, io);
@@ -450,11 +608,17 @@ void engine_get_run(const engine_get_job_t *j) {
     copy_out(&j->plans[ch->entry], ch->page, ch->pt0, ch->bt0, ch->cnt, e->k, e->v, e->k_scale,
              e->v_scale);
   }
+  for (size_t k = 0; k < j->nzeros; k++) {
+    const zero_run_t *z = &j->zeros[k];
+    const engine_io_t *e = &j->io[z->entry];
+    copy_zero(&j->plans[z->entry], z->bt0, z->cnt, e->k, e->v, e->k_scale, e->v_scale);
+  }
 }
 
 void engine_get_end(engine_t *eng, engine_get_job_t *j) {
   if (!j) return;
   lease_drop(eng, j->lease);
+  mem_free(&eng->mem, j->zeros);
   mem_free(&eng->mem, j->plans);
   mem_free(&eng->mem, j->io);
   mem_free(&eng->mem, j);

@@ -8,6 +8,8 @@ seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id) {
   if (!s) return NULL;
   s->id = id;
   s->cache = c;
+  s->node.kind = LRU_SEQ;
+  s->node.prio = PRIO_DEFAULT;
   return s;
 }
 
@@ -15,6 +17,7 @@ void seq_free(engine_t *eng, seq_t *s) {
   if (!s) return;
   mem_free(&eng->mem, s->table);
   mem_free(&eng->mem, s->layer_len);
+  mem_free(&eng->mem, s->holes);
   mem_free(&eng->mem, s);
 }
 
@@ -44,7 +47,7 @@ void seq_page_add(engine_t *eng, seq_t *s, uint32_t page) {
 void seq_page_release(engine_t *eng, seq_t *s, uint32_t page) {
   if (s->npins) pool_unpin(&eng->pool, page);
   s->cache->st.pages--;
-  if (pool_unref(&eng->pool, page)) eng->bytes_used -= s->cache->g.page_bytes;
+  page_unref(eng, s->cache, page, s->node.prio);
 }
 
 /* Recomputes len and extent from layer_len; frees it once all are equal. */
@@ -79,6 +82,8 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
 }
 
 void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
+  s->rsv_end = 0; /* a reservation ends with the slots it reserved */
+  holes_cut(s, n, UINT64_MAX);
   if (s->layer_len) {
     for (uint32_t l = 0; l < s->cache->g.L; l++)
       if (s->layer_len[l] > n) s->layer_len[l] = (uint32_t)n;
@@ -92,22 +97,24 @@ void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
   while (s->ntable > keep) seq_page_release(eng, s, s->table[--s->ntable]);
 }
 
+void seq_trim(engine_t *eng, seq_t *s, uint64_t n) {
+  uint32_t nbase = (uint32_t)(n >> s->cache->g.tshift), drop = nbase - s->base;
+  for (uint32_t i = 0; i < drop; i++) seq_page_release(eng, s, s->table[i]);
+  memmove(s->table, s->table + drop, (s->ntable - drop) * sizeof *s->table);
+  s->ntable -= drop;
+  s->base = nbase;
+  s->start = n;
+  holes_cut(s, 0, n);
+}
+
 void seq_drop(engine_t *eng, seq_t *s) {
-  while (s->pins) { /* release pins without touching the LRU: s is going away */
-    pin_t *p = s->pins;
-    owner_t *o = p->owner;
-    s->pins = p->s_next;
-    if (p->o_prev) p->o_prev->o_next = p->o_next;
-    else o->pins = p->o_next;
-    if (p->o_next) p->o_next->o_prev = p->o_prev;
-    mem_free(&eng->mem, p);
-    if (!o->pins) {
-      hmap_remove(&eng->owners, o->id);
-      mem_free(&eng->mem, o);
-    }
-    eng->st.unpins++;
-  }
-  while (s->ntable) seq_page_release(eng, s, s->table[--s->ntable]);
+  while (s->pins) pin_unlink(eng, s->pins); /* s is going away: no LRU moves */
+  /* Pages left cached go deepest nearest the least recent end, so chain tails
+   * go before chain heads: evicted ones join the tail (front page first),
+   * removed ones the head (last page first). */
+  for (uint32_t i = 0; i < s->ntable; i++)
+    seq_page_release(eng, s, s->table[eng->evicting ? i : s->ntable - 1 - i]);
+  s->ntable = 0;
   if (s->npins) {
     s->npins = 0;
     eng->nseqs_pinned--;
@@ -129,8 +136,11 @@ void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out) {
   out->length = s->len;
   out->extent = s->extent;
   out->pages = s->ntable;
-  for (uint32_t i = 0; i < s->ntable; i++)
-    if (eng->pool.refcnt[s->table[i]] > 1) out->shared_pages++;
+  for (uint32_t i = 0; i < s->ntable; i++) {
+    uint32_t page = s->table[i], holders = eng->pool.refcnt[page];
+    if (eng->ip[page] && eng->ip[page]->indexed) holders--; /* the index is no sharer */
+    if (holders > 1) out->shared_pages++;
+  }
   out->pins = s->npins;
   out->last_use_ms = s->last_use_ms;
 }

@@ -17,7 +17,7 @@ enum stat_kind { STAT_COUNTER = 0, STAT_GAUGE = 1 };
   X(page_bytes,        STAT_GAUGE,   "bytes of one pool page")                 \
   X(pages_total,       STAT_GAUGE,   "pages in the pool")                      \
   X(pages_free,        STAT_GAUGE,   "pages on the free list")                 \
-  X(pages_used,        STAT_GAUGE,   "pages referenced by a sequence")         \
+  X(pages_used,        STAT_GAUGE,   "pages referenced by a sequence or the prefix index") \
   X(pages_shared,      STAT_GAUGE,   "pages referenced by more than one sequence") \
   X(pages_pinned,      STAT_GAUGE,   "pages referenced by a pinned sequence")  \
   X(bytes_used,        STAT_GAUGE,   "layout bytes in used pages")             \
@@ -42,10 +42,27 @@ enum stat_kind { STAT_COUNTER = 0, STAT_GAUGE = 1 };
   X(evicted_sequences, STAT_COUNTER, "sequences evicted to make room")         \
   X(evicted_pages,     STAT_COUNTER, "pages freed by eviction")                \
   X(full_errors,       STAT_COUNTER, "writes refused with KVC_E_FULL")         \
-  X(errors,            STAT_COUNTER, "engine calls that failed")                \
+  X(errors,            STAT_COUNTER, "engine calls that failed")              \
+  PREFIX_STATS(X)                                                              \
+  X(pins_lapsed,       STAT_COUNTER, "soft pins that lapsed (TTL)")            \
+  X(pin_limit_errors,  STAT_COUNTER, "pins refused by the pin limit")        \
   X(leases,            STAT_GAUGE,   "zero-copy read leases held")             \
   X(leased_pages,      STAT_GAUGE,   "page references held by leases")         \
   X(leases_taken,      STAT_COUNTER, "zero-copy read leases granted")
+
+/* The prefix index, globally and per cache. Evictions by reason: capacity is
+ * evicted_sequences + cached_reclaimed, TTL lapse is pins_lapsed (the
+ * sequence then goes by capacity), explicit is removes. */
+#define PREFIX_STATS(X)                                                        \
+  X(prefix_matches,    STAT_COUNTER, "match and attach requests")              \
+  X(prefix_tokens_queried, STAT_COUNTER, "tokens offered to match/attach")     \
+  X(prefix_tokens_hit, STAT_COUNTER, "tokens found cached (whole pages)")      \
+  X(prefix_tokens_ineligible, STAT_COUNTER, "queried tokens after the last whole page") \
+  X(pages_indexed,     STAT_GAUGE,   "pages in the prefix index")              \
+  X(pages_cached,      STAT_GAUGE,   "indexed pages no sequence holds")        \
+  X(cached_reclaimed,  STAT_COUNTER, "cached pages reclaimed under pressure")  \
+  X(hash_verify_failed, STAT_COUNTER, "index hits whose tokens, chain or key differ") \
+  X(hash_collisions,   STAT_COUNTER, "full pages left unindexed: hash slot taken")
 
 /* Per-cache subset: the same names, scoped to one cache. */
 #define CACHE_STATS(X)                                                         \
@@ -56,7 +73,8 @@ enum stat_kind { STAT_COUNTER = 0, STAT_GAUGE = 1 };
   X(gets,              STAT_COUNTER, "get entries served")                     \
   X(cow_copies,        STAT_COUNTER, "pages copied on write")                  \
   X(evicted_sequences, STAT_COUNTER, "sequences evicted")                      \
-  X(full_errors,       STAT_COUNTER, "writes refused with KVC_E_FULL")
+  X(full_errors,       STAT_COUNTER, "writes refused with KVC_E_FULL")         \
+  PREFIX_STATS(X)
 
 #define STAT_FIELD_(name, kind, help) uint64_t name;
 typedef struct engine_stats { ENGINE_STATS(STAT_FIELD_) } engine_stats_t;

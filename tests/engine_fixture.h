@@ -69,7 +69,7 @@ static inline void fx_engine(fx_t *f, uint64_t page_bytes, uint64_t npages, uint
   f->page_bytes = page_bytes;
   f->npages = npages;
   f->base = fx_pool_alloc(page_bytes * npages);
-  engine_config_t cfg = {f->base, page_bytes * npages, page_bytes, 0, max_seqs};
+  engine_config_t cfg = {.base = f->base, .pool_bytes = page_bytes * npages, .page_bytes = page_bytes, .max_caches = 0, .max_seqs = max_seqs};
   int r = engine_new(&cfg, &f->eng);
   if (r != 0) TEST_FAIL_("engine_new: %s", kvc_err_name(r));
   engine_set_now(f->eng, 1);
@@ -177,7 +177,7 @@ static inline engine_io_t fx_io(uint64_t seq, uint64_t pos, uint64_t n, fx_buf_t
 }
 
 static inline engine_xfer_t fx_xfer(fx_rng_t r, kvc_dtype_t dt) {
-  engine_xfer_t x = {r.lb, r.le, r.hb, r.he, dt};
+  engine_xfer_t x = {.layer_begin = r.lb, .layer_end = r.le, .head_begin = r.hb, .head_end = r.he, .dtype = dt};
   return x;
 }
 

@@ -42,14 +42,21 @@
   XX(SHUTDOWN,  -31, "daemon is shutting down")                                \
   XX(NOTRUNNING,-32, "daemon not running (no socket)")                         \
   XX(TIMEOUT,   -33, "timed out")                                              \
-  XX(INTERNAL,  -34, "internal error")                                         \
-  XX(NOLEASE,   -35, "no such lease held by this connection")
+  XX(INTERNAL,  -34, "internal error")                                       \
+  XX(PINLIMIT,  -35, "pinning this would exceed the pool's pin limit")        \
+  XX(ATTN,      -36, "unknown attention kind")                                 \
+  XX(WINDOW,    -37, "window or memory size invalid for this attention kind")  \
+  XX(CHUNK,     -38, "chunk size invalid for this attention kind")             \
+  XX(ROPE,      -39, "RoPE description invalid (dims, style, theta or scale)") \
+  XX(KIND,      -40, "operation does not apply to this cache's attention kind")\
+  XX(POSORDER,  -41, "a sequence's positions in a batch are not consecutive") \
+  XX(NOLEASE,   -42, "no such lease held by this connection")
 
 typedef enum {
 #define KVC_ERR_ENUM_(name, code, msg) KVC_E_##name = (code),
   KVC_ERRNO_MAP(KVC_ERR_ENUM_)
 #undef KVC_ERR_ENUM_
-  KVC_E_MIN_ = -36 /* one below the lowest code; not an error */
+  KVC_E_MIN_ = -43 /* one below the lowest code; not an error */
 } kvc_errno_t;
 
 #ifdef __cplusplus

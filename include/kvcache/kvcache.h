@@ -159,6 +159,17 @@ KVC_API int kvc_ping(kvc_client_t *client);
 KVC_API int kvc_cache_open(kvc_client_t *client, const char *name,
                            const kvc_layout_t *layout, kvc_cache_t **out);
 
+/* kvc_cache_open with a tenant salt for the prefix cache (see "prefix
+ * cache" below): the handle's token-aware puts, matches and attaches use it,
+ * so pages written under one salt never match a query under another.
+ * salt (salt_len bytes, at most KVC_MAX_KEY_BYTES) is borrowed; the handle
+ * keeps a copy. salt_len 0 is the empty salt, the one kvc_cache_open uses.
+ * KVC_E_INVAL for a longer salt or a NULL salt with salt_len > 0; otherwise
+ * the codes of kvc_cache_open. */
+KVC_API int kvc_cache_open_salted(kvc_client_t *client, const char *name,
+                                  const kvc_layout_t *layout, const void *salt,
+                                  size_t salt_len, kvc_cache_t **out);
+
 /* Opens an existing cache by name with whatever layout it has. Returns new
  * *out as kvc_cache_open does. KVC_E_NOCACHE if there is none. */
 KVC_API int kvc_cache_find(kvc_client_t *client, const char *name, kvc_cache_t **out);
@@ -200,7 +211,9 @@ typedef struct kvc_xfer {
 /* One entry of a batched transfer: tokens [pos, pos + ntokens) of seq_id.
  * k/v are read by a put and written by a get ([layer][token][head][dim] of the
  * xfer's ranges; a get may pass NULL to skip one); k_scale/v_scale only for a
- * raw int8 get ([layer][token][head] f32), else NULL. All buffers are
+ * raw int8 get ([layer][token][head] f32), else NULL. tokens, for a put of
+ * every layer only, are the ntokens token ids written (NULL: unknown); full
+ * pages whose ids are all known enter the prefix cache. All buffers are
  * borrowed for the call. */
 typedef struct kvc_io {
   uint64_t seq_id;
@@ -210,6 +223,7 @@ typedef struct kvc_io {
   void *v;
   float *k_scale;
   float *v_scale;
+  const uint32_t *tokens;
 } kvc_io_t;
 
 /* The same with byte offsets into the shared buffer (kvc_client_shm). The
@@ -226,6 +240,8 @@ typedef struct kvc_shm_io {
   uint64_t v_len;       /* 0: as the layout requires */
   uint64_t k_scale_off; /* raw int8 get only */
   uint64_t v_scale_off;
+  uint64_t tok_off;     /* put of every layer: token ids, u32 little-endian, */
+  uint64_t tok_len;     /* 4-byte aligned; tok_len 4 * ntokens, or 0: none */
 } kvc_shm_io_t;
 
 /* Bytes one entry of ntokens needs in each buffer for this cache and xfer
@@ -242,6 +258,14 @@ KVC_API int kvc_xfer_bytes(const kvc_cache_t *cache, const kvc_xfer_t *x, bool i
  * does not fit the shared buffer). */
 KVC_API int kvc_put(kvc_cache_t *cache, uint64_t seq_id, uint64_t pos, uint64_t ntokens,
                     const void *k, const void *v);
+
+/* kvc_put with the token ids of the tokens written (tokens[0..ntokens),
+ * borrowed): full pages whose ids are all known are hashed into the prefix
+ * cache under the handle's salt and extra key. A split put keeps each part's
+ * ids with its tokens. */
+KVC_API int kvc_put_tokens(kvc_cache_t *cache, uint64_t seq_id, uint64_t pos,
+                           uint64_t ntokens, const void *k, const void *v,
+                           const uint32_t *tokens);
 
 /* Reads tokens [begin, end) of seq_id, every layer, natural dtype, into k and
  * v (borrowed). KVC_E_NOSEQ, KVC_E_RANGE. */
@@ -268,7 +292,9 @@ KVC_API int kvc_get_raw(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin,
 /* Batched put: n entries (borrowed) in as few requests as fit (one, when they
  * fit the shared buffer and the entry limit), each with its own buffers: the
  * ragged append of a decode step. Each request is all or nothing; a split
- * batch is not (see "splitting"). KVC_E_DUPSEQ if a sequence appears twice. */
+ * batch is not (see "splitting"). KVC_E_DUPSEQ if a sequence appears twice.
+ * Entries with tokens go as in kvc_put_tokens; KVC_E_INVAL if x is not every
+ * layer. */
 KVC_API int kvc_put_batch(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_io_t *entries,
                           size_t n);
 /* Batched get, the same way. */
@@ -345,8 +371,10 @@ KVC_API int kvc_lease_release_later(kvc_lease_t *lease);
 /* ---- sequences ---------------------------------------------------------- */
 
 /* Removes [begin, end): end past the length truncates; begin at the start
- * with end past the length drops the sequence; a middle range is
- * KVC_E_NOROPE. KVC_E_RANGE if begin > end. */
+ * with end past the length drops the sequence; a middle range moves the later
+ * tokens down by end - begin with their keys re-rotated (the cache needs a
+ * RoPE description, else KVC_E_NOROPE; KVC_E_FULL when shared pages must be
+ * copied and cannot). KVC_E_RANGE if begin > end. */
 KVC_API int kvc_seq_remove(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin,
                            uint64_t end);
 /* Makes dst the first ntokens of src, sharing pages (copy on write).
@@ -370,6 +398,143 @@ KVC_API int kvc_seq_info(kvc_cache_t *cache, uint64_t seq_id, kvc_seq_info_t *ou
  * for the whole scan is returned at least once. */
 KVC_API int kvc_seq_list(kvc_cache_t *cache, uint64_t *cursor, kvc_seq_info_t *out,
                          size_t cap, size_t *n);
+
+/* ---- attention-aware sequences (doc/attention.md) -------------------------- */
+
+/* One token of a forward pass's batch. */
+typedef struct kvc_tok {
+  uint64_t seq_id;
+  uint64_t pos;
+} kvc_tok_t;
+
+/* Reserves the slots of a batch before it is computed (ollama's
+ * StartForward), all or nothing: KVC_E_FULL (kvc_client_last_full) changes
+ * nothing. Each sequence's tokens, in batch order, are consecutive positions
+ * (KVC_E_POSORDER); a first position past the length leaves holes. Then put
+ * the batch's K/V in one kvc_put_batch. Pin the sequences to keep another
+ * client's eviction or sharing from undoing the reservation. */
+KVC_API int kvc_reserve(kvc_cache_t *cache, const kvc_tok_t *toks, size_t n);
+
+/* One sequence's entries of a history: entries [first, first + n) are its
+ * positions pos, pos + 1, ... */
+typedef struct kvc_hist_span {
+  uint64_t seq_id;
+  uint64_t pos;
+  uint64_t first;
+  uint64_t n;
+} kvc_hist_span_t;
+
+/* Where a history view landed in the shared buffer (kvc_client_shm). */
+typedef struct kvc_hist {
+  uint64_t entries;        /* history entries (all sequences) */
+  uint64_t k_off, k_bytes; /* K [layer][entry][head][dim] */
+  uint64_t v_off, v_bytes; /* V likewise */
+  uint64_t mask_off, mask_bytes; /* f32 [token][entry]: 0 attend, -inf masked */
+  size_t nspans;           /* sequences of the batch (spans filled: min(cap, nspans)) */
+} kvc_hist_t;
+
+/* The history the batch toks[0..n) attends to, per layer of x (NULL: all,
+ * f32 or the cache's float dtype), gathered in position order per sequence,
+ * and its mask (the cache's attention kind; sequences never see each
+ * other's entries), written to the shared buffer: K at 0, then V, then the
+ * mask, each 64-byte aligned. Call after the batch's put. KVC_E_SIZE if it
+ * does not fit the buffer; KVC_E_NOSEQ, KVC_E_RANGE, KVC_E_DTYPE. */
+KVC_API int kvc_history(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_tok_t *toks,
+                        size_t n, kvc_hist_t *out, kvc_hist_span_t *spans, size_t spans_cap);
+
+/* llama.cpp's seq_add: moves positions [p0, p1) by delta, re-rotating their
+ * keys; a negative p0 or p1 is open. Vacated slots become holes; it never
+ * overwrites a token or moves below the start (KVC_E_RANGE). KVC_E_NOROPE,
+ * KVC_E_KIND (encoder caches), KVC_E_FULL. */
+KVC_API int kvc_seq_shift(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1,
+                          int64_t delta);
+/* llama.cpp's seq_rm: positions [p0, p1) stop holding tokens, later ones stay
+ * where they are (holes; to the end it truncates). Negative = open. */
+KVC_API int kvc_seq_rm(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1);
+/* llama.cpp's seq_keep: drops every other sequence of the cache. */
+KVC_API int kvc_seq_keep(kvc_cache_t *cache, uint64_t seq_id);
+/* llama.cpp's seq_pos_min / seq_pos_max: -1 for both if it holds no token. */
+KVC_API int kvc_seq_pos_range(kvc_cache_t *cache, uint64_t seq_id, int64_t *pos_min,
+                              int64_t *pos_max);
+
+/* ---- retention ------------------------------------------------------------ */
+
+/* Retention priority of seq_id, 0..KVC_MAX_PRIORITY (KVC_DEFAULT_PRIORITY
+ * until set): under pressure lower priorities are evicted first, least
+ * recently used first within one. The pages a sequence leaves cached keep
+ * its priority. KVC_E_INVAL above 100, KVC_E_NOSEQ. */
+KVC_API int kvc_seq_set_priority(kvc_cache_t *cache, uint64_t seq_id, uint32_t priority);
+
+/* A soft pin of seq_id for this connection: like kvc_seq_pin, but it lapses
+ * ttl_ms after the sequence's last use (a read, a write or a prefix hit
+ * refreshes it; the daemon checks once a second). Pinning again changes the
+ * duration; ttl_ms 0 makes it a hard pin. Released on kvc_seq_unpin or when
+ * the connection closes. Hard and soft pins together may hold at most the
+ * daemon's pin_limit_pct of the pool: KVC_E_PINLIMIT beyond it. KVC_E_RANGE
+ * above KVC_MAX_TTL_MS, KVC_E_NOSEQ. */
+KVC_API int kvc_seq_pin_ttl(kvc_cache_t *cache, uint64_t seq_id, uint64_t ttl_ms);
+
+/* ---- prefix cache --------------------------------------------------------- *
+ * Workers share prompts through content hashes of full pages. A put that
+ * carries token ids (kvc_put_tokens, or kvc_io_t.tokens) lets the daemon hash
+ * every full page as a chain,
+ *   H(page i) = SHA-256(H(page i-1) || its token ids || extra key),
+ *   H(page -1) = SHA-256(cache seed || tenant salt),
+ * and index it. A match recomputes the chain of a query and verifies every
+ * hit against the stored token ids, so a collision never serves another
+ * prompt's pages. Indexed pages stay matchable ("cached") after their last
+ * sequence goes, until pressure reclaims them (least recently used first,
+ * chain tails before heads: a prefix never loses a middle page).
+ *
+ * The key of a page is the handle's salt (kvc_cache_open_salted) and its
+ * extra key (kvc_cache_set_extra), both fixed when it was written: a query
+ * only matches pages of the same key.
+ */
+
+/* What a match or attach found. */
+typedef struct kvc_match {
+  uint64_t tokens;      /* leading tokens cached: whole pages only */
+  uint64_t pages;       /* pages matched (tokens / page_tokens) */
+  uint64_t ineligible;  /* trailing tokens of the query shorter than a page */
+} kvc_match_t;
+
+/* The extra key of this handle's later token-aware puts, matches and
+ * attaches (an adapter or LoRA id, ...): extra_len bytes, at most
+ * KVC_MAX_KEY_BYTES; borrowed, the handle keeps a copy. extra_len 0 clears
+ * it. KVC_E_INVAL for a longer key or a NULL extra with extra_len > 0. */
+KVC_API int kvc_cache_set_extra(kvc_cache_t *cache, const void *extra, size_t extra_len);
+
+/* How many leading tokens of tokens[0..ntokens) (borrowed) the cache holds
+ * under this handle's key, in whole pages; every hit is verified and
+ * touches its pages. One round trip: the ids go through the start of the
+ * shared buffer, which the call overwrites. *out (borrowed) is filled.
+ * KVC_E_SIZE if the ids do not fit the shared buffer; KVC_E_NOCACHE. */
+KVC_API int kvc_match(kvc_cache_t *cache, const uint32_t *tokens, uint64_t ntokens,
+                      kvc_match_t *out);
+
+/* Matches, then makes dst_seq (created, or replaced) exactly the matched
+ * pages: they are shared, no byte is copied, and dst_seq's length is
+ * out->tokens (it may be 0). With pin, dst_seq is pinned for this connection
+ * in the same step, so nothing can be evicted between the match and the
+ * pin; the pin goes like any other (kvc_seq_unpin, or the connection
+ * closing). Continue dst_seq with puts from out->tokens. KVC_E_PINLIMIT (and
+ * nothing changes) if the pin would exceed the pool's pin limit;
+ * KVC_E_TOOMANY, the codes of kvc_match. */
+KVC_API int kvc_attach(kvc_cache_t *cache, uint64_t dst_seq, const uint32_t *tokens,
+                       uint64_t ntokens, bool pin, kvc_match_t *out);
+
+/* One chain head of the prefix index. */
+typedef struct kvc_prefix_head {
+  uint8_t hash[32];     /* the head page's hash (SHA-256; xxh3: 16 bytes, then 0) */
+  uint32_t hash_len;    /* meaningful bytes of hash: 32 or 16 */
+  uint32_t depth;       /* pages of its longest indexed chain */
+  uint64_t hits;        /* matches that reached this head */
+} kvc_prefix_head_t;
+
+/* The cache's chain heads with the most hits, most first: fills up to cap
+ * (at most 1000) heads of out (borrowed) and sets *n to how many. */
+KVC_API int kvc_prefix_top(kvc_cache_t *cache, kvc_prefix_head_t *out, size_t cap,
+                           size_t *n);
 
 /* ---- stats -------------------------------------------------------------- */
 

@@ -26,8 +26,31 @@ typedef enum {
 #define KVC_MAX_PAGE_TOKENS 65536u
 #define KVC_MAX_NAME 64u            /* bytes of a cache name, without NUL */
 #define KVC_MAX_SEQ_TOKENS (1ull << 31) /* positions are below this */
+#define KVC_MAX_KEY_BYTES 64u       /* bytes of a tenant salt or of an extra key */
+#define KVC_MAX_PRIORITY 100u       /* retention priorities are 0..100 */
+#define KVC_DEFAULT_PRIORITY 35u    /* a sequence's priority until it is set */
+#define KVC_MAX_TTL_MS (365ull * 24 * 3600 * 1000) /* longest soft pin: a year */
 
-/* The layout of a cache. Every field is validated when the cache is opened. */
+/* What a token of a cache attends to (doc/attention.md). */
+typedef enum {
+  KVC_ATTN_CAUSAL = 0,  /* every earlier position of its sequence */
+  KVC_ATTN_WINDOW = 1,  /* positions [p - window, p]; keeps `memory` positions */
+  KVC_ATTN_CHUNKED = 2, /* positions of its chunk up to p: [p - p % chunk, p] */
+  KVC_ATTN_ENCODER = 3  /* every entry of its sequence, position-independent */
+} kvc_attn_t;
+
+/* How rotary embeddings (RoPE) were applied to the keys. */
+typedef enum {
+  KVC_ROPE_NEOX = 0, /* pairs (i, i + dims/2): the half-split style */
+  KVC_ROPE_GPTJ = 1  /* pairs (2i, 2i + 1): the interleaved style */
+} kvc_rope_style_t;
+
+#define KVC_MAX_ATTN_SPAN (1u << 30) /* largest window, memory or chunk */
+
+/* The layout of a cache. Every field is validated when the cache is opened.
+ * The fields after page_tokens are all optional: zero means a causal cache
+ * without a RoPE description (removing a middle range or shifting then fails
+ * with KVC_E_NOROPE). */
 typedef struct kvc_layout {
   uint32_t num_layers;   /* transformer layers, 1..KVC_MAX_LAYERS */
   uint32_t num_kv_heads; /* KV heads per layer, 1..KVC_MAX_HEADS */
@@ -35,6 +58,14 @@ typedef struct kvc_layout {
   uint32_t head_dim_v;   /* elements per V head, 1..KVC_MAX_HEAD_DIM */
   kvc_dtype_t dtype;     /* storage dtype */
   uint32_t page_tokens;  /* tokens per page, power of two; 0 means 16 */
+  kvc_attn_t attn;       /* attention kind */
+  uint32_t attn_window;  /* WINDOW: W >= 1 positions before p (0 otherwise) */
+  uint32_t attn_memory;  /* WINDOW: positions kept, M >= W; 0 means W */
+  uint32_t attn_chunk;   /* CHUNKED: chunk size C >= 1 (0 otherwise) */
+  uint32_t rope_dims;    /* rotary dims of each K head: even, <= head_dim_k; 0: no RoPE */
+  kvc_rope_style_t rope_style;
+  float rope_theta;      /* base, > 1 and finite (10000 is usual) */
+  float rope_scale;      /* linear scaling factor: angle uses pos / scale; 0 means 1 */
 } kvc_layout_t;
 
 /* What a sequence holds. */

@@ -63,7 +63,7 @@ static engine_io_t io_of(uint64_t seq, uint64_t pos, uint64_t n, void *k, void *
 
 static int put(uint64_t seq, uint64_t pos, uint64_t n) {
   engine_io_t io = io_of(seq, pos, n, src_k, src_v);
-  engine_xfer_t x = {0, 0, 0, 0, KVC_DTYPE_BF16};
+  engine_xfer_t x = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = KVC_DTYPE_BF16};
   return engine_put(eng, cid, &x, &io, 1);
 }
 
@@ -79,7 +79,7 @@ static void setup(void) {
     exit(1);
   }
   memset(pool, 1, bytes); /* pre-fault, as the daemon does */
-  engine_config_t cfg = {pool, bytes, page_bytes, 0, 0};
+  engine_config_t cfg = {.base = pool, .pool_bytes = bytes, .page_bytes = page_bytes, .max_caches = 0, .max_seqs = 0};
   if (engine_new(&cfg, &eng) != 0) {
     fprintf(stderr, "engine_new failed\n");
     exit(1);
@@ -133,7 +133,7 @@ static double put_ns(void) {
 
 static double get_ns(uint8_t *dk, uint8_t *dv) {
   double t[TRIALS];
-  engine_xfer_t x = {0, 0, 0, 0, KVC_DTYPE_BF16};
+  engine_xfer_t x = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = KVC_DTYPE_BF16};
   for (int r = 0; r < TRIALS; r++) {
     double t0 = now_ns();
     for (uint64_t p = 0; p < RUN_PAGES; p++) {

@@ -31,6 +31,9 @@ static const struct {
     {"offload_bytes", "1MiB", "1MiB", "0", "0"},
     {"status_interval_ms", "1000", "1000", "2000", "2000"},
     {"log_level", "warn", "warn", "error", "error"},
+    {"prefix_hash", "xxh3", "xxh3", "sha256", "sha256"},
+    {"prefix_single_tenant", "yes", "true", "true", "true"},
+    {"pin_limit_pct", "30", "30", "40", "40"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 

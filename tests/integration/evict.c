@@ -2,8 +2,10 @@
  * and the pins of a client killed with SIGKILL released. */
 #include "harness.h"
 
-/* A 1 MiB pool of 16 KiB pages: 64 pages; one 16-token sequence = 1 page. */
-static const char *const small_pool[] = {"--pool-bytes", "1MiB", "--page-bytes", "16KiB", NULL};
+/* A 1 MiB pool of 16 KiB pages: 64 pages; one 16-token sequence = 1 page.
+ * These tests pin most of the pool on purpose: no pin limit. */
+static const char *const small_pool[] = {"--pool-bytes", "1MiB", "--page-bytes", "16KiB",
+                                         "--pin-limit-pct", "100", NULL};
 
 #define TOK 16u
 

@@ -286,6 +286,7 @@ TEST(hard_passed_fds_and_credentials_leave_the_fd_table_alone) {
   daemon_t d;
   daemon_start(&d);
   kvc_client_t *c = client_open(&d);
+  ASSERT_OK(kvc_ping(c)); /* by its reply the daemon has closed its copy of c's memfd */
   int fds0 = hard_fd_count(d.pid);
   const int counts[] = {1, 253, 0};
   for (int greet = 0; greet < 2; greet++)

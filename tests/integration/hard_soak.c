@@ -171,8 +171,10 @@ TEST_TIMEOUT(hard_soak_verified_mix, 900) {
   lay = it_layout(KVC_DTYPE_F32);
   row = it_tok_floats(&lay, false);
   hard_raise_nofile(4096);
+  /* Every client pins what it works on: no pin limit here. */
   static const char *const args[] = {"--pool-bytes", "8MiB", "--log-level", "info",
-                                     "--max-connections", "1024", NULL};
+                                     "--max-connections", "1024", "--pin-limit-pct", "100",
+                                     NULL};
   daemon_t d;
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open_shm(&d, 1u << 20);

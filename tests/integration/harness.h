@@ -146,6 +146,17 @@ IT_UNUSED static void daemon_start_args(daemon_t *d, const char *const *extra) {
 
 IT_UNUSED static void daemon_start(daemon_t *d) { daemon_start_args(d, NULL); }
 
+/* Reads a pipe to its end: the first cap - 1 bytes into out (NUL-ended), the
+ * rest discarded, so the writer never dies of SIGPIPE on a long output. */
+IT_UNUSED static void it_read_all(FILE *p, char *out, size_t cap) {
+  size_t used = 0, got;
+  char sink[4096];
+  while ((got = fread(used + 1 < cap ? out + used : sink, 1,
+                      used + 1 < cap ? cap - 1 - used : sizeof sink, p)) > 0)
+    if (used + 1 < cap) used += got;
+  out[used] = '\0';
+}
+
 /* Runs a shell command (a printf format), keeping its stdout and stderr in
  * out. Returns its exit status (128 + signal when killed). */
 IT_UNUSED static int it_sh(char *out, size_t cap, const char *fmt, ...)
@@ -162,12 +173,7 @@ IT_UNUSED static int it_sh(char *out, size_t cap, const char *fmt, ...) {
   fflush(NULL);
   FILE *p = popen(cmd, "r");
   ASSERT(p != NULL);
-  size_t used = 0, got;
-  char sink[4096];
-  while ((got = fread(used + 1 < cap ? out + used : sink, 1,
-                      used + 1 < cap ? cap - 1 - used : sizeof sink, p)) > 0)
-    if (used + 1 < cap) used += got;
-  out[used] = '\0';
+  it_read_all(p, out, cap);
   int st = pclose(p);
   if (WIFEXITED(st)) return WEXITSTATUS(st);
   return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
@@ -281,10 +287,7 @@ IT_UNUSED static int ctl_run(const daemon_t *d, char *out, size_t cap, bool err_
            err_too ? " 2>&1" : "");
   FILE *p = popen(cmd, "r");
   ASSERT(p != NULL);
-  size_t used = 0;
-  size_t got;
-  while (used + 1 < cap && (got = fread(out + used, 1, cap - 1 - used, p)) > 0) used += got;
-  out[used] = '\0';
+  it_read_all(p, out, cap);
   int st = pclose(p);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }

@@ -11,9 +11,7 @@ static int run_daemon(char *out, size_t cap, const char *args) {
   snprintf(cmd, sizeof cmd, "%s/kvcached %s 2>&1", it_build(), args);
   FILE *p = popen(cmd, "r");
   ASSERT(p != NULL);
-  size_t used = 0, got;
-  while (used + 1 < cap && (got = fread(out + used, 1, cap - 1 - used, p)) > 0) used += got;
-  out[used] = '\0';
+  it_read_all(p, out, cap);
   int st = pclose(p);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
@@ -33,6 +31,23 @@ TEST(startup_options_help_version_and_errors) {
   ASSERT_EQ(run_daemon(out, sizeof out, "--max-connections 0"), 2);
   ASSERT(strstr(out, "out of bounds") != NULL);
   ASSERT_EQ(run_daemon(out, sizeof out, "--socket-mode 0999"), 2);
+}
+
+TEST(startup_prefix_options) {
+  static char out[32768]; /* --help is long */
+  ASSERT_EQ(run_daemon(out, sizeof out, "--prefix-hash xxh3"), 2);
+  ASSERT(strstr(out, "prefix_single_tenant = true") != NULL);
+  ASSERT(strchr(out, '\n') == out + strlen(out) - 1); /* one line */
+  ASSERT_EQ(run_daemon(out, sizeof out, "--prefix-hash md5"), 2);
+  ASSERT(strstr(out, "sha256 or xxh3") != NULL);
+  ASSERT_EQ(run_daemon(out, sizeof out, "--prefix-single-tenant maybe"), 2);
+  ASSERT(strstr(out, "true or false") != NULL);
+  ASSERT_EQ(run_daemon(out, sizeof out, "--pin-limit-pct 0"), 2);
+  ASSERT(strstr(out, "pin_limit_pct") && strstr(out, "out of bounds"));
+  ASSERT_EQ(run_daemon(out, sizeof out, "--pin-limit-pct 101"), 2);
+  ASSERT_EQ(run_daemon(out, sizeof out, "--help"), 0);
+  ASSERT(strstr(out, "--prefix-hash") && strstr(out, "--pin-limit-pct") &&
+         strstr(out, "Default 20"));
 }
 
 TEST(startup_pool_larger_than_memory_fails_clearly) {

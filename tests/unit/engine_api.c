@@ -15,7 +15,7 @@
 TEST(new_rejects_bad_config) {
   void *base = fx_pool_alloc(64 * 1024);
   engine_t *eng = NULL;
-  engine_config_t ok = {base, 64 * 1024, 1024, 0, 0};
+  engine_config_t ok = {.base = base, .pool_bytes = 64 * 1024, .page_bytes = 1024, .max_caches = 0, .max_seqs = 0};
   engine_config_t c = ok;
   ASSERT_ERR(engine_new(NULL, &eng), KVC_E_INVAL);
   ASSERT_ERR(engine_new(&ok, NULL), KVC_E_INVAL);
@@ -39,7 +39,7 @@ TEST(new_stats_start_empty) {
   fx_engine(&f, 1024, 10, 0);
   /* pool_bytes not a multiple of the page: the tail is not a page */
   engine_t *eng2 = NULL;
-  engine_config_t cfg = {f.base, 10 * 1024 - 1, 1024, 0, 0};
+  engine_config_t cfg = {.base = f.base, .pool_bytes = 10 * 1024 - 1, .page_bytes = 1024, .max_caches = 0, .max_seqs = 0};
   ASSERT_OK(engine_new(&cfg, &eng2));
   engine_stats_t s2;
   engine_stats(eng2, &s2);
@@ -199,7 +199,7 @@ TEST(cache_open_different_layout_is_LAYOUT) {
 
 TEST(cache_open_max_caches_is_TOOMANY) {
   void *base = fx_pool_alloc(8 * 2048);
-  engine_config_t cfg = {base, 8 * 2048, 2048, 2, 0};
+  engine_config_t cfg = {.base = base, .pool_bytes = 8 * 2048, .page_bytes = 2048, .max_caches = 2, .max_seqs = 0};
   engine_t *eng;
   ASSERT_OK(engine_new(&cfg, &eng));
   kvc_layout_t l = fx_small_layout();
@@ -326,17 +326,17 @@ TEST(xfer_bytes_values_and_errors) {
   kvc_layout_t l = fx_small_layout();
   fx_open(&f, &l, 4);
   uint64_t kb = 1, vb = 1, sb = 1;
-  engine_xfer_t x = {0, 0, 0, 0, 0};
+  engine_xfer_t x = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = 0};
   ASSERT_OK(engine_xfer_bytes(f.eng, f.cid, &x, true, 3, &kb, &vb, &sb));
   ASSERT_U64_EQ(kb, 3 * 4 * 2 * 8 * 4);
   ASSERT_U64_EQ(vb, 3 * 4 * 2 * 4 * 4);
   ASSERT_U64_EQ(sb, 0);
-  engine_xfer_t g = {1, 3, 1, 2, KVC_DTYPE_F32};
+  engine_xfer_t g = {.layer_begin = 1, .layer_end = 3, .head_begin = 1, .head_end = 2, .dtype = KVC_DTYPE_F32};
   ASSERT_OK(engine_xfer_bytes(f.eng, f.cid, &g, false, 5, &kb, &vb, NULL));
   ASSERT_U64_EQ(kb, 5 * 2 * 1 * 8 * 4);
   ASSERT_U64_EQ(vb, 5 * 2 * 1 * 4 * 4);
   ASSERT_ERR(engine_xfer_bytes(f.eng, f.cid + 1, &x, true, 1, &kb, &vb, &sb), KVC_E_NOCACHE);
-  engine_xfer_t bad = {4, 0, 0, 0, 0};
+  engine_xfer_t bad = {.layer_begin = 4, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = 0};
   ASSERT_ERR(engine_xfer_bytes(f.eng, f.cid, &bad, false, 1, &kb, &vb, &sb), KVC_E_LAYER);
   bad = (engine_xfer_t){0, 0, 2, 0, 0};
   ASSERT_ERR(engine_xfer_bytes(f.eng, f.cid, &bad, false, 1, &kb, &vb, &sb), KVC_E_HEAD);
@@ -352,16 +352,16 @@ TEST(xfer_bytes_int8) {
   kvc_layout_t l = fx_layout(2, 3, 8, 4, KVC_DTYPE_INT8, 4);
   fx_open(&f, &l, 4);
   uint64_t kb, vb, sb;
-  engine_xfer_t raw = {0, 0, 0, 0, KVC_DTYPE_INT8};
+  engine_xfer_t raw = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = KVC_DTYPE_INT8};
   ASSERT_OK(engine_xfer_bytes(f.eng, f.cid, &raw, false, 5, &kb, &vb, &sb));
   ASSERT_U64_EQ(kb, 5 * 2 * 3 * 8);
   ASSERT_U64_EQ(vb, 5 * 2 * 3 * 4);
   ASSERT_U64_EQ(sb, 5 * 2 * 3 * 4); /* one f32 per token/head/layer */
-  engine_xfer_t deq = {0, 0, 0, 0, KVC_DTYPE_F32};
+  engine_xfer_t deq = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = KVC_DTYPE_F32};
   ASSERT_OK(engine_xfer_bytes(f.eng, f.cid, &deq, false, 5, &kb, &vb, &sb));
   ASSERT_U64_EQ(kb, 5 * 2 * 3 * 8 * 4);
   ASSERT_U64_EQ(sb, 0);
-  engine_xfer_t bf = {0, 0, 0, 0, KVC_DTYPE_BF16};
+  engine_xfer_t bf = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = KVC_DTYPE_BF16};
   ASSERT_OK(engine_xfer_bytes(f.eng, f.cid, &bf, true, 5, &kb, &vb, &sb));
   ASSERT_U64_EQ(kb, 5 * 2 * 3 * 8 * 2);
   fx_close(&f);
@@ -759,7 +759,7 @@ static int put_raw(fx_t *f, kvc_dtype_t dt, uint64_t seq, uint64_t pos, uint64_t
                    const void *k, const void *v, uint64_t esize) {
   uint64_t bytes = n * f->lay.head_dim_k * esize;
   engine_io_t io = {seq, pos, n, (void *)k, (void *)v, bytes, bytes, NULL, NULL, 0, 0};
-  engine_xfer_t x = {0, 0, 0, 0, dt};
+  engine_xfer_t x = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = dt};
   return engine_put(f->eng, f->cid, &x, &io, 1);
 }
 
@@ -767,7 +767,7 @@ static int get_raw(fx_t *f, kvc_dtype_t dt, uint64_t seq, uint64_t pos, uint64_t
                    void *v, uint64_t esize) {
   uint64_t bytes = n * f->lay.head_dim_k * esize;
   engine_io_t io = {seq, pos, n, k, v, bytes, bytes, NULL, NULL, 0, 0};
-  engine_xfer_t x = {0, 0, 0, 0, dt};
+  engine_xfer_t x = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = dt};
   return engine_get(f->eng, f->cid, &x, &io, 1);
 }
 
@@ -1016,7 +1016,7 @@ static int get_q8(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, q8_t *q) {
   q->kb = rows * l->head_dim_k, q->vb = rows * l->head_dim_v, q->sb = rows * 4;
   q->k = malloc(q->kb), q->v = malloc(q->vb), q->ks = malloc(q->sb), q->vs = malloc(q->sb);
   engine_io_t io = {seq, pos, n, q->k, q->v, q->kb, q->vb, q->ks, q->vs, q->sb, q->sb};
-  engine_xfer_t x = {0, 0, 0, 0, KVC_DTYPE_INT8};
+  engine_xfer_t x = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = KVC_DTYPE_INT8};
   return engine_get(f->eng, f->cid, &x, &io, 1);
 }
 
@@ -1145,7 +1145,7 @@ TEST(int8_rejects_bad_dtypes_and_scale_buffers) {
   ASSERT_ERR(get_raw(&f, KVC_DTYPE_F64, 1, 0, 1, d, d, 8), KVC_E_DTYPE);
   int8_t qk[4], qv[4];
   float ks, vs;
-  engine_xfer_t x = {0, 0, 0, 0, KVC_DTYPE_INT8};
+  engine_xfer_t x = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = KVC_DTYPE_INT8};
   engine_io_t io = {1, 0, 1, qk, qv, 4, 4, &ks, &vs, 4, 4};
   ASSERT_OK(engine_get(f.eng, f.cid, &x, &io, 1));
   ASSERT_EQ(qk[3], 127);

@@ -129,7 +129,7 @@ static void model_open(model_t *m, uint64_t seed) {
   m->esize[0] = 4, m->esize[1] = 2;
   m->page_bytes = 576;
   m->base = fx_pool_alloc(NPAGES * m->page_bytes);
-  engine_config_t cfg = {m->base, NPAGES * m->page_bytes, m->page_bytes, 0, 0};
+  engine_config_t cfg = {.base = m->base, .pool_bytes = NPAGES * m->page_bytes, .page_bytes = m->page_bytes, .max_caches = 0, .max_seqs = 0};
   ASSERT_OK(engine_new(&cfg, &m->eng));
   ASSERT_OK(engine_cache_open(m->eng, "a", &m->lay[0], &m->cid[0]));
   ASSERT_OK(engine_cache_open(m->eng, "b", &m->lay[1], &m->cid[1]));
@@ -226,7 +226,7 @@ static void check_get(model_t *m, int i, span_t sp, int rc_want) {
   uint64_t kb = rows * l->head_dim_k * oes, vb = rows * l->head_dim_v * oes;
   uint8_t *k = malloc(kb + 1), *v = malloc(vb + 1);
   engine_io_t io = {id_of(i), sp.pos, sp.n, k, v, kb, vb, NULL, NULL, 0, 0};
-  engine_xfer_t x = {sp.lb, sp.le, sp.hb, sp.he, sp.dt};
+  engine_xfer_t x = {.layer_begin = sp.lb, .layer_end = sp.le, .head_begin = sp.hb, .head_end = sp.he, .dtype = sp.dt};
   int rc = engine_get(m->eng, m->cid[c], &x, &io, 1);
   if (rc_want != 0 || sp.n != 1 || sp.lb != 0) /* not one of verify_all's reads */
     TRACE(m, "get seq %d [%" PRIu64 ", +%" PRIu64 ") -> %s", i, sp.pos, sp.n, kvc_err_name(rc));
@@ -516,7 +516,7 @@ static void op_put(model_t *m) {
   uint64_t can_free = freeable(m, &p);
   engine_stats_t s0;
   engine_stats(m->eng, &s0);
-  engine_xfer_t x = {pc.lb, pc.le, 0, 0, pc.dt};
+  engine_xfer_t x = {.layer_begin = pc.lb, .layer_end = pc.le, .head_begin = 0, .head_end = 0, .dtype = pc.dt};
   int rc = engine_put(m->eng, m->cid[pc.c], &x, io, (size_t)pc.n);
   for (int j = 0; j < pc.n; j++)
     TRACE(m, "put seq %d [%" PRIu64 ", +%" PRIu64 ") layers [%u,%u) -> %s", pc.e[j].i,

@@ -1,0 +1,262 @@
+/* batch.c: a forward pass's view of a cache: reserving the slots of a batch
+ * before it is computed, and gathering the history it attends to with its
+ * mask (ollama's StartForward and Get).
+ *
+ *   batch  (s0,5) (s1,2) (s0,6)          history   s0: 0..6   s1: 0..2
+ *   entries          0 1 2 3 4 5 6 | 7 8 9
+ *   mask  (s0,5)     0 0 0 0 0 0 x | x x x     x = -inf
+ *         (s1,2)     x x x x x x x | 0 0 0
+ *         (s0,6)     0 0 0 0 0 0 0 | x x x
+ */
+#include <math.h>
+#include <string.h>
+
+#include "copy.h"
+#include "engine_impl.h"
+
+#define MAX_BATCH (1u << 20)
+
+/* One sequence of a batch: its positions [lo, hi). */
+typedef struct rec {
+  seq_t *s;
+  uint64_t lo, hi;
+  uint64_t first; /* history: its first entry */
+  bool created;
+} rec_t;
+
+static int batch_check(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, size_t n,
+                       cache_t **c) {
+  if (!(*c = engine_cache(eng, cache_id)))
+    return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  if (!toks || n == 0) return engine_fail(eng, KVC_E_INVAL, "no tokens");
+  if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u tokens", MAX_BATCH);
+  return 0;
+}
+
+/* A new sequence for a reservation, in the map but not attached. */
+static int rsv_create(engine_t *eng, cache_t *c, uint64_t id, uint64_t created, seq_t **out) {
+  if (eng->max_seqs && eng->nseqs + created + 1 > eng->max_seqs)
+    return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
+                       (unsigned long long)eng->max_seqs);
+  if (hmap_reserve(&c->seqs, &eng->mem, 1) || !(*out = seq_new(eng, c, id)))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  hmap_insert(&c->seqs, id, *out);
+  return 0;
+}
+
+/* Groups the batch by sequence into r (*nr of them), checking positions. */
+static int rsv_group(engine_t *eng, cache_t *c, const engine_tok_t *toks, size_t n, rec_t *r,
+                     size_t *nr) {
+  uint64_t created = 0;
+  for (size_t i = 0; i < n; i++) {
+    const engine_tok_t *t = &toks[i];
+    if (t->pos >= KVC_MAX_SEQ_TOKENS)
+      return engine_fail(eng, KVC_E_RANGE, "token %zu: position %llu beyond the maximum", i,
+                         (unsigned long long)t->pos);
+    seq_t *s = hmap_get(&c->seqs, t->seq_id);
+    if (s && s->mark == eng->epoch) {
+      rec_t *x = &r[s->slot];
+      if (t->pos != x->hi)
+        return engine_fail(eng, KVC_E_POSORDER,
+                           "token %zu: sequence %llu at %llu, expected %llu", i,
+                           (unsigned long long)t->seq_id, (unsigned long long)t->pos,
+                           (unsigned long long)x->hi);
+      x->hi++;
+      continue;
+    }
+    bool made = false;
+    if (!s) {
+      int rc = rsv_create(eng, c, t->seq_id, created, &s);
+      if (rc) return rc;
+      made = true;
+      created++;
+    }
+    s->mark = eng->epoch;
+    s->slot = (uint32_t)*nr;
+    r[(*nr)++] = (rec_t){s, t->pos, t->pos + 1, 0, made};
+    if (s->layer_len)
+      return engine_fail(eng, KVC_E_RANGE, "token %zu: sequence %llu has layers of "
+                         "different lengths; finish its put first", i,
+                         (unsigned long long)t->seq_id);
+    if (t->pos < s->start)
+      return engine_fail(eng, KVC_E_RANGE, "token %zu: position %llu before start %llu", i,
+                         (unsigned long long)t->pos, (unsigned long long)s->start);
+  }
+  return 0;
+}
+
+static void rsv_rollback(engine_t *eng, cache_t *c, rec_t *r, size_t nr, size_t map_cap) {
+  for (size_t i = nr; i-- > 0;) {
+    if (!r[i].created) continue;
+    hmap_remove(&c->seqs, r[i].s->id);
+    seq_free(eng, r[i].s);
+  }
+  if (c->seqs.cap != map_cap) (void)hmap_resize(&c->seqs, &eng->mem, map_cap);
+}
+
+static void rsv_apply(engine_t *eng, rec_t *x, const span_t *sp) {
+  seq_t *s = x->s;
+  if (x->created) seq_attach(eng, s);
+  ops_writable(eng, s, sp->pos, sp->end);
+  if (x->lo > s->len) { /* the slots skipped are holes */
+    holes_add(s, s->len, x->lo);
+    seq_set_lengths(eng, s, 0, s->cache->g.L, x->lo);
+  }
+  if (x->hi > s->rsv_end) s->rsv_end = x->hi;
+  lru_touch(eng, s);
+}
+
+int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, size_t n) {
+  if (!eng) return KVC_E_INVAL;
+  cache_t *c;
+  int rc = batch_check(eng, cache_id, toks, n, &c);
+  if (rc) return rc;
+  rec_t *r = mem_calloc(&eng->mem, n, sizeof *r);
+  span_t *sp = mem_calloc(&eng->mem, n, sizeof *sp);
+  size_t nr = 0, map_cap = c->seqs.cap;
+  if (!r || !sp) {
+    rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    goto out;
+  }
+  eng->epoch++;
+  rc = rsv_group(eng, c, toks, n, r, &nr);
+  for (size_t i = 0; rc == 0 && i < nr; i++) {
+    seq_t *s = r[i].s;
+    sp[i] = (span_t){s, r[i].lo < s->len ? r[i].lo : s->len, r[i].hi};
+    if (seq_reserve(eng, s, seq_pages_for(s, r[i].hi)) || holes_reserve(eng, s, 1))
+      rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
+  /* What the batch makes unreachable goes first, so a window cache reuses its
+   * own pages; it stays freed even if the reservation then fails. */
+  for (size_t i = 0; rc == 0 && i < nr; i++) attn_trim(eng, r[i].s, r[i].lo);
+  if (rc == 0 && (rc = ops_room(eng, sp, nr)) == KVC_E_FULL) c->st.full_errors++;
+  if (rc) {
+    rsv_rollback(eng, c, r, nr, map_cap);
+    goto out;
+  }
+  for (size_t i = 0; i < nr; i++) rsv_apply(eng, &r[i], &sp[i]);
+out:
+  mem_free(&eng->mem, r);
+  mem_free(&eng->mem, sp);
+  return rc;
+}
+
+/* Groups a history's batch: per sequence [start, highest position + 1). */
+static int hist_group(engine_t *eng, cache_t *c, const xr_t *xr, const engine_tok_t *toks,
+                      size_t n, rec_t *r, size_t *nr, uint64_t *nentries) {
+  for (size_t i = 0; i < n; i++) {
+    const engine_tok_t *t = &toks[i];
+    seq_t *s = hmap_get(&c->seqs, t->seq_id);
+    if (!s)
+      return engine_fail(eng, KVC_E_NOSEQ, "token %zu: no sequence %llu", i,
+                         (unsigned long long)t->seq_id);
+    if (t->pos < s->start || t->pos >= ops_range_len(s, xr->l0, xr->l1))
+      return engine_fail(eng, KVC_E_RANGE,
+                         "token %zu: position %llu not written (start %llu, length %llu)", i,
+                         (unsigned long long)t->pos, (unsigned long long)s->start,
+                         (unsigned long long)ops_range_len(s, xr->l0, xr->l1));
+    /* encoder entries are read whole; positional kinds up to the batch */
+    uint64_t hi = c->layout.attn == KVC_ATTN_ENCODER ? ops_range_len(s, xr->l0, xr->l1)
+                                                     : t->pos + 1;
+    if (s->mark == eng->epoch) {
+      if (hi > r[s->slot].hi) r[s->slot].hi = hi;
+      continue;
+    }
+    s->mark = eng->epoch;
+    s->slot = (uint32_t)*nr;
+    r[(*nr)++] = (rec_t){s, s->start, hi, 0, false};
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < *nr; i++) {
+    r[i].first = total;
+    total += r[i].hi - r[i].lo;
+  }
+  *nentries = total;
+  return 0;
+}
+
+static void hist_gather(engine_t *eng, const cache_t *c, const copy_plan_t *plan,
+                        const rec_t *x, engine_hist_t *h) {
+  const geom_t *g = &c->g;
+  seq_t *s = x->s;
+  for (uint64_t pos = x->lo; pos < x->hi;) {
+    uint64_t idx = pos >> g->tshift, pstart = idx << g->tshift;
+    uint64_t cnt = (pstart + g->T < x->hi ? pstart + g->T : x->hi) - pos;
+    const unsigned char *page = pool_page(&eng->pool, s->table[idx - s->base]);
+    copy_out(plan, page, pos - pstart, x->first + pos - x->lo, cnt, h->k, h->v, NULL, NULL);
+    pos += cnt;
+  }
+  for (uint32_t i = 0; i < s->nholes; i++) {
+    uint64_t b = s->holes[i].b, e = s->holes[i].e < x->hi ? s->holes[i].e : x->hi;
+    if (b < e) copy_zero(plan, x->first + b - x->lo, e - b, h->k, h->v, NULL, NULL);
+  }
+}
+
+static void hist_mask(const cache_t *c, const engine_tok_t *toks, size_t n, const rec_t *r,
+                      uint64_t nentries, float *mask) {
+  for (size_t i = 0; i < n; i++) {
+    float *row = mask + i * nentries;
+    for (uint64_t j = 0; j < nentries; j++) row[j] = -INFINITY;
+    const seq_t *s = hmap_get(&c->seqs, toks[i].seq_id);
+    const rec_t *x = &r[s->slot];
+    for (uint64_t q = x->lo; q < x->hi; q++)
+      if (attn_allows(c, toks[i].pos, q) && !holes_has(s, q)) row[x->first + q - x->lo] = 0;
+  }
+}
+
+/* Checks the caller's buffers against the view's sizes. */
+static int hist_sizes(engine_t *eng, const cache_t *c, const xr_t *xr, size_t n, size_t nr,
+                      const engine_hist_t *h) {
+  uint64_t kb, vb, sb, mb;
+  if (ops_sizes(c, xr, h->nentries, &kb, &vb, &sb) ||
+      __builtin_mul_overflow((uint64_t)n, h->nentries, &mb) ||
+      __builtin_mul_overflow(mb, 4, &mb))
+    return engine_fail(eng, KVC_E_OVERFLOW, "history of %llu entries overflows",
+                       (unsigned long long)h->nentries);
+  if (!h->k || !h->v || !h->mask || h->k_bytes != kb || h->v_bytes != vb ||
+      h->mask_bytes != mb || (h->spans && h->spans_cap < nr))
+    return engine_fail(eng, KVC_E_SIZE,
+                       "history of %llu entries, %zu sequences needs K %llu, V %llu, mask "
+                       "%llu bytes",
+                       (unsigned long long)h->nentries, nr, (unsigned long long)kb,
+                       (unsigned long long)vb, (unsigned long long)mb);
+  return 0;
+}
+
+int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+                   const engine_tok_t *toks, size_t n, engine_hist_t *h) {
+  if (!eng) return KVC_E_INVAL;
+  cache_t *c;
+  int rc = batch_check(eng, cache_id, toks, n, &c);
+  if (rc) return rc;
+  if (!h) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  xr_t xr;
+  if ((rc = ops_resolve(eng, c, x, false, &xr))) return rc;
+  if (xr.bt == KVC_DTYPE_INT8)
+    return engine_fail(eng, KVC_E_DTYPE, "a history view returns floats, not raw int8");
+  rec_t *r = mem_calloc(&eng->mem, n, sizeof *r);
+  if (!r) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  size_t nr = 0;
+  eng->epoch++;
+  if ((rc = hist_group(eng, c, &xr, toks, n, r, &nr, &h->nentries))) goto out;
+  h->nspans = nr;
+  if (!h->k && !h->v && !h->mask) goto out; /* sizes only */
+  if ((rc = hist_sizes(eng, c, &xr, n, nr, h))) goto out;
+  copy_plan_t plan;
+  copy_plan_init(&plan, &c->g, c->layout.dtype, xr.l0, xr.l1 - xr.l0, xr.h0, xr.h1 - xr.h0,
+                 xr.bt, h->nentries);
+  for (size_t i = 0; i < nr; i++) {
+    hist_gather(eng, c, &plan, &r[i], h);
+    if (h->spans) h->spans[i] = (engine_span_t){r[i].s->id, r[i].lo, r[i].first,
+                                                r[i].hi - r[i].lo};
+    lru_touch(eng, r[i].s);
+  }
+  hist_mask(c, toks, n, r, h->nentries, h->mask);
+  eng->st.gets++;
+  eng->st.get_tokens += h->nentries;
+  eng->st.bytes_out += h->k_bytes + h->v_bytes + h->mask_bytes;
+  c->st.gets++;
+out:
+  mem_free(&eng->mem, r);
+  return rc;
+}

@@ -1,0 +1,91 @@
+/* holes.c: the slots of a sequence that hold no token, as a sorted set of
+ * disjoint ranges.
+ *
+ * A reservation at a position past the length leaves the slots in between
+ * unwritten (ollama's "copy a prefix, continue the copy at a later
+ * position"); a shift leaves the slots it vacates. Such slots are holes: a
+ * get returns zeros for them, a history view masks them, and nothing reads
+ * their page bytes. Most sequences have none.
+ *
+ *   slots   0 1 2 3 4 5 6 7 8
+ *           t t t . . t t . t      holes {[3, 5), [7, 8)}
+ */
+#include <string.h>
+
+#include "engine_impl.h"
+
+int holes_reserve(engine_t *eng, seq_t *s, uint32_t k) {
+  if (s->nholes + k <= s->hcap) return 0;
+  uint32_t cap = s->nholes + k < 4 ? 4 : (s->nholes + k) * 2;
+  hole_t *h = mem_realloc(&eng->mem, s->holes, cap * sizeof *h);
+  if (!h) return KVC_E_NOMEM;
+  s->holes = h;
+  s->hcap = cap;
+  return 0;
+}
+
+bool holes_has(const seq_t *s, uint64_t pos) {
+  for (uint32_t i = 0; i < s->nholes; i++)
+    if (pos < s->holes[i].e) return pos >= s->holes[i].b;
+  return false;
+}
+
+void holes_cut(seq_t *s, uint64_t b, uint64_t e) {
+  if (b >= e) return;
+  for (uint32_t i = 0; i < s->nholes; i++) {
+    hole_t *h = &s->holes[i];
+    if (h->e <= b || h->b >= e) continue;
+    if (h->b < b && h->e > e) { /* split: [h->b, b) and [e, h->e) */
+      memmove(h + 2, h + 1, (s->nholes - i - 1) * sizeof *h);
+      h[1].b = e;
+      h[1].e = h->e;
+      h->e = b;
+      s->nholes++;
+      return;
+    }
+    if (h->b < b) {
+      h->e = b;
+    } else if (h->e > e) {
+      h->b = e;
+    } else { /* inside: goes */
+      memmove(h, h + 1, (s->nholes - i - 1) * sizeof *h);
+      s->nholes--;
+      i--;
+    }
+  }
+}
+
+void holes_add(seq_t *s, uint64_t b, uint64_t e) {
+  if (b >= e) return;
+  uint32_t i = 0;
+  while (i < s->nholes && s->holes[i].e < b) i++;
+  /* merge every range touching [b, e) into one at i */
+  uint32_t j = i;
+  while (j < s->nholes && s->holes[j].b <= e) {
+    if (s->holes[j].b < b) b = s->holes[j].b;
+    if (s->holes[j].e > e) e = s->holes[j].e;
+    j++;
+  }
+  if (j == i) { /* nothing merged: insert */
+    memmove(&s->holes[i + 1], &s->holes[i], (s->nholes - i) * sizeof *s->holes);
+    s->nholes++;
+  } else if (j > i + 1) {
+    memmove(&s->holes[i + 1], &s->holes[j], (s->nholes - j) * sizeof *s->holes);
+    s->nholes -= j - i - 1;
+  }
+  s->holes[i].b = b;
+  s->holes[i].e = e;
+}
+
+void holes_move(seq_t *s, uint64_t b, uint64_t e, int64_t delta, hole_t *tmp) {
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < s->nholes; i++) {
+    hole_t h = s->holes[i];
+    if (h.e <= b || h.b >= e) continue;
+    tmp[k].b = (h.b > b ? h.b : b) + (uint64_t)delta;
+    tmp[k++].e = (h.e < e ? h.e : e) + (uint64_t)delta;
+  }
+  holes_cut(s, b, e);
+  holes_cut(s, b + (uint64_t)delta, e + (uint64_t)delta); /* the target's own holes go */
+  for (uint32_t i = 0; i < k; i++) holes_add(s, tmp[i].b, tmp[i].e);
+}

@@ -1,0 +1,496 @@
+/* prefix.c: the content-hash prefix index: token ids per page, chained page
+ * hashes, verified matches, attach, and the cached state of indexed pages.
+ *
+ *   chain of one prompt (T tokens a page), key = (salt, extra):
+ *
+ *   H(-1) = hash(seed || salt)
+ *   page 0 [t0 .. tT-1]      H0 = hash(H(-1) || ids || extra)   parent NOPAGE
+ *   page 1 [tT .. t2T-1]     H1 = hash(H0 || ids || extra)      parent page 0
+ *   ...
+ *   index: first 8 bytes of Hi -> ipage of page i  (one entry per hash)
+ *
+ * A match recomputes the chain from the query and, at every step, compares
+ * the indexed page's full hash, token ids, parent page and key: a hash
+ * collision is counted (hash_verify_failed) and ends the match; it never
+ * serves another prompt's pages. An indexed page holds a pool reference of
+ * the index's own: it never changes in place (writes copy it) and stays,
+ * "cached", after its last sequence goes, until eviction reclaims it.
+ */
+#include <openssl/evp.h>
+#include <stddef.h>
+#include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+#include "engine_impl.h"
+
+#define NOPAGE POOL_NOPAGE
+#define KEY_MAX 64u
+
+typedef struct pkey {
+  uint8_t digest[32]; /* SHA-256 of (salt_len, salt, extra_len, extra) */
+  uint32_t id;
+} pkey_t;
+
+/* ---- hashing ---------------------------------------------------------------- */
+
+typedef struct hpart {
+  const void *p;
+  size_t n;
+} hpart_t;
+
+/* out = hash of the concatenated parts, with the engine's hash and width. */
+static void hash_parts(engine_t *eng, const hpart_t *parts, size_t nparts, uint8_t out[32]) {
+  memset(out, 0, 32);
+  if (eng->hash_kind == KVC_HASH_XXH3) {
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    for (size_t i = 0; i < nparts; i++) XXH3_128bits_update(&st, parts[i].p, parts[i].n);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
+    memcpy(out, c.digest, 16);
+  } else {
+    EVP_MD_CTX *ctx = eng->md_ctx;
+    unsigned len = 32;
+    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+    for (size_t i = 0; i < nparts; i++) EVP_DigestUpdate(ctx, parts[i].p, parts[i].n);
+    EVP_DigestFinal_ex(ctx, out, &len);
+  }
+  if (eng->hash_bits && eng->hash_bits < 256) { /* test hook: force collisions */
+    uint32_t keep = eng->hash_bits;
+    for (uint32_t b = 0; b < 32; b++) {
+      if (keep >= 8) keep -= 8;
+      else {
+        out[b] &= (uint8_t)(0xffu << (8 - keep));
+        keep = 0;
+      }
+    }
+  }
+}
+
+static uint64_t hash_key64(const uint8_t h[32]) {
+  uint64_t k;
+  memcpy(&k, h, 8);
+  return k;
+}
+
+/* H(-1): the chain's root for a cache and salt. */
+static void chain_root(engine_t *eng, const cache_t *c, const engine_pkey_t *key,
+                       uint8_t out[32]) {
+  hpart_t parts[2] = {{c->seed, 32}, {key ? key->salt : NULL, key ? key->salt_len : 0}};
+  hash_parts(eng, parts, 2, out);
+}
+
+static void page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *tokens,
+                      uint32_t T, const engine_pkey_t *key, uint8_t out[32]) {
+  hpart_t parts[3] = {{parent, 32},
+                      {tokens, (size_t)T * sizeof *tokens},
+                      {key ? key->extra : NULL, key ? key->extra_len : 0}};
+  hash_parts(eng, parts, 3, out);
+}
+
+int prefix_cache_init(engine_t *eng, cache_t *c) {
+  hpart_t parts[3] = {{"kvcached-prefix-v1", 18}, {c->name, strlen(c->name)},
+                      {&c->layout, offsetof(kvc_layout_t, attn)}}; /* seed as before issue 8 */
+  EVP_MD_CTX *ctx = eng->md_ctx;
+  unsigned len = 32;
+  EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+  for (size_t i = 0; i < 3; i++) EVP_DigestUpdate(ctx, parts[i].p, parts[i].n);
+  EVP_DigestFinal_ex(ctx, c->seed, &len);
+  hmap_init(&c->index);
+  return 0;
+}
+
+/* ---- keys -------------------------------------------------------------------- */
+
+int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *key_id) {
+  static const engine_pkey_t empty = {NULL, 0, NULL, 0};
+  if (!key) key = &empty;
+  if (key->salt_len > KEY_MAX || key->extra_len > KEY_MAX ||
+      (key->salt_len && !key->salt) || (key->extra_len && !key->extra))
+    return KVC_E_INVAL;
+  uint64_t sl = key->salt_len, xl = key->extra_len;
+  uint8_t d[32];
+  unsigned len = 32;
+  EVP_MD_CTX *ctx = eng->md_ctx;
+  EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+  EVP_DigestUpdate(ctx, &sl, sizeof sl);
+  EVP_DigestUpdate(ctx, key->salt, key->salt_len);
+  EVP_DigestUpdate(ctx, &xl, sizeof xl);
+  EVP_DigestUpdate(ctx, key->extra, key->extra_len);
+  EVP_DigestFinal_ex(ctx, d, &len);
+  uint64_t k64 = hash_key64(d);
+  pkey_t *k = hmap_get(&eng->keys, k64);
+  if (k && memcmp(k->digest, d, 32) == 0) {
+    *key_id = k->id;
+    return 0;
+  }
+  *key_id = 0;
+  if (!create || k) return 0; /* unknown, or a 64-bit digest clash: never matches */
+  if (hmap_reserve(&eng->keys, &eng->mem, 1)) return KVC_E_NOMEM;
+  if (!(k = mem_alloc(&eng->mem, sizeof *k))) return KVC_E_NOMEM;
+  memcpy(k->digest, d, 32);
+  k->id = ++eng->nkeys;
+  hmap_insert(&eng->keys, k64, k);
+  *key_id = k->id;
+  return 0;
+}
+
+/* ---- ipage blocks: reserved before a call changes anything ------------------- */
+
+static size_t ipage_size(uint32_t T) { return sizeof(ipage_t) + (size_t)T * sizeof(uint32_t); }
+
+int prefix_reserve(engine_t *eng, uint32_t page_tokens, uint64_t n) {
+  for (uint64_t i = 0; i < n; i++) {
+    void **b = mem_alloc(&eng->mem, ipage_size(page_tokens));
+    if (!b) {
+      prefix_unreserve(eng);
+      return KVC_E_NOMEM;
+    }
+    *b = eng->reserve;
+    eng->reserve = b;
+  }
+  return 0;
+}
+
+void prefix_unreserve(engine_t *eng) {
+  while (eng->reserve) {
+    void **b = eng->reserve;
+    eng->reserve = *b;
+    mem_free(&eng->mem, b);
+  }
+}
+
+static ipage_t *ipage_take(engine_t *eng, const cache_t *c, uint32_t page) {
+  void **b = eng->reserve;
+  eng->reserve = *b;
+  ipage_t *ip = (ipage_t *)(void *)b;
+  memset(ip, 0, ipage_size(c->g.T));
+  ip->node.kind = LRU_PAGE;
+  ip->cache = (cache_t *)c;
+  ip->page = page;
+  ip->parent = NOPAGE;
+  eng->ip[page] = ip;
+  return ip;
+}
+
+/* ---- references and the cached state ----------------------------------------- */
+
+static void cached_count(engine_t *eng, cache_t *c, int delta) {
+  eng->st.pages_cached = (uint64_t)((int64_t)eng->st.pages_cached + delta);
+  c->st.pages_cached = (uint64_t)((int64_t)c->st.pages_cached + delta);
+}
+
+/* The pool counts a page with two references as shared; for an indexed page
+ * one of them is the index's. idx_pairs counts those, to subtract. */
+static void index_pairs(engine_t *eng, uint32_t page, uint32_t before, uint32_t after) {
+  const ipage_t *ip = eng->ip[page];
+  if (!ip || !ip->indexed) return;
+  eng->idx_pairs += (after == 2) - (before == 2);
+}
+
+void page_ref(engine_t *eng, uint32_t page) {
+  ipage_t *ip = eng->ip[page];
+  uint32_t r = eng->pool.refcnt[page];
+  if (ip && ip->indexed && r == 1) { /* leaves the cached state */
+    lru_unlink(&ip->node);
+    cached_count(eng, ip->cache, -1);
+  }
+  pool_ref(&eng->pool, page);
+  index_pairs(eng, page, r, r + 1);
+}
+
+void page_unref(engine_t *eng, const cache_t *c, uint32_t page, uint8_t prio) {
+  page_unref_bytes(eng, c->g.page_bytes, page, prio);
+}
+
+void page_unref_bytes(engine_t *eng, uint64_t layout_bytes, uint32_t page, uint8_t prio) {
+  uint32_t r = eng->pool.refcnt[page];
+  index_pairs(eng, page, r, r - 1);
+  if (pool_unref(&eng->pool, page)) {
+    eng->bytes_used -= layout_bytes;
+    mem_free(&eng->mem, eng->ip[page]);
+    eng->ip[page] = NULL;
+    return;
+  }
+  ipage_t *ip = eng->ip[page];
+  if (ip && ip->indexed && eng->pool.refcnt[page] == 1) { /* only the index holds it */
+    ip->node.prio = prio;
+    lru_link(eng, &ip->node, eng->evicting);
+    cached_count(eng, ip->cache, +1);
+  }
+}
+
+static void unindex(engine_t *eng, ipage_t *ip) {
+  cache_t *c = ip->cache;
+  hmap_remove(&c->index, hash_key64(ip->hash));
+  if (ip->parent != NOPAGE && eng->ip[ip->parent] && eng->ip[ip->parent]->indexed)
+    eng->ip[ip->parent]->nchildren--;
+  ip->indexed = false;
+  eng->st.pages_indexed--;
+  c->st.pages_indexed--;
+}
+
+void prefix_reclaim(engine_t *eng, ipage_t *ip) {
+  cache_t *c = ip->cache;
+  lru_unlink(&ip->node);
+  cached_count(eng, c, -1);
+  unindex(eng, ip);
+  eng->st.cached_reclaimed++;
+  c->st.cached_reclaimed++;
+  page_unref(eng, c, ip->page, 0); /* the index's reference was the last */
+}
+
+void prefix_cache_clear(engine_t *eng, cache_t *c) {
+  /* Every sequence is gone: each indexed page of c is cached. Children first
+   * is not needed here: the whole index goes. */
+  for (uint32_t page = 0; page < eng->pool.npages && c->index.count; page++) {
+    ipage_t *ip = eng->ip[page];
+    if (!ip || ip->cache != c || !ip->indexed) continue;
+    lru_unlink(&ip->node);
+    cached_count(eng, c, -1);
+    hmap_remove(&c->index, hash_key64(ip->hash));
+    ip->indexed = false;
+    eng->st.pages_indexed--;
+    c->st.pages_indexed--;
+    page_unref(eng, c, page, 0);
+  }
+  hmap_deinit(&c->index, &eng->mem);
+}
+
+void prefix_page_copied(engine_t *eng, uint32_t from, uint32_t to) {
+  ipage_t *src = eng->ip[from];
+  if (!src) return;
+  ipage_t *ip = ipage_take(eng, src->cache, to);
+  ip->key = src->key;
+  ip->ntok = src->ntok;
+  memcpy(ip->tokens, src->tokens, (size_t)src->cache->g.T * sizeof *ip->tokens);
+}
+
+/* ---- puts ---------------------------------------------------------------------- */
+
+void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
+  const geom_t *g = &s->cache->g;
+  for (uint64_t idx = pos >> g->tshift; (idx << g->tshift) < end; idx++) {
+    ipage_t *ip = eng->ip[s->table[idx - s->base]];
+    if (!ip) continue;
+    uint64_t from = pos > (idx << g->tshift) ? pos - (idx << g->tshift) : 0;
+    if (ip->ntok > from) ip->ntok = (uint32_t)from;
+    ip->hashed = false;
+  }
+}
+
+/* Hashes page idx of s if it is full and its chain is hashed; indexes it if
+ * its hash is free. Returns false when the chain cannot go further. */
+static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t *key,
+                     uint32_t key_id) {
+  cache_t *c = s->cache;
+  uint32_t page = s->table[idx - s->base];
+  ipage_t *ip = eng->ip[page];
+  if (!ip || ip->ntok < c->g.T || ip->key != key_id) return false;
+  if (ip->hashed) return true;
+  uint8_t parent[32];
+  uint32_t parent_page = NOPAGE;
+  if (idx == 0) {
+    chain_root(eng, c, key, parent);
+  } else {
+    if (idx - 1 < s->base) return false;
+    parent_page = s->table[idx - 1 - s->base];
+    ipage_t *pip = eng->ip[parent_page];
+    if (!pip || !pip->hashed || pip->key != key_id) return false;
+    memcpy(parent, pip->hash, 32);
+  }
+  page_hash(eng, parent, ip->tokens, c->g.T, key, ip->hash);
+  ip->hashed = true;
+  ip->parent = parent_page;
+  uint64_t k64 = hash_key64(ip->hash);
+  /* Only a chain indexed from its head is indexed: a page under an unindexed
+   * parent (a duplicate of an indexed twin) could never be reached. */
+  if (parent_page != NOPAGE && !eng->ip[parent_page]->indexed) return true;
+  if (hmap_get(&c->index, k64)) { /* taken: the same prefix elsewhere, or a clash */
+    ipage_t *other = hmap_get(&c->index, k64);
+    if (memcmp(other->tokens, ip->tokens, c->g.T * sizeof *ip->tokens) != 0 ||
+        other->key != key_id) {
+      eng->st.hash_collisions++;
+      c->st.hash_collisions++;
+    }
+    return true;
+  }
+  hmap_insert(&c->index, k64, ip); /* room reserved by the caller */
+  ip->indexed = true;
+  pool_ref(&eng->pool, page);
+  index_pairs(eng, page, 0, eng->pool.refcnt[page]);
+  if (parent_page != NOPAGE) eng->ip[parent_page]->nchildren++;
+  eng->st.pages_indexed++;
+  c->st.pages_indexed++;
+  return true;
+}
+
+void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engine_pkey_t *key,
+                       uint32_t key_id) {
+  const geom_t *g = &s->cache->g;
+  uint64_t end = e->pos + e->ntokens, first = e->pos >> g->tshift;
+  for (uint64_t idx = first; (idx << g->tshift) < end; idx++) {
+    uint32_t page = s->table[idx - s->base];
+    ipage_t *ip = eng->ip[page] ? eng->ip[page] : ipage_take(eng, s->cache, page);
+    uint64_t pstart = idx << g->tshift;
+    uint64_t from = e->pos > pstart ? e->pos - pstart : 0;
+    uint64_t to = (end < pstart + g->T ? end : pstart + g->T) - pstart;
+    ip->hashed = false;
+    if (ip->key != key_id) {
+      if (from > 0) { /* the page began under another key: its chain ends here */
+        if (ip->ntok > from) ip->ntok = (uint32_t)from;
+        continue;
+      }
+      ip->key = key_id;
+      ip->ntok = 0;
+    }
+    if (from > ip->ntok) continue; /* ids before from are unknown */
+    memcpy(ip->tokens + from, e->tokens + (pstart + from - e->pos),
+           (size_t)(to - from) * sizeof *ip->tokens);
+    if (to > ip->ntok) ip->ntok = (uint32_t)to;
+  }
+  /* Hash from the first page the chain has not reached yet. */
+  uint64_t idx = s->base;
+  while (idx < first && eng->ip[s->table[idx - s->base]] &&
+         eng->ip[s->table[idx - s->base]]->hashed)
+    idx++;
+  for (; (idx << g->tshift) < end; idx++)
+    if (!hash_one(eng, s, idx, key, key_id)) break;
+}
+
+/* ---- match and attach --------------------------------------------------------- */
+
+/* Walks the chain of tokens; fills pages[] (if not NULL) with matched pages. */
+static uint64_t chain_match(engine_t *eng, cache_t *c, const uint32_t *tokens, uint64_t n,
+                            const engine_pkey_t *key, uint32_t key_id, uint32_t *pages) {
+  if (key_id == 0) return 0;
+  uint32_t T = c->g.T, parent = NOPAGE;
+  uint8_t h[32], prev[32];
+  uint64_t m = 0;
+  chain_root(eng, c, key, prev);
+  for (; (m + 1) * T <= n; m++) {
+    page_hash(eng, prev, tokens + m * T, T, key, h);
+    ipage_t *ip = hmap_get(&c->index, hash_key64(h));
+    if (!ip) break;
+    if (memcmp(ip->hash, h, 32) != 0 || ip->parent != parent || ip->key != key_id ||
+        memcmp(ip->tokens, tokens + m * T, (size_t)T * sizeof *tokens) != 0) {
+      eng->st.hash_verify_failed++;
+      c->st.hash_verify_failed++;
+      break;
+    }
+    if (pages) pages[m] = ip->page;
+    parent = ip->page;
+    memcpy(prev, h, 32);
+  }
+  return m;
+}
+
+/* A hit touches its pages, deepest first so the chain head ends most recent. */
+static void hit_touch(engine_t *eng, const uint32_t *pages, uint64_t m) {
+  for (uint64_t i = m; i-- > 0;) {
+    ipage_t *ip = eng->ip[pages[i]];
+    if (i == 0) ip->hits++;
+    if (ip->node.prev) { /* cached: most recent of its list */
+      lru_unlink(&ip->node);
+      lru_link(eng, &ip->node, false);
+    }
+  }
+}
+
+static void match_count(engine_t *eng, cache_t *c, uint64_t n, uint64_t hit, uint64_t inel) {
+  eng->st.prefix_matches++;
+  eng->st.prefix_tokens_queried += n;
+  eng->st.prefix_tokens_hit += hit;
+  eng->st.prefix_tokens_ineligible += inel;
+  c->st.prefix_matches++;
+  c->st.prefix_tokens_queried += n;
+  c->st.prefix_tokens_hit += hit;
+  c->st.prefix_tokens_ineligible += inel;
+}
+
+static int match_args(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                      const engine_pkey_t *key, cache_t **c, uint32_t *key_id) {
+  *c = engine_cache(eng, cache_id);
+  if (!*c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  if (n && !tokens) return engine_fail(eng, KVC_E_INVAL, "NULL tokens");
+  if (n > KVC_MAX_SEQ_TOKENS)
+    return engine_fail(eng, KVC_E_RANGE, "%llu tokens: more than a sequence holds",
+                       (unsigned long long)n);
+  if (prefix_key(eng, key, false, key_id))
+    return engine_fail(eng, KVC_E_INVAL, "salt and extra key are at most %u bytes", KEY_MAX);
+  return 0;
+}
+
+int engine_match(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                 const engine_pkey_t *key, engine_match_t *out) {
+  if (!eng) return KVC_E_INVAL;
+  if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  cache_t *c;
+  uint32_t key_id;
+  int rc = match_args(eng, cache_id, tokens, n, key, &c, &key_id);
+  if (rc) return rc;
+  uint64_t m = chain_match(eng, c, tokens, n, key, key_id, eng->scratch);
+  hit_touch(eng, eng->scratch, m);
+  out->pages = m;
+  out->tokens = m * c->g.T;
+  out->ineligible = n % c->g.T;
+  match_count(eng, c, n, out->tokens, out->ineligible);
+  return 0;
+}
+
+int engine_attach(engine_t *eng, uint32_t cache_id, uint64_t dst_id, const uint32_t *tokens,
+                  uint64_t n, const engine_pkey_t *key, uint64_t owner,
+                  engine_match_t *out) {
+  if (!eng) return KVC_E_INVAL;
+  if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  cache_t *c;
+  uint32_t key_id;
+  int rc = match_args(eng, cache_id, tokens, n, key, &c, &key_id);
+  if (rc) return rc;
+  uint32_t *pages = eng->scratch;
+  uint64_t m = chain_match(eng, c, tokens, n, key, key_id, pages);
+  if ((rc = seq_attach_pages(eng, c, dst_id, pages, m, owner))) return rc;
+  hit_touch(eng, pages, m);
+  out->pages = m;
+  out->tokens = m * c->g.T;
+  out->ineligible = n % c->g.T;
+  match_count(eng, c, n, out->tokens, out->ineligible);
+  return 0;
+}
+
+int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out, size_t cap,
+                      size_t *n) {
+  if (!eng) return KVC_E_INVAL;
+  if (!n || (cap && !out)) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  size_t k = 0;
+  for (uint32_t page = 0; page < eng->pool.npages; page++) {
+    ipage_t *ip = eng->ip[page];
+    if (!ip || ip->cache != c || !ip->indexed || ip->parent != NOPAGE) continue;
+    /* Keep the cap heads with the most hits, by insertion into a sorted run. */
+    size_t at = k < cap ? k : cap;
+    while (at > 0 && out[at - 1].hits < ip->hits) at--;
+    if (at >= cap) continue;
+    if (k < cap) k++;
+    memmove(out + at + 1, out + at, (k - 1 - at) * sizeof *out);
+    memcpy(out[at].hash, ip->hash, 32);
+    out[at].hits = ip->hits;
+    out[at].depth = 0;
+  }
+  /* Depth: the longest indexed chain below each listed head. */
+  for (uint32_t page = 0; page < eng->pool.npages; page++) {
+    ipage_t *ip = eng->ip[page];
+    if (!ip || ip->cache != c || !ip->indexed || ip->nchildren) continue;
+    uint32_t d = 1;
+    while (ip->parent != NOPAGE) {
+      ip = eng->ip[ip->parent];
+      d++;
+    }
+    for (size_t i = 0; i < k; i++)
+      if (memcmp(out[i].hash, ip->hash, 32) == 0 && d > out[i].depth) out[i].depth = d;
+  }
+  *n = k;
+  return 0;
+}

@@ -1,0 +1,249 @@
+/* shift.c: moving a sequence's tokens to other positions, with their keys
+ * re-rotated (remove of a middle range, llama.cpp's seq_add), and the other
+ * llama.cpp-style sequence calls (seq_rm without a shift, seq_keep, pos_min,
+ * pos_max).
+ *
+ *   remove [2, 4) of 0..7:   slots 0 1 2 3 4 5 6      0 1 4 5 6
+ *                                  a b c d e f g  ->  a b e f g
+ *   e, f, g move down by 2; their keys turn by -2 positions (rope.h).
+ *
+ * The pages written (the target slots) are made unshared first, all or
+ * nothing like a put: KVC_E_FULL changes nothing.
+ */
+#include <string.h>
+
+#include "engine_impl.h"
+#include "rope.h"
+
+static int find(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **out) {
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  *out = hmap_get(&c->seqs, seq_id);
+  if (!*out)
+    return engine_fail(eng, KVC_E_NOSEQ, "no sequence %llu in cache '%s'",
+                       (unsigned long long)seq_id, c->name);
+  return 0;
+}
+
+/* Copies slot `from` to slot `to` in every layer (K, V, int8 scales), then
+ * turns the key by the rope's delta (rp NULL: no rotation). */
+static void slot_copy(engine_t *eng, const seq_t *s, uint64_t from, uint64_t to,
+                      const rope_t *rp) {
+  const geom_t *g = &s->cache->g;
+  uint64_t T1 = g->T - 1, tf = from & T1, tt = to & T1, sr = (uint64_t)g->H * 4;
+  unsigned char *pf = pool_page(&eng->pool, s->table[(from >> g->tshift) - s->base]);
+  unsigned char *pt = pool_page(&eng->pool, s->table[(to >> g->tshift) - s->base]);
+  for (uint32_t l = 0; l < g->L; l++, pf += g->layer_bytes, pt += g->layer_bytes) {
+    memmove(pt + tt * g->k_row, pf + tf * g->k_row, g->k_row);
+    memmove(pt + g->k_off_v + tt * g->v_row, pf + g->k_off_v + tf * g->v_row, g->v_row);
+    if (g->int8) {
+      memmove(pt + g->ks_off + tt * sr, pf + g->ks_off + tf * sr, sr);
+      memmove(pt + g->vs_off + tt * sr, pf + g->vs_off + tf * sr, sr);
+    }
+    if (rp)
+      rope_rotate_row(rp, g, s->cache->layout.dtype, pt + tt * g->k_row,
+                      g->int8 ? pt + g->ks_off + tt * sr : NULL);
+  }
+}
+
+/* What a move allocates before anything changes. */
+typedef struct move_mem {
+  hole_t *tmp;
+  double *cs, *x;
+  float *f;
+} move_mem_t;
+
+static void move_mem_free(engine_t *eng, move_mem_t *m) {
+  mem_free(&eng->mem, m->tmp);
+  mem_free(&eng->mem, m->cs);
+  mem_free(&eng->mem, m->x);
+  mem_free(&eng->mem, m->f);
+}
+
+/* Moves slots [p0, p1) (p1 <= len) of s by delta, all or nothing. The target
+ * may overlap held tokens only where the caller allows it. */
+static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t delta,
+                    bool rotate) {
+  const cache_t *c = s->cache;
+  uint64_t dlo = p0 + (uint64_t)delta, dhi = p1 + (uint64_t)delta, tend = seq_table_end(s);
+  move_mem_t m = {0};
+  uint32_t dk = c->g.dk;
+  int rc = 0;
+  if (seq_reserve(eng, s, seq_pages_for(s, dhi > tend ? dhi : tend)) ||
+      holes_reserve(eng, s, s->nholes + 4) ||
+      !(m.tmp = mem_alloc(&eng->mem, (s->nholes + 1) * sizeof *m.tmp)) ||
+      (rotate && (!(m.cs = mem_alloc(&eng->mem, (c->layout.rope_dims + 2) * sizeof *m.cs)) ||
+                  !(m.x = mem_alloc(&eng->mem, dk * sizeof *m.x)) ||
+                  !(m.f = mem_alloc(&eng->mem, dk * sizeof *m.f))))) {
+    rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    goto out;
+  }
+  eng->epoch++;
+  s->mark = eng->epoch; /* never evicted to make room for itself */
+  span_t sp = {s, dlo < tend ? dlo : tend, dhi};
+  if ((rc = ops_room(eng, &sp, 1))) {
+    if (rc == KVC_E_FULL) s->cache->st.full_errors++;
+    goto out;
+  }
+  rope_t rp = {0, false, m.cs, m.x, m.f};
+  if (rotate) rope_init(&rp, &c->layout, delta);
+  ops_writable(eng, s, sp.pos, sp.end);
+  if (delta < 0)
+    for (uint64_t q = p0; q < p1; q++) {
+      if (!holes_has(s, q)) slot_copy(eng, s, q, q + (uint64_t)delta, rotate ? &rp : NULL);
+    }
+  else
+    for (uint64_t q = p1; q-- > p0;) {
+      if (!holes_has(s, q)) slot_copy(eng, s, q, q + (uint64_t)delta, rotate ? &rp : NULL);
+    }
+  prefix_put_untokened(eng, s, dlo, dhi);
+  uint64_t len = s->len;
+  holes_move(s, p0, p1, delta, m.tmp);
+  if (delta < 0 && p1 == len) {
+    seq_truncate(eng, s, dhi); /* the tail moved down: nothing above it */
+  } else {
+    if (delta < 0) holes_add(s, dhi > p0 ? dhi : p0, p1); /* vacated */
+    else holes_add(s, p0, dlo < p1 ? dlo : p1);
+    if (dlo > len) holes_add(s, len, dlo);
+    if (dhi > len) seq_set_lengths(eng, s, 0, c->g.L, dhi);
+  }
+  lru_touch(eng, s);
+out:
+  move_mem_free(eng, &m);
+  return rc;
+}
+
+/* Whether every slot of [b, e) below the length is a hole. */
+static bool all_holes(const seq_t *s, uint64_t b, uint64_t e) {
+  if (e > s->len) e = s->len;
+  while (b < e) {
+    uint32_t i = 0;
+    while (i < s->nholes && s->holes[i].e <= b) i++;
+    if (i == s->nholes || s->holes[i].b > b) return false;
+    b = s->holes[i].e;
+  }
+  return true;
+}
+
+/* Open ends: a negative p0 is 0, a negative p1 the end. */
+static void open_range(int64_t p0, int64_t p1, uint64_t *b, uint64_t *e) {
+  *b = p0 < 0 ? 0 : (uint64_t)p0;
+  *e = p1 < 0 ? UINT64_MAX : (uint64_t)p1;
+}
+
+/* Checks that s can move its tokens (RoPE, kind, uniform layers). */
+static int movable(engine_t *eng, const seq_t *s, bool need_rope) {
+  const kvc_layout_t *l = &s->cache->layout;
+  if (need_rope && l->attn == KVC_ATTN_ENCODER)
+    return engine_fail(eng, KVC_E_KIND, "encoder entries have no positions to shift");
+  if (l->attn != KVC_ATTN_ENCODER && l->rope_dims == 0)
+    return engine_fail(eng, KVC_E_NOROPE,
+                       "moving tokens of cache '%s' needs its keys re-rotated: the cache "
+                       "has no RoPE description", s->cache->name);
+  if (s->layer_len)
+    return engine_fail(eng, KVC_E_RANGE, "sequence %llu has layers of different lengths",
+                       (unsigned long long)s->id);
+  return 0;
+}
+
+int shift_remove(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
+  int rc = movable(eng, s, false);
+  if (rc) return rc;
+  if (b < s->start) b = s->start;
+  rc = relocate(eng, s, e, s->len, -(int64_t)(e - b),
+                s->cache->layout.attn != KVC_ATTN_ENCODER);
+  if (rc == 0) eng->st.removes++;
+  return rc;
+}
+
+int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1,
+                 int64_t delta) {
+  if (!eng) return KVC_E_INVAL;
+  seq_t *s;
+  uint64_t b, e;
+  int rc = find(eng, cache_id, seq_id, &s);
+  if (rc || (rc = movable(eng, s, true))) return rc;
+  open_range(p0, p1, &b, &e);
+  if (b > e)
+    return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)b,
+                       (unsigned long long)e);
+  if (b < s->start) b = s->start;
+  if (e > s->len) e = s->len;
+  if (b >= e || delta == 0) return 0;
+  if (delta <= -(int64_t)KVC_MAX_SEQ_TOKENS || delta >= (int64_t)KVC_MAX_SEQ_TOKENS ||
+      (delta < 0 && (uint64_t)-delta > b - s->start) ||
+      e + (uint64_t)delta > KVC_MAX_SEQ_TOKENS)
+    return engine_fail(eng, KVC_E_RANGE, "shifting [%llu, %llu) by %lld leaves [start %llu, "
+                       "%llu)", (unsigned long long)b, (unsigned long long)e,
+                       (long long)delta, (unsigned long long)s->start,
+                       (unsigned long long)KVC_MAX_SEQ_TOKENS);
+  uint64_t tb = b + (uint64_t)delta, te = e + (uint64_t)delta;
+  if (!(delta < 0 ? all_holes(s, tb, te < b ? te : b)
+                  : all_holes(s, e > tb ? e : tb, te)))
+    return engine_fail(eng, KVC_E_RANGE, "shifting [%llu, %llu) by %lld would overwrite "
+                       "tokens; remove them first", (unsigned long long)b,
+                       (unsigned long long)e, (long long)delta);
+  return relocate(eng, s, b, e, delta, true);
+}
+
+int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1) {
+  if (!eng) return KVC_E_INVAL;
+  seq_t *s;
+  uint64_t b, e;
+  int rc = find(eng, cache_id, seq_id, &s);
+  if (rc) return rc;
+  open_range(p0, p1, &b, &e);
+  if (b > e)
+    return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)b,
+                       (unsigned long long)e);
+  if (b < s->start) b = s->start;
+  if (b >= s->extent || b >= e) return 0;
+  if (e >= s->extent) return engine_remove(eng, cache_id, seq_id, b, e);
+  if (s->layer_len)
+    return engine_fail(eng, KVC_E_RANGE, "sequence %llu has layers of different lengths",
+                       (unsigned long long)s->id);
+  if (holes_reserve(eng, s, 1)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  holes_add(s, b, e);
+  lru_touch(eng, s);
+  eng->st.removes++;
+  return 0;
+}
+
+int engine_keep(engine_t *eng, uint32_t cache_id, uint64_t seq_id) {
+  if (!eng) return KVC_E_INVAL;
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  size_t n = c->seqs.count, k = 0, pos = 0;
+  uint64_t *ids = n ? mem_alloc(&eng->mem, n * sizeof *ids) : NULL;
+  if (n && !ids) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  seq_t *s;
+  while ((s = hmap_next(&c->seqs, &pos, NULL)))
+    if (s->id != seq_id) ids[k++] = s->id;
+  for (size_t i = 0; i < k; i++) {
+    eng->st.removes++;
+    seq_drop(eng, hmap_get(&c->seqs, ids[i]));
+  }
+  mem_free(&eng->mem, ids);
+  return 0;
+}
+
+int engine_pos_range(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t *pmin,
+                     int64_t *pmax) {
+  if (!eng) return KVC_E_INVAL;
+  if (!pmin || !pmax) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  cache_t *c = engine_cache(eng, cache_id);
+  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  const seq_t *s = hmap_get(&c->seqs, seq_id);
+  *pmin = *pmax = -1;
+  if (!s) return 0;
+  uint64_t lo = s->start, hi = s->len;
+  for (uint32_t i = 0; i < s->nholes && s->holes[i].b <= lo; i++)
+    if (s->holes[i].e > lo) lo = s->holes[i].e;
+  for (uint32_t i = s->nholes; i-- > 0 && s->holes[i].e >= hi;)
+    if (s->holes[i].b < hi) hi = s->holes[i].b;
+  if (lo < hi) {
+    *pmin = (int64_t)lo;
+    *pmax = (int64_t)hi - 1;
+  }
+  return 0;
+}

@@ -1,0 +1,167 @@
+/* attention.c: attention-aware sequences through the daemon: a window cache
+ * with a RoPE description opened over the wire, a forward pass as reserve,
+ * one batched put and a history view with its mask, then shift, llama.cpp's
+ * seq_rm / seq_keep / pos_min / pos_max and a middle remove, and the errors
+ * of each new request. */
+#include <math.h>
+
+#include "harness.h"
+
+#define X (-INFINITY)
+
+static kvc_layout_t win_layout(void) {
+  kvc_layout_t l = {.num_layers = 1, .num_kv_heads = 1, .head_dim_k = 2, .head_dim_v = 1,
+                    .dtype = KVC_DTYPE_F32, .page_tokens = 2};
+  l.attn = KVC_ATTN_WINDOW;
+  l.attn_window = 2;
+  l.attn_memory = 3;
+  l.rope_dims = 2;
+  l.rope_theta = 10000;
+  return l;
+}
+
+/* Puts one batch: entries per sequence, K = (v, -v), V = v. */
+static void put_batch(kvc_cache_t *h, const kvc_tok_t *t, const float *vals, size_t n) {
+  float k[2][16], v[2][8];
+  kvc_io_t io[2];
+  size_t nio = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t j = 0;
+    while (j < nio && io[j].seq_id != t[i].seq_id) j++;
+    if (j == nio) io[nio++] = (kvc_io_t){t[i].seq_id, t[i].pos, 0, k[j], v[j], NULL, NULL, NULL};
+    uint64_t q = io[j].ntokens++;
+    k[j][2 * q] = vals[i], k[j][2 * q + 1] = -vals[i], v[j][q] = vals[i];
+  }
+  ASSERT_OK(kvc_put_batch(h, NULL, io, nio));
+}
+
+static void expect_history(kvc_client_t *c, kvc_cache_t *h, const kvc_tok_t *t, size_t n,
+                           size_t nwant, const float *want, const float *wmask) {
+  kvc_hist_t hi;
+  kvc_hist_span_t spans[4];
+  ASSERT_OK(kvc_history(h, NULL, t, n, &hi, spans, 4));
+  ASSERT_U64_EQ(hi.entries, nwant);
+  ASSERT_U64_EQ(hi.k_bytes, nwant * 8);
+  ASSERT_U64_EQ(hi.mask_bytes, n * nwant * 4);
+  void *base;
+  uint64_t bytes;
+  kvc_client_shm(c, &base, &bytes);
+  const float *k = (const float *)((char *)base + hi.k_off);
+  const float *v = (const float *)((char *)base + hi.v_off);
+  const float *m = (const float *)((char *)base + hi.mask_off);
+  for (size_t j = 0; j < nwant; j++) {
+    if (v[j] != want[j] || k[2 * j] != want[j])
+      TEST_FAIL_("entry %zu: K %g V %g, expected %g", j, (double)k[2 * j], (double)v[j],
+                 (double)want[j]);
+  }
+  for (size_t i = 0; i < n * nwant; i++)
+    if (m[i] != wmask[i])
+      TEST_FAIL_("mask[%zu][%zu] = %g, expected %g", i / nwant, i % nwant, (double)m[i],
+                 (double)wmask[i]);
+}
+
+TEST(attention_window_rope_through_the_daemon) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = client_open(&d);
+  kvc_layout_t l = win_layout(), bad = l;
+  kvc_cache_t *h;
+  bad.attn = (kvc_attn_t)9;
+  ASSERT_ERR(kvc_cache_open(c, "bad", &bad, &h), KVC_E_ATTN);
+  bad = l, bad.rope_dims = 3;
+  ASSERT_ERR(kvc_cache_open(c, "bad", &bad, &h), KVC_E_ROPE);
+  ASSERT_OK(kvc_cache_open(c, "win", &l, &h));
+  kvc_cache_info_t ci[2];
+  size_t nc = 0;
+  ASSERT_OK(kvc_cache_list(c, ci, 2, &nc));
+  ASSERT_EQ(nc, 1);
+  ASSERT_EQ(ci[0].layout.attn, KVC_ATTN_WINDOW);
+  ASSERT_EQ(ci[0].layout.attn_memory, 3);
+  ASSERT_EQ(ci[0].layout.rope_dims, 2);
+  ASSERT(ci[0].layout.rope_scale == 1.0f);
+  l.attn_memory = 4;
+  ASSERT_ERR(kvc_cache_open(c, "win", &l, &h), KVC_E_LAYOUT);
+  l = win_layout();
+  ASSERT_OK(kvc_cache_open(c, "win", &l, &h));
+
+  /* pass 1: two sequences interleaved, then the history with its mask */
+  kvc_tok_t b1[5] = {{1, 0}, {2, 0}, {1, 1}, {2, 1}, {1, 2}};
+  ASSERT_OK(kvc_reserve(h, b1, 5));
+  put_batch(h, b1, (const float[]){1, 2, 3, 4, 5}, 5);
+  expect_history(c, h, b1, 5, 5, (const float[]){1, 3, 5, 2, 4},
+                 (const float[]){0, X, X, X, X,
+                                 X, X, X, 0, X,
+                                 0, 0, X, X, X,
+                                 X, X, X, 0, 0,
+                                 0, 0, 0, X, X});
+  /* pass 2: sequence 1 at 3, 4, 5: below 3 - 3 = 0 nothing goes yet */
+  kvc_tok_t b2[3] = {{1, 3}, {1, 4}, {1, 5}};
+  ASSERT_OK(kvc_reserve(h, b2, 3));
+  put_batch(h, b2, (const float[]){6, 7, 8}, 3);
+  expect_history(c, h, b2, 3, 6, (const float[]){1, 3, 5, 6, 7, 8},
+                 (const float[]){X, 0, 0, 0, X, X,
+                                 X, X, 0, 0, 0, X,
+                                 X, X, X, 0, 0, 0});
+  /* pass 3: position 6 keeps 3..6, positions 0..2 go (page 0 with them) */
+  kvc_tok_t b3[1] = {{1, 6}};
+  ASSERT_OK(kvc_reserve(h, b3, 1));
+  put_batch(h, b3, (const float[]){9}, 1);
+  expect_history(c, h, b3, 1, 4, (const float[]){6, 7, 8, 9}, (const float[]){X, 0, 0, 0});
+  kvc_seq_info_t si;
+  ASSERT_OK(kvc_seq_info(h, 1, &si));
+  ASSERT_U64_EQ(si.start, 3);
+  bool ok;
+  ASSERT_OK(kvc_seq_can_resume(h, 1, 5, &ok));
+  ASSERT(ok);
+  ASSERT_OK(kvc_seq_can_resume(h, 1, 4, &ok));
+  ASSERT(!ok);
+
+  /* llama.cpp's calls */
+  int64_t lo, hi;
+  ASSERT_OK(kvc_seq_pos_range(h, 1, &lo, &hi));
+  ASSERT_EQ(lo, 3);
+  ASSERT_EQ(hi, 6);
+  ASSERT_OK(kvc_seq_rm(h, 1, 5, -1)); /* to the end: truncates */
+  ASSERT_OK(kvc_seq_pos_range(h, 1, &lo, &hi));
+  ASSERT_EQ(hi, 4);
+  ASSERT_OK(kvc_seq_shift(h, 1, -1, -1, 2)); /* 3, 4 -> 5, 6; 3, 4 become holes */
+  ASSERT_OK(kvc_seq_pos_range(h, 1, &lo, &hi));
+  ASSERT_EQ(lo, 5);
+  ASSERT_EQ(hi, 6);
+  ASSERT_ERR(kvc_seq_shift(h, 1, 5, 7, -3), KVC_E_RANGE); /* below the start */
+  ASSERT_OK(kvc_seq_shift(h, 1, 5, 7, -2));
+  float k[4], v[2], want[2];
+  ASSERT_OK(kvc_get(h, 1, 3, 5, k, v));
+  for (int i = 0; i < 2; i++) { /* keys turned by +2 then -2: as put */
+    want[0] = (float)(6 + i), want[1] = -(float)(6 + i);
+    ASSERT(fabsf(k[2 * i] - want[0]) < 1e-4f && fabsf(k[2 * i + 1] - want[1]) < 1e-4f);
+    ASSERT(v[i] == (float)(6 + i));
+  }
+  ASSERT_OK(kvc_seq_remove(h, 2, 0, 1)); /* a middle range, RoPE: moves */
+  ASSERT_OK(kvc_seq_pos_range(h, 2, &lo, &hi));
+  ASSERT_EQ(lo, 0);
+  ASSERT_EQ(hi, 0);
+  ASSERT_OK(kvc_seq_keep(h, 2));
+  ASSERT_ERR(kvc_seq_info(h, 1, &si), KVC_E_NOSEQ);
+  ASSERT_OK(kvc_seq_pos_range(h, 1, &lo, &hi));
+  ASSERT_EQ(lo, -1);
+
+  /* errors of the new requests */
+  kvc_tok_t gap[2] = {{2, 1}, {2, 3}};
+  ASSERT_ERR(kvc_reserve(h, gap, 2), KVC_E_POSORDER);
+  kvc_hist_t hv;
+  kvc_tok_t miss[1] = {{9, 0}};
+  ASSERT_ERR(kvc_history(h, NULL, miss, 1, &hv, NULL, 0), KVC_E_NOSEQ);
+  ASSERT_ERR(kvc_reserve(h, NULL, 0), KVC_E_INVAL);
+  kvc_layout_t plain = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *p;
+  ASSERT_OK(kvc_cache_open(c, "plain", &plain, &p));
+  float pk[4 * 64 * 2], pv[4 * 64 * 2];
+  memset(pk, 0, sizeof pk), memset(pv, 0, sizeof pv);
+  ASSERT_OK(kvc_put(p, 1, 0, 4, pk, pv));
+  ASSERT_ERR(kvc_seq_shift(p, 1, 1, -1, 1), KVC_E_NOROPE);
+  ASSERT_ERR(kvc_seq_remove(p, 1, 1, 2), KVC_E_NOROPE);
+  ASSERT_U64_EQ(stat_get(c, "requests_history", NULL), 7); /* 3 views x 2 round trips + 1 */
+  kvc_client_close(c);
+  daemon_stop(&d);
+}

@@ -1,0 +1,455 @@
+/* attention.c: attention-aware sequences, scenario by scenario, the way a
+ * worker built on ollama's kvcache or llama.cpp's memory API drives them.
+ *
+ * The scenario caches hold one layer, one head, a K row of two elements
+ * (value, -value) and a V row of one (value), two tokens a page, so a
+ * history view is a list of numbers and its mask a small matrix:
+ * 0 = attend, X = -inf. Every test checks the gathered values, their count
+ * and the mask exactly, and ends with engine_audit() == 0.
+ */
+#include <math.h>
+
+#include "engine_fixture.h"
+
+#define X (-INFINITY)
+#define MAXH 64
+
+/* A scenario cache: kind, window, memory, chunk; npages pool pages. */
+static void sc_open(fx_t *f, kvc_attn_t kind, uint32_t w, uint32_t m, uint32_t c,
+                    uint32_t rope_dims, uint64_t npages) {
+  kvc_layout_t l = fx_layout(1, 1, 2, 1, KVC_DTYPE_F32, 2);
+  l.attn = kind;
+  l.attn_window = w;
+  l.attn_memory = m;
+  l.attn_chunk = c;
+  if (rope_dims) {
+    l.rope_dims = rope_dims;
+    l.rope_theta = 10000;
+  }
+  fx_open(f, &l, npages);
+}
+
+/* One forward pass: reserve the batch, put its values (one entry per
+ * sequence, in one request), as ollama's StartForward then Put. */
+static void sc_step(fx_t *f, size_t n, const uint64_t *seqs, const uint64_t *pos,
+                    const float *vals) {
+  engine_tok_t toks[MAXH] = {{0, 0}};
+  for (size_t i = 0; i < n; i++) toks[i] = (engine_tok_t){seqs[i], pos[i]};
+  ASSERT_OK(engine_reserve(f->eng, f->cid, toks, n));
+  float k[MAXH][MAXH * 2], v[MAXH][MAXH];
+  engine_io_t io[MAXH];
+  size_t nio = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t j = 0;
+    while (j < nio && io[j].seq_id != seqs[i]) j++;
+    if (j == nio) io[nio++] = (engine_io_t){.seq_id = seqs[i], .pos = pos[i], .k = k[j],
+                                            .v = v[j]};
+    uint64_t t = io[j].ntokens++;
+    k[j][2 * t] = vals[i];
+    k[j][2 * t + 1] = -vals[i];
+    v[j][t] = vals[i];
+    io[j].k_bytes += 8;
+    io[j].v_bytes += 4;
+  }
+  ASSERT_OK(engine_put(f->eng, f->cid, NULL, io, nio));
+  FX_AUDIT(f->eng);
+}
+
+/* The history of a batch, checked against want (values) and wmask. */
+static void sc_expect_(fx_t *f, size_t n, const uint64_t *seqs, const uint64_t *pos,
+                       size_t nwant, const float *want, const float *wmask, const char *file,
+                       int line) {
+  engine_tok_t toks[MAXH] = {{0, 0}};
+  for (size_t i = 0; i < n; i++) toks[i] = (engine_tok_t){seqs[i], pos[i]};
+  engine_hist_t h = {0};
+  ASSERT_OK(engine_history(f->eng, f->cid, NULL, toks, n, &h));
+  if (h.nentries != nwant)
+    TEST_FAIL_("%s:%d: history of %" PRIu64 " entries, expected %zu", file, line,
+               h.nentries, nwant);
+  float k[MAXH * 2], v[MAXH], mask[MAXH * MAXH];
+  engine_span_t spans[MAXH];
+  h.k = k, h.v = v, h.mask = mask, h.spans = spans, h.spans_cap = MAXH;
+  h.k_bytes = nwant * 8, h.v_bytes = nwant * 4, h.mask_bytes = n * nwant * 4;
+  ASSERT_OK(engine_history(f->eng, f->cid, NULL, toks, n, &h));
+  for (size_t j = 0; j < nwant; j++)
+    if (k[2 * j] != want[j] || k[2 * j + 1] != -want[j] || v[j] != want[j])
+      TEST_FAIL_("%s:%d: entry %zu: K (%g, %g) V %g, expected %g", file, line, j,
+                 (double)k[2 * j], (double)k[2 * j + 1], (double)v[j], (double)want[j]);
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = 0; j < nwant; j++)
+      if (mask[i * nwant + j] != wmask[i * nwant + j])
+        TEST_FAIL_("%s:%d: mask[token %zu][entry %zu] = %g, expected %g", file, line, i, j,
+                   (double)mask[i * nwant + j], (double)wmask[i * nwant + j]);
+  FX_AUDIT(f->eng);
+}
+#define SC_EXPECT(f, n, seqs, pos, nwant, want, wmask)                         \
+  sc_expect_((f), (n), (seqs), (pos), (nwant), (want), (wmask), __FILE__, __LINE__)
+
+#define A(...) ((const uint64_t[]){__VA_ARGS__})
+#define F(...) ((const float[]){__VA_ARGS__})
+
+TEST(causal_two_batches) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 0, 8);
+  sc_step(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), F(1, 2, 3, 4));
+  SC_EXPECT(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), 4, F(1, 2, 3, 4),
+            F(0, X, X, X, 0, 0, X, X, 0, 0, 0, X, 0, 0, 0, 0));
+  sc_step(&f, 2, A(0, 0), A(4, 5), F(5, 6));
+  SC_EXPECT(&f, 2, A(0, 0), A(4, 5), 6, F(1, 2, 3, 4, 5, 6),
+            F(0, 0, 0, 0, 0, X, 0, 0, 0, 0, 0, 0));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 0); /* causal: nothing freed */
+  fx_close(&f);
+}
+
+TEST(window_drops_old_positions_and_reuses_pages) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_WINDOW, 1, 0, 0, 0, 2); /* two pages: no room to grow */
+  sc_step(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), F(1, 2, 3, 4));
+  SC_EXPECT(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), 4, F(1, 2, 3, 4),
+            F(0, X, X, X, 0, 0, X, X, X, 0, 0, X, X, X, 0, 0));
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 0);
+  /* positions 4, 5 see 3..5: positions 0..2 go, and with them page 0 */
+  sc_step(&f, 2, A(0, 0), A(4, 5), F(5, 6));
+  SC_EXPECT(&f, 2, A(0, 0), A(4, 5), 3, F(4, 5, 6), F(0, 0, X, X, 0, 0));
+  kvc_seq_info_t in = FX_INFO(&f, 0);
+  ASSERT_U64_EQ(in.start, 3);
+  ASSERT_U64_EQ(in.length, 6);
+  ASSERT_U64_EQ(in.pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  /* a plain get before the start is out of range */
+  ASSERT_ERR(fx_get_rc(&f, 0, 2, 1, fx_all(&f.lay)), KVC_E_RANGE);
+  fx_close(&f);
+}
+
+TEST(window_two_sequences_interleaved) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_WINDOW, 1, 0, 0, 0, 8);
+  sc_step(&f, 4, A(0, 1, 0, 1), A(0, 0, 1, 1), F(1, 2, 3, 4));
+  SC_EXPECT(&f, 4, A(0, 1, 0, 1), A(0, 0, 1, 1), 4, F(1, 3, 2, 4),
+            F(0, X, X, X, X, X, 0, X, 0, 0, X, X, X, X, 0, 0));
+  sc_step(&f, 4, A(0, 1, 0, 1), A(2, 2, 3, 3), F(5, 6, 7, 8));
+  /* each keeps positions 1..3; position 1 shares page 0 with position 0 */
+  SC_EXPECT(&f, 4, A(0, 1, 0, 1), A(2, 2, 3, 3), 6, F(3, 5, 7, 4, 6, 8),
+            F(0, 0, X, X, X, X,
+              X, X, X, 0, 0, X,
+              X, 0, 0, X, X, X,
+              X, X, X, X, 0, 0));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 1);
+  ASSERT_U64_EQ(FX_INFO(&f, 1).start, 1);
+  fx_close(&f);
+}
+
+TEST(window_with_memory_keeps_what_it_masks) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_WINDOW, 1, 3, 0, 0, 8);
+  sc_step(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), F(1, 2, 3, 4));
+  sc_step(&f, 2, A(0, 0), A(4, 5), F(5, 6));
+  /* memory 3 below position 4: positions 1..5 are held, 1 and 2 masked */
+  SC_EXPECT(&f, 2, A(0, 0), A(4, 5), 5, F(2, 3, 4, 5, 6), F(X, X, 0, 0, X, X, X, X, 0, 0));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 1);
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 3);
+  sc_step(&f, 1, A(0), A(6), F(7));
+  SC_EXPECT(&f, 1, A(0), A(6), 4, F(4, 5, 6, 7), F(X, X, 0, 0));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 3);
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 3); /* page 0 (positions 0, 1) went */
+  fx_close(&f);
+}
+
+TEST(chunked_masks_across_chunk_boundaries) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CHUNKED, 0, 0, 2, 0, 8);
+  sc_step(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), F(1, 2, 3, 4));
+  SC_EXPECT(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), 4, F(1, 2, 3, 4),
+            F(0, X, X, X, 0, 0, X, X, X, X, 0, X, X, X, 0, 0));
+  /* the batch starts the chunk at 4: chunks [0, 2) and [2, 4) go */
+  sc_step(&f, 3, A(0, 0, 0), A(4, 5, 6), F(5, 6, 7));
+  SC_EXPECT(&f, 3, A(0, 0, 0), A(4, 5, 6), 3, F(5, 6, 7), F(0, X, X, 0, 0, X, X, X, 0));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 4);
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 2);
+  fx_close(&f);
+}
+
+TEST(two_sequences_in_one_batch_isolated) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 0, 8);
+  sc_step(&f, 4, A(0, 0, 1, 1), A(0, 1, 0, 1), F(1, 2, 3, 4));
+  SC_EXPECT(&f, 4, A(0, 0, 1, 1), A(0, 1, 0, 1), 4, F(1, 2, 3, 4),
+            F(0, X, X, X, 0, 0, X, X, X, X, 0, X, X, X, 0, 0));
+  /* sequence 2 shares sequence 0's page; each attends to its own entries */
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 0, 2, 2));
+  sc_step(&f, 2, A(2, 0), A(2, 2), F(5, 6));
+  SC_EXPECT(&f, 2, A(2, 0), A(2, 2), 6, F(1, 2, 5, 1, 2, 6),
+            F(0, 0, 0, X, X, X, X, X, X, 0, 0, 0));
+  fx_close(&f);
+}
+
+/* RoPE keys of the scenario layout: (v, -v) turned by position p. */
+static void rot2(double v, double p, float out[2]) {
+  double c = cos(p), s = sin(p); /* dims 2, pair 0: frequency 1 */
+  out[0] = (float)(v * c + v * s);
+  out[1] = (float)(v * s - v * c);
+}
+
+static void put_rotated(fx_t *f, uint64_t seq, uint64_t pos, const float *vals, size_t n) {
+  float k[2 * MAXH], v[MAXH];
+  for (size_t i = 0; i < n; i++) {
+    rot2(vals[i], (double)(pos + i), &k[2 * i]);
+    v[i] = vals[i];
+  }
+  engine_io_t io = {.seq_id = seq, .pos = pos, .ntokens = n, .k = k, .v = v,
+                    .k_bytes = n * 8, .v_bytes = n * 4};
+  ASSERT_OK(engine_put(f->eng, f->cid, NULL, &io, 1));
+}
+
+static void expect_rotated(fx_t *f, uint64_t seq, uint64_t pos, const float *vals, size_t n) {
+  float k[2 * MAXH], v[MAXH], want[2];
+  engine_io_t io = {.seq_id = seq, .pos = pos, .ntokens = n, .k = k, .v = v,
+                    .k_bytes = n * 8, .v_bytes = n * 4};
+  ASSERT_OK(engine_get(f->eng, f->cid, NULL, &io, 1));
+  for (size_t i = 0; i < n; i++) {
+    rot2(vals[i], (double)(pos + i), want);
+    if (v[i] != vals[i] || fabsf(k[2 * i] - want[0]) > 1e-4f ||
+        fabsf(k[2 * i + 1] - want[1]) > 1e-4f)
+      TEST_FAIL_("position %" PRIu64 ": K (%g, %g) V %g, expected (%g, %g) V %g", pos + i,
+                 (double)k[2 * i], (double)k[2 * i + 1], (double)v[i], (double)want[0],
+                 (double)want[1], (double)vals[i]);
+  }
+}
+
+TEST(remove_end_and_middle_with_key_shift) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 2, 16);
+  put_rotated(&f, 0, 0, F(1, 2, 3, 4, 5, 6, 7, 8), 8);
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 0, 1, 8)); /* shares every page */
+  /* the end: plain truncation */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 0, 6, UINT64_MAX));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).length, 6);
+  /* the middle [1, 3): 4, 5, 6 move to 1, 2, 3, their keys turned by -2 */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 0, 1, 3));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).length, 4);
+  expect_rotated(&f, 0, 0, F(1, 4, 5, 6), 4);
+  expect_rotated(&f, 1, 0, F(1, 2, 3, 4, 5, 6, 7, 8), 8); /* the sharer is untouched */
+  FX_AUDIT(f.eng);
+  /* the history continues at position 4 with the moved keys */
+  put_rotated(&f, 0, 4, F(9), 1);
+  engine_tok_t t = {0, 4};
+  float k[10], v[5], mask[5];
+  engine_hist_t h = {.k = k, .v = v, .mask = mask, .k_bytes = 40, .v_bytes = 20,
+                     .mask_bytes = 20};
+  ASSERT_OK(engine_history(f.eng, f.cid, NULL, &t, 1, &h));
+  ASSERT_U64_EQ(h.nentries, 5);
+  expect_rotated(&f, 0, 0, F(1, 4, 5, 6, 9), 5);
+  for (int j = 0; j < 5; j++) ASSERT(mask[j] == 0);
+  /* the middle of a sequence without a RoPE description cannot move */
+  fx_t g;
+  sc_open(&g, KVC_ATTN_CAUSAL, 0, 0, 0, 0, 8);
+  sc_step(&g, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), F(1, 2, 3, 4));
+  ASSERT_ERR(engine_remove(g.eng, g.cid, 0, 1, 2), KVC_E_NOROPE);
+  ASSERT_ERR(engine_shift(g.eng, g.cid, 0, 2, -1, -1), KVC_E_NOROPE);
+  ASSERT_U64_EQ(FX_INFO(&g, 0).length, 4);
+  fx_close(&g);
+  fx_close(&f);
+}
+
+TEST(copy_prefix_then_extend_with_a_gap) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 0, 8);
+  sc_step(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), F(1, 2, 3, 4));
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 0, 1, 2));
+  /* sequence 1 continues at 3: position 2 is a hole, read as 0, masked */
+  sc_step(&f, 2, A(1, 1), A(3, 4), F(5, 6));
+  SC_EXPECT(&f, 2, A(1, 1), A(3, 4), 5, F(1, 2, 0, 5, 6), F(0, 0, X, 0, X, 0, 0, X, 0, 0));
+  int64_t lo, hi;
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 1, &lo, &hi));
+  ASSERT_EQ(lo, 0);
+  ASSERT_EQ(hi, 4);
+  /* the source still reads 1..4 */
+  SC_EXPECT(&f, 1, A(0), A(3), 4, F(1, 2, 3, 4), F(0, 0, 0, 0));
+  fx_close(&f);
+}
+
+static bool resumable(fx_t *f, uint64_t seq, uint64_t pos) {
+  bool ok = false;
+  ASSERT_OK(engine_can_resume(f->eng, f->cid, seq, pos, &ok));
+  return ok;
+}
+
+TEST(can_resume_window) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_WINDOW, 4, 0, 0, 0, 16);
+  ASSERT(!resumable(&f, 0, 0)); /* nothing held */
+  sc_step(&f, 5, A(0, 0, 0, 0, 0), A(0, 1, 2, 3, 4), F(1, 2, 3, 4, 5));
+  for (uint64_t p = 0; p <= 5; p++) ASSERT(resumable(&f, 0, p));
+  ASSERT(!resumable(&f, 0, 6));
+  /* position 5 attends to 1..5: position 0 goes */
+  sc_step(&f, 1, A(0), A(5), F(6));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 1);
+  for (uint64_t p = 0; p <= 4; p++) ASSERT(!resumable(&f, 0, p));
+  ASSERT(resumable(&f, 0, 5));
+  ASSERT(resumable(&f, 0, 6));
+  ASSERT(!resumable(&f, 0, 7));
+  fx_close(&f);
+}
+
+TEST(can_resume_window_with_memory) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_WINDOW, 4, 6, 0, 0, 16);
+  sc_step(&f, 7, A(0, 0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5, 6), F(1, 2, 3, 4, 5, 6, 7));
+  sc_step(&f, 1, A(0), A(7), F(8));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 1); /* 7 - 6 */
+  ASSERT(!resumable(&f, 0, 4));           /* needs 0 */
+  for (uint64_t p = 5; p <= 8; p++) ASSERT(resumable(&f, 0, p));
+  ASSERT(!resumable(&f, 0, 9));
+  /* without memory the same run keeps less */
+  fx_t g;
+  sc_open(&g, KVC_ATTN_WINDOW, 4, 0, 0, 0, 16);
+  sc_step(&g, 7, A(0, 0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5, 6), F(1, 2, 3, 4, 5, 6, 7));
+  sc_step(&g, 1, A(0), A(7), F(8));
+  ASSERT_U64_EQ(FX_INFO(&g, 0).start, 3);
+  ASSERT(!resumable(&g, 0, 6));
+  ASSERT(resumable(&g, 0, 7));
+  ASSERT(resumable(&g, 0, 8));
+  fx_close(&g);
+  fx_close(&f);
+}
+
+TEST(can_resume_chunked_and_encoder) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CHUNKED, 0, 0, 2, 0, 16);
+  sc_step(&f, 5, A(0, 0, 0, 0, 0), A(0, 1, 2, 3, 4), F(1, 2, 3, 4, 5));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 0); /* the put at 0..4 needs chunk 0 still */
+  sc_step(&f, 1, A(0), A(5), F(6));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 4);
+  ASSERT(!resumable(&f, 0, 3));
+  ASSERT(resumable(&f, 0, 4));
+  ASSERT(resumable(&f, 0, 6));
+  ASSERT(!resumable(&f, 0, 7));
+  fx_t g;
+  sc_open(&g, KVC_ATTN_ENCODER, 0, 0, 0, 0, 16);
+  ASSERT(resumable(&g, 9, 100));
+  sc_step(&g, 3, A(0, 0, 0), A(0, 1, 2), F(1, 2, 3));
+  /* encoder entries are read whole: no causal mask */
+  SC_EXPECT(&g, 1, A(0), A(0), 3, F(1, 2, 3), F(0, 0, 0));
+  ASSERT_ERR(engine_shift(g.eng, g.cid, 0, 0, -1, 1), KVC_E_KIND);
+  ASSERT_OK(engine_remove(g.eng, g.cid, 0, 0, 1)); /* moves without rotating */
+  SC_EXPECT(&g, 1, A(0), A(0), 2, F(2, 3), F(0, 0));
+  fx_close(&g);
+  fx_close(&f);
+}
+
+TEST(reserve_full_changes_nothing) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 0, 3);
+  sc_step(&f, 2, A(0, 0), A(0, 1), F(1, 2));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 0, 7));
+  engine_stats_t before = fx_stats(&f);
+  engine_tok_t t[6] = {{1, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}, {0, 2}};
+  ASSERT_ERR(engine_reserve(f.eng, f.cid, t, 6), KVC_E_FULL);
+  ASSERT_U64_EQ(engine_last_error(f.eng)->needed, 4);
+  ASSERT_U64_EQ(engine_last_error(f.eng)->freeable, 2);
+  engine_stats_t after = fx_stats(&f);
+  ASSERT_U64_EQ(after.sequences, before.sequences);
+  ASSERT_U64_EQ(after.pages_used, before.pages_used);
+  FX_AUDIT(f.eng);
+  /* positions out of order, before the start, a missing sequence's history */
+  engine_tok_t bad[2] = {{0, 2}, {0, 4}};
+  ASSERT_ERR(engine_reserve(f.eng, f.cid, bad, 2), KVC_E_POSORDER);
+  engine_hist_t h = {0};
+  engine_tok_t miss = {5, 0};
+  ASSERT_ERR(engine_history(f.eng, f.cid, NULL, &miss, 1, &h), KVC_E_NOSEQ);
+  engine_tok_t unwritten = {0, 2};
+  ASSERT_ERR(engine_history(f.eng, f.cid, NULL, &unwritten, 1, &h), KVC_E_RANGE);
+  /* a reservation lets the put through without a page more */
+  engine_tok_t ok[2] = {{0, 2}, {0, 3}};
+  ASSERT_OK(engine_reserve(f.eng, f.cid, ok, 2));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 2);
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}
+
+TEST(keep_and_pos_range) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 2, 16);
+  sc_step(&f, 3, A(0, 1, 2), A(0, 0, 0), F(1, 2, 3));
+  sc_step(&f, 3, A(0, 1, 2), A(1, 1, 1), F(4, 5, 6));
+  ASSERT_OK(engine_keep(f.eng, f.cid, 1));
+  ASSERT_U64_EQ(fx_stats(&f).sequences, 1);
+  int64_t lo, hi;
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 0, &lo, &hi));
+  ASSERT_EQ(lo, -1);
+  ASSERT_EQ(hi, -1);
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 1, &lo, &hi));
+  ASSERT_EQ(lo, 0);
+  ASSERT_EQ(hi, 1);
+  /* llama.cpp's seq_rm of the front without a shift, then seq_add */
+  sc_step(&f, 2, A(1, 1), A(2, 3), F(7, 8));
+  ASSERT_OK(engine_punch(f.eng, f.cid, 1, -1, 2));
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 1, &lo, &hi));
+  ASSERT_EQ(lo, 2);
+  ASSERT_EQ(hi, 3);
+  ASSERT_ERR(engine_shift(f.eng, f.cid, 1, 2, -1, -3), KVC_E_RANGE); /* below the start */
+  ASSERT_OK(engine_shift(f.eng, f.cid, 1, 2, -1, -2));
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 1, &lo, &hi));
+  ASSERT_EQ(lo, 0);
+  ASSERT_EQ(hi, 1);
+  /* shifting up leaves holes behind; it never overwrites a token */
+  ASSERT_OK(engine_shift(f.eng, f.cid, 1, 1, -1, 3));
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 1, &lo, &hi));
+  ASSERT_EQ(lo, 0);
+  ASSERT_EQ(hi, 4);
+  ASSERT_U64_EQ(FX_INFO(&f, 1).length, 5);
+  ASSERT_ERR(engine_shift(f.eng, f.cid, 1, 0, 1, 4), KVC_E_RANGE);
+  ASSERT_OK(engine_shift(f.eng, f.cid, 1, 0, 1, 2)); /* into the holes */
+  ASSERT_OK(engine_keep(f.eng, f.cid, 42));           /* no such sequence: all go */
+  ASSERT_U64_EQ(fx_stats(&f).sequences, 0);
+  fx_close(&f);
+}
+
+TEST(layout_attention_and_rope_checked) {
+  kvc_layout_t ok = fx_layout(1, 1, 8, 4, KVC_DTYPE_F32, 4), l;
+  ASSERT(engine_layout_page_bytes(&ok) > 0);
+  l = ok, l.attn = (kvc_attn_t)7;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_ATTN);
+  l = ok, l.attn = KVC_ATTN_WINDOW;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_WINDOW); /* W 0 */
+  l.attn_window = 4, l.attn_memory = 2;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_WINDOW); /* M < W */
+  l.attn_memory = 0;
+  ASSERT(engine_layout_page_bytes(&l) > 0);
+  l = ok, l.attn_window = 4;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_WINDOW); /* causal with a window */
+  l = ok, l.attn = KVC_ATTN_CHUNKED;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_CHUNK);
+  l = ok, l.attn_chunk = 2;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_CHUNK);
+  l = ok, l.rope_dims = 3, l.rope_theta = 10000;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_ROPE); /* odd */
+  l.rope_dims = 10;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_ROPE); /* > head_dim_k */
+  l.rope_dims = 8, l.rope_theta = NAN;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_ROPE);
+  l.rope_theta = 10000, l.rope_style = (kvc_rope_style_t)2;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_ROPE);
+  l.rope_style = KVC_ROPE_GPTJ, l.rope_scale = -1;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_ROPE);
+  l.rope_scale = 0;
+  ASSERT(engine_layout_page_bytes(&l) > 0);
+  l.attn = KVC_ATTN_ENCODER;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_ROPE); /* encoder entries have no position */
+  l = ok, l.rope_theta = 10000;
+  ASSERT_ERR(engine_layout_page_bytes(&l), KVC_E_ROPE); /* theta without dims */
+  /* the kind and the RoPE description are part of a cache's identity */
+  fx_t f;
+  fx_open(&f, &ok, 4);
+  uint32_t id;
+  l = ok, l.attn = KVC_ATTN_WINDOW, l.attn_window = 2;
+  ASSERT_ERR(engine_cache_open(f.eng, "main", &l, &id), KVC_E_LAYOUT);
+  l = ok, l.rope_dims = 8, l.rope_theta = 10000;
+  ASSERT_ERR(engine_cache_open(f.eng, "main", &l, &id), KVC_E_LAYOUT);
+  ASSERT_OK(engine_cache_open(f.eng, "main", &ok, &id));
+  l.rope_scale = 1; /* 0 reads as 1 */
+  ASSERT_OK(engine_cache_open(f.eng, "rope", &l, &id));
+  l.rope_scale = 0;
+  ASSERT_OK(engine_cache_open(f.eng, "rope", &l, &id));
+  fx_close(&f);
+}

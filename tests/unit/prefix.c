@@ -1,0 +1,507 @@
+/* prefix.c: the engine's prefix index: hashing full pages, verified matches,
+ * attach, cached pages, reclaim order, priorities, soft pins, the pin limit. */
+#include "engine_fixture.h"
+
+/* Layout of these tests: 4 tokens a page, 1536 bytes a page. */
+#define T 4u
+
+static const engine_pkey_t KEY_A = {"tenant-a", 8, NULL, 0};
+static const engine_pkey_t KEY_B = {"tenant-b", 8, NULL, 0};
+
+/* Token ids of a prompt: prompt p, position i. */
+static uint32_t tok(uint32_t p, uint64_t i) { return p * 100000u + (uint32_t)i; }
+
+static void tokens_of(uint32_t p, uint64_t from, uint64_t n, uint32_t *out) {
+  for (uint64_t i = 0; i < n; i++) out[i] = tok(p, from + i);
+}
+
+/* Puts [pos, pos+n) of seq with seq's payload and the token ids of prompt p. */
+static int put_tok(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, uint32_t p,
+                   const engine_pkey_t *key) {
+  fx_rng_t r = fx_all(&f->lay);
+  fx_buf_t b = fx_buf_new(&f->lay, r, n);
+  uint32_t *ids = calloc(n + 1, sizeof *ids);
+  fx_fill(&f->lay, r, seq, pos, n, 0, b.k, b.v);
+  tokens_of(p, pos, n, ids);
+  engine_io_t io = fx_io(seq, pos, n, &b);
+  io.tokens = ids;
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  x.pkey = key;
+  int rc = engine_put(f->eng, f->cid, &x, &io, 1);
+  fx_buf_free(&b);
+  free(ids);
+  return rc;
+}
+
+static engine_match_t match(fx_t *f, uint32_t p, uint64_t n, const engine_pkey_t *key) {
+  uint32_t *ids = calloc(n + 1, sizeof *ids);
+  tokens_of(p, 0, n, ids);
+  engine_match_t m;
+  ASSERT_OK(engine_match(f->eng, f->cid, ids, n, key, &m));
+  free(ids);
+  return m;
+}
+
+static int attach(fx_t *f, uint64_t dst, uint32_t p, uint64_t n, const engine_pkey_t *key,
+                  uint64_t owner, engine_match_t *m) {
+  uint32_t *ids = calloc(n + 1, sizeof *ids);
+  tokens_of(p, 0, n, ids);
+  int rc = engine_attach(f->eng, f->cid, dst, ids, n, key, owner, m);
+  free(ids);
+  return rc;
+}
+
+static void open_small(fx_t *f, uint64_t npages) {
+  kvc_layout_t lay = fx_small_layout();
+  fx_open(f, &lay, npages);
+}
+
+/* Like open_small, with the engine options of tweak (base and sizes are set
+ * here). */
+static void open_cfg(fx_t *f, uint64_t npages, engine_config_t tweak) {
+  kvc_layout_t lay = fx_small_layout();
+  memset(f, 0, sizeof *f);
+  f->page_bytes = 1536;
+  f->npages = npages;
+  f->base = fx_pool_alloc(f->page_bytes * npages);
+  tweak.base = f->base;
+  tweak.pool_bytes = f->page_bytes * npages;
+  tweak.page_bytes = f->page_bytes;
+  ASSERT_OK(engine_new(&tweak, &f->eng));
+  f->lay = lay;
+  ASSERT_OK(engine_cache_open(f->eng, "main", &lay, &f->cid));
+}
+
+TEST(prefix_bad_arguments) {
+  fx_t f;
+  open_small(&f, 16);
+  engine_match_t m;
+  uint32_t ids[4] = {1, 2, 3, 4};
+  ASSERT_ERR(engine_match(NULL, 0, ids, 4, NULL, &m), KVC_E_INVAL);
+  ASSERT_ERR(engine_match(f.eng, 0, ids, 4, NULL, NULL), KVC_E_INVAL);
+  ASSERT_ERR(engine_match(f.eng, 9, ids, 4, NULL, &m), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_match(f.eng, f.cid, NULL, 4, NULL, &m), KVC_E_INVAL);
+  ASSERT_ERR(engine_match(f.eng, f.cid, ids, UINT64_MAX, NULL, &m), KVC_E_RANGE);
+  engine_pkey_t big = {ids, 65, NULL, 0};
+  ASSERT_ERR(engine_match(f.eng, f.cid, ids, 4, &big, &m), KVC_E_INVAL);
+  ASSERT_ERR(engine_attach(f.eng, f.cid, 1, ids, 4, &big, 0, &m), KVC_E_INVAL);
+  ASSERT_ERR(engine_set_priority(f.eng, f.cid, 1, 35), KVC_E_NOSEQ);
+  ASSERT_OK(fx_put(&f, 1, 0, 4, 0));
+  ASSERT_ERR(engine_set_priority(f.eng, f.cid, 1, 101), KVC_E_INVAL);
+  ASSERT_ERR(engine_pin_ttl(f.eng, f.cid, 2, 1, 10), KVC_E_NOSEQ);
+  /* token ids go with puts of every layer */
+  fx_rng_t r = fx_rng(&f.lay, 0, 1, 0, 0);
+  fx_buf_t b = fx_buf_new(&f.lay, r, 4);
+  engine_io_t io = fx_io(1, 4, 4, &b);
+  io.tokens = ids;
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_INVAL);
+  fx_buf_free(&b);
+  fx_close(&f);
+}
+
+TEST(prefix_full_pages_are_indexed_and_matched) {
+  fx_t f;
+  open_small(&f, 32);
+  ASSERT_OK(put_tok(&f, 1, 0, 10, 7, &KEY_A)); /* pages 0, 1 full; page 2 partial */
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.pages_indexed, 2);
+  ASSERT_U64_EQ(s.pages_cached, 0);
+  engine_match_t m = match(&f, 7, 10, &KEY_A);
+  ASSERT_U64_EQ(m.tokens, 8);
+  ASSERT_U64_EQ(m.pages, 2);
+  ASSERT_U64_EQ(m.ineligible, 2);
+  m = match(&f, 7, 7, &KEY_A); /* a query shorter than the chain */
+  ASSERT_U64_EQ(m.tokens, 4);
+  ASSERT_U64_EQ(m.ineligible, 3);
+  ASSERT_U64_EQ(match(&f, 7, 10, &KEY_B).tokens, 0); /* another tenant's salt */
+  ASSERT_U64_EQ(match(&f, 7, 10, NULL).tokens, 0);
+  ASSERT_U64_EQ(match(&f, 8, 10, &KEY_A).tokens, 0); /* other tokens */
+  /* the appended tokens fill page 2, which is indexed in turn */
+  ASSERT_OK(put_tok(&f, 1, 10, 2, 7, &KEY_A));
+  ASSERT_U64_EQ(fx_stats(&f).pages_indexed, 3);
+  ASSERT_U64_EQ(match(&f, 7, 12, &KEY_A).tokens, 12);
+  s = fx_stats(&f);
+  ASSERT_U64_EQ(s.prefix_matches, 6);
+  ASSERT_U64_EQ(s.prefix_tokens_queried, 10 + 7 + 10 + 10 + 10 + 12);
+  ASSERT_U64_EQ(s.prefix_tokens_hit, 8 + 4 + 12);
+  ASSERT_U64_EQ(s.prefix_tokens_ineligible, 2 + 3 + 2 + 2 + 2 + 0);
+  fx_close(&f);
+}
+
+TEST(prefix_changed_token_stops_the_match_at_its_page) {
+  fx_t f;
+  open_small(&f, 32);
+  ASSERT_OK(put_tok(&f, 1, 0, 16, 7, &KEY_A));
+  uint32_t ids[16];
+  tokens_of(7, 0, 16, ids);
+  ids[9] ^= 1; /* a token of page 2 */
+  engine_match_t m;
+  ASSERT_OK(engine_match(f.eng, f.cid, ids, 16, &KEY_A, &m));
+  ASSERT_U64_EQ(m.pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).hash_verify_failed, 0); /* a plain miss, not a collision */
+  fx_close(&f);
+}
+
+TEST(prefix_attach_shares_pages_and_pins) {
+  fx_t f;
+  open_small(&f, 32);
+  ASSERT_OK(put_tok(&f, 1, 0, 13, 7, &KEY_A));
+  engine_stats_t s0 = fx_stats(&f);
+  engine_match_t m;
+  ASSERT_OK(attach(&f, 2, 7, 13, &KEY_A, 42, &m));
+  ASSERT_U64_EQ(m.tokens, 12);
+  kvc_seq_info_t si = FX_INFO(&f, 2);
+  ASSERT_U64_EQ(si.length, 12);
+  ASSERT_EQ(si.pins, 1);
+  ASSERT_EQ(si.shared_pages, 3);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, s0.pages_used); /* no page copied */
+  FX_EXPECT_RNG(&f, 2, 0, 12, fx_all(&f.lay), 1, 0);   /* seq 1's bytes */
+  /* B extends its copy: a new page; A's pages stay as they were */
+  ASSERT_OK(put_tok(&f, 2, 12, 4, 7, &KEY_A));
+  FX_EXPECT(&f, 2, 12, 4, 0);
+  FX_EXPECT(&f, 1, 0, 13, 0);
+  /* overwriting an indexed page copies it: the index keeps the original */
+  ASSERT_OK(fx_put(&f, 2, 0, 2, 9));
+  ASSERT_U64_EQ(match(&f, 7, 12, &KEY_A).tokens, 12);
+  FX_EXPECT(&f, 1, 0, 13, 0);
+  ASSERT_EQ(engine_unpin_all(f.eng, 42), 1);
+  fx_close(&f);
+}
+
+TEST(prefix_attach_of_nothing_makes_an_empty_pinned_sequence) {
+  fx_t f;
+  open_small(&f, 16);
+  engine_match_t m;
+  ASSERT_OK(attach(&f, 5, 3, 6, &KEY_A, 7, &m));
+  ASSERT_U64_EQ(m.tokens, 0);
+  ASSERT_U64_EQ(m.ineligible, 2);
+  kvc_seq_info_t si = FX_INFO(&f, 5);
+  ASSERT_U64_EQ(si.length, 0);
+  ASSERT_EQ(si.pins, 1);
+  ASSERT_OK(put_tok(&f, 5, 0, 6, 3, &KEY_A));
+  ASSERT_U64_EQ(match(&f, 3, 6, &KEY_A).tokens, 4);
+  fx_close(&f);
+}
+
+TEST(prefix_pages_outlive_their_sequence_as_cached) {
+  fx_t f;
+  open_small(&f, 32);
+  ASSERT_OK(put_tok(&f, 1, 0, 12, 7, &KEY_A));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX));
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.sequences, 0);
+  ASSERT_U64_EQ(s.pages_cached, 3);
+  ASSERT_U64_EQ(s.pages_used, 3);
+  engine_match_t m;
+  ASSERT_OK(attach(&f, 2, 7, 12, &KEY_A, 0, &m));
+  ASSERT_U64_EQ(m.tokens, 12);
+  ASSERT_U64_EQ(fx_stats(&f).pages_cached, 0); /* held again */
+  FX_EXPECT_RNG(&f, 2, 0, 12, fx_all(&f.lay), 1, 0);
+  fx_close(&f);
+}
+
+TEST(prefix_reclaims_chain_tails_first) {
+  fx_t f;
+  open_small(&f, 8);
+  ASSERT_OK(put_tok(&f, 1, 0, 16, 7, &KEY_A)); /* 4 indexed pages */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX));
+  ASSERT_U64_EQ(fx_stats(&f).pages_cached, 4);
+  ASSERT_OK(fx_put(&f, 50, 0, 4 * T, 1)); /* fills the 4 free pages */
+  ASSERT_OK(engine_pin(f.eng, f.cid, 50, 1));
+  for (uint64_t k = 1; k <= 4; k++) {
+    ASSERT_OK(fx_put(&f, 100 + k, 0, T, 1)); /* needs one page: the cached tail goes */
+    ASSERT_OK(engine_pin(f.eng, f.cid, 100 + k, 1));
+    ASSERT_U64_EQ(fx_stats(&f).cached_reclaimed, k);
+    ASSERT_U64_EQ(match(&f, 7, 16, &KEY_A).pages, 4 - k); /* never a hole */
+    FX_AUDIT(f.eng);
+  }
+  ASSERT_EQ(engine_unpin_all(f.eng, 1), 5);
+  fx_close(&f);
+}
+
+TEST(prefix_cached_pages_and_sequences_go_in_lru_order) {
+  fx_t f;
+  open_small(&f, 8);
+  ASSERT_OK(fx_put(&f, 10, 0, T, 1)); /* oldest */
+  engine_set_now(f.eng, 2);
+  ASSERT_OK(put_tok(&f, 1, 0, 8, 7, &KEY_A));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX)); /* 2 cached pages */
+  ASSERT_OK(fx_put(&f, 11, 0, T, 1));
+  ASSERT_OK(fx_put(&f, 12, 0, 4 * T, 1)); /* 4 + 2 + 1 + 1 = 8 pages */
+  ASSERT_OK(fx_put(&f, 13, 0, T, 1));     /* one page: seq 10 goes, least recent */
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 10, &(kvc_seq_info_t){0}), KVC_E_NOSEQ);
+  ASSERT_U64_EQ(fx_stats(&f).pages_cached, 2);
+  ASSERT_OK(fx_put(&f, 14, 0, 2 * T, 1)); /* two pages: the cached chain, tail then head */
+  ASSERT_U64_EQ(fx_stats(&f).cached_reclaimed, 2);
+  ASSERT(engine_seq_info(f.eng, f.cid, 11, &(kvc_seq_info_t){0}) == 0);
+  fx_close(&f);
+}
+
+TEST(prefix_hit_touches_cached_pages) {
+  fx_t f;
+  open_small(&f, 8);
+  ASSERT_OK(put_tok(&f, 1, 0, 8, 7, &KEY_A));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX)); /* 2 cached pages */
+  ASSERT_OK(fx_put(&f, 10, 0, 6 * T, 1));
+  ASSERT_U64_EQ(match(&f, 7, 8, &KEY_A).pages, 2); /* a hit: now more recent than 10 */
+  ASSERT_OK(fx_put(&f, 11, 0, T, 1));
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 10, &(kvc_seq_info_t){0}), KVC_E_NOSEQ);
+  ASSERT_U64_EQ(match(&f, 7, 8, &KEY_A).pages, 2);
+  fx_close(&f);
+}
+
+TEST(prefix_forced_collision_never_serves_wrong_pages) {
+  fx_t f;
+  open_cfg(&f, 64, (engine_config_t){.hash_bits = 4});
+  /* 16 one-page prompts with 4-bit hashes: some must share a hash */
+  for (uint32_t p = 0; p < 16; p++) ASSERT_OK(put_tok(&f, 1 + p, 0, T, p, &KEY_A));
+  engine_stats_t s = fx_stats(&f);
+  ASSERT(s.pages_indexed < 16);
+  ASSERT_U64_EQ(s.pages_indexed + s.hash_collisions, 16);
+  uint64_t hits = 0;
+  for (uint32_t p = 0; p < 16; p++) {
+    engine_match_t m;
+    ASSERT_OK(attach(&f, 100 + p, p, T, &KEY_A, 0, &m));
+    hits += m.pages;
+    if (m.pages) FX_EXPECT_RNG(&f, 100 + p, 0, T, fx_all(&f.lay), 1 + p, 0); /* its own */
+  }
+  s = fx_stats(&f);
+  ASSERT_U64_EQ(hits, s.pages_indexed);
+  ASSERT_U64_EQ(s.hash_verify_failed, 16 - hits); /* every other query hit a stranger */
+  fx_close(&f);
+}
+
+TEST(prefix_xxh3_matches_too) {
+  fx_t f;
+  open_cfg(&f, 16, (engine_config_t){.hash = KVC_HASH_XXH3});
+  ASSERT_OK(put_tok(&f, 1, 0, 9, 3, &KEY_A));
+  ASSERT_U64_EQ(match(&f, 3, 9, &KEY_A).tokens, 8);
+  ASSERT_U64_EQ(match(&f, 3, 9, &KEY_B).tokens, 0);
+  fx_close(&f);
+}
+
+TEST(prefix_lower_priority_goes_first) {
+  fx_t f;
+  open_small(&f, 4);
+  ASSERT_OK(fx_put(&f, 1, 0, T, 1));
+  ASSERT_OK(fx_put(&f, 2, 0, T, 1));
+  ASSERT_OK(fx_put(&f, 3, 0, T, 1));
+  ASSERT_OK(fx_put(&f, 4, 0, T, 1));
+  ASSERT_OK(engine_set_priority(f.eng, f.cid, 1, 90)); /* oldest, but kept */
+  ASSERT_OK(engine_set_priority(f.eng, f.cid, 3, 10)); /* newer, but goes first */
+  ASSERT_OK(fx_put(&f, 5, 0, T, 1));
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 3, &(kvc_seq_info_t){0}), KVC_E_NOSEQ);
+  ASSERT_OK(fx_put(&f, 6, 0, T, 1)); /* then LRU within priority 35: seq 2 */
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 2, &(kvc_seq_info_t){0}), KVC_E_NOSEQ);
+  FX_EXPECT(&f, 1, 0, T, 1);
+  fx_close(&f);
+}
+
+TEST(prefix_soft_pin_lapses_and_is_refreshed_by_use) {
+  fx_t f;
+  open_small(&f, 4);
+  ASSERT_OK(fx_put(&f, 1, 0, T, 1));
+  ASSERT_OK(engine_pin_ttl(f.eng, f.cid, 1, 9, 100)); /* until 101 */
+  ASSERT_EQ(FX_INFO(&f, 1).pins, 1);
+  engine_set_now(f.eng, 80);
+  ASSERT_EQ(engine_expire(f.eng), 0);
+  FX_EXPECT(&f, 1, 0, T, 1); /* a read refreshes it: until 180 */
+  engine_set_now(f.eng, 150);
+  ASSERT_EQ(engine_expire(f.eng), 0);
+  engine_set_now(f.eng, 181);
+  ASSERT_EQ(engine_expire(f.eng), 1);
+  ASSERT_EQ(FX_INFO(&f, 1).pins, 0);
+  ASSERT_U64_EQ(fx_stats(&f).pins_lapsed, 1);
+  /* a soft pin made hard does not lapse */
+  ASSERT_OK(engine_pin_ttl(f.eng, f.cid, 1, 9, 10));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 9));
+  engine_set_now(f.eng, 1000);
+  ASSERT_EQ(engine_expire(f.eng), 0);
+  ASSERT_EQ(FX_INFO(&f, 1).pins, 1);
+  fx_close(&f);
+}
+
+TEST(prefix_pin_limit_refuses_pins_past_it) {
+  fx_t f;
+  open_cfg(&f, 10, (engine_config_t){.pin_limit_pct = 20});
+  ASSERT_OK(fx_put(&f, 1, 0, 2 * T, 1));
+  ASSERT_OK(fx_put(&f, 2, 0, T, 1));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 5)); /* 2 of 10 pages: at the limit */
+  ASSERT_ERR(engine_pin(f.eng, f.cid, 2, 5), KVC_E_PINLIMIT);
+  ASSERT_EQ(FX_INFO(&f, 2).pins, 0);
+  ASSERT_U64_EQ(fx_stats(&f).pin_limit_errors, 1);
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 6)); /* its pages are pinned already */
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 1, 3, 2 * T));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 3, 5)); /* shares pinned pages: no more pinned */
+  fx_close(&f);
+}
+
+TEST(prefix_clear_and_drop_release_the_index) {
+  fx_t f;
+  open_small(&f, 16);
+  ASSERT_OK(put_tok(&f, 1, 0, 12, 7, &KEY_A));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX));
+  ASSERT_OK(put_tok(&f, 2, 0, 8, 8, &KEY_A));
+  ASSERT_OK(engine_cache_clear(f.eng, f.cid));
+  engine_stats_t s = fx_stats(&f);
+  ASSERT_U64_EQ(s.pages_used, 0);
+  ASSERT_U64_EQ(s.pages_indexed, 0);
+  ASSERT_U64_EQ(s.pages_cached, 0);
+  ASSERT_U64_EQ(match(&f, 7, 12, &KEY_A).tokens, 0);
+  ASSERT_OK(put_tok(&f, 3, 0, 8, 7, &KEY_A)); /* the cache works after a clear */
+  ASSERT_U64_EQ(match(&f, 7, 8, &KEY_A).tokens, 8);
+  ASSERT_OK(engine_cache_drop(f.eng, f.cid));
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 0);
+  FX_AUDIT(f.eng);
+  engine_free(f.eng);
+  free(f.base);
+}
+
+TEST(prefix_trimmed_and_untokened_pages_do_not_chain) {
+  fx_t f;
+  open_small(&f, 32);
+  ASSERT_OK(fx_put(&f, 1, 0, T, 1));          /* page 0 without ids */
+  ASSERT_OK(put_tok(&f, 1, T, 2 * T, 7, &KEY_A)); /* pages 1, 2 with ids */
+  ASSERT_U64_EQ(fx_stats(&f).pages_indexed, 0);  /* no chain without page 0 */
+  ASSERT_OK(put_tok(&f, 2, 0, 2 * T, 7, &KEY_A));
+  ASSERT_U64_EQ(fx_stats(&f).pages_indexed, 2);
+  ASSERT_OK(fx_put(&f, 2, 2 * T, 2, 1)); /* ids unknown from here */
+  ASSERT_OK(put_tok(&f, 2, 2 * T + 2, 2, 7, &KEY_A));
+  ASSERT_U64_EQ(fx_stats(&f).pages_indexed, 2);
+  fx_close(&f);
+}
+
+/* ---- randomized: the index under constant pressure ------------------------- */
+
+typedef struct rseq {
+  bool live;
+  uint32_t prompt; /* its tokens and payload are prompt's, from position 0 */
+  uint64_t len;
+} rseq_t;
+
+static uint64_t rnd(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return *s >> 33;
+}
+
+/* Puts [pos, pos+n) of seq with prompt p's ids and p's payload. */
+static int put_prompt(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, uint32_t p) {
+  fx_rng_t r = fx_all(&f->lay);
+  fx_buf_t b = fx_buf_new(&f->lay, r, n);
+  uint32_t *ids = calloc(n + 1, sizeof *ids);
+  fx_fill(&f->lay, r, 1000 + p, pos, n, 0, b.k, b.v);
+  tokens_of(p, pos, n, ids);
+  engine_io_t io = fx_io(seq, pos, n, &b);
+  io.tokens = ids;
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  x.pkey = &KEY_A;
+  int rc = engine_put(f->eng, f->cid, &x, &io, 1);
+  fx_buf_free(&b);
+  free(ids);
+  return rc;
+}
+
+static void random_op(fx_t *f, rseq_t *rs, uint64_t *rng) {
+  uint64_t id = 1 + rnd(rng) % 16, op = rnd(rng) % 10;
+  rseq_t *s = &rs[id];
+  kvc_seq_info_t si;
+  if (s->live && engine_seq_info(f->eng, f->cid, id, &si) == KVC_E_NOSEQ) s->live = false;
+  if (op < 4) { /* extend or start a sequence */
+    if (!s->live) {
+      s->prompt = (uint32_t)(rnd(rng) % 4);
+      s->len = 0;
+    }
+    uint64_t n = 1 + rnd(rng) % 7;
+    int rc = put_prompt(f, id, s->len, n, s->prompt);
+    if (rc == 0) {
+      s->live = true;
+      s->len += n;
+    } else {
+      ASSERT_EQ(rc, KVC_E_FULL);
+    }
+  } else if (op < 7) { /* attach a prompt's prefix */
+    uint32_t p = (uint32_t)(rnd(rng) % 4);
+    engine_match_t m;
+    int rc = attach(f, id, p, 1 + rnd(rng) % 30, &KEY_A, rnd(rng) % 2 ? 77 : 0, &m);
+    ASSERT(rc == 0 || rc == KVC_E_PINLIMIT);
+    if (rc == 0) {
+      s->live = true;
+      s->prompt = p;
+      s->len = m.tokens;
+    }
+  } else if (op < 8) {
+    if (s->live) ASSERT_OK(engine_remove(f->eng, f->cid, id, 0, UINT64_MAX));
+    s->live = false;
+  } else if (op < 9) {
+    uint64_t dst = 1 + rnd(rng) % 16;
+    if (s->live && dst != id) {
+      uint64_t n = s->len ? rnd(rng) % (s->len + 1) : 0;
+      ASSERT_OK(engine_copy_prefix(f->eng, f->cid, id, dst, n));
+      rs[dst].live = true;
+      rs[dst].prompt = s->prompt;
+      rs[dst].len = n;
+    }
+  } else {
+    engine_unpin_all(f->eng, 77);
+  }
+}
+
+TEST(prefix_random_ops_keep_invariants_and_bytes) {
+  uint64_t seeds = test_long() ? 100 : 10, ops = 0;
+  for (uint64_t seed = 1; seed <= seeds; seed++) {
+    fx_t f;
+    open_small(&f, 14);
+    rseq_t rs[17];
+    memset(rs, 0, sizeof rs);
+    uint64_t rng = seed;
+    for (int i = 0; i < 4000; i++, ops++) {
+      engine_set_now(f.eng, (uint64_t)i + 2);
+      random_op(&f, rs, &rng);
+      FX_AUDIT(f.eng);
+      if (i % 16) continue;
+      for (uint64_t id = 1; id <= 16; id++) {
+        kvc_seq_info_t si;
+        if (!rs[id].live || engine_seq_info(f.eng, f.cid, id, &si) != 0) continue;
+        ASSERT_U64_EQ(si.length, rs[id].len);
+        if (si.length) FX_EXPECT_RNG(&f, id, 0, si.length, fx_all(&f.lay), 1000 + rs[id].prompt, 0);
+      }
+    }
+    engine_stats_t st = fx_stats(&f);
+    fprintf(stderr, "seed %" PRIu64 ": hit %" PRIu64 " of %" PRIu64 " tokens, %" PRIu64
+            " reclaimed, %" PRIu64 " evicted\n", seed, st.prefix_tokens_hit,
+            st.prefix_tokens_queried, st.cached_reclaimed, st.evicted_sequences);
+    fx_close(&f);
+  }
+  fprintf(stderr, "%" PRIu64 " random prefix ops\n", ops);
+}
+
+TEST(prefix_index_reference_is_not_sharing) {
+  fx_t f;
+  open_small(&f, 16);
+  ASSERT_OK(put_tok(&f, 1, 0, 8, 7, &KEY_A)); /* 2 indexed pages, one sequence */
+  ASSERT_U64_EQ(fx_stats(&f).pages_shared, 0);
+  ASSERT_EQ(FX_INFO(&f, 1).shared_pages, 0);
+  engine_match_t m;
+  ASSERT_OK(attach(&f, 2, 7, 8, &KEY_A, 0, &m));
+  ASSERT_U64_EQ(fx_stats(&f).pages_shared, 2);
+  ASSERT_EQ(FX_INFO(&f, 2).shared_pages, 2);
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX));
+  ASSERT_U64_EQ(fx_stats(&f).pages_shared, 0);
+  fx_close(&f);
+}
+
+TEST(prefix_ttl_near_uint64_max_never_lapses) {
+  fx_t f;
+  open_small(&f, 4);
+  ASSERT_OK(fx_put(&f, 1, 0, T, 1));
+  engine_set_now(f.eng, 100);
+  ASSERT_OK(engine_pin_ttl(f.eng, f.cid, 1, 9, UINT64_MAX - 10));
+  engine_set_now(f.eng, 200);
+  FX_EXPECT(&f, 1, 0, T, 1); /* a use refreshes the deadline: still saturated */
+  engine_set_now(f.eng, UINT64_MAX - 1);
+  ASSERT_EQ(engine_expire(f.eng), 0);
+  ASSERT_EQ(FX_INFO(&f, 1).pins, 1);
+  ASSERT_EQ(engine_unpin_all(f.eng, 9), 1);
+  fx_close(&f);
+}
