@@ -502,6 +502,366 @@ void   kvcache__v1__io__free_unpacked
   assert(message->base.descriptor == &kvcache__v1__io__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   kvcache__v1__match__init
+                     (Kvcache__V1__Match         *message)
+{
+  static const Kvcache__V1__Match init_value = KVCACHE__V1__MATCH__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__match__get_packed_size
+                     (const Kvcache__V1__Match *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__match__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__match__pack
+                     (const Kvcache__V1__Match *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__match__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__match__pack_to_buffer
+                     (const Kvcache__V1__Match *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__match__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__Match *
+       kvcache__v1__match__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__Match *)
+     protobuf_c_message_unpack (&kvcache__v1__match__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__match__free_unpacked
+                     (Kvcache__V1__Match *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__match__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__attach__init
+                     (Kvcache__V1__Attach         *message)
+{
+  static const Kvcache__V1__Attach init_value = KVCACHE__V1__ATTACH__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__attach__get_packed_size
+                     (const Kvcache__V1__Attach *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__attach__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__attach__pack
+                     (const Kvcache__V1__Attach *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__attach__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__attach__pack_to_buffer
+                     (const Kvcache__V1__Attach *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__attach__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__Attach *
+       kvcache__v1__attach__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__Attach *)
+     protobuf_c_message_unpack (&kvcache__v1__attach__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__attach__free_unpacked
+                     (Kvcache__V1__Attach *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__attach__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__match_reply__init
+                     (Kvcache__V1__MatchReply         *message)
+{
+  static const Kvcache__V1__MatchReply init_value = KVCACHE__V1__MATCH_REPLY__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__match_reply__get_packed_size
+                     (const Kvcache__V1__MatchReply *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__match_reply__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__match_reply__pack
+                     (const Kvcache__V1__MatchReply *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__match_reply__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__match_reply__pack_to_buffer
+                     (const Kvcache__V1__MatchReply *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__match_reply__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__MatchReply *
+       kvcache__v1__match_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__MatchReply *)
+     protobuf_c_message_unpack (&kvcache__v1__match_reply__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__match_reply__free_unpacked
+                     (Kvcache__V1__MatchReply *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__match_reply__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__set_priority__init
+                     (Kvcache__V1__SetPriority         *message)
+{
+  static const Kvcache__V1__SetPriority init_value = KVCACHE__V1__SET_PRIORITY__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__set_priority__get_packed_size
+                     (const Kvcache__V1__SetPriority *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__set_priority__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__set_priority__pack
+                     (const Kvcache__V1__SetPriority *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__set_priority__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__set_priority__pack_to_buffer
+                     (const Kvcache__V1__SetPriority *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__set_priority__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__SetPriority *
+       kvcache__v1__set_priority__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__SetPriority *)
+     protobuf_c_message_unpack (&kvcache__v1__set_priority__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__set_priority__free_unpacked
+                     (Kvcache__V1__SetPriority *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__set_priority__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__pin_ttl__init
+                     (Kvcache__V1__PinTtl         *message)
+{
+  static const Kvcache__V1__PinTtl init_value = KVCACHE__V1__PIN_TTL__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__pin_ttl__get_packed_size
+                     (const Kvcache__V1__PinTtl *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__pin_ttl__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__pin_ttl__pack
+                     (const Kvcache__V1__PinTtl *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__pin_ttl__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__pin_ttl__pack_to_buffer
+                     (const Kvcache__V1__PinTtl *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__pin_ttl__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__PinTtl *
+       kvcache__v1__pin_ttl__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__PinTtl *)
+     protobuf_c_message_unpack (&kvcache__v1__pin_ttl__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__pin_ttl__free_unpacked
+                     (Kvcache__V1__PinTtl *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__pin_ttl__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__prefix_top__init
+                     (Kvcache__V1__PrefixTop         *message)
+{
+  static const Kvcache__V1__PrefixTop init_value = KVCACHE__V1__PREFIX_TOP__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__prefix_top__get_packed_size
+                     (const Kvcache__V1__PrefixTop *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__prefix_top__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__prefix_top__pack
+                     (const Kvcache__V1__PrefixTop *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__prefix_top__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__prefix_top__pack_to_buffer
+                     (const Kvcache__V1__PrefixTop *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__prefix_top__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__PrefixTop *
+       kvcache__v1__prefix_top__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__PrefixTop *)
+     protobuf_c_message_unpack (&kvcache__v1__prefix_top__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__prefix_top__free_unpacked
+                     (Kvcache__V1__PrefixTop *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__prefix_top__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__prefix_head__init
+                     (Kvcache__V1__PrefixHead         *message)
+{
+  static const Kvcache__V1__PrefixHead init_value = KVCACHE__V1__PREFIX_HEAD__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__prefix_head__get_packed_size
+                     (const Kvcache__V1__PrefixHead *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__prefix_head__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__prefix_head__pack
+                     (const Kvcache__V1__PrefixHead *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__prefix_head__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__prefix_head__pack_to_buffer
+                     (const Kvcache__V1__PrefixHead *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__prefix_head__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__PrefixHead *
+       kvcache__v1__prefix_head__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__PrefixHead *)
+     protobuf_c_message_unpack (&kvcache__v1__prefix_head__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__prefix_head__free_unpacked
+                     (Kvcache__V1__PrefixHead *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__prefix_head__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__prefix_top_reply__init
+                     (Kvcache__V1__PrefixTopReply         *message)
+{
+  static const Kvcache__V1__PrefixTopReply init_value = KVCACHE__V1__PREFIX_TOP_REPLY__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__prefix_top_reply__get_packed_size
+                     (const Kvcache__V1__PrefixTopReply *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__prefix_top_reply__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__prefix_top_reply__pack
+                     (const Kvcache__V1__PrefixTopReply *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__prefix_top_reply__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__prefix_top_reply__pack_to_buffer
+                     (const Kvcache__V1__PrefixTopReply *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__prefix_top_reply__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__PrefixTopReply *
+       kvcache__v1__prefix_top_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__PrefixTopReply *)
+     protobuf_c_message_unpack (&kvcache__v1__prefix_top_reply__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__prefix_top_reply__free_unpacked
+                     (Kvcache__V1__PrefixTopReply *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__prefix_top_reply__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   kvcache__v1__seq_ref__init
                      (Kvcache__V1__SeqRef         *message)
 {
@@ -725,6 +1085,276 @@ void   kvcache__v1__bool_reply__free_unpacked
   if(!message)
     return;
   assert(message->base.descriptor == &kvcache__v1__bool_reply__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__reserve__init
+                     (Kvcache__V1__Reserve         *message)
+{
+  static const Kvcache__V1__Reserve init_value = KVCACHE__V1__RESERVE__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__reserve__get_packed_size
+                     (const Kvcache__V1__Reserve *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__reserve__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__reserve__pack
+                     (const Kvcache__V1__Reserve *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__reserve__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__reserve__pack_to_buffer
+                     (const Kvcache__V1__Reserve *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__reserve__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__Reserve *
+       kvcache__v1__reserve__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__Reserve *)
+     protobuf_c_message_unpack (&kvcache__v1__reserve__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__reserve__free_unpacked
+                     (Kvcache__V1__Reserve *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__reserve__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__history__init
+                     (Kvcache__V1__History         *message)
+{
+  static const Kvcache__V1__History init_value = KVCACHE__V1__HISTORY__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__history__get_packed_size
+                     (const Kvcache__V1__History *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__history__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__history__pack
+                     (const Kvcache__V1__History *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__history__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__history__pack_to_buffer
+                     (const Kvcache__V1__History *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__history__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__History *
+       kvcache__v1__history__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__History *)
+     protobuf_c_message_unpack (&kvcache__v1__history__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__history__free_unpacked
+                     (Kvcache__V1__History *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__history__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__history_span__init
+                     (Kvcache__V1__HistorySpan         *message)
+{
+  static const Kvcache__V1__HistorySpan init_value = KVCACHE__V1__HISTORY_SPAN__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__history_span__get_packed_size
+                     (const Kvcache__V1__HistorySpan *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__history_span__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__history_span__pack
+                     (const Kvcache__V1__HistorySpan *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__history_span__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__history_span__pack_to_buffer
+                     (const Kvcache__V1__HistorySpan *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__history_span__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__HistorySpan *
+       kvcache__v1__history_span__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__HistorySpan *)
+     protobuf_c_message_unpack (&kvcache__v1__history_span__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__history_span__free_unpacked
+                     (Kvcache__V1__HistorySpan *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__history_span__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__history_reply__init
+                     (Kvcache__V1__HistoryReply         *message)
+{
+  static const Kvcache__V1__HistoryReply init_value = KVCACHE__V1__HISTORY_REPLY__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__history_reply__get_packed_size
+                     (const Kvcache__V1__HistoryReply *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__history_reply__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__history_reply__pack
+                     (const Kvcache__V1__HistoryReply *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__history_reply__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__history_reply__pack_to_buffer
+                     (const Kvcache__V1__HistoryReply *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__history_reply__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__HistoryReply *
+       kvcache__v1__history_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__HistoryReply *)
+     protobuf_c_message_unpack (&kvcache__v1__history_reply__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__history_reply__free_unpacked
+                     (Kvcache__V1__HistoryReply *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__history_reply__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__shift__init
+                     (Kvcache__V1__Shift         *message)
+{
+  static const Kvcache__V1__Shift init_value = KVCACHE__V1__SHIFT__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__shift__get_packed_size
+                     (const Kvcache__V1__Shift *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__shift__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__shift__pack
+                     (const Kvcache__V1__Shift *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__shift__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__shift__pack_to_buffer
+                     (const Kvcache__V1__Shift *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__shift__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__Shift *
+       kvcache__v1__shift__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__Shift *)
+     protobuf_c_message_unpack (&kvcache__v1__shift__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__shift__free_unpacked
+                     (Kvcache__V1__Shift *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__shift__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   kvcache__v1__pos_range_reply__init
+                     (Kvcache__V1__PosRangeReply         *message)
+{
+  static const Kvcache__V1__PosRangeReply init_value = KVCACHE__V1__POS_RANGE_REPLY__INIT;
+  *message = init_value;
+}
+size_t kvcache__v1__pos_range_reply__get_packed_size
+                     (const Kvcache__V1__PosRangeReply *message)
+{
+  assert(message->base.descriptor == &kvcache__v1__pos_range_reply__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t kvcache__v1__pos_range_reply__pack
+                     (const Kvcache__V1__PosRangeReply *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &kvcache__v1__pos_range_reply__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t kvcache__v1__pos_range_reply__pack_to_buffer
+                     (const Kvcache__V1__PosRangeReply *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &kvcache__v1__pos_range_reply__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Kvcache__V1__PosRangeReply *
+       kvcache__v1__pos_range_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Kvcache__V1__PosRangeReply *)
+     protobuf_c_message_unpack (&kvcache__v1__pos_range_reply__descriptor,
+                                allocator, len, data);
+}
+void   kvcache__v1__pos_range_reply__free_unpacked
+                     (Kvcache__V1__PosRangeReply *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &kvcache__v1__pos_range_reply__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
 void   kvcache__v1__seq_info__init
@@ -1312,7 +1942,7 @@ void   kvcache__v1__response__free_unpacked
   assert(message->base.descriptor == &kvcache__v1__response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor kvcache__v1__layout__field_descriptors[6] =
+static const ProtobufCFieldDescriptor kvcache__v1__layout__field_descriptors[14] =
 {
   {
     "num_layers",
@@ -1386,19 +2016,123 @@ static const ProtobufCFieldDescriptor kvcache__v1__layout__field_descriptors[6] 
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "attn",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Layout, attn),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "attn_window",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Layout, attn_window),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "attn_memory",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Layout, attn_memory),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "attn_chunk",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Layout, attn_chunk),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "rope_dims",
+    11,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Layout, rope_dims),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "rope_style",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Layout, rope_style),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "rope_theta",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_FLOAT,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Layout, rope_theta),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "rope_scale",
+    14,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_FLOAT,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Layout, rope_scale),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned kvcache__v1__layout__field_indices_by_name[] = {
+  6,   /* field[6] = attn */
+  9,   /* field[9] = attn_chunk */
+  8,   /* field[8] = attn_memory */
+  7,   /* field[7] = attn_window */
   4,   /* field[4] = dtype */
   2,   /* field[2] = head_dim_k */
   3,   /* field[3] = head_dim_v */
   1,   /* field[1] = num_kv_heads */
   0,   /* field[0] = num_layers */
   5,   /* field[5] = page_tokens */
+  10,   /* field[10] = rope_dims */
+  13,   /* field[13] = rope_scale */
+  11,   /* field[11] = rope_style */
+  12,   /* field[12] = rope_theta */
 };
 static const ProtobufCIntRange kvcache__v1__layout__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 14 }
 };
 const ProtobufCMessageDescriptor kvcache__v1__layout__descriptor =
 {
@@ -1408,7 +2142,7 @@ const ProtobufCMessageDescriptor kvcache__v1__layout__descriptor =
   "Kvcache__V1__Layout",
   "kvcache.v1",
   sizeof(Kvcache__V1__Layout),
-  6,
+  14,
   kvcache__v1__layout__field_descriptors,
   kvcache__v1__layout__field_indices_by_name,
   1,  kvcache__v1__layout__number_ranges,
@@ -2018,7 +2752,7 @@ const ProtobufCMessageDescriptor kvcache__v1__xfer__descriptor =
   (ProtobufCMessageInit) kvcache__v1__xfer__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor kvcache__v1__io_entry__field_descriptors[11] =
+static const ProtobufCFieldDescriptor kvcache__v1__io_entry__field_descriptors[13] =
 {
   {
     "seq_id",
@@ -2152,6 +2886,30 @@ static const ProtobufCFieldDescriptor kvcache__v1__io_entry__field_descriptors[1
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "tok_off",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__IoEntry, tok_off),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "tok_len",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__IoEntry, tok_len),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned kvcache__v1__io_entry__field_indices_by_name[] = {
   4,   /* field[4] = k_len */
@@ -2161,6 +2919,8 @@ static const unsigned kvcache__v1__io_entry__field_indices_by_name[] = {
   2,   /* field[2] = ntokens */
   1,   /* field[1] = pos */
   0,   /* field[0] = seq_id */
+  12,   /* field[12] = tok_len */
+  11,   /* field[11] = tok_off */
   6,   /* field[6] = v_len */
   5,   /* field[5] = v_off */
   10,   /* field[10] = vs_len */
@@ -2169,7 +2929,7 @@ static const unsigned kvcache__v1__io_entry__field_indices_by_name[] = {
 static const ProtobufCIntRange kvcache__v1__io_entry__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 11 }
+  { 0, 13 }
 };
 const ProtobufCMessageDescriptor kvcache__v1__io_entry__descriptor =
 {
@@ -2179,14 +2939,14 @@ const ProtobufCMessageDescriptor kvcache__v1__io_entry__descriptor =
   "Kvcache__V1__IoEntry",
   "kvcache.v1",
   sizeof(Kvcache__V1__IoEntry),
-  11,
+  13,
   kvcache__v1__io_entry__field_descriptors,
   kvcache__v1__io_entry__field_indices_by_name,
   1,  kvcache__v1__io_entry__number_ranges,
   (ProtobufCMessageInit) kvcache__v1__io_entry__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor kvcache__v1__io__field_descriptors[3] =
+static const ProtobufCFieldDescriptor kvcache__v1__io__field_descriptors[5] =
 {
   {
     "cache_id",
@@ -2224,16 +2984,42 @@ static const ProtobufCFieldDescriptor kvcache__v1__io__field_descriptors[3] =
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "salt",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Io, salt),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "extra",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Io, extra),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned kvcache__v1__io__field_indices_by_name[] = {
   0,   /* field[0] = cache_id */
   2,   /* field[2] = entries */
+  4,   /* field[4] = extra */
+  3,   /* field[3] = salt */
   1,   /* field[1] = xfer */
 };
 static const ProtobufCIntRange kvcache__v1__io__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 3 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor kvcache__v1__io__descriptor =
 {
@@ -2243,11 +3029,562 @@ const ProtobufCMessageDescriptor kvcache__v1__io__descriptor =
   "Kvcache__V1__Io",
   "kvcache.v1",
   sizeof(Kvcache__V1__Io),
-  3,
+  5,
   kvcache__v1__io__field_descriptors,
   kvcache__v1__io__field_indices_by_name,
   1,  kvcache__v1__io__number_ranges,
   (ProtobufCMessageInit) kvcache__v1__io__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__match__field_descriptors[5] =
+{
+  {
+    "cache_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Match, cache_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "tok_off",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Match, tok_off),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ntokens",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Match, ntokens),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "salt",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Match, salt),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "extra",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Match, extra),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__match__field_indices_by_name[] = {
+  0,   /* field[0] = cache_id */
+  4,   /* field[4] = extra */
+  2,   /* field[2] = ntokens */
+  3,   /* field[3] = salt */
+  1,   /* field[1] = tok_off */
+};
+static const ProtobufCIntRange kvcache__v1__match__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__match__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.Match",
+  "Match",
+  "Kvcache__V1__Match",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__Match),
+  5,
+  kvcache__v1__match__field_descriptors,
+  kvcache__v1__match__field_indices_by_name,
+  1,  kvcache__v1__match__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__match__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__attach__field_descriptors[7] =
+{
+  {
+    "cache_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Attach, cache_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "dst_seq",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Attach, dst_seq),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "tok_off",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Attach, tok_off),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ntokens",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Attach, ntokens),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "salt",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Attach, salt),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "extra",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Attach, extra),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pin",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Attach, pin),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__attach__field_indices_by_name[] = {
+  0,   /* field[0] = cache_id */
+  1,   /* field[1] = dst_seq */
+  5,   /* field[5] = extra */
+  3,   /* field[3] = ntokens */
+  6,   /* field[6] = pin */
+  4,   /* field[4] = salt */
+  2,   /* field[2] = tok_off */
+};
+static const ProtobufCIntRange kvcache__v1__attach__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 7 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__attach__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.Attach",
+  "Attach",
+  "Kvcache__V1__Attach",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__Attach),
+  7,
+  kvcache__v1__attach__field_descriptors,
+  kvcache__v1__attach__field_indices_by_name,
+  1,  kvcache__v1__attach__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__attach__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__match_reply__field_descriptors[3] =
+{
+  {
+    "tokens",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__MatchReply, tokens),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pages",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__MatchReply, pages),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ineligible",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__MatchReply, ineligible),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__match_reply__field_indices_by_name[] = {
+  2,   /* field[2] = ineligible */
+  1,   /* field[1] = pages */
+  0,   /* field[0] = tokens */
+};
+static const ProtobufCIntRange kvcache__v1__match_reply__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__match_reply__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.MatchReply",
+  "MatchReply",
+  "Kvcache__V1__MatchReply",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__MatchReply),
+  3,
+  kvcache__v1__match_reply__field_descriptors,
+  kvcache__v1__match_reply__field_indices_by_name,
+  1,  kvcache__v1__match_reply__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__match_reply__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__set_priority__field_descriptors[3] =
+{
+  {
+    "cache_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__SetPriority, cache_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "seq_id",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__SetPriority, seq_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "priority",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__SetPriority, priority),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__set_priority__field_indices_by_name[] = {
+  0,   /* field[0] = cache_id */
+  2,   /* field[2] = priority */
+  1,   /* field[1] = seq_id */
+};
+static const ProtobufCIntRange kvcache__v1__set_priority__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__set_priority__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.SetPriority",
+  "SetPriority",
+  "Kvcache__V1__SetPriority",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__SetPriority),
+  3,
+  kvcache__v1__set_priority__field_descriptors,
+  kvcache__v1__set_priority__field_indices_by_name,
+  1,  kvcache__v1__set_priority__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__set_priority__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__pin_ttl__field_descriptors[3] =
+{
+  {
+    "cache_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__PinTtl, cache_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "seq_id",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__PinTtl, seq_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ttl_ms",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__PinTtl, ttl_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__pin_ttl__field_indices_by_name[] = {
+  0,   /* field[0] = cache_id */
+  1,   /* field[1] = seq_id */
+  2,   /* field[2] = ttl_ms */
+};
+static const ProtobufCIntRange kvcache__v1__pin_ttl__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__pin_ttl__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.PinTtl",
+  "PinTtl",
+  "Kvcache__V1__PinTtl",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__PinTtl),
+  3,
+  kvcache__v1__pin_ttl__field_descriptors,
+  kvcache__v1__pin_ttl__field_indices_by_name,
+  1,  kvcache__v1__pin_ttl__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__pin_ttl__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__prefix_top__field_descriptors[2] =
+{
+  {
+    "cache_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__PrefixTop, cache_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "max",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__PrefixTop, max),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__prefix_top__field_indices_by_name[] = {
+  0,   /* field[0] = cache_id */
+  1,   /* field[1] = max */
+};
+static const ProtobufCIntRange kvcache__v1__prefix_top__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__prefix_top__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.PrefixTop",
+  "PrefixTop",
+  "Kvcache__V1__PrefixTop",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__PrefixTop),
+  2,
+  kvcache__v1__prefix_top__field_descriptors,
+  kvcache__v1__prefix_top__field_indices_by_name,
+  1,  kvcache__v1__prefix_top__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__prefix_top__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__prefix_head__field_descriptors[3] =
+{
+  {
+    "hash",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__PrefixHead, hash),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "hits",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__PrefixHead, hits),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "depth",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__PrefixHead, depth),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__prefix_head__field_indices_by_name[] = {
+  2,   /* field[2] = depth */
+  0,   /* field[0] = hash */
+  1,   /* field[1] = hits */
+};
+static const ProtobufCIntRange kvcache__v1__prefix_head__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__prefix_head__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.PrefixHead",
+  "PrefixHead",
+  "Kvcache__V1__PrefixHead",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__PrefixHead),
+  3,
+  kvcache__v1__prefix_head__field_descriptors,
+  kvcache__v1__prefix_head__field_indices_by_name,
+  1,  kvcache__v1__prefix_head__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__prefix_head__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__prefix_top_reply__field_descriptors[1] =
+{
+  {
+    "heads",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__PrefixTopReply, n_heads),
+    offsetof(Kvcache__V1__PrefixTopReply, heads),
+    &kvcache__v1__prefix_head__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__prefix_top_reply__field_indices_by_name[] = {
+  0,   /* field[0] = heads */
+};
+static const ProtobufCIntRange kvcache__v1__prefix_top_reply__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__prefix_top_reply__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.PrefixTopReply",
+  "PrefixTopReply",
+  "Kvcache__V1__PrefixTopReply",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__PrefixTopReply),
+  1,
+  kvcache__v1__prefix_top_reply__field_descriptors,
+  kvcache__v1__prefix_top_reply__field_indices_by_name,
+  1,  kvcache__v1__prefix_top_reply__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__prefix_top_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor kvcache__v1__seq_ref__field_descriptors[2] =
@@ -2555,6 +3892,533 @@ const ProtobufCMessageDescriptor kvcache__v1__bool_reply__descriptor =
   kvcache__v1__bool_reply__field_indices_by_name,
   1,  kvcache__v1__bool_reply__number_ranges,
   (ProtobufCMessageInit) kvcache__v1__bool_reply__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__reserve__field_descriptors[3] =
+{
+  {
+    "cache_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Reserve, cache_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "seq_ids",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Kvcache__V1__Reserve, n_seq_ids),
+    offsetof(Kvcache__V1__Reserve, seq_ids),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "positions",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Kvcache__V1__Reserve, n_positions),
+    offsetof(Kvcache__V1__Reserve, positions),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__reserve__field_indices_by_name[] = {
+  0,   /* field[0] = cache_id */
+  2,   /* field[2] = positions */
+  1,   /* field[1] = seq_ids */
+};
+static const ProtobufCIntRange kvcache__v1__reserve__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__reserve__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.Reserve",
+  "Reserve",
+  "Kvcache__V1__Reserve",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__Reserve),
+  3,
+  kvcache__v1__reserve__field_descriptors,
+  kvcache__v1__reserve__field_indices_by_name,
+  1,  kvcache__v1__reserve__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__reserve__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__history__field_descriptors[10] =
+{
+  {
+    "cache_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__History, cache_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "xfer",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__History, xfer),
+    &kvcache__v1__xfer__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "seq_ids",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Kvcache__V1__History, n_seq_ids),
+    offsetof(Kvcache__V1__History, seq_ids),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "positions",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Kvcache__V1__History, n_positions),
+    offsetof(Kvcache__V1__History, positions),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "k_off",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__History, k_off),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "k_len",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__History, k_len),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "v_off",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__History, v_off),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "v_len",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__History, v_len),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "mask_off",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__History, mask_off),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "mask_len",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__History, mask_len),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__history__field_indices_by_name[] = {
+  0,   /* field[0] = cache_id */
+  5,   /* field[5] = k_len */
+  4,   /* field[4] = k_off */
+  9,   /* field[9] = mask_len */
+  8,   /* field[8] = mask_off */
+  3,   /* field[3] = positions */
+  2,   /* field[2] = seq_ids */
+  7,   /* field[7] = v_len */
+  6,   /* field[6] = v_off */
+  1,   /* field[1] = xfer */
+};
+static const ProtobufCIntRange kvcache__v1__history__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 10 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__history__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.History",
+  "History",
+  "Kvcache__V1__History",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__History),
+  10,
+  kvcache__v1__history__field_descriptors,
+  kvcache__v1__history__field_indices_by_name,
+  1,  kvcache__v1__history__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__history__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__history_span__field_descriptors[4] =
+{
+  {
+    "seq_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__HistorySpan, seq_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pos",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__HistorySpan, pos),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "first",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__HistorySpan, first),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "n",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__HistorySpan, n),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__history_span__field_indices_by_name[] = {
+  2,   /* field[2] = first */
+  3,   /* field[3] = n */
+  1,   /* field[1] = pos */
+  0,   /* field[0] = seq_id */
+};
+static const ProtobufCIntRange kvcache__v1__history_span__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__history_span__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.HistorySpan",
+  "HistorySpan",
+  "Kvcache__V1__HistorySpan",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__HistorySpan),
+  4,
+  kvcache__v1__history_span__field_descriptors,
+  kvcache__v1__history_span__field_indices_by_name,
+  1,  kvcache__v1__history_span__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__history_span__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__history_reply__field_descriptors[5] =
+{
+  {
+    "entries",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__HistoryReply, entries),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "k_len",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__HistoryReply, k_len),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "v_len",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__HistoryReply, v_len),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "mask_len",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__HistoryReply, mask_len),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "spans",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__HistoryReply, n_spans),
+    offsetof(Kvcache__V1__HistoryReply, spans),
+    &kvcache__v1__history_span__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__history_reply__field_indices_by_name[] = {
+  0,   /* field[0] = entries */
+  1,   /* field[1] = k_len */
+  3,   /* field[3] = mask_len */
+  4,   /* field[4] = spans */
+  2,   /* field[2] = v_len */
+};
+static const ProtobufCIntRange kvcache__v1__history_reply__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__history_reply__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.HistoryReply",
+  "HistoryReply",
+  "Kvcache__V1__HistoryReply",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__HistoryReply),
+  5,
+  kvcache__v1__history_reply__field_descriptors,
+  kvcache__v1__history_reply__field_indices_by_name,
+  1,  kvcache__v1__history_reply__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__history_reply__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__shift__field_descriptors[5] =
+{
+  {
+    "cache_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Shift, cache_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "seq_id",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Shift, seq_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "p0",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_SINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Shift, p0),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "p1",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_SINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Shift, p1),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "delta",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_SINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__Shift, delta),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__shift__field_indices_by_name[] = {
+  0,   /* field[0] = cache_id */
+  4,   /* field[4] = delta */
+  2,   /* field[2] = p0 */
+  3,   /* field[3] = p1 */
+  1,   /* field[1] = seq_id */
+};
+static const ProtobufCIntRange kvcache__v1__shift__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__shift__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.Shift",
+  "Shift",
+  "Kvcache__V1__Shift",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__Shift),
+  5,
+  kvcache__v1__shift__field_descriptors,
+  kvcache__v1__shift__field_indices_by_name,
+  1,  kvcache__v1__shift__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__shift__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor kvcache__v1__pos_range_reply__field_descriptors[2] =
+{
+  {
+    "pos_min",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_SINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__PosRangeReply, pos_min),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pos_max",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_SINT64,
+    0,   /* quantifier_offset */
+    offsetof(Kvcache__V1__PosRangeReply, pos_max),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned kvcache__v1__pos_range_reply__field_indices_by_name[] = {
+  1,   /* field[1] = pos_max */
+  0,   /* field[0] = pos_min */
+};
+static const ProtobufCIntRange kvcache__v1__pos_range_reply__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor kvcache__v1__pos_range_reply__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "kvcache.v1.PosRangeReply",
+  "PosRangeReply",
+  "Kvcache__V1__PosRangeReply",
+  "kvcache.v1",
+  sizeof(Kvcache__V1__PosRangeReply),
+  2,
+  kvcache__v1__pos_range_reply__field_descriptors,
+  kvcache__v1__pos_range_reply__field_indices_by_name,
+  1,  kvcache__v1__pos_range_reply__number_ranges,
+  (ProtobufCMessageInit) kvcache__v1__pos_range_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor kvcache__v1__seq_info__field_descriptors[8] =
@@ -3235,7 +5099,7 @@ const ProtobufCMessageDescriptor kvcache__v1__ping__descriptor =
   (ProtobufCMessageInit) kvcache__v1__ping__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor kvcache__v1__request__field_descriptors[21] =
+static const ProtobufCFieldDescriptor kvcache__v1__request__field_descriptors[32] =
 {
   {
     "id",
@@ -3454,8 +5318,140 @@ static const ProtobufCFieldDescriptor kvcache__v1__request__field_descriptors[21
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
-    "lease",
+    "match",
     19,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, match),
+    &kvcache__v1__match__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "attach",
+    20,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, attach),
+    &kvcache__v1__attach__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "set_priority",
+    21,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, set_priority),
+    &kvcache__v1__set_priority__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pin_ttl",
+    22,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, pin_ttl),
+    &kvcache__v1__pin_ttl__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "prefix_top",
+    23,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, prefix_top),
+    &kvcache__v1__prefix_top__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "reserve",
+    24,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, reserve),
+    &kvcache__v1__reserve__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "history",
+    25,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, history),
+    &kvcache__v1__history__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "shift",
+    26,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, shift),
+    &kvcache__v1__shift__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "punch",
+    27,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, punch),
+    &kvcache__v1__shift__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "keep",
+    28,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, keep),
+    &kvcache__v1__seq_ref__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pos_range",
+    29,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Request, body_case),
+    offsetof(Kvcache__V1__Request, pos_range),
+    &kvcache__v1__seq_ref__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "lease",
+    30,
     PROTOBUF_C_LABEL_NONE,
     PROTOBUF_C_TYPE_MESSAGE,
     offsetof(Kvcache__V1__Request, body_case),
@@ -3467,7 +5463,7 @@ static const ProtobufCFieldDescriptor kvcache__v1__request__field_descriptors[21
   },
   {
     "lease_release",
-    20,
+    31,
     PROTOBUF_C_LABEL_NONE,
     PROTOBUF_C_TYPE_MESSAGE,
     offsetof(Kvcache__V1__Request, body_case),
@@ -3479,7 +5475,7 @@ static const ProtobufCFieldDescriptor kvcache__v1__request__field_descriptors[21
   },
   {
     "release_leases",
-    30,
+    64,
     PROTOBUF_C_LABEL_REPEATED,
     PROTOBUF_C_TYPE_UINT64,
     offsetof(Kvcache__V1__Request, n_release_leases),
@@ -3491,6 +5487,7 @@ static const ProtobufCFieldDescriptor kvcache__v1__request__field_descriptors[21
   },
 };
 static const unsigned kvcache__v1__request__field_indices_by_name[] = {
+  19,   /* field[19] = attach */
   5,   /* field[5] = cache_clear */
   6,   /* field[6] = cache_drop */
   4,   /* field[4] = cache_list */
@@ -3499,16 +5496,26 @@ static const unsigned kvcache__v1__request__field_indices_by_name[] = {
   10,   /* field[10] = copy_prefix */
   8,   /* field[8] = get */
   1,   /* field[1] = hello */
+  24,   /* field[24] = history */
   0,   /* field[0] = id */
-  18,   /* field[18] = lease */
-  19,   /* field[19] = lease_release */
+  27,   /* field[27] = keep */
+  29,   /* field[29] = lease */
+  30,   /* field[30] = lease_release */
+  18,   /* field[18] = match */
   13,   /* field[13] = pin */
+  21,   /* field[21] = pin_ttl */
   2,   /* field[2] = ping */
+  28,   /* field[28] = pos_range */
+  22,   /* field[22] = prefix_top */
+  26,   /* field[26] = punch */
   7,   /* field[7] = put */
-  20,   /* field[20] = release_leases */
+  31,   /* field[31] = release_leases */
   9,   /* field[9] = remove */
+  23,   /* field[23] = reserve */
   15,   /* field[15] = seq_info */
   16,   /* field[16] = seq_list */
+  20,   /* field[20] = set_priority */
+  25,   /* field[25] = shift */
   17,   /* field[17] = stats */
   12,   /* field[12] = trim_front */
   14,   /* field[14] = unpin */
@@ -3516,8 +5523,8 @@ static const unsigned kvcache__v1__request__field_indices_by_name[] = {
 static const ProtobufCIntRange kvcache__v1__request__number_ranges[2 + 1] =
 {
   { 1, 0 },
-  { 30, 20 },
-  { 0, 21 }
+  { 64, 31 },
+  { 0, 32 }
 };
 const ProtobufCMessageDescriptor kvcache__v1__request__descriptor =
 {
@@ -3527,7 +5534,7 @@ const ProtobufCMessageDescriptor kvcache__v1__request__descriptor =
   "Kvcache__V1__Request",
   "kvcache.v1",
   sizeof(Kvcache__V1__Request),
-  21,
+  32,
   kvcache__v1__request__field_descriptors,
   kvcache__v1__request__field_indices_by_name,
   2,  kvcache__v1__request__number_ranges,
@@ -3552,7 +5559,7 @@ const ProtobufCMessageDescriptor kvcache__v1__empty__descriptor =
   (ProtobufCMessageInit) kvcache__v1__empty__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor kvcache__v1__response__field_descriptors[13] =
+static const ProtobufCFieldDescriptor kvcache__v1__response__field_descriptors[17] =
 {
   {
     "id",
@@ -3699,8 +5706,56 @@ static const ProtobufCFieldDescriptor kvcache__v1__response__field_descriptors[1
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
-    "lease",
+    "match",
     13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Response, body_case),
+    offsetof(Kvcache__V1__Response, match),
+    &kvcache__v1__match_reply__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "prefix_top",
+    14,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Response, body_case),
+    offsetof(Kvcache__V1__Response, prefix_top),
+    &kvcache__v1__prefix_top_reply__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "history",
+    15,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Response, body_case),
+    offsetof(Kvcache__V1__Response, history),
+    &kvcache__v1__history_reply__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pos_range",
+    16,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Kvcache__V1__Response, body_case),
+    offsetof(Kvcache__V1__Response, pos_range),
+    &kvcache__v1__pos_range_reply__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "lease",
+    17,
     PROTOBUF_C_LABEL_NONE,
     PROTOBUF_C_TYPE_MESSAGE,
     offsetof(Kvcache__V1__Response, body_case),
@@ -3719,8 +5774,12 @@ static const unsigned kvcache__v1__response__field_indices_by_name[] = {
   4,   /* field[4] = full_freeable */
   3,   /* field[3] = full_needed */
   5,   /* field[5] = hello */
+  14,   /* field[14] = history */
   0,   /* field[0] = id */
-  12,   /* field[12] = lease */
+  16,   /* field[16] = lease */
+  12,   /* field[12] = match */
+  15,   /* field[15] = pos_range */
+  13,   /* field[13] = prefix_top */
   9,   /* field[9] = seq_info */
   10,   /* field[10] = seq_list */
   11,   /* field[11] = stats */
@@ -3729,7 +5788,7 @@ static const unsigned kvcache__v1__response__field_indices_by_name[] = {
 static const ProtobufCIntRange kvcache__v1__response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 13 }
+  { 0, 17 }
 };
 const ProtobufCMessageDescriptor kvcache__v1__response__descriptor =
 {
@@ -3739,14 +5798,14 @@ const ProtobufCMessageDescriptor kvcache__v1__response__descriptor =
   "Kvcache__V1__Response",
   "kvcache.v1",
   sizeof(Kvcache__V1__Response),
-  13,
+  17,
   kvcache__v1__response__field_descriptors,
   kvcache__v1__response__field_indices_by_name,
   1,  kvcache__v1__response__number_ranges,
   (ProtobufCMessageInit) kvcache__v1__response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCEnumValue kvcache__v1__status__enum_values_by_number[36] =
+static const ProtobufCEnumValue kvcache__v1__status__enum_values_by_number[43] =
 {
   { "OK", "KVCACHE__V1__STATUS__OK", 0 },
   { "INVAL", "KVCACHE__V1__STATUS__INVAL", 1 },
@@ -3783,13 +5842,22 @@ static const ProtobufCEnumValue kvcache__v1__status__enum_values_by_number[36] =
   { "NOTRUNNING", "KVCACHE__V1__STATUS__NOTRUNNING", 32 },
   { "TIMEOUT", "KVCACHE__V1__STATUS__TIMEOUT", 33 },
   { "INTERNAL", "KVCACHE__V1__STATUS__INTERNAL", 34 },
-  { "NOLEASE", "KVCACHE__V1__STATUS__NOLEASE", 35 },
+  { "PINLIMIT", "KVCACHE__V1__STATUS__PINLIMIT", 35 },
+  { "ATTN", "KVCACHE__V1__STATUS__ATTN", 36 },
+  { "WINDOW", "KVCACHE__V1__STATUS__WINDOW", 37 },
+  { "CHUNK", "KVCACHE__V1__STATUS__CHUNK", 38 },
+  { "ROPE", "KVCACHE__V1__STATUS__ROPE", 39 },
+  { "KIND", "KVCACHE__V1__STATUS__KIND", 40 },
+  { "POSORDER", "KVCACHE__V1__STATUS__POSORDER", 41 },
+  { "NOLEASE", "KVCACHE__V1__STATUS__NOLEASE", 42 },
 };
 static const ProtobufCIntRange kvcache__v1__status__value_ranges[] = {
-{0, 0},{0, 36}
+{0, 0},{0, 43}
 };
-static const ProtobufCEnumValueIndex kvcache__v1__status__enum_values_by_name[36] =
+static const ProtobufCEnumValueIndex kvcache__v1__status__enum_values_by_name[43] =
 {
+  { "ATTN", 36 },
+  { "CHUNK", 38 },
   { "CONNLIMIT", 30 },
   { "DTYPE", 10 },
   { "DUPSEQ", 22 },
@@ -3799,13 +5867,14 @@ static const ProtobufCEnumValueIndex kvcache__v1__status__enum_values_by_name[36
   { "INTERNAL", 34 },
   { "INVAL", 1 },
   { "IO", 28 },
+  { "KIND", 40 },
   { "LAYER", 8 },
   { "LAYOUT", 6 },
   { "NAME", 19 },
   { "NHEADS", 16 },
   { "NLAYERS", 15 },
   { "NOCACHE", 4 },
-  { "NOLEASE", 35 },
+  { "NOLEASE", 42 },
   { "NOMEM", 2 },
   { "NONFINITE", 24 },
   { "NOROPE", 13 },
@@ -3818,14 +5887,18 @@ static const ProtobufCEnumValueIndex kvcache__v1__status__enum_values_by_name[36
   { "PAGESIZE", 14 },
   { "PAGETOKENS", 18 },
   { "PERM", 29 },
+  { "PINLIMIT", 35 },
+  { "POSORDER", 41 },
   { "PROTO", 26 },
   { "RANGE", 7 },
+  { "ROPE", 39 },
   { "SAMESEQ", 21 },
   { "SHUTDOWN", 31 },
   { "SIZE", 11 },
   { "TIMEOUT", 33 },
   { "TOOMANY", 20 },
   { "VERSION", 27 },
+  { "WINDOW", 37 },
 };
 const ProtobufCEnumDescriptor kvcache__v1__status__descriptor =
 {
@@ -3834,9 +5907,9 @@ const ProtobufCEnumDescriptor kvcache__v1__status__descriptor =
   "Status",
   "Kvcache__V1__Status",
   "kvcache.v1",
-  36,
+  43,
   kvcache__v1__status__enum_values_by_number,
-  36,
+  43,
   kvcache__v1__status__enum_values_by_name,
   1,
   kvcache__v1__status__value_ranges,

@@ -26,11 +26,25 @@ typedef struct Kvcache__V1__CacheListReply Kvcache__V1__CacheListReply;
 typedef struct Kvcache__V1__Xfer Kvcache__V1__Xfer;
 typedef struct Kvcache__V1__IoEntry Kvcache__V1__IoEntry;
 typedef struct Kvcache__V1__Io Kvcache__V1__Io;
+typedef struct Kvcache__V1__Match Kvcache__V1__Match;
+typedef struct Kvcache__V1__Attach Kvcache__V1__Attach;
+typedef struct Kvcache__V1__MatchReply Kvcache__V1__MatchReply;
+typedef struct Kvcache__V1__SetPriority Kvcache__V1__SetPriority;
+typedef struct Kvcache__V1__PinTtl Kvcache__V1__PinTtl;
+typedef struct Kvcache__V1__PrefixTop Kvcache__V1__PrefixTop;
+typedef struct Kvcache__V1__PrefixHead Kvcache__V1__PrefixHead;
+typedef struct Kvcache__V1__PrefixTopReply Kvcache__V1__PrefixTopReply;
 typedef struct Kvcache__V1__SeqRef Kvcache__V1__SeqRef;
 typedef struct Kvcache__V1__Remove Kvcache__V1__Remove;
 typedef struct Kvcache__V1__CopyPrefix Kvcache__V1__CopyPrefix;
 typedef struct Kvcache__V1__SeqPos Kvcache__V1__SeqPos;
 typedef struct Kvcache__V1__BoolReply Kvcache__V1__BoolReply;
+typedef struct Kvcache__V1__Reserve Kvcache__V1__Reserve;
+typedef struct Kvcache__V1__History Kvcache__V1__History;
+typedef struct Kvcache__V1__HistorySpan Kvcache__V1__HistorySpan;
+typedef struct Kvcache__V1__HistoryReply Kvcache__V1__HistoryReply;
+typedef struct Kvcache__V1__Shift Kvcache__V1__Shift;
+typedef struct Kvcache__V1__PosRangeReply Kvcache__V1__PosRangeReply;
 typedef struct Kvcache__V1__SeqInfo Kvcache__V1__SeqInfo;
 typedef struct Kvcache__V1__SeqList Kvcache__V1__SeqList;
 typedef struct Kvcache__V1__SeqListReply Kvcache__V1__SeqListReply;
@@ -87,7 +101,14 @@ typedef enum _Kvcache__V1__Status {
   KVCACHE__V1__STATUS__NOTRUNNING = 32,
   KVCACHE__V1__STATUS__TIMEOUT = 33,
   KVCACHE__V1__STATUS__INTERNAL = 34,
-  KVCACHE__V1__STATUS__NOLEASE = 35
+  KVCACHE__V1__STATUS__PINLIMIT = 35,
+  KVCACHE__V1__STATUS__ATTN = 36,
+  KVCACHE__V1__STATUS__WINDOW = 37,
+  KVCACHE__V1__STATUS__CHUNK = 38,
+  KVCACHE__V1__STATUS__ROPE = 39,
+  KVCACHE__V1__STATUS__KIND = 40,
+  KVCACHE__V1__STATUS__POSORDER = 41,
+  KVCACHE__V1__STATUS__NOLEASE = 42
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(KVCACHE__V1__STATUS)
 } Kvcache__V1__Status;
 typedef enum _Kvcache__V1__DType {
@@ -122,10 +143,30 @@ struct  Kvcache__V1__Layout
   uint32_t head_dim_v;
   Kvcache__V1__DType dtype;
   uint32_t page_tokens;
+  /*
+   * Optional (all zero: causal, no RoPE); see kvcache/types.h, doc/attention.md.
+   */
+  /*
+   * 0 causal, 1 window, 2 chunked, 3 encoder
+   */
+  uint32_t attn;
+  uint32_t attn_window;
+  uint32_t attn_memory;
+  uint32_t attn_chunk;
+  /*
+   * 0: no RoPE description
+   */
+  uint32_t rope_dims;
+  /*
+   * 0 NeoX, 1 GPT-J
+   */
+  uint32_t rope_style;
+  float rope_theta;
+  float rope_scale;
 };
 #define KVCACHE__V1__LAYOUT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__layout__descriptor) \
-    , 0, 0, 0, 0, KVCACHE__V1__DTYPE__DTYPE_DEFAULT, 0 }
+    , 0, 0, 0, 0, KVCACHE__V1__DTYPE__DTYPE_DEFAULT, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 /*
@@ -285,10 +326,18 @@ struct  Kvcache__V1__IoEntry
   uint64_t ks_len;
   uint64_t vs_off;
   uint64_t vs_len;
+  /*
+   * put only: the token ids written, u32 little-endian,
+   */
+  uint64_t tok_off;
+  /*
+   * 4 * ntokens bytes at a 4-byte aligned offset; 0: none
+   */
+  uint64_t tok_len;
 };
 #define KVCACHE__V1__IO_ENTRY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__io_entry__descriptor) \
-    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Kvcache__V1__Io
@@ -298,10 +347,151 @@ struct  Kvcache__V1__Io
   Kvcache__V1__Xfer *xfer;
   size_t n_entries;
   Kvcache__V1__IoEntry **entries;
+  /*
+   * puts with token ids: the tenant salt (<= 64 bytes)
+   */
+  ProtobufCBinaryData salt;
+  /*
+   * ... and the extra key, e.g. an adapter id (<= 64 bytes)
+   */
+  ProtobufCBinaryData extra;
 };
 #define KVCACHE__V1__IO__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__io__descriptor) \
-    , 0, NULL, 0,NULL }
+    , 0, NULL, 0,NULL, {0,NULL}, {0,NULL} }
+
+
+/*
+ * The prefix cache. Token ids travel in the shared buffer like tensor bytes:
+ * ntokens u32 little-endian at tok_off (a multiple of 4). salt and extra
+ * (each at most 64 bytes) must be those the pages were written with.
+ */
+struct  Kvcache__V1__Match
+{
+  ProtobufCMessage base;
+  uint32_t cache_id;
+  uint64_t tok_off;
+  uint64_t ntokens;
+  ProtobufCBinaryData salt;
+  ProtobufCBinaryData extra;
+};
+#define KVCACHE__V1__MATCH__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__match__descriptor) \
+    , 0, 0, 0, {0,NULL}, {0,NULL} }
+
+
+/*
+ * Match, then make dst_seq exactly the matched pages (shared, no copy) and,
+ * with pin, pin it for this connection, in one step.
+ */
+struct  Kvcache__V1__Attach
+{
+  ProtobufCMessage base;
+  uint32_t cache_id;
+  uint64_t dst_seq;
+  uint64_t tok_off;
+  uint64_t ntokens;
+  ProtobufCBinaryData salt;
+  ProtobufCBinaryData extra;
+  protobuf_c_boolean pin;
+};
+#define KVCACHE__V1__ATTACH__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__attach__descriptor) \
+    , 0, 0, 0, 0, {0,NULL}, {0,NULL}, 0 }
+
+
+struct  Kvcache__V1__MatchReply
+{
+  ProtobufCMessage base;
+  /*
+   * leading tokens cached (whole pages)
+   */
+  uint64_t tokens;
+  /*
+   * pages matched
+   */
+  uint64_t pages;
+  /*
+   * trailing tokens shorter than a page
+   */
+  uint64_t ineligible;
+};
+#define KVCACHE__V1__MATCH_REPLY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__match_reply__descriptor) \
+    , 0, 0, 0 }
+
+
+struct  Kvcache__V1__SetPriority
+{
+  ProtobufCMessage base;
+  uint32_t cache_id;
+  uint64_t seq_id;
+  /*
+   * 0..100; lower is evicted first; default 35
+   */
+  uint32_t priority;
+};
+#define KVCACHE__V1__SET_PRIORITY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__set_priority__descriptor) \
+    , 0, 0, 0 }
+
+
+struct  Kvcache__V1__PinTtl
+{
+  ProtobufCMessage base;
+  uint32_t cache_id;
+  uint64_t seq_id;
+  uint64_t ttl_ms;
+};
+#define KVCACHE__V1__PIN_TTL__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__pin_ttl__descriptor) \
+    , 0, 0, 0 }
+
+
+struct  Kvcache__V1__PrefixTop
+{
+  ProtobufCMessage base;
+  uint32_t cache_id;
+  /*
+   * 0: 10; at most 1000
+   */
+  uint32_t max;
+};
+#define KVCACHE__V1__PREFIX_TOP__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__prefix_top__descriptor) \
+    , 0, 0 }
+
+
+struct  Kvcache__V1__PrefixHead
+{
+  ProtobufCMessage base;
+  /*
+   * the chain head's page hash (32 bytes)
+   */
+  ProtobufCBinaryData hash;
+  /*
+   * matches that reached the head
+   */
+  uint64_t hits;
+  /*
+   * pages of its longest indexed chain
+   */
+  uint32_t depth;
+};
+#define KVCACHE__V1__PREFIX_HEAD__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__prefix_head__descriptor) \
+    , {0,NULL}, 0, 0 }
+
+
+struct  Kvcache__V1__PrefixTopReply
+{
+  ProtobufCMessage base;
+  size_t n_heads;
+  Kvcache__V1__PrefixHead **heads;
+};
+#define KVCACHE__V1__PREFIX_TOP_REPLY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__prefix_top_reply__descriptor) \
+    , 0,NULL }
 
 
 struct  Kvcache__V1__SeqRef
@@ -361,6 +551,115 @@ struct  Kvcache__V1__BoolReply
 #define KVCACHE__V1__BOOL_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__bool_reply__descriptor) \
     , 0 }
+
+
+/*
+ * Attention-aware sequences (doc/attention.md). A batch is its tokens'
+ * sequences and positions, pairwise: seq_ids[i] at positions[i].
+ */
+struct  Kvcache__V1__Reserve
+{
+  ProtobufCMessage base;
+  uint32_t cache_id;
+  size_t n_seq_ids;
+  uint64_t *seq_ids;
+  size_t n_positions;
+  uint64_t *positions;
+};
+#define KVCACHE__V1__RESERVE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__reserve__descriptor) \
+    , 0, 0,NULL, 0,NULL }
+
+
+/*
+ * The history a batch attends to: K and V [layer][entry][head][dim] at k_off
+ * and v_off, the f32 mask [token][entry] at mask_off, in the shared buffer.
+ * With all three lengths 0 only the sizes come back.
+ */
+struct  Kvcache__V1__History
+{
+  ProtobufCMessage base;
+  uint32_t cache_id;
+  Kvcache__V1__Xfer *xfer;
+  size_t n_seq_ids;
+  uint64_t *seq_ids;
+  size_t n_positions;
+  uint64_t *positions;
+  uint64_t k_off;
+  uint64_t k_len;
+  uint64_t v_off;
+  uint64_t v_len;
+  uint64_t mask_off;
+  uint64_t mask_len;
+};
+#define KVCACHE__V1__HISTORY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__history__descriptor) \
+    , 0, NULL, 0,NULL, 0,NULL, 0, 0, 0, 0, 0, 0 }
+
+
+struct  Kvcache__V1__HistorySpan
+{
+  ProtobufCMessage base;
+  uint64_t seq_id;
+  /*
+   * position of its first entry
+   */
+  uint64_t pos;
+  /*
+   * its first entry
+   */
+  uint64_t first;
+  uint64_t n;
+};
+#define KVCACHE__V1__HISTORY_SPAN__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__history_span__descriptor) \
+    , 0, 0, 0, 0 }
+
+
+struct  Kvcache__V1__HistoryReply
+{
+  ProtobufCMessage base;
+  uint64_t entries;
+  uint64_t k_len;
+  uint64_t v_len;
+  uint64_t mask_len;
+  size_t n_spans;
+  Kvcache__V1__HistorySpan **spans;
+};
+#define KVCACHE__V1__HISTORY_REPLY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__history_reply__descriptor) \
+    , 0, 0, 0, 0, 0,NULL }
+
+
+/*
+ * Positions: a negative p0 or p1 means open (llama.cpp style).
+ */
+struct  Kvcache__V1__Shift
+{
+  ProtobufCMessage base;
+  uint32_t cache_id;
+  uint64_t seq_id;
+  int64_t p0;
+  int64_t p1;
+  int64_t delta;
+};
+#define KVCACHE__V1__SHIFT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__shift__descriptor) \
+    , 0, 0, 0, 0, 0 }
+
+
+struct  Kvcache__V1__PosRangeReply
+{
+  ProtobufCMessage base;
+  /*
+   * -1 when the sequence holds no token
+   */
+  int64_t pos_min;
+  int64_t pos_max;
+};
+#define KVCACHE__V1__POS_RANGE_REPLY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&kvcache__v1__pos_range_reply__descriptor) \
+    , 0, 0 }
 
 
 struct  Kvcache__V1__SeqInfo
@@ -537,8 +836,19 @@ typedef enum {
   KVCACHE__V1__REQUEST__BODY_SEQ_INFO = 16,
   KVCACHE__V1__REQUEST__BODY_SEQ_LIST = 17,
   KVCACHE__V1__REQUEST__BODY_STATS = 18,
-  KVCACHE__V1__REQUEST__BODY_LEASE = 19,
-  KVCACHE__V1__REQUEST__BODY_LEASE_RELEASE = 20
+  KVCACHE__V1__REQUEST__BODY_MATCH = 19,
+  KVCACHE__V1__REQUEST__BODY_ATTACH = 20,
+  KVCACHE__V1__REQUEST__BODY_SET_PRIORITY = 21,
+  KVCACHE__V1__REQUEST__BODY_PIN_TTL = 22,
+  KVCACHE__V1__REQUEST__BODY_PREFIX_TOP = 23,
+  KVCACHE__V1__REQUEST__BODY_RESERVE = 24,
+  KVCACHE__V1__REQUEST__BODY_HISTORY = 25,
+  KVCACHE__V1__REQUEST__BODY_SHIFT = 26,
+  KVCACHE__V1__REQUEST__BODY_PUNCH = 27,
+  KVCACHE__V1__REQUEST__BODY_KEEP = 28,
+  KVCACHE__V1__REQUEST__BODY_POS_RANGE = 29,
+  KVCACHE__V1__REQUEST__BODY_LEASE = 30,
+  KVCACHE__V1__REQUEST__BODY_LEASE_RELEASE = 31
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(KVCACHE__V1__REQUEST__BODY__CASE)
 } Kvcache__V1__Request__BodyCase;
 
@@ -575,6 +885,20 @@ struct  Kvcache__V1__Request
     Kvcache__V1__SeqRef *seq_info;
     Kvcache__V1__SeqList *seq_list;
     Kvcache__V1__StatsRequest *stats;
+    Kvcache__V1__Match *match;
+    Kvcache__V1__Attach *attach;
+    Kvcache__V1__SetPriority *set_priority;
+    Kvcache__V1__PinTtl *pin_ttl;
+    Kvcache__V1__PrefixTop *prefix_top;
+    Kvcache__V1__Reserve *reserve;
+    Kvcache__V1__History *history;
+    Kvcache__V1__Shift *shift;
+    /*
+     * delta unused
+     */
+    Kvcache__V1__Shift *punch;
+    Kvcache__V1__SeqRef *keep;
+    Kvcache__V1__SeqRef *pos_range;
     Kvcache__V1__Lease *lease;
     Kvcache__V1__LeaseRelease *lease_release;
   };
@@ -602,7 +926,11 @@ typedef enum {
   KVCACHE__V1__RESPONSE__BODY_SEQ_INFO = 10,
   KVCACHE__V1__RESPONSE__BODY_SEQ_LIST = 11,
   KVCACHE__V1__RESPONSE__BODY_STATS = 12,
-  KVCACHE__V1__RESPONSE__BODY_LEASE = 13
+  KVCACHE__V1__RESPONSE__BODY_MATCH = 13,
+  KVCACHE__V1__RESPONSE__BODY_PREFIX_TOP = 14,
+  KVCACHE__V1__RESPONSE__BODY_HISTORY = 15,
+  KVCACHE__V1__RESPONSE__BODY_POS_RANGE = 16,
+  KVCACHE__V1__RESPONSE__BODY_LEASE = 17
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(KVCACHE__V1__RESPONSE__BODY__CASE)
 } Kvcache__V1__Response__BodyCase;
 
@@ -632,6 +960,10 @@ struct  Kvcache__V1__Response
     Kvcache__V1__SeqInfo *seq_info;
     Kvcache__V1__SeqListReply *seq_list;
     Kvcache__V1__StatsReply *stats;
+    Kvcache__V1__MatchReply *match;
+    Kvcache__V1__PrefixTopReply *prefix_top;
+    Kvcache__V1__HistoryReply *history;
+    Kvcache__V1__PosRangeReply *pos_range;
     Kvcache__V1__LeaseReply *lease;
   };
 };
@@ -849,6 +1181,158 @@ Kvcache__V1__Io *
 void   kvcache__v1__io__free_unpacked
                      (Kvcache__V1__Io *message,
                       ProtobufCAllocator *allocator);
+/* Kvcache__V1__Match methods */
+void   kvcache__v1__match__init
+                     (Kvcache__V1__Match         *message);
+size_t kvcache__v1__match__get_packed_size
+                     (const Kvcache__V1__Match   *message);
+size_t kvcache__v1__match__pack
+                     (const Kvcache__V1__Match   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__match__pack_to_buffer
+                     (const Kvcache__V1__Match   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__Match *
+       kvcache__v1__match__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__match__free_unpacked
+                     (Kvcache__V1__Match *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__Attach methods */
+void   kvcache__v1__attach__init
+                     (Kvcache__V1__Attach         *message);
+size_t kvcache__v1__attach__get_packed_size
+                     (const Kvcache__V1__Attach   *message);
+size_t kvcache__v1__attach__pack
+                     (const Kvcache__V1__Attach   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__attach__pack_to_buffer
+                     (const Kvcache__V1__Attach   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__Attach *
+       kvcache__v1__attach__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__attach__free_unpacked
+                     (Kvcache__V1__Attach *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__MatchReply methods */
+void   kvcache__v1__match_reply__init
+                     (Kvcache__V1__MatchReply         *message);
+size_t kvcache__v1__match_reply__get_packed_size
+                     (const Kvcache__V1__MatchReply   *message);
+size_t kvcache__v1__match_reply__pack
+                     (const Kvcache__V1__MatchReply   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__match_reply__pack_to_buffer
+                     (const Kvcache__V1__MatchReply   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__MatchReply *
+       kvcache__v1__match_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__match_reply__free_unpacked
+                     (Kvcache__V1__MatchReply *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__SetPriority methods */
+void   kvcache__v1__set_priority__init
+                     (Kvcache__V1__SetPriority         *message);
+size_t kvcache__v1__set_priority__get_packed_size
+                     (const Kvcache__V1__SetPriority   *message);
+size_t kvcache__v1__set_priority__pack
+                     (const Kvcache__V1__SetPriority   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__set_priority__pack_to_buffer
+                     (const Kvcache__V1__SetPriority   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__SetPriority *
+       kvcache__v1__set_priority__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__set_priority__free_unpacked
+                     (Kvcache__V1__SetPriority *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__PinTtl methods */
+void   kvcache__v1__pin_ttl__init
+                     (Kvcache__V1__PinTtl         *message);
+size_t kvcache__v1__pin_ttl__get_packed_size
+                     (const Kvcache__V1__PinTtl   *message);
+size_t kvcache__v1__pin_ttl__pack
+                     (const Kvcache__V1__PinTtl   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__pin_ttl__pack_to_buffer
+                     (const Kvcache__V1__PinTtl   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__PinTtl *
+       kvcache__v1__pin_ttl__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__pin_ttl__free_unpacked
+                     (Kvcache__V1__PinTtl *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__PrefixTop methods */
+void   kvcache__v1__prefix_top__init
+                     (Kvcache__V1__PrefixTop         *message);
+size_t kvcache__v1__prefix_top__get_packed_size
+                     (const Kvcache__V1__PrefixTop   *message);
+size_t kvcache__v1__prefix_top__pack
+                     (const Kvcache__V1__PrefixTop   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__prefix_top__pack_to_buffer
+                     (const Kvcache__V1__PrefixTop   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__PrefixTop *
+       kvcache__v1__prefix_top__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__prefix_top__free_unpacked
+                     (Kvcache__V1__PrefixTop *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__PrefixHead methods */
+void   kvcache__v1__prefix_head__init
+                     (Kvcache__V1__PrefixHead         *message);
+size_t kvcache__v1__prefix_head__get_packed_size
+                     (const Kvcache__V1__PrefixHead   *message);
+size_t kvcache__v1__prefix_head__pack
+                     (const Kvcache__V1__PrefixHead   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__prefix_head__pack_to_buffer
+                     (const Kvcache__V1__PrefixHead   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__PrefixHead *
+       kvcache__v1__prefix_head__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__prefix_head__free_unpacked
+                     (Kvcache__V1__PrefixHead *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__PrefixTopReply methods */
+void   kvcache__v1__prefix_top_reply__init
+                     (Kvcache__V1__PrefixTopReply         *message);
+size_t kvcache__v1__prefix_top_reply__get_packed_size
+                     (const Kvcache__V1__PrefixTopReply   *message);
+size_t kvcache__v1__prefix_top_reply__pack
+                     (const Kvcache__V1__PrefixTopReply   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__prefix_top_reply__pack_to_buffer
+                     (const Kvcache__V1__PrefixTopReply   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__PrefixTopReply *
+       kvcache__v1__prefix_top_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__prefix_top_reply__free_unpacked
+                     (Kvcache__V1__PrefixTopReply *message,
+                      ProtobufCAllocator *allocator);
 /* Kvcache__V1__SeqRef methods */
 void   kvcache__v1__seq_ref__init
                      (Kvcache__V1__SeqRef         *message);
@@ -943,6 +1427,120 @@ Kvcache__V1__BoolReply *
                       const uint8_t       *data);
 void   kvcache__v1__bool_reply__free_unpacked
                      (Kvcache__V1__BoolReply *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__Reserve methods */
+void   kvcache__v1__reserve__init
+                     (Kvcache__V1__Reserve         *message);
+size_t kvcache__v1__reserve__get_packed_size
+                     (const Kvcache__V1__Reserve   *message);
+size_t kvcache__v1__reserve__pack
+                     (const Kvcache__V1__Reserve   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__reserve__pack_to_buffer
+                     (const Kvcache__V1__Reserve   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__Reserve *
+       kvcache__v1__reserve__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__reserve__free_unpacked
+                     (Kvcache__V1__Reserve *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__History methods */
+void   kvcache__v1__history__init
+                     (Kvcache__V1__History         *message);
+size_t kvcache__v1__history__get_packed_size
+                     (const Kvcache__V1__History   *message);
+size_t kvcache__v1__history__pack
+                     (const Kvcache__V1__History   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__history__pack_to_buffer
+                     (const Kvcache__V1__History   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__History *
+       kvcache__v1__history__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__history__free_unpacked
+                     (Kvcache__V1__History *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__HistorySpan methods */
+void   kvcache__v1__history_span__init
+                     (Kvcache__V1__HistorySpan         *message);
+size_t kvcache__v1__history_span__get_packed_size
+                     (const Kvcache__V1__HistorySpan   *message);
+size_t kvcache__v1__history_span__pack
+                     (const Kvcache__V1__HistorySpan   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__history_span__pack_to_buffer
+                     (const Kvcache__V1__HistorySpan   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__HistorySpan *
+       kvcache__v1__history_span__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__history_span__free_unpacked
+                     (Kvcache__V1__HistorySpan *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__HistoryReply methods */
+void   kvcache__v1__history_reply__init
+                     (Kvcache__V1__HistoryReply         *message);
+size_t kvcache__v1__history_reply__get_packed_size
+                     (const Kvcache__V1__HistoryReply   *message);
+size_t kvcache__v1__history_reply__pack
+                     (const Kvcache__V1__HistoryReply   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__history_reply__pack_to_buffer
+                     (const Kvcache__V1__HistoryReply   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__HistoryReply *
+       kvcache__v1__history_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__history_reply__free_unpacked
+                     (Kvcache__V1__HistoryReply *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__Shift methods */
+void   kvcache__v1__shift__init
+                     (Kvcache__V1__Shift         *message);
+size_t kvcache__v1__shift__get_packed_size
+                     (const Kvcache__V1__Shift   *message);
+size_t kvcache__v1__shift__pack
+                     (const Kvcache__V1__Shift   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__shift__pack_to_buffer
+                     (const Kvcache__V1__Shift   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__Shift *
+       kvcache__v1__shift__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__shift__free_unpacked
+                     (Kvcache__V1__Shift *message,
+                      ProtobufCAllocator *allocator);
+/* Kvcache__V1__PosRangeReply methods */
+void   kvcache__v1__pos_range_reply__init
+                     (Kvcache__V1__PosRangeReply         *message);
+size_t kvcache__v1__pos_range_reply__get_packed_size
+                     (const Kvcache__V1__PosRangeReply   *message);
+size_t kvcache__v1__pos_range_reply__pack
+                     (const Kvcache__V1__PosRangeReply   *message,
+                      uint8_t             *out);
+size_t kvcache__v1__pos_range_reply__pack_to_buffer
+                     (const Kvcache__V1__PosRangeReply   *message,
+                      ProtobufCBuffer     *buffer);
+Kvcache__V1__PosRangeReply *
+       kvcache__v1__pos_range_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   kvcache__v1__pos_range_reply__free_unpacked
+                     (Kvcache__V1__PosRangeReply *message,
                       ProtobufCAllocator *allocator);
 /* Kvcache__V1__SeqInfo methods */
 void   kvcache__v1__seq_info__init
@@ -1226,6 +1824,30 @@ typedef void (*Kvcache__V1__IoEntry_Closure)
 typedef void (*Kvcache__V1__Io_Closure)
                  (const Kvcache__V1__Io *message,
                   void *closure_data);
+typedef void (*Kvcache__V1__Match_Closure)
+                 (const Kvcache__V1__Match *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__Attach_Closure)
+                 (const Kvcache__V1__Attach *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__MatchReply_Closure)
+                 (const Kvcache__V1__MatchReply *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__SetPriority_Closure)
+                 (const Kvcache__V1__SetPriority *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__PinTtl_Closure)
+                 (const Kvcache__V1__PinTtl *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__PrefixTop_Closure)
+                 (const Kvcache__V1__PrefixTop *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__PrefixHead_Closure)
+                 (const Kvcache__V1__PrefixHead *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__PrefixTopReply_Closure)
+                 (const Kvcache__V1__PrefixTopReply *message,
+                  void *closure_data);
 typedef void (*Kvcache__V1__SeqRef_Closure)
                  (const Kvcache__V1__SeqRef *message,
                   void *closure_data);
@@ -1240,6 +1862,24 @@ typedef void (*Kvcache__V1__SeqPos_Closure)
                   void *closure_data);
 typedef void (*Kvcache__V1__BoolReply_Closure)
                  (const Kvcache__V1__BoolReply *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__Reserve_Closure)
+                 (const Kvcache__V1__Reserve *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__History_Closure)
+                 (const Kvcache__V1__History *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__HistorySpan_Closure)
+                 (const Kvcache__V1__HistorySpan *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__HistoryReply_Closure)
+                 (const Kvcache__V1__HistoryReply *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__Shift_Closure)
+                 (const Kvcache__V1__Shift *message,
+                  void *closure_data);
+typedef void (*Kvcache__V1__PosRangeReply_Closure)
+                 (const Kvcache__V1__PosRangeReply *message,
                   void *closure_data);
 typedef void (*Kvcache__V1__SeqInfo_Closure)
                  (const Kvcache__V1__SeqInfo *message,
@@ -1300,11 +1940,25 @@ extern const ProtobufCMessageDescriptor kvcache__v1__cache_list_reply__descripto
 extern const ProtobufCMessageDescriptor kvcache__v1__xfer__descriptor;
 extern const ProtobufCMessageDescriptor kvcache__v1__io_entry__descriptor;
 extern const ProtobufCMessageDescriptor kvcache__v1__io__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__match__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__attach__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__match_reply__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__set_priority__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__pin_ttl__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__prefix_top__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__prefix_head__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__prefix_top_reply__descriptor;
 extern const ProtobufCMessageDescriptor kvcache__v1__seq_ref__descriptor;
 extern const ProtobufCMessageDescriptor kvcache__v1__remove__descriptor;
 extern const ProtobufCMessageDescriptor kvcache__v1__copy_prefix__descriptor;
 extern const ProtobufCMessageDescriptor kvcache__v1__seq_pos__descriptor;
 extern const ProtobufCMessageDescriptor kvcache__v1__bool_reply__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__reserve__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__history__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__history_span__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__history_reply__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__shift__descriptor;
+extern const ProtobufCMessageDescriptor kvcache__v1__pos_range_reply__descriptor;
 extern const ProtobufCMessageDescriptor kvcache__v1__seq_info__descriptor;
 extern const ProtobufCMessageDescriptor kvcache__v1__seq_list__descriptor;
 extern const ProtobufCMessageDescriptor kvcache__v1__seq_list_reply__descriptor;
