@@ -242,13 +242,16 @@ void prefix_reclaim(engine_t *eng, ipage_t *ip) {
 }
 
 void prefix_cache_clear(engine_t *eng, cache_t *c) {
-  /* Every sequence is gone: each indexed page of c is cached. Children first
-   * is not needed here: the whole index goes. */
+  /* Every sequence is gone: each indexed page of c is cached, or held by a
+   * lease. Children first is not needed here: the whole index goes. */
   for (uint32_t page = 0; page < eng->pool.npages && c->index.count; page++) {
     ipage_t *ip = eng->ip[page];
     if (!ip || ip->cache != c || !ip->indexed) continue;
-    lru_unlink(&ip->node);
-    cached_count(eng, c, -1);
+    if (ip->node.prev) { /* cached; a page a lease still holds is not */
+      lru_unlink(&ip->node);
+      cached_count(eng, c, -1);
+    }
+    eng->idx_pairs -= eng->pool.refcnt[page] == 2;
     hmap_remove(&c->index, hash_key64(ip->hash));
     ip->indexed = false;
     eng->st.pages_indexed--;

@@ -453,3 +453,31 @@ TEST(layout_attention_and_rope_checked) {
   ASSERT_OK(engine_cache_open(f.eng, "rope", &l, &id));
   fx_close(&f);
 }
+
+/* Regression: a get copied off the engine's thread (engine_get_begin/run/end)
+ * read the stale page bytes of a hole instead of zeros. */
+TEST(holes_read_as_zeros_off_the_engine_thread) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 0, 8);
+  sc_step(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), F(1, 2, 3, 4));
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 0, 1, 2));
+  sc_step(&f, 2, A(1, 1), A(3, 4), F(5, 6)); /* position 2 of seq 1 is a hole */
+  fx_rng_t r = fx_all(&f.lay);
+  fx_buf_t a = fx_buf_new(&f.lay, r, 5), b = fx_buf_new(&f.lay, r, 5);
+  memset(b.k, 0x7f, b.kb);
+  memset(b.v, 0x7f, b.vb);
+  engine_io_t ia = fx_io(1, 0, 5, &a), ib = fx_io(1, 0, 5, &b);
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  ASSERT_OK(engine_get(f.eng, f.cid, &x, &ia, 1));
+  engine_get_job_t *job = NULL;
+  ASSERT_OK(engine_get_begin(f.eng, f.cid, &x, &ib, 1, &job));
+  engine_get_run(job);
+  engine_get_end(f.eng, job);
+  ASSERT_MEM_EQ(b.k, a.k, a.kb);
+  ASSERT_MEM_EQ(b.v, a.v, a.vb);
+  float zero = 0.0f;
+  ASSERT_MEM_EQ(&b.k[2 * 2], &zero, sizeof zero); /* K of position 2: 2 floats a token */
+  fx_buf_free(&a);
+  fx_buf_free(&b);
+  fx_close(&f);
+}

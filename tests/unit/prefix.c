@@ -505,3 +505,29 @@ TEST(prefix_ttl_near_uint64_max_never_lapses) {
   ASSERT_EQ(engine_unpin_all(f.eng, 9), 1);
   fx_close(&f);
 }
+
+/* Regression: a lease took pool references behind the prefix index's back:
+ * an indexed page released by its lease after its sequence went was never
+ * cached (not on the LRU, never reclaimable), and clearing the cache while a
+ * lease held an indexed page unlinked a node that was on no list. */
+TEST(prefix_leased_pages_become_cached_after_release) {
+  fx_t f;
+  open_small(&f, 16);
+  ASSERT_OK(put_tok(&f, 1, 0, 8, 7, &KEY_A)); /* 2 indexed pages */
+  engine_lease_t l;
+  ASSERT_OK(engine_lease(f.eng, f.cid, 1, 0, 8, 5, &l));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX));
+  ASSERT_U64_EQ(fx_stats(&f).pages_cached, 0); /* the lease still holds them */
+  FX_AUDIT(f.eng);
+  ASSERT_OK(engine_lease_release(f.eng, 5, l.id));
+  ASSERT_U64_EQ(fx_stats(&f).pages_cached, 2);
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(match(&f, 7, 8, &KEY_A).pages, 2);
+  ASSERT_OK(put_tok(&f, 2, 0, 8, 8, &KEY_A));
+  ASSERT_OK(engine_lease(f.eng, f.cid, 2, 0, 8, 5, &l));
+  ASSERT_OK(engine_cache_clear(f.eng, f.cid));
+  FX_AUDIT(f.eng);
+  ASSERT_OK(engine_lease_release(f.eng, 5, l.id));
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 0);
+  fx_close(&f);
+}
