@@ -99,7 +99,7 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
 static int audit_index(const engine_t *eng, const uint64_t *cached, char *why, size_t len) {
   uint64_t indexed = 0, nc = 0, pairs = 0;
   for (uint32_t page = 0; page < eng->pool.npages; page++) {
-    const ipage_t *ip = eng->ip[page];
+    const ipage_t *ip = ip_at(eng, page);
     if (!ip) continue;
     if (ip->page != page || eng->pool.refcnt[page] == 0)
       return bad(why, len, "page %u: token metadata of a free or other page", page);
@@ -117,7 +117,7 @@ static int audit_index(const engine_t *eng, const uint64_t *cached, char *why, s
       return bad(why, len, "page %u: cached but not on the LRU", page);
     uint32_t kids = 0;
     for (uint32_t q = 0; q < eng->pool.npages; q++)
-      kids += eng->ip[q] && eng->ip[q]->indexed && eng->ip[q]->parent == page;
+      kids += ip_at(eng, q) && ip_at(eng, q)->indexed && ip_at(eng, q)->parent == page;
     if (kids != ip->nchildren)
       return bad(why, len, "page %u: %u indexed children, %u recorded", page, kids, ip->nchildren);
   }
@@ -165,7 +165,7 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
     tokens += ctokens;
   }
   for (uint32_t page = 0; rc == 0 && page < n; page++)
-    if (eng->ip[page] && eng->ip[page]->indexed) refs[page]++; /* the index's own */
+    if (ip_at(eng, page) && ip_at(eng, page)->indexed) refs[page]++; /* the index's own */
   if (rc == 0) rc = lease_audit(eng, refs, why, why_len);
   if (rc == 0) rc = audit_pages(eng, refs, pins, why, why_len);
   uint64_t cached = 0;

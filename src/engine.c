@@ -50,10 +50,8 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
     uint32_t pct = cfg->pin_limit_pct && cfg->pin_limit_pct < 100 ? cfg->pin_limit_pct : 100;
     eng->pin_limit = (uint32_t)((uint64_t)eng->pool.npages * pct / 100);
     eng->caches = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->caches);
-    eng->ip = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->ip);
-    eng->scratch = mem_calloc(&eng->mem, (size_t)eng->pool.npages * 2, sizeof *eng->scratch);
     eng->md_ctx = EVP_MD_CTX_new();
-    if (!eng->caches || !eng->ip || !eng->scratch || !eng->md_ctx) rc = KVC_E_NOMEM;
+    if (!eng->caches || !eng->md_ctx) rc = KVC_E_NOMEM;
   }
   if (rc) {
     engine_free(eng);

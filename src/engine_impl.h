@@ -277,6 +277,13 @@ typedef struct evict_need {
 int evict_make_room(engine_t *eng, const evict_need_t *need);
 
 /* prefix.c */
+/* The token metadata of page, or NULL (also before any put carried ids: the
+ * per-page arrays of the prefix index are allocated on first use). */
+static inline ipage_t *ip_at(const engine_t *eng, uint32_t page) {
+  return eng->ip ? eng->ip[page] : NULL;
+}
+/* Allocates the prefix index's per-page arrays if not yet; 0 or NOMEM. */
+int prefix_arrays(engine_t *eng);
 /* The engine's part of page references: cached-state transitions of indexed
  * pages and the release of token metadata with the page. */
 void page_ref(engine_t *eng, uint32_t page);

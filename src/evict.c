@@ -119,7 +119,7 @@ static void plan_reclaim(engine_t *eng, plan_t *pl, ipage_t *ip) {
   ip->planned = true;
   pl->freed++;
   if (ip->parent == POOL_NOPAGE) return;
-  ipage_t *par = eng->ip[ip->parent];
+  ipage_t *par = ip_at(eng, ip->parent);
   touch_ip(pl, par);
   par->plan_gone++;
   if (!par->planned && par->plan_gone == par->nchildren && plan_cached(eng, par->page))
@@ -132,7 +132,7 @@ static bool plan_done(const engine_t *eng, const plan_t *pl) {
 
 static void plan_drain(engine_t *eng, plan_t *pl) {
   while (pl->top && !plan_done(eng, pl)) {
-    ipage_t *ip = eng->ip[pl->stack[--pl->top]];
+    ipage_t *ip = ip_at(eng, pl->stack[--pl->top]);
     if (!ip->planned && ip->plan_gone == ip->nchildren) plan_reclaim(eng, pl, ip);
   }
 }
@@ -145,8 +145,8 @@ static void plan_seq(engine_t *eng, plan_t *pl, const evict_need_t *nd, seq_t *s
       if (held == p->refcnt[page] - writers_of(nd, page)) pl->need--; /* copy lapses */
     } else if (held == p->refcnt[page]) {
       pl->freed++;
-    } else if (held == p->refcnt[page] - 1 && eng->ip[page] && eng->ip[page]->indexed) {
-      plan_push(pl, eng->ip[page]); /* becomes a cached page, reclaimed next */
+    } else if (held == p->refcnt[page] - 1 && ip_at(eng, page) && ip_at(eng, page)->indexed) {
+      plan_push(pl, ip_at(eng, page)); /* becomes a cached page, reclaimed next */
     }
   }
 }
@@ -184,7 +184,7 @@ static void plan_clear(engine_t *eng, plan_t *pl) {
     }
   }
   for (uint32_t i = 0; i < pl->ntouched; i++) {
-    ipage_t *ip = eng->ip[pl->touched[i]];
+    ipage_t *ip = ip_at(eng, pl->touched[i]);
     ip->planned = ip->stacked = false;
     ip->plan_gone = 0;
   }
@@ -223,7 +223,8 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
   pool_t *p = &eng->pool;
   uint64_t need = need_now(eng, nd);
   if (need <= p->nfree) return 0;
-  plan_t pl = {need, 0, eng->scratch, 0, eng->scratch + p->npages, 0, 0, NULL};
+  plan_t pl = {need, 0, eng->scratch, 0, eng->scratch ? eng->scratch + p->npages : NULL, 0, 0,
+               NULL}; /* the stack is used only for pages with token metadata */
   plan_walk(eng, &pl, nd);
   bool enough = plan_done(eng, &pl);
   plan_clear(eng, &pl);

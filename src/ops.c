@@ -236,7 +236,7 @@ static void count_page(engine_t *eng, uint32_t page, void *arg) {
 }
 
 static void count_cow_meta(engine_t *eng, uint32_t page, void *arg) {
-  if (eng->ip[page] && eng->pool.refcnt[page] > 1) (*(uint64_t *)arg)++;
+  if (ip_at(eng, page) && eng->pool.refcnt[page] > 1) (*(uint64_t *)arg)++;
 }
 
 /* Everything a put allocates beyond sequences: token metadata for the pages
@@ -255,7 +255,7 @@ static int put_prepare(engine_t *eng, cache_t *c, const target_t *t, const engin
       put_pages(eng, t[i].s, &e[i], count_cow_meta, &meta);
     }
   }
-  if (indexable && hmap_reserve(&c->index, &eng->mem, indexable))
+  if (indexable && (prefix_arrays(eng) || hmap_reserve(&c->index, &eng->mem, indexable)))
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   if (meta && prefix_reserve(eng, c->g.T, meta)) {
     (void)hmap_resize(&c->index, &eng->mem, *index_cap);

@@ -138,6 +138,21 @@ int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *k
 
 /* ---- ipage blocks: reserved before a call changes anything ------------------- */
 
+int prefix_arrays(engine_t *eng) {
+  if (eng->ip) return 0;
+  uint32_t n = eng->pool.npages;
+  ipage_t **ip = mem_calloc(&eng->mem, n, sizeof *ip);
+  uint32_t *scratch = mem_calloc(&eng->mem, (size_t)n * 2, sizeof *scratch);
+  if (!ip || !scratch) {
+    mem_free(&eng->mem, ip);
+    mem_free(&eng->mem, scratch);
+    return KVC_E_NOMEM;
+  }
+  eng->ip = ip;
+  eng->scratch = scratch;
+  return 0;
+}
+
 static size_t ipage_size(uint32_t T) { return sizeof(ipage_t) + (size_t)T * sizeof(uint32_t); }
 
 int prefix_reserve(engine_t *eng, uint32_t page_tokens, uint64_t n) {
@@ -184,13 +199,13 @@ static void cached_count(engine_t *eng, cache_t *c, int delta) {
 /* The pool counts a page with two references as shared; for an indexed page
  * one of them is the index's. idx_pairs counts those, to subtract. */
 static void index_pairs(engine_t *eng, uint32_t page, uint32_t before, uint32_t after) {
-  const ipage_t *ip = eng->ip[page];
+  const ipage_t *ip = ip_at(eng, page);
   if (!ip || !ip->indexed) return;
   eng->idx_pairs += (after == 2) - (before == 2);
 }
 
 void page_ref(engine_t *eng, uint32_t page) {
-  ipage_t *ip = eng->ip[page];
+  ipage_t *ip = ip_at(eng, page);
   uint32_t r = eng->pool.refcnt[page];
   if (ip && ip->indexed && r == 1) { /* leaves the cached state */
     lru_unlink(&ip->node);
@@ -209,11 +224,13 @@ void page_unref_bytes(engine_t *eng, uint64_t layout_bytes, uint32_t page, uint8
   index_pairs(eng, page, r, r - 1);
   if (pool_unref(&eng->pool, page)) {
     eng->bytes_used -= layout_bytes;
-    mem_free(&eng->mem, eng->ip[page]);
-    eng->ip[page] = NULL;
+    if (eng->ip) {
+      mem_free(&eng->mem, eng->ip[page]);
+      eng->ip[page] = NULL;
+    }
     return;
   }
-  ipage_t *ip = eng->ip[page];
+  ipage_t *ip = ip_at(eng, page);
   if (ip && ip->indexed && eng->pool.refcnt[page] == 1) { /* only the index holds it */
     ip->node.prio = prio;
     lru_link(eng, &ip->node, eng->evicting);
@@ -224,8 +241,8 @@ void page_unref_bytes(engine_t *eng, uint64_t layout_bytes, uint32_t page, uint8
 static void unindex(engine_t *eng, ipage_t *ip) {
   cache_t *c = ip->cache;
   hmap_remove(&c->index, hash_key64(ip->hash));
-  if (ip->parent != NOPAGE && eng->ip[ip->parent] && eng->ip[ip->parent]->indexed)
-    eng->ip[ip->parent]->nchildren--;
+  if (ip->parent != NOPAGE && ip_at(eng, ip->parent) && ip_at(eng, ip->parent)->indexed)
+    ip_at(eng, ip->parent)->nchildren--;
   ip->indexed = false;
   eng->st.pages_indexed--;
   c->st.pages_indexed--;
@@ -245,7 +262,7 @@ void prefix_cache_clear(engine_t *eng, cache_t *c) {
   /* Every sequence is gone: each indexed page of c is cached, or held by a
    * lease. Children first is not needed here: the whole index goes. */
   for (uint32_t page = 0; page < eng->pool.npages && c->index.count; page++) {
-    ipage_t *ip = eng->ip[page];
+    ipage_t *ip = ip_at(eng, page);
     if (!ip || ip->cache != c || !ip->indexed) continue;
     if (ip->node.prev) { /* cached; a page a lease still holds is not */
       lru_unlink(&ip->node);
@@ -262,7 +279,7 @@ void prefix_cache_clear(engine_t *eng, cache_t *c) {
 }
 
 void prefix_page_copied(engine_t *eng, uint32_t from, uint32_t to) {
-  ipage_t *src = eng->ip[from];
+  ipage_t *src = ip_at(eng, from);
   if (!src) return;
   ipage_t *ip = ipage_take(eng, src->cache, to);
   ip->key = src->key;
@@ -275,7 +292,7 @@ void prefix_page_copied(engine_t *eng, uint32_t from, uint32_t to) {
 void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
   const geom_t *g = &s->cache->g;
   for (uint64_t idx = pos >> g->tshift; (idx << g->tshift) < end; idx++) {
-    ipage_t *ip = eng->ip[s->table[idx - s->base]];
+    ipage_t *ip = ip_at(eng, s->table[idx - s->base]);
     if (!ip) continue;
     uint64_t from = pos > (idx << g->tshift) ? pos - (idx << g->tshift) : 0;
     if (ip->ntok > from) ip->ntok = (uint32_t)from;
@@ -289,7 +306,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
                      uint32_t key_id) {
   cache_t *c = s->cache;
   uint32_t page = s->table[idx - s->base];
-  ipage_t *ip = eng->ip[page];
+  ipage_t *ip = ip_at(eng, page);
   if (!ip || ip->ntok < c->g.T || ip->key != key_id) return false;
   if (ip->hashed) return true;
   uint8_t parent[32];
@@ -299,7 +316,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   } else {
     if (idx - 1 < s->base) return false;
     parent_page = s->table[idx - 1 - s->base];
-    ipage_t *pip = eng->ip[parent_page];
+    ipage_t *pip = ip_at(eng, parent_page);
     if (!pip || !pip->hashed || pip->key != key_id) return false;
     memcpy(parent, pip->hash, 32);
   }
@@ -309,7 +326,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   uint64_t k64 = hash_key64(ip->hash);
   /* Only a chain indexed from its head is indexed: a page under an unindexed
    * parent (a duplicate of an indexed twin) could never be reached. */
-  if (parent_page != NOPAGE && !eng->ip[parent_page]->indexed) return true;
+  if (parent_page != NOPAGE && !ip_at(eng, parent_page)->indexed) return true;
   if (hmap_get(&c->index, k64)) { /* taken: the same prefix elsewhere, or a clash */
     ipage_t *other = hmap_get(&c->index, k64);
     if (memcmp(other->tokens, ip->tokens, c->g.T * sizeof *ip->tokens) != 0 ||
@@ -323,7 +340,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   ip->indexed = true;
   pool_ref(&eng->pool, page);
   index_pairs(eng, page, 0, eng->pool.refcnt[page]);
-  if (parent_page != NOPAGE) eng->ip[parent_page]->nchildren++;
+  if (parent_page != NOPAGE) ip_at(eng, parent_page)->nchildren++;
   eng->st.pages_indexed++;
   c->st.pages_indexed++;
   return true;
@@ -335,7 +352,7 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engi
   uint64_t end = e->pos + e->ntokens, first = e->pos >> g->tshift;
   for (uint64_t idx = first; (idx << g->tshift) < end; idx++) {
     uint32_t page = s->table[idx - s->base];
-    ipage_t *ip = eng->ip[page] ? eng->ip[page] : ipage_take(eng, s->cache, page);
+    ipage_t *ip = ip_at(eng, page) ? ip_at(eng, page) : ipage_take(eng, s->cache, page);
     uint64_t pstart = idx << g->tshift;
     uint64_t from = e->pos > pstart ? e->pos - pstart : 0;
     uint64_t to = (end < pstart + g->T ? end : pstart + g->T) - pstart;
@@ -355,8 +372,8 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engi
   }
   /* Hash from the first page the chain has not reached yet. */
   uint64_t idx = s->base;
-  while (idx < first && eng->ip[s->table[idx - s->base]] &&
-         eng->ip[s->table[idx - s->base]]->hashed)
+  while (idx < first && ip_at(eng, s->table[idx - s->base]) &&
+         ip_at(eng, s->table[idx - s->base])->hashed)
     idx++;
   for (; (idx << g->tshift) < end; idx++)
     if (!hash_one(eng, s, idx, key, key_id)) break;
@@ -392,7 +409,7 @@ static uint64_t chain_match(engine_t *eng, cache_t *c, const uint32_t *tokens, u
 /* A hit touches its pages, deepest first so the chain head ends most recent. */
 static void hit_touch(engine_t *eng, const uint32_t *pages, uint64_t m) {
   for (uint64_t i = m; i-- > 0;) {
-    ipage_t *ip = eng->ip[pages[i]];
+    ipage_t *ip = ip_at(eng, pages[i]);
     if (i == 0) ip->hits++;
     if (ip->node.prev) { /* cached: most recent of its list */
       lru_unlink(&ip->node);
@@ -470,7 +487,7 @@ int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out
   if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
   size_t k = 0;
   for (uint32_t page = 0; page < eng->pool.npages; page++) {
-    ipage_t *ip = eng->ip[page];
+    ipage_t *ip = ip_at(eng, page);
     if (!ip || ip->cache != c || !ip->indexed || ip->parent != NOPAGE) continue;
     /* Keep the cap heads with the most hits, by insertion into a sorted run. */
     size_t at = k < cap ? k : cap;
@@ -484,11 +501,11 @@ int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out
   }
   /* Depth: the longest indexed chain below each listed head. */
   for (uint32_t page = 0; page < eng->pool.npages; page++) {
-    ipage_t *ip = eng->ip[page];
+    ipage_t *ip = ip_at(eng, page);
     if (!ip || ip->cache != c || !ip->indexed || ip->nchildren) continue;
     uint32_t d = 1;
     while (ip->parent != NOPAGE) {
-      ip = eng->ip[ip->parent];
+      ip = ip_at(eng, ip->parent);
       d++;
     }
     for (size_t i = 0; i < k; i++)

@@ -138,7 +138,7 @@ void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out) {
   out->pages = s->ntable;
   for (uint32_t i = 0; i < s->ntable; i++) {
     uint32_t page = s->table[i], holders = eng->pool.refcnt[page];
-    if (eng->ip[page] && eng->ip[page]->indexed) holders--; /* the index is no sharer */
+    if (ip_at(eng, page) && ip_at(eng, page)->indexed) holders--; /* the index is no sharer */
     if (holders > 1) out->shared_pages++;
   }
   out->pins = s->npins;
