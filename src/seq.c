@@ -23,8 +23,10 @@ void seq_free(engine_t *eng, seq_t *s) {
 
 int seq_reserve(engine_t *eng, seq_t *s, uint64_t n) {
   if (n <= s->cap) return 0;
-  uint64_t cap = s->cap ? s->cap : 4;
-  while (cap < n) cap *= 2;
+  /* A new table gets exactly what the first write needs (most sequences are
+   * written once, whole); a growing one doubles, for appends. */
+  uint64_t cap = s->cap ? s->cap * 2 : n;
+  if (cap < n) cap = n;
   uint32_t *t = mem_realloc(&eng->mem, s->table, cap * sizeof *t);
   if (!t) return KVC_E_NOMEM;
   s->table = t;
