@@ -30,6 +30,7 @@ static void free_conn(conn_t *c) {
   else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   if (c->counted) srv->stats.connections_current--;
+  srv->nconns--;
   free(c);
   server_conn_gone(srv);
 }
@@ -446,7 +447,28 @@ static void refuse(conn_t *c, Kvcache__V1__Status status, const char *msg) {
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
   resp.status = status;
   resp.error = (char *)msg;
-  if (conn_send(c, &resp) == 0) conn_close_after_flush(c, msg);
+  wreq_t *w = pack(&resp);
+  if (!w) {
+    conn_close(c, "out of memory packing a refusal");
+    return;
+  }
+  /* A fresh socket takes the small reply at once: then close at once too, so
+   * a burst of refusals at the descriptor limit frees each descriptor before
+   * the next accept (uv_close closes the fd now, only its callback waits). */
+  uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)w->len);
+  int n = uv_try_write((uv_stream_t *)&c->pipe, &b, 1);
+  if (n == (int)w->len) {
+    srv->stats.socket_bytes_out += w->len;
+    free(w);
+    conn_close(c, msg);
+    return;
+  }
+  if (n > 0) {
+    srv->stats.socket_bytes_out += (uint64_t)n;
+    memmove(w->data, w->data + n, w->len - (size_t)n);
+    w->len -= (size_t)n;
+  }
+  if (write_frame(c, w) == 0) conn_close_after_flush(c, msg);
 }
 
 void conn_accept(server_t *srv) {
@@ -474,6 +496,7 @@ void conn_accept(server_t *srv) {
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
+  srv->nconns++;
   int rc = uv_accept((uv_stream_t *)&srv->listener, (uv_stream_t *)&c->pipe);
   if (rc != 0) {
     LOG_WARN("accept", "error=\"%s\"", uv_strerror(rc));
@@ -502,6 +525,10 @@ void conn_accept(server_t *srv) {
   } else if (srv->stats.connections_current >= srv->cfg.max_connections) {
     snprintf(msg, sizeof msg, "connection limit reached (max_connections=%u)",
              srv->cfg.max_connections);
+    refuse(c, KVCACHE__V1__STATUS__CONNLIMIT, msg);
+  } else if (fdbudget_full(srv)) {
+    snprintf(msg, sizeof msg, "connection limit reached: out of file descriptors "
+             "(%u connections open; raise RLIMIT_NOFILE)", srv->nconns - 1);
     refuse(c, KVCACHE__V1__STATUS__CONNLIMIT, msg);
   } else {
     c->counted = true;

@@ -100,7 +100,15 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   uint64_t bytes = shm_buffer_size(h->shm_bytes, srv->cfg.shm_default_bytes,
                                    SHM_MIN_BYTES, srv->cfg.shm_max_bytes);
   char why[160];
-  if (shm_buffer_open(bytes, &c->shm, why, sizeof why) != 0) {
+  int rc = shm_buffer_open(bytes, &c->shm, why, sizeof why);
+  if (rc == SHM_E_NOFD) {
+    /* Out of descriptors is a connection limit: the client may retry later. */
+    r->close_after = true;
+    srv->stats.connections_rejected++;
+    return reject(r, KVC_E_CONNLIMIT, "connection limit reached: no file descriptor for the "
+                  "shared buffer (%s)", why);
+  }
+  if (rc != 0) {
     r->close_after = true;
     return reject(r, KVC_E_NOMEM, "cannot create a %llu-byte shared buffer: %s",
                   (unsigned long long)bytes, why);

@@ -33,6 +33,7 @@ void server_stop(server_t *srv) {
   uv_close((uv_handle_t *)&srv->status_timer, NULL);
   uv_close((uv_handle_t *)&srv->drain_timer, NULL);
   uv_close((uv_handle_t *)&srv->expire_timer, NULL);
+  uv_close((uv_handle_t *)&srv->accept_timer, NULL);
 }
 
 /* Everything that can fail at start, in order; READY=1 comes after. */
@@ -61,6 +62,7 @@ static int start(server_t *srv, char *err, size_t errlen) {
   uv_timer_init(srv->loop, &srv->expire_timer);
   srv->expire_timer.data = srv;
   uv_timer_start(&srv->expire_timer, on_expire, EXPIRE_INTERVAL_MS, EXPIRE_INTERVAL_MS);
+  fdbudget_adjust(srv); /* every descriptor of an idle daemon is open now */
   return 0;
 }
 
@@ -139,6 +141,7 @@ int main(int argc, char **argv) {
   srv.pool.fd = -1;
   srv.notify.fd = -1;
   srv.pool_ro_fd = -1;
+  srv.listen_spare = -1;
   arena_init(&srv.arena);
   stats_init(&srv.stats, uv_hrtime());
   int status = 0;

@@ -34,6 +34,7 @@ int server_reload(server_t *srv) {
   snprintf(srv->config_file, sizeof srv->config_file, "%s", path);
   log_level = srv->cfg.log_level;
   status_reschedule(srv);
+  fdbudget_adjust(srv);
   srv->stats.config_reloads++;
   LOG_INFO("reloaded", "file=\"%s\" options_changed=%d", path, changed);
   status_line(srv, line, sizeof line);

@@ -34,6 +34,10 @@ typedef struct server {
   char listen_path[108];   /* the socket actually served (systemd's, or cfg's) */
   bool activated;          /* listener inherited from systemd: never unlinked */
   bool listening;          /* listener open (closed when draining starts) */
+  bool accept_paused;      /* out of descriptors: listener closed for a while */
+  bool listener_closing;   /* its uv_close callback has not run yet */
+  int listen_spare;        /* a dup of the listening socket (-1: none) */
+  uv_timer_t accept_timer; /* listens again after a pause */
   bool draining;           /* SIGTERM seen: no new work, close when flushed */
   bool stopped;            /* signals and timers closed: the loop may end */
   uv_signal_t sig_term, sig_int, sig_hup;
@@ -45,6 +49,9 @@ typedef struct server {
   log_limit_t limit_bad_frame;/* budget of "bad_frame" lines */
   uv_timer_t expire_timer; /* lapses TTL pins once a second */
   conn_t *conns;           /* every connection not yet freed (doubly linked) */
+  uint32_t nconns;         /* their number (refused ones too: a socket each) */
+  uint64_t fd_base;        /* descriptors held without clients (fdbudget.c) */
+  log_limit_t limit_accept;/* budget of "accept" error lines */
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */
   arena_t arena;           /* scratch for building the current reply */
 } server_t;
@@ -83,6 +90,14 @@ void status_start(server_t *srv);
 void status_reschedule(server_t *srv);
 /* The live figures as one line, for STATUS= ("12 clients, ..."). */
 void status_line(server_t *srv, char *buf, size_t len);
+
+/* fdbudget.c. Counts the descriptors held without clients (once), raises
+ * the soft RLIMIT_NOFILE so that max_connections fit (up to the hard limit)
+ * and warns when they cannot. At start once listening, and after a reload. */
+void fdbudget_adjust(server_t *srv);
+/* Whether one more connection would leave too few descriptors (its socket is
+ * counted in nconns already): it is then refused with CONNLIMIT. */
+bool fdbudget_full(const server_t *srv);
 
 /* main.c. Closes the signal handlers and timers so the loop can end. */
 void server_stop(server_t *srv);

@@ -33,8 +33,9 @@ static int create(const char *name, uint64_t bytes, bool backed, int seals,
   out->bytes = 0;
   int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
-    snprintf(err, errlen, "memfd_create: %s", strerror(errno));
-    return -1;
+    int e = errno;
+    snprintf(err, errlen, "memfd_create: %s", strerror(e));
+    return e == EMFILE || e == ENFILE ? SHM_E_NOFD : -1;
   }
   if (ftruncate(fd, (off_t)bytes) != 0) {
     snprintf(err, errlen, "ftruncate %llu bytes: %s", (unsigned long long)bytes,
@@ -99,9 +100,9 @@ int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen)
    * time); an unsized internal memfd cannot run out of space, so a later
    * fault cannot SIGBUS (memory pressure is the OOM killer's, as for any
    * anonymous memory). */
-  if (create("kvcached-conn", bytes, false, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, out, err,
-             errlen) != 0)
-    return -1;
+  int rc = create("kvcached-conn", bytes, false, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, out,
+                  err, errlen);
+  if (rc != 0) return rc;
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, out->fd, 0);
   if (p == MAP_FAILED) {
     snprintf(err, errlen, "mmap buffer: %s", strerror(errno));

@@ -34,10 +34,12 @@ uint64_t shm_mem_available(void);
  * MemAvailable, cannot be backed, mmap failed). Nothing is left on failure. */
 int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
 
+#define SHM_E_NOFD (-2) /* out of file descriptors (EMFILE, ENFILE) */
+
 /* Creates a connection buffer of `bytes` (page-rounded by the caller), sealed,
  * mapped read-write (neither backed nor populated: the client touches it).
- * Returns 0 or -1 with errno-style reason in err. The fd stays open in *out
- * until shm_close_fd (after it has been sent). */
+ * Returns 0, SHM_E_NOFD, or -1; a reason in err either way. The fd stays open
+ * in *out until shm_close_fd (after it has been sent). */
 int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
 
 /* A new read-only descriptor of r's memfd (reopened O_RDONLY through

@@ -25,6 +25,7 @@
   X(connections_rejected, STAT_COUNTER, "connections refused (permission, limit, shutdown)") \
   X(connections_dropped, STAT_COUNTER, "connections closed for a bad frame or protocol error") \
   X(connections_timed_out, STAT_COUNTER, "connections closed by frame_timeout_ms (a frame or Hello too slow)") \
+  X(accept_pauses, STAT_COUNTER, "times accepting paused for lack of file descriptors") \
   X(frames_in, STAT_COUNTER, "request frames received")                       \
   X(socket_bytes_in, STAT_COUNTER, "bytes read from client sockets")          \
   X(socket_bytes_out, STAT_COUNTER, "bytes of replies queued to client sockets") \

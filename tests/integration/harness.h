@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -40,6 +41,9 @@ typedef struct daemon {
   char sock[100];  /* its socket */
   char log[128];   /* its stderr */
 } daemon_t;
+
+/* Non-zero: the daemons spawned get this RLIMIT_NOFILE, soft and hard. */
+IT_UNUSED static rlim_t it_daemon_nofile;
 
 IT_UNUSED static const char *it_build(void) {
   const char *b = getenv("KVC_BUILD");
@@ -99,6 +103,10 @@ IT_UNUSED static void daemon_spawn(daemon_t *d, const char *bin, const char *con
   ASSERT(pid >= 0);
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (it_daemon_nofile) {
+      struct rlimit rl = {it_daemon_nofile, it_daemon_nofile};
+      if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
+    }
     setenv("KVCACHED_TEST_AUDIT", "1", 0); /* engine_audit after every request */
     int log = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int null = open("/dev/null", O_WRONLY);
