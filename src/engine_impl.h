@@ -309,5 +309,8 @@ int prefix_reserve(engine_t *eng, uint32_t page_tokens, uint64_t n);
 void prefix_unreserve(engine_t *eng);
 /* Interns a key; 0 or NOMEM (key_id 0 is never used). */
 int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *key_id);
+/* Undoes the interning of a key by the call that just did it (nothing uses
+ * it yet), shrinking the key map back to keys_cap slots. */
+void prefix_key_forget(engine_t *eng, const engine_pkey_t *key, size_t keys_cap);
 
 #endif

@@ -103,14 +103,14 @@ int prefix_cache_init(engine_t *eng, cache_t *c) {
 
 /* ---- keys -------------------------------------------------------------------- */
 
-int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *key_id) {
+/* The key's SHA-256 digest into d; KVC_E_INVAL for a bad key. */
+static int key_digest(engine_t *eng, const engine_pkey_t *key, uint8_t d[32]) {
   static const engine_pkey_t empty = {NULL, 0, NULL, 0};
   if (!key) key = &empty;
   if (key->salt_len > KEY_MAX || key->extra_len > KEY_MAX ||
       (key->salt_len && !key->salt) || (key->extra_len && !key->extra))
     return KVC_E_INVAL;
   uint64_t sl = key->salt_len, xl = key->extra_len;
-  uint8_t d[32];
   unsigned len = 32;
   EVP_MD_CTX *ctx = eng->md_ctx;
   EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
@@ -119,6 +119,12 @@ int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *k
   EVP_DigestUpdate(ctx, &xl, sizeof xl);
   EVP_DigestUpdate(ctx, key->extra, key->extra_len);
   EVP_DigestFinal_ex(ctx, d, &len);
+  return 0;
+}
+
+int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *key_id) {
+  uint8_t d[32];
+  if (key_digest(eng, key, d)) return KVC_E_INVAL;
   uint64_t k64 = hash_key64(d);
   pkey_t *k = hmap_get(&eng->keys, k64);
   if (k && memcmp(k->digest, d, 32) == 0) {
@@ -127,13 +133,27 @@ int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *k
   }
   *key_id = 0;
   if (!create || k) return 0; /* unknown, or a 64-bit digest clash: never matches */
+  size_t cap = eng->keys.cap;
   if (hmap_reserve(&eng->keys, &eng->mem, 1)) return KVC_E_NOMEM;
-  if (!(k = mem_alloc(&eng->mem, sizeof *k))) return KVC_E_NOMEM;
+  if (!(k = mem_alloc(&eng->mem, sizeof *k))) {
+    (void)hmap_resize(&eng->keys, &eng->mem, cap); /* a failed call keeps nothing */
+    return KVC_E_NOMEM;
+  }
   memcpy(k->digest, d, 32);
   k->id = ++eng->nkeys;
   hmap_insert(&eng->keys, k64, k);
   *key_id = k->id;
   return 0;
+}
+
+void prefix_key_forget(engine_t *eng, const engine_pkey_t *key, size_t keys_cap) {
+  uint8_t d[32];
+  if (key_digest(eng, key, d)) return;
+  pkey_t *k = hmap_remove(&eng->keys, hash_key64(d));
+  if (!k) return;
+  eng->nkeys--;
+  mem_free(&eng->mem, k);
+  (void)hmap_resize(&eng->keys, &eng->mem, keys_cap);
 }
 
 /* ---- ipage blocks: reserved before a call changes anything ------------------- */

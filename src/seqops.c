@@ -210,7 +210,10 @@ static int pin_prepare(engine_t *eng, uint64_t owner, pin_prep_t *pp) {
   if (pp->p && pp->new_owner && hmap_reserve(&eng->owners, &eng->mem, 1) == 0)
     pp->o = mem_calloc(&eng->mem, 1, sizeof *pp->o);
   if (!pp->p || !pp->o) {
+    /* Nothing stays prepared: a caller's failure path frees only pp->p. */
     mem_free(&eng->mem, pp->p);
+    pp->p = NULL;
+    pp->o = NULL;
     (void)hmap_resize(&eng->owners, &eng->mem, pp->map_cap);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }

@@ -8,7 +8,9 @@
  *     4     the connection disconnects; a fresh one takes its place
  *     5     the next frame's k-th engine allocation fails (k = first byte)
  *     6     a Hello frame (so mutated inputs keep reaching the handlers)
- *     7     as 0
+ *     7     bytes written into the connection's shared buffer (what a client
+ *           writes there: tensor data, token ids): the first 3 bytes are the
+ *           offset (little-endian), the rest is copied, clipped to the buffer
  * After every frame the engine audit must pass (fake_conn.c); after a
  * disconnect the connection's buffer is gone and, at the end, once every
  * connection closed, no page is pinned, no buffer or descriptor is left.
@@ -61,6 +63,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       break;
     case 6:
       fz_conn_frame(*c, buf, seed_hello(buf, len));
+      break;
+    case 7:
+      if ((*c)->shm.base && len >= 3) {
+        size_t at = (size_t)p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16;
+        size_t n = len - 3;
+        if (at < (*c)->shm.bytes) {
+          if (n > (*c)->shm.bytes - at) n = (*c)->shm.bytes - at;
+          memcpy((*c)->shm.base + at, p + 3, n);
+        }
+      }
       break;
     default:
       if (fail_next >= 0) engine_fail_alloc_after(srv.eng, fail_next);

@@ -1,8 +1,9 @@
 /* fuzz_msg.c: one request payload through the decoder and the validators.
  *
  * A greeted connection of a fresh server holds cache 0 ("f": f32, 2 layers,
- * 2 heads, dims 4, 4-token pages) with sequence 1 of 8 tokens and sequence 2
- * of 3, pinned. The input is one frame's payload. Checks:
+ * 2 heads, dims 4, 4-token pages) with sequence 1 of 8 tokens, sequence 2
+ * of 3, pinned, and sequence 3 of 8 written with token ids 1..8 (two pages in
+ * the prefix index; the ids stay at SEED_TOK_OFF of the buffer). The input is one frame's payload. Checks:
  * - it decodes (with a plain allocator) exactly when the daemon answered
  *   it; otherwise the connection was closed and nothing was sent;
  * - the reply echoes the request id, and a failed request changed no gauge
@@ -65,17 +66,23 @@ static void repack_stable(const uint8_t *data, size_t size) {
   free(b2);
 }
 
-/* Hello, cache 0, seq 1 (8 tokens) and seq 2 (3 tokens, pinned). */
+/* Hello, cache 0, seq 1 (8 tokens), seq 2 (3 tokens, pinned), seq 3 (8
+ * tokens with ids). */
 static void seed_prepare(conn_t *c) {
   static uint8_t buf[FZ_MAX_FRAME];
   fz_conn_frame(c, buf, seed_hello(buf, 1));
   fz_conn_frame(c, buf, seed_cache_open(buf, 2, "f", KVCACHE__V1__DTYPE__F32));
   memset(c->shm.base, 0x3c, SEED_V_OFF + 8 * 8 * SEED_TOKEN_BYTES); /* the seeds' regions */
+  for (uint32_t i = 0; i < 64; i++) {
+    uint32_t id = i + 1;
+    memcpy(c->shm.base + SEED_TOK_OFF + 4 * i, &id, 4);
+  }
   fz_conn_frame(c, buf, seed_io(buf, 3, 1, 0, 1, 0, 8, 1, SEED_TOKEN_BYTES, NULL));
   fz_conn_frame(c, buf, seed_io(buf, 4, 1, 0, 2, 0, 3, 1, SEED_TOKEN_BYTES, NULL));
   fz_conn_frame(c, buf, seed_seqop(buf, 5, SEED_PIN, 0, 2, 0, 0));
+  fz_conn_frame(c, buf, seed_put_tokens(buf, 6, 0, 3, 0, 8, 1, "", ""));
   fz_seen_t *s = fz_seen(c);
-  if (s->replies != 5 || s->last_status != 0 || engine_stats_sequences(c) != 2) {
+  if (s->replies != 6 || s->last_status != 0 || engine_stats_sequences(c) != 3) {
     fprintf(stderr, "fuzz_msg: the fixed state did not build\n");
     abort();
   }

@@ -3,7 +3,8 @@
  * The seed layout is cache "f": f32, 2 layers, 2 kv heads, head dims 4,
  * 4-token pages: a token is 64 bytes of K and 64 of V over every layer, a
  * cache page is 1 KiB. Data lives at offset 0 (K) and 64 KiB (V) of the
- * shared buffer. Used by gen_corpus.c and by fuzz_msg.c's fixed state.
+ * shared buffer, token ids (u32) at 192 KiB. Used by gen_corpus.c and by
+ * fuzz_msg.c's fixed state.
  */
 #ifndef KVC_FUZZ_SEED_H
 #define KVC_FUZZ_SEED_H
@@ -16,6 +17,7 @@
 #define SEED_UNUSED __attribute__((unused))
 #define SEED_TOKEN_BYTES 64u
 #define SEED_V_OFF 65536u
+#define SEED_TOK_OFF 196608u
 
 typedef Kvcache__V1__Request seed_req_t;
 
@@ -88,9 +90,62 @@ SEED_UNUSED static size_t seed_io(uint8_t *out, uint64_t id, int is_put, uint32_
   return seed_pack(&r, id, out);
 }
 
+/* A put like seed_io's, each entry with its ntokens token ids at
+ * SEED_TOK_OFF + 4 * ntokens * i, under the key (salt, extra), either "". */
+SEED_UNUSED static size_t seed_put_tokens(uint8_t *out, uint64_t id, uint32_t cache,
+                                          uint64_t seq, uint64_t pos, uint64_t ntokens,
+                                          size_t n, const char *salt, const char *extra) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
+  Kvcache__V1__IoEntry e[8], *pe[8];
+  if (n > 8) n = 8;
+  for (size_t i = 0; i < n; i++) {
+    kvcache__v1__io_entry__init(&e[i]);
+    e[i].seq_id = seq + i;
+    e[i].pos = pos;
+    e[i].ntokens = ntokens;
+    e[i].k_off = i * ntokens * SEED_TOKEN_BYTES;
+    e[i].k_len = ntokens * SEED_TOKEN_BYTES;
+    e[i].v_off = SEED_V_OFF + i * ntokens * SEED_TOKEN_BYTES;
+    e[i].v_len = ntokens * SEED_TOKEN_BYTES;
+    e[i].tok_off = SEED_TOK_OFF + i * ntokens * 4;
+    e[i].tok_len = ntokens * 4;
+    pe[i] = &e[i];
+  }
+  io.cache_id = cache;
+  io.n_entries = n;
+  io.entries = pe;
+  io.salt.data = (uint8_t *)salt, io.salt.len = strlen(salt);
+  io.extra.data = (uint8_t *)extra, io.extra.len = strlen(extra);
+  r.body_case = KVCACHE__V1__REQUEST__BODY_PUT;
+  r.put = &io;
+  return seed_pack(&r, id, out);
+}
+
+/* Match (dst UINT64_MAX) or Attach into dst of ntokens ids at tok_off. */
+SEED_UNUSED static size_t seed_match(uint8_t *out, uint64_t id, uint32_t cache, uint64_t dst,
+                                     uint64_t tok_off, uint64_t ntokens, const char *salt,
+                                     const char *extra, int pin) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Match m = KVCACHE__V1__MATCH__INIT;
+  Kvcache__V1__Attach a = KVCACHE__V1__ATTACH__INIT;
+  ProtobufCBinaryData bs = {strlen(salt), (uint8_t *)salt};
+  ProtobufCBinaryData be = {strlen(extra), (uint8_t *)extra};
+  if (dst == UINT64_MAX) {
+    m.cache_id = cache, m.tok_off = tok_off, m.ntokens = ntokens, m.salt = bs, m.extra = be;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_MATCH, r.match = &m;
+  } else {
+    a.cache_id = cache, a.dst_seq = dst, a.tok_off = tok_off, a.ntokens = ntokens;
+    a.salt = bs, a.extra = be, a.pin = pin != 0;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_ATTACH, r.attach = &a;
+  }
+  return seed_pack(&r, id, out);
+}
+
 /* Requests naming (cache, seq) and one or two numbers. */
 enum seed_seqop { SEED_REMOVE, SEED_COPY, SEED_RESUME, SEED_TRIM, SEED_PIN, SEED_UNPIN,
-                  SEED_INFO, SEED_LIST, SEED_CLEAR, SEED_DROP, SEED_CLIST, SEED_STATS };
+                  SEED_INFO, SEED_LIST, SEED_CLEAR, SEED_DROP, SEED_CLIST, SEED_STATS,
+                  SEED_PRIORITY, SEED_PIN_TTL, SEED_PREFIX_TOP };
 
 SEED_UNUSED static size_t seed_seqop(uint8_t *out, uint64_t id, enum seed_seqop op,
                                      uint32_t cache, uint64_t seq, uint64_t a, uint64_t b) {
@@ -103,6 +158,11 @@ SEED_UNUSED static size_t seed_seqop(uint8_t *out, uint64_t id, enum seed_seqop 
   Kvcache__V1__CacheRef cr = KVCACHE__V1__CACHE_REF__INIT;
   Kvcache__V1__Empty cl = KVCACHE__V1__EMPTY__INIT;
   Kvcache__V1__StatsRequest st = KVCACHE__V1__STATS_REQUEST__INIT;
+  Kvcache__V1__SetPriority pr = KVCACHE__V1__SET_PRIORITY__INIT;
+  Kvcache__V1__PinTtl pt = KVCACHE__V1__PIN_TTL__INIT;
+  Kvcache__V1__PrefixTop top = KVCACHE__V1__PREFIX_TOP__INIT;
+  pr.cache_id = pt.cache_id = top.cache_id = cache;
+  pr.seq_id = pt.seq_id = seq;
   rm.cache_id = cp.cache_id = sp.cache_id = sr.cache_id = sl.cache_id = cr.cache_id = cache;
   rm.seq_id = sp.seq_id = sr.seq_id = seq;
   switch (op) {
@@ -123,6 +183,12 @@ SEED_UNUSED static size_t seed_seqop(uint8_t *out, uint64_t id, enum seed_seqop 
   case SEED_DROP: r.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_DROP, r.cache_drop = &cr; break;
   case SEED_CLIST: r.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_LIST, r.cache_list = &cl; break;
   case SEED_STATS: r.body_case = KVCACHE__V1__REQUEST__BODY_STATS, r.stats = &st; break;
+  case SEED_PRIORITY: pr.priority = (uint32_t)a;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_SET_PRIORITY, r.set_priority = &pr; break;
+  case SEED_PIN_TTL: pt.ttl_ms = a;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_PIN_TTL, r.pin_ttl = &pt; break;
+  case SEED_PREFIX_TOP: top.max = (uint32_t)b;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_PREFIX_TOP, r.prefix_top = &top; break;
   }
   return seed_pack(&r, id, out);
 }

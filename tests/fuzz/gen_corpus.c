@@ -3,7 +3,7 @@
  *   gen_corpus DIR    writes the files of DIR/frame, DIR/msg and DIR/handler
  *
  * msg seeds are single payloads for fuzz_msg's fixed state (cache 0, seqs 1
- * and 2); handler seeds are scenarios of several connections in
+ * and 2, seq 3 written with token ids); handler seeds are scenarios of several connections in
  * fuzz_handler's record format; frame seeds are framed streams.
  */
 #include <errno.h>
@@ -51,6 +51,19 @@ static void disconnect(unsigned conn) { rec(conn, 4, NULL, 0); }
 static void fail_alloc(unsigned k) {
   uint8_t b = (uint8_t)k;
   rec(0, 5, &b, 1);
+}
+/* Writes n bytes at off of the connection's shared buffer (op 7). */
+static void shm_write(unsigned conn, uint32_t off, const void *p, size_t n) {
+  uint8_t b[3 + 1024];
+  b[0] = (uint8_t)off, b[1] = (uint8_t)(off >> 8), b[2] = (uint8_t)(off >> 16);
+  memcpy(b + 3, p, n);
+  rec(conn, 7, b, 3 + n);
+}
+/* ntokens token ids first, first + 1, ... at off (u32 little-endian). */
+static void shm_tokens(unsigned conn, uint32_t off, uint32_t first, size_t ntokens) {
+  uint32_t ids[256];
+  for (size_t i = 0; i < ntokens; i++) ids[i] = first + (uint32_t)i;
+  shm_write(conn, off, ids, ntokens * 4);
 }
 static void scenario(const char *name) {
   write_file("handler", name, scen, scen_len);
@@ -134,6 +147,74 @@ static void handler_seeds(void) {
   }
   scenario("alloc_failures");
 
+  /* The prefix cache: worker 0 writes a 12-token prompt with its ids (three
+   * full pages), worker 1 matches and attaches it (pinned), priorities, a
+   * soft pin, the top heads; a different token, a salt and an extra key miss;
+   * worker 1 leaves; the pool fills and cached pages are reclaimed. */
+  hello(0);
+  hello(1);
+  frame(0, seed_cache_open(buf, 1, "f", F32));
+  frame(1, seed_cache_open(buf, 1, "f", F32));
+  shm_tokens(0, SEED_TOK_OFF, 100, 16);
+  shm_tokens(1, SEED_TOK_OFF, 100, 16);
+  frame(0, seed_put_tokens(buf, 2, 0, 1, 0, 12, 1, "", ""));
+  frame(1, seed_match(buf, 2, 0, UINT64_MAX, SEED_TOK_OFF, 14, "", "", 0));
+  frame(1, seed_match(buf, 3, 0, 50, SEED_TOK_OFF, 14, "", "", 1));
+  frame(1, seed_io(buf, 4, 1, 0, 50, 12, 2, 1, SEED_TOKEN_BYTES, NULL));
+  frame(0, seed_seqop(buf, 3, SEED_PRIORITY, 0, 1, 90, 0));
+  frame(1, seed_seqop(buf, 5, SEED_PIN_TTL, 0, 50, 1000, 0));
+  frame(0, seed_seqop(buf, 4, SEED_PREFIX_TOP, 0, 0, 0, 5));
+  shm_tokens(1, SEED_TOK_OFF + 20, 7, 1); /* token 5 differs: one page matches */
+  frame(1, seed_match(buf, 6, 0, UINT64_MAX, SEED_TOK_OFF, 12, "", "", 0));
+  frame(1, seed_match(buf, 7, 0, UINT64_MAX, SEED_TOK_OFF, 12, "tenant", "", 0));
+  frame(0, seed_put_tokens(buf, 5, 0, 2, 0, 8, 2, "tenant", "lora-7"));
+  frame(1, seed_match(buf, 8, 0, 51, SEED_TOK_OFF, 8, "tenant", "lora-7", 0));
+  disconnect(1);
+  for (unsigned i = 0; i < 6; i++) /* 24 more pages: cached chains are reclaimed */
+    frame(0, seed_io(buf, 10 + i, 1, 0, 200 + i * 4, 0, 4, 4, SEED_TOKEN_BYTES, NULL));
+  frame(0, seed_match(buf, 20, 0, UINT64_MAX, SEED_TOK_OFF, 12, "", "", 0));
+  frame(0, seed_seqop(buf, 21, SEED_STATS, 0, 0, 0, 0));
+  scenario("prefix_match_attach");
+
+  /* The prefix requests refused: unaligned and outside token offsets, too
+   * many tokens, a key too long, a bad priority, a missing sequence, an
+   * attach onto a pinned sequence, token ids of the wrong length. */
+  hello(2);
+  frame(2, seed_cache_open(buf, 1, "f", F32));
+  shm_tokens(2, SEED_TOK_OFF, 1, 8);
+  frame(2, seed_put_tokens(buf, 2, 0, 1, 0, 8, 1, "", ""));
+  frame(2, seed_match(buf, 3, 0, UINT64_MAX, SEED_TOK_OFF + 2, 8, "", "", 0));
+  frame(2, seed_match(buf, 4, 0, UINT64_MAX, (1u << 20) - 8, 8, "", "", 0));
+  frame(2, seed_match(buf, 5, 0, UINT64_MAX, SEED_TOK_OFF, UINT64_MAX / 2, "", "", 0));
+  frame(2, seed_match(buf, 6, 0, UINT64_MAX, SEED_TOK_OFF, 8,
+                      "0123456789012345678901234567890123456789012345678901234567890123456789",
+                      "", 0));
+  frame(2, seed_seqop(buf, 7, SEED_PRIORITY, 0, 1, 101, 0));
+  frame(2, seed_seqop(buf, 8, SEED_PIN_TTL, 0, 999, 10, 0));
+  frame(2, seed_seqop(buf, 9, SEED_PIN, 0, 1, 0, 0));
+  frame(2, seed_match(buf, 10, 0, 1, SEED_TOK_OFF, 8, "", "", 1));
+  frame(2, seed_seqop(buf, 11, SEED_PREFIX_TOP, 0, 0, 0, 5000));
+  frame(2, seed_seqop(buf, 12, SEED_PREFIX_TOP, 7, 0, 0, 1));
+  frame(2, seed_seqop(buf, 13, SEED_PIN_TTL, 0, 1, 0, 0));
+  scenario("prefix_refused");
+
+  /* Allocation failures inside token-aware puts, matches and attaches. */
+  hello(3);
+  frame(3, seed_cache_open(buf, 1, "f", F32));
+  shm_tokens(3, SEED_TOK_OFF, 40, 16);
+  frame(3, seed_put_tokens(buf, 1, 0, 90, 0, 8, 1, "", "")); /* what the attaches find */
+  for (unsigned k = 0; k < 12; k++) {
+    fail_alloc(k);
+    rec(3, 0, buf, seed_put_tokens(buf, 2, 0, 10 + k, 0, 8, 2, "", ""));
+    fail_alloc(k);
+    rec(3, 0, buf, seed_match(buf, 3, 0, UINT64_MAX, SEED_TOK_OFF, 8, "", "", 0));
+    fail_alloc(k);
+    rec(3, 0, buf, seed_match(buf, 4, 0, 30 + k, SEED_TOK_OFF, 8, "", "", 1));
+    fail_alloc(k);
+    rec(3, 0, buf, seed_seqop(buf, 5, SEED_PREFIX_TOP, 0, 0, 0, 3));
+  }
+  scenario("prefix_alloc_failures");
+
   /* A frame split into single bytes, then a bad header. */
   hello(0);
   size_t n = seed_ping(buf + 4, 9);
@@ -170,6 +251,17 @@ static void msg_seeds(void) {
   M("stats", seed_seqop(buf, 7, SEED_STATS, 0, 0, 0, 0));
   M("put_near_max", seed_io(buf, 7, 1, 0, 1, UINT64_MAX - 1, 2, 1, SEED_TOKEN_BYTES, NULL));
   M("get_huge", seed_io(buf, 7, 0, 0, 1, 0, UINT64_MAX / 64, 1, SEED_TOKEN_BYTES, NULL));
+  M("put_tokens", seed_put_tokens(buf, 7, 0, 4, 0, 8, 1, "", ""));
+  M("put_tokens_salted", seed_put_tokens(buf, 7, 0, 4, 0, 4, 2, "tenant", "lora"));
+  M("match", seed_match(buf, 7, 0, UINT64_MAX, SEED_TOK_OFF, 10, "", "", 0));
+  M("match_salted", seed_match(buf, 7, 0, UINT64_MAX, SEED_TOK_OFF, 8, "tenant", "x", 0));
+  M("attach", seed_match(buf, 7, 0, 9, SEED_TOK_OFF, 8, "", "", 0));
+  M("attach_pin", seed_match(buf, 7, 0, 9, SEED_TOK_OFF, 10, "", "", 1));
+  M("attach_onto_pinned", seed_match(buf, 7, 0, 2, SEED_TOK_OFF, 8, "", "", 1));
+  M("set_priority", seed_seqop(buf, 7, SEED_PRIORITY, 0, 3, 80, 0));
+  M("pin_ttl", seed_seqop(buf, 7, SEED_PIN_TTL, 0, 3, 500, 0));
+  M("pin_ttl_hard", seed_seqop(buf, 7, SEED_PIN_TTL, 0, 1, 0, 0));
+  M("prefix_top", seed_seqop(buf, 7, SEED_PREFIX_TOP, 0, 0, 0, 4));
   M("empty", 0);
 #undef M
 }

@@ -326,3 +326,58 @@ TEST(allocfail_get_job) {
   ASSERT_U64_EQ(fx_stats(&w.f).leases, 0);
   sweep_close(&w);
 }
+
+/* ---- the prefix cache ------------------------------------------------------------ */
+
+static uint32_t ids16[16] = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26};
+
+/* Seq 5: 8 tokens written with ids16 (two full pages of the small layout
+ * when it has 4-token pages; whole pages get indexed). */
+static int op_put_tokens(sweep_t *w) {
+  fx_rng_t r = fx_all(&w->f.lay);
+  fx_buf_t b = fx_buf_new(&w->f.lay, r, 8);
+  fx_fill(&w->f.lay, r, 5, 0, 8, 0, b.k, b.v);
+  engine_io_t io = fx_io(5, 0, 8, &b);
+  io.tokens = ids16;
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  int rc = engine_put(w->f.eng, w->f.cid, &x, &io, 1);
+  fx_buf_free(&b);
+  return rc;
+}
+
+static int op_attach_pinned(sweep_t *w) {
+  engine_match_t m;
+  return engine_attach(w->f.eng, w->f.cid, 6, ids16, 8, NULL, 77, &m);
+}
+
+static int op_match(sweep_t *w) {
+  engine_match_t m;
+  return engine_match(w->f.eng, w->f.cid, ids16, 8, NULL, &m);
+}
+
+/* Regression: the first token-aware put under a salt/extra key whose key
+ * record failed to allocate kept the key map it had grown (256 bytes). */
+TEST(allocfail_put_tokens_new_key_keeps_nothing) {
+  sweep_t w;
+  sweep_open(&w, 16);
+  int fails = sweep_run(&w, op_put_tokens);
+  ASSERT(fails >= 2);
+  sweep_close(&w);
+}
+
+/* Regression: an attach with a pin for a new owner whose pin allocation
+ * failed freed the pin record twice (pin_prepare freed it, then the attach's
+ * failure path did again), a double free found by the handler fuzzer's
+ * prefix seeds. */
+TEST(allocfail_attach_pin_new_owner_frees_the_pin_once) {
+  sweep_t w;
+  sweep_open(&w, 16);
+  sweep_run(&w, op_put_tokens);
+  sweep_run(&w, op_match);
+  int fails = sweep_run(&w, op_attach_pinned);
+  ASSERT(fails >= 2);
+  kvc_seq_info_t si = FX_INFO(&w.f, 6);
+  ASSERT_EQ(si.pins, 1);
+  ASSERT_EQ(engine_unpin_all(w.f.eng, 77), 1);
+  sweep_close(&w);
+}
