@@ -40,10 +40,15 @@ IT_UNUSED static void hard_hdr(uint8_t h[4], uint32_t n) {
   h[0] = (uint8_t)n, h[1] = (uint8_t)(n >> 8), h[2] = (uint8_t)(n >> 16), h[3] = (uint8_t)(n >> 24);
 }
 
-/* Whether the daemon is a sanitizer build (its allocator's quarantine and
- * shadow memory make RSS figures meaningless). */
+/* Whether the daemon runs under make valgrind (slow, its fds and limits
+ * are valgrind's too). */
+IT_UNUSED static bool hard_valgrind(void) { return getenv("KVC_VALGRIND") != NULL; }
+
+/* Whether the daemon is a sanitizer build (ASan, TSan) or runs under valgrind (the
+ * allocator's quarantine and shadow memory make RSS figures meaningless). */
 IT_UNUSED static bool hard_sanitized(void) {
-  return strstr(it_build(), "asan") != NULL || strstr(it_build(), "tsan") != NULL;
+  return strstr(it_build(), "asan") != NULL || strstr(it_build(), "tsan") != NULL ||
+         hard_valgrind();
 }
 
 /* Descriptors the process holds. */
@@ -65,6 +70,19 @@ IT_UNUSED static int hard_wait_fds(pid_t pid, int want, int ms) {
   for (int i = 0; i < ms / 10 && n != want; i++) {
     it_sleep_ms(10);
     n = hard_fd_count(pid);
+  }
+  return n;
+}
+
+/* The daemon's fd count once it has not changed for 200 ms (a connection
+ * that just closed, or a buffer's memfd just passed, is gone by then). */
+IT_UNUSED static int hard_stable_fds(pid_t pid) {
+  int n = hard_fd_count(pid), same = 0;
+  while (same < 20) {
+    it_sleep_ms(10);
+    int m = hard_fd_count(pid);
+    same = m == n ? same + 1 : 0;
+    n = m;
   }
   return n;
 }
