@@ -5,8 +5,9 @@
  * eviction, each writing less than a page. Each reads back exactly what it
  * wrote, and every read past what was written (tokens past the length, a
  * layer past its written length, a range before a trimmed start, a copied
- * prefix's end) fails with RANGE and leaves the caller's buffers untouched:
- * no path returns a stale byte. */
+ * prefix's end) fails with RANGE and leaves the caller's buffers untouched,
+ * and a lease (read in place) covers exactly the written tokens: no path of
+ * the API returns a stale byte. */
 #include "hard.h"
 
 #define POOL_PAGES 64
@@ -88,6 +89,18 @@ static void read_exact(kvc_cache_t *h, const kind_t *kd, uint64_t seq, uint64_t 
   ASSERT_MEM_EQ(gv, v, bytes);
   ASSERT(all_bytes(gk + bytes, sizeof gk - bytes, SENT));
   ASSERT(all_bytes(gv + bytes, sizeof gv - bytes, SENT));
+  if (kd->lay.dtype == KVC_DTYPE_INT8) return; /* stored quantized: a lease reads int8 */
+  /* In place under a lease: the same bytes, and nothing past n. */
+  kvc_lease_t *ls;
+  ASSERT_OK(kvc_lease(h, seq, 0, n, &ls));
+  size_t row = kd->tok_bytes / kd->lay.num_layers;
+  for (uint32_t layer = 0; layer < kd->lay.num_layers; layer++)
+    for (uint64_t t = 0; t < n; t++) {
+      ASSERT_MEM_EQ(kvc_lease_k(ls, layer, t), k + (layer * n + t) * row, row);
+      ASSERT_MEM_EQ(kvc_lease_v(ls, layer, t), v + (layer * n + t) * row, row);
+    }
+  ASSERT(kvc_lease_k(ls, 0, n) == NULL && kvc_lease_v(ls, 1, n) == NULL);
+  ASSERT_OK(kvc_lease_release(ls));
 }
 
 /* Every way of reading past what seq holds ([start, n)): RANGE, nothing written. */
@@ -104,9 +117,14 @@ static void reads_past_fail(kvc_client_t *c, kvc_cache_t *h, const kind_t *kd, u
   kvc_io_t io[2] = {{.seq_id = seq, .pos = start, .ntokens = n - start, .k = gk, .v = gv},
                     {.seq_id = seq, .pos = n, .ntokens = 1, .k = gk + sizeof gk / 2, .v = gv + sizeof gv / 2}};
   EXPECT_RANGE_UNTOUCHED(kvc_get_batch(h, NULL, io, 2)); /* one bad entry: nothing read */
+  kvc_lease_t *ls = NULL;
+  ASSERT_ERR(kvc_lease(h, seq, start, n + 1, &ls), KVC_E_RANGE);
+  ASSERT_ERR(kvc_lease(h, seq, n, page_end, &ls), KVC_E_RANGE);
+  ASSERT(ls == NULL);
   if (start > 0) {
     EXPECT_RANGE_UNTOUCHED(kvc_get(h, seq, 0, n, gk, gv));
     EXPECT_RANGE_UNTOUCHED(kvc_get(h, seq, start - 1, start, gk, gv));
+    ASSERT_ERR(kvc_lease(h, seq, start - 1, n, &ls), KVC_E_RANGE);
   }
   if (kd->lay.dtype == KVC_DTYPE_INT8) {
     static float ks[4096], vs[4096];
