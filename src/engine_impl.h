@@ -284,6 +284,9 @@ static inline ipage_t *ip_at(const engine_t *eng, uint32_t page) {
 }
 /* Allocates the prefix index's per-page arrays if not yet; 0 or NOMEM. */
 int prefix_arrays(engine_t *eng);
+/* Frees them again: only for the put that allocated them and then failed
+ * (no page is indexed, the scratch holds nothing). */
+void prefix_arrays_drop(engine_t *eng);
 /* The engine's part of page references: cached-state transitions of indexed
  * pages and the release of token metadata with the page. */
 void page_ref(engine_t *eng, uint32_t page);

@@ -387,6 +387,7 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   }
   size_t keys_cap = eng->keys.cap;
   uint32_t nkeys = eng->nkeys;
+  bool had_arrays = eng->ip != NULL;
   if (tokened && (rc = prefix_key(eng, key, true, &key_id))) {
     rc = engine_fail(eng, rc, rc == KVC_E_NOMEM ? "out of memory"
                                                 : "salt and extra key are at most 64 bytes");
@@ -403,6 +404,7 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   if (rc) {
     prefix_unreserve(eng);
     if (eng->nkeys != nkeys) prefix_key_forget(eng, key, keys_cap); /* interned just now */
+    if (!had_arrays && eng->ip) prefix_arrays_drop(eng); /* a failed call keeps nothing */
     if (c->index.cap != index_cap) (void)hmap_resize(&c->index, &eng->mem, index_cap);
     put_rollback(eng, t, done + 1 < n ? done + 1 : n);
     if (c->seqs.cap != map_cap) (void)hmap_resize(&c->seqs, &eng->mem, map_cap);

@@ -173,6 +173,13 @@ int prefix_arrays(engine_t *eng) {
   return 0;
 }
 
+void prefix_arrays_drop(engine_t *eng) {
+  mem_free(&eng->mem, eng->ip);
+  mem_free(&eng->mem, eng->scratch);
+  eng->ip = NULL;
+  eng->scratch = NULL;
+}
+
 static size_t ipage_size(uint32_t T) { return sizeof(ipage_t) + (size_t)T * sizeof(uint32_t); }
 
 int prefix_reserve(engine_t *eng, uint32_t page_tokens, uint64_t n) {

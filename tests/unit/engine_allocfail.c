@@ -355,9 +355,11 @@ static int op_match(sweep_t *w) {
   return engine_match(w->f.eng, w->f.cid, ids16, 8, NULL, &m);
 }
 
-/* Regression: the first token-aware put under a salt/extra key whose key
- * record failed to allocate kept the key map it had grown (256 bytes). */
-TEST(allocfail_put_tokens_new_key_keeps_nothing) {
+/* Regression: the first token-aware put, failing, kept what it had set up
+ * for the prefix index: the key map grown for its (salt, extra) key when the
+ * key record failed to allocate, and the index's per-page arrays when a
+ * later allocation failed (256 bytes each here). */
+TEST(allocfail_first_put_with_tokens_keeps_nothing) {
   sweep_t w;
   sweep_open(&w, 16);
   int fails = sweep_run(&w, op_put_tokens);
