@@ -161,8 +161,9 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
   Kvcache__V1__Response *back = kvcache__v1__response__unpack(NULL, n, buf);
   if (!back) FZ_FAIL("a reply of %zu bytes does not decode", n);
   if (back->id != resp->id || back->status != resp->status) FZ_FAIL("reply round trip");
-  if ((int)resp->status < 0 || resp->status > KVCACHE__V1__STATUS__INTERNAL)
-    FZ_FAIL("status %d", (int)resp->status);
+  /* Any status of the protocol's enum (it grows with the protocol). */
+  if (!protobuf_c_enum_descriptor_get_value(&kvcache__v1__status__descriptor, (int)resp->status))
+    FZ_FAIL("status %d is not in the protocol", (int)resp->status);
   if (resp->status != KVCACHE__V1__STATUS__OK && (!resp->error || !resp->error[0]))
     FZ_FAIL("status %d without a message", (int)resp->status);
   if (resp->status == KVCACHE__V1__STATUS__INTERNAL)
