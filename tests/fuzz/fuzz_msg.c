@@ -40,6 +40,36 @@ static void snapshot(server_t *srv, engine_stats_t *s) {
   s->full_errors = s->errors = 0;
 }
 
+/* Whether m or a message inside it kept unknown fields. */
+static bool has_unknown(const ProtobufCMessage *m) {
+  if (!m) return false;
+  if (m->n_unknown_fields) return true;
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    if (f->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+    const char *base = (const char *)m;
+    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+      uint32_t which;
+      memcpy(&which, base + f->quantifier_offset, sizeof which);
+      if (which != f->id) continue;
+    }
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+      size_t n;
+      ProtobufCMessage **v;
+      memcpy(&n, base + f->quantifier_offset, sizeof n);
+      memcpy(&v, base + f->offset, sizeof v);
+      for (size_t j = 0; j < n; j++)
+        if (has_unknown(v[j])) return true;
+    } else {
+      ProtobufCMessage *v;
+      memcpy(&v, base + f->offset, sizeof v);
+      if (has_unknown(v)) return true;
+    }
+  }
+  return false;
+}
+
 static void repack_stable(const uint8_t *data, size_t size) {
   Kvcache__V1__Request *a = kvcache__v1__request__unpack(NULL, size, data);
   if (!a) return;
@@ -49,8 +79,9 @@ static void repack_stable(const uint8_t *data, size_t size) {
   Kvcache__V1__Request *b = kvcache__v1__request__unpack(NULL, n1, b1);
   /* protobuf-c keeps a field number 0 spelled as an overlong tag (82 00) as
    * an unknown field and packs it as 02, which it then refuses: a quirk of
-   * the library that cannot reach the daemon (it never re-packs requests). */
-  if (!b && a->base.n_unknown_fields) {
+   * the library that cannot reach the daemon (it never re-packs requests).
+   * The field may sit in a nested message. */
+  if (!b && has_unknown(&a->base)) {
     kvcache__v1__request__free_unpacked(a, NULL);
     free(b1);
     return;
