@@ -187,6 +187,7 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
     }
   }
   if (rc == 0) rc = audit_index(eng, &cached, why, why_len);
+  if (rc == 0) rc = prefix_audit(eng, why, why_len);
   if (rc == 0 && (nseqs != eng->nseqs || npinned != eng->nseqs_pinned ||
                   lru != nseqs - npinned || tokens != eng->ntokens))
     rc = bad(why, why_len, "engine: %llu seqs (%llu counted), %llu pinned (%llu), lru %llu, "

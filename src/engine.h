@@ -160,13 +160,15 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
 int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                const engine_io_t *entries, size_t n);
 
-/* remove(seq, begin, end): end >= extent truncates to begin; begin <= start
- * with end >= extent drops the sequence; a middle range moves the later
- * tokens down by end - begin and re-rotates their keys (a cache with a RoPE
- * description; an encoder cache moves without rotating), all or nothing
- * (KVC_E_FULL when shared pages must be copied first); without RoPE it is
- * KVC_E_NOROPE. begin > end is KVC_E_RANGE; an empty or past-the-end range
- * does nothing. */
+/* remove(seq, begin, end), decided by the length (not the extent): end >=
+ * length truncates every layer to begin (tokens a layer-range put wrote past
+ * the length included), and with begin <= start drops the sequence; a middle
+ * range (end < length) moves the later tokens down by end - begin and
+ * re-rotates their keys (a cache with a RoPE description; an encoder cache
+ * moves without rotating), all or nothing (KVC_E_FULL when shared pages must
+ * be copied first); without RoPE it is KVC_E_NOROPE, with layers of
+ * different lengths KVC_E_RANGE. begin > end is KVC_E_RANGE; an empty range
+ * or one starting at or past the extent does nothing. */
 int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id,
                   uint64_t begin, uint64_t end);
 
@@ -317,7 +319,8 @@ int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
                  int64_t delta);
 
 /* llama.cpp's seq_rm without a shift: positions [p0, p1) stop holding
- * tokens (holes; the tail truncates). Open ends as for shift. */
+ * tokens (holes); a range reaching the length truncates as engine_remove.
+ * Open ends as for shift. */
 int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1);
 
 /* llama.cpp's seq_keep: drops every sequence of the cache but seq_id (which

@@ -53,12 +53,11 @@ typedef struct ipage {
   cache_t *cache;
   uint32_t page;
   uint32_t parent;      /* previous page of the chain; POOL_NOPAGE for a head */
-  uint32_t key;         /* interned (salt, extra) the chain was written with */
-  uint32_t ntok;        /* leading token ids known */
+  uint32_t key;         /* interned (salt, extra) of the chain it was hashed in */
   uint32_t nchildren;   /* indexed pages whose parent this is */
   uint32_t plan_gone;   /* eviction planning: children the plan reclaims */
   uint64_t hits;        /* matches that reached this page */
-  bool hashed;          /* hash is valid */
+  bool hashed;          /* hash is the page's chain hash, as its writer held it */
   bool indexed;         /* in cache->index, holding a page reference */
   bool planned;         /* eviction planning: the plan reclaims it */
   bool stacked;         /* eviction planning: on the plan's stack */
@@ -115,6 +114,13 @@ struct seq {
   hole_t *holes;       /* sorted, disjoint slots in [start, extent) never written */
   uint32_t nholes, hcap;
   uint32_t slot;       /* per-call scratch: index of its record in the call */
+  /* The prefix chain (doc/prefix.md): tokens [0, chain_tok) have known ids
+   * and were written in order, each under the ids before it, with key
+   * chain_key; the first chain_pages pages of them are hashed. Any write
+   * before chain_tok cuts it there (prefix_chain_cut). */
+  uint64_t chain_tok;
+  uint32_t chain_pages;
+  uint32_t chain_key;
 };
 
 struct engine {
@@ -211,9 +217,10 @@ void pin_unlink(engine_t *eng, pin_t *p);
 /* seqops.c: takes a pin off the soft-pin list if it is on it. */
 void pin_soft_unlink(engine_t *eng, pin_t *p);
 /* seqops.c: makes dst (created or replaced) exactly pages[0..m) from
- * position 0 and pins it for owner (0: no pin); all or nothing. */
+ * position 0, holding their chain under key_id, and pins it for owner (0: no
+ * pin); all or nothing. */
 int seq_attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32_t *pages,
-                     uint64_t m, uint64_t owner);
+                     uint64_t m, uint64_t owner, uint32_t key_id);
 
 /* ops.c: makes the pages of slots [pos, end) of s writable (allocated or
  * copied on write) after ops_room planned them. */
@@ -305,8 +312,14 @@ void prefix_page_copied(engine_t *eng, uint32_t from, uint32_t to);
  * and hashes and indexes pages that became full. */
 void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e,
                        const engine_pkey_t *key, uint32_t key_id);
-/* Forgets token ids of positions a put without ids overwrote. */
+/* Positions [pos, end) of s were rewritten without ids (or moved, or
+ * punched): the chain ends at pos and those pages' hashes are stale. */
 void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
+/* Whatever s holds from pos on no longer follows its chain: cut it there. */
+void prefix_chain_cut(seq_t *s, uint64_t pos);
+/* Checks the chain hashes of every indexed page and of every sequence's
+ * chain against their token ids and keys; 0 or KVC_E_INTERNAL / NOMEM. */
+int prefix_audit(engine_t *eng, char *why, size_t len);
 /* Preallocates the ipages a put will need (before anything changes). */
 int prefix_reserve(engine_t *eng, uint32_t page_tokens, uint64_t n);
 void prefix_unreserve(engine_t *eng);

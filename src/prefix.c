@@ -30,6 +30,8 @@
 typedef struct pkey {
   uint8_t digest[32]; /* SHA-256 of (salt_len, salt, extra_len, extra) */
   uint32_t id;
+  uint8_t salt_len, extra_len;
+  uint8_t salt[KEY_MAX], extra[KEY_MAX]; /* kept for the audit's recomputation */
 } pkey_t;
 
 /* ---- hashing ---------------------------------------------------------------- */
@@ -140,6 +142,10 @@ int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *k
     return KVC_E_NOMEM;
   }
   memcpy(k->digest, d, 32);
+  k->salt_len = (uint8_t)(key ? key->salt_len : 0);
+  k->extra_len = (uint8_t)(key ? key->extra_len : 0);
+  if (k->salt_len) memcpy(k->salt, key->salt, k->salt_len);
+  if (k->extra_len) memcpy(k->extra, key->extra, k->extra_len);
   k->id = ++eng->nkeys;
   hmap_insert(&eng->keys, k64, k);
   *key_id = k->id;
@@ -310,52 +316,82 @@ void prefix_page_copied(engine_t *eng, uint32_t from, uint32_t to) {
   if (!src) return;
   ipage_t *ip = ipage_take(eng, src->cache, to);
   ip->key = src->key;
-  ip->ntok = src->ntok;
   memcpy(ip->tokens, src->tokens, (size_t)src->cache->g.T * sizeof *ip->tokens);
 }
 
-/* ---- puts ---------------------------------------------------------------------- */
+/* ---- puts: the chain of a sequence ---------------------------------------------
+ *
+ * A page's bytes depend on every token before it. So a sequence's chain is
+ * what it wrote in order from position 0: chain_tok tokens, each written with
+ * its id while every token before it was already in the chain. A write at a
+ * position cuts the chain there (the later tokens were computed under what
+ * that position held before); a write with ids that starts inside the chain
+ * continues it to the write's end. Only whole pages of the chain are hashed,
+ * each under its predecessor in the same sequence, and only those can be
+ * indexed:
+ *
+ *   chain_tok = 12, T = 4       [A0 A1 A2 A3|A4 .. A7|A8 .. A11]  3 pages hashed
+ *   put ids B at [0, 4)         [B0 .. B3  |A4 .. A7|A8 .. A11]  chain_tok 4:
+ *                               pages 1 and 2 were computed after A0..A3, so
+ *                               they and anything appended after them never
+ *                               chain again unless rewritten in order.
+ */
 
-void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
+void prefix_chain_cut(seq_t *s, uint64_t pos) {
+  if (s->chain_tok <= pos) return;
+  s->chain_tok = pos;
+  uint64_t whole = pos >> s->cache->g.tshift;
+  if (s->chain_pages > whole) s->chain_pages = (uint32_t)whole;
+}
+
+/* Marks the hashes of s's pages over [pos, end) stale (their bytes change). */
+static void pages_dirty(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
   const geom_t *g = &s->cache->g;
-  for (uint64_t idx = pos >> g->tshift; (idx << g->tshift) < end; idx++) {
+  if (pos < (uint64_t)s->base << g->tshift) pos = (uint64_t)s->base << g->tshift;
+  for (uint64_t idx = pos >> g->tshift; (idx << g->tshift) < end && idx - s->base < s->ntable;
+       idx++) {
     ipage_t *ip = ip_at(eng, s->table[idx - s->base]);
-    if (!ip) continue;
-    uint64_t from = pos > (idx << g->tshift) ? pos - (idx << g->tshift) : 0;
-    if (ip->ntok > from) ip->ntok = (uint32_t)from;
-    ip->hashed = false;
+    if (ip && !ip->indexed) ip->hashed = false; /* an indexed page is never written */
   }
 }
 
-/* Hashes page idx of s if it is full and its chain is hashed; indexes it if
- * its hash is free. Returns false when the chain cannot go further. */
+void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
+  prefix_chain_cut(s, pos);
+  pages_dirty(eng, s, pos, end);
+}
+
+/* Hashes page idx of s under its predecessor in s (which the chain holds),
+ * and indexes it if its hash is free. false: the chain cannot go on here. */
 static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t *key,
                      uint32_t key_id) {
   cache_t *c = s->cache;
+  if (idx < s->base || (idx > 0 && idx - 1 < s->base)) return false; /* trimmed */
   uint32_t page = s->table[idx - s->base];
   ipage_t *ip = ip_at(eng, page);
-  if (!ip || ip->ntok < c->g.T || ip->key != key_id) return false;
-  if (ip->hashed) return true;
-  uint8_t parent[32];
+  if (!ip) return false;
+  uint8_t parent[32], h[32];
   uint32_t parent_page = NOPAGE;
   if (idx == 0) {
     chain_root(eng, c, key, parent);
   } else {
-    if (idx - 1 < s->base) return false;
     parent_page = s->table[idx - 1 - s->base];
-    ipage_t *pip = ip_at(eng, parent_page);
-    if (!pip || !pip->hashed || pip->key != key_id) return false;
+    const ipage_t *pip = ip_at(eng, parent_page);
+    if (!pip || !pip->hashed) return false;
     memcpy(parent, pip->hash, 32);
   }
-  page_hash(eng, parent, ip->tokens, c->g.T, key, ip->hash);
+  page_hash(eng, parent, ip->tokens, c->g.T, key, h);
+  if (ip->indexed) /* never re-keyed: it goes on only if it is this very chain */
+    return memcmp(ip->hash, h, 32) == 0 && ip->parent == parent_page && ip->key == key_id;
+  memcpy(ip->hash, h, 32);
   ip->hashed = true;
+  ip->key = key_id;
   ip->parent = parent_page;
   uint64_t k64 = hash_key64(ip->hash);
   /* Only a chain indexed from its head is indexed: a page under an unindexed
    * parent (a duplicate of an indexed twin) could never be reached. */
   if (parent_page != NOPAGE && !ip_at(eng, parent_page)->indexed) return true;
-  if (hmap_get(&c->index, k64)) { /* taken: the same prefix elsewhere, or a clash */
-    ipage_t *other = hmap_get(&c->index, k64);
+  ipage_t *other = hmap_get(&c->index, k64);
+  if (other) { /* taken: the same prefix elsewhere, or a clash */
     if (memcmp(other->tokens, ip->tokens, c->g.T * sizeof *ip->tokens) != 0 ||
         other->key != key_id) {
       eng->st.hash_collisions++;
@@ -376,34 +412,29 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
 void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engine_pkey_t *key,
                        uint32_t key_id) {
   const geom_t *g = &s->cache->g;
-  uint64_t end = e->pos + e->ntokens, first = e->pos >> g->tshift;
-  for (uint64_t idx = first; (idx << g->tshift) < end; idx++) {
+  uint64_t end = e->pos + e->ntokens;
+  for (uint64_t idx = e->pos >> g->tshift; (idx << g->tshift) < end; idx++) {
     uint32_t page = s->table[idx - s->base];
     ipage_t *ip = ip_at(eng, page) ? ip_at(eng, page) : ipage_take(eng, s->cache, page);
     uint64_t pstart = idx << g->tshift;
     uint64_t from = e->pos > pstart ? e->pos - pstart : 0;
     uint64_t to = (end < pstart + g->T ? end : pstart + g->T) - pstart;
-    ip->hashed = false;
-    if (ip->key != key_id) {
-      if (from > 0) { /* the page began under another key: its chain ends here */
-        if (ip->ntok > from) ip->ntok = (uint32_t)from;
-        continue;
-      }
-      ip->key = key_id;
-      ip->ntok = 0;
-    }
-    if (from > ip->ntok) continue; /* ids before from are unknown */
     memcpy(ip->tokens + from, e->tokens + (pstart + from - e->pos),
            (size_t)(to - from) * sizeof *ip->tokens);
-    if (to > ip->ntok) ip->ntok = (uint32_t)to;
+    ip->hashed = false;
   }
-  /* Hash from the first page the chain has not reached yet. */
-  uint64_t idx = s->base;
-  while (idx < first && ip_at(eng, s->table[idx - s->base]) &&
-         ip_at(eng, s->table[idx - s->base])->hashed)
-    idx++;
-  for (; (idx << g->tshift) < end; idx++)
-    if (!hash_one(eng, s, idx, key, key_id)) break;
+  /* The chain goes on only from inside it, under the same key (a put at 0
+   * starts it afresh); anything else cuts it where the bytes changed. */
+  bool extends = e->pos == 0 || (e->pos <= s->chain_tok && s->chain_key == key_id);
+  prefix_chain_cut(s, e->pos);
+  if (!extends || e->pos < s->start) return;
+  if (e->pos == 0) s->chain_key = key_id;
+  s->chain_tok = end;
+  uint64_t whole = end >> g->tshift;
+  while (s->chain_pages < whole && hash_one(eng, s, s->chain_pages, key, key_id))
+    s->chain_pages++;
+  if (s->chain_pages < whole) /* it could not hash on (trimmed): it ends here */
+    prefix_chain_cut(s, (uint64_t)s->chain_pages << g->tshift);
 }
 
 /* ---- match and attach --------------------------------------------------------- */
@@ -497,7 +528,7 @@ int engine_attach(engine_t *eng, uint32_t cache_id, uint64_t dst_id, const uint3
   if (rc) return rc;
   uint32_t *pages = eng->scratch;
   uint64_t m = chain_match(eng, c, tokens, n, key, key_id, pages);
-  if ((rc = seq_attach_pages(eng, c, dst_id, pages, m, owner))) return rc;
+  if ((rc = seq_attach_pages(eng, c, dst_id, pages, m, owner, key_id))) return rc;
   hit_touch(eng, pages, m);
   out->pages = m;
   out->tokens = m * c->g.T;
@@ -540,4 +571,99 @@ int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out
   }
   *n = k;
   return 0;
+}
+
+/* ---- audit ------------------------------------------------------------------------- */
+
+#include <stdarg.h>
+#include <stdio.h>
+
+__attribute__((format(printf, 3, 4))) static int audit_bad(char *why, size_t len,
+                                                           const char *fmt, ...) {
+  if (why && len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+  }
+  return KVC_E_INTERNAL;
+}
+
+/* The hash page ip must have under parent hash ph (NULL: a chain head). */
+static void audit_expect(engine_t *eng, const ipage_t *ip, const pkey_t *k, const uint8_t *ph,
+                         uint8_t out[32]) {
+  engine_pkey_t key = {k->salt, k->salt_len, k->extra, k->extra_len};
+  uint8_t root[32];
+  if (!ph) {
+    chain_root(eng, ip->cache, &key, root);
+    ph = root;
+  }
+  page_hash(eng, ph, ip->tokens, ip->cache->g.T, &key, out);
+}
+
+/* A sequence's chain: within its pages, hashed in order under its key. */
+static int audit_chain(engine_t *eng, const seq_t *s, pkey_t *const *keys, char *why,
+                       size_t len) {
+  const geom_t *g = &s->cache->g;
+  unsigned long long id = (unsigned long long)s->id;
+  if (s->chain_tok > s->len || s->chain_pages > (s->chain_tok >> g->tshift))
+    return audit_bad(why, len, "seq %llu: chain of %llu tokens, %u pages, length %llu", id,
+                     (unsigned long long)s->chain_tok, s->chain_pages,
+                     (unsigned long long)s->len);
+  if (s->nholes && s->holes[0].b < s->chain_tok)
+    return audit_bad(why, len, "seq %llu: a hole at %llu inside its chain", id,
+                     (unsigned long long)s->holes[0].b);
+  for (uint64_t idx = s->base; idx < s->chain_pages; idx++) {
+    const ipage_t *ip = ip_at(eng, s->table[idx - s->base]);
+    uint32_t parent = idx > s->base ? s->table[idx - 1 - s->base] : POOL_NOPAGE;
+    if (!ip || !ip->hashed || ip->key != s->chain_key || ip->key > eng->nkeys ||
+        !keys[ip->key] || (idx > s->base && ip->parent != parent) ||
+        (idx == 0 && ip->parent != NOPAGE))
+      return audit_bad(why, len, "seq %llu: page %llu of its chain is not hashed in it", id,
+                       (unsigned long long)idx);
+    if (idx > 0 && idx == s->base) continue; /* its parent was trimmed away */
+    uint8_t h[32];
+    audit_expect(eng, ip, keys[ip->key], idx ? ip_at(eng, parent)->hash : NULL, h);
+    if (memcmp(h, ip->hash, 32) != 0)
+      return audit_bad(why, len, "seq %llu: page %llu hash is not its chain's", id,
+                       (unsigned long long)idx);
+  }
+  return 0;
+}
+
+int prefix_audit(engine_t *eng, char *why, size_t len) {
+  if (!eng->ip) return 0;
+  mem_t scratch;
+  mem_init(&scratch);
+  pkey_t **keys = mem_calloc(&scratch, (size_t)eng->nkeys + 1, sizeof *keys);
+  if (!keys) return KVC_E_NOMEM;
+  size_t pos = 0;
+  pkey_t *k;
+  int rc = 0;
+  while ((k = hmap_next(&eng->keys, &pos, NULL)))
+    if (k->id <= eng->nkeys) keys[k->id] = k;
+  /* Every indexed page is the chain of its parent, its ids and its key. */
+  for (uint32_t page = 0; rc == 0 && page < eng->pool.npages; page++) {
+    const ipage_t *ip = ip_at(eng, page);
+    if (!ip || !ip->indexed) continue;
+    const ipage_t *par = ip->parent == NOPAGE ? NULL : ip_at(eng, ip->parent);
+    if (!ip->hashed || ip->key == 0 || ip->key > eng->nkeys || !keys[ip->key] ||
+        (ip->parent != NOPAGE && (!par || !par->indexed || par->key != ip->key))) {
+      rc = audit_bad(why, len, "page %u: indexed outside a whole chain of its key", page);
+      break;
+    }
+    uint8_t h[32];
+    audit_expect(eng, ip, keys[ip->key], par ? par->hash : NULL, h);
+    if (memcmp(h, ip->hash, 32) != 0)
+      rc = audit_bad(why, len, "page %u: indexed under a hash that is not its chain's", page);
+  }
+  for (uint32_t ci = 0; rc == 0 && ci < eng->ncaches; ci++) {
+    const cache_t *c = eng->caches[ci];
+    size_t sp = 0;
+    seq_t *s;
+    while (c && rc == 0 && (s = hmap_next(&c->seqs, &sp, NULL)))
+      rc = audit_chain(eng, s, keys, why, len);
+  }
+  mem_free(&scratch, keys);
+  return rc;
 }

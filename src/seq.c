@@ -85,6 +85,7 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
 
 void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
   s->rsv_end = 0; /* a reservation ends with the slots it reserved */
+  prefix_chain_cut(s, n);
   holes_cut(s, n, UINT64_MAX);
   if (s->layer_len) {
     for (uint32_t l = 0; l < s->cache->g.L; l++)

@@ -25,13 +25,16 @@ int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t be
     return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)begin,
                        (unsigned long long)end);
   if (begin == end) return 0;
-  if (begin <= s->start && end >= s->extent) {
+  /* The length decides, not the extent: tokens a layer-range put wrote ahead
+   * of the length are not in the sequence yet, so a range reaching the length
+   * truncates every layer at begin, those tokens included. */
+  if (end < s->len) return shift_remove(eng, s, begin, end);
+  if (begin <= s->start) {
     eng->st.removes++;
     seq_drop(eng, s);
     return 0;
   }
   if (begin >= s->extent) return 0;
-  if (end < s->extent) return shift_remove(eng, s, begin, end);
   eng->st.removes++;
   seq_truncate(eng, s, begin);
   lru_touch(eng, s);
@@ -64,6 +67,7 @@ static void share_pages(engine_t *eng, seq_t *dst, const uint32_t *pages, uint32
   eng->ntokens = eng->ntokens - dst->len + n;
   dst->cache->st.tokens = dst->cache->st.tokens - dst->len + n;
   dst->len = dst->extent = n;
+  dst->chain_tok = dst->chain_pages = 0;
 }
 
 /* Finds dst or makes a detached new one (map room reserved); *created says
@@ -130,6 +134,11 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
   dst_commit(eng, c, dst, created);
   share_pages(eng, dst, src->table, table, (uint32_t)ntable, cap, src->base, src->start, n,
               holes, nh);
+  /* dst holds src's chain as far as it copied it */
+  dst->chain_key = src->chain_key;
+  dst->chain_tok = src->chain_tok;
+  dst->chain_pages = src->chain_pages;
+  prefix_chain_cut(dst, n);
   lru_touch(eng, src);
   lru_touch(eng, dst);
   eng->st.copies++;
@@ -306,7 +315,7 @@ void pin_soft_unlink(engine_t *eng, pin_t *p) {
 }
 
 int seq_attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32_t *pages,
-                     uint64_t m, uint64_t owner) {
+                     uint64_t m, uint64_t owner, uint32_t key_id) {
   seq_t *dst;
   bool created;
   size_t map_cap;
@@ -324,6 +333,9 @@ int seq_attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32_t 
   }
   dst_commit(eng, c, dst, created);
   share_pages(eng, dst, pages, table, (uint32_t)m, cap, 0, 0, m * c->g.T, NULL, 0);
+  dst->chain_key = key_id; /* the matched chain, every page of it hashed */
+  dst->chain_tok = m * c->g.T;
+  dst->chain_pages = (uint32_t)m;
   if (pp.p) pin_commit(eng, dst, &pp, 0);
   lru_touch(eng, dst);
   return 0;

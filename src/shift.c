@@ -198,12 +198,13 @@ int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
                        (unsigned long long)e);
   if (b < s->start) b = s->start;
   if (b >= s->extent || b >= e) return 0;
-  if (e >= s->extent) return engine_remove(eng, cache_id, seq_id, b, e);
+  if (e >= s->len) return engine_remove(eng, cache_id, seq_id, b, e);
   if (s->layer_len)
     return engine_fail(eng, KVC_E_RANGE, "sequence %llu has layers of different lengths",
                        (unsigned long long)s->id);
   if (holes_reserve(eng, s, 1)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   holes_add(s, b, e);
+  prefix_chain_cut(s, b);
   lru_touch(eng, s);
   eng->st.removes++;
   return 0;

@@ -370,11 +370,17 @@ KVC_API int kvc_lease_release_later(kvc_lease_t *lease);
 
 /* ---- sequences ---------------------------------------------------------- */
 
-/* Removes [begin, end): end past the length truncates; begin at the start
- * with end past the length drops the sequence; a middle range moves the later
- * tokens down by end - begin with their keys re-rotated (the cache needs a
- * RoPE description, else KVC_E_NOROPE; KVC_E_FULL when shared pages must be
- * copied and cannot). KVC_E_RANGE if begin > end. */
+/* Removes [begin, end). The length decides (kvc_seq_info_t.length, not the
+ * extent):
+ * - end >= length: truncates every layer at begin, including tokens a
+ *   layer-range put wrote past the length; begin at or before the start then
+ *   drops the sequence (never fails for an existing one); begin at or past
+ *   the extent changes nothing;
+ * - end < length (a middle range): moves the later tokens down by end - begin
+ *   with their keys re-rotated (the cache needs a RoPE description, else
+ *   KVC_E_NOROPE; KVC_E_RANGE while layers have different lengths; KVC_E_FULL
+ *   when shared pages must be copied and cannot).
+ * KVC_E_RANGE if begin > end; begin == end changes nothing. */
 KVC_API int kvc_seq_remove(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin,
                            uint64_t end);
 /* Makes dst the first ntokens of src, sharing pages (copy on write).

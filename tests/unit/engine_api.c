@@ -1253,12 +1253,24 @@ TEST(remove_pipelined_and_trimmed_sequences) {
   fx_open(&f, &l, 8);
   ASSERT_OK(fx_put(&f, 1, 0, 4, 0));
   ASSERT_OK(fx_put_layers(&f, 1, 4, 4, 0, 1, 0)); /* layer 0 to 8: extent 8 */
-  ASSERT_ERR(engine_remove(f.eng, f.cid, 1, 2, 6), KVC_E_NOROPE); /* end < extent */
+  ASSERT_ERR(engine_remove(f.eng, f.cid, 1, 1, 3), KVC_E_NOROPE); /* end < length */
   ASSERT_OK(engine_remove(f.eng, f.cid, 1, 6, 8));
   kvc_seq_info_t si = FX_INFO(&f, 1);
   ASSERT_U64_EQ(si.length, 4);
   ASSERT_U64_EQ(si.extent, 6);
   FX_EXPECT_RNG(&f, 1, 0, 6, fx_rng(&l, 0, 1, 0, 0), 1, 0);
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 5, 5)); /* empty: nothing */
+  ASSERT_U64_EQ(FX_INFO(&f, 1).extent, 6);
+  /* end between the length and the extent: a truncation (was NOROPE) */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 5, 6));
+  si = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(si.length, 4);
+  ASSERT_U64_EQ(si.extent, 5);
+  ASSERT_OK(fx_put_layers(&f, 1, 5, 2, 0, 1, 0)); /* layer 0 to 7 again */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 4, 5));
+  si = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(si.length, 4);
+  ASSERT_U64_EQ(si.extent, 4);
   ASSERT_OK(engine_remove(f.eng, f.cid, 1, 3, BIG)); /* cuts every layer */
   si = FX_INFO(&f, 1);
   ASSERT_U64_EQ(si.length, 3);
@@ -1270,6 +1282,51 @@ TEST(remove_pipelined_and_trimmed_sequences) {
   ASSERT_OK(engine_remove(f.eng, f.cid, 2, 3, BIG)); /* begin <= start: drops */
   ASSERT_ERR(engine_seq_info(f.eng, f.cid, 2, &si), KVC_E_NOSEQ);
   fx_close(&f);
+}
+
+/* kvc_seq_remove's contract (kvcache.h), for every begin and end against
+ * every start, length and extent of a small sequence: the length decides. */
+TEST(remove_follows_its_contract_for_every_begin_end_length_extent) {
+  kvc_layout_t l = fx_small_layout(); /* no RoPE: a middle range is NOROPE */
+  uint64_t checked = 0;
+  for (uint64_t start = 0; start <= 4; start += 4)
+    for (uint64_t len = start; len <= 9; len++)
+      for (uint64_t ext = len; ext <= len + 3 && ext <= 10; ext++)
+        for (uint64_t b = 0; b <= 12; b++)
+          for (uint64_t e = 0; e <= 12; e++) {
+            if (ext == start) continue; /* nothing written: no sequence */
+            fx_t f;
+            fx_open(&f, &l, 16);
+            if (len > 0) ASSERT_OK(fx_put(&f, 1, 0, len, 0));
+            if (ext > len) ASSERT_OK(fx_put_layers(&f, 1, len, ext - len, 0, 1, 0));
+            if (start) ASSERT_OK(engine_trim_front(f.eng, f.cid, 1, start));
+            int want = 0;
+            uint64_t wlen = len, wext = ext;
+            bool gone = false;
+            if (b > e) want = KVC_E_RANGE;
+            else if (b == e) {
+            } else if (e < len) want = KVC_E_NOROPE;
+            else if (b <= start) gone = true;
+            else if (b < ext) wlen = b < len ? b : len, wext = b;
+            int rc = engine_remove(f.eng, f.cid, 1, b, e);
+            if (rc != want)
+              TEST_FAIL_("start %" PRIu64 " len %" PRIu64 " extent %" PRIu64 ": remove(%" PRIu64
+                         ", %" PRIu64 ") = %s, want %s", start, len, ext, b, e,
+                         kvc_err_name(rc), kvc_err_name(want));
+            kvc_seq_info_t si;
+            rc = engine_seq_info(f.eng, f.cid, 1, &si);
+            if (gone != (rc == KVC_E_NOSEQ) ||
+                (!gone && (si.length != wlen || si.extent != wext || si.start != start)))
+              TEST_FAIL_("start %" PRIu64 " len %" PRIu64 " extent %" PRIu64 ": remove(%" PRIu64
+                         ", %" PRIu64 ") left %s length %" PRIu64 " extent %" PRIu64
+                         ", want %s length %" PRIu64 " extent %" PRIu64, start, len, ext, b, e,
+                         rc ? "no sequence" : "a sequence", rc ? 0 : si.length,
+                         rc ? 0 : si.extent, gone ? "no sequence" : "a sequence", wlen, wext);
+            FX_AUDIT(f.eng);
+            fx_close(&f);
+            checked++;
+          }
+  ASSERT(checked > 3000);
 }
 
 /* ---- copy_prefix and copy on write ------------------------------------------------ */

@@ -581,13 +581,13 @@ static void op_get(model_t *m) {
 
 /* The outcome engine.h gives remove(begin, end) on live seq i. */
 static int remove_rule(model_t *m, int i, uint64_t b, uint64_t e, bool *drop, bool *cut) {
-  uint64_t ext = ref_extent(m, i);
+  uint64_t ext = ref_extent(m, i), len = ref_len(m, i, 0, m->lay[cache_of(i)].num_layers);
   *drop = *cut = false;
   if (b > e) return KVC_E_RANGE;
-  if (b == e || b >= ext) return 0;
-  if (e < ext) return KVC_E_NOROPE;
+  if (b == e) return 0;
+  if (e < len) return KVC_E_NOROPE; /* a middle range; these caches have no RoPE */
   if (b <= m->seq[i].start) *drop = true;
-  else *cut = true;
+  else if (b < ext) *cut = true;
   return 0;
 }
 
@@ -595,9 +595,13 @@ static void op_remove(model_t *m) {
   int i = pick_seq(m);
   rseq_t *r = &m->seq[i];
   uint64_t ext = r->live ? ref_extent(m, i) : 0, b, e = UINT64_MAX;
+  uint64_t len = r->live ? ref_len(m, i, 0, m->lay[cache_of(i)].num_layers) : 0;
   switch (below(m, 5)) {
   case 0: b = below(m, r->start + 1); break;                        /* drop */
-  case 1: b = r->start + below(m, ext - r->start + 2), e = ext; break; /* cut at end */
+  case 1: /* cut, the end between the length and the extent */
+    b = r->start + below(m, ext - r->start + 2), e = len + below(m, ext - len + 1);
+    if (b > e) e = b;
+    break;
   case 2: b = r->start + below(m, ext - r->start + 2); break;        /* cut */
   case 3: b = below(m, ext + 1), e = b + below(m, ext - b + 1); break; /* any range */
   default: e = below(m, ext + 1), b = e + 1 + below(m, 3); break;    /* begin > end */
@@ -608,11 +612,6 @@ static void op_remove(model_t *m) {
   if (!r->live) return expect_rc(m, "remove", i, rc, KVC_E_NOSEQ);
   bool drop, cut;
   int want = remove_rule(m, i, b, e, &drop, &cut);
-  if (want == 0 && !drop && !cut && b <= r->start && e >= ext && b >= ext && b < e) {
-    /* start == extent and begin at it: both "drop" and "past the end" read */
-    kvc_seq_info_t si;
-    drop = engine_seq_info(m->eng, m->cid[cache_of(i)], id_of(i), &si) == KVC_E_NOSEQ;
-  }
   expect_rc(m, "remove", i, rc, want);
   if (drop) ref_drop(m, i);
   for (uint32_t l = 0; cut && l < MAXL; l++) r->llen[l] = r->llen[l] < b ? r->llen[l] : b;

@@ -531,3 +531,104 @@ TEST(prefix_leased_pages_become_cached_after_release) {
   ASSERT_U64_EQ(fx_stats(&f).pages_used, 0);
   fx_close(&f);
 }
+
+/* ---- issue 11: a page is indexed only under the chain it was written in ---------- */
+
+/* Puts [pos, pos+n) of seq with payload salt and the given ids. */
+static int put_ids(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, const uint32_t *ids,
+                   uint32_t salt, const engine_pkey_t *key) {
+  fx_rng_t r = fx_all(&f->lay);
+  fx_buf_t b = fx_buf_new(&f->lay, r, n);
+  fx_fill(&f->lay, r, seq, pos, n, salt, b.k, b.v);
+  engine_io_t io = fx_io(seq, pos, n, &b);
+  io.tokens = ids;
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  x.pkey = key;
+  int rc = engine_put(f->eng, f->cid, &x, &io, 1);
+  fx_buf_free(&b);
+  return rc;
+}
+
+static uint64_t match_ids(fx_t *f, const uint32_t *ids, uint64_t n, const engine_pkey_t *key) {
+  engine_match_t m;
+  ASSERT_OK(engine_match(f->eng, f->cid, ids, n, key, &m));
+  return m.tokens;
+}
+
+/* The issue's smallest case: seq 2 attaches A0 A1 A2, rewrites page 0 with
+ * B0, then appends t3. No sequence ever held A0 A1 A2 t3, so a match of it
+ * stops at 12; B0 A1 A2 t3 was never written in order either: 4. */
+TEST(prefix_rewrite_of_an_attached_page_does_not_extend_the_old_chain) {
+  fx_t f;
+  open_small(&f, 32);
+  uint32_t a[16], b0[4], q[16];
+  for (uint32_t i = 0; i < 16; i++) a[i] = 1000 + i;
+  for (uint32_t i = 0; i < 4; i++) b0[i] = 2000 + i;
+  ASSERT_OK(put_ids(&f, 1, 0, 12, a, 0, &KEY_A));
+  engine_match_t m;
+  ASSERT_OK(engine_attach(f.eng, f.cid, 2, a, 12, &KEY_A, 0, &m));
+  ASSERT_U64_EQ(m.tokens, 12);
+  ASSERT_OK(put_ids(&f, 2, 0, 4, b0, 1, &KEY_A));    /* rewrite page 0 */
+  ASSERT_OK(put_ids(&f, 2, 12, 4, a + 12, 2, &KEY_A)); /* append t3 after it */
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(match_ids(&f, a, 16, &KEY_A), 12);
+  memcpy(q, a, sizeof q);
+  memcpy(q, b0, sizeof b0);
+  ASSERT_U64_EQ(match_ids(&f, q, 16, &KEY_A), 4);
+  /* an attach of A0..A3 gets seq 1's pages only, never seq 2's page 3 */
+  ASSERT_OK(engine_attach(f.eng, f.cid, 3, a, 16, &KEY_A, 0, &m));
+  ASSERT_U64_EQ(m.tokens, 12);
+  FX_EXPECT_RNG(&f, 3, 0, 12, fx_all(&f.lay), 1, 0); /* seq 1's bytes */
+  /* rewriting pages 1 and 2 in order makes seq 2's chain whole again, and
+   * only an append after that is indexed under B0 A1 A2 */
+  ASSERT_OK(put_ids(&f, 2, 4, 8, a + 4, 3, &KEY_A));
+  ASSERT_U64_EQ(match_ids(&f, q, 16, &KEY_A), 12);
+  ASSERT_OK(put_ids(&f, 2, 12, 4, a + 12, 4, &KEY_A));
+  ASSERT_U64_EQ(match_ids(&f, q, 16, &KEY_A), 16);
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}
+
+/* The same without attach: a sequence rewrites one of its own pages (indexed
+ * or not) with other ids, then appends: the append is not indexed under the
+ * old chain, and a rewrite without ids ends the chain at its position. */
+TEST(prefix_rewrite_of_an_own_page_cuts_the_chain_there) {
+  fx_t f;
+  open_small(&f, 32);
+  uint32_t a[16], c[16];
+  for (uint32_t i = 0; i < 16; i++) a[i] = 1000 + i, c[i] = 1000 + i;
+  c[5] = 9999; /* C = A with one id of page 1 changed */
+  engine_match_t m;
+  ASSERT_OK(put_ids(&f, 1, 0, 8, a, 0, &KEY_A));
+  ASSERT_OK(put_ids(&f, 1, 4, 4, c + 4, 1, &KEY_A)); /* page 1 rewritten as C1 */
+  ASSERT_OK(put_ids(&f, 1, 8, 4, a + 8, 2, &KEY_A)); /* page 2, after C1 */
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(match_ids(&f, a, 12, &KEY_A), 8); /* A0 A1 were indexed first */
+  /* the issue's case without attach: rewrite indexed page 0, then append */
+  static const engine_pkey_t kc = {"tenant-c", 8, NULL, 0};
+  uint32_t b0[4] = {2000, 2001, 2002, 2003};
+  ASSERT_OK(put_ids(&f, 6, 0, 12, a, 9, &kc));
+  ASSERT_OK(put_ids(&f, 6, 0, 4, b0, 10, &kc));
+  ASSERT_OK(put_ids(&f, 6, 12, 4, a + 12, 11, &kc));
+  ASSERT_U64_EQ(match_ids(&f, a, 16, &kc), 12);
+  ASSERT_U64_EQ(match_ids(&f, c, 12, &KEY_A), 12);
+  /* a rewrite without ids inside page 0: nothing after position 2 chains */
+  ASSERT_OK(fx_put(&f, 1, 2, 1, 5));
+  ASSERT_OK(put_ids(&f, 1, 12, 4, c + 12, 6, &KEY_A));
+  ASSERT_U64_EQ(match_ids(&f, c, 16, &KEY_A), 12);
+  /* truncation and a rewrite in a fresh sequence: only what was rewritten
+   * in order from the cut chains again */
+  ASSERT_OK(put_ids(&f, 4, 0, 12, c, 7, &KEY_B));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 4, 6, UINT64_MAX));
+  uint32_t mix[16];
+  memcpy(mix, c, 6 * sizeof *mix);
+  for (uint32_t i = 6; i < 16; i++) mix[i] = 3000 + i;
+  ASSERT_OK(put_ids(&f, 4, 6, 10, mix + 6, 8, &KEY_B));
+  ASSERT_U64_EQ(match_ids(&f, mix, 16, &KEY_B), 16);
+  ASSERT_U64_EQ(match_ids(&f, c, 16, &KEY_B), 12); /* C0..C2, indexed before */
+  ASSERT_OK(engine_attach(f.eng, f.cid, 5, mix, 16, &KEY_B, 0, &m));
+  FX_EXPECT_RNG(&f, 5, 0, 6, fx_all(&f.lay), 4, 7);
+  FX_EXPECT_RNG(&f, 5, 6, 10, fx_all(&f.lay), 4, 8);
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}
