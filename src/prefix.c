@@ -424,10 +424,12 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engi
     ip->hashed = false;
   }
   /* The chain goes on only from inside it, under the same key (a put at 0
-   * starts it afresh); anything else cuts it where the bytes changed. */
+   * starts it afresh); anything else cuts it where the bytes changed. A
+   * sequence trimmed at the front (start > 0) computes what it writes without
+   * the positions it dropped: it never chains again. */
   bool extends = e->pos == 0 || (e->pos <= s->chain_tok && s->chain_key == key_id);
   prefix_chain_cut(s, e->pos);
-  if (!extends || e->pos < s->start) return;
+  if (!extends || s->start > 0) return;
   if (e->pos == 0) s->chain_key = key_id;
   s->chain_tok = end;
   uint64_t whole = end >> g->tshift;
