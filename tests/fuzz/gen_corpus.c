@@ -176,6 +176,35 @@ static void handler_seeds(void) {
   frame(0, seed_seqop(buf, 21, SEED_STATS, 0, 0, 0, 0));
   scenario("prefix_match_attach");
 
+  /* Issue 11: a worker attaches a prompt, rewrites its first page with other
+   * ids and appends; the old chain must not grow past what was written in
+   * order (the audit after each frame recomputes every chain). Then its own
+   * indexed page rewritten without ids, a truncation, and appends again. */
+  hello(0);
+  hello(1);
+  frame(0, seed_cache_open(buf, 1, "f", F32));
+  frame(1, seed_cache_open(buf, 1, "f", F32));
+  shm_tokens(0, SEED_TOK_OFF, 100, 16);
+  frame(0, seed_put_tokens(buf, 2, 0, 1, 0, 12, 1, "", ""));
+  shm_tokens(1, SEED_TOK_OFF, 100, 16);
+  frame(1, seed_match(buf, 2, 0, 50, SEED_TOK_OFF, 12, "", "", 0));
+  shm_tokens(1, SEED_TOK_OFF, 500, 4); /* B0 */
+  frame(1, seed_put_tokens(buf, 3, 0, 50, 0, 4, 1, "", ""));
+  shm_tokens(1, SEED_TOK_OFF, 112, 4); /* t3 */
+  frame(1, seed_put_tokens(buf, 4, 0, 50, 12, 4, 1, "", ""));
+  frame(0, seed_match(buf, 3, 0, UINT64_MAX, SEED_TOK_OFF, 16, "", "", 0));
+  frame(0, seed_match(buf, 4, 0, 60, SEED_TOK_OFF, 16, "", "", 0));
+  frame(0, seed_io(buf, 5, 1, 0, 1, 2, 2, 1, SEED_TOKEN_BYTES, NULL)); /* no ids */
+  frame(0, seed_seqop(buf, 6, SEED_REMOVE, 0, 1, 6, UINT64_MAX));
+  shm_tokens(0, SEED_TOK_OFF, 106, 10);
+  frame(0, seed_put_tokens(buf, 7, 0, 1, 6, 10, 1, "", ""));
+  shm_tokens(0, SEED_TOK_OFF, 100, 16);
+  frame(0, seed_match(buf, 8, 0, UINT64_MAX, SEED_TOK_OFF, 16, "", "", 0));
+  frame(1, seed_seqop(buf, 5, SEED_TRIM, 0, 50, 4, 0));
+  shm_tokens(1, SEED_TOK_OFF, 116, 4);
+  frame(1, seed_put_tokens(buf, 6, 0, 50, 16, 4, 1, "", ""));
+  scenario("prefix_rewrite_chain");
+
   /* The prefix requests refused: unaligned and outside token offsets, too
    * many tokens, a key too long, a bad priority, a missing sequence, an
    * attach onto a pinned sequence, token ids of the wrong length. */
