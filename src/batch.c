@@ -135,6 +135,7 @@ int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, s
     goto out;
   }
   for (size_t i = 0; i < nr; i++) rsv_apply(eng, &r[i], &sp[i]);
+  ops_done(eng);
 out:
   mem_free(&eng->mem, r);
   mem_free(&eng->mem, sp);

@@ -239,8 +239,11 @@ int ops_sizes(const cache_t *c, const xr_t *r, uint64_t ntokens, uint64_t *kb, u
               uint64_t *sb);
 /* The smallest written length over layers [l0, l1). */
 uint64_t ops_range_len(const seq_t *s, uint32_t l0, uint32_t l1);
+/* Plans and evicts for spans of one cache (FULL, NOMEM: nothing changed);
+ * then ops_writable on each span, then ops_done. */
 int ops_room(engine_t *eng, const span_t *sp, size_t n);
 void ops_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
+void ops_done(engine_t *eng);
 
 /* lease.c */
 /* An internal lease (owner 0) on n pages (listed in any order, repeats

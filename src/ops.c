@@ -334,12 +334,23 @@ int ops_room(engine_t *eng, const span_t *sp, size_t n) {
   evict_need_t nd = {0, local, 0};
   if (written > 64 && !(nd.noted = mem_alloc(&eng->mem, written * sizeof *nd.noted)))
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  /* A page copied on write takes its token metadata along: reserve the
+   * blocks now (ops_writable consumes them; ops_done frees what is left). */
+  uint64_t meta = 0;
+  for (size_t i = 0; i < n; i++) span_pages(eng, &sp[i], count_cow_meta, &meta);
+  if (meta && prefix_reserve(eng, sp[0].s->cache->g.T, meta)) {
+    if (nd.noted != local) mem_free(&eng->mem, nd.noted);
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
   for (size_t i = 0; i < n; i++) nd.new_pages += span_pages(eng, &sp[i], note_write, &nd);
   int rc = evict_make_room(eng, &nd);
   for (size_t i = 0; i < n; i++) span_pages(eng, &sp[i], clear_note, NULL);
   if (nd.noted != local) mem_free(&eng->mem, nd.noted);
+  if (rc) prefix_unreserve(eng);
   return rc;
 }
+
+void ops_done(engine_t *eng) { prefix_unreserve(eng); }
 
 static void put_apply(engine_t *eng, seq_t *s, const xr_t *r, const engine_io_t *e,
                       const engine_pkey_t *key, uint32_t key_id) {

@@ -315,7 +315,12 @@ void prefix_page_copied(engine_t *eng, uint32_t from, uint32_t to) {
   ipage_t *src = ip_at(eng, from);
   if (!src) return;
   ipage_t *ip = ipage_take(eng, src->cache, to);
+  /* Same bytes, same place in the writer's chain: the same hash (a write
+   * that follows marks it stale); never indexed, the original keeps that. */
   ip->key = src->key;
+  ip->parent = src->parent;
+  ip->hashed = src->hashed;
+  memcpy(ip->hash, src->hash, 32);
   memcpy(ip->tokens, src->tokens, (size_t)src->cache->g.T * sizeof *ip->tokens);
 }
 
@@ -618,9 +623,10 @@ static int audit_chain(engine_t *eng, const seq_t *s, pkey_t *const *keys, char 
   for (uint64_t idx = s->base; idx < s->chain_pages; idx++) {
     const ipage_t *ip = ip_at(eng, s->table[idx - s->base]);
     uint32_t parent = idx > s->base ? s->table[idx - 1 - s->base] : POOL_NOPAGE;
+    /* (its parent field may name a page the sequence has since copied on
+     * write: the hash, recomputed from the table's predecessor, decides) */
     if (!ip || !ip->hashed || ip->key != s->chain_key || ip->key > eng->nkeys ||
-        !keys[ip->key] || (idx > s->base && ip->parent != parent) ||
-        (idx == 0 && ip->parent != NOPAGE))
+        !keys[ip->key] || (idx == 0 && ip->parent != NOPAGE))
       return audit_bad(why, len, "seq %llu: page %llu of its chain is not hashed in it", id,
                        (unsigned long long)idx);
     if (idx > 0 && idx == s->base) continue; /* its parent was trimmed away */

@@ -88,6 +88,7 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
   rope_t rp = {0, false, m.cs, m.x, m.f};
   if (rotate) rope_init(&rp, &c->layout, delta);
   ops_writable(eng, s, sp.pos, sp.end);
+  ops_done(eng);
   if (delta < 0)
     for (uint64_t q = p0; q < p1; q++) {
       if (!holes_has(s, q)) slot_copy(eng, s, q, q + (uint64_t)delta, rotate ? &rp : NULL);
@@ -97,6 +98,7 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
       if (!holes_has(s, q)) slot_copy(eng, s, q, q + (uint64_t)delta, rotate ? &rp : NULL);
     }
   prefix_put_untokened(eng, s, dlo, dhi);
+  prefix_chain_cut(s, p0); /* moved up, the slots they left are holes */
   uint64_t len = s->len;
   holes_move(s, p0, p1, delta, m.tmp);
   if (delta < 0 && p1 == len) {

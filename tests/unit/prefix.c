@@ -632,3 +632,56 @@ TEST(prefix_rewrite_of_an_own_page_cuts_the_chain_there) {
   FX_AUDIT(f.eng);
   fx_close(&f);
 }
+
+/* Moves cut the chain where a slot changed or was left empty: a middle
+ * remove (later tokens moved down, keys re-rotated) at its begin, a move up
+ * (seq_add) at the first slot it vacated; punching a hole at the hole. */
+TEST(prefix_moves_and_punches_cut_the_chain) {
+  kvc_layout_t l = fx_small_layout();
+  l.rope_dims = 8, l.rope_theta = 10000;
+  fx_t f;
+  fx_open(&f, &l, 48);
+  uint32_t a[24], q[24];
+  for (uint32_t i = 0; i < 24; i++) a[i] = 700 + i;
+  /* remove [4, 8): 8..15 move to 4..11; an append of ids after them is not
+   * indexed under 0..3 8..15 (their bytes are rotated, not a prefill) */
+  ASSERT_OK(put_ids(&f, 1, 0, 16, a, 0, &KEY_A));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 4, 8));
+  FX_AUDIT(f.eng);
+  ASSERT_OK(put_ids(&f, 1, 12, 4, a + 16, 1, &KEY_A));
+  memcpy(q, a, 4 * sizeof *q);
+  memcpy(q + 4, a + 8, 12 * sizeof *q);
+  ASSERT_U64_EQ(match_ids(&f, q, 16, &KEY_A), 4);
+  /* seq_add of [8, 12) by +4 leaves holes at 8..11 inside the old chain */
+  ASSERT_OK(put_ids(&f, 2, 0, 12, a, 2, &KEY_B));
+  ASSERT_OK(engine_shift(f.eng, f.cid, 2, 8, 12, 4));
+  FX_AUDIT(f.eng);
+  ASSERT_OK(put_ids(&f, 2, 16, 4, a + 16, 3, &KEY_B));
+  ASSERT_U64_EQ(match_ids(&f, a, 20, &KEY_B), 12); /* what was indexed before the move */
+  /* a punched hole: the chain ends at it */
+  ASSERT_OK(put_ids(&f, 3, 0, 8, a, 4, &KEY_A)); /* twins of seq 1's pages */
+  ASSERT_OK(engine_punch(f.eng, f.cid, 3, 2, 3));
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}
+
+/* A write that copies an indexed page on write outside a put (a reservation
+ * over it, a move into it) gives the copy the page's token metadata: the
+ * blocks for it are reserved first (it dereferenced an empty reserve). */
+TEST(prefix_reserve_and_move_over_indexed_pages_copy_their_metadata) {
+  kvc_layout_t l = fx_small_layout();
+  l.rope_dims = 8, l.rope_theta = 10000;
+  fx_t f;
+  fx_open(&f, &l, 48);
+  uint32_t a[16];
+  for (uint32_t i = 0; i < 16; i++) a[i] = 900 + i;
+  ASSERT_OK(put_ids(&f, 1, 0, 16, a, 0, &KEY_A)); /* 4 pages, indexed */
+  engine_tok_t t[2] = {{.seq_id = 1, .pos = 5}, {.seq_id = 1, .pos = 6}};
+  ASSERT_OK(engine_reserve(f.eng, f.cid, t, 2)); /* page 1 copied on write */
+  FX_AUDIT(f.eng);
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 1, 2, 16));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 2, 2, 3)); /* every later page moves */
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(match_ids(&f, a, 16, &KEY_A), 16); /* the index kept its pages */
+  fx_close(&f);
+}
