@@ -123,7 +123,7 @@ all: $(ALL)
 # ---- engine --------------------------------------------------------------
 $(B)/libkvcengine.a: $(ENGINE_OBJ)
 	$(call say,AR,$@)
-	$(Q)ar rcs $@ $^
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(B)/%.o: %.c
 	$(call say,CC,$<)
@@ -156,7 +156,7 @@ $(B)/libkvcache.so: $(CLIENT_DEPS)
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libkvcache.so.1 -o $@ $^ $(PB_LIBS)
 $(B)/libkvcache.a: $(CLIENT_DEPS)
 	$(call say,AR,$@)
-	$(Q)ar rcs $@ $^
+	$(Q)rm -f $@ && ar rcs $@ $^
 $(B)/kvcachectl: $(CTL_OBJ) $(B)/libkvcache.a
 	$(call say,LD,$@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) -lm

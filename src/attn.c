@@ -8,7 +8,8 @@
  *   chunked   [p - p % C, p]              positions < h - h % C
  *   encoder   every entry                 nothing
  */
-#include "engine_impl.h"
+#include "attn.h"
+#include "seq.h"
 
 bool attn_allows(const cache_t *c, uint64_t p, uint64_t q) {
   const kvc_layout_t *l = &c->layout;
@@ -42,8 +43,9 @@ int engine_can_resume(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_
                       bool *out) {
   if (!eng) return KVC_E_INVAL;
   if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
   const seq_t *s = hmap_get(&c->seqs, seq_id);
   const kvc_layout_t *l = &c->layout;
   if (l->attn == KVC_ATTN_ENCODER || (l->attn == KVC_ATTN_CAUSAL && pos == 0)) {

@@ -3,7 +3,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine_impl.h"
+#include "lease.h"
+#include "page.h"
+#include "prefix.h"
+#include "seq.h"
 
 __attribute__((format(printf, 3, 4))) static int bad(char *why, size_t len,
                                                      const char *fmt, ...) {
@@ -14,6 +17,74 @@ __attribute__((format(printf, 3, 4))) static int bad(char *why, size_t len,
     va_end(ap);
   }
   return KVC_E_INTERNAL;
+}
+
+/* Every lease: in the map, pages in the pool (added into refs), counted. */
+static int audit_leases(const engine_t *eng, uint32_t *refs, char *why, size_t len) {
+  uint64_t n = 0, pages = 0;
+  for (const lease_t *l = eng->lease_list; l; l = l->next) {
+    if (hmap_get(&eng->leases, l->id) != l) return bad(why, len, "lease %llu not in the map",
+                                                            (unsigned long long)l->id);
+    for (uint32_t i = 0; i < l->npages; i++) {
+      if (l->pages[i] >= eng->pool.npages)
+        return bad(why, len, "lease %llu: page %u out of pool",
+                         (unsigned long long)l->id, l->pages[i]);
+      refs[l->pages[i]]++;
+    }
+    n++;
+    pages += l->npages;
+  }
+  if (n != eng->st.leases || n != eng->leases.count || pages != eng->st.leased_pages)
+    return bad(why, len, "leases: %llu listed, %llu counted, %zu mapped; pages %llu/%llu",
+                     (unsigned long long)n, (unsigned long long)eng->st.leases,
+                     eng->leases.count, (unsigned long long)pages,
+                     (unsigned long long)eng->st.leased_pages);
+  return 0;
+}
+
+/* A sequence's prefix chain (doc/prefix.md): within its pages, no hole in
+ * it, every chain page hashed under its key from the one before it in this
+ * sequence. */
+static int audit_chain(engine_t *eng, const seq_t *s, char *why, size_t len) {
+  const geom_t *g = &s->cache->g;
+  unsigned long long id = (unsigned long long)s->id;
+  if (s->chain_tok > s->len || s->chain_pages > (s->chain_tok >> g->tshift))
+    return bad(why, len, "seq %llu: chain of %llu tokens, %u pages, length %llu", id,
+               (unsigned long long)s->chain_tok, s->chain_pages, (unsigned long long)s->len);
+  if (s->nholes && s->holes[0].b < s->chain_tok)
+    return bad(why, len, "seq %llu: a hole at %llu inside its chain", id,
+               (unsigned long long)s->holes[0].b);
+  for (uint64_t idx = s->base; idx < s->chain_pages; idx++) {
+    const ipage_t *ip = page_meta(eng, s->table[idx - s->base]);
+    /* (its parent field may name a page the sequence has since copied on
+     * write: the hash, recomputed from the table's predecessor, decides) */
+    if (!ip || !ip->hashed || ip->key != s->chain_key || (idx == 0 && ip->parent != POOL_NOPAGE))
+      return bad(why, len, "seq %llu: page %llu of its chain is not hashed in it", id,
+                 (unsigned long long)idx);
+    if (idx > 0 && idx == s->base) continue; /* its parent was trimmed away */
+    uint8_t h[32];
+    const ipage_t *par = idx ? page_meta(eng, s->table[idx - 1 - s->base]) : NULL;
+    if (prefix_expect(eng, ip, par ? par->hash : NULL, h) || memcmp(h, ip->hash, 32) != 0)
+      return bad(why, len, "seq %llu: page %llu hash is not its chain's", id,
+                 (unsigned long long)idx);
+  }
+  return 0;
+}
+
+/* Every indexed page is the chain of its parent, its ids and its key. */
+static int audit_index_hashes(engine_t *eng, char *why, size_t len) {
+  for (uint32_t page = 0; page < eng->pool.npages; page++) {
+    const ipage_t *ip = page_meta(eng, page);
+    if (!ip || !ip->indexed) continue;
+    const ipage_t *par = ip->parent == POOL_NOPAGE ? NULL : page_meta(eng, ip->parent);
+    if (!ip->hashed || ip->key == 0 ||
+        (ip->parent != POOL_NOPAGE && (!par || !par->indexed || par->key != ip->key)))
+      return bad(why, len, "page %u: indexed outside a whole chain of its key", page);
+    uint8_t h[32];
+    if (prefix_expect(eng, ip, par ? par->hash : NULL, h) || memcmp(h, ip->hash, 32) != 0)
+      return bad(why, len, "page %u: indexed under a hash that is not its chain's", page);
+  }
+  return 0;
 }
 
 /* One sequence's own invariants; adds its references into refs/pins. */
@@ -78,7 +149,7 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
       return bad(why, len, "page %u: refcnt %u, %u table references", i, p->refcnt[i], refs[i]);
     if (pins[i] != p->pinref[i])
       return bad(why, len, "page %u: pinref %u, %u pinned holders", i, p->pinref[i], pins[i]);
-    if (p->sim[i]) return bad(why, len, "page %u: eviction scratch left at %u", i, p->sim[i]);
+    if (p->plan[i]) return bad(why, len, "page %u: eviction scratch left at %u", i, p->plan[i]);
     used += refs[i] > 0;
     shared += refs[i] > 1;
     pinned += pins[i] > 0;
@@ -99,7 +170,7 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
 static int audit_index(const engine_t *eng, const uint64_t *cached, char *why, size_t len) {
   uint64_t indexed = 0, nc = 0, pairs = 0;
   for (uint32_t page = 0; page < eng->pool.npages; page++) {
-    const ipage_t *ip = ip_at(eng, page);
+    const ipage_t *ip = page_meta(eng, page);
     if (!ip) continue;
     if (ip->page != page || eng->pool.refcnt[page] == 0)
       return bad(why, len, "page %u: token metadata of a free or other page", page);
@@ -117,13 +188,13 @@ static int audit_index(const engine_t *eng, const uint64_t *cached, char *why, s
       return bad(why, len, "page %u: cached but not on the LRU", page);
     uint32_t kids = 0;
     for (uint32_t q = 0; q < eng->pool.npages; q++)
-      kids += ip_at(eng, q) && ip_at(eng, q)->indexed && ip_at(eng, q)->parent == page;
+      kids += page_meta(eng, q) && page_meta(eng, q)->indexed && page_meta(eng, q)->parent == page;
     if (kids != ip->nchildren)
       return bad(why, len, "page %u: %u indexed children, %u recorded", page, kids, ip->nchildren);
   }
-  if (pairs != eng->idx_pairs)
+  if (pairs != eng->index_sole)
     return bad(why, len, "index: %llu pages held by the index and one sequence, %u recorded",
-               (unsigned long long)pairs, eng->idx_pairs);
+               (unsigned long long)pairs, eng->index_sole);
   if (indexed != eng->st.pages_indexed || nc != *cached || nc != eng->st.pages_cached)
     return bad(why, len, "index: %llu indexed (%llu recorded), %llu cached (%llu on LRU, %llu recorded)",
                (unsigned long long)indexed, (unsigned long long)eng->st.pages_indexed,
@@ -151,6 +222,7 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
     while (rc == 0 && (s = hmap_next(&c->seqs, &pos, &key))) {
       if (key != s->id || s->cache != c) rc = bad(why, why_len, "cache %u: misfiled seq", ci);
       else rc = audit_seq(eng, s, refs, pins, why, why_len);
+      if (rc == 0) rc = audit_chain(eng, s, why, why_len);
       cseqs++;
       ctokens += s->len;
       cpages += s->ntable;
@@ -165,8 +237,8 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
     tokens += ctokens;
   }
   for (uint32_t page = 0; rc == 0 && page < n; page++)
-    if (ip_at(eng, page) && ip_at(eng, page)->indexed) refs[page]++; /* the index's own */
-  if (rc == 0) rc = lease_audit(eng, refs, why, why_len);
+    if (page_meta(eng, page) && page_meta(eng, page)->indexed) refs[page]++; /* the index's own */
+  if (rc == 0) rc = audit_leases(eng, refs, why, why_len);
   if (rc == 0) rc = audit_pages(eng, refs, pins, why, why_len);
   uint64_t cached = 0;
   for (uint32_t prio = 0; rc == 0 && prio < PRIO_LEVELS; prio++) {
@@ -187,7 +259,7 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
     }
   }
   if (rc == 0) rc = audit_index(eng, &cached, why, why_len);
-  if (rc == 0) rc = prefix_audit(eng, why, why_len);
+  if (rc == 0) rc = audit_index_hashes(eng, why, why_len);
   if (rc == 0 && (nseqs != eng->nseqs || npinned != eng->nseqs_pinned ||
                   lru != nseqs - npinned || tokens != eng->ntokens))
     rc = bad(why, why_len, "engine: %llu seqs (%llu counted), %llu pinned (%llu), lru %llu, "

@@ -12,9 +12,14 @@
 #include <string.h>
 
 #include "copy.h"
-#include "engine_impl.h"
+#include "attn.h"
+#include "copy.h"
+#include "holes.h"
+#include "lru.h"
+#include "room.h"
+#include "seq.h"
+#include "xfer.h"
 
-#define MAX_BATCH (1u << 20)
 
 /* One sequence of a batch: its positions [lo, hi). */
 typedef struct rec {
@@ -26,10 +31,11 @@ typedef struct rec {
 
 static int batch_check(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, size_t n,
                        cache_t **c) {
-  if (!(*c = engine_cache(eng, cache_id)))
-    return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  int rc = engine_find_cache(eng, cache_id, c);
+  if (rc) return rc;
   if (!toks || n == 0) return engine_fail(eng, KVC_E_INVAL, "no tokens");
-  if (n > MAX_BATCH) return engine_fail(eng, KVC_E_TOOMANY, "at most %u tokens", MAX_BATCH);
+  if (n > XFER_MAX_BATCH)
+    return engine_fail(eng, KVC_E_TOOMANY, "at most %u tokens", XFER_MAX_BATCH);
   return 0;
 }
 
@@ -96,8 +102,8 @@ static void rsv_rollback(engine_t *eng, cache_t *c, rec_t *r, size_t nr, size_t 
 
 static void rsv_apply(engine_t *eng, rec_t *x, const span_t *sp) {
   seq_t *s = x->s;
-  if (x->created) seq_attach(eng, s);
-  ops_writable(eng, s, sp->pos, sp->end);
+  if (x->created) seq_enlist(eng, s);
+  room_writable(eng, s, sp->pos, sp->end);
   if (x->lo > s->len) { /* the slots skipped are holes */
     holes_add(s, s->len, x->lo);
     seq_set_lengths(eng, s, 0, s->cache->g.L, x->lo);
@@ -129,13 +135,13 @@ int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, s
   /* What the batch makes unreachable goes first, so a window cache reuses its
    * own pages; it stays freed even if the reservation then fails. */
   for (size_t i = 0; rc == 0 && i < nr; i++) attn_trim(eng, r[i].s, r[i].lo);
-  if (rc == 0 && (rc = ops_room(eng, sp, nr)) == KVC_E_FULL) c->st.full_errors++;
+  if (rc == 0 && (rc = room_make(eng, sp, nr)) == KVC_E_FULL) c->st.full_errors++;
   if (rc) {
     rsv_rollback(eng, c, r, nr, map_cap);
     goto out;
   }
   for (size_t i = 0; i < nr; i++) rsv_apply(eng, &r[i], &sp[i]);
-  ops_done(eng);
+  room_done(eng);
 out:
   mem_free(&eng->mem, r);
   mem_free(&eng->mem, sp);
@@ -143,7 +149,7 @@ out:
 }
 
 /* Groups a history's batch: per sequence [start, highest position + 1). */
-static int hist_group(engine_t *eng, cache_t *c, const xr_t *xr, const engine_tok_t *toks,
+static int hist_group(engine_t *eng, cache_t *c, const xrange_t *xr, const engine_tok_t *toks,
                       size_t n, rec_t *r, size_t *nr, uint64_t *nentries) {
   for (size_t i = 0; i < n; i++) {
     const engine_tok_t *t = &toks[i];
@@ -151,13 +157,13 @@ static int hist_group(engine_t *eng, cache_t *c, const xr_t *xr, const engine_to
     if (!s)
       return engine_fail(eng, KVC_E_NOSEQ, "token %zu: no sequence %llu", i,
                          (unsigned long long)t->seq_id);
-    if (t->pos < s->start || t->pos >= ops_range_len(s, xr->l0, xr->l1))
+    if (t->pos < s->start || t->pos >= seq_range_len(s, xr->l0, xr->l1))
       return engine_fail(eng, KVC_E_RANGE,
                          "token %zu: position %llu not written (start %llu, length %llu)", i,
                          (unsigned long long)t->pos, (unsigned long long)s->start,
-                         (unsigned long long)ops_range_len(s, xr->l0, xr->l1));
+                         (unsigned long long)seq_range_len(s, xr->l0, xr->l1));
     /* encoder entries are read whole; positional kinds up to the batch */
-    uint64_t hi = c->layout.attn == KVC_ATTN_ENCODER ? ops_range_len(s, xr->l0, xr->l1)
+    uint64_t hi = c->layout.attn == KVC_ATTN_ENCODER ? seq_range_len(s, xr->l0, xr->l1)
                                                      : t->pos + 1;
     if (s->mark == eng->epoch) {
       if (hi > r[s->slot].hi) r[s->slot].hi = hi;
@@ -206,10 +212,10 @@ static void hist_mask(const cache_t *c, const engine_tok_t *toks, size_t n, cons
 }
 
 /* Checks the caller's buffers against the view's sizes. */
-static int hist_sizes(engine_t *eng, const cache_t *c, const xr_t *xr, size_t n, size_t nr,
+static int hist_sizes(engine_t *eng, const cache_t *c, const xrange_t *xr, size_t n, size_t nr,
                       const engine_hist_t *h) {
   uint64_t kb, vb, sb, mb;
-  if (ops_sizes(c, xr, h->nentries, &kb, &vb, &sb) ||
+  if (xfer_sizes(c, xr, h->nentries, &kb, &vb, &sb) ||
       __builtin_mul_overflow((uint64_t)n, h->nentries, &mb) ||
       __builtin_mul_overflow(mb, 4, &mb))
     return engine_fail(eng, KVC_E_OVERFLOW, "history of %llu entries overflows",
@@ -231,8 +237,8 @@ int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   int rc = batch_check(eng, cache_id, toks, n, &c);
   if (rc) return rc;
   if (!h) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  xr_t xr;
-  if ((rc = ops_resolve(eng, c, x, false, &xr))) return rc;
+  xrange_t xr;
+  if ((rc = xfer_resolve(eng, c, x, false, &xr))) return rc;
   if (xr.bt == KVC_DTYPE_INT8)
     return engine_fail(eng, KVC_E_DTYPE, "a history view returns floats, not raw int8");
   rec_t *r = mem_calloc(&eng->mem, n, sizeof *r);

@@ -5,18 +5,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine_impl.h"
+#include "lease.h"
+#include "page.h"
+#include "prefix.h"
+#include "seq.h"
 
-int engine_fail(engine_t *eng, int code, const char *fmt, ...) {
-  va_list ap;
-  eng->err.code = code;
-  eng->err.needed = eng->err.freeable = 0;
-  va_start(ap, fmt);
-  vsnprintf(eng->err.msg, sizeof eng->err.msg, fmt, ap);
-  va_end(ap);
-  eng->st.errors++;
-  return code;
-}
 
 const engine_err_t *engine_last_error(const engine_t *eng) { return &eng->err; }
 
@@ -95,16 +88,13 @@ void engine_free(engine_t *eng) {
   lease_free_all(eng);
   mem_free(&eng->mem, eng->ip);
   mem_free(&eng->mem, eng->scratch);
-  prefix_unreserve(eng);
+  page_meta_unreserve(eng);
   EVP_MD_CTX_free(eng->md_ctx);
   pool_deinit(&eng->pool, &eng->mem);
   mem_t m = eng->mem;
   mem_free(&m, eng);
 }
 
-cache_t *engine_cache(engine_t *eng, uint32_t cache_id) {
-  return cache_id < eng->ncaches ? eng->caches[cache_id] : NULL;
-}
 
 int64_t engine_layout_page_bytes(const kvc_layout_t *layout) {
   geom_t g;
@@ -162,16 +152,18 @@ int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layou
 
 int engine_cache_clear(engine_t *eng, uint32_t cache_id) {
   if (!eng) return KVC_E_INVAL;
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
   cache_free(eng, c, true);
   return 0;
 }
 
 int engine_cache_drop(engine_t *eng, uint32_t cache_id) {
   if (!eng) return KVC_E_INVAL;
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
   cache_free(eng, c, false);
   eng->caches[cache_id] = NULL;
   mem_free(&eng->mem, c);
@@ -203,16 +195,18 @@ int engine_cache_list(engine_t *eng, kvc_cache_info_t *out, size_t cap, size_t *
 
 int engine_cache_info(engine_t *eng, uint32_t cache_id, kvc_cache_info_t *out) {
   if (!eng || !out) return KVC_E_INVAL;
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
   cache_info_fill(c, out);
   return 0;
 }
 
 int engine_cache_stats(engine_t *eng, uint32_t cache_id, cache_stats_t *out) {
   if (!eng || !out) return KVC_E_INVAL;
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
   *out = c->st;
   return 0;
 }
@@ -225,7 +219,7 @@ void engine_stats(const engine_t *eng, engine_stats_t *out) {
   out->pages_total = p->npages;
   out->pages_free = p->nfree;
   out->pages_used = p->npages - p->nfree;
-  out->pages_shared = p->nshared - eng->idx_pairs; /* the index's reference is no sharer */
+  out->pages_shared = p->nshared - eng->index_sole; /* the index's reference is no sharer */
   out->pages_pinned = p->npinned;
   out->bytes_used = eng->bytes_used;
   out->bytes_padding = out->pages_used * p->page_bytes - eng->bytes_used;

@@ -13,7 +13,7 @@
  * page last, so they go next, chain tails before chain heads.
  *
  * Making room is planned before anything changes: walking victims in order,
- * pool.sim counts each page's victim holders; a page is freed by the plan
+ * pool.plan counts each page's victim holders; a page is freed by the plan
  * once every holder is a victim, and an indexed page that keeps only the
  * index's reference becomes a cached page the plan reclaims right after its
  * sequence (if it is a leaf by then). If free + planned cannot reach the need
@@ -22,48 +22,14 @@
  */
 #include <stddef.h>
 
-#include "engine_impl.h"
+#include "evict.h"
+#include "lru.h"
+#include "page.h"
+#include "prefix.h"
+#include "seq.h"
 
 #define SEQ_OF(n) ((seq_t *)(void *)((char *)(n) - offsetof(seq_t, node)))
 #define IPAGE_OF(n) ((ipage_t *)(void *)((char *)(n) - offsetof(ipage_t, node)))
-
-void lru_link(engine_t *eng, lru_node_t *n, bool at_tail) {
-  lru_node_t *head = &eng->lru[n->prio];
-  if (at_tail) {
-    n->next = head;
-    n->prev = head->prev;
-    head->prev->next = n;
-    head->prev = n;
-  } else {
-    n->prev = head;
-    n->next = head->next;
-    head->next->prev = n;
-    head->next = n;
-  }
-}
-
-void lru_unlink(lru_node_t *n) {
-  n->prev->next = n->next;
-  n->next->prev = n->prev;
-  n->prev = n->next = NULL;
-}
-
-void lru_insert(engine_t *eng, seq_t *s) { lru_link(eng, &s->node, false); }
-
-void lru_remove(seq_t *s) { lru_unlink(&s->node); }
-
-void lru_touch(engine_t *eng, seq_t *s) {
-  s->last_use_ms = eng->now_ms;
-  if (s->npins) {
-    for (pin_t *p = s->pins; p; p = p->s_next)
-      if (p->ttl_ms)
-        p->deadline_ms = __builtin_add_overflow(eng->now_ms, p->ttl_ms, &p->deadline_ms)
-                             ? UINT64_MAX : p->deadline_ms;
-    return;
-  }
-  lru_unlink(&s->node);
-  lru_link(eng, &s->node, false);
-}
 
 /* ---- the pages a call needs ------------------------------------------------ */
 
@@ -110,7 +76,7 @@ static void plan_push(plan_t *pl, ipage_t *ip) {
 }
 
 static bool plan_cached(const engine_t *eng, uint32_t page) {
-  return eng->pool.refcnt[page] - (eng->pool.sim[page] & SIM_MASK) == 1;
+  return eng->pool.refcnt[page] - (eng->pool.plan[page] & PLAN_MASK) == 1;
 }
 
 /* The plan reclaims cached page ip; its parent may become a reclaimable leaf. */
@@ -119,7 +85,7 @@ static void plan_reclaim(engine_t *eng, plan_t *pl, ipage_t *ip) {
   ip->planned = true;
   pl->freed++;
   if (ip->parent == POOL_NOPAGE) return;
-  ipage_t *par = ip_at(eng, ip->parent);
+  ipage_t *par = page_meta(eng, ip->parent);
   touch_ip(pl, par);
   par->plan_gone++;
   if (!par->planned && par->plan_gone == par->nchildren && plan_cached(eng, par->page))
@@ -132,7 +98,7 @@ static bool plan_done(const engine_t *eng, const plan_t *pl) {
 
 static void plan_drain(engine_t *eng, plan_t *pl) {
   while (pl->top && !plan_done(eng, pl)) {
-    ipage_t *ip = ip_at(eng, pl->stack[--pl->top]);
+    ipage_t *ip = page_meta(eng, pl->stack[--pl->top]);
     if (!ip->planned && ip->plan_gone == ip->nchildren) plan_reclaim(eng, pl, ip);
   }
 }
@@ -140,13 +106,13 @@ static void plan_drain(engine_t *eng, plan_t *pl) {
 static void plan_seq(engine_t *eng, plan_t *pl, const evict_need_t *nd, seq_t *s) {
   pool_t *p = &eng->pool;
   for (uint32_t i = 0; i < s->ntable; i++) {
-    uint32_t page = s->table[i], v = ++p->sim[page], held = v & SIM_MASK;
-    if (v & SIM_COW) {
+    uint32_t page = s->table[i], v = ++p->plan[page], held = v & PLAN_MASK;
+    if (v & PLAN_COW) {
       if (held == p->refcnt[page] - writers_of(nd, page)) pl->need--; /* copy lapses */
     } else if (held == p->refcnt[page]) {
       pl->freed++;
-    } else if (held == p->refcnt[page] - 1 && ip_at(eng, page) && ip_at(eng, page)->indexed) {
-      plan_push(pl, ip_at(eng, page)); /* becomes a cached page, reclaimed next */
+    } else if (held == p->refcnt[page] - 1 && page_meta(eng, page) && page_meta(eng, page)->indexed) {
+      plan_push(pl, page_meta(eng, page)); /* becomes a cached page, reclaimed next */
     }
   }
 }
@@ -171,20 +137,20 @@ static void plan_walk(engine_t *eng, plan_t *pl, const evict_need_t *nd) {
   }
 }
 
-/* Undoes the plan's marks on the nodes it walked; SIM_COW notes stay. */
+/* Undoes the plan's marks on the nodes it walked; PLAN_COW notes stay. */
 static void plan_clear(engine_t *eng, plan_t *pl) {
   for (uint32_t prio = 0; pl->last && prio <= pl->last_prio; prio++) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head; n = n->prev) {
       if (n->kind == LRU_SEQ && SEQ_OF(n)->mark != eng->epoch) {
         seq_t *s = SEQ_OF(n);
-        for (uint32_t i = 0; i < s->ntable; i++) eng->pool.sim[s->table[i]] &= SIM_COW;
+        for (uint32_t i = 0; i < s->ntable; i++) eng->pool.plan[s->table[i]] &= PLAN_COW;
       }
       if (n == pl->last) break;
     }
   }
   for (uint32_t i = 0; i < pl->ntouched; i++) {
-    ipage_t *ip = ip_at(eng, pl->touched[i]);
+    ipage_t *ip = page_meta(eng, pl->touched[i]);
     ip->planned = ip->stacked = false;
     ip->plan_gone = 0;
   }

@@ -12,7 +12,7 @@
  */
 #include <string.h>
 
-#include "engine_impl.h"
+#include "holes.h"
 
 int holes_reserve(engine_t *eng, seq_t *s, uint32_t k) {
   if (s->nholes + k <= s->hcap) return 0;
@@ -88,4 +88,13 @@ void holes_move(seq_t *s, uint64_t b, uint64_t e, int64_t delta, hole_t *tmp) {
   holes_cut(s, b, e);
   holes_cut(s, b + (uint64_t)delta, e + (uint64_t)delta); /* the target's own holes go */
   for (uint32_t i = 0; i < k; i++) holes_add(s, tmp[i].b, tmp[i].e);
+}
+
+void holes_within(const seq_t *s, uint64_t b, uint64_t e,
+                  void (*fn)(uint64_t off, uint64_t n, void *arg), void *arg) {
+  for (uint32_t i = 0; i < s->nholes; i++) {
+    uint64_t lo = s->holes[i].b > b ? s->holes[i].b : b;
+    uint64_t hi = s->holes[i].e < e ? s->holes[i].e : e;
+    if (lo < hi) fn(lo - b, hi - lo, arg);
+  }
 }

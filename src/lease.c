@@ -19,19 +19,12 @@
  * also holds it. Leases belong to an owner (the daemon's connection id) and
  * are released one by one or all at once when the owner goes away.
  */
-#include <stdarg.h>
-#include <stdio.h>
+#include "lease.h"
 
-#include "engine_impl.h"
+#include "lru.h"
+#include "page.h"
+#include "seq.h"
 
-struct lease {
-  uint64_t id;
-  uint64_t owner;
-  uint64_t layout_bytes;     /* the cache's page bytes, for bytes_used */
-  lease_t *prev, *next;      /* eng->lease_list */
-  uint32_t npages;
-  uint32_t pages[];          /* referenced pool pages, in token order */
-};
 
 static void lease_unlink(engine_t *eng, lease_t *l) {
   if (l->prev) l->prev->next = l->next;
@@ -51,8 +44,9 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
                  uint64_t end, uint64_t owner, engine_lease_t *out) {
   if (!eng) return KVC_E_INVAL;
   if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
   seq_t *s = hmap_get(&c->seqs, seq_id);
   if (!s)
     return engine_fail(eng, KVC_E_NOSEQ, "no sequence %llu in cache '%s'",
@@ -160,35 +154,4 @@ void lease_free_all(engine_t *eng) {
   hmap_deinit(&eng->leases, &eng->mem);
 }
 
-__attribute__((format(printf, 3, 4))) static int audit_bad(char *why, size_t len,
-                                                           const char *fmt, ...) {
-  if (why && len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, len, fmt, ap);
-    va_end(ap);
-  }
-  return KVC_E_INTERNAL;
-}
 
-int lease_audit(const engine_t *eng, uint32_t *refs, char *why, size_t len) {
-  uint64_t n = 0, pages = 0;
-  for (const lease_t *l = eng->lease_list; l; l = l->next) {
-    if (hmap_get(&eng->leases, l->id) != l) return audit_bad(why, len, "lease %llu not in the map",
-                                                            (unsigned long long)l->id);
-    for (uint32_t i = 0; i < l->npages; i++) {
-      if (l->pages[i] >= eng->pool.npages)
-        return audit_bad(why, len, "lease %llu: page %u out of pool",
-                         (unsigned long long)l->id, l->pages[i]);
-      refs[l->pages[i]]++;
-    }
-    n++;
-    pages += l->npages;
-  }
-  if (n != eng->st.leases || n != eng->leases.count || pages != eng->st.leased_pages)
-    return audit_bad(why, len, "leases: %llu listed, %llu counted, %zu mapped; pages %llu/%llu",
-                     (unsigned long long)n, (unsigned long long)eng->st.leases,
-                     eng->leases.count, (unsigned long long)pages,
-                     (unsigned long long)eng->st.leased_pages);
-  return 0;
-}

@@ -13,9 +13,9 @@ int pool_init(pool_t *p, mem_t *m, void *base, uint64_t pool_bytes, uint64_t pag
   p->nshared = p->npinned = 0;
   p->refcnt = mem_calloc(m, n, sizeof(uint32_t));
   p->pinref = mem_calloc(m, n, sizeof(uint32_t));
-  p->sim = mem_calloc(m, n, sizeof(uint32_t));
+  p->plan = mem_calloc(m, n, sizeof(uint32_t));
   p->free_stack = mem_calloc(m, n, sizeof(uint32_t));
-  if (!p->refcnt || !p->pinref || !p->sim || !p->free_stack) {
+  if (!p->refcnt || !p->pinref || !p->plan || !p->free_stack) {
     pool_deinit(p, m);
     return KVC_E_NOMEM;
   }
@@ -28,9 +28,9 @@ int pool_init(pool_t *p, mem_t *m, void *base, uint64_t pool_bytes, uint64_t pag
 void pool_deinit(pool_t *p, mem_t *m) {
   mem_free(m, p->refcnt);
   mem_free(m, p->pinref);
-  mem_free(m, p->sim);
+  mem_free(m, p->plan);
   mem_free(m, p->free_stack);
-  p->refcnt = p->pinref = p->sim = p->free_stack = NULL;
+  p->refcnt = p->pinref = p->plan = p->free_stack = NULL;
   p->npages = p->nfree = 0;
 }
 

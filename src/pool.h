@@ -5,7 +5,7 @@
  *
  *   refcnt[i]  sequences whose block table holds page i (0: free)
  *   pinref[i]  of those, sequences that are pinned (page counts as pinned)
- *   sim[i]     scratch for eviction planning, 0 outside of it
+ *   plan[i]    scratch for eviction planning, 0 outside of it
  *   free_stack [ f0 f1 ... f(nfree-1) ]   pages with refcnt 0; pop from the end
  *
  * Allocation and release are O(1). 12 bytes of metadata per page plus 4 on
@@ -30,7 +30,7 @@ typedef struct pool {
   uint32_t npinned;      /* pages with pinref > 0 */
   uint32_t *refcnt;
   uint32_t *pinref;
-  uint32_t *sim;
+  uint32_t *plan;
   uint32_t *free_stack;
 } pool_t;
 

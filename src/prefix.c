@@ -16,13 +16,17 @@
  * the index's own: it never changes in place (writes copy it) and stays,
  * "cached", after its last sequence goes, until eviction reclaims it.
  */
+#include "prefix.h"
+
 #include <openssl/evp.h>
 #include <stddef.h>
 #include <string.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
-#include "engine_impl.h"
+#include "lru.h"
+#include "page.h"
+#include "seq.h"
 
 #define NOPAGE POOL_NOPAGE
 #define KEY_MAX 64u
@@ -164,118 +168,13 @@ void prefix_key_forget(engine_t *eng, const engine_pkey_t *key, size_t keys_cap)
 
 /* ---- ipage blocks: reserved before a call changes anything ------------------- */
 
-int prefix_arrays(engine_t *eng) {
-  if (eng->ip) return 0;
-  uint32_t n = eng->pool.npages;
-  ipage_t **ip = mem_calloc(&eng->mem, n, sizeof *ip);
-  uint32_t *scratch = mem_calloc(&eng->mem, (size_t)n * 2, sizeof *scratch);
-  if (!ip || !scratch) {
-    mem_free(&eng->mem, ip);
-    mem_free(&eng->mem, scratch);
-    return KVC_E_NOMEM;
-  }
-  eng->ip = ip;
-  eng->scratch = scratch;
-  return 0;
-}
-
-void prefix_arrays_drop(engine_t *eng) {
-  mem_free(&eng->mem, eng->ip);
-  mem_free(&eng->mem, eng->scratch);
-  eng->ip = NULL;
-  eng->scratch = NULL;
-}
-
-static size_t ipage_size(uint32_t T) { return sizeof(ipage_t) + (size_t)T * sizeof(uint32_t); }
-
-int prefix_reserve(engine_t *eng, uint32_t page_tokens, uint64_t n) {
-  for (uint64_t i = 0; i < n; i++) {
-    void **b = mem_alloc(&eng->mem, ipage_size(page_tokens));
-    if (!b) {
-      prefix_unreserve(eng);
-      return KVC_E_NOMEM;
-    }
-    *b = eng->reserve;
-    eng->reserve = b;
-  }
-  return 0;
-}
-
-void prefix_unreserve(engine_t *eng) {
-  while (eng->reserve) {
-    void **b = eng->reserve;
-    eng->reserve = *b;
-    mem_free(&eng->mem, b);
-  }
-}
-
-static ipage_t *ipage_take(engine_t *eng, const cache_t *c, uint32_t page) {
-  void **b = eng->reserve;
-  eng->reserve = *b;
-  ipage_t *ip = (ipage_t *)(void *)b;
-  memset(ip, 0, ipage_size(c->g.T));
-  ip->node.kind = LRU_PAGE;
-  ip->cache = (cache_t *)c;
-  ip->page = page;
-  ip->parent = NOPAGE;
-  eng->ip[page] = ip;
-  return ip;
-}
-
 /* ---- references and the cached state ----------------------------------------- */
-
-static void cached_count(engine_t *eng, cache_t *c, int delta) {
-  eng->st.pages_cached = (uint64_t)((int64_t)eng->st.pages_cached + delta);
-  c->st.pages_cached = (uint64_t)((int64_t)c->st.pages_cached + delta);
-}
-
-/* The pool counts a page with two references as shared; for an indexed page
- * one of them is the index's. idx_pairs counts those, to subtract. */
-static void index_pairs(engine_t *eng, uint32_t page, uint32_t before, uint32_t after) {
-  const ipage_t *ip = ip_at(eng, page);
-  if (!ip || !ip->indexed) return;
-  eng->idx_pairs += (after == 2) - (before == 2);
-}
-
-void page_ref(engine_t *eng, uint32_t page) {
-  ipage_t *ip = ip_at(eng, page);
-  uint32_t r = eng->pool.refcnt[page];
-  if (ip && ip->indexed && r == 1) { /* leaves the cached state */
-    lru_unlink(&ip->node);
-    cached_count(eng, ip->cache, -1);
-  }
-  pool_ref(&eng->pool, page);
-  index_pairs(eng, page, r, r + 1);
-}
-
-void page_unref(engine_t *eng, const cache_t *c, uint32_t page, uint8_t prio) {
-  page_unref_bytes(eng, c->g.page_bytes, page, prio);
-}
-
-void page_unref_bytes(engine_t *eng, uint64_t layout_bytes, uint32_t page, uint8_t prio) {
-  uint32_t r = eng->pool.refcnt[page];
-  index_pairs(eng, page, r, r - 1);
-  if (pool_unref(&eng->pool, page)) {
-    eng->bytes_used -= layout_bytes;
-    if (eng->ip) {
-      mem_free(&eng->mem, eng->ip[page]);
-      eng->ip[page] = NULL;
-    }
-    return;
-  }
-  ipage_t *ip = ip_at(eng, page);
-  if (ip && ip->indexed && eng->pool.refcnt[page] == 1) { /* only the index holds it */
-    ip->node.prio = prio;
-    lru_link(eng, &ip->node, eng->evicting);
-    cached_count(eng, ip->cache, +1);
-  }
-}
 
 static void unindex(engine_t *eng, ipage_t *ip) {
   cache_t *c = ip->cache;
   hmap_remove(&c->index, hash_key64(ip->hash));
-  if (ip->parent != NOPAGE && ip_at(eng, ip->parent) && ip_at(eng, ip->parent)->indexed)
-    ip_at(eng, ip->parent)->nchildren--;
+  if (ip->parent != NOPAGE && page_meta(eng, ip->parent) && page_meta(eng, ip->parent)->indexed)
+    page_meta(eng, ip->parent)->nchildren--;
   ip->indexed = false;
   eng->st.pages_indexed--;
   c->st.pages_indexed--;
@@ -284,7 +183,7 @@ static void unindex(engine_t *eng, ipage_t *ip) {
 void prefix_reclaim(engine_t *eng, ipage_t *ip) {
   cache_t *c = ip->cache;
   lru_unlink(&ip->node);
-  cached_count(eng, c, -1);
+  page_cached_count(eng, c, -1);
   unindex(eng, ip);
   eng->st.cached_reclaimed++;
   c->st.cached_reclaimed++;
@@ -295,13 +194,13 @@ void prefix_cache_clear(engine_t *eng, cache_t *c) {
   /* Every sequence is gone: each indexed page of c is cached, or held by a
    * lease. Children first is not needed here: the whole index goes. */
   for (uint32_t page = 0; page < eng->pool.npages && c->index.count; page++) {
-    ipage_t *ip = ip_at(eng, page);
+    ipage_t *ip = page_meta(eng, page);
     if (!ip || ip->cache != c || !ip->indexed) continue;
     if (ip->node.prev) { /* cached; a page a lease still holds is not */
       lru_unlink(&ip->node);
-      cached_count(eng, c, -1);
+      page_cached_count(eng, c, -1);
     }
-    eng->idx_pairs -= eng->pool.refcnt[page] == 2;
+    eng->index_sole -= eng->pool.refcnt[page] == 2;
     hmap_remove(&c->index, hash_key64(ip->hash));
     ip->indexed = false;
     eng->st.pages_indexed--;
@@ -309,19 +208,6 @@ void prefix_cache_clear(engine_t *eng, cache_t *c) {
     page_unref(eng, c, page, 0);
   }
   hmap_deinit(&c->index, &eng->mem);
-}
-
-void prefix_page_copied(engine_t *eng, uint32_t from, uint32_t to) {
-  ipage_t *src = ip_at(eng, from);
-  if (!src) return;
-  ipage_t *ip = ipage_take(eng, src->cache, to);
-  /* Same bytes, same place in the writer's chain: the same hash (a write
-   * that follows marks it stale); never indexed, the original keeps that. */
-  ip->key = src->key;
-  ip->parent = src->parent;
-  ip->hashed = src->hashed;
-  memcpy(ip->hash, src->hash, 32);
-  memcpy(ip->tokens, src->tokens, (size_t)src->cache->g.T * sizeof *ip->tokens);
 }
 
 /* ---- puts: the chain of a sequence ---------------------------------------------
@@ -342,12 +228,6 @@ void prefix_page_copied(engine_t *eng, uint32_t from, uint32_t to) {
  *                               chain again unless rewritten in order.
  */
 
-void prefix_chain_cut(seq_t *s, uint64_t pos) {
-  if (s->chain_tok <= pos) return;
-  s->chain_tok = pos;
-  uint64_t whole = pos >> s->cache->g.tshift;
-  if (s->chain_pages > whole) s->chain_pages = (uint32_t)whole;
-}
 
 /* Marks the hashes of s's pages over [pos, end) stale (their bytes change). */
 static void pages_dirty(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
@@ -355,13 +235,13 @@ static void pages_dirty(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
   if (pos < (uint64_t)s->base << g->tshift) pos = (uint64_t)s->base << g->tshift;
   for (uint64_t idx = pos >> g->tshift; (idx << g->tshift) < end && idx - s->base < s->ntable;
        idx++) {
-    ipage_t *ip = ip_at(eng, s->table[idx - s->base]);
+    ipage_t *ip = page_meta(eng, s->table[idx - s->base]);
     if (ip && !ip->indexed) ip->hashed = false; /* an indexed page is never written */
   }
 }
 
 void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
-  prefix_chain_cut(s, pos);
+  seq_chain_cut(s, pos);
   pages_dirty(eng, s, pos, end);
 }
 
@@ -372,7 +252,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   cache_t *c = s->cache;
   if (idx < s->base || (idx > 0 && idx - 1 < s->base)) return false; /* trimmed */
   uint32_t page = s->table[idx - s->base];
-  ipage_t *ip = ip_at(eng, page);
+  ipage_t *ip = page_meta(eng, page);
   if (!ip) return false;
   uint8_t parent[32], h[32];
   uint32_t parent_page = NOPAGE;
@@ -380,7 +260,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
     chain_root(eng, c, key, parent);
   } else {
     parent_page = s->table[idx - 1 - s->base];
-    const ipage_t *pip = ip_at(eng, parent_page);
+    const ipage_t *pip = page_meta(eng, parent_page);
     if (!pip || !pip->hashed) return false;
     memcpy(parent, pip->hash, 32);
   }
@@ -394,7 +274,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   uint64_t k64 = hash_key64(ip->hash);
   /* Only a chain indexed from its head is indexed: a page under an unindexed
    * parent (a duplicate of an indexed twin) could never be reached. */
-  if (parent_page != NOPAGE && !ip_at(eng, parent_page)->indexed) return true;
+  if (parent_page != NOPAGE && !page_meta(eng, parent_page)->indexed) return true;
   ipage_t *other = hmap_get(&c->index, k64);
   if (other) { /* taken: the same prefix elsewhere, or a clash */
     if (memcmp(other->tokens, ip->tokens, c->g.T * sizeof *ip->tokens) != 0 ||
@@ -407,8 +287,8 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   hmap_insert(&c->index, k64, ip); /* room reserved by the caller */
   ip->indexed = true;
   pool_ref(&eng->pool, page);
-  index_pairs(eng, page, 0, eng->pool.refcnt[page]);
-  if (parent_page != NOPAGE) ip_at(eng, parent_page)->nchildren++;
+  page_index_sole(eng, page, 0, eng->pool.refcnt[page]);
+  if (parent_page != NOPAGE) page_meta(eng, parent_page)->nchildren++;
   eng->st.pages_indexed++;
   c->st.pages_indexed++;
   return true;
@@ -420,7 +300,7 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engi
   uint64_t end = e->pos + e->ntokens;
   for (uint64_t idx = e->pos >> g->tshift; (idx << g->tshift) < end; idx++) {
     uint32_t page = s->table[idx - s->base];
-    ipage_t *ip = ip_at(eng, page) ? ip_at(eng, page) : ipage_take(eng, s->cache, page);
+    ipage_t *ip = page_meta(eng, page) ? page_meta(eng, page) : page_meta_take(eng, s->cache, page);
     uint64_t pstart = idx << g->tshift;
     uint64_t from = e->pos > pstart ? e->pos - pstart : 0;
     uint64_t to = (end < pstart + g->T ? end : pstart + g->T) - pstart;
@@ -433,7 +313,7 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engi
    * sequence trimmed at the front (start > 0) computes what it writes without
    * the positions it dropped: it never chains again. */
   bool extends = e->pos == 0 || (e->pos <= s->chain_tok && s->chain_key == key_id);
-  prefix_chain_cut(s, e->pos);
+  seq_chain_cut(s, e->pos);
   if (!extends || s->start > 0) return;
   if (e->pos == 0) s->chain_key = key_id;
   s->chain_tok = end;
@@ -441,14 +321,15 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engi
   while (s->chain_pages < whole && hash_one(eng, s, s->chain_pages, key, key_id))
     s->chain_pages++;
   if (s->chain_pages < whole) /* it could not hash on (trimmed): it ends here */
-    prefix_chain_cut(s, (uint64_t)s->chain_pages << g->tshift);
+    seq_chain_cut(s, (uint64_t)s->chain_pages << g->tshift);
 }
 
 /* ---- match and attach --------------------------------------------------------- */
 
 /* Walks the chain of tokens; fills pages[] (if not NULL) with matched pages. */
-static uint64_t chain_match(engine_t *eng, cache_t *c, const uint32_t *tokens, uint64_t n,
+uint64_t prefix_match_pages(engine_t *eng, cache_t *c, const uint32_t *tokens, uint64_t n,
                             const engine_pkey_t *key, uint32_t key_id, uint32_t *pages) {
+  if (!pages) pages = eng->scratch;
   if (key_id == 0) return 0;
   uint32_t T = c->g.T, parent = NOPAGE;
   uint8_t h[32], prev[32];
@@ -464,7 +345,7 @@ static uint64_t chain_match(engine_t *eng, cache_t *c, const uint32_t *tokens, u
       c->st.hash_verify_failed++;
       break;
     }
-    if (pages) pages[m] = ip->page;
+    pages[m] = ip->page;
     parent = ip->page;
     memcpy(prev, h, 32);
   }
@@ -474,7 +355,7 @@ static uint64_t chain_match(engine_t *eng, cache_t *c, const uint32_t *tokens, u
 /* A hit touches its pages, deepest first so the chain head ends most recent. */
 static void hit_touch(engine_t *eng, const uint32_t *pages, uint64_t m) {
   for (uint64_t i = m; i-- > 0;) {
-    ipage_t *ip = ip_at(eng, pages[i]);
+    ipage_t *ip = page_meta(eng, pages[i]);
     if (i == 0) ip->hits++;
     if (ip->node.prev) { /* cached: most recent of its list */
       lru_unlink(&ip->node);
@@ -494,10 +375,32 @@ static void match_count(engine_t *eng, cache_t *c, uint64_t n, uint64_t hit, uin
   c->st.prefix_tokens_ineligible += inel;
 }
 
-static int match_args(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+void prefix_match_done(engine_t *eng, cache_t *c, const uint32_t *pages, uint64_t m,
+                       uint64_t n, engine_match_t *out) {
+  hit_touch(eng, pages, m);
+  out->pages = m;
+  out->tokens = m * c->g.T;
+  out->ineligible = n % c->g.T;
+  match_count(eng, c, n, out->tokens, out->ineligible);
+}
+
+int engine_match(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                 const engine_pkey_t *key, engine_match_t *out) {
+  if (!eng) return KVC_E_INVAL;
+  if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  cache_t *c;
+  uint32_t key_id;
+  int rc = prefix_match_args(eng, cache_id, tokens, n, key, &c, &key_id);
+  if (rc) return rc;
+  uint64_t m = prefix_match_pages(eng, c, tokens, n, key, key_id, NULL);
+  prefix_match_done(eng, c, eng->scratch, m, n, out);
+  return 0;
+}
+
+int prefix_match_args(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
                       const engine_pkey_t *key, cache_t **c, uint32_t *key_id) {
-  *c = engine_cache(eng, cache_id);
-  if (!*c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  int rc = engine_find_cache(eng, cache_id, c);
+  if (rc) return rc;
   if (n && !tokens) return engine_fail(eng, KVC_E_INVAL, "NULL tokens");
   if (n > KVC_MAX_SEQ_TOKENS)
     return engine_fail(eng, KVC_E_RANGE, "%llu tokens: more than a sequence holds",
@@ -507,52 +410,18 @@ static int match_args(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, 
   return 0;
 }
 
-int engine_match(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                 const engine_pkey_t *key, engine_match_t *out) {
-  if (!eng) return KVC_E_INVAL;
-  if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c;
-  uint32_t key_id;
-  int rc = match_args(eng, cache_id, tokens, n, key, &c, &key_id);
-  if (rc) return rc;
-  uint64_t m = chain_match(eng, c, tokens, n, key, key_id, eng->scratch);
-  hit_touch(eng, eng->scratch, m);
-  out->pages = m;
-  out->tokens = m * c->g.T;
-  out->ineligible = n % c->g.T;
-  match_count(eng, c, n, out->tokens, out->ineligible);
-  return 0;
-}
 
-int engine_attach(engine_t *eng, uint32_t cache_id, uint64_t dst_id, const uint32_t *tokens,
-                  uint64_t n, const engine_pkey_t *key, uint64_t owner,
-                  engine_match_t *out) {
-  if (!eng) return KVC_E_INVAL;
-  if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c;
-  uint32_t key_id;
-  int rc = match_args(eng, cache_id, tokens, n, key, &c, &key_id);
-  if (rc) return rc;
-  uint32_t *pages = eng->scratch;
-  uint64_t m = chain_match(eng, c, tokens, n, key, key_id, pages);
-  if ((rc = seq_attach_pages(eng, c, dst_id, pages, m, owner, key_id))) return rc;
-  hit_touch(eng, pages, m);
-  out->pages = m;
-  out->tokens = m * c->g.T;
-  out->ineligible = n % c->g.T;
-  match_count(eng, c, n, out->tokens, out->ineligible);
-  return 0;
-}
 
 int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out, size_t cap,
                       size_t *n) {
   if (!eng) return KVC_E_INVAL;
   if (!n || (cap && !out)) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
   size_t k = 0;
   for (uint32_t page = 0; page < eng->pool.npages; page++) {
-    ipage_t *ip = ip_at(eng, page);
+    ipage_t *ip = page_meta(eng, page);
     if (!ip || ip->cache != c || !ip->indexed || ip->parent != NOPAGE) continue;
     /* Keep the cap heads with the most hits, by insertion into a sorted run. */
     size_t at = k < cap ? k : cap;
@@ -566,11 +435,11 @@ int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out
   }
   /* Depth: the longest indexed chain below each listed head. */
   for (uint32_t page = 0; page < eng->pool.npages; page++) {
-    ipage_t *ip = ip_at(eng, page);
+    ipage_t *ip = page_meta(eng, page);
     if (!ip || ip->cache != c || !ip->indexed || ip->nchildren) continue;
     uint32_t d = 1;
     while (ip->parent != NOPAGE) {
-      ip = ip_at(eng, ip->parent);
+      ip = page_meta(eng, ip->parent);
       d++;
     }
     for (size_t i = 0; i < k; i++)
@@ -580,25 +449,20 @@ int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out
   return 0;
 }
 
-/* ---- audit ------------------------------------------------------------------------- */
+/* ---- audit ----------------------------------------------------------------------- */
 
-#include <stdarg.h>
-#include <stdio.h>
-
-__attribute__((format(printf, 3, 4))) static int audit_bad(char *why, size_t len,
-                                                           const char *fmt, ...) {
-  if (why && len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, len, fmt, ap);
-    va_end(ap);
-  }
-  return KVC_E_INTERNAL;
+/* The interned key with id, or NULL (a walk: for the audit only). */
+static const pkey_t *key_by_id(const engine_t *eng, uint32_t id) {
+  size_t pos = 0;
+  const pkey_t *k;
+  while ((k = hmap_next(&eng->keys, &pos, NULL)))
+    if (k->id == id) return k;
+  return NULL;
 }
 
-/* The hash page ip must have under parent hash ph (NULL: a chain head). */
-static void audit_expect(engine_t *eng, const ipage_t *ip, const pkey_t *k, const uint8_t *ph,
-                         uint8_t out[32]) {
+int prefix_expect(engine_t *eng, const ipage_t *ip, const uint8_t *ph, uint8_t out[32]) {
+  const pkey_t *k = key_by_id(eng, ip->key);
+  if (!k) return KVC_E_INTERNAL;
   engine_pkey_t key = {k->salt, k->salt_len, k->extra, k->extra_len};
   uint8_t root[32];
   if (!ph) {
@@ -606,72 +470,5 @@ static void audit_expect(engine_t *eng, const ipage_t *ip, const pkey_t *k, cons
     ph = root;
   }
   page_hash(eng, ph, ip->tokens, ip->cache->g.T, &key, out);
-}
-
-/* A sequence's chain: within its pages, hashed in order under its key. */
-static int audit_chain(engine_t *eng, const seq_t *s, pkey_t *const *keys, char *why,
-                       size_t len) {
-  const geom_t *g = &s->cache->g;
-  unsigned long long id = (unsigned long long)s->id;
-  if (s->chain_tok > s->len || s->chain_pages > (s->chain_tok >> g->tshift))
-    return audit_bad(why, len, "seq %llu: chain of %llu tokens, %u pages, length %llu", id,
-                     (unsigned long long)s->chain_tok, s->chain_pages,
-                     (unsigned long long)s->len);
-  if (s->nholes && s->holes[0].b < s->chain_tok)
-    return audit_bad(why, len, "seq %llu: a hole at %llu inside its chain", id,
-                     (unsigned long long)s->holes[0].b);
-  for (uint64_t idx = s->base; idx < s->chain_pages; idx++) {
-    const ipage_t *ip = ip_at(eng, s->table[idx - s->base]);
-    uint32_t parent = idx > s->base ? s->table[idx - 1 - s->base] : POOL_NOPAGE;
-    /* (its parent field may name a page the sequence has since copied on
-     * write: the hash, recomputed from the table's predecessor, decides) */
-    if (!ip || !ip->hashed || ip->key != s->chain_key || ip->key > eng->nkeys ||
-        !keys[ip->key] || (idx == 0 && ip->parent != NOPAGE))
-      return audit_bad(why, len, "seq %llu: page %llu of its chain is not hashed in it", id,
-                       (unsigned long long)idx);
-    if (idx > 0 && idx == s->base) continue; /* its parent was trimmed away */
-    uint8_t h[32];
-    audit_expect(eng, ip, keys[ip->key], idx ? ip_at(eng, parent)->hash : NULL, h);
-    if (memcmp(h, ip->hash, 32) != 0)
-      return audit_bad(why, len, "seq %llu: page %llu hash is not its chain's", id,
-                       (unsigned long long)idx);
-  }
   return 0;
-}
-
-int prefix_audit(engine_t *eng, char *why, size_t len) {
-  if (!eng->ip) return 0;
-  mem_t scratch;
-  mem_init(&scratch);
-  pkey_t **keys = mem_calloc(&scratch, (size_t)eng->nkeys + 1, sizeof *keys);
-  if (!keys) return KVC_E_NOMEM;
-  size_t pos = 0;
-  pkey_t *k;
-  int rc = 0;
-  while ((k = hmap_next(&eng->keys, &pos, NULL)))
-    if (k->id <= eng->nkeys) keys[k->id] = k;
-  /* Every indexed page is the chain of its parent, its ids and its key. */
-  for (uint32_t page = 0; rc == 0 && page < eng->pool.npages; page++) {
-    const ipage_t *ip = ip_at(eng, page);
-    if (!ip || !ip->indexed) continue;
-    const ipage_t *par = ip->parent == NOPAGE ? NULL : ip_at(eng, ip->parent);
-    if (!ip->hashed || ip->key == 0 || ip->key > eng->nkeys || !keys[ip->key] ||
-        (ip->parent != NOPAGE && (!par || !par->indexed || par->key != ip->key))) {
-      rc = audit_bad(why, len, "page %u: indexed outside a whole chain of its key", page);
-      break;
-    }
-    uint8_t h[32];
-    audit_expect(eng, ip, keys[ip->key], par ? par->hash : NULL, h);
-    if (memcmp(h, ip->hash, 32) != 0)
-      rc = audit_bad(why, len, "page %u: indexed under a hash that is not its chain's", page);
-  }
-  for (uint32_t ci = 0; rc == 0 && ci < eng->ncaches; ci++) {
-    const cache_t *c = eng->caches[ci];
-    size_t sp = 0;
-    seq_t *s;
-    while (c && rc == 0 && (s = hmap_next(&c->seqs, &sp, NULL)))
-      rc = audit_chain(eng, s, keys, why, len);
-  }
-  mem_free(&scratch, keys);
-  return rc;
 }

@@ -1,7 +1,11 @@
 /* seq.c: a sequence, its block table, its lengths and its page references. */
 #include <string.h>
 
-#include "engine_impl.h"
+#include "seq.h"
+#include "holes.h"
+#include "lru.h"
+#include "page.h"
+#include "pin.h"
 
 seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id) {
   seq_t *s = mem_calloc(&eng->mem, 1, sizeof *s);
@@ -34,7 +38,7 @@ int seq_reserve(engine_t *eng, seq_t *s, uint64_t n) {
   return 0;
 }
 
-void seq_attach(engine_t *eng, seq_t *s) {
+void seq_enlist(engine_t *eng, seq_t *s) {
   s->cache->st.sequences++;
   eng->nseqs++;
   lru_insert(eng, s);
@@ -85,7 +89,7 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
 
 void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
   s->rsv_end = 0; /* a reservation ends with the slots it reserved */
-  prefix_chain_cut(s, n);
+  seq_chain_cut(s, n);
   holes_cut(s, n, UINT64_MAX);
   if (s->layer_len) {
     for (uint32_t l = 0; l < s->cache->g.L; l++)
@@ -141,7 +145,7 @@ void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out) {
   out->pages = s->ntable;
   for (uint32_t i = 0; i < s->ntable; i++) {
     uint32_t page = s->table[i], holders = eng->pool.refcnt[page];
-    if (ip_at(eng, page) && ip_at(eng, page)->indexed) holders--; /* the index is no sharer */
+    if (page_meta(eng, page) && page_meta(eng, page)->indexed) holders--; /* the index is no sharer */
     if (holders > 1) out->shared_pages++;
   }
   out->pins = s->npins;

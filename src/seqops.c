@@ -1,25 +1,21 @@
 /* seqops.c: the operations that reshape sequences without moving tensor
- * bytes: remove, copy_prefix, trim_front, can_resume, pins, info, listing. */
+ * bytes: remove and punch, copy_prefix, attach, trim_front, info, listing. */
 #include <string.h>
 
-#include "engine_impl.h"
+#include "holes.h"
+#include "lru.h"
+#include "page.h"
+#include "pin.h"
+#include "prefix.h"
+#include "seq.h"
+#include "shift.h"
 
-/* Looks up (cache, seq) or records NOCACHE / NOSEQ. */
-static int find(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **out) {
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
-  *out = hmap_get(&c->seqs, seq_id);
-  if (!*out)
-    return engine_fail(eng, KVC_E_NOSEQ, "no sequence %llu in cache '%s'",
-                       (unsigned long long)seq_id, c->name);
-  return 0;
-}
 
 int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t begin,
                   uint64_t end) {
   if (!eng) return KVC_E_INVAL;
   seq_t *s;
-  int rc = find(eng, cache_id, seq_id, &s);
+  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
   if (rc) return rc;
   if (begin > end)
     return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)begin,
@@ -38,6 +34,30 @@ int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t be
   eng->st.removes++;
   seq_truncate(eng, s, begin);
   lru_touch(eng, s);
+  return 0;
+}
+
+int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1) {
+  if (!eng) return KVC_E_INVAL;
+  seq_t *s;
+  uint64_t b, e;
+  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
+  if (rc) return rc;
+  seq_open_range(p0, p1, &b, &e);
+  if (b > e)
+    return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)b,
+                       (unsigned long long)e);
+  if (b < s->start) b = s->start;
+  if (b >= s->extent || b >= e) return 0;
+  if (e >= s->len) return engine_remove(eng, cache_id, seq_id, b, e);
+  if (s->layer_len)
+    return engine_fail(eng, KVC_E_RANGE, "sequence %llu has layers of different lengths",
+                       (unsigned long long)s->id);
+  if (holes_reserve(eng, s, 1)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  holes_add(s, b, e);
+  seq_chain_cut(s, b);
+  lru_touch(eng, s);
+  eng->st.removes++;
   return 0;
 }
 
@@ -96,14 +116,14 @@ static void dst_abandon(engine_t *eng, cache_t *c, seq_t *dst, bool created, siz
 static void dst_commit(engine_t *eng, cache_t *c, seq_t *dst, bool created) {
   if (!created) return;
   hmap_insert(&c->seqs, dst->id, dst);
-  seq_attach(eng, dst);
+  seq_enlist(eng, dst);
 }
 
 int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_t dst_id,
                        uint64_t n) {
   if (!eng) return KVC_E_INVAL;
   seq_t *src;
-  int rc = find(eng, cache_id, src_id, &src);
+  int rc = engine_find_seq(eng, cache_id, src_id, &src);
   if (rc) return rc;
   cache_t *c = src->cache;
   if (src_id == dst_id)
@@ -138,7 +158,7 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
   dst->chain_key = src->chain_key;
   dst->chain_tok = src->chain_tok;
   dst->chain_pages = src->chain_pages;
-  prefix_chain_cut(dst, n);
+  seq_chain_cut(dst, n);
   lru_touch(eng, src);
   lru_touch(eng, dst);
   eng->st.copies++;
@@ -148,7 +168,7 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
 int engine_trim_front(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t n) {
   if (!eng) return KVC_E_INVAL;
   seq_t *s;
-  int rc = find(eng, cache_id, seq_id, &s);
+  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
   if (rc) return rc;
   if (n > s->len)
     return engine_fail(eng, KVC_E_RANGE, "trim to %llu beyond length %llu",
@@ -160,162 +180,11 @@ int engine_trim_front(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_
   return 0;
 }
 
-/* The owner's pin of s, or NULL. */
-static pin_t *pin_find(const seq_t *s, uint64_t owner) {
-  for (pin_t *p = s->pins; p; p = p->s_next)
-    if (p->owner->id == owner) return p;
-  return NULL;
-}
-
-void pin_unlink(engine_t *eng, pin_t *p) {
-  seq_t *s = p->seq;
-  owner_t *o = p->owner;
-  pin_soft_unlink(eng, p);
-  if (p->s_prev) p->s_prev->s_next = p->s_next;
-  else s->pins = p->s_next;
-  if (p->s_next) p->s_next->s_prev = p->s_prev;
-  if (p->o_prev) p->o_prev->o_next = p->o_next;
-  else o->pins = p->o_next;
-  if (p->o_next) p->o_next->o_prev = p->o_prev;
-  mem_free(&eng->mem, p);
-  if (!o->pins) {
-    hmap_remove(&eng->owners, o->id);
-    mem_free(&eng->mem, o);
-  }
-  eng->st.unpins++;
-}
-
-static void pin_release(engine_t *eng, pin_t *p) {
-  seq_t *s = p->seq;
-  pin_unlink(eng, p);
-  if (--s->npins == 0) {
-    for (uint32_t i = 0; i < s->ntable; i++) pool_unpin(&eng->pool, s->table[i]);
-    eng->nseqs_pinned--;
-    lru_insert(eng, s); /* unpinned: the most recently used */
-  }
-  s->last_use_ms = eng->now_ms;
-}
-
-/* Pages of s not yet pinned by anyone: what pinning s adds to the pool's. */
-static uint64_t unpinned_pages(const engine_t *eng, const uint32_t *pages, uint64_t n) {
-  uint64_t k = 0;
-  for (uint64_t i = 0; i < n; i++) k += eng->pool.pinref[pages[i]] == 0;
-  return k;
-}
-
-/* A pin record and, for a new owner, its owner (map room reserved). */
-typedef struct pin_prep {
-  pin_t *p;
-  owner_t *o;
-  bool new_owner;
-  size_t map_cap;
-} pin_prep_t;
-
-static int pin_prepare(engine_t *eng, uint64_t owner, pin_prep_t *pp) {
-  pp->o = hmap_get(&eng->owners, owner);
-  pp->map_cap = eng->owners.cap;
-  pp->new_owner = !pp->o;
-  pp->p = mem_calloc(&eng->mem, 1, sizeof *pp->p);
-  if (pp->p && pp->new_owner && hmap_reserve(&eng->owners, &eng->mem, 1) == 0)
-    pp->o = mem_calloc(&eng->mem, 1, sizeof *pp->o);
-  if (!pp->p || !pp->o) {
-    /* Nothing stays prepared: a caller's failure path frees only pp->p. */
-    mem_free(&eng->mem, pp->p);
-    pp->p = NULL;
-    pp->o = NULL;
-    (void)hmap_resize(&eng->owners, &eng->mem, pp->map_cap);
-    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
-  }
-  if (pp->new_owner) pp->o->id = owner;
-  return 0;
-}
-
-/* now + ttl, saturating: a TTL too long to add never lapses. */
-static uint64_t deadline(const engine_t *eng, uint64_t ttl_ms) {
-  uint64_t d;
-  return __builtin_add_overflow(eng->now_ms, ttl_ms, &d) ? UINT64_MAX : d;
-}
-
-static void pin_commit(engine_t *eng, seq_t *s, pin_prep_t *pp, uint64_t ttl_ms) {
-  pin_t *p = pp->p;
-  owner_t *o = pp->o;
-  if (pp->new_owner) hmap_insert(&eng->owners, o->id, o);
-  p->seq = s;
-  p->owner = o;
-  p->s_next = s->pins;
-  if (s->pins) s->pins->s_prev = p;
-  s->pins = p;
-  p->o_next = o->pins;
-  if (o->pins) o->pins->o_prev = p;
-  o->pins = p;
-  if (ttl_ms) {
-    p->ttl_ms = ttl_ms;
-    p->deadline_ms = deadline(eng, ttl_ms);
-    p->t_next = eng->soft;
-    if (eng->soft) eng->soft->t_prev = p;
-    eng->soft = p;
-  }
-  if (s->npins++ == 0) {
-    lru_remove(s);
-    eng->nseqs_pinned++;
-    for (uint32_t i = 0; i < s->ntable; i++) pool_pin(&eng->pool, s->table[i]);
-  }
-  s->last_use_ms = eng->now_ms;
-  eng->st.pins++;
-}
-
-static int pin_limit_check(engine_t *eng, const uint32_t *pages, uint64_t n) {
-  uint64_t more = unpinned_pages(eng, pages, n);
-  if (eng->pool.npinned + more <= eng->pin_limit) return 0;
-  eng->st.pin_limit_errors++;
-  return engine_fail(eng, KVC_E_PINLIMIT,
-                     "pinning %llu more pages would pin %llu of %u pages; the limit is %u",
-                     (unsigned long long)more, (unsigned long long)(eng->pool.npinned + more),
-                     eng->pool.npages, eng->pin_limit);
-}
-
-int engine_pin_ttl(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner,
-                   uint64_t ttl_ms) {
-  if (!eng) return KVC_E_INVAL;
-  seq_t *s;
-  int rc = find(eng, cache_id, seq_id, &s);
-  if (rc) return rc;
-  pin_t *have = pin_find(s, owner);
-  if (have) { /* pinning again sets the kind: ttl 0 makes it hard */
-    if (have->ttl_ms && !ttl_ms) pin_soft_unlink(eng, have);
-    if (ttl_ms) {
-      if (!have->ttl_ms) {
-        have->t_next = eng->soft;
-        if (eng->soft) eng->soft->t_prev = have;
-        eng->soft = have;
-      }
-      have->deadline_ms = deadline(eng, ttl_ms);
-    }
-    have->ttl_ms = ttl_ms;
-    return 0;
-  }
-  if ((rc = pin_limit_check(eng, s->table, s->ntable))) return rc;
-  pin_prep_t pp;
-  if ((rc = pin_prepare(eng, owner, &pp))) return rc;
-  pin_commit(eng, s, &pp, ttl_ms);
-  return 0;
-}
-
-int engine_pin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner) {
-  return engine_pin_ttl(eng, cache_id, seq_id, owner, 0);
-}
-
-void pin_soft_unlink(engine_t *eng, pin_t *p) {
-  if (!p->ttl_ms) return;
-  if (p->t_prev) p->t_prev->t_next = p->t_next;
-  else eng->soft = p->t_next;
-  if (p->t_next) p->t_next->t_prev = p->t_prev;
-  p->t_next = p->t_prev = NULL;
-  p->ttl_ms = 0;
-}
-
-int seq_attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32_t *pages,
-                     uint64_t m, uint64_t owner, uint32_t key_id) {
+/* Makes dst (created or replaced) exactly pages[0..m) from position 0,
+ * holding their chain under key_id, and pins it for owner (0: no pin); all
+ * or nothing. */
+static int attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32_t *pages,
+                        uint64_t m, uint64_t owner, uint32_t key_id) {
   seq_t *dst;
   bool created;
   size_t map_cap;
@@ -349,63 +218,11 @@ fail:
   return rc;
 }
 
-size_t engine_expire(engine_t *eng) {
-  if (!eng) return 0;
-  size_t n = 0;
-  for (pin_t *p = eng->soft, *next; p; p = next) {
-    next = p->t_next;
-    if (p->deadline_ms > eng->now_ms) continue;
-    pin_release(eng, p);
-    eng->st.pins_lapsed++;
-    n++;
-  }
-  return n;
-}
-
-int engine_set_priority(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint32_t prio) {
-  if (!eng) return KVC_E_INVAL;
-  seq_t *s;
-  int rc = find(eng, cache_id, seq_id, &s);
-  if (rc) return rc;
-  if (prio >= PRIO_LEVELS)
-    return engine_fail(eng, KVC_E_INVAL, "priority %u outside 0..100", prio);
-  if (s->npins == 0) lru_remove(s);
-  s->node.prio = (uint8_t)prio;
-  if (s->npins == 0) lru_insert(eng, s);
-  return 0;
-}
-
-int engine_unpin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner) {
-  if (!eng) return KVC_E_INVAL;
-  seq_t *s;
-  int rc = find(eng, cache_id, seq_id, &s);
-  if (rc) return rc;
-  pin_t *p = pin_find(s, owner);
-  if (!p)
-    return engine_fail(eng, KVC_E_NOTPINNED, "sequence %llu is not pinned by owner %llu",
-                       (unsigned long long)seq_id, (unsigned long long)owner);
-  pin_release(eng, p);
-  return 0;
-}
-
-size_t engine_unpin_all(engine_t *eng, uint64_t owner) {
-  if (!eng) return 0;
-  owner_t *o = hmap_get(&eng->owners, owner);
-  size_t n = 0;
-  while (o) { /* pin_release frees the owner with its last pin */
-    bool last = o->pins->o_next == NULL;
-    pin_release(eng, o->pins);
-    n++;
-    if (last) break;
-  }
-  return n;
-}
-
 int engine_seq_info(engine_t *eng, uint32_t cache_id, uint64_t seq_id, kvc_seq_info_t *out) {
   if (!eng) return KVC_E_INVAL;
   if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   seq_t *s;
-  int rc = find(eng, cache_id, seq_id, &s);
+  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
   if (rc) return rc;
   seq_info_fill(eng, s, out);
   return 0;
@@ -415,8 +232,9 @@ int engine_seq_list(engine_t *eng, uint32_t cache_id, uint64_t *cursor, kvc_seq_
                     size_t cap, size_t *n) {
   if (!eng) return KVC_E_INVAL;
   if (!cursor || !n || (cap && !out)) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
   size_t pos = (size_t)*cursor, k = 0;
   seq_t *s;
   while (k < cap && (s = hmap_next(&c->seqs, &pos, NULL))) seq_info_fill(eng, s, &out[k++]);
@@ -430,11 +248,27 @@ int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64
   if (!eng) return KVC_E_INVAL;
   if (!offset) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   seq_t *s;
-  int rc = find(eng, cache_id, seq_id, &s);
+  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
   if (rc) return rc;
   if (pos < s->start || pos >= s->extent)
     return engine_fail(eng, KVC_E_RANGE, "pos %llu not held", (unsigned long long)pos);
   uint32_t page = s->table[(pos >> s->cache->g.tshift) - s->base];
   *offset = (uint64_t)page * eng->pool.page_bytes;
+  return 0;
+}
+
+int engine_attach(engine_t *eng, uint32_t cache_id, uint64_t dst_id, const uint32_t *tokens,
+                  uint64_t n, const engine_pkey_t *key, uint64_t owner,
+                  engine_match_t *out) {
+  if (!eng) return KVC_E_INVAL;
+  if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  cache_t *c;
+  uint32_t key_id;
+  int rc = prefix_match_args(eng, cache_id, tokens, n, key, &c, &key_id);
+  if (rc) return rc;
+  uint32_t *pages = eng->scratch;
+  uint64_t m = prefix_match_pages(eng, c, tokens, n, key, key_id, pages);
+  if ((rc = attach_pages(eng, c, dst_id, pages, m, owner, key_id))) return rc;
+  prefix_match_done(eng, c, pages, m, n, out);
   return 0;
 }

@@ -12,18 +12,14 @@
  */
 #include <string.h>
 
-#include "engine_impl.h"
+#include "shift.h"
+#include "holes.h"
+#include "lru.h"
+#include "prefix.h"
+#include "room.h"
+#include "seq.h"
 #include "rope.h"
 
-static int find(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **out) {
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
-  *out = hmap_get(&c->seqs, seq_id);
-  if (!*out)
-    return engine_fail(eng, KVC_E_NOSEQ, "no sequence %llu in cache '%s'",
-                       (unsigned long long)seq_id, c->name);
-  return 0;
-}
 
 /* Copies slot `from` to slot `to` in every layer (K, V, int8 scales), then
  * turns the key by the rope's delta (rp NULL: no rotation). */
@@ -81,14 +77,14 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
   eng->epoch++;
   s->mark = eng->epoch; /* never evicted to make room for itself */
   span_t sp = {s, dlo < tend ? dlo : tend, dhi};
-  if ((rc = ops_room(eng, &sp, 1))) {
+  if ((rc = room_make(eng, &sp, 1))) {
     if (rc == KVC_E_FULL) s->cache->st.full_errors++;
     goto out;
   }
   rope_t rp = {0, false, m.cs, m.x, m.f};
   if (rotate) rope_init(&rp, &c->layout, delta);
-  ops_writable(eng, s, sp.pos, sp.end);
-  ops_done(eng);
+  room_writable(eng, s, sp.pos, sp.end);
+  room_done(eng);
   if (delta < 0)
     for (uint64_t q = p0; q < p1; q++) {
       if (!holes_has(s, q)) slot_copy(eng, s, q, q + (uint64_t)delta, rotate ? &rp : NULL);
@@ -98,7 +94,7 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
       if (!holes_has(s, q)) slot_copy(eng, s, q, q + (uint64_t)delta, rotate ? &rp : NULL);
     }
   prefix_put_untokened(eng, s, dlo, dhi);
-  prefix_chain_cut(s, p0); /* moved up, the slots they left are holes */
+  seq_chain_cut(s, p0); /* moved up, the slots they left are holes */
   uint64_t len = s->len;
   holes_move(s, p0, p1, delta, m.tmp);
   if (delta < 0 && p1 == len) {
@@ -127,11 +123,6 @@ static bool all_holes(const seq_t *s, uint64_t b, uint64_t e) {
   return true;
 }
 
-/* Open ends: a negative p0 is 0, a negative p1 the end. */
-static void open_range(int64_t p0, int64_t p1, uint64_t *b, uint64_t *e) {
-  *b = p0 < 0 ? 0 : (uint64_t)p0;
-  *e = p1 < 0 ? UINT64_MAX : (uint64_t)p1;
-}
 
 /* Checks that s can move its tokens (RoPE, kind, uniform layers). */
 static int movable(engine_t *eng, const seq_t *s, bool need_rope) {
@@ -163,9 +154,9 @@ int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
   if (!eng) return KVC_E_INVAL;
   seq_t *s;
   uint64_t b, e;
-  int rc = find(eng, cache_id, seq_id, &s);
+  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
   if (rc || (rc = movable(eng, s, true))) return rc;
-  open_range(p0, p1, &b, &e);
+  seq_open_range(p0, p1, &b, &e);
   if (b > e)
     return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)b,
                        (unsigned long long)e);
@@ -188,34 +179,12 @@ int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
   return relocate(eng, s, b, e, delta, true);
 }
 
-int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1) {
-  if (!eng) return KVC_E_INVAL;
-  seq_t *s;
-  uint64_t b, e;
-  int rc = find(eng, cache_id, seq_id, &s);
-  if (rc) return rc;
-  open_range(p0, p1, &b, &e);
-  if (b > e)
-    return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)b,
-                       (unsigned long long)e);
-  if (b < s->start) b = s->start;
-  if (b >= s->extent || b >= e) return 0;
-  if (e >= s->len) return engine_remove(eng, cache_id, seq_id, b, e);
-  if (s->layer_len)
-    return engine_fail(eng, KVC_E_RANGE, "sequence %llu has layers of different lengths",
-                       (unsigned long long)s->id);
-  if (holes_reserve(eng, s, 1)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
-  holes_add(s, b, e);
-  prefix_chain_cut(s, b);
-  lru_touch(eng, s);
-  eng->st.removes++;
-  return 0;
-}
 
 int engine_keep(engine_t *eng, uint32_t cache_id, uint64_t seq_id) {
   if (!eng) return KVC_E_INVAL;
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
   size_t n = c->seqs.count, k = 0, pos = 0;
   uint64_t *ids = n ? mem_alloc(&eng->mem, n * sizeof *ids) : NULL;
   if (n && !ids) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
@@ -234,8 +203,9 @@ int engine_pos_range(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t 
                      int64_t *pmax) {
   if (!eng) return KVC_E_INVAL;
   if (!pmin || !pmax) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c = engine_cache(eng, cache_id);
-  if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
   const seq_t *s = hmap_get(&c->seqs, seq_id);
   *pmin = *pmax = -1;
   if (!s) return 0;

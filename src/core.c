@@ -1,0 +1,37 @@
+/* core.c: what every operation starts with: recording why it fails, and the
+ * one lookup of its cache and sequence. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "core.h"
+
+int engine_fail(engine_t *eng, int code, const char *fmt, ...) {
+  va_list ap;
+  eng->err.code = code;
+  eng->err.needed = eng->err.freeable = 0;
+  va_start(ap, fmt);
+  vsnprintf(eng->err.msg, sizeof eng->err.msg, fmt, ap);
+  va_end(ap);
+  eng->st.errors++;
+  return code;
+}
+
+cache_t *engine_cache(engine_t *eng, uint32_t cache_id) {
+  return cache_id < eng->ncaches ? eng->caches[cache_id] : NULL;
+}
+
+int engine_find_cache(engine_t *eng, uint32_t cache_id, cache_t **out) {
+  *out = engine_cache(eng, cache_id);
+  return *out ? 0 : engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+}
+
+int engine_find_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **out) {
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
+  *out = hmap_get(&c->seqs, seq_id);
+  if (!*out)
+    return engine_fail(eng, KVC_E_NOSEQ, "no sequence %llu in cache '%s'",
+                       (unsigned long long)seq_id, c->name);
+  return 0;
+}

@@ -1,0 +1,174 @@
+/* core.h: the engine's data model: the engine, its caches, sequences, pins
+ * and page metadata, and the one lookup every operation starts with. Each
+ * module's functions are in its own header; this one holds only what they
+ * all share.
+ *
+ *   engine
+ *    +- pool            pages + refcnt/pinref arrays        (pool.h)
+ *    +- caches[id]      name, layout, geometry, seqs map    (u64 seq_id -> seq)
+ *    +- lru[prio]       unpinned sequences and cached pages, most recent first,
+ *                       one list per retention priority     (lru.h)
+ *    +- ip[page]        token ids and content hash of pages that have them
+ *                                                           (page.h, prefix.h)
+ *    +- owners          map owner id -> pins of that owner  (pin.h)
+ *    +- leases          map lease id -> pages held for a reader (lease.h)
+ *
+ *   seq: start, len, extent, table[0..ntable) = pages of logical pages
+ *        base .. base+ntable-1 (base = start / T after trim_front)
+ */
+#ifndef KVC_CORE_H
+#define KVC_CORE_H
+
+#include "engine.h"
+#include "hmap.h"
+#include "layout.h"
+#include "mem.h"
+#include "pool.h"
+
+typedef struct seq seq_t;
+/* Slots [b, e) of a sequence that hold no token (doc/attention.md, gaps). */
+typedef struct hole {
+  uint64_t b, e;
+} hole_t;
+typedef struct owner owner_t;
+typedef struct cache cache_t;
+
+#define PRIO_LEVELS 101u /* retention priorities 0..100; lower goes first */
+#define PRIO_DEFAULT 35u
+
+enum lru_kind { LRU_SENTINEL = 0, LRU_SEQ = 1, LRU_PAGE = 2 };
+
+/* A link of an LRU list: embedded in a sequence or in a cached page. */
+typedef struct lru_node {
+  struct lru_node *prev, *next; /* NULL while not on a list */
+  uint8_t kind;                 /* enum lru_kind */
+  uint8_t prio;                 /* the list it is (or goes) on */
+} lru_node_t;
+
+
+/* What the engine knows of a page's tokens (page.c keeps them, prefix.c
+ * hashes and indexes them). A page gets one when
+ * a put carries token ids; once full, with its chain hashed up to it, it is
+ * hashed and indexed; the index then holds a reference of its own, so an
+ * indexed page never changes (a write copies it) and outlives its sequences
+ * as a "cached" page on the LRU. */
+typedef struct ipage {
+  lru_node_t node;      /* first member; on an LRU while cached */
+  cache_t *cache;
+  uint32_t page;
+  uint32_t parent;      /* previous page of the chain; POOL_NOPAGE for a head */
+  uint32_t key;         /* interned (salt, extra) of the chain it was hashed in */
+  uint32_t nchildren;   /* indexed pages whose parent this is */
+  uint32_t plan_gone;   /* eviction planning: children the plan reclaims */
+  uint64_t hits;        /* matches that reached this page */
+  bool hashed;          /* hash is the page's chain hash, as its writer held it */
+  bool indexed;         /* in cache->index, holding a page reference */
+  bool planned;         /* eviction planning: the plan reclaims it */
+  bool stacked;         /* eviction planning: on the plan's stack */
+  uint8_t hash[32];
+  uint32_t tokens[];    /* page_tokens ids */
+} ipage_t;
+
+typedef struct lease lease_t; /* lease.h */
+
+/* One pin: owner pins seq. Linked into both the owner's and the seq's list. */
+typedef struct pin {
+  seq_t *seq;
+  owner_t *owner;
+  struct pin *s_next, *s_prev; /* the sequence's pins */
+  struct pin *o_next, *o_prev; /* the owner's pins */
+  uint64_t ttl_ms;             /* soft pin: lapses ttl_ms after the last use; 0: hard */
+  uint64_t deadline_ms;        /* soft pin: when it lapses */
+  struct pin *t_next, *t_prev; /* soft pins: eng->soft list */
+} pin_t;
+
+struct owner {
+  uint64_t id;
+  pin_t *pins; /* list head */
+};
+
+struct cache {
+  char name[KVC_MAX_NAME + 1];
+  uint32_t id;
+  kvc_layout_t layout; /* normalized */
+  geom_t g;
+  hmap_t seqs;         /* seq_id -> seq_t */
+  hmap_t index;        /* first 8 bytes of a page hash -> indexed ipage_t */
+  uint8_t seed[32];    /* hash chain seed: the cache's name and layout */
+  cache_stats_t st;    /* counters; gauges kept current */
+};
+
+struct seq {
+  lru_node_t node;     /* first member; on eng->lru while npins == 0 */
+  uint64_t id;
+  cache_t *cache;
+  uint64_t start;      /* first position held */
+  uint64_t len;        /* tokens written for every layer */
+  uint64_t extent;     /* largest written length of any layer */
+  uint32_t *layer_len; /* per-layer written length, NULL: all equal len */
+  uint32_t *table;     /* block table: pages of logical pages base.. */
+  uint32_t base;       /* logical page of table[0] */
+  uint32_t ntable;     /* entries used */
+  uint32_t cap;        /* entries allocated */
+  uint32_t npins;      /* owners pinning it (hard and soft) */
+  pin_t *pins;
+  uint64_t last_use_ms;
+  uint64_t mark;       /* == eng->epoch: taking part in the current call */
+  uint64_t rsv_end;    /* slots reserved up to here (table covers them), or 0 */
+  hole_t *holes;       /* sorted, disjoint slots in [start, extent) never written */
+  uint32_t nholes, hcap;
+  uint32_t slot;       /* per-call scratch: index of its record in the call */
+  /* The prefix chain (doc/prefix.md): tokens [0, chain_tok) have known ids
+   * and were written in order, each under the ids before it, with key
+   * chain_key; the first chain_pages pages of them are hashed. Any write
+   * before chain_tok cuts it there (seq_chain_cut). */
+  uint64_t chain_tok;
+  uint32_t chain_pages;
+  uint32_t chain_key;
+};
+
+struct engine {
+  mem_t mem;
+  pool_t pool;
+  cache_t **caches;    /* by id; NULL once dropped */
+  uint32_t ncaches;    /* ids handed out */
+  uint32_t max_caches;
+  uint64_t max_seqs;   /* 0: unlimited */
+  uint64_t nseqs;
+  uint64_t nseqs_pinned;
+  uint64_t ntokens;
+  uint64_t bytes_used; /* layout bytes of used pages */
+  lru_node_t lru[PRIO_LEVELS]; /* sentinels: lru[p].next is the most recent */
+  ipage_t **ip;        /* per page: token metadata or NULL */
+  uint32_t *scratch;   /* per page: eviction planning stack */
+  hmap_t keys;         /* digest of (salt, extra) -> key_t */
+  uint32_t nkeys;
+  uint32_t hash_bits;  /* test hook: keep only this many hash bits (0: all) */
+  uint32_t pin_limit;  /* pages that may be pinned */
+  bool evicting;       /* pages a dropped sequence leaves cached go to the tail */
+  pin_t *soft;         /* soft (TTL) pins */
+  uint32_t index_sole;  /* indexed pages held by exactly one sequence */
+  void *reserve;       /* ipage blocks reserved for the current call */
+  void *md_ctx;        /* EVP_MD_CTX for SHA-256 */
+  kvc_hash_t hash_kind;
+  hmap_t owners;       /* owner id -> owner_t */
+  uint64_t now_ms;
+  uint64_t epoch;      /* bumped by every call that marks sequences */
+  hmap_t leases;       /* lease id -> lease_t */
+  lease_t *lease_list; /* every lease, newest first */
+  uint64_t next_lease_id;
+  engine_stats_t st;   /* counters (gauges are computed by engine_stats) */
+  engine_err_t err;
+};
+
+/* Records why the call fails and returns code. */
+int engine_fail(engine_t *eng, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The cache with id cache_id, or NULL. */
+cache_t *engine_cache(engine_t *eng, uint32_t cache_id);
+/* The one lookup of a call's cache (or sequence in it): 0, or KVC_E_NOCACHE /
+ * KVC_E_NOSEQ recorded with the id. */
+int engine_find_cache(engine_t *eng, uint32_t cache_id, cache_t **out);
+int engine_find_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **out);
+
+#endif

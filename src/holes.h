@@ -1,0 +1,22 @@
+/* holes.h: the hole set of a sequence: slots [b, e) that hold no token
+ * (never written, or vacated by a move; doc/attention.md). holes.c. */
+#ifndef KVC_HOLES_H
+#define KVC_HOLES_H
+
+#include "core.h"
+
+/* Makes room for k more ranges (0 or KVC_E_NOMEM); add and cut then never
+ * allocate as long as the room reserved covers them (a cut inside one range
+ * splits it: one more). */
+int holes_reserve(engine_t *eng, seq_t *s, uint32_t k);
+void holes_add(seq_t *s, uint64_t b, uint64_t e);
+void holes_cut(seq_t *s, uint64_t b, uint64_t e);
+bool holes_has(const seq_t *s, uint64_t pos);
+/* Slots [b, e) move by delta: the target range's holes are replaced by the
+ * moved ones (tmp: room for nholes ranges; reserve nholes + 2 first). */
+void holes_move(seq_t *s, uint64_t b, uint64_t e, int64_t delta, hole_t *tmp);
+/* Calls fn for each hole's part inside [b, e), as an offset from b. */
+void holes_within(const seq_t *s, uint64_t b, uint64_t e,
+                  void (*fn)(uint64_t off, uint64_t n, void *arg), void *arg);
+
+#endif

@@ -1,0 +1,41 @@
+/* prefix.h: the content-hash prefix index: token ids, chained page hashes,
+ * verified matches, and reclaiming cached pages (prefix.c; doc/prefix.md). */
+#ifndef KVC_PREFIX_H
+#define KVC_PREFIX_H
+
+#include "core.h"
+
+/* Seeds a new cache's chain root and makes its index. */
+int prefix_cache_init(engine_t *eng, cache_t *c);
+/* Drops every index entry of a cache (its sequences are gone already). */
+void prefix_cache_clear(engine_t *eng, cache_t *c);
+/* Drops a cached page from the index and frees it. */
+void prefix_reclaim(engine_t *eng, ipage_t *ip);
+/* Records token ids of a put into s's pages (blocks reserved by the put),
+ * continues or cuts s's chain, and hashes and indexes pages it completes. */
+void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e,
+                       const engine_pkey_t *key, uint32_t key_id);
+/* Positions [pos, end) of s were rewritten without ids (or moved): the
+ * chain ends at pos and those pages' hashes are stale. */
+void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
+/* Interns a key; 0 or NOMEM (key_id 0 is never used). With create false an
+ * unknown key gives key_id 0. INVAL for a key too long. */
+int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *key_id);
+/* Undoes the interning of a key by the call that just did it (nothing uses
+ * it yet), shrinking the key map back to keys_cap slots. */
+void prefix_key_forget(engine_t *eng, const engine_pkey_t *key, size_t keys_cap);
+/* Checks a match's arguments: 0 and the cache and key id, or an error. */
+int prefix_match_args(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                      const engine_pkey_t *key, cache_t **c, uint32_t *key_id);
+/* Matches tokens against c's index (pages into pages[], the engine's
+ * scratch if NULL): whole pages, verified; returns how many. */
+uint64_t prefix_match_pages(engine_t *eng, cache_t *c, const uint32_t *tokens, uint64_t n,
+                            const engine_pkey_t *key, uint32_t key_id, uint32_t *pages);
+/* Counts a match of n tokens that hit m pages and touches those pages. */
+void prefix_match_done(engine_t *eng, cache_t *c, const uint32_t *pages, uint64_t m,
+                       uint64_t n, engine_match_t *out);
+/* The hash ip must have under parent hash ph (NULL: a chain head) with its
+ * ids and its key: for the audit. KVC_E_INTERNAL if its key is unknown. */
+int prefix_expect(engine_t *eng, const ipage_t *ip, const uint8_t *ph, uint8_t out[32]);
+
+#endif

@@ -1,0 +1,27 @@
+/* room.h: making the pages a write needs available, all or nothing
+ * (room.c): plan, evict, then make each page writable. */
+#ifndef KVC_ROOM_H
+#define KVC_ROOM_H
+
+#include "core.h"
+
+/* Slots [pos, end) of s that a call writes. */
+typedef struct span {
+  seq_t *s;
+  uint64_t pos, end;
+} span_t;
+
+/* Calls fn for every page of the span's table; returns the pages past it. */
+uint64_t room_pages(engine_t *eng, const span_t *sp, void (*fn)(engine_t *, uint32_t, void *),
+                    void *arg);
+/* Plans the new pages and copies on write the spans (of one cache) need and
+ * evicts for them: 0, or KVC_E_FULL (with figures) / NOMEM and nothing
+ * changed. Then room_writable (or room_page_for_write) on each span, then
+ * room_done. */
+int room_make(engine_t *eng, const span_t *sp, size_t n);
+void room_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
+/* The page for logical page idx of s, allocated or copied so s owns it. */
+uint32_t room_page_for_write(engine_t *eng, seq_t *s, uint64_t idx);
+void room_done(engine_t *eng);
+
+#endif
