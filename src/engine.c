@@ -1,5 +1,5 @@
-/* engine.c: the engine's lifecycle and its caches. Operations on sequences
- * live in ops.c (put/get) and seqops.c (remove, copy, trim, pins). */
+/* engine.c: the engine's lifecycle and its caches (open, clear, drop, list,
+ * stats). The map of the other modules is in doc/design.md. */
 #include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>

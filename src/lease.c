@@ -44,13 +44,9 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
                  uint64_t end, uint64_t owner, engine_lease_t *out) {
   if (!eng) return KVC_E_INVAL;
   if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c;
-  int rc = engine_find_cache(eng, cache_id, &c);
+  seq_t *s;
+  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
   if (rc) return rc;
-  seq_t *s = hmap_get(&c->seqs, seq_id);
-  if (!s)
-    return engine_fail(eng, KVC_E_NOSEQ, "no sequence %llu in cache '%s'",
-                       (unsigned long long)seq_id, c->name);
   if (begin >= end || begin < s->start || end > s->len)
     return engine_fail(eng, KVC_E_RANGE,
                        "lease of [%llu, %llu) outside [start %llu, length %llu), or empty",
@@ -64,29 +60,12 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
                          "lease of [%llu, %llu) covers unwritten slots [%llu, %llu)",
                          (unsigned long long)begin, (unsigned long long)end,
                          (unsigned long long)s->holes[h].b, (unsigned long long)s->holes[h].e);
-  const geom_t *g = &c->g;
+  const geom_t *g = &s->cache->g;
   uint64_t first = begin >> g->tshift, last = (end - 1) >> g->tshift;
   uint32_t n = (uint32_t)(last - first + 1);
-  lease_t *l = mem_alloc(&eng->mem, sizeof *l + (size_t)n * sizeof l->pages[0]);
-  if (!l || hmap_reserve(&eng->leases, &eng->mem, 1) != 0) {
-    mem_free(&eng->mem, l);
-    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
-  }
-  l->id = ++eng->next_lease_id;
+  lease_t *l = lease_pages(eng, s->table + (first - s->base), n, g->page_bytes);
+  if (!l) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   l->owner = owner;
-  l->layout_bytes = g->page_bytes;
-  l->npages = n;
-  for (uint32_t i = 0; i < n; i++) {
-    l->pages[i] = s->table[first + i - s->base];
-    page_ref(eng, l->pages[i]);
-  }
-  l->prev = NULL;
-  l->next = eng->lease_list;
-  if (l->next) l->next->prev = l;
-  eng->lease_list = l;
-  hmap_insert(&eng->leases, l->id, l);
-  eng->st.leases++;
-  eng->st.leased_pages += n;
   eng->st.leases_taken++;
   lru_touch(eng, s);
   *out = (engine_lease_t){.id = l->id, .first_pos = first << g->tshift, .npages = n,

@@ -3,8 +3,9 @@
  * Pages are identified by index; page i's bytes are base + i * page_bytes.
  * All metadata lives in arrays beside the pages, never in them:
  *
- *   refcnt[i]  sequences whose block table holds page i (0: free)
- *   pinref[i]  of those, sequences that are pinned (page counts as pinned)
+ *   refcnt[i]  holders of page i: block tables, leases, the prefix index
+ *              (page.h; 0: free)
+ *   pinref[i]  of the block tables, those of pinned sequences (page pinned)
  *   plan[i]    scratch for eviction planning, 0 outside of it
  *   free_stack [ f0 f1 ... f(nfree-1) ]   pages with refcnt 0; pop from the end
  *
