@@ -90,11 +90,12 @@ struct owner {
 struct cache {
   char name[KVC_MAX_NAME + 1];
   uint32_t id;
+  uint32_t tenant;     /* whose it is: names resolve inside a tenant */
   kvc_layout_t layout; /* normalized */
   geom_t g;
   hmap_t seqs;         /* seq_id -> seq_t */
   hmap_t index;        /* first 8 bytes of a page hash -> indexed ipage_t */
-  uint8_t seed[32];    /* hash chain seed: the cache's name and layout */
+  uint8_t seed[32];    /* hash chain seed: the cache's tenant, name and layout */
   cache_stats_t st;    /* counters; gauges kept current */
 };
 

@@ -113,6 +113,20 @@ static int name_check(const char *name) {
 
 int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layout,
                       uint32_t *cache_id) {
+  return engine_cache_open_in(eng, 0, name, layout, cache_id);
+}
+
+int engine_cache_tenant(engine_t *eng, uint32_t cache_id, uint32_t *tenant) {
+  if (!eng || !tenant) return KVC_E_INVAL;
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
+  *tenant = c->tenant;
+  return 0;
+}
+
+int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
+                         const kvc_layout_t *layout, uint32_t *cache_id) {
   if (!eng) return KVC_E_INVAL;
   if (!name || !layout || !cache_id) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   if (name_check(name))
@@ -123,7 +137,7 @@ int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layou
   if (rc) return engine_fail(eng, rc, "invalid layout: %s", kvc_strerror(rc));
   for (uint32_t i = 0; i < eng->ncaches; i++) {
     cache_t *c = eng->caches[i];
-    if (!c || strcmp(c->name, name) != 0) continue;
+    if (!c || c->tenant != tenant || strcmp(c->name, name) != 0) continue;
     if (!layout_equal(&c->layout, layout))
       return engine_fail(eng, KVC_E_LAYOUT, "cache '%s' exists with another layout", name);
     *cache_id = c->id;
@@ -141,6 +155,7 @@ int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layou
   if (!c) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   memcpy(c->name, name, strlen(name) + 1);
   c->id = eng->ncaches;
+  c->tenant = tenant;
   c->layout = layout_normalize(layout);
   c->g = g;
   hmap_init(&c->seqs);

@@ -131,11 +131,19 @@ int engine_xfer_bytes(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                       bool is_put, uint64_t ntokens, uint64_t *k_bytes,
                       uint64_t *v_bytes, uint64_t *scale_bytes);
 
-/* Opens (creates, or finds with the same layout) the cache `name`. Sets
- * *cache_id. KVC_E_NAME, layout codes, KVC_E_PAGESIZE, KVC_E_LAYOUT (exists
- * with another layout), KVC_E_TOOMANY, KVC_E_NOMEM. */
+/* Opens (creates, or finds with the same layout) the cache `name` of
+ * tenant (an opaque number the daemon gives each tenant: names resolve
+ * inside it, and it is mixed into the cache's prefix-chain seed, so two
+ * tenants' caches of one name share nothing). Sets *cache_id. KVC_E_NAME,
+ * layout codes, KVC_E_PAGESIZE, KVC_E_LAYOUT (exists with another layout),
+ * KVC_E_TOOMANY, KVC_E_NOMEM. */
+int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
+                         const kvc_layout_t *layout, uint32_t *cache_id);
+/* engine_cache_open_in tenant 0. */
 int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layout,
                       uint32_t *cache_id);
+/* The tenant a cache belongs to: 0 or KVC_E_NOCACHE. */
+int engine_cache_tenant(engine_t *eng, uint32_t cache_id, uint32_t *tenant);
 /* Drops every sequence of a cache (pins included); the cache stays. */
 int engine_cache_clear(engine_t *eng, uint32_t cache_id);
 /* Drops a cache and all its sequences; its id is not reused. */

@@ -96,12 +96,14 @@ static void page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *t
 }
 
 int prefix_cache_init(engine_t *eng, cache_t *c) {
-  hpart_t parts[3] = {{"kvcached-prefix-v1", 18}, {c->name, strlen(c->name)},
-                      {&c->layout, offsetof(kvc_layout_t, attn)}}; /* seed as before issue 8 */
+  /* The tenant first: no tenant can compute, let alone plant, a chain of
+   * another's (a client's salt only narrows inside its tenant). */
+  hpart_t parts[4] = {{"kvcached-prefix-v2", 18}, {&c->tenant, sizeof c->tenant},
+                      {c->name, strlen(c->name)}, {&c->layout, offsetof(kvc_layout_t, attn)}};
   EVP_MD_CTX *ctx = eng->md_ctx;
   unsigned len = 32;
   EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-  for (size_t i = 0; i < 3; i++) EVP_DigestUpdate(ctx, parts[i].p, parts[i].n);
+  for (size_t i = 0; i < 4; i++) EVP_DigestUpdate(ctx, parts[i].p, parts[i].n);
   EVP_DigestFinal_ex(ctx, c->seed, &len);
   hmap_init(&c->index);
   return 0;

@@ -685,3 +685,37 @@ TEST(prefix_reserve_and_move_over_indexed_pages_copy_their_metadata) {
   ASSERT_U64_EQ(match_ids(&f, a, 16, &KEY_A), 16); /* the index kept its pages */
   fx_close(&f);
 }
+
+/* Tenants: one name is two caches; a prompt indexed in one never matches in
+ * the other, whatever the salt (the tenant is in the chain's seed). */
+TEST(prefix_tenants_share_no_cache_and_no_chain) {
+  fx_t f;
+  open_small(&f, 32);
+  uint32_t a, b, again, t;
+  kvc_layout_t lay = fx_small_layout();
+  ASSERT_OK(engine_cache_open_in(f.eng, 7, "llama", &lay, &a));
+  ASSERT_OK(engine_cache_open_in(f.eng, 8, "llama", &lay, &b));
+  ASSERT(a != b);
+  ASSERT_OK(engine_cache_open_in(f.eng, 7, "llama", &lay, &again));
+  ASSERT_EQ(again, a);
+  ASSERT_OK(engine_cache_tenant(f.eng, b, &t));
+  ASSERT_EQ(t, 8);
+  ASSERT_ERR(engine_cache_tenant(f.eng, 99, &t), KVC_E_NOCACHE);
+  kvc_layout_t other = fx_layout(2, 2, 8, 4, KVC_DTYPE_F32, 4);
+  ASSERT_OK(engine_cache_open_in(f.eng, 9, "llama", &other, &t)); /* its own layout */
+  uint32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  fx_rng_t r = fx_all(&f.lay);
+  fx_buf_t buf = fx_buf_new(&f.lay, r, 8);
+  engine_io_t io = fx_io(1, 0, 8, &buf);
+  io.tokens = ids;
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  x.pkey = &KEY_A;
+  ASSERT_OK(engine_put(f.eng, a, &x, &io, 1));
+  fx_buf_free(&buf);
+  engine_match_t m;
+  ASSERT_OK(engine_match(f.eng, a, ids, 8, &KEY_A, &m));
+  ASSERT_U64_EQ(m.tokens, 8);
+  ASSERT_OK(engine_match(f.eng, b, ids, 8, &KEY_A, &m));
+  ASSERT_U64_EQ(m.tokens, 0);
+  fx_close(&f);
+}
