@@ -394,7 +394,7 @@ TEST(prefix_hard_pinned_prefix_survives_pressure) {
 
   /* A's connection closes: its pin goes, and pressure takes the prefix. */
   kvc_client_close(a);
-  for (int i = 0; i < 200 && stat_get(b, "sequences_pinned", NULL); i++) it_sleep_ms(10);
+  for (int i = 0; i < 1000 && stat_get(b, "sequences_pinned", NULL); i++) it_sleep_ms(10);
   ASSERT_U64_EQ(stat_get(b, "sequences_pinned", NULL), 0);
   fill(hb, 2000, 64);
   ASSERT(!seq_exists(hb, 2));
