@@ -212,7 +212,7 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 # systemd: systemd-analyze and systemd-socket-activate for the service tests;
 # libssl (SHA-256) and libxxhash for the prefix index.
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
-                libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd
+                libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps
 deps:
 	@missing=""; for p in $(DEB_PACKAGES) $(EXTRA_PACKAGES); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
