@@ -51,6 +51,7 @@ sub shell_words {
   $line =~ s{'[^']*'}{''}g;                 # quoted text is data (patterns, messages)
   $line =~ s{"[^"]*"}{ my $q = $&; $q =~ /\$\(/ ? $q : '""' }ge;
   1 while $line =~ s{\$\(\([^()]*\)\)}{0}g; # arithmetic
+  my %optional = map { $_ => 1 } $line =~ /\bcommand -v (\S+)/g;  # run only if there
   my @seg = split m{\|\||&&|[|;\n`]|\$\(|\bthen\b|\bdo\b|\belse\b|\{|\}|\(|\)}, $line;
   for my $i (0 .. $#seg) {
     my @w = split ' ', $seg[$i];
@@ -62,7 +63,7 @@ sub shell_words {
       found('env', $where, 1);
     }
     if (@w && $w[0] eq 'command' && @w > 2 && $w[1] eq '-v') { next; }
-    found($w[0], $where, $i > 0 || $strict_first) if @w;
+    found($w[0], $where, $i > 0 || $strict_first) if @w && !$optional{$w[0]};
   }
 }
 
@@ -148,9 +149,13 @@ for my $f (glob("$src/tests/*.sh $src/tests/fuzz/*.sh")) {
   $mk =~ s/\\\n/ /g;
   my %skip = map { $_ => 1 } qw(bench fuzz fuzz-build fuzz-corpus valgrind tsan soak clean uninstall
     systemd/kvcached.conf $(B)/fuzz/% $(B)/tools/gen_corpus $(B)/bench/%);
+  my %var;   # a recipe line that is one variable runs that variable's lines
+  $var{$1} = $2 while $mk =~ /^([A-Z_]+)\s*[:?]?=\s*(.*)$/mg;
   my ($target, $ln) = ('', 0);
   for (split /\n/, $mk) {
     $ln++;
+    s/^(\t[@-]*)\$\(([A-Z_]+)\)/$1 . ($var{$2} \/\/ "\$($2)")/e;
+    s/\|\| \$\(([A-Z_]+)\)/'|| ' . ($var{$1} \/\/ 'X')/e;
     if (/^([^\s:#=][^:=]*?)\s*:(?!=)/) { $target = $1; next; }
     next unless /^\t/ && !$skip{$target};
     s/^\t[@-]*//;
