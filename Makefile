@@ -5,6 +5,7 @@
 #   make run        install missing packages, build, start kvcached in the foreground
 #   make test       both builds, then every test; ends with "N passed, N failed"
 #   make test T=name    one test (a unit or integration test name) in both builds
+#   make test-repeat T=name N=20   that test N times in both builds (flakiness)
 #   make check      the suite under sanitizers only, with the long model run
 #   make bench      benchmarks (never part of pass/fail)
 #   make soak       the verified soak (SOAK_CLIENTS=16, SOAK_SECONDS=60)
@@ -117,7 +118,7 @@ endif
 endif
 ALL += $(UNIT_BIN) $(IT_BIN)
 
-.PHONY: all run test check bench deps clean install uninstall fuzz fuzz-build fuzz-corpus soak valgrind tsan
+.PHONY: all run test test-repeat check bench deps clean install uninstall fuzz fuzz-build fuzz-corpus soak valgrind tsan
 all: $(ALL)
 
 # ---- engine --------------------------------------------------------------
@@ -209,29 +210,53 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $^ $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- top-level targets ------------------------------------------------------
+# Every package the build and make test use (tests/deps.pl, part of make test,
+# checks each command the suite runs against this list and the minimal base):
 # systemd: systemd-analyze and systemd-socket-activate for the service tests;
-# libssl (SHA-256) and libxxhash for the prefix index.
+# procps: /bin/kill, the unit's ExecReload (systemd-analyze verify looks for it);
+# libssl (SHA-256) and libxxhash for the prefix index; pkg-config for the
+# install test's client.
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
-                libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd
+                libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps
+# apt-get's output goes here; make deps prints one line of what it installs.
+DEPS_LOG ?= /tmp/kvcached-deps.log
 deps:
 	@missing=""; for p in $(DEB_PACKAGES) $(EXTRA_PACKAGES); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:$$missing"; \
-	  if [ "$$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi; \
-	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
-	fi
+	[ -n "$$missing" ] || exit 0; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; \
+	elif command -v sudo >/dev/null 2>&1 && { [ -t 0 ] || sudo -n true 2>/dev/null; }; then SUDO=sudo; \
+	else echo "make deps: these Debian packages are missing:$$missing" >&2; \
+	  echo "make deps: run it as root (or as a user who can sudo), or have root run:" >&2; \
+	  echo "  apt-get install --no-install-recommends$$missing" >&2; exit 1; fi; \
+	echo "make deps: installing$$missing (apt-get's output in $(DEPS_LOG))"; \
+	if ! { $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive \
+	       $$SUDO apt-get install -y --no-install-recommends $$missing; } >$(DEPS_LOG) 2>&1; then \
+	  tail -n 15 $(DEPS_LOG) >&2; echo "make deps: apt-get failed (the whole log: $(DEPS_LOG))" >&2; \
+	  exit 1; fi
 
 # Builds only what running needs (the daemon and kvcachectl), then runs.
 run: deps
 	@$(MAKE) --no-print-directory $(B)/kvcached $(B)/kvcachectl
 	$(B)/kvcached $(ARGS)
 
-test: deps
-	@$(MAKE) --no-print-directory all
-	@$(MAKE) --no-print-directory SANITIZE=1 all
-	@tests/run.sh $(if $(T),--only $(T)) build build-asan
+# A failure to install or build counts as one failed test, so the last line is
+# always "N passed, N failed" (and the status non-zero when one failed).
+TEST_BUILD = $(MAKE) --no-print-directory deps && $(MAKE) --no-print-directory all && \
+  $(MAKE) --no-print-directory SANITIZE=1 all
+TEST_BUILD_FAILED = { echo "FAIL  make deps, make all or make SANITIZE=1 all (see above)"; \
+  echo "0 passed, 1 failed"; exit 1; }
+test:
+	@$(TEST_BUILD) || $(TEST_BUILD_FAILED)
+	@tests/run.sh $(if $(T),--only "$(T)") build build-asan
+
+# One test (or several, T="a b") N times in both builds, for flakiness:
+# make test-repeat T=name N=20. Ends with "N passed, N failed" over all runs.
+N ?= 20
+test-repeat:
+	@[ -n "$(T)" ] || { echo "usage: make test-repeat T=name [N=20]" >&2; exit 2; }
+	@$(TEST_BUILD) || $(TEST_BUILD_FAILED)
+	@tests/run.sh --only "$(T)" --repeat $(N) build build-asan
 
 check: deps
 	@$(MAKE) --no-print-directory SANITIZE=1 all
@@ -291,6 +316,14 @@ VERSION := $(shell sed -n 's/^\#define KVC_VERSION_STRING "\(.*\)"/\1/p' include
 SOVERSION := 1
 INSTALL ?= install
 
+# The dynamic linker finds a new library in a system directory only once
+# ldconfig has run: install runs it there when installing for this system
+# (DESTDIR empty, as root); a staged tree is the packager's to run it in.
+LDCONFIG_DIRS := /lib /usr/lib /usr/local/lib /lib64 /usr/lib64 \
+  /usr/lib/$(shell $(CC) -dumpmachine 2>/dev/null) /usr/local/lib/$(shell $(CC) -dumpmachine 2>/dev/null)
+LDCONFIG_RUN := $(if $(DESTDIR),@true,$(if $(filter $(LDCONFIG_DIRS),$(LIBDIR:%/=%)),\
+  if [ "$$(id -u)" = 0 ]; then ldconfig; else echo "run ldconfig as root: $(LIBDIR) is a system library directory"; fi,@true))
+
 # kvcache.pc and the service's ExecStart= are written for this PREFIX.
 install: $(B)/kvcached $(B)/kvcachectl $(B)/libkvcache.so $(B)/libkvcache.a
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/kvcache \
@@ -319,6 +352,7 @@ install: $(B)/kvcached $(B)/kvcachectl $(B)/libkvcache.so $(B)/libkvcache.a
 	  $(INSTALL) -m 0644 systemd/kvcached.conf $(DESTDIR)$(SYSCONFDIR)/kvcached/kvcached.conf
 	$(INSTALL) -m 0644 doc/kvcachectl.1 $(DESTDIR)$(MANDIR)/man1/
 	$(INSTALL) -m 0644 doc/kvcached.8 $(DESTDIR)$(MANDIR)/man8/
+	$(LDCONFIG_RUN)
 
 # Leaves $(SYSCONFDIR)/kvcached/kvcached.conf: it may hold the operator's edits.
 uninstall:

@@ -264,7 +264,7 @@ TEST(config_reload_applies_reloadable_and_keeps_old_on_bad_file) {
   int rc;
   kvc_client_t *c1 = NULL;
   /* The harness's probe connection may not be closed yet: retry briefly. */
-  for (int i = 0; i < 100 && !(c1 = try_open(&d, &rc)) && rc == KVC_E_CONNLIMIT; i++)
+  for (int i = 0; i < 1000 && !(c1 = try_open(&d, &rc)) && rc == KVC_E_CONNLIMIT; i++)
     it_sleep_ms(10);
   if (!c1) TEST_FAIL_("open: %s: %s", kvc_err_name(rc), kvc_client_open_error());
   kvc_client_info_t info;

@@ -4,6 +4,7 @@
 #include <ctype.h>
 
 #include "harness.h"
+#include "json.h"
 #include "raw.h"
 
 static void put_tokens(kvc_cache_t *h, uint64_t seq, uint64_t n) {
@@ -14,12 +15,6 @@ static void put_tokens(kvc_cache_t *h, uint64_t seq, uint64_t n) {
   free(k);
   free(v);
 }
-
-static const char *const json_reader =
-    "import json,sys; d=json.load(sys.stdin); g=d['global']; c=d['caches']['ctl']; "
-    "print(g['sequences'], g['tokens'], g['caches'], g['requests_put'], g['errors_get'], "
-    "g['sequences_pinned'], g['connections_current'], c['sequences'], c['tokens'], "
-    "g['latency_put_p99_ns'] >= g['latency_put_p50_ns'] > 0, len(d['caches']))";
 
 TEST(ctl_stats_json_matches_what_happened) {
   daemon_t d;
@@ -36,13 +31,26 @@ TEST(ctl_stats_json_matches_what_happened) {
   float buf[4096];
   ASSERT_ERR(kvc_get(h, 99, 0, 1, buf, buf), KVC_E_NOSEQ);
 
-  char out[65536], cmd[1024];
-  snprintf(cmd, sizeof cmd, "stats --json | python3 -c \"%s\"", json_reader);
-  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "%s", cmd), 0);
-  /* sequences tokens caches requests_put errors_get pinned conns
-   * cache.sequences cache.tokens p99>=p50>0 ncaches; the kvcachectl
-   * connection itself is the second. */
-  ASSERT_STR_EQ(out, "3 26 2 3 1 1 2 2 25 True 2\n");
+  char out[65536];
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "stats --json"), 0);
+  json_t *j = json_parse_or_fail(out);
+  const json_t *g = json_get(j, "global", NULL), *cc = json_get(j, "caches", "ctl", NULL);
+  ASSERT_U64_EQ(json_u64(json_get(g, "sequences", NULL)), 3);
+  ASSERT_U64_EQ(json_u64(json_get(g, "tokens", NULL)), 26);
+  ASSERT_U64_EQ(json_u64(json_get(g, "caches", NULL)), 2);
+  ASSERT_U64_EQ(json_u64(json_get(g, "requests_put", NULL)), 3);
+  ASSERT_U64_EQ(json_u64(json_get(g, "errors_get", NULL)), 1);
+  ASSERT_U64_EQ(json_u64(json_get(g, "sequences_pinned", NULL)), 1);
+  /* The kvcachectl connection itself is the second. */
+  ASSERT_U64_EQ(json_u64(json_get(g, "connections_current", NULL)), 2);
+  ASSERT_U64_EQ(json_u64(json_get(cc, "sequences", NULL)), 2);
+  ASSERT_U64_EQ(json_u64(json_get(cc, "tokens", NULL)), 25);
+  double p50 = json_num(json_get(g, "latency_put_p50_ns", NULL));
+  ASSERT(json_num(json_get(g, "latency_put_p99_ns", NULL)) >= p50 && p50 > 0);
+  ASSERT_EQ(json_len(json_get(j, "caches", NULL)), 2);
+  /* The quoted name is escaped in the output and found by its own spelling. */
+  ASSERT_U64_EQ(json_u64(json_get(j, "caches", "other\"quoted", "sequences", NULL)), 1);
+  json_free(j);
 
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "ping"), 0);
   ASSERT(strncmp(out, "pong from kvcached " KVC_VERSION_STRING, 23) == 0);

@@ -16,6 +16,20 @@ static uint64_t now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Waits until the daemon has paused reading a connection because its replies
+ * pile up (write_pauses, asked on a second connection), then closes that
+ * second connection and waits for its disconnect: the stuck connection is
+ * then the only one. */
+static void wait_write_paused(const daemon_t *d) {
+  kvc_client_t *c = client_open(d);
+  uint64_t pauses = 0;
+  for (int i = 0; i < 2000 && (pauses = stat_get(c, "write_pauses", NULL)) == 0; i++)
+    it_sleep_ms(10);
+  ASSERT(pauses >= 1);
+  kvc_client_close(c);
+  ASSERT(it_log_wait(d, "event=disconnect", 10000));
+}
+
 typedef struct progress {
   volatile uint64_t ok;   /* requests completed and verified */
   volatile int last_rc;   /* the code that ended the stream */
@@ -195,7 +209,7 @@ TEST(drain_timeout_closes_a_client_that_does_not_read) {
     kvcache__v1__request__pack(&req, frame + 4);
     if (send(fd, frame, 4 + n, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)(4 + n)) break;
   }
-  it_sleep_ms(100);
+  wait_write_paused(&d);
   uint64_t t0 = now_ms();
   ASSERT_EQ(kill(d.pid, SIGTERM), 0);
   int st;
@@ -210,7 +224,8 @@ TEST(drain_timeout_closes_a_client_that_does_not_read) {
 }
 
 TEST(drain_second_signal_exits_at_once) {
-  static const char *const slow[] = {"--drain-timeout-ms", "60000", NULL};
+  static const char *const slow[] = {"--drain-timeout-ms", "60000", "--write-queue-bytes",
+                                     "64KiB", NULL};
   daemon_t d;
   daemon_start_args(&d, slow);
   int fd = it_connect_raw(d.sock);
@@ -233,7 +248,7 @@ TEST(drain_second_signal_exits_at_once) {
     if (send(fd, frame, 4 + n, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)(4 + n)) break;
   }
   ASSERT_EQ(kill(d.pid, SIGCONT), 0);
-  it_sleep_ms(100);
+  wait_write_paused(&d);
   ASSERT_EQ(kill(d.pid, SIGTERM), 0);
   ASSERT(it_log_wait(&d, "mode=drain", 5000));
   ASSERT_EQ(kill(d.pid, SIGINT), 0);

@@ -148,7 +148,7 @@ TEST(evict_sigkilled_client_releases_pins) {
   ASSERT_EQ(waitpid(pid, &st, 0), pid);
   /* The daemon sees the EOF on its next loop turn. */
   uint64_t pinned = 1;
-  for (int i = 0; i < 200 && pinned; i++) {
+  for (int i = 0; i < 1000 && pinned; i++) {
     pinned = stat_get(a, "sequences_pinned", NULL);
     if (pinned) it_sleep_ms(10);
   }

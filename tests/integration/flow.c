@@ -37,7 +37,7 @@ TEST(flow_pipelined_flood_is_bounded_and_fair) {
   /* Another client is served while the flood is parked. */
   for (int i = 0; i < 20; i++) ASSERT_OK(kvc_ping(c));
   uint64_t pauses = 0;
-  for (int i = 0; i < 200 && pauses == 0; i++) {
+  for (int i = 0; i < 1000 && pauses == 0; i++) {
     pauses = stat_get(c, "write_pauses", NULL);
     if (!pauses) it_sleep_ms(10);
   }

@@ -123,6 +123,17 @@ IT_UNUSED static double hard_ms_until_closed(int fd, int limit_ms) {
   }
 }
 
+/* Waits (10 s at most) until the daemon has read everything we sent on fd:
+ * the bytes of a Unix socket count in the sender's queue until read. */
+IT_UNUSED static void hard_wait_read(int fd) {
+  int unread = 1;
+  for (int i = 0; i < 10000 && unread > 0; i++) {
+    ASSERT(ioctl(fd, SIOCOUTQ, &unread) == 0);
+    if (unread > 0) it_sleep_ms(1);
+  }
+  ASSERT_EQ(unread, 0);
+}
+
 IT_UNUSED static int hard_cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;

@@ -89,7 +89,7 @@ TEST_TIMEOUT(hard_writer_sigkilled_mid_put_leaves_no_pin_or_partial_write, 600) 
     ASSERT(WIFSIGNALED(st)); /* it was still writing, not failing */
     double t0 = hard_now_ms();
     uint64_t pinned = 1;
-    while ((pinned = stat_get(c, "pages_pinned", NULL)) != 0 && hard_now_ms() - t0 < 1000)
+    while ((pinned = stat_get(c, "pages_pinned", NULL)) != 0 && hard_now_ms() - t0 < 5000)
       it_sleep_ms(1);
     ASSERT_U64_EQ(pinned, 0);
     double ms = hard_now_ms() - t0;
@@ -143,7 +143,7 @@ TEST(hard_reader_sigkilled_holding_pins_releases_them) {
     ASSERT_EQ(waitpid(pid, &st, 0), pid);
     ASSERT(WIFSIGNALED(st));
     double t0 = hard_now_ms();
-    while (stat_get(c, "sequences_pinned", NULL) != 0 && hard_now_ms() - t0 < 1000) it_sleep_ms(1);
+    while (stat_get(c, "sequences_pinned", NULL) != 0 && hard_now_ms() - t0 < 5000) it_sleep_ms(1);
     ASSERT_U64_EQ(stat_get(c, "sequences_pinned", NULL), 0);
   }
   free(k), free(v);
@@ -169,11 +169,17 @@ TEST(hard_daemon_sigkilled_under_load_restarts_without_stale_data) {
   float *k = malloc(kb), *v = malloc(kb);
   fill_version(k, v, &l, 16, 42.0f);
   ASSERT_OK(kvc_put(h, 1, 0, 16, k, v));
+  /* Each child writes a byte to ready once its first put and get are done:
+   * the daemon is killed under load, never before a child has connected. */
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
   pid_t kids[2];
   for (int i = 0; i < 2; i++) {
     fflush(NULL);
     kids[i] = fork();
+    ASSERT(kids[i] >= 0);
     if (kids[i] == 0) {
+      close(ready[0]);
       kvc_client_opts_t o = {.socket_path = sock, .shm_bytes = 1u << 20, .timeout_ms = 5000};
       kvc_client_t *kc;
       kvc_cache_t *kh;
@@ -182,10 +188,23 @@ TEST(hard_daemon_sigkilled_under_load_restarts_without_stale_data) {
         int rc = n % 2 ? kvc_get(kh, 1, 0, 16, k, v) : kvc_put(kh, 10 + (uint64_t)i, 0, 16, k, v);
         if (rc == KVC_E_IO) _exit(strlen(kvc_client_last_error(kc)) > 0 ? 0 : 6);
         if (rc) _exit(4);
+        if (n == 1 && (write(ready[1], "r", 1) != 1 || close(ready[1]) != 0)) _exit(7);
       }
     }
   }
-  it_sleep_ms(200);
+  close(ready[1]);
+  for (int i = 0; i < 2; i++) {
+    struct pollfd p = {.fd = ready[0], .events = POLLIN};
+    char b;
+    ASSERT_EQ(poll(&p, 1, 30000), 1);
+    if (read(ready[0], &b, 1) != 1) { /* EOF: a child ended before its first put */
+      int st = 0;
+      pid_t gone = waitpid(-1, &st, WNOHANG);
+      TEST_FAIL_("child %d ended before it was ready: exit %d", (int)gone,
+                 WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+  }
+  close(ready[0]);
   ASSERT_EQ(kill(d.pid, SIGKILL), 0);
   int st;
   ASSERT_EQ(waitpid(d.pid, &st, 0), d.pid);

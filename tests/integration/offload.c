@@ -43,7 +43,7 @@ TEST(offload_large_get_returns_the_same_bytes) {
   ASSERT_U64_EQ(stat_get(a, "errors_get", NULL), 1);
   ASSERT_U64_EQ(stat_get(a, "leases", NULL), 0); /* the copies' references are gone */
   kvc_client_close(b);
-  for (int i = 0; i < 300 && stat_get(a, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
+  for (int i = 0; i < 1000 && stat_get(a, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
   /* Alone, a client's gets are not offloaded (no one to stall). */
   ASSERT_OK(kvc_get(h, 2, 0, NTOK, gk, gv));
   ASSERT_U64_EQ(stat_get(a, "offloaded_gets", NULL), 20);
@@ -146,7 +146,7 @@ TEST(offload_client_killed_mid_copy) {
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
   }
-  for (int i = 0; i < 300 && stat_get(c, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
+  for (int i = 0; i < 1000 && stat_get(c, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
   ASSERT_U64_EQ(stat_get(c, "connections_current", NULL), 1);
   ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
   ASSERT_U64_EQ(stat_get(c, "pages_used", NULL), used);

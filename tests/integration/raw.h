@@ -70,4 +70,25 @@ IT_UNUSED static void raw_hello(int fd, uint32_t version) {
   raw_send_request(fd, &req);
 }
 
+/* raw_hello on a connection the daemon may already have refused or dropped
+ * (closed): false when the send finds it closed (EPIPE, ECONNRESET). */
+IT_UNUSED static bool raw_try_hello(int fd, uint32_t version) {
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Hello hello = KVCACHE__V1__HELLO__INIT;
+  hello.protocol_version = version;
+  hello.shm_bytes = 1 << 20;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_HELLO;
+  req.hello = &hello;
+  req.id = 1;
+  uint8_t buf[256];
+  size_t n = kvcache__v1__request__get_packed_size(&req);
+  ASSERT(n + 4 <= sizeof buf);
+  buf[0] = (uint8_t)n, buf[1] = (uint8_t)(n >> 8), buf[2] = (uint8_t)(n >> 16), buf[3] = 0;
+  kvcache__v1__request__pack(&req, buf + 4);
+  ssize_t sent = send(fd, buf, 4 + n, MSG_NOSIGNAL);
+  if (sent < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
+  ASSERT_EQ(sent, (long long)(4 + n));
+  return true;
+}
+
 #endif

@@ -165,7 +165,7 @@ TEST(service_socket_activation_serves_on_the_inherited_socket) {
   d.pid = pid;
   /* systemd-socket-activate listens at once and execs kvcached on the
    * first connection, which kvcached then accepts. */
-  for (int i = 0; i < 500 && access(d.sock, F_OK) != 0; i++) it_sleep_ms(10);
+  for (int i = 0; i < 1000 && access(d.sock, F_OK) != 0; i++) it_sleep_ms(10);
   put_get_roundtrip(d.sock);
   char cmd[512];
   snprintf(cmd, sizeof cmd, "event=socket_activation fd=3 socket=%s configured_socket=%s", d.sock,
