@@ -229,10 +229,7 @@ typedef struct span {
   uint64_t pos, end;
 } span_t;
 /* A transfer's ranges after defaults and checks. */
-typedef struct xr {
-  uint32_t l0, l1, h0, h1;
-  kvc_dtype_t bt; /* buffer dtype */
-} xr_t;
+typedef layout_xfer_t xr_t; /* the transfer geometry (layout.h) */
 int ops_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put, xr_t *r);
 /* Buffer bytes of ntokens: K, V, each scale buffer (raw int8); OVERFLOW. */
 int ops_sizes(const cache_t *c, const xr_t *r, uint64_t ntokens, uint64_t *kb, uint64_t *vb,

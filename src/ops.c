@@ -10,47 +10,18 @@
 
 int ops_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put,
                         xr_t *r) {
-  engine_xfer_t d = {0, 0, 0, 0, 0, NULL};
-  if (!x) x = &d;
-  const geom_t *g = &c->g;
-  r->l0 = x->layer_begin;
-  r->l1 = x->layer_end ? x->layer_end : g->L;
-  r->h0 = x->head_begin;
-  r->h1 = x->head_end ? x->head_end : g->H;
-  if (r->l0 >= r->l1 || r->l1 > g->L)
-    return engine_fail(eng, KVC_E_LAYER, "layer range [%u, %u) outside 0..%u", r->l0, r->l1,
-                       g->L);
-  if (r->h0 >= r->h1 || r->h1 > g->H)
-    return engine_fail(eng, KVC_E_HEAD, "head range [%u, %u) outside 0..%u", r->h0, r->h1,
-                       g->H);
-  if (is_put && (r->h0 != 0 || r->h1 != g->H))
-    return engine_fail(eng, KVC_E_HEAD, "a put writes every head");
-  kvc_dtype_t st = c->layout.dtype, bt = x->dtype;
-  if (bt == 0) bt = g->int8 ? KVC_DTYPE_F32 : st;
-  bool ok;
-  if (g->int8)
-    ok = is_put ? (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_F16 || bt == KVC_DTYPE_BF16)
-                : (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_INT8);
-  else
-    ok = bt == st || bt == KVC_DTYPE_F32;
-  if (!ok)
-    return engine_fail(eng, KVC_E_DTYPE, "cannot %s dtype %d for a cache of dtype %d",
-                       is_put ? "put" : "get", (int)bt, (int)st);
-  r->bt = bt;
-  return 0;
+  kvc_xfer_t kx = {0, 0, 0, 0, 0};
+  if (x) kx = (kvc_xfer_t){x->layer_begin, x->layer_end, x->head_begin, x->head_end, x->dtype};
+  char why[128];
+  int rc = layout_xfer(&c->layout, &kx, is_put, r, why, sizeof why);
+  return rc ? engine_fail(eng, rc, "%s", why) : 0;
 }
 
 /* Buffer bytes of ntokens for r: K, V and (raw int8) each scale buffer. */
 int ops_sizes(const cache_t *c, const xr_t *r, uint64_t ntokens, uint64_t *kb,
                       uint64_t *vb, uint64_t *sb) {
-  uint64_t rows, krow = (uint64_t)c->g.dk * dtype_size(r->bt);
-  uint64_t vrow = (uint64_t)c->g.dv * dtype_size(r->bt);
-  if (__builtin_mul_overflow((uint64_t)(r->l1 - r->l0) * (r->h1 - r->h0), ntokens, &rows) ||
-      __builtin_mul_overflow(rows, krow, kb) || __builtin_mul_overflow(rows, vrow, vb) ||
-      __builtin_mul_overflow(rows, 4, sb))
-    return KVC_E_OVERFLOW;
-  if (!(c->g.int8 && r->bt == KVC_DTYPE_INT8)) *sb = 0;
-  return 0;
+  (void)c;
+  return layout_xfer_bytes(r, ntokens, kb, vb, sb);
 }
 
 int engine_xfer_bytes(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x, bool is_put,

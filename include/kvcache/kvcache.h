@@ -196,17 +196,7 @@ KVC_API int kvc_cache_drop(kvc_cache_t *cache);
 
 /* ---- transfers ---------------------------------------------------------- */
 
-/* Which part of each token a transfer moves. All zero (or a NULL pointer)
- * means every layer, every head, the natural dtype: the cache's dtype, or f32
- * for an int8 cache. layer_end/head_end 0 mean "to the last". Puts move every
- * head. dtype: puts take the cache dtype or f32 (int8 caches: f32, f16,
- * bf16); gets return the cache dtype or f32 (int8: f32 dequantized, or
- * KVC_DTYPE_INT8 for raw bytes plus scales). */
-typedef struct kvc_xfer {
-  uint32_t layer_begin, layer_end;
-  uint32_t head_begin, head_end;
-  kvc_dtype_t dtype; /* 0: natural */
-} kvc_xfer_t;
+/* kvc_xfer_t (which part of each token a transfer moves) is in types.h. */
 
 /* One entry of a batched transfer: tokens [pos, pos + ntokens) of seq_id.
  * k/v are read by a put and written by a get ([layer][token][head][dim] of the
