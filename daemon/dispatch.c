@@ -12,7 +12,7 @@
 #include "layout.h"
 #include "log.h"
 #include "offload.h"
-#include "ops.h"
+#include "optable.h"
 #include "testhook.h"
 
 /* Every KVC_E_* code is the wire status of the same name, negated. */
@@ -609,7 +609,7 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   Kvcache__V1__StatsReply *sr = arena_alloc(r->a, sizeof *sr);
   if (!sr) return reject(r, KVC_E_NOMEM, "out of memory");
   kvcache__v1__stats_reply__init(sr);
-  int rc = stats_render(&srv->stats, srv->eng, uv_hrtime(), r->a, sr);
+  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, sr);
   if (rc) return reject(r, rc, "cannot render stats: %s", kvc_strerror(rc));
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STATS;
   r->resp->stats = sr;
@@ -857,7 +857,7 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     sent = conn_send(c, &resp);
   }
   arena_reset(&srv->arena);
-  if (op >= 0) stats_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc == 0);
+  if (op >= 0) metrics_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc == 0);
   if (sent != 0) conn_close(c, "cannot send a reply");
   else if (r.close_after) conn_close_after_flush(c, r.err);
 }

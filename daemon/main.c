@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
   srv.pool_ro_fd = -1;
   srv.listen_spare = -1;
   arena_init(&srv.arena);
-  stats_init(&srv.stats, uv_hrtime());
+  metrics_init(&srv.stats, uv_hrtime());
   int status = 0;
   if (start(&srv, err, sizeof err) != 0) {
     LOG_ERROR("start_failed", "reason=\"%s\"", err);

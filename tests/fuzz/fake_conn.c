@@ -43,7 +43,7 @@ void fz_server_init(server_t *srv, uint64_t npages, uint64_t page_bytes) {
   srv->pool_ro_fd = -1; /* no pool to pass: the fuzzers never map it */
   srv->cfg.offload_bytes = 0; /* no thread pool here: every get copies inline */
   arena_init(&srv->arena);
-  stats_init(&srv->stats, 0);
+  metrics_init(&srv->stats, 0);
   pool_mem = aligned_alloc(64, srv->cfg.pool_bytes);
   if (!pool_mem) FZ_FAIL("pool");
   memset(pool_mem, 0xa5, srv->cfg.pool_bytes);
