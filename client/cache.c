@@ -415,8 +415,12 @@ KVC_API int kvc_seq_shift(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p
   return shift_call(h, false, seq_id, p0, p1, delta);
 }
 
-KVC_API int kvc_seq_rm(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1) {
+KVC_API int kvc_seq_punch(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1) {
   return shift_call(h, true, seq_id, p0, p1, 0);
+}
+
+KVC_API int kvc_seq_rm(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1) {
+  return kvc_seq_punch(h, seq_id, p0, p1);
 }
 
 KVC_API int kvc_seq_keep(kvc_cache_t *h, uint64_t seq_id) {

@@ -444,9 +444,14 @@ KVC_API int kvc_history(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_tok_t
  * KVC_E_KIND (encoder caches), KVC_E_FULL. */
 KVC_API int kvc_seq_shift(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1,
                           int64_t delta);
-/* llama.cpp's seq_rm: positions [p0, p1) stop holding tokens, later ones stay
- * where they are (holes; to the end it truncates). Negative = open. */
-KVC_API int kvc_seq_rm(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1);
+/* Punches [p0, p1) out of seq_id (llama.cpp's seq_rm; the wire's Punch, the
+ * engine's engine_punch): those positions stop holding tokens and later ones
+ * stay where they are, as holes (a range reaching the length truncates).
+ * Negative = open. Unlike kvc_seq_remove, it never moves a token. */
+KVC_API int kvc_seq_punch(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1);
+/* The old name of kvc_seq_punch, kept for one release (0.2 removes it). */
+KVC_API int kvc_seq_rm(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1)
+    __attribute__((deprecated("kvc_seq_rm is kvc_seq_punch")));
 /* llama.cpp's seq_keep: drops every other sequence of the cache. */
 KVC_API int kvc_seq_keep(kvc_cache_t *cache, uint64_t seq_id);
 /* llama.cpp's seq_pos_min / seq_pos_max: -1 for both if it holds no token. */
