@@ -830,10 +830,10 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
   reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1, .t0_ns = t0};
   int op;
-  testhook_before(srv->eng);
+  TESTHOOK(before, srv->eng);
   if (c->greeted) release_deferred(c, req);
   int rc = run(c, req, &r, &op);
-  testhook_after(srv->eng);
+  TESTHOOK(after, srv->eng);
   if (rc == DEFERRED) { /* offloaded: offload.c replies and counts it */
     protobuf_c_message_free_unpacked(&req->base, &alloc);
     arena_reset(&srv->arena);
