@@ -138,7 +138,7 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   r->resp->hello = hr;
   r->fd = c->shm.fd;
   r->fd2 = srv->pool_ro_fd;
-  c->greeted = true;
+  conn_greeted(c);
   LOG_INFO("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
            (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name,
            (unsigned long long)bytes);
