@@ -27,11 +27,6 @@ static int resolve(const kvc_cache_t *h, const kvc_xfer_t *x, bool is_put, layou
   return rc ? client_fail(h->client, rc, "%s", why) : 0;
 }
 
-static int sizes(const layout_xfer_t *r, uint64_t ntokens, uint64_t *kb, uint64_t *vb,
-                 uint64_t *sb) {
-  return layout_xfer_bytes(r, ntokens, kb, vb, sb);
-}
-
 static uint32_t nlayers(const layout_xfer_t *r) { return r->l1 - r->l0; }
 
 KVC_API int kvc_xfer_bytes(const kvc_cache_t *h, const kvc_xfer_t *x, bool is_put,
@@ -39,15 +34,11 @@ KVC_API int kvc_xfer_bytes(const kvc_cache_t *h, const kvc_xfer_t *x, bool is_pu
                            uint64_t *scale_bytes) {
   if (!h) return KVC_E_INVAL;
   layout_xfer_t r;
-  uint64_t kb, vb, sb;
   int rc = resolve(h, x, is_put, &r);
   if (rc) return rc;
-  if (sizes(&r, ntokens, &kb, &vb, &sb))
+  if (layout_xfer_bytes(&r, ntokens, k_bytes, v_bytes, scale_bytes))
     return client_fail(h->client, KVC_E_OVERFLOW, "transfer of %llu tokens overflows",
                        (unsigned long long)ntokens);
-  if (k_bytes) *k_bytes = kb;
-  if (v_bytes) *v_bytes = vb;
-  if (scale_bytes) *scale_bytes = sb;
   return 0;
 }
 
@@ -198,7 +189,7 @@ static int flush(io_req_t *b, const layout_xfer_t *r, part_t *parts, uint64_t *u
 
 static int check_entry(kvc_client_t *c, const layout_xfer_t *r, const kvc_io_t *e, size_t i, bool is_put) {
   uint64_t kb, vb, sb;
-  if (sizes(r, e->ntokens, &kb, &vb, &sb) != 0)
+  if (layout_xfer_bytes(r, e->ntokens, &kb, &vb, &sb) != 0)
     return client_fail(c, KVC_E_OVERFLOW, "entry %zu: %llu tokens overflow a size", i,
                        (unsigned long long)e->ntokens);
   if (e->ntokens && is_put && (!e->k || !e->v))
@@ -346,7 +337,7 @@ static int transfer_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t 
   for (size_t i = 0; rc == 0 && i < n; i++) {
     const kvc_shm_io_t *e = &entries[i];
     uint64_t kb = 0, vb = 0, sb = 0;
-    if (!sized || sizes(&r, e->ntokens, &kb, &vb, &sb) != 0) kb = vb = sb = 0;
+    if (!sized || layout_xfer_bytes(&r, e->ntokens, &kb, &vb, &sb) != 0) kb = vb = sb = 0;
     Kvcache__V1__IoEntry *w = io_req_add(&b);
     w->seq_id = e->seq_id;
     w->pos = e->pos;

@@ -153,8 +153,8 @@ int layout_xfer_bytes(const layout_xfer_t *r, uint64_t ntokens, uint64_t *k_byte
       __builtin_mul_overflow(rows, r->k_head, &kb) ||
       __builtin_mul_overflow(rows, r->v_head, &vb) || __builtin_mul_overflow(rows, 4, &sb))
     return KVC_E_OVERFLOW;
-  *k_bytes = kb;
-  *v_bytes = vb;
-  *scale_bytes = r->raw ? sb : 0;
+  if (k_bytes) *k_bytes = kb;
+  if (v_bytes) *v_bytes = vb;
+  if (scale_bytes) *scale_bytes = r->raw ? sb : 0;
   return 0;
 }

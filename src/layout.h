@@ -74,7 +74,8 @@ int layout_xfer(const kvc_layout_t *l, const kvc_xfer_t *x, bool is_put, layout_
                 char *why, size_t why_len);
 
 /* Bytes of ntokens tokens in each buffer of the transfer r: K, V and each of
- * the two scale buffers (0 unless raw). 0 or KVC_E_OVERFLOW. */
+ * the two scale buffers (0 unless raw); any pointer may be NULL. 0, or
+ * KVC_E_OVERFLOW with nothing written. */
 int layout_xfer_bytes(const layout_xfer_t *r, uint64_t ntokens, uint64_t *k_bytes,
                       uint64_t *v_bytes, uint64_t *scale_bytes);
 

@@ -31,15 +31,11 @@ int engine_xfer_bytes(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x, 
   cache_t *c = engine_cache(eng, cache_id);
   if (!c) return engine_fail(eng, KVC_E_NOCACHE, "no cache with id %u", cache_id);
   xr_t r;
-  uint64_t kb, vb, sb;
   int rc = ops_resolve(eng, c, x, is_put, &r);
   if (rc) return rc;
-  if (ops_sizes(c, &r, ntokens, &kb, &vb, &sb))
+  if (layout_xfer_bytes(&r, ntokens, k_bytes, v_bytes, scale_bytes))
     return engine_fail(eng, KVC_E_OVERFLOW, "transfer of %llu tokens overflows",
                        (unsigned long long)ntokens);
-  if (k_bytes) *k_bytes = kb;
-  if (v_bytes) *v_bytes = vb;
-  if (scale_bytes) *scale_bytes = sb;
   return 0;
 }
 
