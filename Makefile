@@ -172,7 +172,11 @@ $(B)/kvcachectl: $(CTL_OBJ) $(B)/libkvcache.a
 # ---- tests ----------------------------------------------------------------
 $(B)/tests/unit_%: $(B)/tests/unit/%.o $(TEST_MAIN_OBJ) $(B)/libkvcengine.a
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UNIT_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+# The codec's unit test links the codec and the generated protocol too.
+$(B)/tests/unit_codec: $(CODEC_OBJ) $(PROTO_OBJ)
+$(B)/tests/unit_codec: UNIT_LIBS := $(PB_LIBS)
+$(B)/tests/unit/codec.o: | $(B)/gen/kvcache.pb-c.h
 $(B)/tests/unit/%.o: tests/unit/%.c
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
