@@ -53,7 +53,7 @@ WARN := -Wall -Wextra -Wshadow -Wconversion -Wno-sign-conversion \
 ifeq ($(CI),true)
   WARN += -Werror
 endif
-CPPFLAGS := -Iinclude -Isrc -I$(B)/gen -D_GNU_SOURCE -MMD -MP
+CPPFLAGS := -Iinclude -Isrc -Iproto -I$(B)/gen -D_GNU_SOURCE -MMD -MP
 CFLAGS := -std=c11 $(OPT) $(WARN) $(SANFLAGS) -fPIC -pthread
 LDFLAGS := $(SANFLAGS) -pthread
 ifeq ($(MALLOC),jemalloc)
@@ -78,6 +78,12 @@ ENGINE_SRC := $(wildcard src/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(B)/%.o)
 PROTO_C := $(B)/gen/kvcache.pb-c.c
 PROTO_OBJ := $(B)/gen/kvcache.pb-c.o
+# The codec (proto/*.c): the wire conversions and the frame format, linked by
+# the daemon and the client library alike.
+CODEC_SRC := $(wildcard proto/*.c)
+CODEC_OBJ := $(CODEC_SRC:%.c=$(B)/%.o)
+# The transfer geometry (src/layout.c), the engine's and the client's.
+GEOM_OBJ := $(B)/src/layout.o
 DAEMON_SRC := $(wildcard daemon/*.c)
 DAEMON_OBJ := $(DAEMON_SRC:%.c=$(B)/%.o)
 CLIENT_SRC := $(filter-out client/kvcachectl.c,$(wildcard client/*.c))
@@ -95,7 +101,8 @@ TEST_MAIN_OBJ := $(B)/tests/test_main.o
 FUZZ_TARGETS := frame msg handler
 FUZZ_DAEMON_OBJ := $(filter-out $(B)/daemon/main.o $(B)/daemon/conn.o $(B)/daemon/listen.o \
   $(B)/daemon/drain.o $(B)/daemon/signals.o,$(DAEMON_OBJ))
-FUZZ_COMMON_OBJ := $(B)/tests/fuzz/fake_conn.o $(FUZZ_DAEMON_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
+FUZZ_COMMON_OBJ := $(B)/tests/fuzz/fake_conn.o $(FUZZ_DAEMON_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) \
+  $(B)/libkvcengine.a
 FUZZ_REPLAY_BIN := $(FUZZ_TARGETS:%=$(B)/tests/fuzz_%)
 FUZZ_BIN := $(FUZZ_TARGETS:%=$(B)/fuzz/%)
 FUZZ_SECONDS ?= 60
@@ -141,17 +148,18 @@ $(PROTO_OBJ): $(PROTO_C)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CPPFLAGS) $(filter-out -Wconversion -Wshadow -Wmissing-prototypes,$(CFLAGS)) -c $< -o $@
 
-$(DAEMON_OBJ) $(CLIENT_OBJ) $(CTL_OBJ): | $(B)/gen/kvcache.pb-c.h
+$(DAEMON_OBJ) $(CLIENT_OBJ) $(CTL_OBJ) $(CODEC_OBJ): | $(B)/gen/kvcache.pb-c.h
 
 # ---- daemon ---------------------------------------------------------------
-$(B)/kvcached: $(DAEMON_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
+$(B)/kvcached: $(DAEMON_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
 	$(call say,LD,$@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- client library and kvcachectl ----------------------------------------
-# The client links the protocol and the error table, and exports only kvc_*.
-CLIENT_DEPS := $(CLIENT_OBJ) $(PROTO_OBJ) $(B)/src/errors.o
-$(CLIENT_OBJ) $(PROTO_OBJ): CFLAGS += -fvisibility=hidden
+# The client links the protocol, the codec, the transfer geometry and the
+# error table, and exports only kvc_*.
+CLIENT_DEPS := $(CLIENT_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) $(GEOM_OBJ) $(B)/src/errors.o
+$(CLIENT_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) $(GEOM_OBJ): CFLAGS += -fvisibility=hidden
 $(B)/libkvcache.so: $(CLIENT_DEPS)
 	$(call say,LD,$@)
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libkvcache.so.1 -o $@ $^ $(PB_LIBS)
@@ -165,7 +173,11 @@ $(B)/kvcachectl: $(CTL_OBJ) $(B)/libkvcache.a
 # ---- tests ----------------------------------------------------------------
 $(B)/tests/unit_%: $(B)/tests/unit/%.o $(TEST_MAIN_OBJ) $(B)/libkvcengine.a
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UNIT_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+# The codec's unit test links the codec and the generated protocol too.
+$(B)/tests/unit_codec: $(CODEC_OBJ) $(PROTO_OBJ)
+$(B)/tests/unit_codec: UNIT_LIBS := $(PB_LIBS)
+$(B)/tests/unit/codec.o: | $(B)/gen/kvcache.pb-c.h
 $(B)/tests/unit/%.o: tests/unit/%.c
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)

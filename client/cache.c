@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec.h"
+
 #define REQ(body_field, CASE, value)                                           \
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;                        \
   req.body_case = KVCACHE__V1__REQUEST__BODY_##CASE;                            \
@@ -50,21 +52,8 @@ KVC_API int kvc_cache_open_salted(kvc_client_t *c, const char *name,
   *out = NULL;
   int rc = key_check(c, "salt", salt, salt_len);
   if (rc) return rc;
-  Kvcache__V1__Layout wl = KVCACHE__V1__LAYOUT__INIT;
-  wl.num_layers = layout->num_layers;
-  wl.num_kv_heads = layout->num_kv_heads;
-  wl.head_dim_k = layout->head_dim_k;
-  wl.head_dim_v = layout->head_dim_v;
-  wl.dtype = (Kvcache__V1__DType)layout->dtype;
-  wl.page_tokens = layout->page_tokens;
-  wl.attn = (uint32_t)layout->attn;
-  wl.attn_window = layout->attn_window;
-  wl.attn_memory = layout->attn_memory;
-  wl.attn_chunk = layout->attn_chunk;
-  wl.rope_dims = layout->rope_dims;
-  wl.rope_style = (uint32_t)layout->rope_style;
-  wl.rope_theta = layout->rope_theta;
-  wl.rope_scale = layout->rope_scale;
+  Kvcache__V1__Layout wl;
+  codec_layout_to_wire(layout, &wl);
   Kvcache__V1__CacheOpen co = KVCACHE__V1__CACHE_OPEN__INIT;
   co.name = (char *)name;
   co.layout = &wl;
@@ -100,32 +89,6 @@ ProtobufCBinaryData client_extra(const kvc_cache_t *h) {
   return (ProtobufCBinaryData){.len = h->extra_len, .data = (uint8_t *)h->extra};
 }
 
-static void info_from_wire(const Kvcache__V1__CacheInfo *w, kvc_cache_info_t *i) {
-  memset(i, 0, sizeof *i);
-  strncpy(i->name, w->name ? w->name : "", KVC_MAX_NAME);
-  i->cache_id = w->cache_id;
-  if (w->layout) {
-    i->layout.num_layers = w->layout->num_layers;
-    i->layout.num_kv_heads = w->layout->num_kv_heads;
-    i->layout.head_dim_k = w->layout->head_dim_k;
-    i->layout.head_dim_v = w->layout->head_dim_v;
-    i->layout.dtype = (kvc_dtype_t)w->layout->dtype;
-    i->layout.page_tokens = w->layout->page_tokens;
-    i->layout.attn = (kvc_attn_t)w->layout->attn;
-    i->layout.attn_window = w->layout->attn_window;
-    i->layout.attn_memory = w->layout->attn_memory;
-    i->layout.attn_chunk = w->layout->attn_chunk;
-    i->layout.rope_dims = w->layout->rope_dims;
-    i->layout.rope_style = (kvc_rope_style_t)w->layout->rope_style;
-    i->layout.rope_theta = w->layout->rope_theta;
-    i->layout.rope_scale = w->layout->rope_scale;
-  }
-  i->page_bytes = w->page_bytes;
-  i->sequences = w->sequences;
-  i->tokens = w->tokens;
-  i->pages = w->pages;
-}
-
 KVC_API int kvc_cache_list(kvc_client_t *c, kvc_cache_info_t *out, size_t cap, size_t *n) {
   if (!c) return KVC_E_INVAL;
   if (!n || (cap && !out))
@@ -138,7 +101,7 @@ KVC_API int kvc_cache_list(kvc_client_t *c, kvc_cache_info_t *out, size_t cap, s
   const Kvcache__V1__CacheListReply *l =
       r->body_case == KVCACHE__V1__RESPONSE__BODY_CACHE_LIST ? r->cache_list : NULL;
   size_t count = l ? l->n_caches : 0;
-  for (size_t i = 0; i < count && i < cap; i++) info_from_wire(l->caches[i], &out[i]);
+  for (size_t i = 0; i < count && i < cap; i++) codec_cache_info_from_wire(l->caches[i], &out[i]);
   *n = count;
   kvcache__v1__response__free_unpacked(r, NULL);
   return 0;
@@ -286,18 +249,6 @@ KVC_API int kvc_seq_set_priority(kvc_cache_t *h, uint64_t seq_id, uint32_t prior
   return client_call(h->client, &req, NULL);
 }
 
-static void seq_from_wire(const Kvcache__V1__SeqInfo *w, kvc_seq_info_t *s) {
-  memset(s, 0, sizeof *s);
-  s->seq_id = w->seq_id;
-  s->start = w->start;
-  s->length = w->length;
-  s->extent = w->extent;
-  s->pages = w->pages;
-  s->shared_pages = w->shared_pages;
-  s->pins = w->pins;
-  s->last_use_ms = w->last_use_ms;
-}
-
 KVC_API int kvc_seq_info(kvc_cache_t *h, uint64_t seq_id, kvc_seq_info_t *out) {
   if (!h) return KVC_E_INVAL;
   if (!out) return client_fail(h->client, KVC_E_INVAL, "kvc_seq_info: out is NULL");
@@ -309,7 +260,7 @@ KVC_API int kvc_seq_info(kvc_cache_t *h, uint64_t seq_id, kvc_seq_info_t *out) {
   int rc = client_call(h->client, &req, &r);
   if (rc) return rc;
   if (r->body_case == KVCACHE__V1__RESPONSE__BODY_SEQ_INFO)
-    seq_from_wire(r->seq_info, out);
+    codec_seq_info_from_wire(r->seq_info, out);
   else
     rc = client_fail(h->client, KVC_E_PROTO, "seq_info reply without a body");
   kvcache__v1__response__free_unpacked(r, NULL);
@@ -334,7 +285,7 @@ KVC_API int kvc_seq_list(kvc_cache_t *h, uint64_t *cursor, kvc_seq_info_t *out, 
     return client_fail(h->client, KVC_E_PROTO, "seq_list reply without a body");
   }
   size_t count = r->seq_list->n_seqs < cap ? r->seq_list->n_seqs : cap;
-  for (size_t i = 0; i < count; i++) seq_from_wire(r->seq_list->seqs[i], &out[i]);
+  for (size_t i = 0; i < count; i++) codec_seq_info_from_wire(r->seq_list->seqs[i], &out[i]);
   *n = count;
   *cursor = r->seq_list->cursor;
   kvcache__v1__response__free_unpacked(r, NULL);
@@ -397,17 +348,13 @@ KVC_API int kvc_history(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_tok_t *to
   kvc_client_t *c = h->client;
   if (!out) return client_fail(c, KVC_E_INVAL, "kvc_history: out is NULL");
   Kvcache__V1__History b = KVCACHE__V1__HISTORY__INIT;
-  Kvcache__V1__Xfer wx = KVCACHE__V1__XFER__INIT;
+  Kvcache__V1__Xfer wx;
   int rc = batch_to_wire(c, toks, n, &b.seq_ids, &b.positions);
   if (rc) return rc;
   b.cache_id = h->id;
   b.n_seq_ids = b.n_positions = n;
   if (x) {
-    wx.layer_begin = x->layer_begin;
-    wx.layer_end = x->layer_end;
-    wx.head_begin = x->head_begin;
-    wx.head_end = x->head_end;
-    wx.dtype = (Kvcache__V1__DType)x->dtype;
+    codec_xfer_to_wire(x, &wx);
     b.xfer = &wx;
   }
   Kvcache__V1__Response *r = NULL;
@@ -435,8 +382,7 @@ KVC_API int kvc_history(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_tok_t *to
   out->entries = hr->entries;
   out->nspans = hr->n_spans;
   for (size_t i = 0; spans && i < hr->n_spans && i < spans_cap; i++)
-    spans[i] = (kvc_hist_span_t){hr->spans[i]->seq_id, hr->spans[i]->pos,
-                                 hr->spans[i]->first, hr->spans[i]->n};
+    codec_hist_span_from_wire(hr->spans[i], &spans[i]);
   kvcache__v1__response__free_unpacked(r, NULL);
 out:
   free(b.seq_ids);
@@ -469,8 +415,12 @@ KVC_API int kvc_seq_shift(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p
   return shift_call(h, false, seq_id, p0, p1, delta);
 }
 
-KVC_API int kvc_seq_rm(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1) {
+KVC_API int kvc_seq_punch(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1) {
   return shift_call(h, true, seq_id, p0, p1, 0);
+}
+
+KVC_API int kvc_seq_rm(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1) {
+  return kvc_seq_punch(h, seq_id, p0, p1);
 }
 
 KVC_API int kvc_seq_keep(kvc_cache_t *h, uint64_t seq_id) {

@@ -15,7 +15,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define FRAME_HEADER 4u
+#include "frame.h"
 
 static _Thread_local char open_err[256];
 
@@ -31,10 +31,6 @@ int client_code(Kvcache__V1__Status s) {
   if (s == KVCACHE__V1__STATUS__OK) return 0;
   if ((int)s > 0 && -(int)s > KVC_E_MIN_) return -(int)s;
   return KVC_E_PROTO;
-}
-
-kvc_dtype_t client_natural_dtype(const kvc_layout_t *l) {
-  return l->dtype == KVC_DTYPE_INT8 ? KVC_DTYPE_F32 : l->dtype;
 }
 
 /* Marks the connection unusable: the reply stream is out of step. */
@@ -78,14 +74,11 @@ static int pack_request(kvc_client_t *c, Kvcache__V1__Request *req, size_t *len)
   if (n > c->info.max_frame_bytes && c->info.max_frame_bytes)
     return client_fail(c, KVC_E_TOOMANY, "request of %zu bytes exceeds max_frame_bytes %llu",
                        n, (unsigned long long)c->info.max_frame_bytes);
-  if (ensure(&c->wbuf, &c->wcap, FRAME_HEADER + n) != 0)
+  if (ensure(&c->wbuf, &c->wcap, FRAME_HEADER_BYTES + n) != 0)
     return client_fail(c, KVC_E_NOMEM, "out of memory");
-  c->wbuf[0] = (uint8_t)n;
-  c->wbuf[1] = (uint8_t)(n >> 8);
-  c->wbuf[2] = (uint8_t)(n >> 16);
-  c->wbuf[3] = (uint8_t)(n >> 24);
-  kvcache__v1__request__pack(req, c->wbuf + FRAME_HEADER);
-  *len = FRAME_HEADER + n;
+  frame_put_header(c->wbuf, (uint32_t)n);
+  kvcache__v1__request__pack(req, c->wbuf + FRAME_HEADER_BYTES);
+  *len = FRAME_HEADER_BYTES + n;
   return 0;
 }
 
@@ -112,21 +105,20 @@ static ssize_t recv_spin(kvc_client_t *c, uint8_t *buf, size_t len) {
  * arrived past the frame (the daemon's goodbye can follow a reply at once)
  * are kept for the next call. Returns the payload length or a negative code. */
 static int64_t recv_frame(kvc_client_t *c, int *fds, int flags) {
-  size_t have = c->rnext_len, need = FRAME_HEADER;
+  size_t have = c->rnext_len, need = FRAME_HEADER_BYTES;
   if (ensure(&c->rbuf, &c->rcap, 4096) != 0) return client_fail(c, KVC_E_NOMEM, "out of memory");
   if (have) memmove(c->rbuf, c->rbuf + c->rnext_off, have);
   c->rnext_len = 0;
   for (;;) {
-    if (need == FRAME_HEADER && have >= FRAME_HEADER) {
-      uint32_t len = (uint32_t)c->rbuf[0] | (uint32_t)c->rbuf[1] << 8 |
-                     (uint32_t)c->rbuf[2] << 16 | (uint32_t)c->rbuf[3] << 24;
-      if (len > CLIENT_MAX_REPLY_BYTES)
-        return broken(c, KVC_E_PROTO, "reply frame too large", 0);
-      need = FRAME_HEADER + len;
+    uint32_t len = 0;
+    int st = frame_parse(c->rbuf, have, CLIENT_MAX_REPLY_BYTES, &len);
+    if (st == FRAME_TOO_BIG) return broken(c, KVC_E_PROTO, "reply frame too large", 0);
+    if (have >= FRAME_HEADER_BYTES && need == FRAME_HEADER_BYTES) {
+      need = FRAME_HEADER_BYTES + (size_t)len;
       if (ensure(&c->rbuf, &c->rcap, need) != 0)
         return broken(c, KVC_E_NOMEM, "out of memory for a reply", 0);
     }
-    if (have >= need) break;
+    if (st == FRAME_OK) break;
     ssize_t n;
     if (fds && have == 0) {
       union {
@@ -155,7 +147,7 @@ static int64_t recv_frame(kvc_client_t *c, int *fds, int flags) {
   }
   c->rnext_off = need;
   c->rnext_len = have - need;
-  return (int64_t)(need - FRAME_HEADER);
+  return (int64_t)(need - FRAME_HEADER_BYTES);
 }
 
 /* The daemon's goodbye when it drains: id 0, status SHUTDOWN. */
@@ -169,7 +161,7 @@ static bool goodbye_waiting(kvc_client_t *c) {
   int64_t n = recv_frame(c, NULL, MSG_DONTWAIT);
   if (n < 0) return false;
   Kvcache__V1__Response *r =
-      kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER);
+      kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER_BYTES);
   bool bye = r && is_goodbye(r);
   if (r) kvcache__v1__response__free_unpacked(r, NULL);
   return bye;
@@ -207,7 +199,7 @@ int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Respons
   int64_t n = recv_frame(c, NULL, 0);
   if (n < 0) return (int)n;
   Kvcache__V1__Response *r =
-      kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER);
+      kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER_BYTES);
   if (!r) return broken(c, KVC_E_PROTO, "reply does not decode", 0);
   if (is_goodbye(r)) {
     kvcache__v1__response__free_unpacked(r, NULL);
@@ -334,7 +326,7 @@ static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
   int fds[2] = {-1, -1};
   int64_t n = recv_frame(c, fds, 0);
   Kvcache__V1__Response *r =
-      n < 0 ? NULL : kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER);
+      n < 0 ? NULL : kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER_BYTES);
   if (n >= 0 && !r) rc = client_fail(c, KVC_E_PROTO, "handshake reply does not decode");
   else if (n < 0) rc = (int)n;
   else rc = reply_status(c, r);

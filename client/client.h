@@ -72,7 +72,4 @@ int client_code(Kvcache__V1__Status s);
 ProtobufCBinaryData client_salt(const kvc_cache_t *h);
 ProtobufCBinaryData client_extra(const kvc_cache_t *h);
 
-/* The cache dtype, or f32 for int8 caches: what kvc_put/kvc_get move. */
-kvc_dtype_t client_natural_dtype(const kvc_layout_t *l);
-
 #endif

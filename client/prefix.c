@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "codec.h"
+
 /* Copies the query's ids to the start of the shared buffer (u32, the host
  * order, which the protocol fixes as little-endian). */
 static int stage_tokens(kvc_cache_t *h, const uint32_t *tokens, uint64_t n) {
@@ -23,8 +25,7 @@ static int stage_tokens(kvc_cache_t *h, const uint32_t *tokens, uint64_t n) {
 static int match_from_wire(kvc_client_t *c, Kvcache__V1__Response *r, kvc_match_t *out) {
   int rc = 0;
   if (r->body_case == KVCACHE__V1__RESPONSE__BODY_MATCH)
-    *out = (kvc_match_t){.tokens = r->match->tokens, .pages = r->match->pages,
-                         .ineligible = r->match->ineligible};
+    codec_match_from_wire(r->match, out);
   else
     rc = client_fail(c, KVC_E_PROTO, "match reply without a body");
   kvcache__v1__response__free_unpacked(r, NULL);

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec.h"
+
 KVC_API int kvc_stats(kvc_client_t *c, kvc_stat_t **out, size_t *n) {
   if (!c) return KVC_E_INVAL;
   if (!out || !n) return client_fail(c, KVC_E_INVAL, "kvc_stats: out and n are required");
@@ -31,8 +33,9 @@ KVC_API int kvc_stats(kvc_client_t *c, kvc_stat_t **out, size_t *n) {
   }
   char *p = (char *)(arr + count + 1);
   for (size_t i = 0; i < count; i++) {
-    const Kvcache__V1__Stat *st = s->stats[i];
-    const char *src[3] = {st->name, st->help, st->cache};
+    kvc_stat_t st;
+    codec_stat_from_wire(s->stats[i], &st);
+    const char *src[3] = {st.name, st.help, st.cache};
     const char *dst[3];
     for (int j = 0; j < 3; j++) {
       size_t len = strlen(src[j]) + 1;
@@ -40,7 +43,7 @@ KVC_API int kvc_stats(kvc_client_t *c, kvc_stat_t **out, size_t *n) {
       dst[j] = p;
       p += len;
     }
-    arr[i] = (kvc_stat_t){.name = dst[0], .value = st->value, .gauge = st->gauge,
+    arr[i] = (kvc_stat_t){.name = dst[0], .value = st.value, .gauge = st.gauge,
                           .help = dst[1], .cache = dst[2]};
   }
   arr[count] = (kvc_stat_t){0};

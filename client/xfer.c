@@ -14,103 +14,44 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec.h"
+#include "layout.h"
+
 #define ALIGN 64u
 
-typedef struct xr {
-  uint32_t l0, l1, h0, h1;
-  kvc_dtype_t bt;    /* buffer dtype */
-  bool raw;          /* raw int8 get: scales too */
-  uint64_t k_row;    /* bytes of one token's K in one layer (the xfer's heads) */
-  uint64_t v_row;
-  uint64_t s_row;    /* bytes of one token's scales in one layer (raw) */
-  uint32_t nl;       /* layers moved */
-} xr_t;
-
-static uint64_t dtype_bytes(kvc_dtype_t d) {
-  switch (d) {
-  case KVC_DTYPE_F32: return 4;
-  case KVC_DTYPE_F64: return 8;
-  case KVC_DTYPE_F16:
-  case KVC_DTYPE_BF16: return 2;
-  case KVC_DTYPE_INT8: return 1;
-  }
-  return 0;
+/* The transfer's geometry (src/layout.h, the engine's own): the daemon
+ * still checks every entry, so sizes agree by construction. */
+static int resolve(const kvc_cache_t *h, const kvc_xfer_t *x, bool is_put, layout_xfer_t *r) {
+  char why[128];
+  int rc = layout_xfer(&h->layout, x, is_put, r, why, sizeof why);
+  return rc ? client_fail(h->client, rc, "%s", why) : 0;
 }
 
-/* Mirrors the daemon's rules so sizes agree; the daemon still checks all. */
-static int resolve(const kvc_cache_t *h, const kvc_xfer_t *x, bool is_put, xr_t *r) {
-  static const kvc_xfer_t all;
-  const kvc_layout_t *l = &h->layout;
-  kvc_client_t *c = h->client;
-  if (!x) x = &all;
-  r->l0 = x->layer_begin;
-  r->l1 = x->layer_end ? x->layer_end : l->num_layers;
-  r->h0 = x->head_begin;
-  r->h1 = x->head_end ? x->head_end : l->num_kv_heads;
-  if (r->l0 >= r->l1 || r->l1 > l->num_layers)
-    return client_fail(c, KVC_E_LAYER, "layer range [%u, %u) outside 0..%u", r->l0, r->l1,
-                       l->num_layers);
-  if (r->h0 >= r->h1 || r->h1 > l->num_kv_heads)
-    return client_fail(c, KVC_E_HEAD, "head range [%u, %u) outside 0..%u", r->h0, r->h1,
-                       l->num_kv_heads);
-  if (is_put && (r->h0 != 0 || r->h1 != l->num_kv_heads))
-    return client_fail(c, KVC_E_HEAD, "a put writes every head");
-  kvc_dtype_t bt = x->dtype ? x->dtype : client_natural_dtype(l);
-  bool int8 = l->dtype == KVC_DTYPE_INT8, ok;
-  if (int8)
-    ok = is_put ? (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_F16 || bt == KVC_DTYPE_BF16)
-                : (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_INT8);
-  else
-    ok = bt == l->dtype || bt == KVC_DTYPE_F32;
-  if (!ok)
-    return client_fail(c, KVC_E_DTYPE, "cannot %s dtype %d with a cache of dtype %d",
-                       is_put ? "put" : "get", (int)bt, (int)l->dtype);
-  uint64_t heads = r->h1 - r->h0, es = dtype_bytes(bt);
-  r->bt = bt;
-  r->raw = int8 && bt == KVC_DTYPE_INT8;
-  r->nl = r->l1 - r->l0;
-  r->k_row = heads * l->head_dim_k * es; /* < 2^38: no overflow */
-  r->v_row = heads * l->head_dim_v * es;
-  r->s_row = r->raw ? heads * 4u : 0;
-  return 0;
-}
-
-static int sizes(const xr_t *r, uint64_t ntokens, uint64_t *kb, uint64_t *vb, uint64_t *sb) {
-  uint64_t rows;
-  if (__builtin_mul_overflow((uint64_t)r->nl, ntokens, &rows) ||
-      __builtin_mul_overflow(rows, r->k_row, kb) || __builtin_mul_overflow(rows, r->v_row, vb) ||
-      __builtin_mul_overflow(rows, r->s_row, sb))
-    return KVC_E_OVERFLOW;
-  return 0;
-}
+static uint32_t nlayers(const layout_xfer_t *r) { return r->l1 - r->l0; }
 
 KVC_API int kvc_xfer_bytes(const kvc_cache_t *h, const kvc_xfer_t *x, bool is_put,
                            uint64_t ntokens, uint64_t *k_bytes, uint64_t *v_bytes,
                            uint64_t *scale_bytes) {
   if (!h) return KVC_E_INVAL;
-  xr_t r;
-  uint64_t kb, vb, sb;
+  layout_xfer_t r;
   int rc = resolve(h, x, is_put, &r);
   if (rc) return rc;
-  if (sizes(&r, ntokens, &kb, &vb, &sb))
+  if (layout_xfer_bytes(&r, ntokens, k_bytes, v_bytes, scale_bytes))
     return client_fail(h->client, KVC_E_OVERFLOW, "transfer of %llu tokens overflows",
                        (unsigned long long)ntokens);
-  if (k_bytes) *k_bytes = kb;
-  if (v_bytes) *v_bytes = vb;
-  if (scale_bytes) *scale_bytes = sb;
   return 0;
 }
 
 /* ---- one request ---------------------------------------------------------- */
 
-typedef struct batch {
+typedef struct io_req {
   kvc_cache_t *h;
   const kvc_xfer_t *x;
   bool is_put;
   Kvcache__V1__IoEntry *wire;   /* max_io_entries entries */
   Kvcache__V1__IoEntry **ptrs;
   size_t n;
-} batch_t;
+} io_req_t;
 
 typedef struct part part_t;
 
@@ -128,7 +69,7 @@ static int scratch(kvc_client_t *c) {
   return 0;
 }
 
-static int batch_init(batch_t *b, kvc_cache_t *h, const kvc_xfer_t *x, bool is_put) {
+static int io_req_init(io_req_t *b, kvc_cache_t *h, const kvc_xfer_t *x, bool is_put) {
   int rc = scratch(h->client);
   if (rc) return rc;
   b->h = h;
@@ -140,9 +81,7 @@ static int batch_init(batch_t *b, kvc_cache_t *h, const kvc_xfer_t *x, bool is_p
   return 0;
 }
 
-static void batch_deinit(batch_t *b) { (void)b; }
-
-static Kvcache__V1__IoEntry *batch_add(batch_t *b) {
+static Kvcache__V1__IoEntry *io_req_add(io_req_t *b) {
   Kvcache__V1__IoEntry *w = &b->wire[b->n];
   kvcache__v1__io_entry__init(w);
   b->ptrs[b->n++] = w;
@@ -150,17 +89,11 @@ static Kvcache__V1__IoEntry *batch_add(batch_t *b) {
 }
 
 /* Sends the batch's entries as one Io request. */
-static int batch_send(batch_t *b) {
-  Kvcache__V1__Xfer wx = KVCACHE__V1__XFER__INIT;
+static int io_req_send(io_req_t *b) {
+  Kvcache__V1__Xfer wx;
   Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
-  if (b->x) {
-    wx.layer_begin = b->x->layer_begin;
-    wx.layer_end = b->x->layer_end;
-    wx.head_begin = b->x->head_begin;
-    wx.head_end = b->x->head_end;
-    wx.dtype = (Kvcache__V1__DType)b->x->dtype;
-  }
+  codec_xfer_to_wire(b->x, &wx);
   io.cache_id = b->h->id;
   io.xfer = &wx;
   io.n_entries = b->n;
@@ -208,10 +141,10 @@ static void copy_rows(uint8_t *shm, uint8_t *user, uint32_t nl, uint64_t total, 
 static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
 
 /* Places part p at *used in the shared buffer and fills its wire entry. */
-static void place(kvc_client_t *c, const xr_t *r, const part_t *p, Kvcache__V1__IoEntry *w,
+static void place(kvc_client_t *c, const layout_xfer_t *r, const part_t *p, Kvcache__V1__IoEntry *w,
                   uint64_t *used, bool is_put) {
-  uint64_t kb = r->nl * p->m * r->k_row, vb = r->nl * p->m * r->v_row;
-  uint64_t sb = r->nl * p->m * r->s_row;
+  uint64_t kb = nlayers(r) * p->m * r->k_row, vb = nlayers(r) * p->m * r->v_row;
+  uint64_t sb = nlayers(r) * p->m * r->s_row;
   w->seq_id = p->e->seq_id;
   w->pos = p->e->pos + p->t0;
   w->ntokens = p->m;
@@ -226,8 +159,8 @@ static void place(kvc_client_t *c, const xr_t *r, const part_t *p, Kvcache__V1__
   *used = align_up(w->vs_off + sb);
   if (!is_put) return;
   uint64_t T = p->e->ntokens;
-  copy_rows(c->shm + w->k_off, p->e->k, r->nl, T, p->t0, p->m, r->k_row, true);
-  copy_rows(c->shm + w->v_off, p->e->v, r->nl, T, p->t0, p->m, r->v_row, true);
+  copy_rows(c->shm + w->k_off, p->e->k, nlayers(r), T, p->t0, p->m, r->k_row, true);
+  copy_rows(c->shm + w->v_off, p->e->v, nlayers(r), T, p->t0, p->m, r->v_row, true);
   if (p->e->tokens && p->m) {
     w->tok_off = *used;
     w->tok_len = p->m * sizeof *p->e->tokens;
@@ -236,27 +169,27 @@ static void place(kvc_client_t *c, const xr_t *r, const part_t *p, Kvcache__V1__
   }
 }
 
-static void unplace(kvc_client_t *c, const xr_t *r, const part_t *p,
+static void unplace(kvc_client_t *c, const layout_xfer_t *r, const part_t *p,
                     const Kvcache__V1__IoEntry *w) {
   uint64_t T = p->e->ntokens;
-  copy_rows(c->shm + w->k_off, p->e->k, r->nl, T, p->t0, p->m, r->k_row, false);
-  copy_rows(c->shm + w->v_off, p->e->v, r->nl, T, p->t0, p->m, r->v_row, false);
-  copy_rows(c->shm + w->ks_off, (uint8_t *)p->e->k_scale, r->nl, T, p->t0, p->m, r->s_row, false);
-  copy_rows(c->shm + w->vs_off, (uint8_t *)p->e->v_scale, r->nl, T, p->t0, p->m, r->s_row, false);
+  copy_rows(c->shm + w->k_off, p->e->k, nlayers(r), T, p->t0, p->m, r->k_row, false);
+  copy_rows(c->shm + w->v_off, p->e->v, nlayers(r), T, p->t0, p->m, r->v_row, false);
+  copy_rows(c->shm + w->ks_off, (uint8_t *)p->e->k_scale, nlayers(r), T, p->t0, p->m, r->s_row, false);
+  copy_rows(c->shm + w->vs_off, (uint8_t *)p->e->v_scale, nlayers(r), T, p->t0, p->m, r->s_row, false);
 }
 
-static int flush(batch_t *b, const xr_t *r, part_t *parts, uint64_t *used) {
+static int flush(io_req_t *b, const layout_xfer_t *r, part_t *parts, uint64_t *used) {
   size_t n = b->n;
-  int rc = batch_send(b);
+  int rc = io_req_send(b);
   if (rc == 0 && !b->is_put)
     for (size_t i = 0; i < n; i++) unplace(b->h->client, r, &parts[i], &b->wire[i]);
   *used = 0;
   return rc;
 }
 
-static int check_entry(kvc_client_t *c, const xr_t *r, const kvc_io_t *e, size_t i, bool is_put) {
+static int check_entry(kvc_client_t *c, const layout_xfer_t *r, const kvc_io_t *e, size_t i, bool is_put) {
   uint64_t kb, vb, sb;
-  if (sizes(r, e->ntokens, &kb, &vb, &sb) != 0)
+  if (layout_xfer_bytes(r, e->ntokens, &kb, &vb, &sb) != 0)
     return client_fail(c, KVC_E_OVERFLOW, "entry %zu: %llu tokens overflow a size", i,
                        (unsigned long long)e->ntokens);
   if (e->ntokens && is_put && (!e->k || !e->v))
@@ -271,17 +204,17 @@ static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries
   if (!h) return KVC_E_INVAL;
   kvc_client_t *c = h->client;
   if (!entries && n) return client_fail(c, KVC_E_INVAL, "entries is NULL");
-  xr_t r;
+  layout_xfer_t r;
   int rc = resolve(h, x, is_put, &r);
   for (size_t i = 0; rc == 0 && i < n; i++) rc = check_entry(c, &r, &entries[i], i, is_put);
   if (rc) return rc;
-  batch_t b;
-  if ((rc = batch_init(&b, h, x, is_put)) != 0) return rc;
+  io_req_t b;
+  if ((rc = io_req_init(&b, h, x, is_put)) != 0) return rc;
   part_t *parts = c->io_parts;
   /* Bytes of one token in the buffer, and the alignment slack of a part. */
   bool tokened = false;
   for (size_t i = 0; i < n; i++) tokened |= entries[i].tokens != NULL;
-  uint64_t per_token = r.nl * (r.k_row + r.v_row + 2 * r.s_row) + (tokened ? 4u : 0u);
+  uint64_t per_token = nlayers(&r) * (r.k_row + r.v_row + 2 * r.s_row) + (tokened ? 4u : 0u);
   uint64_t slack = 5 * ALIGN;
   uint64_t used = 0;
   for (size_t i = 0; rc == 0 && i < n; i++) {
@@ -304,13 +237,12 @@ static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries
       }
       part_t *p = &parts[b.n];
       *p = (part_t){.e = e, .t0 = t0, .m = m};
-      place(c, &r, p, batch_add(&b), &used, is_put);
+      place(c, &r, p, io_req_add(&b), &used, is_put);
       t0 += m;
       if (t0 >= e->ntokens) break;
     }
   }
   if (rc == 0 && b.n) rc = flush(&b, &r, parts, &used);
-  batch_deinit(&b);
   return rc;
 }
 
@@ -394,19 +326,19 @@ static int transfer_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t 
   if (!h) return KVC_E_INVAL;
   kvc_client_t *c = h->client;
   if (!entries && n) return client_fail(c, KVC_E_INVAL, "entries is NULL");
-  xr_t r;
-  batch_t b;
+  layout_xfer_t r;
+  io_req_t b;
   /* Entries go out as they are: the daemon judges (and counts) bad ranges,
    * dtypes, sizes and offsets; lengths it cannot derive are sent as 0. */
   bool sized = resolve(h, x, is_put, &r) == 0;
   c->err[0] = '\0';
-  int rc = batch_init(&b, h, x, is_put);
+  int rc = io_req_init(&b, h, x, is_put);
   if (rc) return rc;
   for (size_t i = 0; rc == 0 && i < n; i++) {
     const kvc_shm_io_t *e = &entries[i];
     uint64_t kb = 0, vb = 0, sb = 0;
-    if (!sized || sizes(&r, e->ntokens, &kb, &vb, &sb) != 0) kb = vb = sb = 0;
-    Kvcache__V1__IoEntry *w = batch_add(&b);
+    if (!sized || layout_xfer_bytes(&r, e->ntokens, &kb, &vb, &sb) != 0) kb = vb = sb = 0;
+    Kvcache__V1__IoEntry *w = io_req_add(&b);
     w->seq_id = e->seq_id;
     w->pos = e->pos;
     w->ntokens = e->ntokens;
@@ -420,9 +352,8 @@ static int transfer_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t 
     w->vs_len = sb;
     w->tok_off = e->tok_off;
     w->tok_len = e->tok_len;
-    if (b.n == c->max_io_entries || i + 1 == n) rc = batch_send(&b);
+    if (b.n == c->max_io_entries || i + 1 == n) rc = io_req_send(&b);
   }
-  batch_deinit(&b);
   return rc;
 }
 

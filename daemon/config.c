@@ -117,11 +117,6 @@ static const option_t *find_option(const char *name) {
   return NULL;
 }
 
-int config_is_reloadable(const char *name) {
-  const option_t *o = find_option(name);
-  return o ? o->reloadable : -1;
-}
-
 size_t config_option_count(void) { return NOPTIONS; }
 
 int config_option_index(const char *name) {

@@ -78,9 +78,6 @@ int config_option_index(const char *name);
 /* The canonical name of option i ("pool_bytes"). */
 const char *config_option_name(size_t i);
 
-/* Whether the named option may change at run time; -1 if unknown. */
-int config_is_reloadable(const char *name);
-
 /* Formats every option as one `key=value ...` log list into buf. */
 void config_format(const config_t *cfg, char *buf, size_t len);
 

@@ -38,62 +38,95 @@ static void free_conn(conn_t *c) {
 static void on_handle_closed(uv_handle_t *h) {
   conn_t *c = h->data;
   if (--c->open_handles > 0) return;
-  if (c->offloaded) c->free_pending = true; /* a pool thread still uses its buffer */
-  else free_conn(c);
+  if (!c->offloaded) free_conn(c); /* else a pool thread still uses its buffer:
+                                      conn_offload_end frees it */
 }
+
+static void on_shutdown(uv_shutdown_t *req, int status);
+
+/* The one place c->state changes: each case is what entering it does. */
+static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
+  server_t *srv = c->srv;
+  c->state = to;
+  switch (to) {
+  case CONN_NEW:
+    break;
+  case CONN_READY:
+    c->greeted = true;
+    break;
+  case CONN_FLUSHING:
+    LOG_DEBUG("closing", "conn=%llu reason=\"%s\"", (unsigned long long)c->id, reason);
+    if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = false;
+    uv_idle_stop(&c->idle);
+    uv_timer_stop(&c->deadline);
+    c->shutdown_req.data = c;
+    if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->pipe, on_shutdown) != 0)
+      conn_enter(c, CONN_CLOSED, reason);
+    break;
+  case CONN_CLOSED:
+    if (c->greeted) {
+      size_t n = engine_unpin_all(srv->eng, c->id);
+      size_t nl = engine_lease_release_all(srv->eng, c->id);
+      LOG_INFO("disconnect",
+               "conn=%llu pid=%d uid=%u reason=\"%s\" pins_released=%zu leases_released=%zu",
+               (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, reason, n, nl);
+    } else {
+      LOG_DEBUG("disconnect", "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id,
+                (int)c->pid, reason);
+    }
+    if (c->shm.base) srv->stats.shm_bytes -= c->shm.bytes;
+    /* Unmap now: the pins are gone and nothing may use the buffer again,
+     * unless a pool thread still copies into it (then when it is done). */
+    if (!c->offloaded) shm_close(&c->shm);
+    uv_close((uv_handle_t *)&c->pipe, on_handle_closed);
+    uv_close((uv_handle_t *)&c->idle, on_handle_closed);
+    uv_close((uv_handle_t *)&c->deadline, on_handle_closed);
+    break;
+  }
+}
+
+/* Whether requests may no longer run: flushing, closed, or a flush waits
+ * for the offloaded get. */
+static bool stopping(const conn_t *c) {
+  return c->state >= CONN_FLUSHING || c->after_offload == AFTER_OFFLOAD_FLUSH;
+}
+
+void conn_greeted(conn_t *c) { conn_enter(c, CONN_READY, NULL); }
 
 void conn_offload_begin(conn_t *c) { c->offloaded = true; }
 
 bool conn_offload_end(conn_t *c) {
   c->offloaded = false;
-  if (c->free_pending) {
-    free_conn(c);
-    return false;
-  }
-  if (c->closed) shm_close(&c->shm); /* kept mapped for the copy */
-  return !c->closed;
+  if (c->state != CONN_CLOSED) return true;
+  if (c->open_handles == 0) free_conn(c); /* closed meanwhile, handles gone */
+  else shm_close(&c->shm);                /* kept mapped for the copy */
+  return false;
 }
 
 void conn_resume(conn_t *c) {
-  if (c->drain_pending) {
-    c->drain_pending = false;
+  enum conn_after_offload after = c->after_offload;
+  c->after_offload = AFTER_OFFLOAD_RESUME;
+  switch (after) {
+  case AFTER_OFFLOAD_DRAIN:
     conn_drain(c);
     return;
-  }
-  if (c->flush_reason[0]) {
+  case AFTER_OFFLOAD_FLUSH: {
     char why[sizeof c->flush_reason];
     snprintf(why, sizeof why, "%s", c->flush_reason);
     c->flush_reason[0] = '\0';
-    c->closing = false; /* set only to stop running requests meanwhile */
-    conn_run_all(c);    /* what the client sent before closing is answered */
-    if (!c->closed) conn_close_after_flush(c, why);
+    conn_run_all(c); /* what the client sent before closing is answered */
+    if (c->state != CONN_CLOSED) conn_close_after_flush(c, why);
     return;
   }
-  schedule(c);
+  case AFTER_OFFLOAD_RESUME:
+    schedule(c);
+    return;
+  }
 }
 
 void conn_close(conn_t *c, const char *reason) {
-  if (c->closed) return;
-  server_t *srv = c->srv;
-  c->closing = true;
-  c->closed = true;
-  if (c->greeted) {
-    size_t n = engine_unpin_all(srv->eng, c->id);
-    size_t nl = engine_lease_release_all(srv->eng, c->id);
-    LOG_INFO("disconnect",
-             "conn=%llu pid=%d uid=%u reason=\"%s\" pins_released=%zu leases_released=%zu",
-             (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, reason, n, nl);
-  } else {
-    LOG_DEBUG("disconnect", "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id,
-              (int)c->pid, reason);
-  }
-  if (c->shm.base) srv->stats.shm_bytes -= c->shm.bytes;
-  /* Unmap now: the pins are gone and nothing may use the buffer again,
-   * unless a pool thread still copies into it (then when it is done). */
-  if (!c->offloaded) shm_close(&c->shm);
-  uv_close((uv_handle_t *)&c->pipe, on_handle_closed);
-  uv_close((uv_handle_t *)&c->idle, on_handle_closed);
-  uv_close((uv_handle_t *)&c->deadline, on_handle_closed);
+  if (c->state != CONN_CLOSED) conn_enter(c, CONN_CLOSED, reason);
 }
 
 static void on_shutdown(uv_shutdown_t *req, int status) {
@@ -102,21 +135,16 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
 }
 
 void conn_close_after_flush(conn_t *c, const char *reason) {
-  if (c->closing) return;
+  if (stopping(c)) return;
   if (c->offloaded) { /* answer the offloaded request first: conn_resume */
-    snprintf(c->flush_reason, sizeof c->flush_reason, "%s", reason && *reason ? reason : "closing");
-    c->closing = true;
+    if (c->after_offload == AFTER_OFFLOAD_RESUME) {
+      snprintf(c->flush_reason, sizeof c->flush_reason, "%s",
+               reason && *reason ? reason : "closing");
+      c->after_offload = AFTER_OFFLOAD_FLUSH;
+    } /* a drain waiting closes it anyway */
     return;
   }
-  c->closing = true;
-  LOG_DEBUG("closing", "conn=%llu reason=\"%s\"", (unsigned long long)c->id, reason);
-  if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
-  if (c->idling) uv_idle_stop(&c->idle);
-  uv_timer_stop(&c->deadline);
-  c->reading = c->idling = c->deadline_armed = false;
-  c->shutdown_req.data = c;
-  if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->pipe, on_shutdown) != 0)
-    conn_close(c, reason);
+  conn_enter(c, CONN_FLUSHING, reason);
 }
 
 static void on_write(uv_write_t *req, int status) {
@@ -178,7 +206,7 @@ static int write_rest(conn_t *c, const uint8_t *frame, size_t len, size_t sent) 
 #define SMALL_REPLY 1024
 
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
-  if (c->closed) return KVC_E_IO;
+  if (c->state == CONN_CLOSED) return KVC_E_IO;
   size_t n = kvcache__v1__response__get_packed_size(resp);
   if (n + FRAME_HEADER_BYTES <= SMALL_REPLY && c->wq_bytes == 0) {
     _Alignas(8) uint8_t frame[SMALL_REPLY];
@@ -206,7 +234,7 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
 
 int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds) {
   uv_os_fd_t sock;
-  if (c->closed || uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) != 0 ||
+  if (c->state == CONN_CLOSED || uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) != 0 ||
       uv_fileno((uv_handle_t *)&c->pipe, &sock) != 0)
     return KVC_E_INTERNAL;
   wreq_t *w = pack(resp);
@@ -255,7 +283,7 @@ static void run_frames(conn_t *c, unsigned limit) {
   server_t *srv = c->srv;
   size_t off = 0;
   unsigned n = 0;
-  while (!c->closing && !c->offloaded) {
+  while (c->state < CONN_FLUSHING && !c->offloaded) {
     uint32_t plen = 0;
     int st = frame_parse(c->rbuf + off, c->rlen - off, c->max_frame, &plen);
     if (st == FRAME_TOO_BIG) {
@@ -277,13 +305,12 @@ static void run_frames(conn_t *c, unsigned limit) {
     n++;
     if (c->wq_bytes > srv->cfg.write_queue_bytes) break;
   }
-  if (c->closed) return;
+  if (c->state == CONN_CLOSED) return;
   if (off) {
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
     c->rlen -= off;
     /* The next frame's deadline counts from now, not from its predecessor. */
     uv_timer_stop(&c->deadline);
-    c->deadline_armed = false;
   }
   schedule(c);
 }
@@ -291,9 +318,9 @@ static void run_frames(conn_t *c, unsigned limit) {
 void conn_run_all(conn_t *c) { run_frames(c, UINT32_MAX); }
 
 void conn_drain(conn_t *c) {
-  if (c->closing) return;
+  if (stopping(c)) return;
   if (c->offloaded) { /* after its reply: conn_resume */
-    c->drain_pending = true;
+    c->after_offload = AFTER_OFFLOAD_DRAIN;
     return;
   }
   server_t *srv = c->srv;
@@ -305,7 +332,7 @@ void conn_drain(conn_t *c) {
    * read them here (the pipe is non-blocking) so they are answered too. */
   for (;;) {
     conn_run_all(c);
-    if (c->closing) return; /* a bad frame, or a refused Hello */
+    if (c->state >= CONN_FLUSHING) return; /* a bad frame, or a refused Hello */
     if (c->eof || fd < 0 || c->wq_bytes > srv->cfg.write_queue_bytes || c->rlen == c->rcap)
       break;
     ssize_t n = read(fd, c->rbuf + c->rlen, c->rcap - c->rlen);
@@ -364,7 +391,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 
 static void on_deadline(uv_timer_t *t) {
   conn_t *c = t->data;
-  c->deadline_armed = false;
   LOG_WARN("frame_timeout", "conn=%llu pid=%d greeted=%d bytes_buffered=%zu frame_timeout_ms=%u",
            (unsigned long long)c->id, (int)c->pid, c->greeted, c->rlen,
            c->srv->cfg.frame_timeout_ms);
@@ -375,7 +401,7 @@ static void on_deadline(uv_timer_t *t) {
 
 /* Decides between reading, running buffered frames and waiting for writes. */
 static void schedule(conn_t *c) {
-  if (c->closing) return;
+  if (stopping(c)) return;
   server_t *srv = c->srv;
   uint32_t plen;
   bool pressure = c->wq_bytes > srv->cfg.write_queue_bytes;
@@ -396,19 +422,17 @@ static void schedule(conn_t *c) {
     }
     c->reading = want_read;
   }
-  if (want_idle != c->idling) {
+  if (want_idle != (uv_is_active((uv_handle_t *)&c->idle) != 0)) {
     if (want_idle) uv_idle_start(&c->idle, on_idle);
     else uv_idle_stop(&c->idle);
-    c->idling = want_idle;
   }
   /* Waiting for the rest of a frame the client started (or for its Hello):
    * that wait is bounded. Not while we are the ones not reading. */
   bool want_deadline = srv->cfg.frame_timeout_ms && want_read &&
                        (!c->greeted || c->rlen > 0);
-  if (want_deadline != c->deadline_armed) {
+  if (want_deadline != (uv_is_active((uv_handle_t *)&c->deadline) != 0)) {
     if (want_deadline) uv_timer_start(&c->deadline, on_deadline, srv->cfg.frame_timeout_ms, 0);
     else uv_timer_stop(&c->deadline);
-    c->deadline_armed = want_deadline;
   }
 }
 

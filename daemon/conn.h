@@ -9,8 +9,27 @@
  * Hello must arrive within it after accept (slowloris clients are closed).
  * However it closes, its pins are released at once and its buffer unmapped.
  *
- *   accept -> [peer check] -> NEW --Hello--> READY --EOF/error/bad frame--> closing -> freed
- *                  \--refused: one Response, flush, close
+ * Its life is c->state, changed only by conn_enter (one switch):
+ *
+ *   accept -> [peer check] -> NEW --Hello--> READY --EOF, drain, Hello refused--> FLUSHING
+ *                  |                 |  \                                           |
+ *                  |                 |   \--I/O error, bad frame, timeout--+        | flushed
+ *                  |                 +--------------------------------------+--> CLOSED -> freed
+ *                  \--refused: one Response --------------------> FLUSHING        (handles closed,
+ *                                                                                 pool copy done)
+ *
+ *   NEW       accepted; only a Hello runs, and it must come within frame_timeout_ms
+ *   READY     greeted: requests run (frames_per_turn per loop turn)
+ *   FLUSHING  no request runs; queued replies are written (uv_shutdown), then CLOSED
+ *   CLOSED    uv_close called, pins and leases released; freed once its three
+ *             handles are closed and no pool thread copies into its buffer
+ *
+ * Beside the state, a few orthogonal facts: offloaded (a get of it copies on
+ * the thread pool; what is asked meanwhile waits in after_offload), greeted
+ * (it said Hello: its close releases and logs pins and leases), counted (in
+ * connections_current), eof (the peer half-closed), and which libuv
+ * activities run: reading (uv_read_start), paused (over write_queue_bytes);
+ * the idle and deadline handles answer uv_is_active themselves.
  */
 #ifndef KVCD_CONN_H
 #define KVCD_CONN_H
@@ -23,6 +42,20 @@
 #include "kvcache.pb-c.h"
 #include "server.h"
 #include "shm.h"
+
+enum conn_state {
+  CONN_NEW,      /* accepted, waiting for its Hello */
+  CONN_READY,    /* greeted: requests run */
+  CONN_FLUSHING, /* runs nothing more; flushes its replies, then closes */
+  CONN_CLOSED,   /* uv_close called; freed when its handles are closed */
+};
+
+/* What waits for an offloaded get to finish (conn_resume runs it). */
+enum conn_after_offload {
+  AFTER_OFFLOAD_RESUME, /* carry on: schedule reading and running */
+  AFTER_OFFLOAD_FLUSH,  /* answer what is buffered, then flush and close */
+  AFTER_OFFLOAD_DRAIN,  /* the daemon drains: conn_drain */
+};
 
 struct conn {
   server_t *srv;
@@ -41,20 +74,17 @@ struct conn {
   uint32_t max_frame;        /* max_frame_bytes at accept */
   uint64_t wq_bytes;         /* reply bytes queued to libuv, not yet written */
   uint32_t nleases;          /* zero-copy read leases this connection holds */
+  enum conn_state state;     /* where it is in its life (above) */
+  enum conn_after_offload after_offload; /* asked while offloaded */
+  char flush_reason[64];     /* the reason of AFTER_OFFLOAD_FLUSH */
+  shm_region_t shm;          /* the shared buffer (after Hello) */
   bool offloaded;            /* a get copies on the thread pool: no other
                                 request runs, the buffer stays mapped */
-  bool free_pending;         /* closed while offloaded: free when it ends */
-  bool drain_pending;        /* the drain reached it while offloaded */
-  char flush_reason[64];     /* close-after-flush asked while offloaded */
-  shm_region_t shm;          /* the shared buffer (after Hello) */
+  bool greeted;              /* said Hello (stays set through FLUSHING, CLOSED) */
   bool counted;              /* counted in connections_current */
-  bool greeted;              /* Hello accepted */
-  bool reading, idling;      /* uv_read_start / uv_idle_start in effect */
-  bool deadline_armed;       /* the deadline timer runs */
-  bool paused;               /* over write_queue_bytes: not reading or running */
   bool eof;                  /* the peer closed its side; never read again */
-  bool closing;              /* no more requests run; closing or flushing */
-  bool closed;               /* uv_close called */
+  bool reading;              /* uv_read_start in effect */
+  bool paused;               /* over write_queue_bytes: not reading or running */
   int open_handles;          /* handles not yet through their close callback */
   char name[48];             /* client_name from Hello, for logs */
 };
@@ -67,10 +97,13 @@ void conn_accept(server_t *srv);
  * connection is then closed). */
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
 
-/* Sends resp with nfds (1 or 2) descriptors attached (one SCM_RIGHTS
+/* Sends resp with nfds (1 or 2) descriptors passed along (one SCM_RIGHTS
  * message) on the raw socket; only while the write queue is empty (the
  * handshake). Returns 0 or a negative code. */
 int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds);
+
+/* READY: the Hello was accepted (dispatch). */
+void conn_greeted(conn_t *c);
 
 /* Stops running requests, flushes queued replies, then closes. */
 void conn_close_after_flush(conn_t *c, const char *reason);

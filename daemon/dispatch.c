@@ -7,10 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec.h"
 #include "kvcache/kvcache.h"
+#include "layout.h"
 #include "log.h"
 #include "offload.h"
-#include "ops.h"
+#include "optable.h"
 #include "testhook.h"
 
 /* Every KVC_E_* code is the wire status of the same name, negated. */
@@ -64,7 +66,7 @@ static int reject(reply_t *r, int code, const char *fmt, ...) {
 }
 
 /* The engine's reason, and for FULL its figures. */
-static int engine_fail(reply_t *r, int code) {
+static int reply_engine_error(reply_t *r, int code) {
   const engine_err_t *e = engine_last_error(r->srv->eng);
   snprintf(r->err, sizeof r->err, "%s", e->msg[0] ? e->msg : kvc_strerror(code));
   if (code == KVC_E_FULL) {
@@ -77,7 +79,7 @@ static int engine_fail(reply_t *r, int code) {
 #define ENGINE_CALL(r, expr)                                                   \
   do {                                                                         \
     int rc_ = (expr);                                                          \
-    if (rc_ != 0) return engine_fail((r), rc_);                                \
+    if (rc_ != 0) return reply_engine_error((r), rc_);                         \
   } while (0)
 
 #define NEED_BODY(r, body, what)                                               \
@@ -136,7 +138,7 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   r->resp->hello = hr;
   r->fd = c->shm.fd;
   r->fd2 = srv->pool_ro_fd;
-  c->greeted = true;
+  conn_greeted(c);
   LOG_INFO("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
            (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name,
            (unsigned long long)bytes);
@@ -150,50 +152,12 @@ static int h_ping(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
 
 /* ---- caches -------------------------------------------------------------- */
 
-static void layout_from_wire(const Kvcache__V1__Layout *w, kvc_layout_t *l) {
-  l->num_layers = w->num_layers;
-  l->num_kv_heads = w->num_kv_heads;
-  l->head_dim_k = w->head_dim_k;
-  l->head_dim_v = w->head_dim_v;
-  l->dtype = (kvc_dtype_t)w->dtype;
-  l->page_tokens = w->page_tokens;
-  l->attn = (kvc_attn_t)w->attn;
-  l->attn_window = w->attn_window;
-  l->attn_memory = w->attn_memory;
-  l->attn_chunk = w->attn_chunk;
-  l->rope_dims = w->rope_dims;
-  l->rope_style = (kvc_rope_style_t)w->rope_style;
-  l->rope_theta = w->rope_theta;
-  l->rope_scale = w->rope_scale;
-}
-
-static Kvcache__V1__Layout *layout_to_wire(arena_t *a, const kvc_layout_t *l) {
-  Kvcache__V1__Layout *w = arena_alloc(a, sizeof *w);
-  if (!w) return NULL;
-  kvcache__v1__layout__init(w);
-  w->num_layers = l->num_layers;
-  w->num_kv_heads = l->num_kv_heads;
-  w->head_dim_k = l->head_dim_k;
-  w->head_dim_v = l->head_dim_v;
-  w->dtype = (Kvcache__V1__DType)l->dtype;
-  w->page_tokens = l->page_tokens;
-  w->attn = (uint32_t)l->attn;
-  w->attn_window = l->attn_window;
-  w->attn_memory = l->attn_memory;
-  w->attn_chunk = l->attn_chunk;
-  w->rope_dims = l->rope_dims;
-  w->rope_style = (uint32_t)l->rope_style;
-  w->rope_theta = l->rope_theta;
-  w->rope_scale = l->rope_scale;
-  return w;
-}
-
 static int h_cache_open(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__CacheOpen *b = req->cache_open;
   NEED_BODY(r, b, "cache_open");
   if (!b->layout) return reject(r, KVC_E_INVAL, "cache_open without a layout");
   kvc_layout_t l;
-  layout_from_wire(b->layout, &l);
+  codec_layout_from_wire(b->layout, &l);
   int64_t page_bytes = engine_layout_page_bytes(&l);
   if (page_bytes < 0) return reject(r, (int)page_bytes, "%s", kvc_strerror((int)page_bytes));
   uint32_t id;
@@ -222,16 +186,9 @@ static int h_cache_list(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) 
   kvcache__v1__cache_list_reply__init(lr);
   for (size_t i = 0; i < n; i++) {
     Kvcache__V1__CacheInfo *ci = arena_alloc(r->a, sizeof *ci);
-    if (!ci) return reject(r, KVC_E_NOMEM, "out of memory");
-    kvcache__v1__cache_info__init(ci);
-    ci->name = infos[i].name;
-    ci->cache_id = infos[i].cache_id;
-    ci->layout = layout_to_wire(r->a, &infos[i].layout);
-    if (!ci->layout) return reject(r, KVC_E_NOMEM, "out of memory");
-    ci->page_bytes = infos[i].page_bytes;
-    ci->sequences = infos[i].sequences;
-    ci->tokens = infos[i].tokens;
-    ci->pages = infos[i].pages;
+    Kvcache__V1__Layout *wl = arena_alloc(r->a, sizeof *wl);
+    if (!ci || !wl) return reject(r, KVC_E_NOMEM, "out of memory");
+    codec_cache_info_to_wire(&infos[i], ci, wl);
     items[i] = ci;
   }
   lr->n_caches = n;
@@ -327,12 +284,24 @@ static int check_entry_tokens(conn_t *c, reply_t *r, size_t i, const Kvcache__V1
   return check_tokens(c, r, what, w->tok_off, w->ntokens, tokens);
 }
 
-/* Whether x covers every layer of the cache (an unknown cache answers true:
- * the engine reports NOCACHE). */
-static bool xfer_all_layers(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x) {
+/* The transfer geometry of x over the cache's layout, computed once per
+ * request (layout.h, as the client and the engine compute it). An unknown
+ * cache is the engine's NOCACHE; where is prefixed to the reason. */
+static int resolve_xfer(conn_t *c, reply_t *r, const char *where, uint32_t cache_id,
+                        const kvc_xfer_t *x, bool is_put, layout_xfer_t *g,
+                        bool *all_layers) {
   kvc_cache_info_t ci;
-  if (engine_cache_info(eng, cache_id, &ci) != 0) return true;
-  return x->layer_begin == 0 && (x->layer_end == 0 || x->layer_end == ci.layout.num_layers);
+  char why[sizeof r->err];
+  int rc = engine_cache_info(c->srv->eng, cache_id, &ci);
+  if (rc) {
+    reply_engine_error(r, rc);
+    snprintf(why, sizeof why, "%s", r->err);
+  } else {
+    rc = layout_xfer(&ci.layout, x, is_put, g, why, sizeof why);
+  }
+  if (rc) return reject(r, rc, "%s%s", where, why);
+  *all_layers = g->l0 == 0 && g->l1 == ci.layout.num_layers;
+  return 0;
 }
 
 /* Validates every entry of an Io against the layout and the shared buffer and
@@ -345,29 +314,22 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
   if (io->n_entries > srv->cfg.max_entries)
     return reject(r, KVC_E_TOOMANY, "%s of %zu entries exceeds max_entries %u", op,
                   io->n_entries, srv->cfg.max_entries);
-  memset(x, 0, sizeof *x);
-  if (io->xfer) {
-    x->layer_begin = io->xfer->layer_begin;
-    x->layer_end = io->xfer->layer_end;
-    x->head_begin = io->xfer->head_begin;
-    x->head_end = io->xfer->head_end;
-    x->dtype = (kvc_dtype_t)io->xfer->dtype;
-  }
+  kvc_xfer_t kx;
+  codec_xfer_from_wire(io->xfer, &kx);
+  *x = (engine_xfer_t){kx.layer_begin, kx.layer_end, kx.head_begin, kx.head_end, kx.dtype,
+                       NULL};
   engine_io_t *e = arena_alloc(r->a, io->n_entries * sizeof *e);
   if (!e) return reject(r, KVC_E_NOMEM, "out of memory");
-  bool tokened = false;
-  for (size_t i = 0; i < io->n_entries; i++) tokened |= io->entries[i]->tok_len != 0;
-  bool all_layers = !tokened || xfer_all_layers(srv->eng, io->cache_id, x);
+  layout_xfer_t g;
+  bool all_layers;
+  int rc = resolve_xfer(c, r, "entry 0: ", io->cache_id, &kx, is_put, &g, &all_layers);
+  if (rc) return rc;
   for (size_t i = 0; i < io->n_entries; i++) {
     const Kvcache__V1__IoEntry *w = io->entries[i];
     uint64_t kb, vb, sb;
-    int rc = engine_xfer_bytes(srv->eng, io->cache_id, x, is_put, w->ntokens, &kb, &vb, &sb);
-    if (rc != 0) {
-      engine_fail(r, rc);
-      char why[sizeof r->err];
-      snprintf(why, sizeof why, "%s", r->err);
-      return reject(r, rc, "entry %zu: %s", i, why);
-    }
+    if (layout_xfer_bytes(&g, w->ntokens, &kb, &vb, &sb))
+      return reject(r, KVC_E_OVERFLOW, "entry %zu: transfer of %llu tokens overflows", i,
+                    (unsigned long long)w->ntokens);
     e[i].seq_id = w->seq_id;
     e[i].pos = w->pos;
     e[i].ntokens = w->ntokens;
@@ -500,11 +462,8 @@ static int history_reply(reply_t *r, const engine_hist_t *h, uint64_t kb, uint64
   hr->mask_len = h->mask_bytes;
   for (size_t i = 0; h->spans && i < h->nspans; i++) {
     if (!(sp[i] = arena_alloc(r->a, sizeof *sp[i]))) return reject(r, KVC_E_NOMEM, "out of memory");
-    kvcache__v1__history_span__init(sp[i]);
-    sp[i]->seq_id = h->spans[i].seq_id;
-    sp[i]->pos = h->spans[i].pos;
-    sp[i]->first = h->spans[i].first;
-    sp[i]->n = h->spans[i].n;
+    const engine_span_t *e = &h->spans[i];
+    codec_hist_span_to_wire(&(kvc_hist_span_t){e->seq_id, e->pos, e->first, e->n}, sp[i]);
   }
   hr->spans = sp;
   hr->n_spans = h->spans ? h->nspans : 0;
@@ -520,19 +479,19 @@ static int h_history(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   engine_tok_t *t;
   int rc = batch_from_wire(c, r, b->n_seq_ids, b->seq_ids, b->n_positions, b->positions, &t);
   if (rc) return rc;
-  engine_xfer_t x = {0, 0, 0, 0, 0, NULL};
-  if (b->xfer) {
-    x.layer_begin = b->xfer->layer_begin;
-    x.layer_end = b->xfer->layer_end;
-    x.head_begin = b->xfer->head_begin;
-    x.head_end = b->xfer->head_end;
-    x.dtype = (kvc_dtype_t)b->xfer->dtype;
-  }
+  kvc_xfer_t kx;
+  codec_xfer_from_wire(b->xfer, &kx);
+  engine_xfer_t x = {kx.layer_begin, kx.layer_end, kx.head_begin, kx.head_end, kx.dtype, NULL};
   engine_hist_t h = {0};
   size_t n = b->n_seq_ids;
   ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, n, &h));
-  uint64_t kb, vb, mb;
-  ENGINE_CALL(r, engine_xfer_bytes(eng, b->cache_id, &x, false, h.nentries, &kb, &vb, NULL));
+  uint64_t kb, vb, sb, mb;
+  layout_xfer_t g;
+  bool all_layers;
+  if ((rc = resolve_xfer(c, r, "", b->cache_id, &kx, false, &g, &all_layers))) return rc;
+  if (layout_xfer_bytes(&g, h.nentries, &kb, &vb, &sb))
+    return reject(r, KVC_E_OVERFLOW, "transfer of %llu tokens overflows",
+                  (unsigned long long)h.nentries);
   if (__builtin_mul_overflow(h.nentries, (uint64_t)n * 4, &mb))
     return reject(r, KVC_E_OVERFLOW, "a mask of %zu x %llu overflows", n,
                   (unsigned long long)h.nentries);
@@ -606,16 +565,7 @@ static int h_unpin(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
 
 static Kvcache__V1__SeqInfo *seq_info_to_wire(arena_t *a, const kvc_seq_info_t *s) {
   Kvcache__V1__SeqInfo *w = arena_alloc(a, sizeof *w);
-  if (!w) return NULL;
-  kvcache__v1__seq_info__init(w);
-  w->seq_id = s->seq_id;
-  w->start = s->start;
-  w->length = s->length;
-  w->extent = s->extent;
-  w->pages = s->pages;
-  w->shared_pages = s->shared_pages;
-  w->pins = s->pins;
-  w->last_use_ms = s->last_use_ms;
+  if (w) codec_seq_info_to_wire(s, w);
   return w;
 }
 
@@ -659,7 +609,7 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   Kvcache__V1__StatsReply *sr = arena_alloc(r->a, sizeof *sr);
   if (!sr) return reject(r, KVC_E_NOMEM, "out of memory");
   kvcache__v1__stats_reply__init(sr);
-  int rc = stats_render(&srv->stats, srv->eng, uv_hrtime(), r->a, sr);
+  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, sr);
   if (rc) return reject(r, rc, "cannot render stats: %s", kvc_strerror(rc));
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STATS;
   r->resp->stats = sr;
@@ -734,10 +684,7 @@ static int match_tokens(conn_t *c, reply_t *r, const char *op, uint64_t off, uin
 static int match_reply(reply_t *r, const engine_match_t *m) {
   Kvcache__V1__MatchReply *mr = arena_alloc(r->a, sizeof *mr);
   if (!mr) return reject(r, KVC_E_NOMEM, "out of memory");
-  kvcache__v1__match_reply__init(mr);
-  mr->tokens = m->tokens;
-  mr->pages = m->pages;
-  mr->ineligible = m->ineligible;
+  codec_match_to_wire(&(kvc_match_t){m->tokens, m->pages, m->ineligible}, mr);
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_MATCH;
   r->resp->match = mr;
   return 0;
@@ -883,10 +830,10 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
   reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1, .t0_ns = t0};
   int op;
-  testhook_before(srv->eng);
+  TESTHOOK(before, srv->eng);
   if (c->greeted) release_deferred(c, req);
   int rc = run(c, req, &r, &op);
-  testhook_after(srv->eng);
+  TESTHOOK(after, srv->eng);
   if (rc == DEFERRED) { /* offloaded: offload.c replies and counts it */
     protobuf_c_message_free_unpacked(&req->base, &alloc);
     arena_reset(&srv->arena);
@@ -910,7 +857,7 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     sent = conn_send(c, &resp);
   }
   arena_reset(&srv->arena);
-  if (op >= 0) stats_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc == 0);
+  if (op >= 0) metrics_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc == 0);
   if (sent != 0) conn_close(c, "cannot send a reply");
   else if (r.close_after) conn_close_after_flush(c, r.err);
 }

@@ -1,7 +1,7 @@
 /* dispatch.h: decoding one request frame and running its handler.
  *
  * One table, indexed by the Request oneof case, maps each request to its
- * handler and its stats slot (built from DAEMON_OPS in ops.h). A handler
+ * handler and its stats slot (built from DAEMON_OPS in optable.h). A handler
  * validates the whole request (ids, ranges, every entry's offsets and
  * lengths against the shared buffer) before it calls the engine, so a bad
  * request changes nothing. Engine and validation errors become a Response

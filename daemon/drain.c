@@ -16,7 +16,7 @@
 static void on_drain_timeout(uv_timer_t *t) {
   server_t *srv = t->data;
   unsigned n = 0;
-  for (conn_t *c = srv->conns; c; c = c->next) n += !c->closed;
+  for (conn_t *c = srv->conns; c; c = c->next) n += c->state != CONN_CLOSED;
   LOG_WARN("drain_timeout", "drain_timeout_ms=%u connections_closed=%u",
            srv->cfg.drain_timeout_ms, n);
   for (conn_t *c = srv->conns; c; c = c->next) conn_close(c, "drain timeout");

@@ -12,6 +12,7 @@
 #include "kvcache/kvcache.h"
 #include "log.h"
 #include "server.h"
+#include "testhook.h"
 
 #define EXPIRE_INTERVAL_MS 1000u
 
@@ -143,7 +144,7 @@ int main(int argc, char **argv) {
   srv.pool_ro_fd = -1;
   srv.listen_spare = -1;
   arena_init(&srv.arena);
-  stats_init(&srv.stats, uv_hrtime());
+  metrics_init(&srv.stats, uv_hrtime());
   int status = 0;
   if (start(&srv, err, sizeof err) != 0) {
     LOG_ERROR("start_failed", "reason=\"%s\"", err);
@@ -153,6 +154,7 @@ int main(int argc, char **argv) {
     server_unlisten(&srv);
   } else {
     announce(&srv, argv[0]);
+    testhook_init();
     uv_run(&loop, UV_RUN_DEFAULT);
     LOG_INFO("exit", "status=0 connections_total=%llu",
              (unsigned long long)srv.stats.connections_total);

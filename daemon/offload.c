@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "log.h"
-#include "ops.h"
+#include "optable.h"
 
 typedef struct job {
   uv_work_t req;
@@ -25,7 +25,7 @@ static void after(uv_work_t *req, int status) {
   (void)status; /* never cancelled */
   engine_get_end(srv->eng, j->get);
   srv->stats.offloaded_gets++;
-  stats_record(&srv->stats, OP_GET, uv_hrtime() - j->t0_ns, true);
+  metrics_record(&srv->stats, OP_GET, uv_hrtime() - j->t0_ns, true);
   uint64_t id = j->id;
   free(j);
   if (!conn_offload_end(c)) return; /* closed meanwhile: freed */

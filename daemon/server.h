@@ -17,7 +17,7 @@
 #include "log.h"
 #include "notify.h"
 #include "shm.h"
-#include "stats.h"
+#include "metrics.h"
 
 typedef struct conn conn_t;
 

@@ -39,7 +39,7 @@ static int batch_check(engine_t *eng, uint32_t cache_id, const engine_tok_t *tok
   return 0;
 }
 
-/* A new sequence for a reservation, in the map but not attached. */
+/* A new sequence for a reservation, in the map but not enlisted. */
 static int rsv_create(engine_t *eng, cache_t *c, uint64_t id, uint64_t created, seq_t **out) {
   if (eng->max_seqs && eng->nseqs + created + 1 > eng->max_seqs)
     return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
@@ -149,7 +149,7 @@ out:
 }
 
 /* Groups a history's batch: per sequence [start, highest position + 1). */
-static int hist_group(engine_t *eng, cache_t *c, const xrange_t *xr, const engine_tok_t *toks,
+static int hist_group(engine_t *eng, cache_t *c, const layout_xfer_t *xr, const engine_tok_t *toks,
                       size_t n, rec_t *r, size_t *nr, uint64_t *nentries) {
   for (size_t i = 0; i < n; i++) {
     const engine_tok_t *t = &toks[i];
@@ -212,10 +212,10 @@ static void hist_mask(const cache_t *c, const engine_tok_t *toks, size_t n, cons
 }
 
 /* Checks the caller's buffers against the view's sizes. */
-static int hist_sizes(engine_t *eng, const cache_t *c, const xrange_t *xr, size_t n, size_t nr,
+static int hist_sizes(engine_t *eng, const layout_xfer_t *xr, size_t n, size_t nr,
                       const engine_hist_t *h) {
-  uint64_t kb, vb, sb, mb;
-  if (xfer_sizes(c, xr, h->nentries, &kb, &vb, &sb) ||
+  uint64_t kb, vb, mb;
+  if (layout_xfer_bytes(xr, h->nentries, &kb, &vb, NULL) ||
       __builtin_mul_overflow((uint64_t)n, h->nentries, &mb) ||
       __builtin_mul_overflow(mb, 4, &mb))
     return engine_fail(eng, KVC_E_OVERFLOW, "history of %llu entries overflows",
@@ -237,7 +237,7 @@ int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   int rc = batch_check(eng, cache_id, toks, n, &c);
   if (rc) return rc;
   if (!h) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  xrange_t xr;
+  layout_xfer_t xr;
   if ((rc = xfer_resolve(eng, c, x, false, &xr))) return rc;
   if (xr.bt == KVC_DTYPE_INT8)
     return engine_fail(eng, KVC_E_DTYPE, "a history view returns floats, not raw int8");
@@ -248,7 +248,7 @@ int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   if ((rc = hist_group(eng, c, &xr, toks, n, r, &nr, &h->nentries))) goto out;
   h->nspans = nr;
   if (!h->k && !h->v && !h->mask) goto out; /* sizes only */
-  if ((rc = hist_sizes(eng, c, &xr, n, nr, h))) goto out;
+  if ((rc = hist_sizes(eng, &xr, n, nr, h))) goto out;
   copy_plan_t plan;
   copy_plan_init(&plan, &c->g, c->layout.dtype, xr.l0, xr.l1 - xr.l0, xr.h0, xr.h1 - xr.h0,
                  xr.bt, h->nentries);

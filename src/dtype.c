@@ -4,19 +4,6 @@
 #include <math.h>
 #include <string.h>
 
-unsigned dtype_size(kvc_dtype_t t) {
-  switch (t) {
-  case KVC_DTYPE_F32: return 4;
-  case KVC_DTYPE_F64: return 8;
-  case KVC_DTYPE_F16: return 2;
-  case KVC_DTYPE_BF16: return 2;
-  case KVC_DTYPE_INT8: return 1;
-  }
-  return 0;
-}
-
-bool dtype_valid(kvc_dtype_t t) { return dtype_size(t) != 0; }
-
 static uint32_t f32_bits(float f) {
   uint32_t x;
   memcpy(&x, &f, 4);

@@ -14,9 +14,19 @@
 
 #include "kvcache/types.h"
 
-/* Bytes of one element, 0 for an unknown dtype. */
-unsigned dtype_size(kvc_dtype_t t);
-bool dtype_valid(kvc_dtype_t t);
+/* Bytes of one element, 0 for an unknown dtype. Inline, so that the
+ * transfer geometry (layout.c) needs no conversion code in the client. */
+static inline unsigned dtype_size(kvc_dtype_t t) {
+  switch (t) {
+  case KVC_DTYPE_F32: return 4;
+  case KVC_DTYPE_F64: return 8;
+  case KVC_DTYPE_F16: return 2;
+  case KVC_DTYPE_BF16: return 2;
+  case KVC_DTYPE_INT8: return 1;
+  }
+  return 0;
+}
+static inline bool dtype_valid(kvc_dtype_t t) { return dtype_size(t) != 0; }
 
 uint16_t dtype_f32_to_f16(float f);
 float dtype_f16_to_f32(uint16_t h);

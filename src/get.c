@@ -12,9 +12,9 @@
 
 /* Validates a get completely (nothing changes); fills *cp and *r_. */
 static int get_check(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
-                     const engine_io_t *entries, size_t n, cache_t **cp, xrange_t *r_) {
+                     const engine_io_t *entries, size_t n, cache_t **cp, layout_xfer_t *r_) {
   cache_t *c;
-  xrange_t r;
+  layout_xfer_t r;
   int rc = xfer_begin(eng, cache_id, x, false, entries, n, &c, &r);
   if (rc) return rc;
   for (size_t i = 0; i < n; i++) {
@@ -59,7 +59,7 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                const engine_io_t *entries, size_t n) {
   if (!eng) return KVC_E_INVAL;
   cache_t *c;
-  xrange_t r;
+  layout_xfer_t r;
   int rc = get_check(eng, cache_id, x, entries, n, &c, &r);
   if (rc) return rc;
   const geom_t *g = &c->g;
@@ -142,7 +142,7 @@ int engine_get_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   if (!eng) return KVC_E_INVAL;
   if (!job) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   cache_t *c;
-  xrange_t r;
+  layout_xfer_t r;
   int rc = get_check(eng, cache_id, x, entries, n, &c, &r);
   if (rc) return rc;
   const geom_t *g = &c->g;

@@ -1,7 +1,10 @@
-/* layout.c: validates a layout and computes the byte geometry of its pages. */
+/* layout.c: validates a layout and computes the byte geometry of its pages
+ * and of a transfer. */
 #include "layout.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 
 #include "dtype.h"
 #include "kvcache/errors.h"
@@ -89,5 +92,69 @@ int layout_geom(const kvc_layout_t *layout, geom_t *g) {
   if (__builtin_add_overflow(g->layer_bytes, 7, &x)) return KVC_E_OVERFLOW;
   g->layer_bytes = x & ~(uint64_t)7;
   if (!mul_ok(g->layer_bytes, g->L, &g->page_bytes)) return KVC_E_OVERFLOW;
+  return 0;
+}
+
+kvc_dtype_t layout_natural_dtype(const kvc_layout_t *l) {
+  return l->dtype == KVC_DTYPE_INT8 ? KVC_DTYPE_F32 : l->dtype;
+}
+
+static int xfer_fail(int code, char *why, size_t why_len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int xfer_fail(int code, char *why, size_t why_len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (why_len) vsnprintf(why, why_len, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int layout_xfer(const kvc_layout_t *l, const kvc_xfer_t *x, bool is_put, layout_xfer_t *r,
+                char *why, size_t why_len) {
+  static const kvc_xfer_t all;
+  if (!x) x = &all;
+  r->l0 = x->layer_begin;
+  r->l1 = x->layer_end ? x->layer_end : l->num_layers;
+  r->h0 = x->head_begin;
+  r->h1 = x->head_end ? x->head_end : l->num_kv_heads;
+  if (r->l0 >= r->l1 || r->l1 > l->num_layers)
+    return xfer_fail(KVC_E_LAYER, why, why_len, "layer range [%u, %u) outside 0..%u", r->l0,
+                     r->l1, l->num_layers);
+  if (r->h0 >= r->h1 || r->h1 > l->num_kv_heads)
+    return xfer_fail(KVC_E_HEAD, why, why_len, "head range [%u, %u) outside 0..%u", r->h0,
+                     r->h1, l->num_kv_heads);
+  if (is_put && (r->h0 != 0 || r->h1 != l->num_kv_heads))
+    return xfer_fail(KVC_E_HEAD, why, why_len, "a put writes every head");
+  kvc_dtype_t bt = x->dtype ? x->dtype : layout_natural_dtype(l);
+  bool int8 = l->dtype == KVC_DTYPE_INT8, ok;
+  if (int8)
+    ok = is_put ? (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_F16 || bt == KVC_DTYPE_BF16)
+                : (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_INT8);
+  else
+    ok = bt == l->dtype || bt == KVC_DTYPE_F32;
+  if (!ok)
+    return xfer_fail(KVC_E_DTYPE, why, why_len, "cannot %s dtype %d for a cache of dtype %d",
+                     is_put ? "put" : "get", (int)bt, (int)l->dtype);
+  uint64_t heads = r->h1 - r->h0;
+  r->bt = bt;
+  r->raw = int8 && bt == KVC_DTYPE_INT8;
+  r->k_head = (uint64_t)l->head_dim_k * dtype_size(bt);
+  r->v_head = (uint64_t)l->head_dim_v * dtype_size(bt);
+  r->k_row = heads * r->k_head; /* < 2^38: no overflow */
+  r->v_row = heads * r->v_head;
+  r->s_row = r->raw ? heads * 4u : 0;
+  return 0;
+}
+
+int layout_xfer_bytes(const layout_xfer_t *r, uint64_t ntokens, uint64_t *k_bytes,
+                      uint64_t *v_bytes, uint64_t *scale_bytes) {
+  uint64_t rows, kb, vb, sb;
+  if (__builtin_mul_overflow((uint64_t)(r->l1 - r->l0) * (r->h1 - r->h0), ntokens, &rows) ||
+      __builtin_mul_overflow(rows, r->k_head, &kb) ||
+      __builtin_mul_overflow(rows, r->v_head, &vb) || __builtin_mul_overflow(rows, 4, &sb))
+    return KVC_E_OVERFLOW;
+  if (k_bytes) *k_bytes = kb;
+  if (v_bytes) *v_bytes = vb;
+  if (scale_bytes) *scale_bytes = r->raw ? sb : 0;
   return 0;
 }

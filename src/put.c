@@ -17,7 +17,7 @@
 typedef struct target {
   seq_t *s;
   uint32_t old_cap;  /* table capacity before, to undo growth */
-  bool created;      /* new sequence, in the map but not yet attached */
+  bool created;      /* new sequence, in the map but not yet enlisted */
   bool new_layers;   /* layer_len allocated by this call */
 } target_t;
 
@@ -51,7 +51,7 @@ static void put_rollback(engine_t *eng, target_t *t, size_t n) {
 }
 
 /* Finds or creates the entry's sequence and checks positions against it. */
-static int put_target(engine_t *eng, cache_t *c, const xrange_t *r, const engine_io_t *e,
+static int put_target(engine_t *eng, cache_t *c, const layout_xfer_t *r, const engine_io_t *e,
                       size_t i, target_t *t, uint64_t *created) {
   seq_t *s = hmap_get(&c->seqs, e->seq_id);
   if (s && s->mark == eng->epoch)
@@ -116,7 +116,7 @@ static int put_prepare(engine_t *eng, cache_t *c, const span_t *sp, const engine
   return 0;
 }
 
-static void put_apply(engine_t *eng, seq_t *s, const xrange_t *r, const engine_io_t *e,
+static void put_apply(engine_t *eng, seq_t *s, const layout_xfer_t *r, const engine_io_t *e,
                       const engine_pkey_t *key, uint32_t key_id) {
   const geom_t *g = &s->cache->g;
   copy_plan_t plan;
@@ -143,7 +143,7 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                const engine_io_t *entries, size_t n) {
   if (!eng) return KVC_E_INVAL;
   cache_t *c;
-  xrange_t r;
+  layout_xfer_t r;
   int rc = xfer_begin(eng, cache_id, x, true, entries, n, &c, &r);
   if (rc) return rc;
   target_t one, *t = n == 1 ? &one : mem_calloc(&eng->mem, n, sizeof *t);

@@ -196,17 +196,7 @@ KVC_API int kvc_cache_drop(kvc_cache_t *cache);
 
 /* ---- transfers ---------------------------------------------------------- */
 
-/* Which part of each token a transfer moves. All zero (or a NULL pointer)
- * means every layer, every head, the natural dtype: the cache's dtype, or f32
- * for an int8 cache. layer_end/head_end 0 mean "to the last". Puts move every
- * head. dtype: puts take the cache dtype or f32 (int8 caches: f32, f16,
- * bf16); gets return the cache dtype or f32 (int8: f32 dequantized, or
- * KVC_DTYPE_INT8 for raw bytes plus scales). */
-typedef struct kvc_xfer {
-  uint32_t layer_begin, layer_end;
-  uint32_t head_begin, head_end;
-  kvc_dtype_t dtype; /* 0: natural */
-} kvc_xfer_t;
+/* kvc_xfer_t (which part of each token a transfer moves) is in types.h. */
 
 /* One entry of a batched transfer: tokens [pos, pos + ntokens) of seq_id.
  * k/v are read by a put and written by a get ([layer][token][head][dim] of the
@@ -454,9 +444,14 @@ KVC_API int kvc_history(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_tok_t
  * KVC_E_KIND (encoder caches), KVC_E_FULL. */
 KVC_API int kvc_seq_shift(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1,
                           int64_t delta);
-/* llama.cpp's seq_rm: positions [p0, p1) stop holding tokens, later ones stay
- * where they are (holes; to the end it truncates). Negative = open. */
-KVC_API int kvc_seq_rm(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1);
+/* Punches [p0, p1) out of seq_id (llama.cpp's seq_rm; the wire's Punch, the
+ * engine's engine_punch): those positions stop holding tokens and later ones
+ * stay where they are, as holes (a range reaching the length truncates).
+ * Negative = open. Unlike kvc_seq_remove, it never moves a token. */
+KVC_API int kvc_seq_punch(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1);
+/* The old name of kvc_seq_punch, kept for one release (0.2 removes it). */
+KVC_API int kvc_seq_rm(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1)
+    __attribute__((deprecated("kvc_seq_rm is kvc_seq_punch")));
 /* llama.cpp's seq_keep: drops every other sequence of the cache. */
 KVC_API int kvc_seq_keep(kvc_cache_t *cache, uint64_t seq_id);
 /* llama.cpp's seq_pos_min / seq_pos_max: -1 for both if it holds no token. */

@@ -92,4 +92,16 @@ typedef struct kvc_cache_info {
   uint64_t pages;        /* block-table entries (shared pages counted per use) */
 } kvc_cache_info_t;
 
+/* Which part of each token a transfer moves. All zero (or a NULL pointer)
+ * means every layer, every head, the natural dtype: the cache's dtype, or f32
+ * for an int8 cache. layer_end/head_end 0 mean "to the last". Puts move every
+ * head. dtype: puts take the cache dtype or f32 (int8 caches: f32, f16,
+ * bf16); gets return the cache dtype or f32 (int8: f32 dequantized, or
+ * KVC_DTYPE_INT8 for raw bytes plus scales). */
+typedef struct kvc_xfer {
+  uint32_t layer_begin, layer_end;
+  uint32_t head_begin, head_end;
+  kvc_dtype_t dtype; /* 0: natural */
+} kvc_xfer_t;
+
 #endif

@@ -43,7 +43,7 @@ void fz_server_init(server_t *srv, uint64_t npages, uint64_t page_bytes) {
   srv->pool_ro_fd = -1; /* no pool to pass: the fuzzers never map it */
   srv->cfg.offload_bytes = 0; /* no thread pool here: every get copies inline */
   arena_init(&srv->arena);
-  stats_init(&srv->stats, 0);
+  metrics_init(&srv->stats, 0);
   pool_mem = aligned_alloc(64, srv->cfg.pool_bytes);
   if (!pool_mem) FZ_FAIL("pool");
   memset(pool_mem, 0xa5, srv->cfg.pool_bytes);
@@ -117,12 +117,12 @@ void fz_conn_free(conn_t *c) {
 }
 
 void fz_conn_feed(conn_t *c, const uint8_t *p, size_t n) {
-  if (c->closing) return;
+  if (c->state >= CONN_FLUSHING) return;
   if (n > c->rcap - c->rlen) n = c->rcap - c->rlen;
   memcpy(c->rbuf + c->rlen, p, n);
   c->rlen += n;
   size_t off = 0;
-  while (!c->closing) {
+  while (c->state < CONN_FLUSHING) {
     uint32_t plen = 0;
     int st = frame_parse(c->rbuf + off, c->rlen - off, c->max_frame, &plen);
     if (st == FRAME_TOO_BIG) {
@@ -136,7 +136,7 @@ void fz_conn_feed(conn_t *c, const uint8_t *p, size_t n) {
     fz_audit(c->srv, "a frame");
     off += FRAME_HEADER_BYTES + plen;
   }
-  if (c->closing) return;
+  if (c->state >= CONN_FLUSHING) return;
   memmove(c->rbuf, c->rbuf + off, c->rlen - off);
   c->rlen -= off;
 }
@@ -144,7 +144,7 @@ void fz_conn_feed(conn_t *c, const uint8_t *p, size_t n) {
 void fz_conn_frame(conn_t *c, const uint8_t *payload, size_t n) {
   uint8_t hdr[FRAME_HEADER_BYTES];
   frame_put_header(hdr, (uint32_t)n);
-  if (c->closing || c->rcap - c->rlen < FRAME_HEADER_BYTES + n) return;
+  if (c->state >= CONN_FLUSHING || c->rcap - c->rlen < FRAME_HEADER_BYTES + n) return;
   memcpy(c->rbuf + c->rlen, hdr, sizeof hdr);
   c->rlen += sizeof hdr;
   fz_conn_feed(c, payload, n);
@@ -153,7 +153,7 @@ void fz_conn_frame(conn_t *c, const uint8_t *payload, size_t n) {
 /* ---- the interface of daemon/conn.h ----------------------------------------- */
 
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
-  if (c->closed) return KVC_E_IO;
+  if (c->state == CONN_CLOSED) return KVC_E_IO;
   size_t n = kvcache__v1__response__get_packed_size(resp);
   uint8_t *buf = malloc(n ? n : 1);
   if (!buf) FZ_FAIL("malloc");
@@ -203,9 +203,9 @@ void conn_resume(conn_t *c) { FZ_FAIL("conn %llu resumed", (unsigned long long)c
 
 void conn_close(conn_t *c, const char *reason) {
   (void)reason;
-  if (c->closed) return;
+  if (c->state == CONN_CLOSED) return;
   server_t *srv = c->srv;
-  c->closing = c->closed = true;
+  c->state = CONN_CLOSED;
   if (c->greeted) {
     engine_unpin_all(srv->eng, c->id);
     engine_lease_release_all(srv->eng, c->id);
@@ -217,3 +217,8 @@ void conn_close(conn_t *c, const char *reason) {
 }
 
 void conn_close_after_flush(conn_t *c, const char *reason) { conn_close(c, reason); }
+
+void conn_greeted(conn_t *c) {
+  c->state = CONN_READY;
+  c->greeted = true;
+}

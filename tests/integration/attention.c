@@ -1,7 +1,7 @@
 /* attention.c: attention-aware sequences through the daemon: a window cache
  * with a RoPE description opened over the wire, a forward pass as reserve,
  * one batched put and a history view with its mask, then shift, llama.cpp's
- * seq_rm / seq_keep / pos_min / pos_max and a middle remove, and the errors
+ * seq_punch (llama.cpp's seq_rm) / seq_keep / pos_min / pos_max and a middle remove, and the errors
  * of each new request. */
 #include <math.h>
 
@@ -121,7 +121,7 @@ TEST(attention_window_rope_through_the_daemon) {
   ASSERT_OK(kvc_seq_pos_range(h, 1, &lo, &hi));
   ASSERT_EQ(lo, 3);
   ASSERT_EQ(hi, 6);
-  ASSERT_OK(kvc_seq_rm(h, 1, 5, -1)); /* to the end: truncates */
+  ASSERT_OK(kvc_seq_punch(h, 1, 5, -1)); /* to the end: truncates */
   ASSERT_OK(kvc_seq_pos_range(h, 1, &lo, &hi));
   ASSERT_EQ(hi, 4);
   ASSERT_OK(kvc_seq_shift(h, 1, -1, -1, 2)); /* 3, 4 -> 5, 6; 3, 4 become holes */

@@ -1,12 +1,13 @@
-/* ops.h: the list of request operations, shared by dispatch and stats.
+/* optable.h: the table of request operations, shared by dispatch and the
+ * metrics (not the engine's ops.c, which is put and get).
  *
  * DAEMON_OPS(X) expands X(name, CASE) for each request of the protocol; CASE
  * is the suffix of the Request oneof case (KVCACHE__V1__REQUEST__BODY_<CASE>).
- * dispatch.c builds its handler table from it and stats.c its per-operation
+ * dispatch.c builds its handler table from it and metrics.c its per-operation
  * counters, so an operation added here is dispatched and counted.
  */
-#ifndef KVCD_OPS_H
-#define KVCD_OPS_H
+#ifndef KVCD_OPTABLE_H
+#define KVCD_OPTABLE_H
 
 #define DAEMON_OPS(X)                                                          \
   X(hello, HELLO)                                                              \

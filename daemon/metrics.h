@@ -1,23 +1,23 @@
-/* stats.h: the daemon's own counters, and the Stats reply that joins them
+/* metrics.h: the daemon's own counters, and the Stats reply that joins them
  * with the engine's.
  *
  * DAEMON_STATS(X) lists the connection-level figures once; each operation of
- * ops.h adds requests_<op>, errors_<op>, latency_<op>_p50_ns and
+ * optable.h adds requests_<op>, errors_<op>, latency_<op>_p50_ns and
  * latency_<op>_p99_ns. Latency is the daemon's service time of a request
  * (decode to reply queued) in a log-bucket histogram: 4 buckets per power of
  * two, so a reported percentile is the upper edge of its bucket, at most 25%
  * above the true value. The engine's figures come from ENGINE_STATS and
  * CACHE_STATS (src/stats.h) and are exported without a line here.
  */
-#ifndef KVCD_STATS_H
-#define KVCD_STATS_H
+#ifndef KVCD_METRICS_H
+#define KVCD_METRICS_H
 
 #include <stdint.h>
 
 #include "arena.h"
 #include "engine.h"
 #include "kvcache.pb-c.h"
-#include "ops.h"
+#include "optable.h"
 
 #define DAEMON_STATS(X)                                                        \
   X(connections_current, STAT_GAUGE, "clients connected now")                 \
@@ -52,22 +52,22 @@ typedef struct daemon_stats {
   op_stats_t ops[OP_COUNT_];
 } daemon_stats_t;
 
-void stats_init(daemon_stats_t *s, uint64_t now_ns);
+void metrics_init(daemon_stats_t *s, uint64_t now_ns);
 
 /* Counts one request of op that took elapsed_ns and failed if !ok. */
-void stats_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int ok);
+void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int ok);
 
 /* The value at quantile q (0..1) of op's latency, in ns (0 with no data). */
-uint64_t stats_percentile(const daemon_stats_t *s, enum op op, double q);
+uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q);
 
 /* Histogram bucket of a value and the largest value in a bucket. */
-unsigned stats_bucket(uint64_t v);
-uint64_t stats_bucket_max(unsigned idx);
+unsigned metrics_bucket(uint64_t v);
+uint64_t metrics_bucket_max(unsigned idx);
 
 /* Fills out with every figure: engine, per cache, daemon, per operation.
  * Strings and arrays come from a (freed with the reply). Returns 0 or
  * KVC_E_NOMEM. */
-int stats_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
+int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
                  Kvcache__V1__StatsReply *out);
 
 #endif

@@ -1,9 +1,11 @@
-/* stats.c: counting requests and latencies, and rendering every figure into
+/* metrics.c: counting requests and latencies, and rendering every figure into
  * one Stats reply. */
-#include "stats.h"
+#include "metrics.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "codec.h"
 
 static const char *const op_names[OP_COUNT_] = {
 #define OP_NAME_(name, CASE) #name,
@@ -11,33 +13,33 @@ static const char *const op_names[OP_COUNT_] = {
 #undef OP_NAME_
 };
 
-void stats_init(daemon_stats_t *s, uint64_t now_ns) {
+void metrics_init(daemon_stats_t *s, uint64_t now_ns) {
   memset(s, 0, sizeof *s);
   s->start_ns = now_ns;
 }
 
 /* 0..3 exact, then 4 buckets per power of two. */
-unsigned stats_bucket(uint64_t v) {
+unsigned metrics_bucket(uint64_t v) {
   if (v < 4) return (unsigned)v;
   unsigned msb = 63u - (unsigned)__builtin_clzll(v);
   return (msb - 1u) * 4u + (unsigned)((v >> (msb - 2u)) & 3u);
 }
 
-uint64_t stats_bucket_max(unsigned idx) {
+uint64_t metrics_bucket_max(unsigned idx) {
   if (idx < 4) return idx;
   unsigned msb = idx / 4u + 1u, sub = idx % 4u;
   uint64_t lo = (uint64_t)(4u + sub) << (msb - 2u);
   return lo + (((uint64_t)1 << (msb - 2u)) - 1u);
 }
 
-void stats_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int ok) {
+void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int ok) {
   op_stats_t *o = &s->ops[op];
   o->requests++;
   if (!ok) o->errors++;
-  o->hist[stats_bucket(elapsed_ns)]++;
+  o->hist[metrics_bucket(elapsed_ns)]++;
 }
 
-uint64_t stats_percentile(const daemon_stats_t *s, enum op op, double q) {
+uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q) {
   const op_stats_t *o = &s->ops[op];
   uint64_t total = 0;
   for (unsigned i = 0; i < STATS_HIST_BUCKETS; i++) total += o->hist[i];
@@ -49,9 +51,9 @@ uint64_t stats_percentile(const daemon_stats_t *s, enum op op, double q) {
   uint64_t seen = 0;
   for (unsigned i = 0; i < STATS_HIST_BUCKETS; i++) {
     seen += o->hist[i];
-    if (seen >= rank) return stats_bucket_max(i);
+    if (seen >= rank) return metrics_bucket_max(i);
   }
-  return stats_bucket_max(STATS_HIST_BUCKETS - 1);
+  return metrics_bucket_max(STATS_HIST_BUCKETS - 1);
 }
 
 typedef struct builder {
@@ -65,13 +67,8 @@ static int add(builder_t *b, const char *name, uint64_t value, int gauge,
   if (b->n == b->cap) return KVC_E_INTERNAL; /* cap is computed exactly */
   Kvcache__V1__Stat *st = arena_alloc(b->a, sizeof *st);
   if (!st) return KVC_E_NOMEM;
-  kvcache__v1__stat__init(st);
-  /* protobuf-c never writes through these pointers when packing. */
-  st->name = (char *)name;
-  st->value = value;
-  st->gauge = gauge != 0;
-  st->help = (char *)help;
-  st->cache = (char *)cache;
+  codec_stat_to_wire(&(kvc_stat_t){.name = name, .value = value, .gauge = gauge != 0,
+                                    .help = help, .cache = cache}, st);
   b->items[b->n++] = st;
   return 0;
 }
@@ -97,8 +94,8 @@ static int render_ops(builder_t *b, const daemon_stats_t *s) {
       return KVC_E_NOMEM;
     rc = add(b, req, s->ops[op].requests, 0, help_req, "");
     if (!rc) rc = add(b, err, s->ops[op].errors, 0, help_err, "");
-    if (!rc) rc = add(b, p50, stats_percentile(s, (enum op)op, 0.50), 1, help_p50, "");
-    if (!rc) rc = add(b, p99, stats_percentile(s, (enum op)op, 0.99), 1, help_p99, "");
+    if (!rc) rc = add(b, p50, metrics_percentile(s, (enum op)op, 0.50), 1, help_p50, "");
+    if (!rc) rc = add(b, p99, metrics_percentile(s, (enum op)op, 0.99), 1, help_p99, "");
   }
   return rc;
 }
@@ -119,7 +116,7 @@ static int render_caches(builder_t *b, engine_t *eng, const kvc_cache_info_t *in
   return rc;
 }
 
-int stats_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
+int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
                  Kvcache__V1__StatsReply *out) {
   size_t ncaches = 0;
   engine_cache_list(eng, NULL, 0, &ncaches);

@@ -1,4 +1,6 @@
-/* frame.h: the frame codec, a 4-byte little-endian length then the payload.
+/* frame.h: the frame format of the protocol, a 4-byte little-endian length
+ * then the payload (one packed Request or Response). The client library and
+ * the daemon both frame and unframe with it.
  *
  *   +----+----+----+----+---------------------------+
  *   | length (LE u32)   | payload: length bytes      |
@@ -6,8 +8,8 @@
  *
  * Pure functions over byte arrays: no I/O, no allocation (fuzzed on its own).
  */
-#ifndef KVCD_FRAME_H
-#define KVCD_FRAME_H
+#ifndef KVC_PROTO_FRAME_H
+#define KVC_PROTO_FRAME_H
 
 #include <stddef.h>
 #include <stdint.h>
