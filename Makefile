@@ -6,7 +6,11 @@
 #   make test       both builds, then every test; ends with "N passed, N failed"
 #   make test T=name    one test (a unit or integration test name) in both builds
 #   make check      the suite under sanitizers only, with the long model run
-#   make bench      benchmarks (never part of pass/fail)
+#   make bench      benchmarks (never part of pass/fail); ends with "goal rows: N met,
+#                   N not met, N unreliable"
+#   make bench BENCH_ROWS=direct,spin   only those groups of rows (a comma list of
+#                   words, each matched inside the group names: ping copy direct
+#                   lease held servers spin stall multi decode prefix eviction scale)
 #   make soak       the verified soak (SOAK_CLIENTS=16, SOAK_SECONDS=60)
 #   make valgrind   the integration suite's daemon under valgrind memcheck
 #   make fuzz       libFuzzer (clang) on each target for FUZZ_SECONDS (default 60)
@@ -265,7 +269,7 @@ tsan: deps
 bench: EXTRA_PACKAGES += redis-server memcached
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
-	@$(B)/bench/kvc_bench
+	@BENCH_ROWS='$(BENCH_ROWS)' $(B)/bench/kvc_bench
 
 fuzz:
 	@$(MAKE) --no-print-directory deps EXTRA_PACKAGES="clang libclang-rt-14-dev"
