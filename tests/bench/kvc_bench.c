@@ -396,9 +396,10 @@ static void refs_stop(void) {
 
 /* How a transfer waits, which sets the floor its time cannot beat
  * (bench_verdict.h rule 4): a blocking request needs one bare round trip
- * and one copy; a polling client still wakes the daemon (half a round trip);
- * a zero-copy read only reads the bytes (at most twice as fast as a memcpy,
- * which also writes them). */
+ * and one copy. A polling client needs the copy only: it never sleeps, and
+ * its requests were measured at 0.3-0.8x the bare round trip, so no part of
+ * that is a bound. A zero-copy read only reads the bytes: at most twice as
+ * fast as a memcpy, which also writes them. */
 enum xkind { X_BLOCK, X_SPIN, X_LEASE, X_SPIN_LEASE };
 
 /* A row comparing a transfer of size i (m[0]) with the limit: the memcpy
@@ -409,7 +410,7 @@ static void transfer_row(const char *what, int i, const meas_t *m, bool get, boo
                          enum xkind kind) {
   char name[64];
   snprintf(name, sizeof name, "%s %s", what, size_names[i]);
-  double rtt_floor = kind == X_SPIN || kind == X_SPIN_LEASE ? 0.5 : 1;
+  double rtt_floor = kind == X_SPIN || kind == X_SPIN_LEASE ? 0 : 1;
   double mc_floor = kind == X_LEASE || kind == X_SPIN_LEASE ? 0.5 : 1;
   series_add(&mc_ser[get][i], &m[1]);
   series_add(&rtt_ser, &m[2]);
@@ -524,7 +525,7 @@ static void bench_spin(const kd_t *d) {
     series_add(&rtt_ser, &m[1]);
     row_t *r = row_add("ping, client polls 200 us", BV_GOAL_NONE, 0);
     row_fig(r, &m[0], FMT_US, 0);
-    row_part(r, &m[1], 1, 0.5, &rtt_ser);
+    row_part(r, &m[1], 1, 0, &rtt_ser);
     r->bv.fig_over_ref = true;
     snprintf(r->ref, sizeof r->ref, "RTT");
   }

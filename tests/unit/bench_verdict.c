@@ -117,6 +117,17 @@ TEST(bench_verdict_goal_inside_trial_spread_is_unreliable) {
   for (int t = 0; t < 7; t++) row.fig[t] = g[t] * US;
   o = bv_judge(&row);
   ASSERT_EQ(o.v, BV_MET);
+  /* A steady figure but a reference that swings trial to trial (a loaded
+   * machine): 50 us against limits of 33-65 us, 0.9x in the median. */
+  static const double r[7] = {28, 33, 36, 40, 48, 55, 60}; /* + 5 us memcpy */
+  for (int t = 0; t < 7; t++) {
+    row.fig[t] = 50 * US;
+    row.part[1].t[t] = r[t] * US;
+  }
+  o = bv_judge(&row);
+  ASSERT_EQ(o.kept, 7);
+  ASSERT_EQ(o.v, BV_UNRELIABLE);
+  ASSERT(strstr(o.why, "too close") != NULL);
 }
 
 /* An informational row with a broken reference is marked too; a clean one
