@@ -99,6 +99,7 @@ static BU_UNUSED int pingpong_open(pid_t *pid) {
     _exit(0);
   }
   close(sv[1]);
+  watch_pid(*pid);
   return sv[0];
 }
 

@@ -14,6 +14,7 @@
 #ifndef KVC_BENCH_UTIL_H
 #define KVC_BENCH_UTIL_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <sched.h>
 #include <fcntl.h>
@@ -74,6 +75,7 @@ typedef int (*op_fn)(void *ctx);
 typedef struct meas {
   double ns;           /* the figure: median over trials of each trial's median operation */
   double tr[TRIALS];   /* each trial's median operation, ns */
+  double wait[TRIALS]; /* time the measured processes waited for a CPU / the round's time */
   double p50, p99;     /* of single operations, over every trial */
   uint64_t ops;        /* operations timed in all */
   bool ok;             /* false if an operation failed */
@@ -98,6 +100,51 @@ static int trial(op_fn fn, void *ctx, double trial_ms, int min_ops, double *s, s
   return 0;
 }
 
+/* The processes a measurement involves besides this thread: the daemon,
+ * the echo process, Redis, memcached (watch_pid when started). */
+#define MAX_WATCHED 16
+static pid_t watched[MAX_WATCHED];
+static int nwatched;
+
+static BU_UNUSED void watch_pid(pid_t pid) {
+  if (nwatched < MAX_WATCHED && pid > 0) watched[nwatched++] = pid;
+}
+
+static BU_UNUSED void unwatch_pid(pid_t pid) {
+  for (int i = 0; i < nwatched; i++)
+    if (watched[i] == pid) watched[i] = watched[--nwatched];
+}
+
+/* The run_delay field of a schedstat file: ns runnable but not running. */
+static double run_delay_of(const char *path) {
+  unsigned long long run = 0, delay = 0;
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  if (fscanf(f, "%llu %llu", &run, &delay) != 2) delay = 0;
+  fclose(f);
+  return (double)delay;
+}
+
+/* How long this thread and every thread of the watched processes have
+ * waited for a CPU while runnable, ns, summed (/proc/.../schedstat). Other
+ * work on the machine shows here only when it delays the measurement. */
+static double run_delay_ns(void) {
+  double sum = run_delay_of("/proc/thread-self/schedstat");
+  for (int i = 0; i < nwatched; i++) {
+    char dir[64], path[600];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)watched[i]);
+    DIR *d = opendir(dir);
+    if (!d) continue;
+    for (struct dirent *e; (e = readdir(d));) {
+      if (e->d_name[0] == '.') continue;
+      snprintf(path, sizeof path, "%s/%s/schedstat", dir, e->d_name);
+      sum += run_delay_of(path);
+    }
+    closedir(d);
+  }
+  return sum;
+}
+
 #define MAX_SIDE 4
 
 /* Measures n operations side by side: after a warm-up of each, TRIALS rounds
@@ -112,10 +159,13 @@ static BU_UNUSED void measure_side(const op_fn *fns, void *const *ctxs, int n, d
     for (int w = 0; w < 3 && out[i].ok; w++) out[i].ok = fns[i](ctxs[i]) == 0;
   }
   for (int t = 0; t < TRIALS; t++)
-    for (int i = 0; i < n; i++)
-      if (out[i].ok)
-        out[i].ok = trial(fns[i], ctxs[i], trial_ms, min_ops, samples[i], &ns[i],
-                          &out[i].ops, &out[i].tr[t]) == 0;
+    for (int i = 0; i < n; i++) {
+      if (!out[i].ok) continue;
+      double w0 = run_delay_ns(), t0 = now_ns();
+      out[i].ok = trial(fns[i], ctxs[i], trial_ms, min_ops, samples[i], &ns[i], &out[i].ops,
+                        &out[i].tr[t]) == 0;
+      out[i].wait[t] = (run_delay_ns() - w0) / (now_ns() - t0);
+    }
   for (int i = 0; i < n; i++) {
     if (!out[i].ok) continue;
     out[i].ns = bv_median(out[i].tr, TRIALS);
@@ -138,6 +188,7 @@ static BU_UNUSED meas_t measure(op_fn fn, void *ctx, double trial_ms, int min_op
 #define SERIES_MAX 1024
 typedef struct series {
   const char *name;     /* "round trip", "memcpy" */
+  bool hog;             /* a loop that never sleeps: waiting for a CPU does not move its median */
   double t[SERIES_MAX]; /* trial medians, ns */
   int n;
 } series_t;
@@ -204,7 +255,10 @@ static BU_UNUSED void row_fig(row_t *r, const meas_t *m, enum fmt f, double byte
   r->bytes = bytes;
   r->measured = m->ok;
   r->bv.n = TRIALS;
-  for (int t = 0; t < TRIALS; t++) r->bv.fig[t] = m->tr[t];
+  for (int t = 0; t < TRIALS; t++) {
+    r->bv.fig[t] = m->tr[t];
+    r->bv.wait[t] = m->wait[t];
+  }
 }
 
 /* Adds a part to the row's reference: m's trials, weight w in the reference
@@ -219,6 +273,8 @@ static BU_UNUSED void row_part(row_t *r, const meas_t *m, double w, double wf, s
   p->name = s ? s->name : "reference";
   r->ser[k] = s;
   if (!m || !m->ok) r->measured = false;
+  for (int t = 0; m && !(s && s->hog) && t < TRIALS; t++) /* as long as its slowest part */
+    if (m->wait[t] > r->bv.wait[t]) r->bv.wait[t] = m->wait[t];
 }
 
 /* A row of single values (no trials): ratio fig / ref or ref / fig. */
@@ -282,6 +338,7 @@ static BU_UNUSED void table_judge(void) {
     o->v = BV_INFO;
     o->ratio = -1;
     o->kept = r->bv.n;
+    o->wait = bv_median(r->bv.wait, r->bv.n);
     o->fig = bv_median(r->bv.fig, r->bv.n);
     o->fig_min = o->fig_max = o->fig;
     for (int t = 0; t < r->bv.n; t++) {
@@ -293,7 +350,7 @@ static BU_UNUSED void table_judge(void) {
 
 static void row_print(FILE *f, const row_t *r) {
   char fig[40], fsp[56] = "", ref[80], rsp[56] = "", ratio[24], goal[24], kept[16] = "",
-       verdict[160];
+       verdict[160], wait[16] = "";
   const bv_result_t *o = &r->res;
   if (!r->measured) {
     snprintf(fig, sizeof fig, "%s", r->fig[0] ? r->fig : "n/a");
@@ -319,21 +376,22 @@ static void row_print(FILE *f, const row_t *r) {
     fmt_ratio(ratio, sizeof ratio, o->ratio);
     snprintf(kept, sizeof kept, "%d/%d", o->kept, r->bv.n);
   }
+  if (r->measured && r->fmt != FMT_TEXT) snprintf(wait, sizeof wait, "%.0f%%", 100 * o->wait);
   if (r->bv.gk == BV_GOAL_MIN) snprintf(goal, sizeof goal, ">= %gx", r->bv.goal);
   else if (r->bv.gk == BV_GOAL_MAX) snprintf(goal, sizeof goal, "<= %gx", r->bv.goal);
   else snprintf(goal, sizeof goal, "-");
   if (!r->measured) snprintf(verdict, sizeof verdict, "n/a");
   else if (o->v == BV_UNRELIABLE) snprintf(verdict, sizeof verdict, "unreliable: %s", o->why);
   else snprintf(verdict, sizeof verdict, "%s", bv_verdict_name(o->v));
-  fprintf(f, "| %s | %s%s%s%s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r->section, r->name,
-          r->note[0] ? " (" : "", r->note, r->note[0] ? ")" : "", fig, fsp, ref, rsp, ratio,
-          kept, goal, verdict);
+  fprintf(f, "| %s | %s%s%s%s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r->section,
+          r->name, r->note[0] ? " (" : "", r->note, r->note[0] ? ")" : "", fig, fsp, ref, rsp,
+          ratio, wait, kept, goal, verdict);
 }
 
 static BU_UNUSED void table_print(FILE *f, bool references) {
-  fprintf(f, "| section | row | figure | min-max | reference | min-max | ratio | kept | goal | "
-             "verdict |\n");
-  fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  fprintf(f, "| section | row | figure | min-max | reference | min-max | ratio | cpu wait | "
+             "kept | goal | verdict |\n");
+  fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   for (int i = 0; i < nrows; i++)
     if ((strcmp(rows[i].section, "reference") == 0) == references) row_print(f, &rows[i]);
 }
@@ -410,11 +468,13 @@ static BU_UNUSED pid_t spawn(const char *const *argv, const char *log) {
     execv(argv[0], (char *const *)argv);
     _exit(127);
   }
+  watch_pid(pid);
   return pid;
 }
 
 static BU_UNUSED void stop(pid_t pid) {
   if (pid <= 0) return;
+  unwatch_pid(pid);
   kill(pid, SIGTERM);
   int st;
   for (int i = 0; i < 500; i++) {

@@ -164,3 +164,20 @@ TEST(bench_verdict_no_floor_row_and_bad_input) {
   row.nparts = 0;
   ASSERT_EQ(bv_judge(&row).v, BV_UNRELIABLE);
 }
+
+/* Trials in which the processes waited for a CPU are dropped: a few leave a
+ * verdict, most leave none. */
+TEST(bench_verdict_cpu_wait_drops_trials) {
+  bv_row_t row = limit_row(7, 50, 5, 40, 40);
+  row.wait[2] = 0.6;
+  row.fig[2] = 200 * US; /* what the wait did to it */
+  bv_result_t o = bv_judge(&row);
+  ASSERT_EQ(o.kept, 6);
+  ASSERT_EQ(o.busy, 1);
+  ASSERT_EQ(o.v, BV_MET);
+  for (int t = 0; t < 5; t++) row.wait[t] = 0.5;
+  o = bv_judge(&row);
+  ASSERT_EQ(o.kept, 2);
+  ASSERT_EQ(o.v, BV_UNRELIABLE);
+  ASSERT(strstr(o.why, "busy machine") != NULL);
+}
