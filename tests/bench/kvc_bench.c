@@ -1165,8 +1165,10 @@ int main(int argc, char **argv) {
          "bare Unix-socket round trip, measured in the trials alternating with the row's; "
          "ratio = reference / kvcached (bandwidth rows) or kvcached / reference (latency "
          "rows), of the medians over the kept trials; kept = trials whose reference was "
-         "within %.1f-%.0fx its median over the run (doc/benchmarks.md has the rules)\n\n",
-         BV_BAND_LO, BV_BAND_HI);
+         "within %.1f-%.0fx its median over the run and whose processes waited for a CPU "
+         "(cpu wait: run_delay / trial time, the median shown) at most %.0f%% of the time; "
+         "doc/benchmarks.md has the rules\n\n",
+         BV_BAND_LO, BV_BAND_HI, 100 * BV_WAIT_MAX);
   table_print(stdout, false);
   printf("\n(%.0f s in all)\n", (now_ns() - t0) / 1e9);
   table_summary(stdout);
