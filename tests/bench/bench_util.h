@@ -412,7 +412,7 @@ static BU_UNUSED void table_summary(FILE *f) {
   }
   fprintf(f, "goal rows: %d met, %d not met, %d unreliable", met, not_met, unrel);
   if (na) fprintf(f, ", %d n/a", na);
-  fprintf(f, " (informational rows with an implausible reference: %d)\n", info_unrel);
+  fprintf(f, " (informational rows unreliable: %d)\n", info_unrel);
 }
 
 /* ---- processes ------------------------------------------------------------ */

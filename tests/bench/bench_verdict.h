@@ -91,7 +91,7 @@ typedef struct bv_row {
 
 typedef struct bv_result {
   bv_verdict_t v;
-  double ratio;             /* of the medians over kept trials; < 0 if none */
+  double ratio;             /* of the medians over kept trials (over all if none); < 0: none */
   double fig, ref;          /* those medians (the figure, the reference), ns */
   double fig_min, fig_max;  /* over all trials, to show the noise */
   double ref_min, ref_max;
@@ -203,7 +203,7 @@ static BV_UNUSED bv_result_t bv_judge(const bv_row_t *r) {
     }
   o.fig = bv_median(f, k ? k : r->n);
   o.ref = bv_median(ref, k ? k : r->n);
-  o.ratio = k ? bv_ratio(r, o.fig, o.ref) : -1;
+  o.ratio = bv_ratio(r, o.fig, o.ref); /* of every trial when none is kept */
   o.v = BV_UNRELIABLE; /* informational rows too, by rules 2 and 4 */
   if (2 * k < r->n) { /* rule 2 */
     if (2 * o.busy >= r->n - k)
