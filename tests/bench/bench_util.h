@@ -1,15 +1,18 @@
-/* bench_util.h: timing with medians over trials, and the one result table of
- * kvc_bench.
+/* bench_util.h: timing by trials, the run's reference series, and the one
+ * result table of kvc_bench.
  *
  * A measurement runs an operation in TRIALS trials of at least trial_ms each
- * (after a warm-up), timing every single operation; its figure is the median
- * operation (robust to the preemptions of a shared 2-vCPU machine), and p99
- * is there too. Figures that are compared are measured side by side:
- * measure_side alternates the trials of several operations (kvcached, the
- * memcpy and the round trip of its limit, Redis), so a change of load on the
- * machine hits all of them alike. A row of the table holds
- * a figure, its reference, their ratio and the goal the ratio is held to
- * (BRIEF section 7), met or not. Nothing here asserts a timing.
+ * (after a warm-up), timing every single operation; a trial's figure is its
+ * median operation (robust to the preemptions of a shared 2-vCPU machine),
+ * and with it goes how long the measured processes waited for a CPU in that
+ * trial (schedstat run_delay). Figures that are compared are measured side
+ * by side: measure_side alternates the trials of several operations
+ * (kvcached, the memcpy and the round trip of its limit, Redis), so a change
+ * of load hits all of them alike. Every trial of a reference also goes into
+ * its series over the whole run, whose median is the band a row's trials
+ * are held to. A row of the table keeps its trials and its goal (BRIEF
+ * section 7); table_judge gives each its verdict (bench_verdict.h) and
+ * table_summary the closing line. Nothing here asserts a timing.
  */
 #ifndef KVC_BENCH_UTIL_H
 #define KVC_BENCH_UTIL_H

@@ -6,9 +6,10 @@
  * memcached started on private sockets in a temporary directory), then
  * kvcached daemons started from the same build directory with the pool each
  * part needs. Every figure is a median over TRIALS trials; each ratio is held
- * to its goal from BRIEF section 7 and printed met or NOT MET. Timings are
- * never asserted: the program fails only if a server refuses a call that
- * must work.
+ * to its goal from BRIEF section 7 and judged met, NOT MET or unreliable
+ * (bench_verdict.h), and the run ends with one summary line. BENCH_ROWS
+ * limits the run to some groups of rows. Timings are never asserted: the
+ * program fails only if a server refuses a call that must work.
  *
  * The layout is Llama-class: 32 layers x 8 KV heads x 128 dims, bf16, 16
  * tokens a page (a 2 MiB page). One token of one layer, K and V, is 4 KiB;
