@@ -290,10 +290,6 @@ static BU_UNUSED void row_values(row_t *r, double fig, double ref, bool fig_over
   r->bv.fig_over_ref = fig_over_ref;
 }
 
-static BU_UNUSED void fmt_bw(char *out, size_t len, double bytes, double ns) {
-  snprintf(out, len, "%.2f GB/s", ns > 0 ? bytes / ns : 0);
-}
-
 static BU_UNUSED void fmt_us(char *out, size_t len, double ns) {
   snprintf(out, len, "%.1f us", ns / 1e3);
 }
