@@ -1,19 +1,23 @@
-/* bench_util.h: timing with medians over trials, and the one result table of
- * kvc_bench.
+/* bench_util.h: timing by trials, the run's reference series, and the one
+ * result table of kvc_bench.
  *
  * A measurement runs an operation in TRIALS trials of at least trial_ms each
- * (after a warm-up), timing every single operation; its figure is the median
- * operation (robust to the preemptions of a shared 2-vCPU machine), and p99
- * is there too. Figures that are compared are measured side by side:
- * measure_side alternates the trials of several operations (kvcached, the
- * memcpy and the round trip of its limit, Redis), so a change of load on the
- * machine hits all of them alike. A row of the table holds
- * a figure, its reference, their ratio and the goal the ratio is held to
- * (BRIEF section 7), met or not. Nothing here asserts a timing.
+ * (after a warm-up), timing every single operation; a trial's figure is its
+ * median operation (robust to the preemptions of a shared 2-vCPU machine),
+ * and with it goes how long the measured processes waited for a CPU in that
+ * trial (schedstat run_delay). Figures that are compared are measured side
+ * by side: measure_side alternates the trials of several operations
+ * (kvcached, the memcpy and the round trip of its limit, Redis), so a change
+ * of load hits all of them alike. Every trial of a reference also goes into
+ * its series over the whole run, whose median is the band a row's trials
+ * are held to. A row of the table keeps its trials and its goal (BRIEF
+ * section 7); table_judge gives each its verdict (bench_verdict.h) and
+ * table_summary the closing line. Nothing here asserts a timing.
  */
 #ifndef KVC_BENCH_UTIL_H
 #define KVC_BENCH_UTIL_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <sched.h>
 #include <fcntl.h>
@@ -31,6 +35,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "bench_verdict.h"
 
 #define BU_UNUSED __attribute__((unused))
 #define TRIALS 7
@@ -70,24 +76,76 @@ static BU_UNUSED double quantile(double *v, size_t n, double q) {
 typedef int (*op_fn)(void *ctx);
 
 typedef struct meas {
-  double ns;       /* median time of one operation */
-  double p50, p99; /* of single operations, over every trial */
-  uint64_t ops;    /* operations timed in all */
-  bool ok;         /* false if an operation failed */
+  double ns;           /* the figure: median over trials of each trial's median operation */
+  double tr[TRIALS];   /* each trial's median operation, ns */
+  double wait[TRIALS]; /* time the measured processes waited for a CPU / the round's time */
+  double p50, p99;     /* of single operations, over every trial */
+  uint64_t ops;        /* operations timed in all */
+  bool ok;             /* false if an operation failed */
 } meas_t;
 
-/* One trial of fn: at least trial_ms and min_ops; appends single times. */
+/* One trial of fn: at least trial_ms and min_ops; appends single times to
+ * s and returns the trial's median operation in *med. */
 static int trial(op_fn fn, void *ctx, double trial_ms, int min_ops, double *s, size_t *ns,
-                 uint64_t *ops) {
+                 uint64_t *ops, double *med) {
   double start = now_ns(), last = start, end = start + trial_ms * 1e6;
-  for (int n = 0; n < min_ops || last < end; n++) {
+  size_t first = *ns;
+  uint64_t n = 0;
+  for (; (int)n < min_ops || last < end; n++) {
     if (fn(ctx) != 0) return -1;
     double now = now_ns();
     if (*ns < MAX_SAMPLES) s[(*ns)++] = now - last;
     last = now;
-    (*ops)++;
   }
+  *ops += n;
+  /* Sorting the trial's own samples in place leaves the pooled set as it was. */
+  *med = *ns > first ? quantile(s + first, *ns - first, 0.5) : (last - start) / (double)n;
   return 0;
+}
+
+/* The processes a measurement involves besides this thread: the daemon,
+ * the echo process, Redis, memcached (watch_pid when started). */
+#define MAX_WATCHED 16
+static pid_t watched[MAX_WATCHED];
+static int nwatched;
+
+static BU_UNUSED void watch_pid(pid_t pid) {
+  if (nwatched < MAX_WATCHED && pid > 0) watched[nwatched++] = pid;
+}
+
+static BU_UNUSED void unwatch_pid(pid_t pid) {
+  for (int i = 0; i < nwatched; i++)
+    if (watched[i] == pid) watched[i] = watched[--nwatched];
+}
+
+/* The run_delay field of a schedstat file: ns runnable but not running. */
+static double run_delay_of(const char *path) {
+  unsigned long long run = 0, delay = 0;
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  if (fscanf(f, "%llu %llu", &run, &delay) != 2) delay = 0;
+  fclose(f);
+  return (double)delay;
+}
+
+/* How long this thread and every thread of the watched processes have
+ * waited for a CPU while runnable, ns, summed (/proc/.../schedstat). Other
+ * work on the machine shows here only when it delays the measurement. */
+static double run_delay_ns(void) {
+  double sum = run_delay_of("/proc/thread-self/schedstat");
+  for (int i = 0; i < nwatched; i++) {
+    char dir[64], path[600];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)watched[i]);
+    DIR *d = opendir(dir);
+    if (!d) continue;
+    for (struct dirent *e; (e = readdir(d));) {
+      if (e->d_name[0] == '.') continue;
+      snprintf(path, sizeof path, "%s/%s/schedstat", dir, e->d_name);
+      sum += run_delay_of(path);
+    }
+    closedir(d);
+  }
+  return sum;
 }
 
 #define MAX_SIDE 4
@@ -99,17 +157,22 @@ static BU_UNUSED void measure_side(const op_fn *fns, void *const *ctxs, int n, d
   static double samples[MAX_SIDE][MAX_SAMPLES];
   size_t ns[MAX_SIDE] = {0};
   for (int i = 0; i < n; i++) {
-    out[i] = (meas_t){0, 0, 0, 0, true};
+    memset(&out[i], 0, sizeof out[i]);
+    out[i].ok = true;
     for (int w = 0; w < 3 && out[i].ok; w++) out[i].ok = fns[i](ctxs[i]) == 0;
   }
   for (int t = 0; t < TRIALS; t++)
-    for (int i = 0; i < n; i++)
-      if (out[i].ok)
-        out[i].ok = trial(fns[i], ctxs[i], trial_ms, min_ops, samples[i], &ns[i],
-                          &out[i].ops) == 0;
+    for (int i = 0; i < n; i++) {
+      if (!out[i].ok) continue;
+      double w0 = run_delay_ns(), t0 = now_ns();
+      out[i].ok = trial(fns[i], ctxs[i], trial_ms, min_ops, samples[i], &ns[i], &out[i].ops,
+                        &out[i].tr[t]) == 0;
+      out[i].wait[t] = (run_delay_ns() - w0) / (now_ns() - t0);
+    }
   for (int i = 0; i < n; i++) {
     if (!out[i].ok) continue;
-    out[i].ns = out[i].p50 = quantile(samples[i], ns[i], 0.5);
+    out[i].ns = bv_median(out[i].tr, TRIALS);
+    out[i].p50 = quantile(samples[i], ns[i], 0.5);
     out[i].p99 = quantile(samples[i], ns[i], 0.99);
   }
 }
@@ -120,26 +183,54 @@ static BU_UNUSED meas_t measure(op_fn fn, void *ctx, double trial_ms, int min_op
   return m;
 }
 
+/* ---- a reference over the whole run ------------------------------------- */
+
+/* Every trial of one reference (the round trip, memcpy of one size, Redis
+ * SET of one size) in the run: its median is what a trial's band is held
+ * to (bench_verdict.h rule 1). */
+#define SERIES_MAX 1024
+typedef struct series {
+  const char *name;     /* "round trip", "memcpy" */
+  bool hog;             /* a loop that never sleeps: waiting for a CPU does not move its median */
+  double t[SERIES_MAX]; /* trial medians, ns */
+  int n;
+} series_t;
+
+static BU_UNUSED void series_add(series_t *s, const meas_t *m) {
+  for (int t = 0; t < TRIALS && m->ok && s->n < SERIES_MAX; t++) s->t[s->n++] = m->tr[t];
+}
+
+static BU_UNUSED double series_median(const series_t *s) {
+  static double v[SERIES_MAX];
+  memcpy(v, s->t, (size_t)s->n * sizeof *v);
+  return quantile(v, (size_t)s->n, 0.5);
+}
+
 /* ---- the table ---------------------------------------------------------- */
 
-enum goal_kind {
-  GOAL_NONE,  /* informational */
-  GOAL_MIN,   /* ratio >= goal */
-  GOAL_MAX    /* ratio <= goal */
+enum fmt {
+  FMT_TEXT, /* fig and ref as written, no trials to format */
+  FMT_US,   /* trial times in us */
+  FMT_GBS,  /* bytes / trial time in GB/s */
+  FMT_MS,   /* trial times in ms */
+  FMT_RATE  /* operations a second */
 };
 
 typedef struct row {
   char section[24];
-  char name[56];
-  char fig[24];
-  char ref[40];
-  double ratio;    /* < 0: not measured */
-  enum goal_kind gk;
-  double goal;
+  char name[64];
   char note[64];
+  char fig[32];        /* FMT_TEXT: the figure as printed */
+  char ref[48];        /* FMT_TEXT: the reference; else its label ("limit") */
+  enum fmt fmt;
+  double bytes;        /* FMT_GBS: bytes of one operation */
+  bv_row_t bv;         /* goal and trials */
+  series_t *ser[BV_MAX_PARTS]; /* each part's run series (NULL: no band) */
+  bool measured;       /* false: n/a (a server missing) */
+  bv_result_t res;     /* filled by table_judge */
 } row_t;
 
-#define MAX_ROWS 128
+#define MAX_ROWS 160
 static row_t rows[MAX_ROWS];
 static int nrows;
 static char cur_section[24];
@@ -150,50 +241,177 @@ static BU_UNUSED void section(const char *s) {
   fprintf(stderr, "kvc_bench: %s ...\n", s);
 }
 
-static BU_UNUSED row_t *row_add(const char *name, enum goal_kind gk, double goal) {
+static BU_UNUSED row_t *row_add(const char *name, bv_goal_t gk, double goal) {
   if (nrows == MAX_ROWS) die("too many rows");
   row_t *r = &rows[nrows++];
   memset(r, 0, sizeof *r);
   snprintf(r->section, sizeof r->section, "%s", cur_section);
   snprintf(r->name, sizeof r->name, "%s", name);
-  r->ratio = -1;
-  r->gk = gk;
-  r->goal = goal;
+  r->bv.gk = gk;
+  r->bv.goal = goal;
   return r;
 }
 
-static BU_UNUSED void fmt_bw(char *out, size_t len, double bytes, double ns) {
-  snprintf(out, len, "%.2f GB/s", ns > 0 ? bytes / ns : 0);
+/* The row's figure: m's trials, printed as f. */
+static BU_UNUSED void row_fig(row_t *r, const meas_t *m, enum fmt f, double bytes) {
+  r->fmt = f;
+  r->bytes = bytes;
+  r->measured = m->ok;
+  r->bv.n = TRIALS;
+  for (int t = 0; t < TRIALS; t++) {
+    r->bv.fig[t] = m->tr[t];
+    r->bv.wait[t] = m->wait[t];
+  }
+}
+
+/* Adds a part to the row's reference: m's trials, weight w in the reference
+ * and wf in its floor, held to the band of series s (NULL: none). */
+static BU_UNUSED void row_part(row_t *r, const meas_t *m, double w, double wf, series_t *s) {
+  if (r->bv.nparts == BV_MAX_PARTS) die("too many parts in row %s", r->name);
+  int k = r->bv.nparts++;
+  bv_part_t *p = &r->bv.part[k];
+  for (int t = 0; t < TRIALS; t++) p->t[t] = m ? m->tr[t] : 0;
+  p->w_ref = w;
+  p->w_floor = wf;
+  p->name = s ? s->name : "reference";
+  r->ser[k] = s;
+  if (!m || !m->ok) r->measured = false;
+  for (int t = 0; m && !(s && s->hog) && t < TRIALS; t++) /* as long as its slowest part */
+    if (m->wait[t] > r->bv.wait[t]) r->bv.wait[t] = m->wait[t];
+}
+
+/* A row of single values (no trials): ratio fig / ref or ref / fig. */
+static BU_UNUSED void row_values(row_t *r, double fig, double ref, bool fig_over_ref) {
+  r->measured = fig > 0 && ref > 0;
+  r->bv.n = 1;
+  r->bv.nparts = 1;
+  r->bv.fig[0] = fig;
+  r->bv.part[0] = (bv_part_t){.t = {ref}, .w_ref = 1, .name = "reference"};
+  r->bv.fig_over_ref = fig_over_ref;
 }
 
 static BU_UNUSED void fmt_us(char *out, size_t len, double ns) {
   snprintf(out, len, "%.1f us", ns / 1e3);
 }
 
-static const char *met_text(const row_t *r) {
-  if (r->ratio < 0) return "n/a";
-  if (r->gk == GOAL_NONE) return "-";
-  bool met = r->gk == GOAL_MIN ? r->ratio >= r->goal : r->ratio <= r->goal;
-  return met ? "met" : "NOT MET";
+/* A time in the row's unit, without the unit (for spreads) or with it. */
+static void fmt_val(const row_t *r, char *out, size_t len, double ns, bool unit) {
+  switch (r->fmt) {
+  case FMT_GBS: snprintf(out, len, "%.2f%s", r->bytes / ns, unit ? " GB/s" : ""); break;
+  case FMT_MS: snprintf(out, len, "%.1f%s", ns / 1e6, unit ? " ms" : ""); break;
+  case FMT_RATE: snprintf(out, len, "%.0f%s", 1e9 / ns, unit ? " /s" : ""); break;
+  default: snprintf(out, len, "%.1f%s", ns / 1e3, unit ? " us" : ""); break;
+  }
 }
 
-static BU_UNUSED void table_print(FILE *f) {
-  fprintf(f, "| section | row | figure | reference | ratio | goal | met |\n");
-  fprintf(f, "|---|---|---:|---:|---:|---:|---|\n");
+/* "lo-hi" in the row's unit (a rate's low end is the slowest trial). */
+static void fmt_spread(const row_t *r, char *out, size_t len, double min_ns, double max_ns) {
+  char a[24], b[24];
+  bool rate = r->fmt == FMT_GBS || r->fmt == FMT_RATE;
+  fmt_val(r, a, sizeof a, rate ? max_ns : min_ns, false);
+  fmt_val(r, b, sizeof b, rate ? min_ns : max_ns, false);
+  snprintf(out, len, "%s-%s", a, b);
+}
+
+static void fmt_ratio(char *out, size_t len, double ratio) {
+  if (ratio < 0) snprintf(out, len, "-");
+  else if (ratio >= 100) snprintf(out, len, "%.0fx", ratio);
+  else if (ratio < 0.1) snprintf(out, len, "%.4fx", ratio);
+  else snprintf(out, len, "%.2fx", ratio);
+}
+
+/* Judges every row (bench_verdict.h), with each part's run median. */
+static BU_UNUSED void table_judge(void) {
+  for (int i = 0; i < nrows; i++) {
+    row_t *r = &rows[i];
+    for (int k = 0; k < r->bv.nparts; k++)
+      r->bv.part[k].run_ns = r->ser[k] && r->ser[k]->n ? series_median(r->ser[k]) : 0;
+    if (!r->measured) continue;
+    if (r->bv.nparts > 0) {
+      r->res = bv_judge(&r->bv);
+      continue;
+    }
+    /* A reference row or plain text: its own trials' spread, no ratio. */
+    bv_result_t *o = &r->res;
+    memset(o, 0, sizeof *o);
+    o->v = BV_INFO;
+    o->ratio = -1;
+    o->kept = r->bv.n;
+    o->wait = bv_median(r->bv.wait, r->bv.n);
+    o->fig = bv_median(r->bv.fig, r->bv.n);
+    o->fig_min = o->fig_max = o->fig;
+    for (int t = 0; t < r->bv.n; t++) {
+      if (r->bv.fig[t] < o->fig_min) o->fig_min = r->bv.fig[t];
+      if (r->bv.fig[t] > o->fig_max) o->fig_max = r->bv.fig[t];
+    }
+  }
+}
+
+static void row_print(FILE *f, const row_t *r) {
+  char fig[40], fsp[56] = "", ref[80], rsp[56] = "", ratio[24], goal[24], kept[16] = "",
+       verdict[160], wait[16] = "";
+  const bv_result_t *o = &r->res;
+  if (!r->measured) {
+    snprintf(fig, sizeof fig, "%s", r->fig[0] ? r->fig : "n/a");
+    snprintf(ref, sizeof ref, "%s", r->fmt == FMT_TEXT ? r->ref : "n/a");
+    snprintf(ratio, sizeof ratio, "-");
+  } else if (r->bv.nparts == 0) {
+    if (r->fmt == FMT_TEXT) snprintf(fig, sizeof fig, "%s", r->fig);
+    else fmt_val(r, fig, sizeof fig, o->fig, true);
+    if (r->fmt != FMT_TEXT && r->bv.n > 1) fmt_spread(r, fsp, sizeof fsp, o->fig_min, o->fig_max);
+    snprintf(ref, sizeof ref, "%s", r->ref);
+    snprintf(ratio, sizeof ratio, "-");
+  } else if (r->fmt == FMT_TEXT) {
+    snprintf(fig, sizeof fig, "%s", r->fig);
+    snprintf(ref, sizeof ref, "%s", r->ref);
+    fmt_ratio(ratio, sizeof ratio, o->ratio);
+  } else {
+    fmt_val(r, fig, sizeof fig, o->fig, true);
+    fmt_spread(r, fsp, sizeof fsp, o->fig_min, o->fig_max);
+    char v[24];
+    fmt_val(r, v, sizeof v, o->ref, true);
+    snprintf(ref, sizeof ref, "%s%s%s", r->ref, r->ref[0] ? " " : "", v);
+    fmt_spread(r, rsp, sizeof rsp, o->ref_min, o->ref_max);
+    fmt_ratio(ratio, sizeof ratio, o->ratio);
+    snprintf(kept, sizeof kept, "%d/%d", o->kept, r->bv.n);
+  }
+  if (r->measured && r->fmt != FMT_TEXT) snprintf(wait, sizeof wait, "%.0f%%", 100 * o->wait);
+  if (r->bv.gk == BV_GOAL_MIN) snprintf(goal, sizeof goal, ">= %gx", r->bv.goal);
+  else if (r->bv.gk == BV_GOAL_MAX) snprintf(goal, sizeof goal, "<= %gx", r->bv.goal);
+  else snprintf(goal, sizeof goal, "-");
+  if (!r->measured) snprintf(verdict, sizeof verdict, "n/a");
+  else if (o->v == BV_UNRELIABLE) snprintf(verdict, sizeof verdict, "unreliable: %s", o->why);
+  else snprintf(verdict, sizeof verdict, "%s", bv_verdict_name(o->v));
+  fprintf(f, "| %s | %s%s%s%s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r->section,
+          r->name, r->note[0] ? " (" : "", r->note, r->note[0] ? ")" : "", fig, fsp, ref, rsp,
+          ratio, wait, kept, goal, verdict);
+}
+
+static BU_UNUSED void table_print(FILE *f, bool references) {
+  fprintf(f, "| section | row | figure | min-max | reference | min-max | ratio | cpu wait | "
+             "kept | goal | verdict |\n");
+  fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  for (int i = 0; i < nrows; i++)
+    if ((strcmp(rows[i].section, "reference") == 0) == references) row_print(f, &rows[i]);
+}
+
+/* "goal rows: N met, N not met, N unreliable"; returns nothing, never fails. */
+static BU_UNUSED void table_summary(FILE *f) {
+  int met = 0, not_met = 0, unrel = 0, na = 0, info_unrel = 0;
   for (int i = 0; i < nrows; i++) {
     const row_t *r = &rows[i];
-    char ratio[24], goal[24];
-    if (r->ratio < 0) snprintf(ratio, sizeof ratio, "-");
-    else if (r->ratio >= 100) snprintf(ratio, sizeof ratio, "%.0fx", r->ratio);
-    else if (r->ratio < 0.1) snprintf(ratio, sizeof ratio, "%.4fx", r->ratio);
-    else snprintf(ratio, sizeof ratio, "%.2fx", r->ratio);
-    if (r->gk == GOAL_MIN) snprintf(goal, sizeof goal, ">= %gx", r->goal);
-    else if (r->gk == GOAL_MAX) snprintf(goal, sizeof goal, "<= %gx", r->goal);
-    else snprintf(goal, sizeof goal, "-");
-    fprintf(f, "| %s | %s%s%s%s | %s | %s | %s | %s | %s |\n", r->section, r->name,
-            r->note[0] ? " (" : "", r->note, r->note[0] ? ")" : "", r->fig, r->ref, ratio,
-            goal, met_text(r));
+    if (r->bv.gk == BV_GOAL_NONE) {
+      info_unrel += r->measured && r->res.v == BV_UNRELIABLE;
+      continue;
+    }
+    if (!r->measured) na++;
+    else if (r->res.v == BV_MET) met++;
+    else if (r->res.v == BV_NOT_MET) not_met++;
+    else unrel++;
   }
+  fprintf(f, "goal rows: %d met, %d not met, %d unreliable", met, not_met, unrel);
+  if (na) fprintf(f, ", %d n/a", na);
+  fprintf(f, " (informational rows unreliable: %d)\n", info_unrel);
 }
 
 /* ---- processes ------------------------------------------------------------ */
@@ -249,11 +467,13 @@ static BU_UNUSED pid_t spawn(const char *const *argv, const char *log) {
     execv(argv[0], (char *const *)argv);
     _exit(127);
   }
+  watch_pid(pid);
   return pid;
 }
 
 static BU_UNUSED void stop(pid_t pid) {
   if (pid <= 0) return;
+  unwatch_pid(pid);
   kill(pid, SIGTERM);
   int st;
   for (int i = 0; i < 500; i++) {

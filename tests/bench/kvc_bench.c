@@ -6,9 +6,10 @@
  * memcached started on private sockets in a temporary directory), then
  * kvcached daemons started from the same build directory with the pool each
  * part needs. Every figure is a median over TRIALS trials; each ratio is held
- * to its goal from BRIEF section 7 and printed met or NOT MET. Timings are
- * never asserted: the program fails only if a server refuses a call that
- * must work.
+ * to its goal from BRIEF section 7 and judged met, NOT MET or unreliable
+ * (bench_verdict.h), and the run ends with one summary line. BENCH_ROWS
+ * limits the run to some groups of rows. Timings are never asserted: the
+ * program fails only if a server refuses a call that must work.
  *
  * The layout is Llama-class: 32 layers x 8 KV heads x 128 dims, bf16, 16
  * tokens a page (a 2 MiB page). One token of one layer, K and V, is 4 KiB;
@@ -36,9 +37,33 @@ static const kvc_layout_t llama = {32, 8, 128, 128, KVC_DTYPE_BF16, 16};
 static char build_dir[4096];
 static char tmpdir[64];
 
-/* Results of the references, used by later rows. */
-static double memcpy_ns[2][NSIZES]; /* [0]: into the region (puts), [1]: out of it (gets) */
-static double rtt_ns, rtt_p99_ns;
+/* Every trial of each reference over the run (bench_util.h series_t): the
+ * band a row's reference trials are held to, and the references table. */
+static series_t mc_ser[2][NSIZES];  /* memcpy [0]: into the region (puts), [1]: out of it */
+static series_t rtt_ser = {.name = "round trip"};
+enum srv_op { REDIS_SET, REDIS_GET, MC_SET, MC_GET, NSRV };
+static const char *const srv_names[NSRV] = {"Redis SET", "Redis GET", "memcached set",
+                                            "memcached get"};
+static series_t srv_ser[NSRV][NSIZES];
+static double rtt_p99_ns;           /* of the bare round trip at the start */
+static meas_t rtt_start;
+
+/* BENCH_ROWS: a comma list; a group of rows runs if its name contains one
+ * of the words (unset or empty: every group). */
+static const char *const groups[] = {"ping", "copy", "direct", "lease", "held", "servers",
+                                     "spin", "stall", "multi", "decode", "prefix", "eviction",
+                                     "scale"};
+#define NGROUPS (sizeof groups / sizeof groups[0])
+static const char *rows_filter;
+
+static bool want(const char *group) {
+  if (!rows_filter || !*rows_filter) return true;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", rows_filter);
+  for (char *save = NULL, *w = strtok_r(buf, ", ", &save); w; w = strtok_r(NULL, ", ", &save))
+    if (strstr(group, w)) return true;
+  return false;
+}
 #define DECODE_SEQS 64
 #define DECODE_BYTES (DECODE_SEQS * TOKEN_BYTES) /* 8 MiB */
 static mc_ctx_t mc;
@@ -245,40 +270,119 @@ static pp_ctx_t pp;          /* the bare round trip, kept up for the whole run *
 static pid_t echo_pid;
 static server_proc_t redis_srv, mc_srv;
 static rd_t redis_rd, mc_rd; /* connections to them, -1 when absent */
-static uint8_t *val_1m;
+static uint8_t *val_big; /* a value of the largest size */
+
+/* A reference row of the table at the top: m's trials, with p50/p99 or the
+ * time of one operation as its text. */
+static row_t *ref_row(const char *name, const meas_t *m, enum fmt f, double bytes) {
+  row_t *r = row_add(name, BV_GOAL_NONE, 0);
+  row_fig(r, m, f, bytes);
+  if (!m->ok) return r;
+  if (f == FMT_GBS) fmt_us(r->ref, sizeof r->ref, m->ns);
+  else snprintf(r->ref, sizeof r->ref, "p50 %.1f us, p99 %.1f us", m->p50 / 1e3, m->p99 / 1e3);
+  return r;
+}
+
+static bool servers_wanted(void) { return want("servers") || want("decode"); }
+
+/* Redis and memcached SET and GET of each size, alternating. */
+static void bench_servers_ref(void) {
+  static kv_ctx_t rk, mk;
+  for (int i = 0; i < NSIZES; i++) {
+    rk = (kv_ctx_t){.r = &redis_rd, .val = val_big, .bytes = sizes[i]};
+    mk = (kv_ctx_t){.r = &mc_rd, .val = val_big, .bytes = sizes[i]};
+    for (int get = 0; get < 2; get++) {
+      op_fn fns[2];
+      void *ctxs[2];
+      int ids[2], n = 0;
+      if (redis_rd.fd >= 0) {
+        fns[n] = get ? redis_get : redis_set;
+        ctxs[n] = &rk;
+        ids[n++] = get ? REDIS_GET : REDIS_SET;
+      }
+      if (mc_rd.fd >= 0) {
+        fns[n] = get ? mc_get : mc_set;
+        ctxs[n] = &mk;
+        ids[n++] = get ? MC_GET : MC_SET;
+      }
+      meas_t m[2];
+      if (n) measure_side(fns, ctxs, n, TRIAL_MS, 10, m);
+      for (int k = 0; k < n; k++) {
+        series_add(&srv_ser[ids[k]][i], &m[k]);
+        char name[64];
+        snprintf(name, sizeof name, "%s %s", srv_names[ids[k]], size_names[i]);
+        ref_row(name, &m[k], FMT_GBS, (double)sizes[i]);
+      }
+    }
+  }
+}
 
 static void bench_references(void) {
   section("reference");
   mc.region = region_new(REGION_BYTES);
-  mc.src = malloc(sizes[NSIZES - 1]);
+  mc.src = region_new(sizes[NSIZES - 1]);
   fill_bytes(mc.src, sizes[NSIZES - 1], 3);
   for (int out = 0; out < 2; out++)
     for (int i = 0; i < NSIZES; i++) {
       mc.bytes = sizes[i];
       mc.out = out;
       meas_t m = measure(op_memcpy, &mc, TRIAL_MS, 10);
-      memcpy_ns[out][i] = m.ns;
+      mc_ser[out][i].name = "memcpy";
+      mc_ser[out][i].hog = true;
+      series_add(&mc_ser[out][i], &m);
       char name[64];
       snprintf(name, sizeof name, "memcpy %s %s a 1 GiB region", size_names[i],
                out ? "out of" : "into");
-      row_t *r = row_add(name, GOAL_NONE, 0);
-      fmt_bw(r->fig, sizeof r->fig, (double)sizes[i], m.ns);
-      fmt_us(r->ref, sizeof r->ref, m.ns);
+      ref_row(name, &m, FMT_GBS, (double)sizes[i]);
     }
   pp.fd = pingpong_open(&echo_pid);
-  meas_t m = measure(op_pingpong, &pp, 200, 100);
-  rtt_ns = m.ns;
-  rtt_p99_ns = m.p99;
-  row_t *r = row_add("Unix-socket 64-byte round trip", GOAL_NONE, 0);
-  fmt_us(r->fig, sizeof r->fig, m.ns);
-  snprintf(r->ref, sizeof r->ref, "p99 %.1f us", m.p99 / 1e3);
-  val_1m = malloc(MiB);
-  fill_bytes(val_1m, MiB, 5);
+  rtt_start = measure(op_pingpong, &pp, 200, 100);
+  rtt_p99_ns = rtt_start.p99;
+  series_add(&rtt_ser, &rtt_start);
+  ref_row("Unix-socket 64-byte round trip, start of the run", &rtt_start, FMT_US, 0);
+  val_big = malloc(sizes[NSIZES - 1]);
+  fill_bytes(val_big, sizes[NSIZES - 1], 5);
+  for (int k = 0; k < NSRV; k++)
+    for (int i = 0; i < NSIZES; i++) srv_ser[k][i].name = srv_names[k];
   redis_rd.fd = mc_rd.fd = -1;
+  if (!servers_wanted()) return;
   if (redis_start(&redis_srv, tmpdir)) redis_rd.fd = unix_connect(redis_srv.sock);
   if (memcached_start(&mc_srv, tmpdir)) mc_rd.fd = unix_connect(mc_srv.sock);
   if (redis_rd.fd < 0) fprintf(stderr, "kvc_bench: no redis-server: its rows are n/a\n");
   if (mc_rd.fd < 0) fprintf(stderr, "kvc_bench: no memcached: its rows are n/a\n");
+  bench_servers_ref();
+}
+
+/* The round trip again at the end of the kvcached rows, and its median over
+ * every trial of the run; if the end and the start differ by more than
+ * RTT_DRIFT, the rows that divide by it are unreliable (table_drift). */
+#define RTT_DRIFT 2.0
+static meas_t rtt_end;
+static void bench_rtt_end(void) {
+  section("reference");
+  rtt_end = measure(op_pingpong, &pp, 200, 100);
+  series_add(&rtt_ser, &rtt_end);
+  ref_row("Unix-socket 64-byte round trip, end of the run", &rtt_end, FMT_US, 0);
+  row_t *r = row_add("Unix-socket 64-byte round trip, median over the run", BV_GOAL_NONE, 0);
+  r->measured = true;
+  r->fmt = FMT_TEXT;
+  fmt_us(r->fig, sizeof r->fig, series_median(&rtt_ser));
+  snprintf(r->ref, sizeof r->ref, "%d trials", rtt_ser.n);
+}
+
+static void table_drift(void) {
+  double a = rtt_start.ns, b = rtt_end.ns;
+  if (!rtt_start.ok || !rtt_end.ok || (b <= a * RTT_DRIFT && a <= b * RTT_DRIFT)) return;
+  for (int i = 0; i < nrows; i++) {
+    row_t *r = &rows[i];
+    if (r->bv.gk == BV_GOAL_NONE || !r->measured) continue;
+    for (int k = 0; k < r->bv.nparts; k++)
+      if (r->ser[k] == &rtt_ser) {
+        r->res.v = BV_UNRELIABLE;
+        snprintf(r->res.why, sizeof r->res.why,
+                 "the round trip moved from %.1f us to %.1f us over the run", a / 1e3, b / 1e3);
+      }
+  }
 }
 
 static void refs_stop(void) {
@@ -287,43 +391,45 @@ static void refs_stop(void) {
   stop(redis_srv.pid);
   stop(mc_srv.pid);
   close(pp.fd);
+  unwatch_pid(echo_pid);
   waitpid(echo_pid, NULL, 0);
-}
-
-/* A reference row for a Redis or memcached figure measured beside kvcached. */
-static void server_row(const char *name, const meas_t *m, double bytes) {
-  section("reference");
-  row_t *r = row_add(name, GOAL_NONE, 0);
-  if (m && m->ok) {
-    fmt_bw(r->fig, sizeof r->fig, bytes, m->ns);
-    fmt_us(r->ref, sizeof r->ref, m->ns);
-  } else {
-    snprintf(r->fig, sizeof r->fig, "n/a");
-    snprintf(r->note, sizeof r->note, "server missing or failed");
-  }
 }
 
 /* ---- kvcached, one client ---------------------------------------------------- */
 
-/* A row comparing a transfer of size i with the limit (memcpy + round trip,
- * measured beside it); at 4 KiB the round trip itself is the reference. */
-static void transfer_row(const char *what, int i, const meas_t *m, double mc_ns,
-                         double rt_ns, bool held) {
+/* How a transfer waits, which sets the floor its time cannot beat
+ * (bench_verdict.h rule 4): a blocking request needs one bare round trip
+ * and one copy. A polling client needs the copy only: it never sleeps, and
+ * its requests were measured at 0.3-0.8x the bare round trip, so no part of
+ * that is a bound. A zero-copy read only reads the bytes: at most twice as
+ * fast as a memcpy, which also writes them. */
+enum xkind { X_BLOCK, X_SPIN, X_LEASE, X_SPIN_LEASE };
+
+/* A row comparing a transfer of size i (m[0]) with the limit: the memcpy
+ * (m[1], into the region for puts, out of it for gets) + the bare round
+ * trip (m[2]), measured in alternating trials; at 4 KiB the round trip
+ * itself is the reference. */
+static void transfer_row(const char *what, int i, const meas_t *m, bool get, bool held,
+                         enum xkind kind) {
   char name[64];
   snprintf(name, sizeof name, "%s %s", what, size_names[i]);
-  double bytes = (double)sizes[i];
+  double rtt_floor = kind == X_SPIN || kind == X_SPIN_LEASE ? 0 : 1;
+  double mc_floor = kind == X_LEASE || kind == X_SPIN_LEASE ? 0.5 : 1;
+  series_add(&mc_ser[get][i], &m[1]);
+  series_add(&rtt_ser, &m[2]);
   row_t *r;
   if (i == 0) {
-    r = row_add(name, held ? GOAL_MAX : GOAL_NONE, 1.3);
-    fmt_us(r->fig, sizeof r->fig, m->ns);
-    snprintf(r->ref, sizeof r->ref, "RTT %.1f us", rt_ns / 1e3);
-    r->ratio = m->ns / rt_ns;
+    r = row_add(name, held ? BV_GOAL_MAX : BV_GOAL_NONE, 1.3);
+    row_fig(r, &m[0], FMT_US, 0);
+    row_part(r, &m[2], 1, rtt_floor, &rtt_ser);
+    r->bv.fig_over_ref = true;
+    snprintf(r->ref, sizeof r->ref, "RTT");
   } else {
-    double limit = mc_ns + rt_ns;
-    r = row_add(name, held ? GOAL_MIN : GOAL_NONE, 0.8);
-    fmt_bw(r->fig, sizeof r->fig, bytes, m->ns);
-    snprintf(r->ref, sizeof r->ref, "limit %.2f GB/s", bytes / limit);
-    r->ratio = limit / m->ns;
+    r = row_add(name, held ? BV_GOAL_MIN : BV_GOAL_NONE, 0.8);
+    row_fig(r, &m[0], FMT_GBS, (double)sizes[i]);
+    row_part(r, &m[1], 1, mc_floor, &mc_ser[get][i]);
+    row_part(r, &m[2], 1, rtt_floor, &rtt_ser);
+    snprintf(r->ref, sizeof r->ref, "limit");
   }
   if (!held) snprintf(r->note, sizeof r->note, "2 copies by design");
 }
@@ -357,22 +463,25 @@ static void bench_held_lease(kvc_client_t *c, kvc_cache_t *h) {
     must(c, kvc_lease_release(hd.l), "lease release");
     char name[64];
     snprintf(name, sizeof name, "re-read %s under a held lease", size_names[i]);
-    row_t *r = row_add(name, GOAL_NONE, 0);
-    fmt_bw(r->fig, sizeof r->fig, (double)sizes[i], m[0].ns);
-    snprintf(r->ref, sizeof r->ref, "memcpy out %.2f GB/s", (double)sizes[i] / m[1].ns);
-    r->ratio = m[1].ns / m[0].ns;
+    series_add(&mc_ser[1][i], &m[1]);
+    row_t *r = row_add(name, BV_GOAL_NONE, 0);
+    row_fig(r, &m[0], FMT_GBS, (double)sizes[i]);
+    row_part(r, &m[1], 1, 0, &mc_ser[1][i]); /* reading alone may beat a memcpy: no floor */
+    snprintf(r->ref, sizeof r->ref, "memcpy out");
     snprintf(r->note, sizeof r->note, "no round trip");
   }
 }
 
 /* kvcached at 1 MiB beside Redis and memcached at 1 MiB. */
+#define SRV_SIZE 3 /* sizes[3]: 1 MiB */
 static void bench_vs_servers(kvc_client_t *c, kvc_cache_t *h) {
   static kv_ctx_t rk, mk;
-  rk = (kv_ctx_t){.r = &redis_rd, .val = val_1m, .bytes = MiB};
-  mk = (kv_ctx_t){.r = &mc_rd, .val = val_1m, .bytes = MiB};
+  rk = (kv_ctx_t){.r = &redis_rd, .val = val_big, .bytes = MiB};
+  mk = (kv_ctx_t){.r = &mc_rd, .val = val_big, .bytes = MiB};
   for (int get = 0; get < 2; get++) {
     kx_t t;
     kx_init(&t, c, h, 1, MiB, SPAN);
+    int ids[3] = {0, get ? REDIS_GET : REDIS_SET, get ? MC_GET : MC_SET};
     op_fn fns[3] = {get ? op_get_shm : op_put_shm, get ? redis_get : redis_set,
                     get ? mc_get : mc_set};
     void *ctxs[3] = {&t, &rk, &mk};
@@ -380,31 +489,26 @@ static void bench_vs_servers(kvc_client_t *c, kvc_cache_t *h) {
     if (redis_rd.fd >= 0) n = 2;
     if (mc_rd.fd >= 0) {
       fns[n] = fns[2];
+      ids[n] = ids[2];
       ctxs[n++] = &mk;
     }
     meas_t m[3];
     measure_side(fns, ctxs, n, TRIAL_MS, 10, m);
     if (!m[0].ok) must(c, -1, "1 MiB transfer");
-    meas_t *rm = redis_rd.fd >= 0 ? &m[1] : NULL;
-    meas_t *mm = mc_rd.fd >= 0 ? &m[n - 1] : NULL;
     section("1 client");
-    for (int k = 0; k < 2; k++) {
-      meas_t *ref = k ? mm : rm;
+    for (int k = 1; k < 3; k++) {
+      int id = get ? (k == 1 ? REDIS_GET : MC_GET) : (k == 1 ? REDIS_SET : MC_SET);
+      const meas_t *ref = NULL;
+      for (int j = 1; j < n; j++)
+        if (ids[j] == id) ref = &m[j];
       char name[64];
-      snprintf(name, sizeof name, "%s 1 MiB vs %s", get ? "get" : "put",
-               k ? (get ? "memcached get" : "memcached set") : (get ? "Redis GET" : "Redis SET"));
-      row_t *r = row_add(name, GOAL_MIN, k ? 1.5 : 2);
-      fmt_bw(r->fig, sizeof r->fig, (double)MiB, m[0].ns);
+      snprintf(name, sizeof name, "%s 1 MiB vs %s", get ? "get" : "put", srv_names[id]);
+      row_t *r = row_add(name, BV_GOAL_MIN, k == 2 ? 1.5 : 2);
+      row_fig(r, &m[0], FMT_GBS, (double)MiB);
       snprintf(r->note, sizeof r->note, "direct buffer");
-      if (ref && ref->ok) {
-        fmt_bw(r->ref, sizeof r->ref, (double)MiB, ref->ns);
-        r->ratio = ref->ns / m[0].ns;
-      } else {
-        snprintf(r->ref, sizeof r->ref, "n/a");
-      }
+      if (ref) series_add(&srv_ser[id][SRV_SIZE], ref);
+      row_part(r, ref, 1, 0, &srv_ser[id][SRV_SIZE]); /* Redis is no bound on kvcached */
     }
-    server_row(get ? "Redis GET 1 MiB" : "Redis SET 1 MiB", rm, (double)MiB);
-    server_row(get ? "memcached get 1 MiB" : "memcached set 1 MiB", mm, (double)MiB);
     kx_deinit(&t);
   }
 }
@@ -421,10 +525,12 @@ static void bench_spin(const kd_t *d) {
     void *const ctxs[2] = {c, &pp};
     meas_t m[2];
     measure_side(fns, ctxs, 2, 100, 100, m);
-    row_t *r = row_add("ping, client polls 200 us", GOAL_NONE, 0);
-    fmt_us(r->fig, sizeof r->fig, m[0].ns);
-    snprintf(r->ref, sizeof r->ref, "RTT %.1f us", m[1].ns / 1e3);
-    r->ratio = m[0].ns / m[1].ns;
+    series_add(&rtt_ser, &m[1]);
+    row_t *r = row_add("ping, client polls 200 us", BV_GOAL_NONE, 0);
+    row_fig(r, &m[0], FMT_US, 0);
+    row_part(r, &m[1], 1, 0, &rtt_ser);
+    r->bv.fig_over_ref = true;
+    snprintf(r->ref, sizeof r->ref, "RTT");
   }
   static const op_fn ops[3] = {op_put_shm, op_get_shm, op_lease_read};
   static const char *const names[3] = {"put direct buffer", "get direct buffer",
@@ -443,7 +549,7 @@ static void bench_spin(const kd_t *d) {
       if (!m[0].ok) must(c, -1, "spin transfer");
       char what[64];
       snprintf(what, sizeof what, "%s, client polls %d us:", names[k], SPIN_US);
-      transfer_row(what, i, &m[0], m[1].ns, m[2].ns, true);
+      transfer_row(what, i, m, get, true, k == 2 ? X_SPIN_LEASE : X_SPIN);
       snprintf(rows[nrows - 1].note, sizeof rows[0].note, "kvc_client_opts_t.spin_us");
       kx_deinit(&t);
     }
@@ -455,18 +561,22 @@ static void bench_one_client(const kd_t *d) {
   kvc_client_t *c = kc_open(d, 64 * MiB);
   kvc_cache_t *h = kc_cache(c, "llama", &llama);
   kc_fill(h, c, 1, SPAN); /* 512 MiB: each size walks it, reading or overwriting */
-  {
+  if (want("ping")) {
     const op_fn fns[2] = {op_ping, op_pingpong};
     void *const ctxs[2] = {c, &pp};
     meas_t m[2];
     measure_side(fns, ctxs, 2, 100, 100, m);
-    row_t *r = row_add("ping (a request with no body)", GOAL_NONE, 0);
-    fmt_us(r->fig, sizeof r->fig, m[0].ns);
-    snprintf(r->ref, sizeof r->ref, "RTT %.1f us", m[1].ns / 1e3);
-    r->ratio = m[0].ns / m[1].ns;
+    series_add(&rtt_ser, &m[1]);
+    row_t *r = row_add("ping (a request with no body)", BV_GOAL_NONE, 0);
+    row_fig(r, &m[0], FMT_US, 0);
+    row_part(r, &m[1], 1, 1, &rtt_ser);
+    r->bv.fig_over_ref = true;
+    snprintf(r->ref, sizeof r->ref, "RTT");
     snprintf(r->note, sizeof r->note, "the floor of any request");
   }
+  static const char *const path_groups[PATH_NPATHS] = {"copy", "direct", "lease"};
   for (int p = 0; p < PATH_NPATHS; p++) {
+    if (!want(path_groups[p])) continue;
     for (int dir = 0; dir < 2; dir++) {
       if (dir == 0 && !put_ops[p]) continue;
       for (int i = 0; i < NSIZES; i++) {
@@ -487,16 +597,16 @@ static void bench_one_client(const kd_t *d) {
         char what[48];
         if (p == PATH_LEASE) snprintf(what, sizeof what, "%s", path_names[p]);
         else snprintf(what, sizeof what, "%s %s", dir == 0 ? "put" : "get", path_names[p]);
-        transfer_row(what, i, &m[0], m[1].ns, m[2].ns, p != PATH_COPY);
+        transfer_row(what, i, m, dir == 1, p != PATH_COPY, p == PATH_LEASE ? X_LEASE : X_BLOCK);
         if (p == PATH_LEASE && i == 0)
           snprintf(rows[nrows - 1].note, sizeof rows[0].note, "lease + read; release rides on the next request");
         kx_deinit(&t);
       }
     }
   }
-  bench_held_lease(c, h);
-  bench_vs_servers(c, h);
-  bench_spin(d);
+  if (want("held")) bench_held_lease(c, h);
+  if (want("servers")) bench_vs_servers(c, h);
+  if (want("spin")) bench_spin(d);
   kvc_client_close(c);
 }
 
@@ -531,7 +641,8 @@ static void multi_child(const kd_t *d, int go, int done, int idx, uint64_t bytes
   _exit(0);
 }
 
-static double multi_run(const kd_t *d, uint64_t bytes, op_fn op) {
+/* The median total over MC_TRIALS trials, GB/s; *lo and *hi: the extremes. */
+static double multi_run(const kd_t *d, uint64_t bytes, op_fn op, double *lo, double *hi) {
   int go[NCLIENTS], done[NCLIENTS];
   pid_t pids[NCLIENTS];
   for (int i = 0; i < NCLIENTS; i++) {
@@ -570,7 +681,10 @@ static double multi_run(const kd_t *d, uint64_t bytes, op_fn op) {
     close(done[i]);
     waitpid(pids[i], NULL, 0);
   }
-  return quantile(bw, MC_TRIALS, 0.5);
+  double med = quantile(bw, MC_TRIALS, 0.5); /* sorts bw */
+  *lo = bw[0];
+  *hi = bw[MC_TRIALS - 1];
+  return med;
 }
 
 /* A child putting (or getting) 4 MiB blocks in a loop until killed; says
@@ -613,10 +727,11 @@ static void bench_stall(const kd_t *d) {
     close(ready[1]);
     row_t *r = row_add(k ? "p99 of a 4 KiB get while 7 clients get 4 MiB"
                          : "p99 of a 4 KiB get while 7 clients put 4 MiB",
-                       GOAL_NONE, 0);
+                       BV_GOAL_NONE, 0);
+    r->fmt = FMT_TEXT;
     fmt_us(r->fig, sizeof r->fig, busy.p99);
     snprintf(r->ref, sizeof r->ref, "alone %.1f us", idle.p99 / 1e3);
-    r->ratio = busy.p99 / idle.p99;
+    row_values(r, busy.p99, idle.p99, true);
     snprintf(r->note, sizeof r->note, "p50 %.1f us; %s", busy.p50 / 1e3,
              k ? "copies on the thread pool" : "copies on the event loop");
   }
@@ -626,20 +741,25 @@ static void bench_stall(const kd_t *d) {
 
 static void bench_multi_client(const kd_t *d) {
   section("8 clients");
-  bench_stall(d);
+  if (want("stall")) bench_stall(d);
+  if (!want("multi")) return;
   static const op_fn ops[3] = {op_put_shm, op_get_shm, op_lease_read};
   static const char *const names[3] = {"put direct buffer", "get direct buffer",
                                        "zero-copy read"};
   for (int k = 0; k < 3; k++)
     for (int i = 0; i < NSIZES; i++) {
-      double bw = multi_run(d, sizes[i], ops[k]);
+      double lo, hi, bw = multi_run(d, sizes[i], ops[k], &lo, &hi);
       char name[64];
       snprintf(name, sizeof name, "%s %s, total", names[k], size_names[i]);
-      row_t *r = row_add(name, GOAL_NONE, 0);
-      double limit = (double)sizes[i] / (memcpy_ns[k > 0][i] + rtt_ns);
+      row_t *r = row_add(name, BV_GOAL_NONE, 0);
+      /* The limit from the run's medians so far (memcpy and round trip). */
+      double limit = (double)sizes[i] /
+                     (series_median(&mc_ser[k > 0][i]) + series_median(&rtt_ser));
+      r->fmt = FMT_TEXT;
       snprintf(r->fig, sizeof r->fig, "%.2f GB/s", bw);
       snprintf(r->ref, sizeof r->ref, "1-client limit %.2f GB/s", limit);
-      r->ratio = bw / limit;
+      snprintf(r->note, sizeof r->note, "trials %.2f-%.2f GB/s", lo, hi);
+      row_values(r, bw, limit, true);
     }
 }
 
@@ -667,6 +787,9 @@ static int op_dec_get_copy(void *p) {
   dec_t *d = p;
   return kvc_get_batch(d->h, NULL, d->io, DECODE_SEQS);
 }
+
+/* Redis MSET and MGET of the decode step: every trial of the four rows. */
+static series_t dec_ser[2] = {{.name = "Redis MSET"}, {.name = "Redis MGET"}};
 
 static void bench_decode(const kd_t *kd) {
   section("decode step");
@@ -709,25 +832,23 @@ static void bench_decode(const kd_t *kd) {
   for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
     const op_fn fns[2] = {v[i].fn, v[i].ref};
     void *const ctxs[2] = {&d, &rk};
-    meas_t m[2];
+    meas_t m[2] = {{0}};
     measure_side(fns, ctxs, redis_rd.fd >= 0 ? 2 : 1, TRIAL_MS, 5, m);
     if (!m[0].ok) must(c, -1, v[i].name);
     if (i < 2) refs[i] = m[1];
     section("decode step");
-    row_t *r = row_add(v[i].name, v[i].held ? GOAL_MIN : GOAL_NONE, 3);
-    fmt_bw(r->fig, sizeof r->fig, (double)DECODE_BYTES, m[0].ns);
-    if (redis_rd.fd >= 0 && m[1].ok) {
-      fmt_bw(r->ref, sizeof r->ref, (double)DECODE_BYTES, m[1].ns);
-      r->ratio = m[1].ns / m[0].ns;
-    } else {
-      snprintf(r->ref, sizeof r->ref, "n/a");
-    }
+    series_t *ser = &dec_ser[i % 2];
+    series_add(ser, &m[1]);
+    row_t *r = row_add(v[i].name, v[i].held ? BV_GOAL_MIN : BV_GOAL_NONE, 3);
+    row_fig(r, &m[0], FMT_GBS, (double)DECODE_BYTES);
+    row_part(r, &m[1], 1, 0, ser);
     if (!v[i].held) snprintf(r->note, sizeof r->note, "2 copies by design");
   }
-  server_row("Redis MSET 128 x 64 KiB (decode step)", redis_rd.fd >= 0 ? &refs[0] : NULL,
-             (double)DECODE_BYTES);
-  server_row("Redis MGET 128 x 64 KiB (decode step)", redis_rd.fd >= 0 ? &refs[1] : NULL,
-             (double)DECODE_BYTES);
+  section("reference");
+  for (int i = 0; i < 2 && redis_rd.fd >= 0; i++)
+    ref_row(i ? "Redis MGET 128 x 64 KiB (decode step, first row's trials)"
+              : "Redis MSET 128 x 64 KiB (decode step, first row's trials)",
+            &refs[i], FMT_GBS, (double)DECODE_BYTES);
   for (int i = 0; i < 2 * DECODE_SEQS; i++) free(vals[i]);
   for (int i = 0; i < DECODE_SEQS; i++) {
     free(d.io[i].k);
@@ -752,34 +873,30 @@ static void bench_copy_prefix(void) {
   kc_fill(h, c, 1, PREFIX_TOKENS);
   static const uint64_t ns_[3] = {1024, 8192, PREFIX_TOKENS};
   for (int k = 0; k < 3; k++) {
-    double t[11];
-    for (int r = 0; r < 11; r++) {
-      double t0 = now_ns();
-      must(c, kvc_seq_copy_prefix(h, 1, 2, ns_[k]), "copy_prefix");
-      t[r] = now_ns() - t0;
-      must(c, kvc_seq_remove(h, 2, 0, UINT64_MAX), "remove");
-    }
-    double cp = quantile(t, 11, 0.5);
-    /* Copying the bytes: 2 MiB pages from one half of the region into the
-     * other, as a copy of every page would. */
+    /* Alternating trials: one copy_prefix, then copying the bytes (2 MiB
+     * pages from one half of the region into the other, as a copy of every
+     * page would). */
     uint64_t npages = ns_[k] * TOKEN_BYTES / (2 * MiB), half = REGION_BYTES / 2 / (2 * MiB);
-    double m[3];
-    for (int r = 0; r < 3; r++) {
-      double t0 = now_ns();
+    meas_t cp = {.ok = true}, mcp = {.ok = true};
+    for (int r = 0; r < TRIALS; r++) {
+      double w0 = run_delay_ns(), t0 = now_ns();
+      must(c, kvc_seq_copy_prefix(h, 1, 2, ns_[k]), "copy_prefix");
+      cp.tr[r] = now_ns() - t0;
+      cp.wait[r] = (run_delay_ns() - w0) / cp.tr[r];
+      must(c, kvc_seq_remove(h, 2, 0, UINT64_MAX), "remove");
+      t0 = now_ns();
       for (uint64_t p = 0; p < npages; p++)
         memcpy(mc.region + REGION_BYTES / 2 + (p % half) * 2 * MiB,
                mc.region + (p % half) * 2 * MiB, 2 * MiB);
-      m[r] = now_ns() - t0;
+      mcp.tr[r] = now_ns() - t0;
     }
-    double mcp = quantile(m, 3, 0.5);
     char name[96];
     snprintf(name, sizeof name, "copy_prefix %lluk tokens (%llu MiB) vs memcpy",
              (unsigned long long)ns_[k] / 1024,
              (unsigned long long)(ns_[k] * TOKEN_BYTES / MiB));
-    row_t *r = row_add(name, k == 2 ? GOAL_MIN : GOAL_NONE, 100);
-    fmt_us(r->fig, sizeof r->fig, cp);
-    snprintf(r->ref, sizeof r->ref, "%.1f ms", mcp / 1e6);
-    r->ratio = mcp / cp;
+    row_t *r = row_add(name, k == 2 ? BV_GOAL_MIN : BV_GOAL_NONE, 100);
+    row_fig(r, &cp, FMT_US, 0);
+    row_part(r, &mcp, 1, 0, NULL);
     snprintf(r->note, sizeof r->note, "one round trip included");
   }
   kvc_client_close(c);
@@ -825,25 +942,27 @@ static void bench_full_pool(void) {
   kvc_client_shm(c, &base, NULL);
   fill_bytes(base, 1 * MiB, 9);
   uint64_t next = 1;
-  double e[TRIALS], f[TRIALS];
+  meas_t e = {.ok = true}, f = {.ok = true}; /* times per put, alternating */
   uint64_t ev0 = 0, ev = 0;
   for (int t = 0; t < TRIALS; t++) {
     must(c, kvc_cache_clear(h), "clear");
-    double t0 = now_ns();
+    double w0 = run_delay_ns(), t0 = now_ns();
     ev_puts(h, c, &next, EV_REQS);
-    e[t] = (now_ns() - t0) / EV_REQS;
+    e.tr[t] = (now_ns() - t0) / EV_REQS;
+    e.wait[t] = (run_delay_ns() - w0) / (e.tr[t] * EV_REQS);
     ev_puts(h, c, &next, EV_REQS); /* now the pool is full */
     ev0 = stat_of(c, "evicted_sequences");
+    w0 = run_delay_ns();
     t0 = now_ns();
     ev_puts(h, c, &next, EV_REQS);
-    f[t] = (now_ns() - t0) / EV_REQS;
+    f.tr[t] = (now_ns() - t0) / EV_REQS;
+    f.wait[t] = (run_delay_ns() - w0) / (f.tr[t] * EV_REQS);
     ev += stat_of(c, "evicted_sequences") - ev0;
   }
-  double me = quantile(e, TRIALS, 0.5), mf = quantile(f, TRIALS, 0.5);
-  row_t *r = row_add("puts of 64 new 16 KiB seqs: full pool vs empty", GOAL_MIN, 0.8);
-  snprintf(r->fig, sizeof r->fig, "%.0f puts/s", 1e9 / mf);
-  snprintf(r->ref, sizeof r->ref, "empty %.0f puts/s", 1e9 / me);
-  r->ratio = me / mf;
+  row_t *r = row_add("puts of 64 new 16 KiB seqs: full pool vs empty", BV_GOAL_MIN, 0.8);
+  row_fig(r, &f, FMT_RATE, 0);
+  row_part(r, &e, 1, 0, NULL);
+  snprintf(r->ref, sizeof r->ref, "empty");
   snprintf(r->note, sizeof r->note, "%.0f evictions a put",
            (double)ev / (TRIALS * EV_REQS));
   kvc_client_close(c);
@@ -908,7 +1027,8 @@ static void bench_scale(void) {
   const char *args[] = {"--pool-bytes", pool, "--page-bytes", "4KiB", "--max-connections",
                         "300", NULL};
   kd_start(&d, "scale", args);
-  row_t *r = row_add("start with a pre-faulted 4 GiB pool (1M pages)", GOAL_NONE, 0);
+  row_t *r = row_add("start with a pre-faulted 4 GiB pool (1M pages)", BV_GOAL_NONE, 0);
+  r->measured = true;
   snprintf(r->fig, sizeof r->fig, "%.0f ms", d.start_ms);
   kvc_client_t *clients[SCALE_CLIENTS];
   clients[0] = kc_open(&d, 32 * MiB);
@@ -923,33 +1043,34 @@ static void bench_scale(void) {
   uint64_t pool_bytes = stat_of(clients[0], "pool_bytes");
   uint64_t rss = proc_kb(d.pid, "VmRSS"), anon = proc_kb(d.pid, "RssAnon");
 
-  r = row_add("connected clients / sequences / pages used", GOAL_NONE, 0);
+  r = row_add("connected clients / sequences / pages used", BV_GOAL_NONE, 0);
+  r->measured = true;
   snprintf(r->fig, sizeof r->fig, "%" PRIu64 " / %" PRIu64 " / %" PRIu64, conns, seqs, used);
   snprintf(r->ref, sizeof r->ref, "%" PRIu64 " pages, fill %.0f ms", pages, fill_ms);
-  r = row_add("metadata bytes per page", GOAL_MAX, 0.01);
+  r = row_add("metadata bytes per page", BV_GOAL_MAX, 0.01);
   snprintf(r->fig, sizeof r->fig, "%.1f B", (double)meta / (double)pages);
   snprintf(r->ref, sizeof r->ref, "page 4096 B");
-  r->ratio = (double)meta / (double)pool_bytes;
+  row_values(r, (double)meta, (double)pool_bytes, true);
   snprintf(r->note, sizeof r->note, "ratio: engine metadata / pool bytes");
-  r = row_add("daemon RSS outside the pool", GOAL_NONE, 0);
+  r = row_add("daemon RSS outside the pool", BV_GOAL_NONE, 0);
   snprintf(r->fig, sizeof r->fig, "%.1f MiB", (double)anon / 1024);
   snprintf(r->ref, sizeof r->ref, "VmRSS %.0f MiB", (double)rss / 1024);
-  r->ratio = (double)anon * 1024 / (double)pool_bytes;
+  row_values(r, (double)anon * 1024, (double)pool_bytes, true);
   snprintf(r->note, sizeof r->note, "RssAnon / pool bytes");
   uint64_t full_pages = (uint64_t)SCALE_SEQS * ((SCALE_TOKENS + 7) / 8);
-  r = row_add("pages used / pages the tokens need", GOAL_MAX, 1.0);
+  r = row_add("pages used / pages the tokens need", BV_GOAL_MAX, 1.0);
   snprintf(r->fig, sizeof r->fig, "%" PRIu64, used);
   snprintf(r->ref, sizeof r->ref, "%" PRIu64, full_pages);
-  r->ratio = (double)used / (double)full_pages;
+  row_values(r, (double)used, (double)full_pages, true);
   snprintf(r->note, sizeof r->note, "at most 1 partial page a sequence");
 
   small_get_t s = {.h = h};
   s.io = (kvc_io_t){.seq_id = 7, .pos = 5, .ntokens = 1, .k = s.k, .v = s.v};
   meas_t idle = measure(op_small_get, &s, 200, 100);
-  r = row_add("p99 of a 512 B get, 255 clients idle", GOAL_NONE, 0);
+  r = row_add("p99 of a 512 B get, 255 clients idle", BV_GOAL_NONE, 0);
   snprintf(r->fig, sizeof r->fig, "%.1f us", idle.p99 / 1e3);
   snprintf(r->ref, sizeof r->ref, "bare p99 %.1f us", rtt_p99_ns / 1e3);
-  r->ratio = idle.p99 / rtt_p99_ns;
+  row_values(r, idle.p99, rtt_p99_ns, true);
   snprintf(r->note, sizeof r->note, "p50 %.1f us", idle.p50 / 1e3);
   pid_t busy[7];
   for (int i = 0; i < 7; i++) busy[i] = busy_child(clients[1 + i], 100 + (uint64_t)i);
@@ -958,10 +1079,10 @@ static void bench_scale(void) {
     kill(busy[i], SIGKILL);
     waitpid(busy[i], NULL, 0);
   }
-  r = row_add("p99 of a 512 B get, 7 other clients busy", GOAL_NONE, 0);
+  r = row_add("p99 of a 512 B get, 7 other clients busy", BV_GOAL_NONE, 0);
   snprintf(r->fig, sizeof r->fig, "%.1f us", load.p99 / 1e3);
   snprintf(r->ref, sizeof r->ref, "bare p99 %.1f us", rtt_p99_ns / 1e3);
-  r->ratio = load.p99 / rtt_p99_ns;
+  row_values(r, load.p99, rtt_p99_ns, true);
   snprintf(r->note, sizeof r->note, "p50 %.1f us; 2 cores, 8 processes",
            load.p50 / 1e3);
   for (int i = 0; i < SCALE_CLIENTS; i++) kvc_client_close(clients[i]);
@@ -985,8 +1106,21 @@ static void machine(FILE *f) {
           (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / (double)GiB);
 }
 
+static bool any_wanted(const char *const *names, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (want(names[i])) return true;
+  return false;
+}
+
 int main(int argc, char **argv) {
   (void)argc;
+  rows_filter = getenv("BENCH_ROWS");
+  if (!any_wanted(groups, NGROUPS)) {
+    fprintf(stderr, "kvc_bench: BENCH_ROWS=%s names no group of rows; the groups:", rows_filter);
+    for (size_t i = 0; i < NGROUPS; i++) fprintf(stderr, " %s", groups[i]);
+    fputc('\n', stderr);
+    return 2;
+  }
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) die("readlink /proc/self/exe");
@@ -1000,32 +1134,49 @@ int main(int argc, char **argv) {
   fprintf(stderr, "kvc_bench: %s, daemons from %s, scratch in %s\n", argv[0], build_dir, tmpdir);
 
   bench_references();
-  kd_t d;
-  const char *args[] = {"--pool-bytes", "1GiB", "--page-bytes", "2MiB", NULL};
-  kd_start(&d, "main", args);
-  bench_one_client(&d);
-  bench_multi_client(&d);
-  bench_decode(&d);
-  stop(d.pid);
+  static const char *const main_groups[] = {"ping", "copy", "direct", "lease", "held",
+                                            "servers", "spin", "stall", "multi", "decode"};
+  if (any_wanted(main_groups, sizeof main_groups / sizeof main_groups[0])) {
+    kd_t d;
+    const char *args[] = {"--pool-bytes", "1GiB", "--page-bytes", "2MiB", NULL};
+    kd_start(&d, "main", args);
+    if (any_wanted(main_groups, 7)) bench_one_client(&d);
+    bench_multi_client(&d);
+    if (want("decode")) bench_decode(&d);
+    stop(d.pid);
+  }
+  bench_rtt_end();
   refs_stop();
-  bench_copy_prefix();
-  bench_full_pool();
-  bench_scale();
+  if (want("prefix")) bench_copy_prefix();
+  if (want("eviction")) bench_full_pool();
+  if (want("scale")) bench_scale();
 
+  table_judge();
+  table_drift();
   machine(stdout);
-  printf("layout: 32 layers x 8 KV heads x 128 dims, bf16, 16-token 2 MiB pages; "
-         "median operation over %d trials of >= %d ms, compared figures measured in "
-         "alternating trials\n", TRIALS, TRIAL_MS);
+  printf("layout: 32 layers x 8 KV heads x 128 dims, bf16, 16-token 2 MiB pages; a trial's "
+         "figure is its median operation, a row's the median over %d trials of >= %d ms; "
+         "compared figures are measured in alternating trials\n", TRIALS, TRIAL_MS);
   printf("placement: clients on CPU 0; kvcached, Redis, memcached and the echo process on "
          "the last CPU (every round trip wakes the other CPU)\n");
-  printf("limit = one memcpy of the bytes into a 1 GiB region + one bare Unix-socket round "
-         "trip, both measured above; ratio = reference time / kvcached time (bandwidth "
-         "rows) or kvcached / reference (latency rows)\n\n");
-  table_print(stdout);
+  if (rows_filter && *rows_filter) printf("rows: BENCH_ROWS=%s\n", rows_filter);
+  printf("\nreferences (min-max: over the trials of each):\n\n");
+  table_print(stdout, true);
+  printf("\nlimit = one memcpy of the bytes into (puts) or out of (gets) a 1 GiB region + one "
+         "bare Unix-socket round trip, measured in the trials alternating with the row's; "
+         "ratio = reference / kvcached (bandwidth rows) or kvcached / reference (latency "
+         "rows), of the medians over the kept trials; kept = trials whose reference was "
+         "within %.1f-%.0fx its median over the run and whose processes waited for a CPU "
+         "(cpu wait: run_delay / trial time, the median shown) at most %.0f%% of the time; "
+         "doc/benchmarks.md has the rules\n\n",
+         BV_BAND_LO, BV_BAND_HI, 100 * BV_WAIT_MAX);
+  table_print(stdout, false);
   printf("\n(%.0f s in all)\n", (now_ns() - t0) / 1e9);
+  table_summary(stdout);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
   munmap(mc.region, REGION_BYTES);
+  munmap(mc.src, sizes[NSIZES - 1]);
   return 0;
 }
