@@ -3,6 +3,7 @@
 #include "client.h"
 
 #include <errno.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,6 +233,46 @@ static void default_socket(char *out, size_t len) {
     snprintf(out, len, "/tmp/kvcached-%u/kvcached.sock", (unsigned)geteuid());
 }
 
+/* A uid from text: a number or a user name; false if neither. */
+static bool uid_from_text(const char *s, uid_t *uid) {
+  char *end;
+  unsigned long v = strtoul(s, &end, 10);
+  if (*s && !*end && v <= UINT32_MAX) {
+    *uid = (uid_t)v;
+    return true;
+  }
+  struct passwd pw, *res = NULL;
+  char buf[1024];
+  if (getpwnam_r(s, &pw, buf, sizeof buf, &res) == 0 && res) {
+    *uid = res->pw_uid;
+    return true;
+  }
+  return false;
+}
+
+/* The socket may have been taken over by someone else (a stale path in a
+ * directory another user could write): talk only to a daemon whose uid is
+ * one this process trusts (doc/security.md). */
+static int check_server(kvc_client_t *c, const kvc_client_opts_t *o) {
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return client_fail(c, KVC_E_PEER, "cannot read the server's credentials: %s",
+                       strerror(errno));
+  uid_t ok[4] = {0, geteuid(), 0, 0};
+  size_t n = 2;
+  if (uid_from_text("kvcached", &ok[n])) n++;
+  const char *env = getenv("KVCACHE_SERVER_UID");
+  if (env && *env && uid_from_text(env, &ok[n])) n++;
+  for (size_t i = 0; i < n; i++)
+    if (cred.uid == ok[i]) return 0;
+  if (o->server_uid && cred.uid == (uid_t)o->server_uid) return 0;
+  return client_fail(c, KVC_E_PEER,
+                     "the socket is served by uid %u (pid %d), which is neither root, this "
+                     "process's uid, the user kvcached nor KVCACHE_SERVER_UID: refusing to "
+                     "talk to it", (unsigned)cred.uid, (int)cred.pid);
+}
+
 static int connect_socket(kvc_client_t *c, const kvc_client_opts_t *o) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   char path[sizeof sa.sun_path + 1];
@@ -260,7 +301,7 @@ static int connect_socket(kvc_client_t *c, const kvc_client_opts_t *o) {
       return client_fail(c, KVC_E_PERM, "permission denied connecting to %s", path);
     return client_fail(c, KVC_E_IO, "connect %s: %s", path, strerror(e));
   }
-  return 0;
+  return check_server(c, o);
 }
 
 static int map_buffer(kvc_client_t *c, int fd, uint64_t bytes) {

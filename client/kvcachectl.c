@@ -19,6 +19,8 @@ static const char usage[] =
     "  caches                    the caches and their layouts\n"
     "  seqs [--cache NAME]       the sequences of one cache or of all\n"
     "  info CACHE SEQ            one sequence\n"
+    "  tenants                   connected clients and usage per tenant (an admin\n"
+    "                            sees every tenant, others their own)\n"
     "  prefix [--cache NAME] [--json] [--top N]\n"
     "                            the prefix cache of one cache or of all: tokens\n"
     "                            queried, hit and ineligible, hit rate, pages indexed\n"
@@ -225,13 +227,14 @@ static int cmd_caches(kvc_client_t *c) {
   size_t n = 0;
   int rc = list_caches(c, &infos, &n);
   if (rc) return fail(c, rc, "caches");
-  printf("%-20s %4s %6s %5s %5s %5s %5s %4s %10s %8s %10s %8s\n", "NAME", "ID", "LAYERS",
-         "HEADS", "DK", "DV", "DTYPE", "PT", "PAGE_BYTES", "SEQS", "TOKENS", "PAGES");
+  printf("%-20s %-16s %4s %6s %5s %5s %5s %5s %4s %10s %8s %10s %8s\n", "NAME", "TENANT",
+         "ID", "LAYERS", "HEADS", "DK", "DV", "DTYPE", "PT", "PAGE_BYTES", "SEQS", "TOKENS",
+         "PAGES");
   for (size_t i = 0; i < n; i++) {
     const kvc_cache_info_t *ci = &infos[i];
-    printf("%-20s %4u %6u %5u %5u %5u %5s %4u %10" PRIu64 " %8" PRIu64 " %10" PRIu64
+    printf("%-20s %-16s %4u %6u %5u %5u %5u %5s %4u %10" PRIu64 " %8" PRIu64 " %10" PRIu64
            " %8" PRIu64 "\n",
-           ci->name, ci->cache_id, ci->layout.num_layers, ci->layout.num_kv_heads,
+           ci->name, ci->tenant, ci->cache_id, ci->layout.num_layers, ci->layout.num_kv_heads,
            ci->layout.head_dim_k, ci->layout.head_dim_v, dtype_name(ci->layout.dtype),
            ci->layout.page_tokens, ci->page_bytes, ci->sequences, ci->tokens, ci->pages);
   }
@@ -404,6 +407,20 @@ static int cmd_prefix(kvc_client_t *c, const args_t *a) {
   return rc;
 }
 
+static int cmd_tenants(kvc_client_t *c) {
+  kvc_tenant_info_t *t;
+  size_t n = 0;
+  int rc = kvc_tenants(c, &t, &n);
+  if (rc) return fail(c, rc, "tenants");
+  printf("%-24s %6s %6s %10s %12s %10s\n", "TENANT", "CONNS", "CACHES", "SEQS", "TOKENS",
+         "PAGES");
+  for (size_t i = 0; i < n; i++)
+    printf("%-24s %6u %6u %10" PRIu64 " %12" PRIu64 " %10" PRIu64 "\n", t[i].name,
+           t[i].connections, t[i].caches, t[i].sequences, t[i].tokens, t[i].pages);
+  kvc_tenants_free(t);
+  return 0;
+}
+
 static int cmd_ping(kvc_client_t *c) {
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -421,7 +438,8 @@ static int cmd_ping(kvc_client_t *c) {
 int main(int argc, char **argv) {
   args_t a = {0};
   if (parse(argc, argv, &a) != 0) return 1;
-  static const char *const known[] = {"ping", "stats", "caches", "seqs", "info", "prefix"};
+  static const char *const known[] = {"ping", "stats", "caches", "seqs", "info", "prefix",
+                                      "tenants"};
   bool ok = false;
   for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) ok |= strcmp(a.cmd, known[i]) == 0;
   if (!ok) return die("unknown command %s (see --help)", a.cmd);
@@ -436,6 +454,7 @@ int main(int argc, char **argv) {
   else if (strcmp(a.cmd, "caches") == 0) rc = cmd_caches(c);
   else if (strcmp(a.cmd, "seqs") == 0) rc = cmd_seqs(c, &a);
   else if (strcmp(a.cmd, "prefix") == 0) rc = cmd_prefix(c, &a);
+  else if (strcmp(a.cmd, "tenants") == 0) rc = cmd_tenants(c);
   else rc = cmd_info(c, &a);
   kvc_client_close(c);
   return rc;

@@ -1,6 +1,7 @@
 /* stats.c: fetching the daemon's figures into one caller-owned block. */
 #include "client.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +24,7 @@ KVC_API int kvc_stats(kvc_client_t *c, kvc_stat_t **out, size_t *n) {
   size_t count = s ? s->n_stats : 0, bytes = (count + 1) * sizeof(kvc_stat_t);
   for (size_t i = 0; i < count; i++) {
     const Kvcache__V1__Stat *st = s->stats[i];
-    bytes += strlen(st->name) + strlen(st->help) + strlen(st->cache) + 3;
+    bytes += strlen(st->name) + strlen(st->help) + strlen(st->cache) + strlen(st->tenant) + 4;
   }
   /* One block: the array, then every string. */
   kvc_stat_t *arr = malloc(bytes);
@@ -35,16 +36,16 @@ KVC_API int kvc_stats(kvc_client_t *c, kvc_stat_t **out, size_t *n) {
   for (size_t i = 0; i < count; i++) {
     kvc_stat_t st;
     codec_stat_from_wire(s->stats[i], &st);
-    const char *src[3] = {st.name, st.help, st.cache};
-    const char *dst[3];
-    for (int j = 0; j < 3; j++) {
+    const char *src[4] = {st.name, st.help, st.cache, st.tenant};
+    const char *dst[4];
+    for (int j = 0; j < 4; j++) {
       size_t len = strlen(src[j]) + 1;
       memcpy(p, src[j], len);
       dst[j] = p;
       p += len;
     }
     arr[i] = (kvc_stat_t){.name = dst[0], .value = st.value, .gauge = st.gauge,
-                          .help = dst[1], .cache = dst[2]};
+                          .help = dst[1], .cache = dst[2], .tenant = dst[3]};
   }
   arr[count] = (kvc_stat_t){0};
   kvcache__v1__response__free_unpacked(r, NULL);
@@ -54,3 +55,40 @@ KVC_API int kvc_stats(kvc_client_t *c, kvc_stat_t **out, size_t *n) {
 }
 
 KVC_API void kvc_stats_free(kvc_stat_t *stats) { free(stats); }
+
+KVC_API int kvc_tenants(kvc_client_t *c, kvc_tenant_info_t **out, size_t *n) {
+  if (!c) return KVC_E_INVAL;
+  if (!out || !n) return client_fail(c, KVC_E_INVAL, "kvc_tenants: out and n are required");
+  *out = NULL;
+  *n = 0;
+  Kvcache__V1__Empty e = KVCACHE__V1__EMPTY__INIT;
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_TENANTS;
+  req.tenants = &e;
+  Kvcache__V1__Response *r;
+  int rc = client_call(c, &req, &r);
+  if (rc) return rc;
+  const Kvcache__V1__TenantsReply *t =
+      r->body_case == KVCACHE__V1__RESPONSE__BODY_TENANTS ? r->tenants : NULL;
+  size_t count = t ? t->n_tenants : 0;
+  kvc_tenant_info_t *arr = calloc(count + 1, sizeof *arr);
+  if (!arr) {
+    kvcache__v1__response__free_unpacked(r, NULL);
+    return client_fail(c, KVC_E_NOMEM, "out of memory");
+  }
+  for (size_t i = 0; i < count; i++) {
+    const Kvcache__V1__TenantInfo *w = t->tenants[i];
+    snprintf(arr[i].name, sizeof arr[i].name, "%s", w->name ? w->name : "");
+    arr[i].connections = w->connections;
+    arr[i].caches = w->caches;
+    arr[i].sequences = w->sequences;
+    arr[i].tokens = w->tokens;
+    arr[i].pages = w->pages;
+  }
+  kvcache__v1__response__free_unpacked(r, NULL);
+  *out = arr;
+  *n = count;
+  return 0;
+}
+
+KVC_API void kvc_tenants_free(kvc_tenant_info_t *tenants) { free(tenants); }

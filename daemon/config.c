@@ -20,6 +20,9 @@ enum opt_type {
   OPT_U64,
   OPT_UIDS,  /* comma list of uids, "self", "root" */
   OPT_GIDS,  /* comma list of gids, "self", "root"; empty allowed */
+  OPT_TENANTS, /* tenant rules: NAME=uid:N,gid:N; ... (tenant.h) */
+  OPT_SHARED,  /* shared caches: CACHE=TENANT:r|rw,...; ... */
+  OPT_TENANT,  /* one tenant name, or empty */
   OPT_LEVEL, /* log level name */
   OPT_HASH,  /* sha256 or xxh3 */
   OPT_BOOL,  /* true/false, yes/no, on/off, 1/0 */
@@ -82,6 +85,20 @@ static const option_t options[] = {
   {"allow_gids", OPT_GIDS, "", 0, 0, true, F(allow_gids),
    "peer gids allowed to connect, primary or supplementary (comma list; self, root or "
    "numbers; empty: none; under systemd, self is group kvcached)"},
+  {"admin_uids", OPT_UIDS, "root", 0, 0, false, F(admin_uids),
+   "peer uids that are admins: they see and may act on every tenant's caches and map the "
+   "whole pool (root always is one)"},
+  {"admin_gids", OPT_GIDS, "", 0, 0, false, F(admin_gids),
+   "peer gids (primary or supplementary) whose members are admins; empty: none"},
+  {"tenants", OPT_TENANTS, "", 0, 0, false, F(tenants_text),
+   "named tenants: NAME=uid:N,gid:N,...; NAME2=... (a peer not named is the tenant uid:N "
+   "of its uid; a uid rule wins over a group rule, else the first group rule)"},
+  {"shared_caches", OPT_SHARED, "", 0, 0, false, F(shared_text),
+   "caches several tenants share: CACHE=TENANT:r,TENANT2:rw; ... (r reads, rw writes too; "
+   "a tenant without a grant opening that name gets its own cache)"},
+  {"zero_copy_tenant", OPT_TENANT, "", 0, 0, false, F(zero_copy_tenant),
+   "the one tenant of a single-tenant node: its clients map the pool for zero-copy reads "
+   "and no other tenant may open a cache; empty: only admins map the pool"},
   {"drain_timeout_ms", OPT_U32, "10000", 100, 3600000, true, F(drain_timeout_ms),
    "longest graceful shutdown (ms); clients still connected then are closed"},
   {"status_interval_ms", OPT_U32, "5000", 100, 3600000, true, F(status_interval_ms),
@@ -258,15 +275,34 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
            CONFIG_MAX_IDS, value);
       return -1;
     }
-    if (gids) {
-      for (uint32_t i = 0; i < n; i++) cfg->allow_gids[i] = ids[i];
-      cfg->n_allow_gids = n;
-    } else {
-      for (uint32_t i = 0; i < n; i++) cfg->allow_uids[i] = ids[i];
-      cfg->n_allow_uids = n;
-    }
+    id_list_t *l = (id_list_t *)(void *)field;
+    for (uint32_t i = 0; i < n; i++) l->ids[i] = ids[i];
+    l->n = n;
     return 0;
   }
+  case OPT_TENANTS:
+  case OPT_SHARED: {
+    char why[200];
+    int rc = o->type == OPT_TENANTS
+                 ? tenant_rules_parse(value, cfg->tenant_rules, TENANT_RULES_MAX,
+                                      &cfg->n_tenant_rules, why, sizeof why)
+                 : shared_rules_parse(value, cfg->shared_rules, TENANT_RULES_MAX,
+                                      &cfg->n_shared_rules, why, sizeof why);
+    if (rc != 0 || strlen(value) >= sizeof cfg->tenants_text) {
+      fail(err, errlen, "%s: %s", o->name, rc ? why : "longer than 1023 bytes");
+      return -1;
+    }
+    strcpy(field, value);
+    return 0;
+  }
+  case OPT_TENANT:
+    if (*value && !tenant_name_valid(value)) {
+      fail(err, errlen, "%s: '%s' is not a tenant name (a name of the tenants option, or "
+           "uid:N)", o->name, value);
+      return -1;
+    }
+    snprintf(field, TENANT_NAME_MAX, "%s", value);
+    return 0;
   case OPT_HASH:
     if (strcmp(value, "sha256") == 0) v = KVC_HASH_SHA256;
     else if (strcmp(value, "xxh3") == 0) v = KVC_HASH_XXH3;
@@ -337,12 +373,16 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
     fail(err, errlen, "shm_default_bytes exceeds shm_max_bytes");
     return -1;
   }
-  if (cfg->n_allow_uids == 0 && cfg->n_allow_gids == 0) {
+  if (cfg->allow_uids.n == 0 && cfg->allow_gids.n == 0) {
     fail(err, errlen, "allow_uids and allow_gids are both empty: nobody could connect");
     return -1;
   }
   if (cfg->write_queue_bytes < cfg->max_frame_bytes) {
     fail(err, errlen, "write_queue_bytes is smaller than max_frame_bytes");
+    return -1;
+  }
+  if (cfg->zero_copy_tenant[0] && cfg->n_shared_rules) {
+    fail(err, errlen, "zero_copy_tenant makes a single-tenant node: it has no shared_caches");
     return -1;
   }
   if (cfg->prefix_hash == KVC_HASH_XXH3 && !cfg->prefix_single_tenant) {
@@ -384,14 +424,15 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
     snprintf(buf, len, "%s", *(const uint32_t *)(const void *)field == KVC_HASH_XXH3 ? "xxh3" : "sha256");
     return;
   case OPT_BOOL: snprintf(buf, len, "%s", *(const bool *)(const void *)field ? "true" : "false"); return;
+  case OPT_TENANTS:
+  case OPT_SHARED:
+  case OPT_TENANT: snprintf(buf, len, "%s", field); return;
   case OPT_UIDS:
   case OPT_GIDS: {
-    bool gids = o->type == OPT_GIDS;
-    uint32_t n = gids ? cfg->n_allow_gids : cfg->n_allow_uids;
+    const id_list_t *l = (const id_list_t *)(const void *)field;
     buf[0] = '\0';
-    for (uint32_t i = 0; i < n && used < len; i++) {
-      unsigned id = gids ? (unsigned)cfg->allow_gids[i] : (unsigned)cfg->allow_uids[i];
-      int w = snprintf(buf + used, len - used, "%s%u", i ? "," : "", id);
+    for (uint32_t i = 0; i < l->n && used < len; i++) {
+      int w = snprintf(buf + used, len - used, "%s%u", i ? "," : "", (unsigned)l->ids[i]);
       if (w < 0) break;
       used += (size_t)w;
     }

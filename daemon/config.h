@@ -21,7 +21,15 @@
 #include <stdio.h>
 #include <sys/types.h>
 
-#define CONFIG_MAX_IDS 32 /* entries of allow_uids / allow_gids */
+#include "tenant.h"
+
+#define CONFIG_MAX_IDS 32 /* entries of an id list (allow_uids, admin_gids, ...) */
+
+/* A list of uids or gids. */
+typedef struct id_list {
+  uint32_t ids[CONFIG_MAX_IDS];
+  uint32_t n;
+} id_list_t;
 
 /* The file read when no --config is given, if it exists. */
 #ifndef CONFIG_DEFAULT_PATH
@@ -45,10 +53,17 @@ typedef struct config {
   uint64_t write_queue_bytes;/* pending reply bytes that pause reading */
   uint32_t frame_timeout_ms; /* a started frame must be whole within it; 0: none */
   uint64_t offload_bytes;    /* gets this large copy on the thread pool; 0: never */
-  uid_t allow_uids[CONFIG_MAX_IDS]; /* peers allowed by uid */
-  uint32_t n_allow_uids;
-  gid_t allow_gids[CONFIG_MAX_IDS]; /* peers allowed by primary gid */
-  uint32_t n_allow_gids;
+  id_list_t allow_uids;      /* peers allowed by uid */
+  id_list_t allow_gids;      /* peers allowed by primary or supplementary gid */
+  id_list_t admin_uids;      /* admins by uid (root always is one) */
+  id_list_t admin_gids;      /* admins by gid, primary or supplementary */
+  char tenants_text[1024];   /* `tenants` as given; parsed into tenant_rules */
+  tenant_rule_t tenant_rules[TENANT_RULES_MAX];
+  uint32_t n_tenant_rules;
+  char shared_text[1024];    /* `shared_caches` as given; parsed into shared_rules */
+  shared_rule_t shared_rules[TENANT_RULES_MAX];
+  uint32_t n_shared_rules;
+  char zero_copy_tenant[TENANT_NAME_MAX]; /* the one tenant of a single-tenant node */
   uint32_t drain_timeout_ms; /* longest graceful shutdown before closing clients */
   uint32_t status_interval_ms; /* period of STATUS= and of the eviction summary */
   int log_level;             /* LOG_LEVEL_* */

@@ -440,25 +440,25 @@ static void schedule(conn_t *c) {
 #define SO_PEERGROUPS 59 /* Linux 4.13; older glibc headers lack it */
 #endif
 
-static bool gid_allowed(const config_t *cfg, gid_t gid) {
-  for (uint32_t i = 0; i < cfg->n_allow_gids; i++)
-    if (cfg->allow_gids[i] == gid) return true;
+static bool in_list(const id_list_t *l, uint32_t id) {
+  for (uint32_t i = 0; i < l->n; i++)
+    if (l->ids[i] == id) return true;
   return false;
 }
 
-/* By uid, primary gid, or a supplementary group of the peer (SO_PEERGROUPS):
- * a worker in group kvcached may connect to a socket of SocketGroup=kvcached
- * with allow_gids naming that group. */
-static bool peer_allowed(const config_t *cfg, int fd, uid_t uid, gid_t gid) {
-  for (uint32_t i = 0; i < cfg->n_allow_uids; i++)
-    if (cfg->allow_uids[i] == uid) return true;
-  if (cfg->n_allow_gids == 0) return false;
-  if (gid_allowed(cfg, gid)) return true;
-  gid_t groups[256];
-  socklen_t len = sizeof groups;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) != 0) return false;
-  for (size_t i = 0; i < len / sizeof groups[0]; i++)
-    if (gid_allowed(cfg, groups[i])) return true;
+/* The peer's supplementary groups (SO_PEERGROUPS); 0 if unknown. */
+static size_t peer_groups(int fd, gid_t *groups, size_t cap) {
+  socklen_t len = (socklen_t)(cap * sizeof *groups);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) != 0) return 0;
+  return len / sizeof *groups;
+}
+
+/* Whether uid, gid or one of the groups is in the lists. */
+static bool peer_in(const id_list_t *uids, const id_list_t *gids, uid_t uid, gid_t gid,
+                    const gid_t *groups, size_t ngroups) {
+  if (in_list(uids, (uint32_t)uid) || in_list(gids, (uint32_t)gid)) return true;
+  for (size_t i = 0; i < ngroups; i++)
+    if (in_list(gids, (uint32_t)groups[i])) return true;
   return false;
 }
 
@@ -538,14 +538,28 @@ void conn_accept(server_t *srv) {
   c->pid = cred.pid;
   c->uid = cred.uid;
   c->gid = cred.gid;
+  /* Who it is comes from the kernel alone: a worker in group kvcached may
+   * connect to a socket of SocketGroup=kvcached with allow_gids naming it. */
+  const config_t *cfg = &srv->cfg;
+  gid_t groups[256];
+  size_t ngroups = peer_groups(fd, groups, 256);
+  char tname[TENANT_NAME_MAX];
+  tenant_of_peer(cfg->tenant_rules, cfg->n_tenant_rules, cred.uid, cred.gid, groups, ngroups,
+                 tname);
+  c->tenant = tenants_id(&srv->tenants, tname);
+  c->admin = cred.uid == 0 ||
+             peer_in(&cfg->admin_uids, &cfg->admin_gids, cred.uid, cred.gid, groups, ngroups);
+  c->pool_mapped = c->admin || (cfg->zero_copy_tenant[0] && strcmp(tname, cfg->zero_copy_tenant) == 0);
   char msg[160];
   if (srv->draining) {
     refuse(c, KVCACHE__V1__STATUS__SHUTDOWN, "kvcached is shutting down");
-  } else if (!peer_allowed(&srv->cfg, fd, cred.uid, cred.gid)) {
+  } else if (!peer_in(&cfg->allow_uids, &cfg->allow_gids, cred.uid, cred.gid, groups, ngroups)) {
     snprintf(msg, sizeof msg,
              "permission denied: uid %u gid %u is not in allow_uids/allow_gids",
              (unsigned)cred.uid, (unsigned)cred.gid);
     refuse(c, KVCACHE__V1__STATUS__PERM, msg);
+  } else if (c->tenant == 0) {
+    refuse(c, KVCACHE__V1__STATUS__CONNLIMIT, "too many distinct tenants");
   } else if (srv->stats.connections_current >= srv->cfg.max_connections) {
     snprintf(msg, sizeof msg, "connection limit reached (max_connections=%u)",
              srv->cfg.max_connections);
@@ -558,8 +572,9 @@ void conn_accept(server_t *srv) {
     c->counted = true;
     srv->stats.connections_current++;
     srv->stats.connections_total++;
-    LOG_DEBUG("accept", "conn=%llu pid=%d uid=%u gid=%u", (unsigned long long)c->id,
-              (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
+    LOG_DEBUG("accept", "conn=%llu pid=%d uid=%u gid=%u tenant=%s admin=%d",
+              (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, (unsigned)c->gid,
+              tname, c->admin);
     schedule(c);
   }
 }

@@ -69,6 +69,9 @@ struct conn {
   pid_t pid;                 /* peer credentials (SO_PEERCRED) */
   uid_t uid;
   gid_t gid;
+  uint32_t tenant;           /* engine tenant id of its caches (tenant.h) */
+  bool admin;                /* sees and may act on every tenant */
+  bool pool_mapped;          /* gets the pool's read-only mapping (doc/security.md) */
   uint8_t *rbuf;             /* read buffer */
   size_t rlen, rcap;         /* bytes held, capacity */
   uint32_t max_frame;        /* max_frame_bytes at accept */

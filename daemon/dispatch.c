@@ -13,6 +13,7 @@
 #include "log.h"
 #include "offload.h"
 #include "optable.h"
+#include "tenant.h"
 #include "testhook.h"
 
 /* Every KVC_E_* code is the wire status of the same name, negated. */
@@ -76,6 +77,77 @@ static int reply_engine_error(reply_t *r, int code) {
   return code;
 }
 
+/* ---- tenants: the one place a request meets the caller's tenant ------------ */
+
+static const char *conn_tenant_name(const conn_t *c) {
+  return tenants_name(&c->srv->tenants, c->tenant);
+}
+
+/* What the caller may do with a cache of engine tenant owner, named name. */
+static enum tenant_right cache_right(const conn_t *c, uint32_t owner, const char *name) {
+  if (c->admin || owner == c->tenant) return RIGHT_WRITE;
+  if (owner != TENANT_SHARED) return RIGHT_NONE;
+  const config_t *cfg = &c->srv->cfg;
+  return tenant_shared_right(cfg->shared_rules, cfg->n_shared_rules, name, conn_tenant_name(c));
+}
+
+/* The tenant name to show for a cache the caller may see; NULL if not. */
+static const char *cache_view(void *ctx, const kvc_cache_info_t *ci) {
+  const conn_t *c = ctx;
+  uint32_t owner;
+  if (engine_cache_tenant(c->srv->eng, ci->cache_id, &owner) != 0) return NULL;
+  if (cache_right(c, owner, ci->name) == RIGHT_NONE) return NULL;
+  return tenants_name(&c->srv->tenants, owner);
+}
+
+/* The cache id a request names, found by reflection so that a request added
+ * to the protocol with a cache_id is checked without a line here. */
+static bool request_cache_id(const Kvcache__V1__Request *req, uint32_t *cache_id) {
+  const ProtobufCFieldDescriptor *f =
+      protobuf_c_message_descriptor_get_field(&kvcache__v1__request__descriptor,
+                                              (unsigned)req->body_case);
+  if (!f || f->type != PROTOBUF_C_TYPE_MESSAGE) return false;
+  const ProtobufCMessage *body = *(ProtobufCMessage *const *)(const void *)((const char *)req + f->offset);
+  if (!body) return false;
+  const ProtobufCFieldDescriptor *cf =
+      protobuf_c_message_descriptor_get_field_by_name(body->descriptor, "cache_id");
+  if (!cf || cf->type != PROTOBUF_C_TYPE_UINT32 || cf->label == PROTOBUF_C_LABEL_REPEATED)
+    return false;
+  *cache_id = *(const uint32_t *)(const void *)((const char *)body + cf->offset);
+  return true;
+}
+
+/* What an operation does to the cache it names: reads, or anything more. */
+static bool op_writes(enum op op) {
+  switch (op) {
+  case OP_PUT: case OP_REMOVE: case OP_COPY_PREFIX: case OP_TRIM_FRONT: case OP_PIN:
+  case OP_UNPIN: case OP_ATTACH: case OP_SET_PRIORITY: case OP_PIN_TTL: case OP_RESERVE:
+  case OP_SHIFT: case OP_PUNCH: case OP_KEEP: case OP_CACHE_CLEAR: case OP_CACHE_DROP:
+    return true;
+  default:
+    return false;
+  }
+}
+
+/* Every request that names a cache passes here before its handler: a cache
+ * of another tenant answers exactly as one that does not exist. */
+static int tenant_gate(conn_t *c, const Kvcache__V1__Request *req, enum op op, reply_t *r) {
+  uint32_t cache_id, owner;
+  if (!request_cache_id(req, &cache_id)) return 0;
+  kvc_cache_info_t ci;
+  if (engine_cache_tenant(c->srv->eng, cache_id, &owner) != 0 ||
+      engine_cache_info(c->srv->eng, cache_id, &ci) != 0)
+    return reject(r, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  enum tenant_right right = cache_right(c, owner, ci.name);
+  if (right == RIGHT_NONE) return reject(r, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  if (op_writes(op) && right < RIGHT_WRITE)
+    return reject(r, KVC_E_PERM, "tenant %s may only read shared cache '%s'",
+                  conn_tenant_name(c), ci.name);
+  if ((op == OP_CACHE_CLEAR || op == OP_CACHE_DROP) && owner == TENANT_SHARED && !c->admin)
+    return reject(r, KVC_E_PERM, "only an admin clears or drops shared cache '%s'", ci.name);
+  return 0;
+}
+
 #define ENGINE_CALL(r, expr)                                                   \
   do {                                                                         \
     int rc_ = (expr);                                                          \
@@ -122,7 +194,8 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     return reject(r, KVC_E_NOMEM, "out of memory");
   }
   srv->stats.shm_bytes += bytes;
-  snprintf(c->name, sizeof c->name, "%s", h->client_name ? h->client_name : "");
+  /* Escaped once here: the name goes into log lines (no forged lines). */
+  tenant_log_escape(h->client_name ? h->client_name : "", c->name, sizeof c->name);
   kvcache__v1__hello_reply__init(hr);
   hr->protocol_version = KVC_PROTOCOL_VERSION;
   hr->shm_bytes = bytes;
@@ -133,11 +206,11 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   hr->server_version = (char *)KVC_VERSION_STRING;
   hr->max_entries = srv->cfg.max_entries;
   hr->max_decode_bytes = srv->cfg.max_decode_bytes;
-  hr->pool_fd = srv->pool_ro_fd >= 0;
+  hr->pool_fd = srv->pool_ro_fd >= 0 && c->pool_mapped;
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HELLO;
   r->resp->hello = hr;
   r->fd = c->shm.fd;
-  r->fd2 = srv->pool_ro_fd;
+  r->fd2 = c->pool_mapped ? srv->pool_ro_fd : -1;
   conn_greeted(c);
   LOG_INFO("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
            (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name,
@@ -160,8 +233,17 @@ static int h_cache_open(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) 
   codec_layout_from_wire(b->layout, &l);
   int64_t page_bytes = engine_layout_page_bytes(&l);
   if (page_bytes < 0) return reject(r, (int)page_bytes, "%s", kvc_strerror((int)page_bytes));
-  uint32_t id;
-  ENGINE_CALL(r, engine_cache_open(c->srv->eng, b->name, &l, &id));
+  const config_t *cfg = &c->srv->cfg;
+  if (cfg->zero_copy_tenant[0] && strcmp(conn_tenant_name(c), cfg->zero_copy_tenant) != 0)
+    return reject(r, KVC_E_PERM, "this is a single-tenant node (zero_copy_tenant = %s): "
+                  "tenant %s may not open caches", cfg->zero_copy_tenant, conn_tenant_name(c));
+  /* A name resolves inside the caller's tenant, unless it is a shared cache
+   * the caller has a right on. */
+  uint32_t ns = c->tenant, id;
+  if (b->name && tenant_is_shared(cfg->shared_rules, cfg->n_shared_rules, b->name) &&
+      cache_right(c, TENANT_SHARED, b->name) != RIGHT_NONE)
+    ns = TENANT_SHARED;
+  ENGINE_CALL(r, engine_cache_open_in(c->srv->eng, ns, b->name, &l, &id));
   Kvcache__V1__CacheOpenReply *o = arena_alloc(r->a, sizeof *o);
   if (!o) return reject(r, KVC_E_NOMEM, "out of memory");
   kvcache__v1__cache_open_reply__init(o);
@@ -184,14 +266,18 @@ static int h_cache_list(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) 
   if (n) ENGINE_CALL(r, engine_cache_list(eng, infos, n, &got));
   if (got < n) n = got;
   kvcache__v1__cache_list_reply__init(lr);
+  size_t shown = 0;
   for (size_t i = 0; i < n; i++) {
+    const char *tenant = cache_view(c, &infos[i]);
+    if (!tenant) continue;
+    snprintf(infos[i].tenant, sizeof infos[i].tenant, "%s", tenant);
     Kvcache__V1__CacheInfo *ci = arena_alloc(r->a, sizeof *ci);
     Kvcache__V1__Layout *wl = arena_alloc(r->a, sizeof *wl);
     if (!ci || !wl) return reject(r, KVC_E_NOMEM, "out of memory");
     codec_cache_info_to_wire(&infos[i], ci, wl);
-    items[i] = ci;
+    items[shown++] = ci;
   }
-  lr->n_caches = n;
+  lr->n_caches = shown;
   lr->caches = items;
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_CACHE_LIST;
   r->resp->cache_list = lr;
@@ -609,7 +695,7 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   Kvcache__V1__StatsReply *sr = arena_alloc(r->a, sizeof *sr);
   if (!sr) return reject(r, KVC_E_NOMEM, "out of memory");
   kvcache__v1__stats_reply__init(sr);
-  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, sr);
+  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, cache_view, c, sr);
   if (rc) return reject(r, rc, "cannot render stats: %s", kvc_strerror(rc));
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STATS;
   r->resp->stats = sr;
@@ -621,6 +707,11 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
 static int h_lease(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Lease *b = req->lease;
   NEED_BODY(r, b, "lease");
+  if (!c->pool_mapped)
+    return reject(r, KVC_E_PERM, "zero-copy reads map the whole pool, which holds other "
+                  "tenants' pages: this node gives that mapping to admins%s%s only; read "
+                  "with get", c->srv->cfg.zero_copy_tenant[0] ? " and tenant " : "",
+                  c->srv->cfg.zero_copy_tenant);
   if (c->nleases >= LEASES_PER_CONN)
     return reject(r, KVC_E_TOOMANY, "this connection holds %u leases already; release some",
                   c->nleases);
@@ -763,6 +854,53 @@ static int h_prefix_top(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) 
   return 0;
 }
 
+/* ---- tenants ------------------------------------------------------------------ */
+
+/* Usage per tenant: its connected clients and what its caches hold. A
+ * non-admin gets its own row only. */
+static int h_tenants(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  (void)req;
+  server_t *srv = c->srv;
+  uint32_t nt = srv->tenants.n + 1; /* ids 0 (shared) .. n */
+  Kvcache__V1__TenantInfo *rows = arena_alloc(r->a, nt * sizeof *rows);
+  Kvcache__V1__TenantInfo **items = arena_alloc(r->a, nt * sizeof *items);
+  Kvcache__V1__TenantsReply *tr = arena_alloc(r->a, sizeof *tr);
+  size_t ncaches = 0;
+  engine_cache_list(srv->eng, NULL, 0, &ncaches);
+  kvc_cache_info_t *infos = ncaches ? arena_alloc(r->a, ncaches * sizeof *infos) : NULL;
+  if (!rows || !items || !tr || (ncaches && !infos)) return reject(r, KVC_E_NOMEM, "out of memory");
+  if (ncaches) engine_cache_list(srv->eng, infos, ncaches, &ncaches);
+  for (uint32_t t = 0; t < nt; t++) {
+    kvcache__v1__tenant_info__init(&rows[t]);
+    rows[t].name = (char *)tenants_name(&srv->tenants, t);
+  }
+  for (const conn_t *k = srv->conns; k; k = k->next)
+    if (k->counted && k->tenant < nt) rows[k->tenant].connections++;
+  for (size_t i = 0; i < ncaches; i++) {
+    uint32_t owner;
+    if (engine_cache_tenant(srv->eng, infos[i].cache_id, &owner) != 0 || owner >= nt) continue;
+    rows[owner].caches++;
+    rows[owner].sequences += infos[i].sequences;
+    rows[owner].tokens += infos[i].tokens;
+    rows[owner].pages += infos[i].pages;
+  }
+  size_t n = 0;
+  for (uint32_t t = 0; t < nt; t++) {
+    bool mine = t == c->tenant;
+    bool used = rows[t].connections || rows[t].caches;
+    if (c->admin ? (used || mine) : mine) {
+      rows[t].admin = c->admin;
+      items[n++] = &rows[t];
+    }
+  }
+  kvcache__v1__tenants_reply__init(tr);
+  tr->n_tenants = n;
+  tr->tenants = items;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_TENANTS;
+  r->resp->tenants = tr;
+  return 0;
+}
+
 /* ---- the table ----------------------------------------------------------- */
 
 static const struct {
@@ -803,7 +941,8 @@ static int run(conn_t *c, const Kvcache__V1__Request *req, reply_t *r, int *op) 
   if (bc >= NHANDLERS || !handlers[bc].fn)
     return reject(r, KVC_E_PROTO, "unknown or empty request (body %u)", bc);
   *op = (int)handlers[bc].op;
-  return handlers[bc].fn(c, req, r);
+  int rc = tenant_gate(c, req, handlers[bc].op, r);
+  return rc ? rc : handlers[bc].fn(c, req, r);
 }
 
 /* Deferred lease releases ride on any request of a greeted connection. */

@@ -35,6 +35,32 @@ fail:
   return -1;
 }
 
+/* The socket's directory must be ours (or root's) and writable by nobody
+ * else: another user who could write it could put their own socket in our
+ * place, or pre-create the directory of the /tmp fallback for us. */
+static int check_parent(const char *path, char *err, size_t errlen) {
+  char dir[sizeof ((config_t *)0)->socket_path];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = '\0';
+  else *slash = '\0';
+  struct stat st;
+  if (stat(dir, &st) != 0) {
+    snprintf(err, errlen, "socket directory %s: %s", dir, strerror(errno));
+    return -1;
+  }
+  if (!S_ISDIR(st.st_mode) || (st.st_uid != geteuid() && st.st_uid != 0) ||
+      (st.st_mode & (S_IWGRP | S_IWOTH))) {
+    snprintf(err, errlen, "socket directory %s is owned by uid %u with mode %04o: it must be "
+             "owned by this user (uid %u) or root and writable by nobody else (choose "
+             "another --socket, or fix the directory)", dir, (unsigned)st.st_uid,
+             (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+    return -1;
+  }
+  return 0;
+}
+
 /* Removes path if it is a socket nobody listens on; fails if someone does. */
 static int remove_stale(const char *path, char *err, size_t errlen) {
   struct stat st;
@@ -186,7 +212,8 @@ int server_listen(server_t *srv, char *err, size_t errlen) {
   if (fd >= 0) return listen_inherited(srv, fd, err, errlen);
   const char *path = srv->cfg.socket_path;
   snprintf(srv->listen_path, sizeof srv->listen_path, "%s", path);
-  if (make_parent(path, err, errlen) != 0 || remove_stale(path, err, errlen) != 0)
+  if (make_parent(path, err, errlen) != 0 || check_parent(path, err, errlen) != 0 ||
+      remove_stale(path, err, errlen) != 0)
     return -1;
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof sa.sun_path) {

@@ -1,10 +1,12 @@
 /* main.c: kvcached's entry point: the command line, startup in order (pool,
  * engine, socket, signals, then READY=1), the loop, and the exit. */
+#include <errno.h>
 #include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -42,6 +44,12 @@ static int start(server_t *srv, char *err, size_t errlen) {
   if (notify_open(&srv->notify, err, errlen) != 0) return -1;
   if (shm_pool_open(srv->cfg.pool_bytes, &srv->pool, err, errlen) != 0) return -1;
   if ((srv->pool_ro_fd = shm_open_readonly(&srv->pool, err, errlen)) < 0) return -1;
+  /* Every tenant's bytes live in this process: no process of our uid may
+   * ptrace it, read its memory or reopen its descriptors through /proc. */
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+    snprintf(err, errlen, "prctl(PR_SET_DUMPABLE, 0): %s", strerror(errno));
+    return -1;
+  }
   engine_config_t ec = {.base = srv->pool.base,
                         .pool_bytes = srv->pool.bytes,
                         .page_bytes = srv->cfg.page_bytes,
@@ -166,5 +174,6 @@ int main(int argc, char **argv) {
   notify_close(&srv.notify);
   if (srv.pool_ro_fd >= 0) close(srv.pool_ro_fd);
   arena_deinit(&srv.arena);
+  tenants_free(&srv.tenants);
   return status;
 }

@@ -62,15 +62,20 @@ typedef struct builder {
   size_t n, cap;
 } builder_t;
 
-static int add(builder_t *b, const char *name, uint64_t value, int gauge,
-               const char *help, const char *cache) {
+static int add_row(builder_t *b, const char *name, uint64_t value, int gauge,
+                   const char *help, const char *cache, const char *tenant) {
   if (b->n == b->cap) return KVC_E_INTERNAL; /* cap is computed exactly */
   Kvcache__V1__Stat *st = arena_alloc(b->a, sizeof *st);
   if (!st) return KVC_E_NOMEM;
   codec_stat_to_wire(&(kvc_stat_t){.name = name, .value = value, .gauge = gauge != 0,
-                                    .help = help, .cache = cache}, st);
+                                    .help = help, .cache = cache, .tenant = tenant}, st);
   b->items[b->n++] = st;
   return 0;
+}
+
+static int add(builder_t *b, const char *name, uint64_t value, int gauge, const char *help,
+               const char *cache) {
+  return add_row(b, name, value, gauge, help, cache, "");
 }
 
 #define COUNT_(name, kind, help) +1
@@ -101,15 +106,17 @@ static int render_ops(builder_t *b, const daemon_stats_t *s) {
 }
 
 static int render_caches(builder_t *b, engine_t *eng, const kvc_cache_info_t *infos,
-                         size_t ncaches) {
+                         size_t ncaches, metrics_cache_view_fn view, void *view_ctx) {
   int rc = 0;
   for (size_t i = 0; i < ncaches && rc == 0; i++) {
+    const char *tenant = view(view_ctx, &infos[i]);
+    if (!tenant) continue;
     cache_stats_t cs;
     if (engine_cache_stats(eng, infos[i].cache_id, &cs) != 0) memset(&cs, 0, sizeof cs);
     char *cname = arena_printf(b->a, "%s", infos[i].name);
     if (!cname) return KVC_E_NOMEM;
 #define CACHE_ADD_(name, kind, help)                                           \
-  if (!rc) rc = add(b, #name, cs.name, (kind) == STAT_GAUGE, help, cname);
+  if (!rc) rc = add_row(b, #name, cs.name, (kind) == STAT_GAUGE, help, cname, tenant);
     CACHE_STATS(CACHE_ADD_)
 #undef CACHE_ADD_
   }
@@ -117,7 +124,7 @@ static int render_caches(builder_t *b, engine_t *eng, const kvc_cache_info_t *in
 }
 
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
-                 Kvcache__V1__StatsReply *out) {
+                   metrics_cache_view_fn view, void *view_ctx, Kvcache__V1__StatsReply *out) {
   size_t ncaches = 0;
   engine_cache_list(eng, NULL, 0, &ncaches);
   kvc_cache_info_t *infos = NULL;
@@ -149,7 +156,7 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
     rc = add(&b, "uptime_seconds", (now_ns - s->start_ns) / 1000000000u, 0,
              "seconds since the daemon started", "");
   if (!rc) rc = render_ops(&b, s);
-  if (!rc) rc = render_caches(&b, eng, infos, ncaches);
+  if (!rc) rc = render_caches(&b, eng, infos, ncaches, view, view_ctx);
   if (rc) return rc;
   out->n_stats = b.n;
   out->stats = b.items;

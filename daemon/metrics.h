@@ -64,10 +64,14 @@ uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q);
 unsigned metrics_bucket(uint64_t v);
 uint64_t metrics_bucket_max(unsigned idx);
 
-/* Fills out with every figure: engine, per cache, daemon, per operation.
- * Strings and arrays come from a (freed with the reply). Returns 0 or
- * KVC_E_NOMEM. */
+/* Which caches a viewer may see: the tenant name to show for one it may,
+ * NULL for one it may not (doc/security.md). */
+typedef const char *(*metrics_cache_view_fn)(void *ctx, const kvc_cache_info_t *ci);
+
+/* Fills out with every figure: engine, per cache (those view shows),
+ * daemon, per operation. Strings and arrays come from a (freed with the
+ * reply). Returns 0 or KVC_E_NOMEM. */
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
-                 Kvcache__V1__StatsReply *out);
+                   metrics_cache_view_fn view, void *view_ctx, Kvcache__V1__StatsReply *out);
 
 #endif

@@ -39,7 +39,8 @@
   X(keep, KEEP)                                                                \
   X(pos_range, POS_RANGE)                                                      \
   X(lease, LEASE)                                                              \
-  X(lease_release, LEASE_RELEASE)
+  X(lease_release, LEASE_RELEASE)                                              \
+  X(tenants, TENANTS)
 
 enum op {
 #define OP_ENUM_(name, CASE) OP_##CASE,

@@ -18,6 +18,7 @@
 #include "notify.h"
 #include "shm.h"
 #include "metrics.h"
+#include "tenant.h"
 
 typedef struct conn conn_t;
 
@@ -54,6 +55,7 @@ typedef struct server {
   log_limit_t limit_accept;/* budget of "accept" error lines */
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */
   arena_t arena;           /* scratch for building the current reply */
+  tenants_t tenants;       /* tenant names seen, by id */
 } server_t;
 
 /* listen.c. Listens on the socket systemd passed (socket activation), else

@@ -96,6 +96,7 @@ void codec_cache_info_to_wire(const kvc_cache_info_t *i, Kvcache__V1__CacheInfo 
   w->sequences = i->sequences;
   w->tokens = i->tokens;
   w->pages = i->pages;
+  w->tenant = (char *)i->tenant;
 }
 
 void codec_cache_info_from_wire(const Kvcache__V1__CacheInfo *w, kvc_cache_info_t *i) {
@@ -108,6 +109,7 @@ void codec_cache_info_from_wire(const Kvcache__V1__CacheInfo *w, kvc_cache_info_
   i->sequences = w->sequences;
   i->tokens = w->tokens;
   i->pages = w->pages;
+  strncpy(i->tenant, w->tenant ? w->tenant : "", sizeof i->tenant - 1);
 }
 
 void codec_match_to_wire(const kvc_match_t *m, Kvcache__V1__MatchReply *w) {
@@ -132,6 +134,7 @@ void codec_stat_to_wire(const kvc_stat_t *s, Kvcache__V1__Stat *w) {
   w->gauge = s->gauge;
   w->help = (char *)(s->help ? s->help : "");
   w->cache = (char *)(s->cache ? s->cache : "");
+  w->tenant = (char *)(s->tenant ? s->tenant : "");
 }
 
 void codec_stat_from_wire(const Kvcache__V1__Stat *w, kvc_stat_t *s) {
@@ -142,6 +145,7 @@ void codec_stat_from_wire(const Kvcache__V1__Stat *w, kvc_stat_t *s) {
   s->gauge = w->gauge;
   s->help = w->help ? w->help : "";
   s->cache = w->cache ? w->cache : "";
+  s->tenant = w->tenant ? w->tenant : "";
 }
 
 void codec_hist_span_to_wire(const kvc_hist_span_t *s, Kvcache__V1__HistorySpan *w) {

@@ -50,13 +50,14 @@
   XX(ROPE,      -39, "RoPE description invalid (dims, style, theta or scale)") \
   XX(KIND,      -40, "operation does not apply to this cache's attention kind")\
   XX(POSORDER,  -41, "a sequence's positions in a batch are not consecutive") \
-  XX(NOLEASE,   -42, "no such lease held by this connection")
+  XX(NOLEASE,   -42, "no such lease held by this connection")                  \
+  XX(PEER,      -43, "the socket is served by an unexpected uid (not kvcached)")
 
 typedef enum {
 #define KVC_ERR_ENUM_(name, code, msg) KVC_E_##name = (code),
   KVC_ERRNO_MAP(KVC_ERR_ENUM_)
 #undef KVC_ERR_ENUM_
-  KVC_E_MIN_ = -43 /* one below the lowest code; not an error */
+  KVC_E_MIN_ = -44 /* one below the lowest code; not an error */
 } kvc_errno_t;
 
 #ifdef __cplusplus

@@ -82,6 +82,11 @@ typedef struct kvc_client_opts {
                               this long before blocking: a reply within it costs
                               no wakeup (on a VM most of a round trip) but the
                               thread spins while it waits. */
+  uint32_t server_uid;     /* the uid the daemon must run as, besides root, this
+                              process's uid, the user kvcached and
+                              $KVCACHE_SERVER_UID (a number or a user name);
+                              0: none besides those. Any other server is
+                              refused with KVC_E_PEER before a byte is sent. */
 } kvc_client_opts_t;
 
 /* What the handshake told the client. */
@@ -546,6 +551,7 @@ typedef struct kvc_stat {
   bool gauge;        /* false: monotonic counter */
   const char *help;  /* one line */
   const char *cache; /* "" for a global figure, else the cache's name */
+  const char *tenant;/* the cache's tenant ("" for a global figure) */
 } kvc_stat_t;
 
 /* Fetches every figure. Returns new *out (one block, strings included; free
@@ -553,6 +559,25 @@ typedef struct kvc_stat {
 KVC_API int kvc_stats(kvc_client_t *client, kvc_stat_t **out, size_t *n);
 /* Frees what kvc_stats returned. Accepts NULL. */
 KVC_API void kvc_stats_free(kvc_stat_t *stats);
+
+/* ---- tenants (doc/security.md) -------------------------------------------- */
+
+/* A tenant's connected clients and what its caches hold now. */
+typedef struct kvc_tenant_info {
+  char name[48];         /* a name of the daemon's `tenants` option, or uid:N */
+  uint32_t connections;  /* clients connected */
+  uint32_t caches;
+  uint64_t sequences;
+  uint64_t tokens;
+  uint64_t pages;        /* block-table entries of its caches */
+} kvc_tenant_info_t;
+
+/* Usage per tenant: a client gets its own tenant's row; an admin every
+ * tenant's with connections or caches ("shared" holds the shared caches).
+ * Returns new *out (free with kvc_tenants_free) and *n. */
+KVC_API int kvc_tenants(kvc_client_t *client, kvc_tenant_info_t **out, size_t *n);
+/* Frees what kvc_tenants returned. Accepts NULL. */
+KVC_API void kvc_tenants_free(kvc_tenant_info_t *tenants);
 
 #ifdef __cplusplus
 }

@@ -90,6 +90,7 @@ typedef struct kvc_cache_info {
   uint64_t sequences;
   uint64_t tokens;       /* sum of sequence lengths */
   uint64_t pages;        /* block-table entries (shared pages counted per use) */
+  char tenant[48];       /* whose it is: a tenant name, or "shared" */
 } kvc_cache_info_t;
 
 /* Which part of each token a transfer moves. All zero (or a NULL pointer)

@@ -24,7 +24,9 @@ TEST(logging_startup_and_connections) {
   ASSERT(it_log_has(&d, "level=info event=start version=" KVC_VERSION_STRING));
   ASSERT(it_log_has(&d, "event=config socket="));
   ASSERT(it_log_has(&d, " pool_bytes=8MiB page_bytes=16KiB "));
-  ASSERT(it_log_has(&d, " allow_gids=\"\" drain_timeout_ms=10000 status_interval_ms=5000 log_level=debug"));
+  ASSERT(it_log_has(&d, " allow_gids=\"\" admin_uids=0 admin_gids=\"\" tenants=\"\" "
+                        "shared_caches=\"\" zero_copy_tenant=\"\" drain_timeout_ms=10000 "
+                        "status_interval_ms=5000 log_level=debug"));
   ASSERT(it_log_has(&d, "event=pool bytes=8388608 page_bytes=16384 pages=512 prefaulted=yes"));
   snprintf(want, sizeof want, "event=listen socket=%s source=config mode=0660", d.sock);
   ASSERT(it_log_has(&d, want));

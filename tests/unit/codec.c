@@ -146,6 +146,7 @@ TEST(codec_round_trips_every_field) {
   ci.sequences = 10;
   ci.tokens = 11;
   ci.pages = 12;
+  strcpy(ci.tenant, "fleet-a");
   Kvcache__V1__CacheInfo wc;
   Kvcache__V1__Layout wcl;
   codec_cache_info_to_wire(&ci, &wc, &wcl);
@@ -166,7 +167,7 @@ TEST(codec_round_trips_every_field) {
   protobuf_c_message_free_unpacked(back, NULL);
 
   kvc_stat_t st = {.name = "pages_free", .value = 42, .gauge = true, .help = "free pages",
-                   .cache = "c1"}, st2;
+                   .cache = "c1", .tenant = "uid:1001"}, st2;
   Kvcache__V1__Stat wst;
   codec_stat_to_wire(&st, &wst);
   all_fields_set(&wst.base);
@@ -175,6 +176,7 @@ TEST(codec_round_trips_every_field) {
   ASSERT_STR_EQ(st2.name, st.name);
   ASSERT_STR_EQ(st2.help, st.help);
   ASSERT_STR_EQ(st2.cache, st.cache);
+  ASSERT_STR_EQ(st2.tenant, st.tenant);
   ASSERT_U64_EQ(st2.value, 42);
   ASSERT(st2.gauge);
   protobuf_c_message_free_unpacked(back, NULL);
