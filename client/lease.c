@@ -65,7 +65,10 @@ KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t 
   if (!h || !out) return KVC_E_INVAL;
   *out = NULL;
   kvc_client_t *c = h->client;
-  if (!c->pool) return client_fail(c, KVC_E_PROTO, "the daemon passed no pool to read from");
+  if (!c->pool)
+    return client_fail(c, KVC_E_PERM, "zero-copy reads need the pool mapping, which this "
+                       "daemon gives only to admins and to the tenant of a single-tenant "
+                       "node (doc/security.md): read with kvc_get");
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
   Kvcache__V1__Lease b = KVCACHE__V1__LEASE__INIT;
   b.cache_id = h->id;

@@ -341,7 +341,8 @@ typedef struct kvc_lease_info {
  * may drop the sequence but not the leased pages. Returns new *out, owned by
  * the client (release it, or kvc_client_close frees it). KVC_E_NOSEQ,
  * KVC_E_RANGE (empty, or past the length), KVC_E_TOOMANY (4096 leases per
- * connection), KVC_E_PROTO (the daemon passed no pool). */
+ * connection), KVC_E_PERM (the daemon maps the pool only for admins and the
+ * tenant of a single-tenant node: read with kvc_get). */
 KVC_API int kvc_lease(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin, uint64_t end,
                       kvc_lease_t **out);
 /* The lease's placement; owned by the lease. */
