@@ -46,6 +46,14 @@ SEED_UNUSED static size_t seed_ping(uint8_t *out, uint64_t id) {
   return seed_pack(&r, id, out);
 }
 
+SEED_UNUSED static size_t seed_tenants(uint8_t *out, uint64_t id) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Empty e = KVCACHE__V1__EMPTY__INIT;
+  r.body_case = KVCACHE__V1__REQUEST__BODY_TENANTS;
+  r.tenants = &e;
+  return seed_pack(&r, id, out);
+}
+
 SEED_UNUSED static size_t seed_cache_open(uint8_t *out, uint64_t id, const char *name,
                                           uint32_t dtype) {
   seed_req_t r = KVCACHE__V1__REQUEST__INIT;

@@ -291,6 +291,10 @@ static void msg_seeds(void) {
   M("pin_ttl", seed_seqop(buf, 7, SEED_PIN_TTL, 0, 3, 500, 0));
   M("pin_ttl_hard", seed_seqop(buf, 7, SEED_PIN_TTL, 0, 1, 0, 0));
   M("prefix_top", seed_seqop(buf, 7, SEED_PREFIX_TOP, 0, 0, 0, 4));
+  M("tenants", seed_tenants(buf, 7));
+  /* a cache id that names no cache of this tenant (the gate answers first) */
+  M("seq_info_other_cache", seed_seqop(buf, 7, SEED_INFO, 5000, 1, 0, 0));
+  M("drop_other_cache", seed_seqop(buf, 7, SEED_DROP, 4999, 0, 0, 0));
   M("empty", 0);
 #undef M
 }
