@@ -139,7 +139,7 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   r->fd = c->shm.fd;
   r->fd2 = srv->pool_ro_fd;
   conn_greeted(c);
-  LOG_INFO("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
+  LOG_DEBUG("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
            (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name,
            (unsigned long long)bytes);
   return 0;
@@ -857,7 +857,7 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     sent = conn_send(c, &resp);
   }
   arena_reset(&srv->arena);
-  if (op >= 0) metrics_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc == 0);
+  if (op >= 0) metrics_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc);
   if (sent != 0) conn_close(c, "cannot send a reply");
   else if (r.close_after) conn_close_after_flush(c, r.err);
 }

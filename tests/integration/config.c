@@ -282,7 +282,7 @@ TEST(config_reload_applies_reloadable_and_keeps_old_on_bad_file) {
   ASSERT(c2 != NULL);
   kvc_client_info(c2, &info);
   ASSERT_EQ(info.max_entries, 50); /* flags still win after a reload */
-  ASSERT_U64_EQ(stat_get(c1, "config_reloads", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c1, "config_reloads_total", NULL), 1);
 
   /* A bad line: the error names file and line, nothing changes. */
   it_write_file(path, "max_connections = 1\nthis is not an option line\n");
@@ -302,8 +302,8 @@ TEST(config_reload_applies_reloadable_and_keeps_old_on_bad_file) {
   ASSERT(c3 != NULL);
   ASSERT(try_open(&d, &rc) == NULL);
   ASSERT_ERR(rc, KVC_E_CONNLIMIT);
-  ASSERT_U64_EQ(stat_get(c1, "config_reload_failures", NULL), 3);
-  ASSERT_U64_EQ(stat_get(c1, "config_reloads", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c1, "config_reload_failures_total", NULL), 3);
+  ASSERT_U64_EQ(stat_get(c1, "config_reloads_total", NULL), 1);
   kvc_client_close(c1);
   kvc_client_close(c2);
   kvc_client_close(c3);

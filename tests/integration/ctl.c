@@ -77,7 +77,7 @@ TEST(ctl_stats_json_matches_what_happened) {
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "--help"), 0);
   ASSERT(strstr(out, "usage: kvcachectl") != NULL);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "stats"), 0);
-  ASSERT(strstr(out, "pages_total") != NULL && strstr(out, "latency_get_p99_ns") != NULL);
+  ASSERT(strstr(out, "pool_pages") != NULL && strstr(out, "latency_get_p99_ns") != NULL);
   /* Counted by the daemon: every kvcachectl run above is one connection. */
   ASSERT_U64_EQ(stat_get(c, "connections_total", NULL), 1 + 1 + 10);
   kvc_client_close(c);

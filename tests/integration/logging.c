@@ -47,7 +47,7 @@ TEST(logging_refused_peers_do_not_flood) {
   /* The harness's probe connection may still count: retry briefly. */
   for (int i = 0; i < 1000 && (rc = kvc_client_open(&o, &c)) == KVC_E_CONNLIMIT; i++) it_sleep_ms(10);
   ASSERT_OK(rc);
-  uint64_t before = stat_get(c, "connections_rejected", NULL);
+  uint64_t before = stat_get(c, "connections_rejected_total", NULL);
   for (int i = 0; i < 200; i++) {
     int fd = it_connect_raw(d.sock);
     ASSERT(fd >= 0);
@@ -57,7 +57,7 @@ TEST(logging_refused_peers_do_not_flood) {
     kvcache__v1__response__free_unpacked(r, NULL);
     close(fd);
   }
-  ASSERT_U64_EQ(stat_get(c, "connections_rejected", NULL) - before, 200);
+  ASSERT_U64_EQ(stat_get(c, "connections_rejected_total", NULL) - before, 200);
   int lines = log_count(&d, "event=refused");
   if (lines > 10) TEST_FAIL_("%d refused lines for 200 refusals: the budget is 10 per 10 s", lines);
   ASSERT(it_log_has(&d, "level=warn event=refused pid="));
@@ -78,7 +78,7 @@ TEST(logging_evictions_and_full_are_summarized) {
   size_t nk = 256 * it_tok_floats(&l, false), nv = 256 * it_tok_floats(&l, true);
   float *k = calloc(nk, 4), *v = calloc(nv, 4);
   for (uint64_t s = 1; s <= 700; s++) ASSERT_OK(kvc_put(cache, s, 0, 16, k, v));
-  uint64_t evicted = stat_get(c, "evicted_sequences", NULL);
+  uint64_t evicted = stat_get(c, "evicted_sequences_total", NULL);
   ASSERT(evicted >= 188);
   ASSERT(it_log_wait(&d, "level=info event=evictions evicted_sequences=", 5000));
   int lines = log_count(&d, "event=evictions");

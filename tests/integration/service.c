@@ -379,7 +379,7 @@ TEST(service_peer_admitted_by_supplementary_group) {
   child_connects(d.sock, member, 1, 0);
   child_connects(d.sock, NULL, 0, KVC_E_PERM);
   kvc_client_t *c = client_open(&d);
-  ASSERT_U64_EQ(stat_get(c, "connections_rejected", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "connections_rejected_total", NULL), 1);
   kvc_client_close(c);
   daemon_stop(&d);
 }
