@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "codec.h"
 #include "kvcache/kvcache.h"
 #include "layout.h"
@@ -763,6 +764,17 @@ static int h_prefix_top(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) 
   return 0;
 }
 
+/* ---- operators: admins only (admin.c) ----------------------------------- */
+
+#define ADMIN_HANDLER_(name)                                                   \
+  static int h_##name(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) { \
+    return admin_##name(c, req, r->a, r->resp, r->err, sizeof r->err);        \
+  }
+ADMIN_HANDLER_(clients)
+ADMIN_HANDLER_(config)
+ADMIN_HANDLER_(admin)
+#undef ADMIN_HANDLER_
+
 /* ---- the table ----------------------------------------------------------- */
 
 static const struct {
@@ -832,6 +844,8 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   int op;
   TESTHOOK(before, srv->eng);
   if (c->greeted) release_deferred(c, req);
+  c->requests++;
+  c->last_ms = uv_now(srv->loop);
   int rc = run(c, req, &r, &op);
   TESTHOOK(after, srv->eng);
   if (rc == DEFERRED) { /* offloaded: offload.c replies and counts it */

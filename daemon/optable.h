@@ -39,7 +39,10 @@
   X(keep, KEEP)                                                                \
   X(pos_range, POS_RANGE)                                                      \
   X(lease, LEASE)                                                              \
-  X(lease_release, LEASE_RELEASE)
+  X(lease_release, LEASE_RELEASE)                                              \
+  X(clients, CLIENTS)                                                          \
+  X(config, CONFIG)                                                            \
+  X(admin, ADMIN)
 
 enum op {
 #define OP_ENUM_(name, CASE) OP_##CASE,

@@ -17,7 +17,7 @@ static const struct {
     {"max_caches", "7", "7", "9", "9"},
     {"max_seqs", "1000", "1000", "2000", "2000"},
     {"shm_default_bytes", "2MiB", "2MiB", "3MiB", "3MiB"},
-    {"shm_max_bytes", "16MiB", "16MiB", "1GB", "1GiB"},
+    {"shm_max_bytes", "16MiB", "16MiB", "1g", "1GiB"},
     {"max_frame_bytes", "32KiB", "32KiB", "16KiB", "16KiB"},
     {"max_decode_bytes", "1MiB", "1MiB", "8MiB", "8MiB"},
     {"max_entries", "100", "100", "200", "200"},
@@ -34,6 +34,7 @@ static const struct {
     {"prefix_hash", "xxh3", "xxh3", "sha256", "sha256"},
     {"prefix_single_tenant", "yes", "true", "true", "true"},
     {"pin_limit_pct", "30", "30", "40", "40"},
+    {"metrics_listen", "127.0.0.1:9464", "127.0.0.1:9464", "[::1]:9465", "[::1]:9465"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
