@@ -89,9 +89,16 @@ static void label_set(buf_t *b, const kvc_stat_t *st, const char *le) {
   if (any) puts_(b, "}");
 }
 
+/* The standard process_* figures keep their well-known names; every other
+ * family is kvcached_'s. */
+static const char *prefix(const char *name) {
+  return strncmp(name, "process_", 8) == 0 ? "" : "kvcached_";
+}
+
 static void sample(buf_t *b, const kvc_stat_t *st) {
+  const char *pre = prefix(st->name);
   if (st->kind != KVC_STAT_HISTOGRAM) {
-    printf_(b, "kvcached_%s", st->name);
+    printf_(b, "%s%s", pre, st->name);
     label_set(b, st, NULL);
     printf_(b, " %llu\n", (unsigned long long)st->value);
     return;
@@ -99,17 +106,17 @@ static void sample(buf_t *b, const kvc_stat_t *st) {
   for (size_t i = 0; i < st->nbuckets; i++) {
     char le[40];
     snprintf(le, sizeof le, "%.9g", st->bucket_le[i]);
-    printf_(b, "kvcached_%s_bucket", st->name);
+    printf_(b, "%s%s_bucket", pre, st->name);
     label_set(b, st, le);
     printf_(b, " %llu\n", (unsigned long long)st->bucket_count[i]);
   }
-  printf_(b, "kvcached_%s_bucket", st->name);
+  printf_(b, "%s%s_bucket", pre, st->name);
   label_set(b, st, "+Inf");
   printf_(b, " %llu\n", (unsigned long long)st->value);
-  printf_(b, "kvcached_%s_sum", st->name);
+  printf_(b, "%s%s_sum", pre, st->name);
   label_set(b, st, NULL);
   printf_(b, " %.9g\n", st->sum);
-  printf_(b, "kvcached_%s_count", st->name);
+  printf_(b, "%s%s_count", pre, st->name);
   label_set(b, st, NULL);
   printf_(b, " %llu\n", (unsigned long long)st->value);
 }
@@ -120,9 +127,9 @@ int promtext_render(const kvc_stat_t *st, size_t n, char **out, size_t *len) {
   if (!done) return KVC_E_NOMEM;
   for (size_t i = 0; i < n; i++) {
     if (done[i]) continue;
-    printf_(&b, "# HELP kvcached_%s ", st[i].name);
+    printf_(&b, "# HELP %s%s ", prefix(st[i].name), st[i].name);
     escaped(&b, st[i].help ? st[i].help : "", false);
-    printf_(&b, "\n# TYPE kvcached_%s %s\n", st[i].name, type_name(st[i].kind));
+    printf_(&b, "\n# TYPE %s%s %s\n", prefix(st[i].name), st[i].name, type_name(st[i].kind));
     for (size_t j = i; j < n; j++) {
       if (done[j] || strcmp(st[j].name, st[i].name) != 0) continue;
       done[j] = true;

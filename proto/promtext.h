@@ -11,7 +11,7 @@
 #define PROMTEXT_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
 /* Families in the order they first appear; HELP and TYPE once per family;
- * names prefixed "kvcached_"; labels cache first, then the stat's own; a
+ * names prefixed "kvcached_" (process_* keep their standard names); labels cache first, then the stat's own; a
  * histogram as _bucket (le, cumulative, +Inf last), _sum and _count.
  * Returns 0 with new *out (malloc, NUL-terminated) and *len, or
  * KVC_E_NOMEM. */
