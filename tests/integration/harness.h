@@ -273,9 +273,10 @@ IT_UNUSED static uint64_t stat_get(kvc_client_t *c, const char *name, const char
   char fam[128], sel[256] = "";
   const char *brace = strchr(name, '{');
   size_t flen = brace ? (size_t)(brace - name) : strlen(name);
-  ASSERT(flen < sizeof fam);
-  memcpy(fam, name, flen);
-  fam[flen] = '\0';
+  /* A cache's figure is the family cache_NAME. */
+  const char *pre = cache && strncmp(name, "cache_", 6) != 0 ? "cache_" : "";
+  ASSERT(flen + strlen(pre) < sizeof fam);
+  snprintf(fam, sizeof fam, "%s%.*s", pre, (int)flen, name);
   if (brace) snprintf(sel, sizeof sel, "%.*s", (int)(strlen(brace + 1) - 1), brace + 1);
   kvc_stat_t *st;
   size_t n;
