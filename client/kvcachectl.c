@@ -162,6 +162,15 @@ static bool parse_u64(const char *s, uint64_t *out) {
   return true;
 }
 
+static const struct command *find_command(const char *name);
+
+/* A positional argument that is not a number: the command's usage, exit 2. */
+static int bad_number(const char *cmd, const char *what, const char *got) {
+  fprintf(stderr, "%s: %s: %s must be a number, got '%s'\n", prog, cmd, what, got);
+  command_usage(stderr, find_command(cmd), false);
+  return 2;
+}
+
 /* The command's options; 0, or 2 after printing why and its usage. */
 static int parse_command(const struct command *cmd, int argc, char **argv, opts_t *o) {
   static const struct option all[] = {
@@ -772,11 +781,7 @@ static int cmd_seqs(kvc_client_t *c, const opts_t *o) {
 
 static int cmd_info(kvc_client_t *c, const opts_t *o) {
   uint64_t seq;
-  if (!parse_u64(o->pos[1], &seq)) {
-    fprintf(stderr, "%s: SEQ must be a number, got '%s'\n", prog, o->pos[1]);
-    command_usage(stderr, &commands[4], false);
-    return 2;
-  }
+  if (!parse_u64(o->pos[1], &seq)) return bad_number("info", "SEQ", o->pos[1]);
   kvc_cache_t *h;
   int rc = kvc_cache_find(c, o->pos[0], &h);
   if (rc) return fail(c, rc, o->pos[0]);
@@ -997,11 +1002,11 @@ static int admin_write(kvc_client_t *c, const opts_t *o, kvc_admin_action_t act,
   uint64_t seq = 0, conn = 0, count = 0;
   const char *cache = NULL;
   if (act == KVC_ADMIN_DISCONNECT) {
-    if (!parse_u64(o->pos[0], &conn)) return die("%s: CONN_ID must be a number, got '%s'", what, o->pos[0]) + 1;
+    if (!parse_u64(o->pos[0], &conn)) return bad_number(what, "CONN_ID", o->pos[0]);
   } else {
     cache = o->pos[0];
     if (act != KVC_ADMIN_DROP_CACHE && !parse_u64(o->pos[1], &seq))
-      return die("%s: SEQ must be a number, got '%s'", what, o->pos[1]) + 1;
+      return bad_number(what, "SEQ", o->pos[1]);
   }
   int rc = kvc_admin(c, act, cache, seq, conn, &count);
   if (rc) return fail(c, rc, what);

@@ -24,18 +24,22 @@
 #define HTTP_MAX_REQUEST 4096u
 #define HTTP_TIMEOUT_MS 5000u
 #define HTTP_MAX_CONNS 16u
+#define HTTP_LINGER_MS 1000u /* after the reply: the client's EOF, at most */
 
 typedef struct hconn {
   server_t *srv;
   uv_tcp_t tcp;
   uv_timer_t timer;
   uv_write_t wreq;
+  uv_shutdown_t sreq;
   char *out;        /* the reply being written (malloc) */
   size_t len;       /* request bytes held */
   int handles;      /* not yet through their close callback */
   bool closing, answered;
   char buf[HTTP_MAX_REQUEST + 1];
 } hconn_t;
+
+static void on_timeout(uv_timer_t *t);
 
 static void on_closed(uv_handle_t *h) {
   hconn_t *hc = h->data;
@@ -52,15 +56,23 @@ static void hclose(hconn_t *hc) {
   uv_close((uv_handle_t *)&hc->timer, on_closed);
 }
 
+static void on_shutdown(uv_shutdown_t *r, int status) {
+  if (status != 0) hclose(r->data);
+  /* else: wait for the client's EOF (what it still sends is discarded),
+   * so that closing never resets the reply away; the timer bounds it. */
+}
+
 static void on_written(uv_write_t *w, int status) {
-  (void)status;
-  hclose(w->data);
+  hconn_t *hc = w->data;
+  hc->sreq.data = hc;
+  if (status != 0 || uv_shutdown(&hc->sreq, (uv_stream_t *)&hc->tcp, on_shutdown) != 0)
+    hclose(hc);
 }
 
 static void reply(hconn_t *hc, const char *status, const char *type, const char *extra,
                   const char *body, size_t blen, bool head) {
   hc->answered = true;
-  uv_read_stop((uv_stream_t *)&hc->tcp);
+  uv_timer_start(&hc->timer, on_timeout, HTTP_LINGER_MS, 0);
   char hdr[512];
   int n = snprintf(hdr, sizeof hdr,
                    "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s"
@@ -145,6 +157,10 @@ static void serve(hconn_t *hc) {
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
   (void)suggested;
   hconn_t *hc = h->data;
+  if (hc->answered) { /* discarding */
+    *b = uv_buf_init(hc->buf, HTTP_MAX_REQUEST);
+    return;
+  }
   size_t room = HTTP_MAX_REQUEST - hc->len;
   *b = uv_buf_init(hc->buf + hc->len, (unsigned)(room ? room : 1));
 }
@@ -152,11 +168,12 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b) {
   (void)b;
   hconn_t *hc = s->data;
-  if (nread == 0 || hc->answered) return;
-  if (nread < 0) { /* EOF or error before a whole request: nothing to say */
+  if (nread == 0) return;
+  if (nread < 0) { /* EOF or error: done (before a whole request, nothing to say) */
     hclose(hc);
     return;
   }
+  if (hc->answered) return; /* the rest of a refused request */
   hc->len += (size_t)nread;
   hc->buf[hc->len] = '\0';
   if (strstr(hc->buf, "\r\n\r\n") || strstr(hc->buf, "\n\n")) {
@@ -168,7 +185,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b) {
 
 static void on_timeout(uv_timer_t *t) {
   hconn_t *hc = t->data;
-  if (hc->answered) return;
+  if (hc->answered) { /* lingered long enough */
+    hclose(hc);
+    return;
+  }
   hc->srv->stats.metrics_http_errors++;
   LOG_DEBUG("metrics_timeout", "bytes=%zu", hc->len);
   hclose(hc);

@@ -133,7 +133,11 @@ TEST(config_bad_lines_name_file_line_and_option) {
       {"no_such_option = 1", "unknown option 'no_such_option'"},
       {"max_caches = lots", "max_caches: expected a number, got 'lots'"},
       {"max_caches = 0", "max_caches: 0 out of bounds [1, 65536]"},
-      {"max_frame_bytes = 12XB", "max_frame_bytes: expected a size like 512MiB, got '12XB'"},
+      {"max_frame_bytes = 12XB", "max_frame_bytes: expected a size like 512MiB (B, K/KiB, M/MiB, G/GiB, T/TiB), got '12XB'"},
+      {"shm_max_bytes = 2GB", "shm_max_bytes: '2GB' is ambiguous (powers of 1000 or 1024?): write 2GiB-style binary units (KiB, MiB, GiB, TiB) or a single letter (K, M, G, T)"},
+      {"write_queue_bytes = 64mb", "write_queue_bytes: '64mb' is ambiguous"},
+      {"metrics_listen = 9464", "metrics_listen: expected HOST:PORT like 127.0.0.1:9464, [::1]:9464 or :9464 (or empty: off), got '9464'"},
+      {"metrics_listen = ::1:80", "metrics_listen: expected HOST:PORT"},
       {"pool_bytes = 32MiB", "pool_bytes: already set on line 3"},
       {"log_level = loud", "log_level: expected error, warn, info or debug, got 'loud'"},
       {"socket_mode = 0999", "socket_mode: expected octal bits like 0660, got '0999'"},
@@ -194,6 +198,13 @@ TEST(config_print_config_round_trips) {
   ASSERT_STR_EQ(shown(c, "max_seqs", v, sizeof v), "12345678901");
   ASSERT_EQ(it_sh(a, sizeof a, "%s/kvcached --config %s --check-config", it_build(), pb), 0);
   ASSERT(strstr(a, "configuration OK") && strstr(a, pb));
+  /* --check-config names the flags that override the file, and says when
+   * nothing but the defaults is in force. */
+  ASSERT_EQ(it_sh(a, sizeof a, "%s/kvcached --config %s --pool-bytes 2g --log-level=warn "
+                  "--check-config", it_build(), pb), 0);
+  ASSERT(strstr(a, pb) && strstr(a, "; 2 flags: --pool-bytes=2g --log-level=warn)\n"));
+  ASSERT_EQ(it_sh(a, sizeof a, "%s/kvcached --config /dev/null --check-config", it_build()), 0);
+  ASSERT(strstr(a, "configuration OK (file /dev/null)\n") != NULL);
   rmdir_all(dir);
 }
 

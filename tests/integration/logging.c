@@ -1,5 +1,6 @@
 /* logging.c: what kvcached tells the journal. Startup states the effective
- * configuration, the pool and the socket; connections are logged at info;
+ * configuration, the pool and the socket; connections are logged at info
+ * unless brief (then at debug, and counted);
  * a flood of refused peers gives a bounded number of lines; evictions and
  * FULL refusals come as one summary per status interval, not one per event. */
 #include "raw.h"
@@ -30,10 +31,28 @@ TEST(logging_startup_and_connections) {
   ASSERT(it_log_has(&d, want));
   kvc_client_t *c = client_open(&d);
   ASSERT(it_log_has(&d, "level=debug event=accept conn="));
-  ASSERT(it_log_has(&d, "level=info event=connect conn="));
+  ASSERT(it_log_has(&d, "level=debug event=connect conn="));
   ASSERT(it_log_has(&d, "client=\"it\""));
+  /* A client that pins something is logged at info when it leaves. */
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "log", &l, &h));
+  float *k = calloc(it_tok_floats(&l, false), 4), *v = calloc(it_tok_floats(&l, true), 4);
+  ASSERT_OK(kvc_put(h, 1, 0, 1, k, v));
+  ASSERT_OK(kvc_seq_pin(h, 1));
+  free(k);
+  free(v);
   kvc_client_close(c);
   ASSERT(it_log_wait(&d, "level=info event=disconnect", 5000));
+  ASSERT(it_log_has(&d, "pins_released=1"));
+  /* Brief clients that hold nothing (kvcachectl, scrapers): debug, counted. */
+  char out[4096];
+  for (int i = 0; i < 3; i++) ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "ping"), 0);
+  c = client_open(&d);
+  ASSERT(it_log_wait(&d, "client=\"kvcachectl\" reason=", 5000));
+  ASSERT_EQ(log_count(&d, "level=info event=disconnect"), 1);
+  ASSERT_U64_EQ(stat_get(c, "connections_brief_total", NULL), 3);
+  kvc_client_close(c);
   daemon_stop(&d);
 }
 
