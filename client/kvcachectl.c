@@ -1230,7 +1230,9 @@ static int cmd_top(kvc_client_t *c, const opts_t *o) {
   int rc = 0;
   for (long k = 0; !top_stop && (frames == 0 || k < frames); k++) {
     if ((rc = kvc_stats(c, &cur.st, &cur.n)) != 0) break;
-    int cl_rc = kvc_clients(c, &cl, &ncl);
+    /* A non-admin is refused once: not asked again every frame. */
+    static int cl_rc = 0;
+    if (cl_rc != KVC_E_PERM) cl_rc = kvc_clients(c, &cl, &ncl);
     if (cl_rc) cl = NULL, ncl = 0;
     double t = mono_now();
     top_frame(c, &cur, prev.st ? &prev : NULL, t - tprev, cl, ncl, pcl, npcl, cl_rc, interval,
