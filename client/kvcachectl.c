@@ -536,14 +536,14 @@ static void stats_table(const figs_t *f, const char *only_cache) {
         if (strcmp(f->st[j].name, "request_errors_total") == 0 && eop && strcmp(eop, op) == 0)
           errs += (double)f->st[j].value;
       }
-      char e[32];
+      char e[32], p99[32];
       printf("  %-16s %10s %10s %8s %10s %10s %10s\n", op,
              human_count((double)st->value, a, sizeof a),
              human_count(uptime > 0 ? (double)st->value / uptime : 0, b, sizeof b),
              human_count(errs, e, sizeof e),
              human_seconds(h && h->value ? h->sum / (double)h->value : 0, c2, sizeof c2),
              human_seconds(hist_quantile(h, 0.5), d, sizeof d),
-             human_seconds(hist_quantile(h, 0.99), a, sizeof a));
+             human_seconds(hist_quantile(h, 0.99), p99, sizeof p99));
     }
     bool any_err = false;
     for (size_t i = 0; i < f->n; i++) {
@@ -1088,7 +1088,7 @@ static int by_key_desc(const void *a, const void *b) {
 static void top_frame(kvc_client_t *c, const figs_t *cur, const figs_t *prev, double dt,
                       kvc_client_entry_t *cl, size_t ncl, const kvc_client_entry_t *pcl,
                       size_t npcl, int cl_rc, double interval, bool tty) {
-  char a[32], b[32], d[32], e[32];
+  char a[32], b[32], d[32], e[32], g[32];
   const char *eol = tty ? "\033[K\n" : "\n";
   const kvc_stat_t *bi = fig(cur, "build_info", NULL, NULL, NULL);
   double req = 0, err = 0;
@@ -1135,7 +1135,7 @@ static void top_frame(kvc_client_t *c, const figs_t *cur, const figs_t *prev, do
          human_count(rate_of(cur, prev, dt, "evicted_pages_total", "", NULL, NULL), b, sizeof b),
          human_count(rate_of(cur, prev, dt, "full_errors_total", "", NULL, NULL), d, sizeof d),
          human_bytes(rate_of(cur, prev, dt, "bytes_in_total", "", NULL, NULL), e, sizeof e),
-         human_bytes(rate_of(cur, prev, dt, "bytes_out_total", "", NULL, NULL), a, sizeof a), eol);
+         human_bytes(rate_of(cur, prev, dt, "bytes_out_total", "", NULL, NULL), g, sizeof g), eol);
   /* The busiest operations. */
   ranked_t r[256];
   size_t nr = 0;
