@@ -8,8 +8,10 @@
  * request is never read. GET (or HEAD) /metrics answers 200 with the same
  * text kvcachectl stats --prometheus prints (proto/promtext.c); another path
  * 404, another method 405. Every reply says Connection: close and the
- * connection closes once it is written. At most HTTP_MAX_CONNS at once: the
- * next ones are closed at accept. */
+ * connection closes once it is written (after the client's EOF, or
+ * HTTP_LINGER_MS). At most HTTP_MAX_CONNS at once: the next ones are closed
+ * at accept. Stopping (the drain's end) closes the listener and every scrape
+ * still open. */
 #include "http.h"
 
 #include <arpa/inet.h>
@@ -28,6 +30,7 @@
 
 typedef struct hconn {
   server_t *srv;
+  struct hconn *prev, *next; /* open scrapes (http_open), closed at stop */
   uv_tcp_t tcp;
   uv_timer_t timer;
   uv_write_t wreq;
@@ -41,10 +44,16 @@ typedef struct hconn {
 
 static void on_timeout(uv_timer_t *t);
 
+/* The scrapes open now, so that http_stop can end them. */
+static struct hconn *http_open;
+
 static void on_closed(uv_handle_t *h) {
   hconn_t *hc = h->data;
   if (--hc->handles > 0) return;
   hc->srv->http_conns--;
+  if (hc->prev) hc->prev->next = hc->next;
+  else http_open = hc->next;
+  if (hc->next) hc->next->prev = hc->prev;
   free(hc->out);
   free(hc);
 }
@@ -205,6 +214,9 @@ static void on_connection(uv_stream_t *l, int status) {
   hc->tcp.data = hc->timer.data = hc;
   hc->handles = 2;
   srv->http_conns++;
+  hc->next = http_open;
+  if (http_open) http_open->prev = hc;
+  http_open = hc;
   if (uv_accept(l, (uv_stream_t *)&hc->tcp) != 0 || srv->http_conns > HTTP_MAX_CONNS ||
       srv->draining) {
     if (srv->http_conns > HTTP_MAX_CONNS) srv->stats.metrics_http_errors++;
@@ -264,5 +276,6 @@ void http_stop(server_t *srv) {
   if (!srv->http_on) return;
   srv->http_on = false;
   uv_close((uv_handle_t *)&srv->http, on_listener_closed);
-  /* Open scrapes end within HTTP_TIMEOUT_MS; the loop waits for them. */
+  /* Scrapes in flight end now: the loop need not wait for their timers. */
+  for (hconn_t *hc = http_open; hc; hc = hc->next) hclose(hc);
 }

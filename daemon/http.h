@@ -8,7 +8,7 @@
 
 /* Listens on cfg.metrics_listen ("" : not at all). 0, or -1 with err. */
 int http_start(server_t *srv, char *err, size_t errlen);
-/* Closes the listener (scrapes in flight finish). Idempotent. */
+/* Closes the listener and the scrapes still open. Idempotent. */
 void http_stop(server_t *srv);
 
 #endif
