@@ -234,9 +234,17 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 # systemd: systemd-analyze and systemd-socket-activate for the service tests;
 # procps: /bin/kill, the unit's ExecReload (systemd-analyze verify looks for it);
 # libssl (SHA-256) and libxxhash for the prefix index; pkg-config for the
-# install test's client.
+# install test's client; tmux: kvcachectl top is tested in a real terminal;
+# man-db: the man pages are rendered with man --warnings; curl: a real HTTP
+# client scrapes the metrics_listen endpoint.
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
-                libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps
+                libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps \
+                tmux man-db curl
+# promtool (promtool check metrics, check rules) comes from Debian's
+# prometheus package, but installing it would install and enable the whole
+# server (96 MB, a service, a user): make deps downloads the package and
+# unpacks promtool alone into $(PROMTOOL).
+PROMTOOL := .tools/promtool
 # apt-get's output goes here; make deps prints one line of what it installs.
 DEPS_LOG ?= /tmp/kvcached-deps.log
 deps:
@@ -253,6 +261,15 @@ deps:
 	       $$SUDO apt-get install -y --no-install-recommends $$missing; } >$(DEPS_LOG) 2>&1; then \
 	  tail -n 15 $(DEPS_LOG) >&2; echo "make deps: apt-get failed (the whole log: $(DEPS_LOG))" >&2; \
 	  exit 1; fi
+	@[ -x $(PROMTOOL) ] || { \
+	  echo "make deps: unpacking promtool from Debian's prometheus package into $(PROMTOOL)"; \
+	  tmp=$$(mktemp -d) && \
+	  { (cd $$tmp && apt-get download prometheus) >>$(DEPS_LOG) 2>&1 || \
+	    { [ "$$(id -u)" = 0 ] && apt-get update >>$(DEPS_LOG) 2>&1 && \
+	      (cd $$tmp && apt-get download prometheus) >>$(DEPS_LOG) 2>&1; }; } && \
+	  dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/root && mkdir -p $(dir $(PROMTOOL)) && \
+	  cp $$tmp/root/usr/bin/promtool $(PROMTOOL); rc=$$?; rm -rf $$tmp; \
+	  [ $$rc = 0 ] || { echo "make deps: cannot get promtool (see $(DEPS_LOG))" >&2; exit 1; }; }
 
 # Builds only what running needs (the daemon and kvcachectl), then runs.
 run: deps
@@ -367,6 +384,7 @@ install: $(B)/kvcached $(B)/kvcachectl $(B)/libkvcache.so $(B)/libkvcache.a
 	$(INSTALL) -m 0644 systemd/kvcached.socket $(DESTDIR)$(UNITDIR)/
 	$(INSTALL) -m 0644 systemd/kvcached.sysusers $(DESTDIR)$(SYSUSERSDIR)/kvcached.conf
 	$(INSTALL) -m 0644 systemd/kvcached.conf $(DESTDIR)$(DOCDIR)/kvcached.conf.example
+	$(INSTALL) -m 0644 doc/kvcached-alerts.yml doc/kvcached-dashboard.json $(DESTDIR)$(DOCDIR)/
 	[ -e $(DESTDIR)$(SYSCONFDIR)/kvcached/kvcached.conf ] || \
 	  $(INSTALL) -m 0644 systemd/kvcached.conf $(DESTDIR)$(SYSCONFDIR)/kvcached/kvcached.conf
 	$(INSTALL) -m 0644 doc/kvcachectl.1 $(DESTDIR)$(MANDIR)/man1/
@@ -380,6 +398,7 @@ uninstall:
 	  $(DESTDIR)$(PKGCONFIGDIR)/kvcache.pc $(DESTDIR)$(UNITDIR)/kvcached.service \
 	  $(DESTDIR)$(UNITDIR)/kvcached.socket $(DESTDIR)$(SYSUSERSDIR)/kvcached.conf \
 	  $(DESTDIR)$(DOCDIR)/kvcached.conf.example $(DESTDIR)$(MANDIR)/man1/kvcachectl.1 \
+	  $(DESTDIR)$(DOCDIR)/kvcached-alerts.yml $(DESTDIR)$(DOCDIR)/kvcached-dashboard.json \
 	  $(DESTDIR)$(MANDIR)/man8/kvcached.8
 	rm -rf $(DESTDIR)$(INCLUDEDIR)/kvcache
 

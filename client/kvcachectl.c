@@ -1,103 +1,345 @@
 /* kvcachectl.c: the operator's command line for kvcached, built only on the
- * public client API (ping, stats as a table, JSON or Prometheus text, caches,
- * seqs, info, the prefix cache's figures). */
+ * public client API. Each command parses its own options (getopt_long) and
+ * refuses the ones it does not take with its usage, as redis-cli and
+ * memcached's tools do; kvcachectl help COMMAND prints one command's usage.
+ *
+ *   kvcachectl [--socket PATH] COMMAND [OPTIONS] [ARGS]
+ *
+ * Reads: ping, stats, caches, seqs, info, prefix, top; for admins: clients,
+ * config; admin writes: drop, remove, unpin, disconnect. */
+#include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvcache/kvcache.h"
 
-static const char usage[] =
-    "usage: kvcachectl [--socket PATH] COMMAND [ARGS]\n"
-    "\n"
-    "commands:\n"
-    "  ping                      one round trip; prints the daemon's version\n"
-    "  stats [--json|--prometheus]  every figure: a table, JSON or Prometheus text\n"
-    "  caches                    the caches and their layouts\n"
-    "  seqs [--cache NAME]       the sequences of one cache or of all\n"
-    "  info CACHE SEQ            one sequence\n"
-    "  tenants                   connected clients and usage per tenant (an admin\n"
-    "                            sees every tenant, others their own)\n"
-    "  prefix [--cache NAME] [--json] [--top N]\n"
-    "                            the prefix cache of one cache or of all: tokens\n"
-    "                            queried, hit and ineligible, hit rate, pages indexed\n"
-    "                            and cached, and the N (10) chain heads with most hits\n"
-    "\n"
-    "options:\n"
-    "  --socket PATH             the daemon's socket (default: $KVCACHED_SOCKET,\n"
-    "                            else /run/kvcached/kvcached.sock as root,\n"
-    "                            else $XDG_RUNTIME_DIR/kvcached.sock)\n"
-    "  --help                    this text\n"
-    "\n"
-    "Exit status 0 on success, 1 with a one-line error otherwise.\n";
+/* ---- commands and their usage ------------------------------------------------ */
 
-typedef struct args {
-  const char *socket;
-  const char *cmd;
-  const char *cache;
-  const char *pos[2]; /* positional arguments after the command */
+typedef struct opts {
+  const char *socket, *cache;
+  bool json, prometheus, raw;
+  unsigned top;        /* prefix: chain heads to show */
+  double interval;     /* top: seconds between frames */
+  long count;          /* top: frames to draw (0: until q) */
   int npos;
-  bool json, prometheus;
-  unsigned top;       /* prefix: chain heads to show */
-} args_t;
+  char **pos;
+} opts_t;
 
-static int die(const char *fmt, const char *what) {
-  fprintf(stderr, "kvcachectl: ");
-  fprintf(stderr, fmt, what);
+typedef int (*cmd_fn)(kvc_client_t *c, const opts_t *o);
+
+/* Per-command option bits. */
+enum { O_JSON = 1, O_PROM = 2, O_RAW = 4, O_CACHE = 8, O_TOP = 16, O_INTERVAL = 32, O_COUNT = 64 };
+
+static int cmd_ping(kvc_client_t *c, const opts_t *o);
+static int cmd_stats(kvc_client_t *c, const opts_t *o);
+static int cmd_caches(kvc_client_t *c, const opts_t *o);
+static int cmd_seqs(kvc_client_t *c, const opts_t *o);
+static int cmd_info(kvc_client_t *c, const opts_t *o);
+static int cmd_prefix(kvc_client_t *c, const opts_t *o);
+static int cmd_top(kvc_client_t *c, const opts_t *o);
+static int cmd_clients(kvc_client_t *c, const opts_t *o);
+static int cmd_tenants(kvc_client_t *c, const opts_t *o);
+static int cmd_config(kvc_client_t *c, const opts_t *o);
+static int cmd_drop(kvc_client_t *c, const opts_t *o);
+static int cmd_remove(kvc_client_t *c, const opts_t *o);
+static int cmd_unpin(kvc_client_t *c, const opts_t *o);
+static int cmd_disconnect(kvc_client_t *c, const opts_t *o);
+
+static const struct command {
+  const char *name;
+  cmd_fn fn;
+  unsigned opts;       /* O_* it accepts */
+  int min_pos, max_pos;
+  const char *args;    /* synopsis after the name */
+  const char *help;
+} commands[] = {
+    {"ping", cmd_ping, 0, 0, 0, "", "one round trip: the daemon's version and the time it took"},
+    {"stats", cmd_stats, O_JSON | O_PROM | O_RAW | O_CACHE, 0, 0,
+     "[--json | --prometheus | --raw] [--cache NAME]",
+     "every figure: in sections with human units and rates (per second, averaged\n"
+     "since the daemon started); --raw one `name{labels} value` line each, exact;\n"
+     "--json with each figure's kind, unit and help; --prometheus the text format\n"
+     "of a scrape (for node_exporter's textfile collector). --cache NAME: the\n"
+     "figures of that cache only"},
+    {"caches", cmd_caches, O_JSON, 0, 0, "[--json]", "the caches, their layouts and sizes"},
+    {"seqs", cmd_seqs, O_JSON | O_CACHE, 0, 0, "[--cache NAME] [--json]",
+     "the sequences of one cache or of all; IDLE is the time since last use"},
+    {"info", cmd_info, O_JSON, 2, 2, "[--json] CACHE SEQ", "one sequence"},
+    {"prefix", cmd_prefix, O_JSON | O_CACHE | O_TOP, 0, 0, "[--cache NAME] [--json] [--top N]",
+     "the prefix cache of one cache or of all: tokens queried, hit and ineligible,\n"
+     "hit rate, pages indexed and cached, and the N (10) chain heads with most hits"},
+    {"top", cmd_top, O_INTERVAL | O_COUNT, 0, 0, "[--interval SECONDS] [--count N]",
+     "a live view refreshing in place: request rates, hit rate, free pages,\n"
+     "evictions per second, the busiest operations, caches and clients (clients\n"
+     "for admins). q or Ctrl-C quits. Not a terminal: one frame, then exit"},
+    {"tenants", cmd_tenants, O_JSON, 0, 0, "[--json]",
+     "connected clients and what the caches of each tenant hold (an admin sees every\n"
+     "tenant, others their own)"},
+    {"clients", cmd_clients, O_JSON, 0, 0, "[--json]",
+     "every connection (admins only), like Redis CLIENT LIST: id, pid, uid,\n"
+     "tenant, name, pins, leases, buffer, requests, age and idle time"},
+    {"config", cmd_config, O_JSON, 0, 0, "[--json]",
+     "the running daemon's configuration (admins only), as kvcached --print-config"},
+    {"drop", cmd_drop, 0, 1, 1, "CACHE", "drop a cache with every sequence (admins only)"},
+    {"remove", cmd_remove, 0, 2, 2, "CACHE SEQ", "drop one sequence, pinned or not (admins only)"},
+    {"unpin", cmd_unpin, 0, 2, 2, "CACHE SEQ",
+     "release every pin of a sequence, whoever holds it (admins only)"},
+    {"disconnect", cmd_disconnect, 0, 1, 1, "CONN_ID",
+     "close a client's connection; its pins and leases go with it (admins only)"},
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static const char *prog = "kvcachectl";
+
+static void command_usage(FILE *f, const struct command *cmd, bool long_help) {
+  fprintf(f, "usage: kvcachectl [--socket PATH] %s%s%s\n", cmd->name, cmd->args[0] ? " " : "",
+          cmd->args);
+  if (long_help) fprintf(f, "\n%s.\n", cmd->help);
+}
+
+static void usage(FILE *f) {
+  fputs("usage: kvcachectl [--socket PATH] COMMAND [OPTIONS] [ARGS]\n"
+        "       kvcachectl help [COMMAND] | --help | --version\n\ncommands:\n", f);
+  for (size_t i = 0; i < NCOMMANDS; i++) {
+    char syn[96];
+    snprintf(syn, sizeof syn, "%s %s", commands[i].name, commands[i].args);
+    const char *nl = strchr(commands[i].help, '\n');
+    int first = nl ? (int)(nl - commands[i].help) : (int)strlen(commands[i].help);
+    if (strlen(syn) > 30) fprintf(f, "  %s\n  %-30s %.*s\n", syn, "", first, commands[i].help);
+    else fprintf(f, "  %-30s %.*s\n", syn, first, commands[i].help);
+  }
+  fputs("\noptions:\n"
+        "  --socket PATH    the daemon's socket (default: $KVCACHED_SOCKET, else\n"
+        "                   /run/kvcached/kvcached.sock as root, else\n"
+        "                   $XDG_RUNTIME_DIR/kvcached.sock); before or after COMMAND\n"
+        "  --help, -h       this text (help COMMAND: one command's)\n"
+        "  --version, -V    kvcachectl's version\n"
+        "\nExit status: 0 on success, 1 when the daemon refuses or cannot be reached,\n"
+        "2 for a bad command line (with the command's usage).\n", f);
+}
+
+static int die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", prog);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
   fputc('\n', stderr);
   return 1;
 }
 
+static int bad_usage(const struct command *cmd, const char *fmt, const char *what) {
+  fprintf(stderr, "%s: ", prog);
+  fprintf(stderr, fmt, what);
+  fputc('\n', stderr);
+  if (cmd) command_usage(stderr, cmd, false);
+  else fputs("usage: kvcachectl [--socket PATH] COMMAND [OPTIONS] [ARGS] (see --help)\n", stderr);
+  return 2;
+}
+
 static int fail(kvc_client_t *c, int rc, const char *what) {
   const char *msg = c ? kvc_client_last_error(c) : kvc_client_open_error();
-  fprintf(stderr, "kvcachectl: %s: %s (%s)\n", what, msg && *msg ? msg : kvc_strerror(rc),
+  fprintf(stderr, "%s: %s: %s (%s)\n", prog, what, msg && *msg ? msg : kvc_strerror(rc),
           kvc_err_name(rc));
   return 1;
 }
 
-static int parse(int argc, char **argv, args_t *a) {
-  for (int i = 1; i < argc; i++) {
-    const char *s = argv[i];
-    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
-      fputs(usage, stdout);
+static bool parse_u64(const char *s, uint64_t *out) {
+  if (!s || *s < '0' || *s > '9') return false;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end) return false;
+  *out = v;
+  return true;
+}
+
+static const struct command *find_command(const char *name);
+
+/* A positional argument that is not a number: the command's usage, exit 2. */
+static int bad_number(const char *cmd, const char *what, const char *got) {
+  fprintf(stderr, "%s: %s: %s must be a number, got '%s'\n", prog, cmd, what, got);
+  command_usage(stderr, find_command(cmd), false);
+  return 2;
+}
+
+/* The command's options; 0, or 2 after printing why and its usage. */
+static int parse_command(const struct command *cmd, int argc, char **argv, opts_t *o) {
+  static const struct option all[] = {
+      {"json", no_argument, NULL, 'j'},         {"prometheus", no_argument, NULL, 'p'},
+      {"raw", no_argument, NULL, 'r'},          {"cache", required_argument, NULL, 'c'},
+      {"top", required_argument, NULL, 't'},    {"interval", required_argument, NULL, 'i'},
+      {"count", required_argument, NULL, 'n'},  {"socket", required_argument, NULL, 's'},
+      {"help", no_argument, NULL, 'h'},         {0, 0, 0, 0},
+  };
+  static const struct { int ch; unsigned bit; } bits[] = {
+      {'j', O_JSON}, {'p', O_PROM}, {'r', O_RAW}, {'c', O_CACHE},
+      {'t', O_TOP},  {'i', O_INTERVAL}, {'n', O_COUNT},
+  };
+  optind = 0; /* glibc: start afresh; argv[0] is the command */
+  opterr = 0;
+  int ch;
+  while ((ch = getopt_long(argc, argv, ":h", all, NULL)) != -1) {
+    if (ch == '?') {
+      const char *bad = argv[optind - 1];
+      return bad_usage(cmd, "%s: unknown option", bad);
+    }
+    if (ch == ':') return bad_usage(cmd, "%s needs a value", argv[optind - 1]);
+    if (ch == 'h') {
+      command_usage(stdout, cmd, true);
       exit(0);
-    } else if (strcmp(s, "--socket") == 0 || strcmp(s, "--cache") == 0) {
-      if (i + 1 == argc) return die("%s needs a value", s);
-      if (s[2] == 's') a->socket = argv[++i];
-      else a->cache = argv[++i];
-    } else if (strncmp(s, "--socket=", 9) == 0) {
-      a->socket = s + 9;
-    } else if (strncmp(s, "--cache=", 8) == 0) {
-      a->cache = s + 8;
-    } else if (strcmp(s, "--top") == 0 || strncmp(s, "--top=", 6) == 0) {
-      const char *v = s[5] == '=' ? s + 6 : i + 1 < argc ? argv[++i] : NULL;
+    }
+    if (ch == 's') {
+      o->socket = optarg;
+      continue;
+    }
+    unsigned bit = 0;
+    for (size_t i = 0; i < sizeof bits / sizeof bits[0]; i++)
+      if (bits[i].ch == ch) bit = bits[i].bit;
+    if (!(cmd->opts & bit)) {
+      char what[96];
+      bool has_arg = ch == 'c' || ch == 't' || ch == 'i' || ch == 'n';
+      snprintf(what, sizeof what, "%s", argv[optind - 1 - (has_arg && optarg == argv[optind - 1])]);
+      char *eq = strchr(what, '=');
+      if (eq) *eq = '\0';
+      char msg[160];
+      snprintf(msg, sizeof msg, "%%s: %s does not take this option", cmd->name);
+      return bad_usage(cmd, msg, what);
+    }
+    uint64_t v;
+    switch (ch) {
+    case 'j': o->json = true; break;
+    case 'p': o->prometheus = true; break;
+    case 'r': o->raw = true; break;
+    case 'c': o->cache = optarg; break;
+    case 't':
+      if (!parse_u64(optarg, &v) || v == 0 || v > 1000)
+        return bad_usage(cmd, "--top takes 1..1000, got '%s'", optarg);
+      o->top = (unsigned)v;
+      break;
+    case 'n':
+      if (!parse_u64(optarg, &v) || v == 0 || v > 1000000)
+        return bad_usage(cmd, "--count takes 1..1000000, got '%s'", optarg);
+      o->count = (long)v;
+      break;
+    case 'i': {
       char *end;
-      unsigned long n = v ? strtoul(v, &end, 10) : 0;
-      if (!v || !*v || *end || n == 0 || n > 1000)
-        return die("--top takes 1..1000, got %s", v ? v : "nothing");
-      a->top = (unsigned)n;
-    } else if (strcmp(s, "--json") == 0) {
-      a->json = true;
-    } else if (strcmp(s, "--prometheus") == 0) {
-      a->prometheus = true;
-    } else if (s[0] == '-') {
-      return die("unknown option %s (see --help)", s);
-    } else if (!a->cmd) {
-      a->cmd = s;
-    } else if (a->npos < 2) {
-      a->pos[a->npos++] = s;
-    } else {
-      return die("unexpected argument %s (see --help)", s);
+      double d = strtod(optarg, &end);
+      if (*end || !(d >= 0.1 && d <= 3600))
+        return bad_usage(cmd, "--interval takes 0.1..3600 seconds, got '%s'", optarg);
+      o->interval = d;
+      break;
+    }
     }
   }
-  if (!a->cmd) return die("%s", "no command (see --help)");
+  if ((o->json + o->prometheus + o->raw) > 1)
+    return bad_usage(cmd, "%s", "--json, --prometheus and --raw exclude each other");
+  o->pos = argv + optind;
+  o->npos = argc - optind;
+  if (o->npos < cmd->min_pos)
+    return bad_usage(cmd, "%s: missing arguments", cmd->name);
+  if (o->npos > cmd->max_pos) return bad_usage(cmd, "unexpected argument '%s'", o->pos[cmd->max_pos]);
   return 0;
 }
 
-/* ---- stats ------------------------------------------------------------------ */
+/* ---- human units ----------------------------------------------------------- */
+
+static const char *human_bytes(double v, char *buf, size_t len) {
+  static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int i = 0;
+  while (fabs(v) >= 1024 && i < 5) v /= 1024, i++;
+  if (i == 0) snprintf(buf, len, "%.0f B", v);
+  else snprintf(buf, len, "%.1f %s", v, u[i]);
+  return buf;
+}
+
+static const char *human_count(double v, char *buf, size_t len) {
+  static const char *const u[] = {"", "k", "M", "G", "T"};
+  int i = 0;
+  while (fabs(v) >= 10000 && i < 4) v /= 1000, i++;
+  if (i == 0 && v == floor(v)) snprintf(buf, len, "%.0f", v);
+  else if (i == 0) snprintf(buf, len, "%.1f", v);
+  else snprintf(buf, len, "%.1f%s", v, u[i]);
+  return buf;
+}
+
+static const char *human_seconds(double s, char *buf, size_t len) {
+  if (s <= 0) snprintf(buf, len, "0 s");
+  else if (s < 1e-3) snprintf(buf, len, "%.0f us", s * 1e6);
+  else if (s < 1) snprintf(buf, len, "%.1f ms", s * 1e3);
+  else if (s < 120) snprintf(buf, len, "%.1f s", s);
+  else if (s < 7200) snprintf(buf, len, "%.0fm%02.0fs", floor(s / 60), fmod(s, 60));
+  else if (s < 172800) snprintf(buf, len, "%.0fh%02.0fm", floor(s / 3600), floor(fmod(s, 3600) / 60));
+  else snprintf(buf, len, "%.0fd%02.0fh", floor(s / 86400), floor(fmod(s, 86400) / 3600));
+  return buf;
+}
+
+static const char *human(double v, const char *unit, char *buf, size_t len) {
+  if (strcmp(unit, "bytes") == 0) return human_bytes(v, buf, len);
+  if (strcmp(unit, "seconds") == 0) return human_seconds(v, buf, len);
+  return human_count(v, buf, len);
+}
+
+/* ---- figures ----------------------------------------------------------------- */
+
+typedef struct figs {
+  kvc_stat_t *st;
+  size_t n;
+} figs_t;
+
+static const kvc_stat_t *fig(const figs_t *f, const char *name, const char *cache,
+                             const char *key, const char *value) {
+  for (size_t i = 0; i < f->n; i++) {
+    if (strcmp(f->st[i].name, name) != 0 || strcmp(f->st[i].cache, cache ? cache : "") != 0)
+      continue;
+    const char *v = key ? kvc_stat_label(&f->st[i], key) : NULL;
+    if (key && (!v || strcmp(v, value) != 0)) continue;
+    return &f->st[i];
+  }
+  return NULL;
+}
+
+static double figv(const figs_t *f, const char *name) {
+  const kvc_stat_t *s = fig(f, name, NULL, NULL, NULL);
+  return s ? (double)s->value : 0;
+}
+
+/* Sum of every sample of a family (over its labels), for one cache or global. */
+static double fam_sum(const figs_t *f, const char *name, const char *cache) {
+  double v = 0;
+  for (size_t i = 0; i < f->n; i++)
+    if (strcmp(f->st[i].name, name) == 0 && strcmp(f->st[i].cache, cache ? cache : "") == 0)
+      v += (double)f->st[i].value;
+  return v;
+}
+
+/* The upper bound of the bucket holding quantile q of a histogram (0: none). */
+static double hist_quantile(const kvc_stat_t *h, double q) {
+  if (!h || h->value == 0) return 0;
+  double rank = ceil(q * (double)h->value);
+  for (size_t i = 0; i < h->nbuckets; i++)
+    if ((double)h->bucket_count[i] >= rank) return h->bucket_le[i];
+  return h->nbuckets ? h->bucket_le[h->nbuckets - 1] : 0;
+}
+
+static int fetch(kvc_client_t *c, figs_t *f) {
+  int rc = kvc_stats(c, &f->st, &f->n);
+  return rc ? fail(c, rc, "stats") : 0;
+}
+
+/* ---- stats: JSON ---------------------------------------------------------------- */
 
 static void json_string(const char *s) {
   putchar('"');
@@ -110,92 +352,337 @@ static void json_string(const char *s) {
   putchar('"');
 }
 
-static void stats_json(const kvc_stat_t *st, size_t n) {
-  printf("{\"global\": {");
-  int first = 1;
-  for (size_t i = 0; i < n; i++) {
-    if (st[i].cache[0]) continue;
-    printf("%s\n  ", first ? "" : ",");
-    json_string(st[i].name);
-    printf(": %" PRIu64, st[i].value);
-    first = 0;
+static const char *kind_name(kvc_stat_kind_t k) {
+  switch (k) {
+  case KVC_STAT_COUNTER: return "counter";
+  case KVC_STAT_GAUGE: return "gauge";
+  case KVC_STAT_HISTOGRAM: return "histogram";
+  case KVC_STAT_INFO: return "info";
   }
-  printf("\n}, \"caches\": {");
-  int first_cache = 1;
-  for (size_t i = 0; i < n; i++) {
-    if (!st[i].cache[0]) continue;
-    bool seen = false; /* each cache once, at its first figure */
-    for (size_t j = 0; j < i && !seen; j++) seen = strcmp(st[j].cache, st[i].cache) == 0;
+  return "gauge";
+}
+
+/* A per-cache figure's tenant label is its cache's (shown once, with the
+ * cache): the other labels make a family "labelled". */
+static bool own_label(const kvc_stat_t *s, size_t k) {
+  return !(s->cache[0] && strcmp(s->labels[k].key, "tenant") == 0);
+}
+
+static size_t own_labels(const kvc_stat_t *s) {
+  size_t n = 0;
+  for (size_t k = 0; k < s->nlabels; k++) n += own_label(s, k);
+  return n;
+}
+
+static const char *stat_tenant(const kvc_stat_t *s) {
+  const char *t = kvc_stat_label(s, "tenant");
+  return t ? t : "";
+}
+
+/* The JSON key of a figure's cache: its name, or NAME@TENANT where the
+ * viewer (an admin) sees caches of that name in several tenants. */
+static const char *scope_key(const figs_t *f, const kvc_stat_t *s, char *buf, size_t len) {
+  for (size_t j = 0; j < f->n; j++)
+    if (strcmp(f->st[j].cache, s->cache) == 0 && strcmp(stat_tenant(&f->st[j]), stat_tenant(s)))
+      return snprintf(buf, len, "%s@%s", s->cache, stat_tenant(s)), buf;
+  return s->cache;
+}
+
+static bool same_scope(const figs_t *f, const kvc_stat_t *a, const kvc_stat_t *b) {
+  char x[160], y[160];
+  return strcmp(scope_key(f, a, x, sizeof x), scope_key(f, b, y, sizeof y)) == 0;
+}
+
+static void json_sample(const kvc_stat_t *s) {
+  printf("{\"labels\": {");
+  bool firstl = true;
+  for (size_t k = 0; k < s->nlabels; k++) {
+    if (!own_label(s, k)) continue;
+    printf("%s", firstl ? "" : ", ");
+    firstl = false;
+    json_string(s->labels[k].key);
+    printf(": ");
+    json_string(s->labels[k].value);
+  }
+  printf("}, \"value\": %" PRIu64, s->value);
+  if (s->kind == KVC_STAT_HISTOGRAM) {
+    printf(", \"sum\": %.9g, \"buckets\": [", s->sum);
+    for (size_t b = 0; b < s->nbuckets; b++)
+      printf("%s[%.9g, %" PRIu64 "]", b ? ", " : "", s->bucket_le[b], s->bucket_count[b]);
+    printf("]");
+  }
+  printf("}");
+}
+
+/* The families of one scope (global: NULL, else the scope of figure sc) as
+ * one JSON object. */
+static void json_scope(const figs_t *f, const kvc_stat_t *sc) {
+  bool first = true;
+#define IN_SCOPE_(x) (sc ? ((x)->cache[0] && same_scope(f, (x), sc)) : !(x)->cache[0])
+  for (size_t i = 0; i < f->n; i++) {
+    const kvc_stat_t *s = &f->st[i];
+    if (!IN_SCOPE_(s)) continue;
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; j++)
+      seen = IN_SCOPE_(&f->st[j]) && strcmp(f->st[j].name, s->name) == 0;
     if (seen) continue;
-    printf("%s\n  ", first_cache ? "" : ",");
-    json_string(st[i].cache);
-    printf(": {");
-    first = 1;
-    for (size_t j = i; j < n; j++) {
-      if (strcmp(st[j].cache, st[i].cache) != 0) continue;
-      printf("%s", first ? "" : ", ");
-      json_string(st[j].name);
-      printf(": %" PRIu64, st[j].value);
-      first = 0;
+    bool labelled = own_labels(s) > 0 || s->kind == KVC_STAT_HISTOGRAM;
+    for (size_t j = i + 1; j < f->n && !labelled; j++)
+      labelled = IN_SCOPE_(&f->st[j]) && strcmp(f->st[j].name, s->name) == 0;
+    printf("%s\n    ", first ? "" : ",");
+    first = false;
+    json_string(s->name);
+    printf(": {\"kind\": \"%s\", \"unit\": ", kind_name(s->kind));
+    json_string(s->unit);
+    printf(", \"help\": ");
+    json_string(s->help);
+    if (!labelled) {
+      printf(", \"value\": %" PRIu64 "}", s->value);
+      continue;
     }
-    printf("}");
-    first_cache = 0;
+    printf(", \"samples\": [");
+    bool firsts = true;
+    for (size_t j = i; j < f->n; j++) {
+      if (!IN_SCOPE_(&f->st[j]) || strcmp(f->st[j].name, s->name) != 0) continue;
+      printf("%s", firsts ? "" : ", ");
+      firsts = false;
+      json_sample(&f->st[j]);
+    }
+    printf("]}");
+  }
+#undef IN_SCOPE_
+}
+
+static void stats_json(const figs_t *f, const char *only_cache) {
+  printf("{");
+  if (!only_cache) {
+    printf("\"global\": {");
+    json_scope(f, NULL);
+    printf("\n  },\n  ");
+  }
+  printf("\"caches\": {");
+  bool first = true;
+  for (size_t i = 0; i < f->n; i++) {
+    const char *cache = f->st[i].cache;
+    if (!cache[0] || (only_cache && strcmp(cache, only_cache) != 0)) continue;
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; j++)
+      seen = f->st[j].cache[0] && same_scope(f, &f->st[j], &f->st[i]);
+    if (seen) continue;
+    printf("%s\n  ", first ? "" : ",");
+    first = false;
+    char key[160];
+    json_string(scope_key(f, &f->st[i], key, sizeof key));
+    printf(": {\"tenant\": ");
+    json_string(stat_tenant(&f->st[i]));
+    printf(",");
+    json_scope(f, &f->st[i]);
+    printf("\n  }");
   }
   printf("\n}}\n");
 }
 
-static void prom_escape(const char *s, bool label) {
-  for (; *s; s++) {
-    if (*s == '\\') fputs("\\\\", stdout);
-    else if (*s == '\n') fputs("\\n", stdout);
-    else if (label && *s == '"') fputs("\\\"", stdout);
-    else putchar(*s);
-  }
+/* ---- stats: the table -------------------------------------------------------------- */
+
+/* The sections of the table; a figure named in none goes to "Other". */
+static const struct {
+  const char *title;
+  const char *const names[24];
+} sections[] = {
+    {"Pool", {"pool_bytes", "page_bytes", "pool_pages", "pages_free", "pages_used",
+              "pages_shared", "pages_pinned", "bytes_used", "bytes_padding", "metadata_bytes"}},
+    {"Contents", {"caches", "sequences", "sequences_pinned", "tokens", "leases", "leased_pages",
+                  "leases_taken_total"}},
+    {"Engine operations", {"puts_total", "put_tokens_total", "gets_total", "get_tokens_total",
+                           "bytes_in_total", "bytes_out_total", "removes_total", "copies_total",
+                           "trims_total", "pins_total", "unpins_total", "cow_copies_total",
+                           "errors_total"}},
+    {"Eviction and limits", {"evicted_sequences_total", "evicted_pages_total", "full_errors_total",
+                             "pins_lapsed_total", "pin_limit_errors_total"}},
+    {"Prefix cache", {"prefix_matches_total", "prefix_tokens_queried_total",
+                      "prefix_tokens_hit_total", "prefix_tokens_ineligible_total",
+                      "pages_indexed", "pages_cached", "cached_reclaimed_total",
+                      "hash_verify_failed_total", "hash_collisions_total"}},
+    {"Connections", {"connections_current", "connections_total", "connections_brief_total",
+                     "connections_rejected_total", "connections_dropped_total",
+                     "connections_timed_out_total", "accept_pauses_total", "shm_bytes",
+                     "frames_in_total", "socket_bytes_in_total", "socket_bytes_out_total",
+                     "deferred_turns_total", "write_pauses_total", "offloaded_gets_total"}},
+    {"Daemon", {"uptime_seconds", "process_start_time_seconds", "config_reloads_total",
+                "config_reload_failures_total", "metrics_scrapes_total",
+                "metrics_http_errors_total"}},
+};
+#define NSECTIONS (sizeof sections / sizeof sections[0])
+
+static bool in_sections(const char *name) {
+  for (size_t s = 0; s < NSECTIONS; s++)
+    for (size_t i = 0; sections[s].names[i]; i++)
+      if (strcmp(sections[s].names[i], name) == 0) return true;
+  return false;
 }
 
-/* One family per name: HELP and TYPE once, then every sample of it. Per-cache
- * figures are the kvcached_cache_* families, labelled by cache. */
-static void stats_prometheus(const kvc_stat_t *st, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    bool per_cache = st[i].cache[0] != 0, seen = false;
-    for (size_t j = 0; j < i && !seen; j++)
-      seen = (st[j].cache[0] != 0) == per_cache && strcmp(st[j].name, st[i].name) == 0;
-    if (seen) continue;
-    const char *prefix = per_cache ? "kvcached_cache_" : "kvcached_";
-    printf("# HELP %s%s ", prefix, st[i].name);
-    prom_escape(st[i].help, false);
-    printf("\n# TYPE %s%s %s\n", prefix, st[i].name, st[i].gauge ? "gauge" : "counter");
-    for (size_t j = i; j < n; j++) {
-      if ((st[j].cache[0] != 0) != per_cache || strcmp(st[j].name, st[i].name) != 0) continue;
-      printf("%s%s", prefix, st[j].name);
-      if (per_cache) {
-        printf("{cache=\"");
-        prom_escape(st[j].cache, true);
-        printf("\"}");
+static void table_row(const kvc_stat_t *s, double uptime) {
+  char a[32], b[32], label[64];
+  /* A counter "x_total" reads "x"; its rate follows. */
+  snprintf(label, sizeof label, "%s", s->name);
+  size_t len = strlen(label);
+  if (s->kind == KVC_STAT_COUNTER && len > 6 && strcmp(label + len - 6, "_total") == 0)
+    label[len - 6] = '\0';
+  if (strcmp(s->name, "process_start_time_seconds") == 0) {
+    time_t t = (time_t)s->value;
+    struct tm tm;
+    char when[64];
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %Z", localtime_r(&t, &tm));
+    printf("  %-28s %14s\n", "started", when);
+    return;
+  }
+  printf("  %-28s %14s", label, human((double)s->value, s->unit, a, sizeof a));
+  if (s->kind == KVC_STAT_COUNTER && uptime > 0)
+    printf("  %12s/s", human((double)s->value / uptime, s->unit, b, sizeof b));
+  putchar('\n');
+}
+
+static void stats_table(const figs_t *f, const char *only_cache) {
+  double uptime = figv(f, "uptime_seconds");
+  char a[32], b[32], c2[32], d[32];
+  const kvc_stat_t *bi = fig(f, "build_info", NULL, NULL, NULL);
+  if (!only_cache) {
+    printf("kvcached %s, up %s; rates are per second since start\n",
+           bi && kvc_stat_label(bi, "version") ? kvc_stat_label(bi, "version") : "?",
+           human_seconds(uptime, a, sizeof a));
+    for (size_t s = 0; s < NSECTIONS; s++) {
+      printf("\n%s\n", sections[s].title);
+      for (size_t i = 0; sections[s].names[i]; i++) {
+        const kvc_stat_t *st = fig(f, sections[s].names[i], NULL, NULL, NULL);
+        if (st) table_row(st, uptime);
       }
-      printf(" %" PRIu64 "\n", st[j].value);
+    }
+    bool other = false;
+    for (size_t i = 0; i < f->n; i++) {
+      const kvc_stat_t *st = &f->st[i];
+      if (st->cache[0] || st->nlabels || st->kind == KVC_STAT_HISTOGRAM || in_sections(st->name))
+        continue;
+      if (strcmp(st->name, "build_info") == 0) continue;
+      if (!other) printf("\nOther\n");
+      other = true;
+      table_row(st, uptime);
+    }
+    /* Requests: the operations that ran. */
+    printf("\nRequests (operations that ran)\n  %-16s %10s %10s %8s %10s %10s %10s\n", "OP",
+           "REQUESTS", "RATE/S", "ERRORS", "MEAN", "P50", "P99");
+    for (size_t i = 0; i < f->n; i++) {
+      const kvc_stat_t *st = &f->st[i];
+      if (strcmp(st->name, "requests_total") != 0 || st->value == 0) continue;
+      const char *op = kvc_stat_label(st, "op");
+      const kvc_stat_t *h = fig(f, "request_duration_seconds", NULL, "op", op);
+      double errs = 0;
+      for (size_t j = 0; j < f->n; j++) {
+        const char *eop = kvc_stat_label(&f->st[j], "op");
+        if (strcmp(f->st[j].name, "request_errors_total") == 0 && eop && strcmp(eop, op) == 0)
+          errs += (double)f->st[j].value;
+      }
+      char e[32], p99[32];
+      printf("  %-16s %10s %10s %8s %10s %10s %10s\n", op,
+             human_count((double)st->value, a, sizeof a),
+             human_count(uptime > 0 ? (double)st->value / uptime : 0, b, sizeof b),
+             human_count(errs, e, sizeof e),
+             human_seconds(h && h->value ? h->sum / (double)h->value : 0, c2, sizeof c2),
+             human_seconds(hist_quantile(h, 0.5), d, sizeof d),
+             human_seconds(hist_quantile(h, 0.99), p99, sizeof p99));
+    }
+    bool any_err = false;
+    for (size_t i = 0; i < f->n; i++) {
+      const kvc_stat_t *st = &f->st[i];
+      if (strcmp(st->name, "request_errors_total") != 0) continue;
+      if (!any_err) printf("\nErrors by status\n");
+      any_err = true;
+      printf("  %-16s %-12s %10s\n", kvc_stat_label(st, "op"), kvc_stat_label(st, "status"),
+             human_count((double)st->value, a, sizeof a));
     }
   }
+  /* Caches: one row each. */
+  printf("\nCaches\n  %-20s %9s %9s %9s %9s %9s %9s %7s\n", "CACHE", "SEQS", "TOKENS", "PAGES",
+         "PUTS", "GETS", "EVICTED", "HIT");
+  size_t shown = 0;
+  for (size_t i = 0; i < f->n; i++) {
+    const char *cache = f->st[i].cache;
+    if (!cache[0] || (only_cache && strcmp(cache, only_cache) != 0)) continue;
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; j++) seen = strcmp(f->st[j].cache, cache) == 0;
+    if (seen) continue;
+    shown++;
+    double q = fam_sum(f, "cache_prefix_tokens_queried_total", cache);
+    double hit = fam_sum(f, "cache_prefix_tokens_hit_total", cache);
+    char h2[32], e[32], g[32];
+    if (q > 0) snprintf(h2, sizeof h2, "%.1f%%", 100.0 * hit / q);
+    else snprintf(h2, sizeof h2, "-");
+    printf("  %-20s %9s %9s %9s %9s %9s %9s %7s\n", cache,
+           human_count(fam_sum(f, "cache_sequences", cache), a, sizeof a),
+           human_count(fam_sum(f, "cache_tokens", cache), b, sizeof b),
+           human_count(fam_sum(f, "cache_pages", cache), c2, sizeof c2),
+           human_count(fam_sum(f, "cache_puts_total", cache), d, sizeof d),
+           human_count(fam_sum(f, "cache_gets_total", cache), e, sizeof e),
+           human_count(fam_sum(f, "cache_evicted_sequences_total", cache), g, sizeof g), h2);
+  }
+  if (!shown) printf("  (none)\n");
 }
 
-static void stats_table(const kvc_stat_t *st, size_t n) {
-  printf("%-34s %20s  %s\n", "NAME", "VALUE", "CACHE");
-  for (int pass = 0; pass < 2; pass++)
-    for (size_t i = 0; i < n; i++)
-      if ((st[i].cache[0] != 0) == (pass == 1))
-        printf("%-34s %20" PRIu64 "  %s\n", st[i].name, st[i].value, st[i].cache);
+/* memcached's stats: one exact figure a line. */
+static void stats_raw(const figs_t *f, const char *only_cache) {
+  for (size_t i = 0; i < f->n; i++) {
+    const kvc_stat_t *s = &f->st[i];
+    if (only_cache && strcmp(s->cache, only_cache) != 0) continue;
+    printf("%s", s->name);
+    bool any = false;
+    if (s->cache[0]) printf("{cache=\"%s\"", s->cache), any = true;
+    for (size_t k = 0; k < s->nlabels; k++)
+      printf("%s%s=\"%s\"", any ? "," : "{", s->labels[k].key, s->labels[k].value), any = true;
+    if (any) putchar('}');
+    if (s->kind == KVC_STAT_HISTOGRAM) printf(" count=%" PRIu64 " sum=%.9g\n", s->value, s->sum);
+    else printf(" %" PRIu64 "\n", s->value);
+  }
 }
 
-static int cmd_stats(kvc_client_t *c, const args_t *a) {
-  kvc_stat_t *st;
-  size_t n;
-  int rc = kvc_stats(c, &st, &n);
-  if (rc) return fail(c, rc, "stats");
-  if (a->json) stats_json(st, n);
-  else if (a->prometheus) stats_prometheus(st, n);
-  else stats_table(st, n);
-  kvc_stats_free(st);
-  return 0;
+static int cmd_stats(kvc_client_t *c, const opts_t *o) {
+  figs_t f;
+  if (fetch(c, &f)) return 1;
+  if (o->cache) {
+    bool known = false;
+    for (size_t i = 0; i < f.n && !known; i++) known = strcmp(f.st[i].cache, o->cache) == 0;
+    if (!known) {
+      kvc_stats_free(f.st);
+      return die("stats: no cache named '%s' (kvcachectl caches lists them)", o->cache);
+    }
+  }
+  int rc = 0;
+  if (o->json) {
+    stats_json(&f, o->cache);
+  } else if (o->prometheus) {
+    char *text;
+    size_t len;
+    /* --cache: that cache's figures only (a copy of the list). */
+    kvc_stat_t *sel = f.st;
+    size_t n = f.n;
+    if (o->cache) {
+      sel = calloc(f.n + 1, sizeof *sel);
+      n = 0;
+      for (size_t i = 0; sel && i < f.n; i++)
+        if (strcmp(f.st[i].cache, o->cache) == 0) sel[n++] = f.st[i];
+    }
+    if (!sel || kvc_stats_prometheus(sel, n, &text, &len) != 0) {
+      rc = die("%s", "out of memory");
+    } else {
+      fwrite(text, 1, len, stdout);
+      free(text);
+    }
+    if (sel != f.st) free(sel);
+  } else if (o->raw) {
+    stats_raw(&f, o->cache);
+  } else {
+    stats_table(&f, o->cache);
+  }
+  kvc_stats_free(f.st);
+  return rc;
 }
 
 /* ---- caches and sequences -------------------------------------------------- */
@@ -213,6 +700,8 @@ static const char *dtype_name(kvc_dtype_t d) {
 
 static int list_caches(kvc_client_t *c, kvc_cache_info_t **out, size_t *n) {
   size_t count = 0;
+  *out = NULL;
+  *n = 0;
   int rc = kvc_cache_list(c, NULL, 0, &count);
   if (rc) return rc;
   *out = calloc(count ? count : 1, sizeof **out);
@@ -222,27 +711,68 @@ static int list_caches(kvc_client_t *c, kvc_cache_info_t **out, size_t *n) {
   return rc;
 }
 
-static int cmd_caches(kvc_client_t *c) {
+static int cmd_caches(kvc_client_t *c, const opts_t *o) {
   kvc_cache_info_t *infos;
   size_t n = 0;
   int rc = list_caches(c, &infos, &n);
-  if (rc) return fail(c, rc, "caches");
-  printf("%-20s %-16s %4s %6s %5s %5s %5s %5s %4s %10s %8s %10s %8s\n", "NAME", "TENANT",
-         "ID", "LAYERS", "HEADS", "DK", "DV", "DTYPE", "PT", "PAGE_BYTES", "SEQS", "TOKENS",
-         "PAGES");
+  if (rc) {
+    free(infos);
+    return fail(c, rc, "caches");
+  }
+  if (o->json) printf("{\"caches\": [");
+  else
+    printf("%-20s %-12s %4s %6s %5s %5s %5s %5s %4s %10s %8s %10s %8s\n", "NAME", "TENANT", "ID",
+           "LAYERS", "HEADS", "DK", "DV", "DTYPE", "PT", "PAGE", "SEQS", "TOKENS", "PAGES");
   for (size_t i = 0; i < n; i++) {
     const kvc_cache_info_t *ci = &infos[i];
-    printf("%-20s %-16s %4u %6u %5u %5u %5u %5s %4u %10" PRIu64 " %8" PRIu64 " %10" PRIu64
-           " %8" PRIu64 "\n",
+    if (o->json) {
+      printf("%s\n  {\"name\": ", i ? "," : "");
+      json_string(ci->name);
+      printf(", \"tenant\": ");
+      json_string(ci->tenant);
+      printf(", \"id\": %u, \"num_layers\": %u, \"num_kv_heads\": %u, \"head_dim_k\": %u, "
+             "\"head_dim_v\": %u, \"dtype\": \"%s\", \"page_tokens\": %u, \"page_bytes\": %"
+             PRIu64 ", \"sequences\": %" PRIu64 ", \"tokens\": %" PRIu64 ", \"pages\": %" PRIu64
+             "}",
+             ci->cache_id, ci->layout.num_layers, ci->layout.num_kv_heads,
+             ci->layout.head_dim_k, ci->layout.head_dim_v, dtype_name(ci->layout.dtype),
+             ci->layout.page_tokens, ci->page_bytes, ci->sequences, ci->tokens, ci->pages);
+      continue;
+    }
+    char pb[32];
+    printf("%-20s %-12s %4u %6u %5u %5u %5u %5s %4u %10s %8" PRIu64 " %10" PRIu64 " %8" PRIu64
+           "\n",
            ci->name, ci->tenant, ci->cache_id, ci->layout.num_layers, ci->layout.num_kv_heads,
            ci->layout.head_dim_k, ci->layout.head_dim_v, dtype_name(ci->layout.dtype),
-           ci->layout.page_tokens, ci->page_bytes, ci->sequences, ci->tokens, ci->pages);
+           ci->layout.page_tokens, human_bytes((double)ci->page_bytes, pb, sizeof pb),
+           ci->sequences, ci->tokens, ci->pages);
   }
+  if (o->json) printf("\n]}\n");
   free(infos);
   return 0;
 }
 
-static int print_seqs(kvc_client_t *c, const char *name) {
+/* The daemon stamps last use with its monotonic clock (same node): an age. */
+static double idle_seconds(uint64_t last_use_ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  double now = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+  double d = (now - (double)last_use_ms) / 1e3;
+  return d > 0 ? d : 0;
+}
+
+static void seq_json(const char *cache, const kvc_seq_info_t *s) {
+  printf("{\"cache\": ");
+  json_string(cache);
+  printf(", \"seq_id\": %" PRIu64 ", \"start\": %" PRIu64 ", \"length\": %" PRIu64
+         ", \"extent\": %" PRIu64 ", \"pages\": %u, \"shared_pages\": %u, \"pins\": %u, "
+         "\"idle_seconds\": %.3f}",
+         s->seq_id, s->start, s->length, s->extent, s->pages, s->shared_pages, s->pins,
+         idle_seconds(s->last_use_ms));
+}
+
+/* Prints the sequences of one cache; *first tracks the JSON separators. */
+static int print_seqs(kvc_client_t *c, const opts_t *o, const char *name, bool *first) {
   kvc_cache_t *h;
   int rc = kvc_cache_find(c, name, &h);
   if (rc) return fail(c, rc, name);
@@ -251,51 +781,79 @@ static int print_seqs(kvc_client_t *c, const char *name) {
   do {
     size_t n = 0;
     rc = kvc_seq_list(h, &cursor, buf, 256, &n);
-    if (rc) return fail(c, rc, "seqs");
-    for (size_t i = 0; i < n; i++)
-      printf("%-20s %20" PRIu64 " %10" PRIu64 " %10" PRIu64 " %6u %6u %4u %14" PRIu64 "\n",
-             name, buf[i].seq_id, buf[i].start, buf[i].length, buf[i].pages,
-             buf[i].shared_pages, buf[i].pins, buf[i].last_use_ms);
+    if (rc) {
+      kvc_cache_close(h);
+      return fail(c, rc, "seqs");
+    }
+    for (size_t i = 0; i < n; i++) {
+      if (o->json) {
+        printf("%s\n  ", *first ? "" : ",");
+        seq_json(name, &buf[i]);
+      } else {
+        char idle[32];
+        printf("%-20s %20" PRIu64 " %10" PRIu64 " %10" PRIu64 " %6u %6u %4u %10s\n", name,
+               buf[i].seq_id, buf[i].start, buf[i].length, buf[i].pages, buf[i].shared_pages,
+               buf[i].pins, human_seconds(idle_seconds(buf[i].last_use_ms), idle, sizeof idle));
+      }
+      *first = false;
+    }
   } while (cursor != 0);
   kvc_cache_close(h);
   return 0;
 }
 
-static int cmd_seqs(kvc_client_t *c, const args_t *a) {
-  printf("%-20s %20s %10s %10s %6s %6s %4s %14s\n", "CACHE", "SEQ", "START", "LENGTH",
-         "PAGES", "SHARED", "PINS", "LAST_USE_MS");
-  if (a->cache) return print_seqs(c, a->cache);
-  kvc_cache_info_t *infos;
+static int cmd_seqs(kvc_client_t *c, const opts_t *o) {
+  kvc_cache_info_t *infos = NULL;
   size_t n = 0;
-  int rc = list_caches(c, &infos, &n);
-  if (rc) return fail(c, rc, "caches");
-  for (size_t i = 0; i < n && rc == 0; i++) rc = print_seqs(c, infos[i].name);
+  int rc;
+  if (o->cache) {
+    /* Found before anything is printed: an error comes alone. */
+    kvc_cache_t *h;
+    if ((rc = kvc_cache_find(c, o->cache, &h)) != 0) return fail(c, rc, o->cache);
+    kvc_cache_close(h);
+  } else if ((rc = list_caches(c, &infos, &n)) != 0) {
+    free(infos);
+    return fail(c, rc, "caches");
+  }
+  bool first = true;
+  if (o->json) printf("{\"seqs\": [");
+  else
+    printf("%-20s %20s %10s %10s %6s %6s %4s %10s\n", "CACHE", "SEQ", "START", "LENGTH",
+           "PAGES", "SHARED", "PINS", "IDLE");
+  if (o->cache) rc = print_seqs(c, o, o->cache, &first);
+  for (size_t i = 0; i < n && rc == 0; i++) rc = print_seqs(c, o, infos[i].name, &first);
+  if (o->json && rc == 0) printf("\n]}\n");
   free(infos);
   return rc;
 }
 
-static int cmd_info(kvc_client_t *c, const args_t *a) {
-  if (a->npos != 2) return die("%s", "usage: kvcachectl info CACHE SEQ");
-  char *end;
-  uint64_t seq = strtoull(a->pos[1], &end, 10);
-  if (*end || !*a->pos[1]) return die("SEQ must be a number, got %s", a->pos[1]);
+static int cmd_info(kvc_client_t *c, const opts_t *o) {
+  uint64_t seq;
+  if (!parse_u64(o->pos[1], &seq)) return bad_number("info", "SEQ", o->pos[1]);
   kvc_cache_t *h;
-  int rc = kvc_cache_find(c, a->pos[0], &h);
-  if (rc) return fail(c, rc, a->pos[0]);
+  int rc = kvc_cache_find(c, o->pos[0], &h);
+  if (rc) return fail(c, rc, o->pos[0]);
   kvc_seq_info_t si;
   rc = kvc_seq_info(h, seq, &si);
+  kvc_cache_close(h);
   if (rc) return fail(c, rc, "info");
+  if (o->json) {
+    seq_json(o->pos[0], &si);
+    putchar('\n');
+    return 0;
+  }
+  char idle[32];
   printf("cache         %s\nseq_id        %" PRIu64 "\nstart         %" PRIu64
          "\nlength        %" PRIu64 "\nextent        %" PRIu64 "\npages         %u\n"
-         "shared_pages  %u\npins          %u\nlast_use_ms   %" PRIu64 "\n",
-         a->pos[0], si.seq_id, si.start, si.length, si.extent, si.pages, si.shared_pages,
-         si.pins, si.last_use_ms);
+         "shared_pages  %u\npins          %u\nidle          %s\n",
+         o->pos[0], si.seq_id, si.start, si.length, si.extent, si.pages, si.shared_pages,
+         si.pins, human_seconds(idle_seconds(si.last_use_ms), idle, sizeof idle));
   return 0;
 }
 
 /* ---- prefix ------------------------------------------------------------------ */
 
-/* The prefix figures of a cache, as `kvcachectl stats` names them. */
+/* The prefix figures of a cache (the cache_ families without the prefix). */
 static const struct {
   const char *name, *label;
 } prefix_figures[] = {
@@ -311,57 +869,32 @@ static const struct {
 };
 #define NPREFIX_FIGURES (sizeof prefix_figures / sizeof prefix_figures[0])
 
-static uint64_t cache_figure(const kvc_stat_t *st, size_t n, const char *cache,
-                             const char *name) {
-  for (size_t i = 0; i < n; i++)
-    if (strcmp(st[i].cache, cache) == 0 && strcmp(st[i].name, name) == 0) return st[i].value;
-  return 0;
+static uint64_t cache_figure(const figs_t *f, const char *cache, const char *name) {
+  char fam[96];
+  snprintf(fam, sizeof fam, "cache_%s", name);
+  const kvc_stat_t *s = fig(f, fam, cache, NULL, NULL);
+  if (!s) {
+    snprintf(fam, sizeof fam, "cache_%s_total", name);
+    s = fig(f, fam, cache, NULL, NULL);
+  }
+  return s ? s->value : 0;
 }
 
 static void hex(const uint8_t *p, size_t n) {
   for (size_t i = 0; i < n; i++) printf("%02x", p[i]);
 }
 
-static void prefix_text(const char *cache, const uint64_t *v, double rate,
-                        const kvc_prefix_head_t *heads, size_t nheads) {
-  printf("cache %s\n", cache);
-  for (size_t i = 0; i < NPREFIX_FIGURES; i++) {
-    printf("  %-24s %14" PRIu64, prefix_figures[i].label, v[i]);
-    if (strcmp(prefix_figures[i].name, "prefix_tokens_hit") == 0)
-      printf("   hit rate %.2f%%", 100.0 * rate);
-    putchar('\n');
-  }
-  printf("  top prefixes by hits:\n    %-16s %14s %8s\n", "HASH", "HITS", "DEPTH");
-  for (size_t i = 0; i < nheads; i++) {
-    printf("    ");
-    hex(heads[i].hash, 8);
-    printf(" %14" PRIu64 " %8u\n", heads[i].hits, heads[i].depth);
-  }
-}
-
-static void prefix_json(const char *cache, const uint64_t *v, double rate,
-                        const kvc_prefix_head_t *heads, size_t nheads) {
-  json_string(cache);
-  printf(": {");
-  for (size_t i = 0; i < NPREFIX_FIGURES; i++)
-    printf("\"%s\": %" PRIu64 ", ", prefix_figures[i].name, v[i]);
-  printf("\"hit_rate\": %.6f, \"top\": [", rate);
-  for (size_t i = 0; i < nheads; i++) {
-    printf("%s{\"hash\": \"", i ? ", " : "");
-    hex(heads[i].hash, heads[i].hash_len);
-    printf("\", \"hits\": %" PRIu64 ", \"depth\": %u}", heads[i].hits, heads[i].depth);
-  }
-  printf("]}");
-}
-
-static int print_prefix(kvc_client_t *c, const args_t *a, const kvc_stat_t *st, size_t nst,
-                        const char *name, bool first) {
+static int print_prefix(kvc_client_t *c, const opts_t *o, const figs_t *f, const char *name,
+                        bool first) {
   kvc_cache_t *h;
   int rc = kvc_cache_find(c, name, &h);
   if (rc) return fail(c, rc, name);
-  size_t cap = a->top ? a->top : 10, nheads = 0;
+  size_t cap = o->top ? o->top : 10, nheads = 0;
   kvc_prefix_head_t *heads = calloc(cap, sizeof *heads);
-  if (!heads) return die("%s", "out of memory");
+  if (!heads) {
+    kvc_cache_close(h);
+    return die("%s", "out of memory");
+  }
   rc = kvc_prefix_top(h, heads, cap, &nheads);
   kvc_cache_close(h);
   if (rc) {
@@ -369,59 +902,74 @@ static int print_prefix(kvc_client_t *c, const args_t *a, const kvc_stat_t *st, 
     return fail(c, rc, "prefix");
   }
   uint64_t v[NPREFIX_FIGURES];
-  for (size_t i = 0; i < NPREFIX_FIGURES; i++)
-    v[i] = cache_figure(st, nst, name, prefix_figures[i].name);
+  for (size_t i = 0; i < NPREFIX_FIGURES; i++) v[i] = cache_figure(f, name, prefix_figures[i].name);
   /* Hit rate in tokens: hit over queried (ineligible tokens count as missed). */
   double rate = v[1] ? (double)v[2] / (double)v[1] : 0.0;
-  if (a->json) {
+  if (o->json) {
     printf("%s\n  ", first ? "" : ",");
-    prefix_json(name, v, rate, heads, nheads);
+    json_string(name);
+    printf(": {");
+    for (size_t i = 0; i < NPREFIX_FIGURES; i++)
+      printf("\"%s\": %" PRIu64 ", ", prefix_figures[i].name, v[i]);
+    printf("\"hit_rate\": %.6f, \"top\": [", rate);
+    for (size_t i = 0; i < nheads; i++) {
+      printf("%s{\"hash\": \"", i ? ", " : "");
+      hex(heads[i].hash, heads[i].hash_len);
+      printf("\", \"hits\": %" PRIu64 ", \"depth\": %u}", heads[i].hits, heads[i].depth);
+    }
+    printf("]}");
   } else {
     if (!first) putchar('\n');
-    prefix_text(name, v, rate, heads, nheads);
+    printf("cache %s\n", name);
+    for (size_t i = 0; i < NPREFIX_FIGURES; i++) {
+      printf("  %-24s %14" PRIu64, prefix_figures[i].label, v[i]);
+      if (strcmp(prefix_figures[i].name, "prefix_tokens_hit") == 0)
+        printf("   hit rate %.2f%%", 100.0 * rate);
+      putchar('\n');
+    }
+    printf("  top prefixes by hits:\n    %-16s %14s %8s\n", "HASH", "HITS", "DEPTH");
+    for (size_t i = 0; i < nheads; i++) {
+      printf("    ");
+      hex(heads[i].hash, 8);
+      printf(" %14" PRIu64 " %8u\n", heads[i].hits, heads[i].depth);
+    }
   }
   free(heads);
   return 0;
 }
 
-static int cmd_prefix(kvc_client_t *c, const args_t *a) {
-  kvc_stat_t *st;
-  size_t nst;
-  int rc = kvc_stats(c, &st, &nst);
-  if (rc) return fail(c, rc, "stats");
+static int cmd_prefix(kvc_client_t *c, const opts_t *o) {
+  figs_t f;
+  if (fetch(c, &f)) return 1;
   kvc_cache_info_t *infos = NULL;
   size_t n = 0;
-  if (!a->cache && (rc = list_caches(c, &infos, &n)) != 0) {
+  int rc;
+  if (o->cache) {
+    kvc_cache_t *h;
+    if ((rc = kvc_cache_find(c, o->cache, &h)) != 0) {
+      kvc_stats_free(f.st);
+      return fail(c, rc, o->cache);
+    }
+    kvc_cache_close(h);
+  } else if ((rc = list_caches(c, &infos, &n)) != 0) {
     free(infos);
-    kvc_stats_free(st);
+    kvc_stats_free(f.st);
     return fail(c, rc, "caches");
   }
-  if (a->json) printf("{\"caches\": {");
-  else if (!a->cache && n == 0) printf("no caches\n");
-  if (a->cache) rc = print_prefix(c, a, st, nst, a->cache, true);
-  for (size_t i = 0; i < n && rc == 0; i++)
-    rc = print_prefix(c, a, st, nst, infos[i].name, i == 0);
-  if (a->json && rc == 0) printf("\n}}\n");
+  if (o->json) printf("{\"caches\": {");
+  else if (!o->cache && n == 0) printf("no caches\n");
+  if (o->cache) rc = print_prefix(c, o, &f, o->cache, true);
+  for (size_t i = 0; i < n && rc == 0; i++) rc = print_prefix(c, o, &f, infos[i].name, i == 0);
+  if (o->json && rc == 0) printf("\n}}\n");
   free(infos);
-  kvc_stats_free(st);
+  kvc_stats_free(f.st);
   return rc;
 }
 
-static int cmd_tenants(kvc_client_t *c) {
-  kvc_tenant_info_t *t;
-  size_t n = 0;
-  int rc = kvc_tenants(c, &t, &n);
-  if (rc) return fail(c, rc, "tenants");
-  printf("%-24s %6s %6s %10s %12s %10s\n", "TENANT", "CONNS", "CACHES", "SEQS", "TOKENS",
-         "PAGES");
-  for (size_t i = 0; i < n; i++)
-    printf("%-24s %6u %6u %10" PRIu64 " %12" PRIu64 " %10" PRIu64 "\n", t[i].name,
-           t[i].connections, t[i].caches, t[i].sequences, t[i].tokens, t[i].pages);
-  kvc_tenants_free(t);
-  return 0;
-}
+/* ---- ping ------------------------------------------------------------------- */
 
-static int cmd_ping(kvc_client_t *c) {
+static int cmd_ping(kvc_client_t *c, const opts_t *o) {
+  (void)o;
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int rc = kvc_ping(c);
@@ -435,27 +983,412 @@ static int cmd_ping(kvc_client_t *c) {
   return 0;
 }
 
+/* ---- clients, config, admin writes ----------------------------------------------- */
+
+static int cmd_tenants(kvc_client_t *c, const opts_t *o) {
+  kvc_tenant_info_t *t;
+  size_t n = 0;
+  int rc = kvc_tenants(c, &t, &n);
+  if (rc) return fail(c, rc, "tenants");
+  if (o->json) printf("{\"tenants\": [");
+  else
+    printf("%-24s %6s %6s %10s %12s %10s\n", "TENANT", "CONNS", "CACHES", "SEQS", "TOKENS",
+           "PAGES");
+  for (size_t i = 0; i < n; i++) {
+    if (o->json) {
+      printf("%s\n  {\"name\": ", i ? "," : "");
+      json_string(t[i].name);
+      printf(", \"connections\": %u, \"caches\": %u, \"sequences\": %" PRIu64
+             ", \"tokens\": %" PRIu64 ", \"pages\": %" PRIu64 "}",
+             t[i].connections, t[i].caches, t[i].sequences, t[i].tokens, t[i].pages);
+      continue;
+    }
+    printf("%-24s %6u %6u %10" PRIu64 " %12" PRIu64 " %10" PRIu64 "\n", t[i].name,
+           t[i].connections, t[i].caches, t[i].sequences, t[i].tokens, t[i].pages);
+  }
+  if (o->json) printf("\n]}\n");
+  kvc_tenants_free(t);
+  return 0;
+}
+
+static int cmd_clients(kvc_client_t *c, const opts_t *o) {
+  kvc_client_entry_t *v;
+  size_t n;
+  int rc = kvc_clients(c, &v, &n);
+  if (rc) return fail(c, rc, "clients");
+  if (o->json) printf("{\"clients\": [");
+  else
+    printf("%6s %8s %6s %-10s %-16s %5s %6s %9s %9s %9s %9s\n", "ID", "PID", "UID", "TENANT",
+           "NAME", "PINS", "LEASES", "BUFFER", "REQUESTS", "AGE", "IDLE");
+  for (size_t i = 0; i < n; i++) {
+    const kvc_client_entry_t *e = &v[i];
+    if (o->json) {
+      printf("%s\n  {\"id\": %" PRIu64 ", \"pid\": %d, \"uid\": %u, \"gid\": %u, \"tenant\": ",
+             i ? "," : "", e->conn_id, (int)e->pid, e->uid, e->gid);
+      json_string(e->tenant);
+      printf(", \"name\": ");
+      json_string(e->name);
+      printf(", \"pins\": %u, \"leases\": %u, \"shm_bytes\": %" PRIu64 ", \"requests\": %" PRIu64
+             ", \"age_seconds\": %.3f, \"idle_seconds\": %.3f, \"queued_bytes\": %" PRIu64
+             ", \"self\": %s}",
+             e->pins, e->leases, e->shm_bytes, e->requests, (double)e->age_ms / 1e3,
+             (double)e->idle_ms / 1e3, e->wq_bytes, e->self ? "true" : "false");
+      continue;
+    }
+    char buf[32], age[32], idle[32], req[32];
+    printf("%6" PRIu64 " %8d %6u %-10s %-16.16s %5u %6u %9s %9s %9s %9s%s\n", e->conn_id,
+           (int)e->pid, e->uid, e->tenant[0] ? e->tenant : "-", e->name[0] ? e->name : "-",
+           e->pins, e->leases, human_bytes((double)e->shm_bytes, buf, sizeof buf),
+           human_count((double)e->requests, req, sizeof req),
+           human_seconds((double)e->age_ms / 1e3, age, sizeof age),
+           human_seconds((double)e->idle_ms / 1e3, idle, sizeof idle), e->self ? " (this)" : "");
+  }
+  if (o->json) printf("\n]}\n");
+  free(v);
+  return 0;
+}
+
+static int cmd_config(kvc_client_t *c, const opts_t *o) {
+  kvc_label_t *v;
+  size_t n;
+  int rc = kvc_config(c, &v, &n);
+  if (rc) return fail(c, rc, "config");
+  if (o->json) printf("{");
+  else printf("# the configuration of the running kvcached (kvcachectl config)\n");
+  for (size_t i = 0; i < n; i++) {
+    if (o->json) {
+      printf("%s\n  ", i ? "," : "");
+      json_string(v[i].key);
+      printf(": ");
+      json_string(v[i].value);
+    } else {
+      bool quote = !v[i].value[0] || strpbrk(v[i].value, " \t#\"");
+      printf("%s = %s%s%s\n", v[i].key, quote ? "\"" : "", v[i].value, quote ? "\"" : "");
+    }
+  }
+  if (o->json) printf("\n}\n");
+  free(v);
+  return 0;
+}
+
+static int admin_write(kvc_client_t *c, const opts_t *o, kvc_admin_action_t act,
+                       const char *what) {
+  uint64_t seq = 0, conn = 0, count = 0;
+  const char *cache = NULL;
+  if (act == KVC_ADMIN_DISCONNECT) {
+    if (!parse_u64(o->pos[0], &conn)) return bad_number(what, "CONN_ID", o->pos[0]);
+  } else {
+    cache = o->pos[0];
+    if (act != KVC_ADMIN_DROP_CACHE && !parse_u64(o->pos[1], &seq))
+      return bad_number(what, "SEQ", o->pos[1]);
+  }
+  int rc = kvc_admin(c, act, cache, seq, conn, &count);
+  if (rc) return fail(c, rc, what);
+  switch (act) {
+  case KVC_ADMIN_DROP_CACHE: printf("dropped cache %s\n", cache); break;
+  case KVC_ADMIN_REMOVE_SEQ: printf("removed sequence %" PRIu64 " of %s\n", seq, cache); break;
+  case KVC_ADMIN_UNPIN_SEQ:
+    printf("released %" PRIu64 " pin%s of sequence %" PRIu64 " of %s\n", count,
+           count == 1 ? "" : "s", seq, cache);
+    break;
+  case KVC_ADMIN_DISCONNECT: printf("disconnected client %" PRIu64 "\n", conn); break;
+  }
+  return 0;
+}
+
+static int cmd_drop(kvc_client_t *c, const opts_t *o) {
+  return admin_write(c, o, KVC_ADMIN_DROP_CACHE, "drop");
+}
+static int cmd_remove(kvc_client_t *c, const opts_t *o) {
+  return admin_write(c, o, KVC_ADMIN_REMOVE_SEQ, "remove");
+}
+static int cmd_unpin(kvc_client_t *c, const opts_t *o) {
+  return admin_write(c, o, KVC_ADMIN_UNPIN_SEQ, "unpin");
+}
+static int cmd_disconnect(kvc_client_t *c, const opts_t *o) {
+  return admin_write(c, o, KVC_ADMIN_DISCONNECT, "disconnect");
+}
+
+/* ---- top --------------------------------------------------------------------- */
+
+static volatile sig_atomic_t top_stop;
+static struct termios top_saved;
+static bool top_raw;
+
+static void on_signal(int sig) {
+  (void)sig;
+  top_stop = 1;
+}
+
+static void term_restore(void) {
+  if (!top_raw) return;
+  /* Cursor back, the main screen back, the modes as they were. */
+  fputs("\033[?25h\033[?1049l", stdout);
+  fflush(stdout);
+  tcsetattr(STDIN_FILENO, TCSAFLUSH, &top_saved);
+  top_raw = false;
+}
+
+static double mono_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A figure's growth per second since prev (lifetime average without prev). */
+static double rate_of(const figs_t *cur, const figs_t *prev, double dt, const char *name,
+                      const char *cache, const char *key, const char *val) {
+  const kvc_stat_t *a = fig(cur, name, cache, key, val);
+  if (!a) return 0;
+  if (!prev) {
+    double up = figv(cur, "uptime_seconds");
+    return up > 0 ? (double)a->value / up : 0;
+  }
+  const kvc_stat_t *b = fig(prev, name, cache, key, val);
+  double d = (double)a->value - (b ? (double)b->value : 0);
+  return dt > 0 && d > 0 ? d / dt : 0;
+}
+
+typedef struct ranked {
+  double key;
+  size_t idx;
+} ranked_t;
+
+static int by_key_desc(const void *a, const void *b) {
+  double x = ((const ranked_t *)a)->key, y = ((const ranked_t *)b)->key;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void top_frame(kvc_client_t *c, const figs_t *cur, const figs_t *prev, double dt,
+                      kvc_client_entry_t *cl, size_t ncl, const kvc_client_entry_t *pcl,
+                      size_t npcl, int cl_rc, double interval, bool tty) {
+  char a[32], b[32], d[32], e[32], g[32];
+  const char *eol = tty ? "\033[K\n" : "\n";
+  const kvc_stat_t *bi = fig(cur, "build_info", NULL, NULL, NULL);
+  double req = 0, err = 0;
+  for (size_t i = 0; i < cur->n; i++) {
+    const kvc_stat_t *s = &cur->st[i];
+    if (strcmp(s->name, "requests_total") == 0)
+      req += rate_of(cur, prev, dt, s->name, "", "op", kvc_stat_label(s, "op"));
+  }
+  for (size_t i = 0; i < cur->n; i++) {
+    const kvc_stat_t *s = &cur->st[i];
+    if (strcmp(s->name, "request_errors_total") != 0) continue;
+    const kvc_stat_t *p = NULL;
+    for (size_t j = 0; prev && j < prev->n && !p; j++) {
+      const kvc_stat_t *t = &prev->st[j];
+      if (strcmp(t->name, s->name) == 0 &&
+          strcmp(kvc_stat_label(t, "op"), kvc_stat_label(s, "op")) == 0 &&
+          strcmp(kvc_stat_label(t, "status"), kvc_stat_label(s, "status")) == 0)
+        p = t;
+    }
+    double up = figv(cur, "uptime_seconds");
+    err += prev ? (dt > 0 ? ((double)s->value - (p ? (double)p->value : 0)) / dt : 0)
+                : (up > 0 ? (double)s->value / up : 0);
+  }
+  double q = rate_of(cur, prev, dt, "prefix_tokens_queried_total", "", NULL, NULL);
+  double hit = rate_of(cur, prev, dt, "prefix_tokens_hit_total", "", NULL, NULL);
+  double total = figv(cur, "pool_pages"), freep = figv(cur, "pages_free");
+  if (tty) fputs("\033[H", stdout);
+  printf("kvcached %s  up %s  %s clients  every %.1fs%s%s",
+         bi && kvc_stat_label(bi, "version") ? kvc_stat_label(bi, "version") : "?",
+         human_seconds(figv(cur, "uptime_seconds"), a, sizeof a),
+         human_count(figv(cur, "connections_current"), b, sizeof b), interval,
+         tty ? "  (q quits)" : "", eol);
+  printf("%s", eol);
+  printf("requests %10s/s   errors %8s/s   prefix hit rate %s%s",
+         human_count(req, a, sizeof a), human_count(err, b, sizeof b),
+         q > 0 ? (snprintf(d, sizeof d, "%.1f%%", 100.0 * hit / q), d) : "-", eol);
+  printf("pages    %10s total  %s free (%.1f%%)  %s pinned  %s shared%s",
+         human_count(total, a, sizeof a), human_count(freep, b, sizeof b),
+         total > 0 ? 100.0 * freep / total : 0.0,
+         human_count(figv(cur, "pages_pinned"), d, sizeof d),
+         human_count(figv(cur, "pages_shared"), e, sizeof e), eol);
+  printf("evictions %9s seqs/s %s pages/s   full %s/s   in %s/s  out %s/s%s",
+         human_count(rate_of(cur, prev, dt, "evicted_sequences_total", "", NULL, NULL), a, sizeof a),
+         human_count(rate_of(cur, prev, dt, "evicted_pages_total", "", NULL, NULL), b, sizeof b),
+         human_count(rate_of(cur, prev, dt, "full_errors_total", "", NULL, NULL), d, sizeof d),
+         human_bytes(rate_of(cur, prev, dt, "bytes_in_total", "", NULL, NULL), e, sizeof e),
+         human_bytes(rate_of(cur, prev, dt, "bytes_out_total", "", NULL, NULL), g, sizeof g), eol);
+  /* The busiest operations. */
+  ranked_t r[256];
+  size_t nr = 0;
+  for (size_t i = 0; i < cur->n && nr < 256; i++)
+    if (strcmp(cur->st[i].name, "requests_total") == 0)
+      r[nr++] = (ranked_t){rate_of(cur, prev, dt, "requests_total", "", "op",
+                                   kvc_stat_label(&cur->st[i], "op")), i};
+  qsort(r, nr, sizeof *r, by_key_desc);
+  printf("%s%-16s %10s %10s%s", eol, "OP", "REQ/S", "P99", eol);
+  for (size_t i = 0; i < nr && i < 6; i++) {
+    if (r[i].key <= 0 && i > 0) break;
+    const char *op = kvc_stat_label(&cur->st[r[i].idx], "op");
+    printf("%-16s %10s %10s%s", op, human_count(r[i].key, a, sizeof a),
+           human_seconds(hist_quantile(fig(cur, "request_duration_seconds", "", "op", op), 0.99),
+                         b, sizeof b), eol);
+  }
+  /* The busiest caches, by puts and gets per second. */
+  nr = 0;
+  for (size_t i = 0; i < cur->n && nr < 256; i++) {
+    if (strcmp(cur->st[i].name, "cache_sequences") != 0) continue;
+    const char *cn = cur->st[i].cache;
+    r[nr++] = (ranked_t){rate_of(cur, prev, dt, "cache_puts_total", cn, NULL, NULL) +
+                             rate_of(cur, prev, dt, "cache_gets_total", cn, NULL, NULL), i};
+  }
+  qsort(r, nr, sizeof *r, by_key_desc);
+  printf("%s%-20s %9s %9s %9s %9s %9s%s", eol, "CACHE", "SEQS", "PAGES", "PUTS/S", "GETS/S",
+         "EVICT/S", eol);
+  for (size_t i = 0; i < nr && i < 6; i++) {
+    const char *cn = cur->st[r[i].idx].cache;
+    char f2[32];
+    printf("%-20.20s %9s %9s %9s %9s %9s%s", cn,
+           human_count((double)cur->st[r[i].idx].value, a, sizeof a),
+           human_count(fam_sum(cur, "cache_pages", cn), b, sizeof b),
+           human_count(rate_of(cur, prev, dt, "cache_puts_total", cn, NULL, NULL), d, sizeof d),
+           human_count(rate_of(cur, prev, dt, "cache_gets_total", cn, NULL, NULL), e, sizeof e),
+           human_count(rate_of(cur, prev, dt, "cache_evicted_sequences_total", cn, NULL, NULL),
+                       f2, sizeof f2), eol);
+  }
+  /* The busiest clients (admins). */
+  printf("%s%6s %8s %6s %-16s %9s %5s %6s%s", eol, "ID", "PID", "UID", "CLIENT", "REQ/S",
+         "PINS", "LEASES", eol);
+  if (cl_rc) {
+    printf("(clients: %s)%s", cl_rc == KVC_E_PERM ? "for admins only" : kvc_strerror(cl_rc), eol);
+  } else {
+    nr = 0;
+    for (size_t i = 0; i < ncl && nr < 256; i++) {
+      double rr = 0;
+      const kvc_client_entry_t *p = NULL;
+      for (size_t j = 0; j < npcl && !p; j++)
+        if (pcl[j].conn_id == cl[i].conn_id) p = &pcl[j];
+      if (p && dt > 0) rr = (double)(cl[i].requests - p->requests) / dt;
+      else if (cl[i].age_ms) rr = (double)cl[i].requests / ((double)cl[i].age_ms / 1e3);
+      r[nr++] = (ranked_t){rr, i};
+    }
+    qsort(r, nr, sizeof *r, by_key_desc);
+    for (size_t i = 0; i < nr && i < 8; i++) {
+      const kvc_client_entry_t *x = &cl[r[i].idx];
+      printf("%6" PRIu64 " %8d %6u %-16.16s %9s %5u %6u%s", x->conn_id, (int)x->pid, x->uid,
+             x->name[0] ? x->name : "-", human_count(r[i].key, a, sizeof a), x->pins, x->leases,
+             eol);
+    }
+  }
+  (void)c;
+  if (tty) fputs("\033[J", stdout);
+  fflush(stdout);
+}
+
+static int cmd_top(kvc_client_t *c, const opts_t *o) {
+  double interval = o->interval > 0 ? o->interval : 1.0;
+  bool tty = isatty(STDOUT_FILENO) && isatty(STDIN_FILENO);
+  long frames = o->count ? o->count : tty ? 0 : 1;
+  if (tty) {
+    if (tcgetattr(STDIN_FILENO, &top_saved) != 0) return die("top: %s", strerror(errno));
+    struct termios raw = top_saved;
+    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    raw.c_cc[VMIN] = 0;
+    raw.c_cc[VTIME] = 0;
+    tcsetattr(STDIN_FILENO, TCSAFLUSH, &raw);
+    top_raw = true;
+    atexit(term_restore);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    /* The alternate screen, cursor hidden, cleared. */
+    fputs("\033[?1049h\033[?25l\033[2J", stdout);
+  }
+  figs_t prev = {0}, cur;
+  kvc_client_entry_t *pcl = NULL, *cl = NULL;
+  size_t npcl = 0, ncl = 0;
+  double tprev = 0;
+  int rc = 0;
+  for (long k = 0; !top_stop && (frames == 0 || k < frames); k++) {
+    if ((rc = kvc_stats(c, &cur.st, &cur.n)) != 0) break;
+    /* A non-admin is refused once: not asked again every frame. */
+    static int cl_rc = 0;
+    if (cl_rc != KVC_E_PERM) cl_rc = kvc_clients(c, &cl, &ncl);
+    if (cl_rc) cl = NULL, ncl = 0;
+    double t = mono_now();
+    top_frame(c, &cur, prev.st ? &prev : NULL, t - tprev, cl, ncl, pcl, npcl, cl_rc, interval,
+              tty);
+    kvc_stats_free(prev.st);
+    free(pcl);
+    prev = cur;
+    pcl = cl;
+    npcl = ncl;
+    tprev = t;
+    if (frames && k + 1 >= frames) break;
+    /* Wait for the interval, or q. */
+    double until = t + interval;
+    while (!top_stop) {
+      double left = until - mono_now();
+      if (left <= 0) break;
+      struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
+      int pr = poll(tty ? &p : NULL, tty ? 1 : 0, (int)(left * 1000) + 1);
+      if (pr > 0 && (p.revents & POLLIN)) {
+        char ch;
+        if (read(STDIN_FILENO, &ch, 1) == 1 && (ch == 'q' || ch == 'Q' || ch == 3)) top_stop = 1;
+      }
+    }
+  }
+  kvc_stats_free(prev.st);
+  free(pcl);
+  term_restore();
+  if (rc) return fail(c, rc, "top");
+  return 0;
+}
+
+/* ---- main ----------------------------------------------------------------------- */
+
+static const struct command *find_command(const char *name) {
+  for (size_t i = 0; i < NCOMMANDS; i++)
+    if (strcmp(commands[i].name, name) == 0) return &commands[i];
+  return NULL;
+}
+
 int main(int argc, char **argv) {
-  args_t a = {0};
-  if (parse(argc, argv, &a) != 0) return 1;
-  static const char *const known[] = {"ping", "stats", "caches", "seqs", "info", "prefix",
-                                      "tenants"};
-  bool ok = false;
-  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) ok |= strcmp(a.cmd, known[i]) == 0;
-  if (!ok) return die("unknown command %s (see --help)", a.cmd);
+  static const struct option global[] = {
+      {"socket", required_argument, NULL, 's'},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
+      {0, 0, 0, 0},
+  };
+  opts_t o = {0};
+  opterr = 0;
+  int ch;
+  /* "+": the first word that is not an option is the command. */
+  while ((ch = getopt_long(argc, argv, "+:hVs:", global, NULL)) != -1) {
+    switch (ch) {
+    case 's': o.socket = optarg; break;
+    case 'h': usage(stdout); return 0;
+    case 'V': printf("kvcachectl %s (protocol %d)\n", KVC_VERSION_STRING, KVC_PROTOCOL_VERSION); return 0;
+    case ':': return bad_usage(NULL, "%s needs a value", argv[optind - 1]);
+    default: return bad_usage(NULL, "%s: unknown option before the command", argv[optind - 1]);
+    }
+  }
+  if (optind >= argc) return bad_usage(NULL, "%s", "no command");
+  const char *name = argv[optind];
+  if (strcmp(name, "help") == 0) {
+    if (optind + 1 >= argc) {
+      usage(stdout);
+      return 0;
+    }
+    const struct command *cmd = find_command(argv[optind + 1]);
+    if (!cmd || optind + 2 < argc) return bad_usage(NULL, "help: no command '%s'", argv[optind + 1]);
+    command_usage(stdout, cmd, true);
+    return 0;
+  }
+  const struct command *cmd = find_command(name);
+  if (!cmd) return bad_usage(NULL, "unknown command '%s'", name);
+  int prc = parse_command(cmd, argc - optind, argv + optind, &o);
+  if (prc) return prc;
   /* A small buffer: kvcachectl moves no tensor bytes. */
-  kvc_client_opts_t opts = {.socket_path = a.socket, .shm_bytes = 1u << 20,
-                            .timeout_ms = 10000, .client_name = "kvcachectl"};
+  kvc_client_opts_t copts = {.socket_path = o.socket, .shm_bytes = 1u << 20,
+                             .timeout_ms = 10000, .client_name = "kvcachectl"};
   kvc_client_t *c;
-  int rc = kvc_client_open(&opts, &c);
+  int rc = kvc_client_open(&copts, &c);
   if (rc) return fail(NULL, rc, "cannot connect");
-  if (strcmp(a.cmd, "ping") == 0) rc = cmd_ping(c);
-  else if (strcmp(a.cmd, "stats") == 0) rc = cmd_stats(c, &a);
-  else if (strcmp(a.cmd, "caches") == 0) rc = cmd_caches(c);
-  else if (strcmp(a.cmd, "seqs") == 0) rc = cmd_seqs(c, &a);
-  else if (strcmp(a.cmd, "prefix") == 0) rc = cmd_prefix(c, &a);
-  else if (strcmp(a.cmd, "tenants") == 0) rc = cmd_tenants(c);
-  else rc = cmd_info(c, &a);
+  rc = cmd->fn(c, &o);
   kvc_client_close(c);
   return rc;
 }

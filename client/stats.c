@@ -1,4 +1,5 @@
-/* stats.c: fetching the daemon's figures into one caller-owned block. */
+/* stats.c: fetching the daemon's figures into one caller-owned block, and
+ * rendering them as Prometheus text (proto/promtext.c, the daemon's too). */
 #include "client.h"
 
 #include <stdio.h>
@@ -6,6 +7,7 @@
 #include <string.h>
 
 #include "codec.h"
+#include "promtext.h"
 
 KVC_API int kvc_stats(kvc_client_t *c, kvc_stat_t **out, size_t *n) {
   if (!c) return KVC_E_INVAL;
@@ -21,32 +23,61 @@ KVC_API int kvc_stats(kvc_client_t *c, kvc_stat_t **out, size_t *n) {
   if (rc) return rc;
   const Kvcache__V1__StatsReply *s =
       r->body_case == KVCACHE__V1__RESPONSE__BODY_STATS ? r->stats : NULL;
-  size_t count = s ? s->n_stats : 0, bytes = (count + 1) * sizeof(kvc_stat_t);
+  size_t count = s ? s->n_stats : 0, nlabels = 0, nbuckets = 0, strbytes = 0;
   for (size_t i = 0; i < count; i++) {
     const Kvcache__V1__Stat *st = s->stats[i];
-    bytes += strlen(st->name) + strlen(st->help) + strlen(st->cache) + strlen(st->tenant) + 4;
+    strbytes += strlen(st->name) + strlen(st->help) + strlen(st->cache) + strlen(st->unit) + 4;
+    for (size_t j = 0; j < st->n_labels; j++)
+      strbytes += strlen(st->labels[j]->key) + strlen(st->labels[j]->value) + 2;
+    nlabels += st->n_labels;
+    nbuckets += st->n_bucket_le < st->n_bucket_count ? st->n_bucket_le : st->n_bucket_count;
   }
-  /* One block: the array, then every string. */
+  /* One block: the array, the bucket bounds and counts, the labels, then
+   * every string (in that order, each part aligned for its type). */
+  size_t bytes = (count + 1) * sizeof(kvc_stat_t) + nbuckets * (sizeof(double) + sizeof(uint64_t)) +
+                 nlabels * sizeof(kvc_label_t) + strbytes;
   kvc_stat_t *arr = malloc(bytes);
   if (!arr) {
     kvcache__v1__response__free_unpacked(r, NULL);
     return client_fail(c, KVC_E_NOMEM, "out of memory");
   }
-  char *p = (char *)(arr + count + 1);
+  double *les = (double *)(void *)(arr + count + 1);
+  uint64_t *cnts = (uint64_t *)(void *)(les + nbuckets);
+  kvc_label_t *labs = (kvc_label_t *)(void *)(cnts + nbuckets);
+  char *p = (char *)(labs + nlabels);
+#define COPY_STR_(dst, src)                                                    \
+  do {                                                                         \
+    size_t len_ = strlen(src) + 1;                                             \
+    memcpy(p, (src), len_);                                                    \
+    (dst) = p;                                                                 \
+    p += len_;                                                                 \
+  } while (0)
   for (size_t i = 0; i < count; i++) {
     kvc_stat_t st;
-    codec_stat_from_wire(s->stats[i], &st);
-    const char *src[4] = {st.name, st.help, st.cache, st.tenant};
-    const char *dst[4];
-    for (int j = 0; j < 4; j++) {
-      size_t len = strlen(src[j]) + 1;
-      memcpy(p, src[j], len);
-      dst[j] = p;
-      p += len;
+    codec_stat_from_wire(s->stats[i], &st, labs);
+    for (size_t j = 0; j < st.nlabels; j++) {
+      COPY_STR_(labs[j].key, st.labels[j].key);
+      COPY_STR_(labs[j].value, st.labels[j].value);
     }
-    arr[i] = (kvc_stat_t){.name = dst[0], .value = st.value, .gauge = st.gauge,
-                          .help = dst[1], .cache = dst[2], .tenant = dst[3]};
+    labs += st.nlabels;
+    if (st.nbuckets) {
+      memcpy(les, st.bucket_le, st.nbuckets * sizeof *les);
+      memcpy(cnts, st.bucket_count, st.nbuckets * sizeof *cnts);
+      st.bucket_le = les;
+      st.bucket_count = cnts;
+      les += st.nbuckets;
+      cnts += st.nbuckets;
+    } else {
+      st.bucket_le = NULL;
+      st.bucket_count = NULL;
+    }
+    COPY_STR_(st.name, st.name);
+    COPY_STR_(st.help, st.help);
+    COPY_STR_(st.cache, st.cache);
+    COPY_STR_(st.unit, st.unit);
+    arr[i] = st;
   }
+#undef COPY_STR_
   arr[count] = (kvc_stat_t){0};
   kvcache__v1__response__free_unpacked(r, NULL);
   *out = arr;
@@ -92,3 +123,16 @@ KVC_API int kvc_tenants(kvc_client_t *c, kvc_tenant_info_t **out, size_t *n) {
 }
 
 KVC_API void kvc_tenants_free(kvc_tenant_info_t *tenants) { free(tenants); }
+
+KVC_API const char *kvc_stat_label(const kvc_stat_t *st, const char *key) {
+  if (!st || !key) return NULL;
+  if (strcmp(key, "cache") == 0) return st->cache && st->cache[0] ? st->cache : NULL;
+  for (size_t i = 0; i < st->nlabels; i++)
+    if (strcmp(st->labels[i].key, key) == 0) return st->labels[i].value;
+  return NULL;
+}
+
+KVC_API int kvc_stats_prometheus(const kvc_stat_t *stats, size_t n, char **out, size_t *len) {
+  if (!out || (n && !stats)) return KVC_E_INVAL;
+  return promtext_render(stats, n, out, len);
+}

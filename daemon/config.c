@@ -6,6 +6,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -26,6 +28,7 @@ enum opt_type {
   OPT_LEVEL, /* log level name */
   OPT_HASH,  /* sha256 or xxh3 */
   OPT_BOOL,  /* true/false, yes/no, on/off, 1/0 */
+  OPT_LISTEN,/* HOST:PORT, [V6]:PORT, :PORT (loopback); empty: off */
 };
 
 typedef struct option {
@@ -111,6 +114,10 @@ static const option_t options[] = {
    "declare that every client is one trusted tenant (allows prefix_hash = xxh3)"},
   {"pin_limit_pct", OPT_U32, "20", 1, 100, false, F(pin_limit_pct),
    "pinned pages (hard and TTL pins) at most this percent of the pool"},
+  {"metrics_listen", OPT_LISTEN, "", 0, 0, false, F(metrics_listen),
+   "serve GET /metrics (Prometheus text) over HTTP on HOST:PORT, e.g. 127.0.0.1:9464 "
+   "(:PORT is loopback; port 0 picks one, logged); empty: off. Anyone who can reach it "
+   "reads every figure: keep it on loopback or a trusted network"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -143,11 +150,15 @@ int config_option_index(const char *name) {
 
 const char *config_option_name(size_t i) { return i < NOPTIONS ? options[i].name : NULL; }
 
+static int parse_u64(const char *s, uint64_t *out);
+
+/* Binary units only. A decimal-looking unit (KB, MB, GB, TB) is refused
+ * rather than guessed: 2GB is 2*10^9 to a disk vendor and 2*2^30 to many
+ * configs. */
 int config_parse_size(const char *s, uint64_t *out) {
   static const struct { const char *unit; uint64_t mul; } units[] = {
-      {"", 1},      {"B", 1},       {"K", KiB},  {"KB", KiB}, {"KiB", KiB},
-      {"M", MiB},   {"MB", MiB},    {"MiB", MiB}, {"G", GiB}, {"GB", GiB},
-      {"GiB", GiB}, {"T", TiB},     {"TB", TiB}, {"TiB", TiB},
+      {"", 1},      {"B", 1},     {"K", KiB},   {"KiB", KiB}, {"M", MiB}, {"MiB", MiB},
+      {"G", GiB},   {"GiB", GiB}, {"T", TiB},   {"TiB", TiB},
   };
   if (*s < '0' || *s > '9') return -1;
   errno = 0;
@@ -155,12 +166,43 @@ int config_parse_size(const char *s, uint64_t *out) {
   unsigned long long v = strtoull(s, &end, 10);
   if (errno) return -1;
   for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-    if (strcmp(end, units[i].unit) != 0) continue;
+    /* K, M, G, T and B in either case (2g, 512m); KiB... as written. */
+    bool letter = strlen(units[i].unit) == 1;
+    if (letter ? strcasecmp(end, units[i].unit) != 0 : strcmp(end, units[i].unit) != 0)
+      continue;
     if (v > UINT64_MAX / units[i].mul) return -1;
     *out = (uint64_t)v * units[i].mul;
     return 0;
   }
+  if (strlen(end) == 2 && strchr("kKmMgGtT", end[0]) && (end[1] == 'B' || end[1] == 'b'))
+    return -2;
   return -1;
+}
+
+int config_parse_listen(const char *s, char *host, size_t hostlen, unsigned *port) {
+  const char *colon = strrchr(s, ':');
+  if (!colon) return -1;
+  size_t hlen = (size_t)(colon - s);
+  const char *h = s;
+  if (hlen >= 2 && s[0] == '[' && s[hlen - 1] == ']') {
+    h = s + 1;
+    hlen -= 2;
+  } else if (memchr(s, ':', hlen)) {
+    return -1; /* an IPv6 address needs its brackets */
+  }
+  if (hlen == 0) {
+    h = "127.0.0.1";
+    hlen = strlen(h);
+  }
+  if (hlen >= hostlen) return -1;
+  memcpy(host, h, hlen);
+  host[hlen] = '\0';
+  uint64_t p;
+  if (parse_u64(colon + 1, &p) != 0 || p > 65535) return -1;
+  unsigned char tmp[16];
+  if (inet_pton(strchr(host, ':') ? AF_INET6 : AF_INET, host, tmp) != 1) return -1;
+  *port = (unsigned)p;
+  return 0;
 }
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -251,11 +293,21 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
   case OPT_SIZE:
   case OPT_U32:
   case OPT_U64:
-    if ((o->type == OPT_SIZE ? config_parse_size(value, &v) : parse_u64(value, &v)) != 0) {
-      fail(err, errlen, "%s: expected %s, got '%s'", o->name,
-           o->type == OPT_SIZE ? "a size like 512MiB" : "a number", value);
+  {
+    int prc = o->type == OPT_SIZE ? config_parse_size(value, &v) : parse_u64(value, &v);
+    if (prc == -2) {
+      fail(err, errlen, "%s: '%s' is ambiguous (powers of 1000 or 1024?): write %.*sGiB-style "
+           "binary units (KiB, MiB, GiB, TiB) or a single letter (K, M, G, T)", o->name, value,
+           (int)strspn(value, "0123456789"), value);
       return -1;
     }
+    if (prc != 0) {
+      fail(err, errlen, "%s: expected %s, got '%s'", o->name,
+           o->type == OPT_SIZE ? "a size like 512MiB (B, K/KiB, M/MiB, G/GiB, T/TiB)"
+                               : "a number", value);
+      return -1;
+    }
+  }
     if (v < o->min || v > o->max) {
       fail(err, errlen, "%s: %s out of bounds [%llu, %llu]", o->name, value,
            (unsigned long long)o->min, (unsigned long long)o->max);
@@ -303,6 +355,18 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     }
     snprintf(field, TENANT_NAME_MAX, "%s", value);
     return 0;
+  case OPT_LISTEN: {
+    char host[64];
+    unsigned port;
+    if (*value && (strlen(value) >= sizeof cfg->metrics_listen ||
+                   config_parse_listen(value, host, sizeof host, &port) != 0)) {
+      fail(err, errlen, "%s: expected HOST:PORT like 127.0.0.1:9464, [::1]:9464 or :9464 "
+           "(or empty: off), got '%s'", o->name, value);
+      return -1;
+    }
+    snprintf(field, sizeof cfg->metrics_listen, "%s", value);
+    return 0;
+  }
   case OPT_HASH:
     if (strcmp(value, "sha256") == 0) v = KVC_HASH_SHA256;
     else if (strcmp(value, "xxh3") == 0) v = KVC_HASH_XXH3;
@@ -412,7 +476,8 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
   const char *field = (const char *)cfg + o->off;
   size_t used = 0;
   switch (o->type) {
-  case OPT_PATH: snprintf(buf, len, "%s", field); return;
+  case OPT_PATH:
+  case OPT_LISTEN: snprintf(buf, len, "%s", field); return;
   case OPT_MODE: snprintf(buf, len, "%04o", *(const uint32_t *)(const void *)field); return;
   case OPT_U32: snprintf(buf, len, "%u", *(const uint32_t *)(const void *)field); return;
   case OPT_SIZE: print_size(*(const uint64_t *)(const void *)field, buf, len); return;
@@ -439,6 +504,11 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
     return;
   }
   }
+}
+
+void config_value(const config_t *cfg, size_t i, char *buf, size_t len) {
+  if (i < NOPTIONS) print_value(cfg, &options[i], buf, len);
+  else if (len) buf[0] = '\0';
 }
 
 void config_format(const config_t *cfg, char *buf, size_t len) {
@@ -510,7 +580,8 @@ void config_print_example(FILE *f) {
         "# its default (commented out). Generated by `kvcached --example-config`.\n"
         "#\n"
         "# One `name = value` per line; `#` starts a comment; quote a value that is\n"
-        "# empty or holds spaces (\"\"). Sizes take B, KiB, MiB, GiB or TiB.\n"
+        "# empty or holds spaces (\"\"). Sizes are binary: B, K or KiB, M or MiB, G or\n"
+        "# GiB, T or TiB (2G = 2GiB = 2147483648); KB, MB, GB, TB are refused as ambiguous.\n"
         "# Command-line flags (--name VALUE) override this file. A reloadable option\n"
         "# changes on SIGHUP (systemctl reload kvcached); the others need a restart.\n"
         "# Check a file with `kvcached --check-config --config FILE`; see the\n"

@@ -70,6 +70,7 @@ typedef struct config {
   uint32_t prefix_hash;      /* kvc_hash_t of the prefix index */
   bool prefix_single_tenant; /* the node declares one trusted tenant (allows xxh3) */
   uint32_t pin_limit_pct;    /* pinned pages at most this % of the pool */
+  char metrics_listen[64];   /* HOST:PORT of the GET /metrics endpoint; "": off */
 } config_t;
 
 /* ---- the option table (config.c) ----------------------------------------- */
@@ -93,6 +94,9 @@ int config_option_index(const char *name);
 /* The canonical name of option i ("pool_bytes"). */
 const char *config_option_name(size_t i);
 
+/* The value of option i as --print-config writes it. */
+void config_value(const config_t *cfg, size_t i, char *buf, size_t len);
+
 /* Formats every option as one `key=value ...` log list into buf. */
 void config_format(const config_t *cfg, char *buf, size_t len);
 
@@ -106,6 +110,10 @@ void config_print_example(FILE *f);
 
 /* Writes the option part of --help. */
 void config_print_options_help(FILE *f);
+
+/* Splits "127.0.0.1:9464", "[::1]:9464" or ":9464" (loopback) into host and
+ * port. 0 or -1. */
+int config_parse_listen(const char *s, char *host, size_t hostlen, unsigned *port);
 
 /* Parses "4GiB", "512MiB", "65536". Returns 0 or -1 (bad text, overflow). */
 int config_parse_size(const char *s, uint64_t *out);

@@ -132,8 +132,10 @@ void config_print_help(FILE *f) {
           "  --help                 this text\n"
           "  --version              print the version\n"
           "\n"
-          "Options (also --OPTION=VALUE; dashes or underscores; sizes take B, KiB, MiB,\n"
-          "GiB, TiB; the same names, with underscores, in the file):\n\n",
+          "Options (also --OPTION=VALUE; dashes or underscores; the same names, with\n"
+          "underscores, in the file). Sizes are binary: B, K or KiB, M or MiB, G or GiB,\n"
+          "T or TiB, letters in either case (2g = 2G = 2GiB = 2147483648); KB, MB, GB and\n"
+          "TB are refused as ambiguous:\n\n",
           KVC_VERSION_STRING, CONFIG_DEFAULT_PATH);
   config_print_options_help(f);
   fprintf(f,

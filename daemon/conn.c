@@ -68,9 +68,14 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
     if (c->greeted) {
       size_t n = engine_unpin_all(srv->eng, c->id);
       size_t nl = engine_lease_release_all(srv->eng, c->id);
-      LOG_INFO("disconnect",
-               "conn=%llu pid=%d uid=%u reason=\"%s\" pins_released=%zu leases_released=%zu",
-               (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, reason, n, nl);
+      uint64_t lived = uv_now(srv->loop) - c->accepted_ms;
+      bool brief = lived < CONN_BRIEF_MS && n == 0 && nl == 0;
+      if (brief) srv->stats.connections_brief++;
+      LOG_AT_(brief ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO, "disconnect",
+             "conn=%llu pid=%d uid=%u client=\"%s\" reason=\"%s\" pins_released=%zu "
+             "leases_released=%zu requests=%llu lived_ms=%llu",
+             (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name, reason, n, nl,
+             (unsigned long long)c->requests, (unsigned long long)lived);
     } else {
       LOG_DEBUG("disconnect", "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id,
                 (int)c->pid, reason);
@@ -507,6 +512,7 @@ void conn_accept(server_t *srv) {
   c->rcap = 2u * (FRAME_HEADER_BYTES + c->max_frame);
   c->rbuf = malloc(c->rcap);
   c->id = srv->next_conn_id++;
+  c->accepted_ms = c->last_ms = uv_now(srv->loop);
   if (!c->rbuf) {
     free(c);
     LOG_ERROR("accept", "error=\"out of memory\"");
@@ -547,7 +553,7 @@ void conn_accept(server_t *srv) {
   tenant_of_peer(cfg->tenant_rules, cfg->n_tenant_rules, cred.uid, cred.gid, groups, ngroups,
                  tname);
   c->tenant = tenants_id(&srv->tenants, tname);
-  c->admin = cred.uid == 0 ||
+  c->admin = cred.uid == 0 || cred.uid == geteuid() || /* root, the service's own user */
              peer_in(&cfg->admin_uids, &cfg->admin_gids, cred.uid, cred.gid, groups, ngroups);
   c->pool_mapped = c->admin || (cfg->zero_copy_tenant[0] && strcmp(tname, cfg->zero_copy_tenant) == 0);
   char msg[160];
@@ -578,3 +584,7 @@ void conn_accept(server_t *srv) {
     schedule(c);
   }
 }
+
+bool conn_is_admin(const conn_t *c) { return c->admin; }
+
+const char *conn_tenant(const conn_t *c) { return tenants_name(&c->srv->tenants, c->tenant); }

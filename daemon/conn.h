@@ -90,7 +90,24 @@ struct conn {
   bool paused;               /* over write_queue_bytes: not reading or running */
   int open_handles;          /* handles not yet through their close callback */
   char name[48];             /* client_name from Hello, for logs */
+  uint64_t requests;         /* requests run (kvcachectl clients) */
+  uint64_t accepted_ms;      /* uv_now at accept */
+  uint64_t last_ms;          /* uv_now at its last request */
 };
+
+/* Whether the peer may run the operator's requests (clients, config and the
+ * admin writes: drop, remove, unpin, disconnect). For now root and the
+ * daemon's own uid; the tenant model widens it (admin_uids, admin_gids). */
+bool conn_is_admin(const conn_t *c);
+
+/* The tenant of a connection, as the clients listing and labels show it
+ * ("": no tenant model yet). */
+const char *conn_tenant(const conn_t *c);
+
+/* How long a connection that holds nothing may live and still count as brief:
+ * its connect and disconnect are logged at debug, and it is counted in
+ * connections_brief (a scrape every 15 s would otherwise log two lines each). */
+#define CONN_BRIEF_MS 10000u
 
 /* Accepts a pending connection of srv->listener, checks the peer and either
  * starts reading or refuses it (PERM, CONNLIMIT, SHUTDOWN). */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "codec.h"
 #include "kvcache/kvcache.h"
 #include "layout.h"
@@ -212,7 +213,7 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   r->fd = c->shm.fd;
   r->fd2 = c->pool_mapped ? srv->pool_ro_fd : -1;
   conn_greeted(c);
-  LOG_INFO("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
+  LOG_DEBUG("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
            (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name,
            (unsigned long long)bytes);
   return 0;
@@ -900,6 +901,16 @@ static int h_tenants(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   r->resp->tenants = tr;
   return 0;
 }
+/* ---- operators: admins only (admin.c) ----------------------------------- */
+
+#define ADMIN_HANDLER_(name)                                                   \
+  static int h_##name(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) { \
+    return admin_##name(c, req, r->a, r->resp, r->err, sizeof r->err);        \
+  }
+ADMIN_HANDLER_(clients)
+ADMIN_HANDLER_(config)
+ADMIN_HANDLER_(admin)
+#undef ADMIN_HANDLER_
 
 /* ---- the table ----------------------------------------------------------- */
 
@@ -971,6 +982,8 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   int op;
   TESTHOOK(before, srv->eng);
   if (c->greeted) release_deferred(c, req);
+  c->requests++;
+  c->last_ms = uv_now(srv->loop);
   int rc = run(c, req, &r, &op);
   TESTHOOK(after, srv->eng);
   if (rc == DEFERRED) { /* offloaded: offload.c replies and counts it */
@@ -996,7 +1009,7 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     sent = conn_send(c, &resp);
   }
   arena_reset(&srv->arena);
-  if (op >= 0) metrics_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc == 0);
+  if (op >= 0) metrics_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc);
   if (sent != 0) conn_close(c, "cannot send a reply");
   else if (r.close_after) conn_close_after_flush(c, r.err);
 }

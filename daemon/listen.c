@@ -50,12 +50,15 @@ static int check_parent(const char *path, char *err, size_t errlen) {
     snprintf(err, errlen, "socket directory %s: %s", dir, strerror(errno));
     return -1;
   }
-  if (!S_ISDIR(st.st_mode) || (st.st_uid != geteuid() && st.st_uid != 0) ||
-      (st.st_mode & (S_IWGRP | S_IWOTH))) {
-    snprintf(err, errlen, "socket directory %s is owned by uid %u with mode %04o: it must be "
-             "owned by this user (uid %u) or root and writable by nobody else (choose "
-             "another --socket, or fix the directory)", dir, (unsigned)st.st_uid,
-             (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+  bool owner_ok = st.st_uid == geteuid() || st.st_uid == 0;
+  if (!S_ISDIR(st.st_mode) || !owner_ok || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+    snprintf(err, errlen, "socket directory %s is %s (owned by uid %u, mode %04o): it must be "
+             "owned by this user (uid %u) or root and writable by nobody else; choose another "
+             "--socket or fix the directory", dir,
+             !S_ISDIR(st.st_mode) ? "not a directory"
+             : !owner_ok          ? "another user's"
+                                  : "writable by others",
+             (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
     return -1;
   }
   return 0;

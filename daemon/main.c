@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "http.h"
 #include "conn.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
@@ -37,6 +38,7 @@ void server_stop(server_t *srv) {
   uv_close((uv_handle_t *)&srv->drain_timer, NULL);
   uv_close((uv_handle_t *)&srv->expire_timer, NULL);
   uv_close((uv_handle_t *)&srv->accept_timer, NULL);
+  http_stop(srv);
 }
 
 /* Everything that can fail at start, in order; READY=1 comes after. */
@@ -63,6 +65,7 @@ static int start(server_t *srv, char *err, size_t errlen) {
     return -1;
   }
   if (server_listen(srv, err, errlen) != 0) return -1;
+  if (http_start(srv, err, errlen) != 0) return -1;
   signals_start(srv);
   uv_timer_init(srv->loop, &srv->status_timer);
   uv_timer_init(srv->loop, &srv->drain_timer);
@@ -123,7 +126,14 @@ static int act(const config_cmdline_t *cmd) {
   if (cmd->action == CONFIG_PRINT) {
     config_print(&cfg, stdout);
   } else {
-    printf("kvcached: configuration OK (file %s)\n", path[0] ? path : "none: defaults");
+    /* Say where every value came from: the file, and each flag. */
+    printf("kvcached: configuration OK (file %s", path[0] ? path : "none");
+    if (cmd->nflags) {
+      printf("; %d flag%s:", cmd->nflags, cmd->nflags == 1 ? "" : "s");
+      for (int i = 0; i < cmd->nflags; i++)
+        printf(" --%s=%s", cmd->flags[i].name, cmd->flags[i].value);
+    }
+    printf("%s)\n", !path[0] && !cmd->nflags ? "; defaults" : "");
   }
   return 0;
 }
@@ -160,6 +170,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "kvcached: %s\n", err);
     status = 1;
     server_unlisten(&srv);
+    http_stop(&srv);
   } else {
     announce(&srv, argv[0]);
     testhook_init();

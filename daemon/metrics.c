@@ -1,9 +1,12 @@
 /* metrics.c: counting requests and latencies, and rendering every figure into
- * one Stats reply. */
+ * one Stats reply: one Stat per sample, each carrying its family's kind, unit
+ * and help, its labels, and for a histogram its buckets. The Prometheus text
+ * (proto/promtext.c) and kvcachectl's table and JSON are drawn from it. */
 #include "metrics.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "codec.h"
 
@@ -13,9 +16,14 @@ static const char *const op_names[OP_COUNT_] = {
 #undef OP_NAME_
 };
 
+const char *metrics_op_name(enum op op) {
+  return (unsigned)op < OP_COUNT_ ? op_names[op] : "unknown";
+}
+
 void metrics_init(daemon_stats_t *s, uint64_t now_ns) {
   memset(s, 0, sizeof *s);
   s->start_ns = now_ns;
+  s->start_unix = (uint64_t)time(NULL);
 }
 
 /* 0..3 exact, then 4 buckets per power of two. */
@@ -32,10 +40,15 @@ uint64_t metrics_bucket_max(unsigned idx) {
   return lo + (((uint64_t)1 << (msb - 2u)) - 1u);
 }
 
-void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int ok) {
+void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int code) {
   op_stats_t *o = &s->ops[op];
   o->requests++;
-  if (!ok) o->errors++;
+  o->sum_ns += elapsed_ns;
+  if (code != 0) {
+    o->errors++;
+    unsigned k = code < 0 && -code < STATS_STATUS_CODES ? (unsigned)-code : 0u;
+    o->by_status[k]++; /* 0: a code outside the table (never, in practice) */
+  }
   o->hist[metrics_bucket(elapsed_ns)]++;
 }
 
@@ -56,71 +69,162 @@ uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q) {
   return metrics_bucket_max(STATS_HIST_BUCKETS - 1);
 }
 
+/* ---- building the reply ------------------------------------------------------ */
+
 typedef struct builder {
   arena_t *a;
   Kvcache__V1__Stat **items;
   size_t n, cap;
+  int rc;
 } builder_t;
 
-static int add_row(builder_t *b, const char *name, uint64_t value, int gauge,
-                   const char *help, const char *cache, const char *tenant) {
-  if (b->n == b->cap) return KVC_E_INTERNAL; /* cap is computed exactly */
-  Kvcache__V1__Stat *st = arena_alloc(b->a, sizeof *st);
-  if (!st) return KVC_E_NOMEM;
-  codec_stat_to_wire(&(kvc_stat_t){.name = name, .value = value, .gauge = gauge != 0,
-                                    .help = help, .cache = cache, .tenant = tenant}, st);
-  b->items[b->n++] = st;
-  return 0;
-}
-
-static int add(builder_t *b, const char *name, uint64_t value, int gauge, const char *help,
-               const char *cache) {
-  return add_row(b, name, value, gauge, help, cache, "");
-}
-
-#define COUNT_(name, kind, help) +1
-#define ENGINE_COUNT_ (0 ENGINE_STATS(COUNT_))
-#define CACHE_COUNT_ (0 CACHE_STATS(COUNT_))
-#define DAEMON_COUNT_ (0 DAEMON_STATS(COUNT_))
-
-static int render_ops(builder_t *b, const daemon_stats_t *s) {
-  int rc = 0;
-  for (int op = 0; op < OP_COUNT_ && rc == 0; op++) {
-    const char *n = op_names[op];
-    char *req = arena_printf(b->a, "requests_%s", n);
-    char *err = arena_printf(b->a, "errors_%s", n);
-    char *p50 = arena_printf(b->a, "latency_%s_p50_ns", n);
-    char *p99 = arena_printf(b->a, "latency_%s_p99_ns", n);
-    char *help_req = arena_printf(b->a, "%s requests received", n);
-    char *help_err = arena_printf(b->a, "%s requests answered with an error", n);
-    char *help_p50 = arena_printf(b->a, "median service time of %s requests (ns)", n);
-    char *help_p99 = arena_printf(b->a, "99th percentile service time of %s requests (ns)", n);
-    if (!req || !err || !p50 || !p99 || !help_req || !help_err || !help_p50 || !help_p99)
-      return KVC_E_NOMEM;
-    rc = add(b, req, s->ops[op].requests, 0, help_req, "");
-    if (!rc) rc = add(b, err, s->ops[op].errors, 0, help_err, "");
-    if (!rc) rc = add(b, p50, metrics_percentile(s, (enum op)op, 0.50), 1, help_p50, "");
-    if (!rc) rc = add(b, p99, metrics_percentile(s, (enum op)op, 0.99), 1, help_p99, "");
+static Kvcache__V1__Stat *grow(builder_t *b) {
+  if (b->rc) return NULL;
+  if (b->n == b->cap) {
+    size_t cap = b->cap ? 2 * b->cap : 256;
+    Kvcache__V1__Stat **items = arena_alloc(b->a, cap * sizeof *items);
+    if (!items) {
+      b->rc = KVC_E_NOMEM;
+      return NULL;
+    }
+    if (b->n) memcpy(items, b->items, b->n * sizeof *items);
+    b->items = items;
+    b->cap = cap;
   }
-  return rc;
+  Kvcache__V1__Stat *st = arena_alloc(b->a, sizeof *st);
+  if (!st) {
+    b->rc = KVC_E_NOMEM;
+    return NULL;
+  }
+  kvcache__v1__stat__init(st);
+  b->items[b->n++] = st;
+  return st;
 }
 
-static int render_caches(builder_t *b, engine_t *eng, const kvc_cache_info_t *infos,
-                         size_t ncaches, metrics_cache_view_fn view, void *view_ctx) {
-  int rc = 0;
-  for (size_t i = 0; i < ncaches && rc == 0; i++) {
+/* A counter exports as name_total (unless it already says so). */
+static const char *export_name(builder_t *b, const char *prefix, const char *name, int kind) {
+  size_t len = strlen(name);
+  bool total = kind == STAT_COUNTER && !(len > 6 && strcmp(name + len - 6, "_total") == 0);
+  char *s = arena_printf(b->a, "%s%s%s", prefix, name, total ? "_total" : "");
+  if (!s) b->rc = KVC_E_NOMEM;
+  return s;
+}
+
+static Kvcache__V1__Stat *add(builder_t *b, const char *name, uint64_t value,
+                              Kvcache__V1__StatKind kind, const char *unit, const char *help,
+                              const char *cache) {
+  Kvcache__V1__Stat *st = name ? grow(b) : NULL;
+  if (!st) return NULL;
+  st->name = (char *)name;
+  st->value = value;
+  st->kind = kind;
+  st->gauge = kind != KVCACHE__V1__STAT_KIND__STAT_COUNTER;
+  st->unit = (char *)unit;
+  st->help = (char *)help;
+  st->cache = (char *)(cache ? cache : "");
+  return st;
+}
+
+/* Sets the labels of st: pairs of key, value (a value of "" is left out). */
+static void labels(builder_t *b, Kvcache__V1__Stat *st, size_t npairs, const char *const *kv) {
+  if (!st) return;
+  Kvcache__V1__Label **ls = arena_alloc(b->a, npairs * sizeof *ls);
+  if (!ls) {
+    b->rc = KVC_E_NOMEM;
+    return;
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < npairs; i++) {
+    if (!kv[2 * i + 1] || !kv[2 * i + 1][0]) continue;
+    Kvcache__V1__Label *l = arena_alloc(b->a, sizeof *l);
+    if (!l) {
+      b->rc = KVC_E_NOMEM;
+      return;
+    }
+    kvcache__v1__label__init(l);
+    l->key = (char *)kv[2 * i];
+    l->value = (char *)kv[2 * i + 1];
+    ls[n++] = l;
+  }
+  st->n_labels = n;
+  st->labels = ls;
+}
+
+static Kvcache__V1__StatKind wire_kind(int kind) {
+  return kind == STAT_GAUGE ? KVCACHE__V1__STAT_KIND__STAT_GAUGE
+                            : KVCACHE__V1__STAT_KIND__STAT_COUNTER;
+}
+
+static void render_histogram(builder_t *b, const op_stats_t *o, const char *op) {
+  Kvcache__V1__Stat *st =
+      add(b, "request_duration_seconds", o->requests, KVCACHE__V1__STAT_KIND__STAT_HISTOGRAM,
+          "seconds", "service time of requests, from decoding to the reply queued", "");
+  labels(b, st, 1, (const char *const[]){"op", op});
+  if (!st) return;
+  double *le = arena_alloc(b->a, METRICS_EXPORT_BUCKETS * sizeof *le);
+  uint64_t *cnt = arena_alloc(b->a, METRICS_EXPORT_BUCKETS * sizeof *cnt);
+  if (!le || !cnt) {
+    b->rc = KVC_E_NOMEM;
+    return;
+  }
+  uint64_t seen = 0;
+  unsigned next = 0;
+  for (unsigned k = METRICS_EXPORT_MIN_POW; k <= METRICS_EXPORT_MAX_POW; k++) {
+    /* Internal bucket (k - 2) * 4 + 3 ends at 2^k - 1 ns. */
+    unsigned last = (k - 2u) * 4u + 3u;
+    for (; next <= last && next < STATS_HIST_BUCKETS; next++) seen += o->hist[next];
+    unsigned i = k - METRICS_EXPORT_MIN_POW;
+    le[i] = (double)(((uint64_t)1 << k) - 1u) / 1e9;
+    cnt[i] = seen;
+  }
+  st->n_bucket_le = st->n_bucket_count = METRICS_EXPORT_BUCKETS;
+  st->bucket_le = le;
+  st->bucket_count = cnt;
+  st->sum = (double)o->sum_ns / 1e9;
+}
+
+static void render_ops(builder_t *b, const daemon_stats_t *s) {
+  for (int op = 0; op < OP_COUNT_; op++) {
+    Kvcache__V1__Stat *st = add(b, "requests_total", s->ops[op].requests,
+                                KVCACHE__V1__STAT_KIND__STAT_COUNTER, "requests",
+                                "requests received (decoded and dispatched), by operation", "");
+    labels(b, st, 1, (const char *const[]){"op", op_names[op]});
+  }
+  for (int op = 0; op < OP_COUNT_; op++) {
+    const op_stats_t *o = &s->ops[op];
+    for (unsigned k = 0; k < STATS_STATUS_CODES; k++) {
+      if (!o->by_status[k]) continue;
+      Kvcache__V1__Stat *st =
+          add(b, "request_errors_total", o->by_status[k], KVCACHE__V1__STAT_KIND__STAT_COUNTER,
+              "requests", "requests answered with an error, by operation and status", "");
+      const char *status = k ? kvc_err_name(-(int)k) : "UNKNOWN";
+      if (strncmp(status, "KVC_E_", 6) == 0) status += 6;
+      labels(b, st, 2, (const char *const[]){"op", op_names[op], "status", status});
+    }
+  }
+  /* Histograms of the operations that ran: 28 series each. */
+  for (int op = 0; op < OP_COUNT_; op++)
+    if (s->ops[op].requests) render_histogram(b, &s->ops[op], op_names[op]);
+}
+
+static void render_caches(builder_t *b, engine_t *eng, const kvc_cache_info_t *infos,
+                          size_t ncaches, metrics_cache_view_fn view, void *view_ctx) {
+  for (size_t i = 0; i < ncaches && !b->rc; i++) {
     const char *tenant = view(view_ctx, &infos[i]);
     if (!tenant) continue;
     cache_stats_t cs;
     if (engine_cache_stats(eng, infos[i].cache_id, &cs) != 0) memset(&cs, 0, sizeof cs);
     char *cname = arena_printf(b->a, "%s", infos[i].name);
-    if (!cname) return KVC_E_NOMEM;
-#define CACHE_ADD_(name, kind, help)                                           \
-  if (!rc) rc = add_row(b, #name, cs.name, (kind) == STAT_GAUGE, help, cname, tenant);
+    if (!cname) {
+      b->rc = KVC_E_NOMEM;
+      return;
+    }
+#define CACHE_ADD_(name, kind, unit, help)                                     \
+  labels(b, add(b, export_name(b, "cache_", #name, kind), cs.name, wire_kind(kind), unit, help, \
+                cname), 1, (const char *const[]){"tenant", tenant});
     CACHE_STATS(CACHE_ADD_)
 #undef CACHE_ADD_
   }
-  return rc;
 }
 
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
@@ -135,29 +239,30 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
     engine_cache_list(eng, infos, ncaches, &got);
     if (got < ncaches) ncaches = got;
   }
-  builder_t b = {.a = a, .n = 0};
-  b.cap = (size_t)ENGINE_COUNT_ + ncaches * (size_t)CACHE_COUNT_ + (size_t)DAEMON_COUNT_ +
-          1u + 4u * (size_t)OP_COUNT_;
-  b.items = arena_alloc(a, b.cap * sizeof *b.items);
-  if (!b.items) return KVC_E_NOMEM;
+  builder_t b = {.a = a};
+  Kvcache__V1__Stat *info =
+      add(&b, "build_info", 1, KVCACHE__V1__STAT_KIND__STAT_INFO, "",
+          "the kvcached version and protocol (value 1)", "");
+  labels(&b, info, 2, (const char *const[]){"version", KVC_VERSION_STRING, "protocol",
+                                            KVC_PROTOCOL_VERSION == 1 ? "1" : "?"});
+  add(&b, "process_start_time_seconds", s->start_unix, KVCACHE__V1__STAT_KIND__STAT_GAUGE,
+      "seconds", "when the daemon started, seconds since the Unix epoch", "");
+  add(&b, "uptime_seconds", (now_ns - s->start_ns) / 1000000000u,
+      KVCACHE__V1__STAT_KIND__STAT_GAUGE, "seconds", "seconds since the daemon started", "");
 
-  int rc = 0;
   engine_stats_t es;
   engine_stats(eng, &es);
-#define ENGINE_ADD_(name, kind, help)                                          \
-  if (!rc) rc = add(&b, #name, es.name, (kind) == STAT_GAUGE, help, "");
+#define ENGINE_ADD_(name, kind, unit, help)                                    \
+  add(&b, export_name(&b, "", #name, kind), es.name, wire_kind(kind), unit, help, "");
   ENGINE_STATS(ENGINE_ADD_)
 #undef ENGINE_ADD_
-#define DAEMON_ADD_(name, kind, help)                                          \
-  if (!rc) rc = add(&b, #name, s->name, (kind) == STAT_GAUGE, help, "");
+#define DAEMON_ADD_(name, kind, unit, help)                                    \
+  add(&b, export_name(&b, "", #name, kind), s->name, wire_kind(kind), unit, help, "");
   DAEMON_STATS(DAEMON_ADD_)
 #undef DAEMON_ADD_
-  if (!rc)
-    rc = add(&b, "uptime_seconds", (now_ns - s->start_ns) / 1000000000u, 0,
-             "seconds since the daemon started", "");
-  if (!rc) rc = render_ops(&b, s);
-  if (!rc) rc = render_caches(&b, eng, infos, ncaches, view, view_ctx);
-  if (rc) return rc;
+  render_ops(&b, s);
+  render_caches(&b, eng, infos, ncaches, view, view_ctx);
+  if (b.rc) return b.rc;
   out->n_stats = b.n;
   out->stats = b.items;
   return 0;

@@ -1,13 +1,15 @@
 /* metrics.h: the daemon's own counters, and the Stats reply that joins them
  * with the engine's.
  *
- * DAEMON_STATS(X) lists the connection-level figures once; each operation of
- * optable.h adds requests_<op>, errors_<op>, latency_<op>_p50_ns and
- * latency_<op>_p99_ns. Latency is the daemon's service time of a request
+ * DAEMON_STATS(X) lists the connection-level figures once (name, kind, unit,
+ * help); the operations of optable.h are the op label of requests_total,
+ * request_errors_total (with a status label) and the histogram
+ * request_duration_seconds. Latency is the daemon's service time of a request
  * (decode to reply queued) in a log-bucket histogram: 4 buckets per power of
- * two, so a reported percentile is the upper edge of its bucket, at most 25%
- * above the true value. The engine's figures come from ENGINE_STATS and
- * CACHE_STATS (src/stats.h) and are exported without a line here.
+ * two; every fourth bucket's upper edge is exported as an le bound (in
+ * seconds), so the exported buckets are exact. The engine's figures come
+ * from ENGINE_STATS and CACHE_STATS (src/stats.h) and are exported without a
+ * line here; doc/stats.md names each.
  */
 #ifndef KVCD_METRICS_H
 #define KVCD_METRICS_H
@@ -20,42 +22,57 @@
 #include "optable.h"
 
 #define DAEMON_STATS(X)                                                        \
-  X(connections_current, STAT_GAUGE, "clients connected now")                 \
-  X(connections_total, STAT_COUNTER, "clients accepted, ever")                \
-  X(connections_rejected, STAT_COUNTER, "connections refused (permission, limit, shutdown)") \
-  X(connections_dropped, STAT_COUNTER, "connections closed for a bad frame or protocol error") \
-  X(connections_timed_out, STAT_COUNTER, "connections closed by frame_timeout_ms (a frame or Hello too slow)") \
-  X(accept_pauses, STAT_COUNTER, "times accepting paused for lack of file descriptors") \
-  X(frames_in, STAT_COUNTER, "request frames received")                       \
-  X(socket_bytes_in, STAT_COUNTER, "bytes read from client sockets")          \
-  X(socket_bytes_out, STAT_COUNTER, "bytes of replies queued to client sockets") \
-  X(shm_bytes, STAT_GAUGE, "bytes of the connections' shared buffers")        \
-  X(deferred_turns, STAT_COUNTER, "times a connection yielded with frames still buffered") \
-  X(write_pauses, STAT_COUNTER, "times reading paused for write backpressure") \
-  X(offloaded_gets, STAT_COUNTER, "gets copied on the thread pool (offload_bytes)") \
-  X(config_reloads, STAT_COUNTER, "SIGHUP reloads applied")                  \
-  X(config_reload_failures, STAT_COUNTER, "SIGHUP reloads refused (invalid configuration kept out)")
+  X(connections_current, STAT_GAUGE, "connections", "clients connected now")  \
+  X(connections_total, STAT_COUNTER, "connections", "clients accepted, ever") \
+  X(connections_rejected, STAT_COUNTER, "connections", "connections refused (permission, limit, shutdown)") \
+  X(connections_dropped, STAT_COUNTER, "connections", "connections closed for a bad frame or protocol error") \
+  X(connections_timed_out, STAT_COUNTER, "connections", "connections closed by frame_timeout_ms (a frame or Hello too slow)") \
+  X(connections_brief, STAT_COUNTER, "connections", "connections that said Hello and closed within 10 s holding nothing (logged at debug only)") \
+  X(accept_pauses, STAT_COUNTER, "pauses", "times accepting paused for lack of file descriptors") \
+  X(frames_in, STAT_COUNTER, "frames", "request frames received")             \
+  X(socket_bytes_in, STAT_COUNTER, "bytes", "bytes read from client sockets") \
+  X(socket_bytes_out, STAT_COUNTER, "bytes", "bytes of replies queued to client sockets") \
+  X(shm_bytes, STAT_GAUGE, "bytes", "bytes of the connections' shared buffers") \
+  X(deferred_turns, STAT_COUNTER, "turns", "times a connection yielded with frames still buffered") \
+  X(write_pauses, STAT_COUNTER, "pauses", "times reading paused for write backpressure") \
+  X(offloaded_gets, STAT_COUNTER, "requests", "gets copied on the thread pool (offload_bytes)") \
+  X(config_reloads, STAT_COUNTER, "reloads", "SIGHUP reloads applied")        \
+  X(config_reload_failures, STAT_COUNTER, "reloads", "SIGHUP reloads refused (invalid configuration kept out)") \
+  X(metrics_scrapes, STAT_COUNTER, "requests", "GET /metrics answered by the metrics_listen endpoint") \
+  X(metrics_http_errors, STAT_COUNTER, "requests", "HTTP requests of the metrics endpoint refused (bad, too large, slow, not GET /metrics)")
 
 #define STATS_HIST_BUCKETS 252
+#define STATS_STATUS_CODES 64 /* -KVC_E_* codes counted per operation */
+
+/* The histogram buckets exported: every power of two from 2^10 ns (about a
+ * microsecond) to 2^35 ns (34 s), each bound the exact upper edge of one of
+ * the 252 internal buckets (2^k - 1 ns). */
+#define METRICS_EXPORT_MIN_POW 10
+#define METRICS_EXPORT_MAX_POW 35
+#define METRICS_EXPORT_BUCKETS (METRICS_EXPORT_MAX_POW - METRICS_EXPORT_MIN_POW + 1)
 
 typedef struct op_stats {
   uint64_t requests;                  /* requests of this operation */
   uint64_t errors;                    /* of those, answered with a non-OK status */
+  uint64_t sum_ns;                    /* total service time */
+  uint64_t by_status[STATS_STATUS_CODES]; /* errors by -code */
   uint64_t hist[STATS_HIST_BUCKETS];  /* service time, log buckets of ns */
 } op_stats_t;
 
 typedef struct daemon_stats {
-#define DSTAT_FIELD_(name, kind, help) uint64_t name;
+#define DSTAT_FIELD_(name, kind, unit, help) uint64_t name;
   DAEMON_STATS(DSTAT_FIELD_)
 #undef DSTAT_FIELD_
   uint64_t start_ns;        /* uv_hrtime() at start, for uptime */
+  uint64_t start_unix;      /* time(NULL) at start: process_start_time_seconds */
   op_stats_t ops[OP_COUNT_];
 } daemon_stats_t;
 
 void metrics_init(daemon_stats_t *s, uint64_t now_ns);
 
-/* Counts one request of op that took elapsed_ns and failed if !ok. */
-void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int ok);
+/* Counts one request of op that took elapsed_ns and answered code (0: OK,
+ * else a KVC_E_* code). */
+void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int code);
 
 /* The value at quantile q (0..1) of op's latency, in ns (0 with no data). */
 uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q);
@@ -64,13 +81,16 @@ uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q);
 unsigned metrics_bucket(uint64_t v);
 uint64_t metrics_bucket_max(unsigned idx);
 
-/* Which caches a viewer may see: the tenant name to show for one it may,
+/* Which caches a viewer may see: the tenant name to label one it may with,
  * NULL for one it may not (doc/security.md). */
 typedef const char *(*metrics_cache_view_fn)(void *ctx, const kvc_cache_info_t *ci);
 
-/* Fills out with every figure: engine, per cache (those view shows),
- * daemon, per operation. Strings and arrays come from a (freed with the
- * reply). Returns 0 or KVC_E_NOMEM. */
+/* The name of an operation ("put"), as its op label says it. */
+const char *metrics_op_name(enum op op);
+
+/* Fills out with every figure: engine, per cache (those view shows, with
+ * their tenant label), daemon, per operation. Strings and arrays come from
+ * a (freed with the reply). Returns 0 or KVC_E_NOMEM. */
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
                    metrics_cache_view_fn view, void *view_ctx, Kvcache__V1__StatsReply *out);
 

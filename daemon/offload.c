@@ -25,7 +25,7 @@ static void after(uv_work_t *req, int status) {
   (void)status; /* never cancelled */
   engine_get_end(srv->eng, j->get);
   srv->stats.offloaded_gets++;
-  metrics_record(&srv->stats, OP_GET, uv_hrtime() - j->t0_ns, true);
+  metrics_record(&srv->stats, OP_GET, uv_hrtime() - j->t0_ns, 0);
   uint64_t id = j->id;
   free(j);
   if (!conn_offload_end(c)) return; /* closed meanwhile: freed */

@@ -40,7 +40,10 @@
   X(pos_range, POS_RANGE)                                                      \
   X(lease, LEASE)                                                              \
   X(lease_release, LEASE_RELEASE)                                              \
-  X(tenants, TENANTS)
+  X(tenants, TENANTS)                                                          \
+  X(clients, CLIENTS)                                                          \
+  X(config, CONFIG)                                                            \
+  X(admin, ADMIN)
 
 enum op {
 #define OP_ENUM_(name, CASE) OP_##CASE,

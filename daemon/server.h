@@ -56,6 +56,10 @@ typedef struct server {
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */
   arena_t arena;           /* scratch for building the current reply */
   tenants_t tenants;       /* tenant names seen, by id */
+  uv_tcp_t http;           /* metrics_listen (http.c), when http_on */
+  bool http_on;
+  unsigned http_port;      /* the port it listens on (metrics_listen ...:0 picks) */
+  uint32_t http_conns;     /* scrapes open now */
 } server_t;
 
 /* listen.c. Listens on the socket systemd passed (socket activation), else

@@ -16,7 +16,7 @@ void status_line(server_t *srv, char *buf, size_t len) {
            "%llu clients, pages %llu/%llu used (%llu pinned), %llu sequences, "
            "%llu requests, %llu sequences evicted",
            (unsigned long long)srv->stats.connections_current,
-           (unsigned long long)st.pages_used, (unsigned long long)st.pages_total,
+           (unsigned long long)st.pages_used, (unsigned long long)st.pool_pages,
            (unsigned long long)st.pages_pinned, (unsigned long long)st.sequences,
            (unsigned long long)requests, (unsigned long long)st.evicted_sequences);
 }

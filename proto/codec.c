@@ -134,18 +134,37 @@ void codec_stat_to_wire(const kvc_stat_t *s, Kvcache__V1__Stat *w) {
   w->gauge = s->gauge;
   w->help = (char *)(s->help ? s->help : "");
   w->cache = (char *)(s->cache ? s->cache : "");
-  w->tenant = (char *)(s->tenant ? s->tenant : "");
+  w->kind = (Kvcache__V1__StatKind)s->kind;
+  w->unit = (char *)(s->unit ? s->unit : "");
+  w->sum = s->sum;
+  w->n_bucket_le = w->n_bucket_count = s->nbuckets;
+  w->bucket_le = (double *)s->bucket_le;
+  w->bucket_count = (uint64_t *)s->bucket_count;
 }
 
-void codec_stat_from_wire(const Kvcache__V1__Stat *w, kvc_stat_t *s) {
+void codec_stat_from_wire(const Kvcache__V1__Stat *w, kvc_stat_t *s, kvc_label_t *labels) {
   memset(s, 0, sizeof *s);
   if (!w) return;
   s->name = w->name ? w->name : "";
   s->value = w->value;
-  s->gauge = w->gauge;
+  s->kind = (kvc_stat_kind_t)w->kind;
+  if (s->kind > KVC_STAT_INFO) s->kind = w->gauge ? KVC_STAT_GAUGE : KVC_STAT_COUNTER;
+  s->gauge = s->kind != KVC_STAT_COUNTER;
   s->help = w->help ? w->help : "";
   s->cache = w->cache ? w->cache : "";
-  s->tenant = w->tenant ? w->tenant : "";
+  s->unit = w->unit ? w->unit : "";
+  s->sum = w->sum;
+  /* Buckets only as pairs: a count for every bound. */
+  s->nbuckets = w->n_bucket_le < w->n_bucket_count ? w->n_bucket_le : w->n_bucket_count;
+  s->bucket_le = w->bucket_le;
+  s->bucket_count = w->bucket_count;
+  if (labels) {
+    for (size_t i = 0; i < w->n_labels; i++)
+      labels[i] = (kvc_label_t){w->labels[i]->key ? w->labels[i]->key : "",
+                                w->labels[i]->value ? w->labels[i]->value : ""};
+    s->nlabels = w->n_labels;
+    s->labels = labels;
+  }
 }
 
 void codec_hist_span_to_wire(const kvc_hist_span_t *s, Kvcache__V1__HistorySpan *w) {

@@ -43,7 +43,9 @@ void codec_match_from_wire(const Kvcache__V1__MatchReply *w, kvc_match_t *m);
 /* The strings stay borrowed both ways (from_wire: until the message is
  * freed). A NULL string reads as "". */
 void codec_stat_to_wire(const kvc_stat_t *s, Kvcache__V1__Stat *w);
-void codec_stat_from_wire(const Kvcache__V1__Stat *w, kvc_stat_t *s);
+/* labels: room for w->n_labels entries (NULL: none are read); the strings
+ * stay w's. */
+void codec_stat_from_wire(const Kvcache__V1__Stat *w, kvc_stat_t *s, kvc_label_t *labels);
 
 void codec_hist_span_to_wire(const kvc_hist_span_t *s, Kvcache__V1__HistorySpan *w);
 void codec_hist_span_from_wire(const Kvcache__V1__HistorySpan *w, kvc_hist_span_t *s);

@@ -231,7 +231,7 @@ void engine_stats(const engine_t *eng, engine_stats_t *out) {
   const pool_t *p = &eng->pool;
   out->pool_bytes = (uint64_t)p->npages * p->page_bytes;
   out->page_bytes = p->page_bytes;
-  out->pages_total = p->npages;
+  out->pool_pages = p->npages;
   out->pages_free = p->nfree;
   out->pages_used = p->npages - p->nfree;
   out->pages_shared = p->nshared - eng->index_sole; /* the index's reference is no sharer */

@@ -205,6 +205,8 @@ int engine_pin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner
 int engine_unpin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner);
 /* Releases every pin of owner; returns how many were released. */
 size_t engine_unpin_all(engine_t *eng, uint64_t owner);
+/* How many sequences owner pins (hard and TTL pins). */
+size_t engine_owner_pins(const engine_t *eng, uint64_t owner);
 
 int engine_seq_info(engine_t *eng, uint32_t cache_id, uint64_t seq_id,
                     kvc_seq_info_t *out);

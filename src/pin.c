@@ -196,6 +196,14 @@ int engine_unpin(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t own
   return 0;
 }
 
+size_t engine_owner_pins(const engine_t *eng, uint64_t owner) {
+  if (!eng) return 0;
+  const owner_t *o = hmap_get(&eng->owners, owner);
+  size_t n = 0;
+  for (const pin_t *p = o ? o->pins : NULL; p; p = p->o_next) n++;
+  return n;
+}
+
 size_t engine_unpin_all(engine_t *eng, uint64_t owner) {
   if (!eng) return 0;
   owner_t *o = hmap_get(&eng->owners, owner);

@@ -281,7 +281,7 @@ static inline engine_stats_t fx_stats(fx_t *f) {
  * call moves those and nothing else). */
 static inline void fx_stats_same_(const engine_stats_t *a, const engine_stats_t *b,
                                   bool metadata, const char *file, int line) {
-#define FX_CMP_STAT_(name, kind, help)                                         \
+#define FX_CMP_STAT_(name, kind, unit, help)                                         \
   if (strcmp(#name, "errors") != 0 && strcmp(#name, "full_errors") != 0 &&     \
       (metadata || strcmp(#name, "metadata_bytes") != 0) && a->name != b->name) { \
     fprintf(stderr, "%s:%d: ", file, line);                                    \

@@ -545,14 +545,34 @@ KVC_API int kvc_prefix_top(kvc_cache_t *cache, kvc_prefix_head_t *out, size_t ca
 
 /* ---- stats -------------------------------------------------------------- */
 
-/* One figure of the daemon. */
+/* What a figure is: Prometheus's metric types. */
+typedef enum kvc_stat_kind {
+  KVC_STAT_COUNTER = 0,   /* only grows since the daemon started */
+  KVC_STAT_GAUGE = 1,     /* a current value */
+  KVC_STAT_HISTOGRAM = 2, /* buckets, sum, count (value is the count) */
+  KVC_STAT_INFO = 3,      /* value 1; the facts are in the labels */
+} kvc_stat_kind_t;
+
+typedef struct kvc_label {
+  const char *key, *value;
+} kvc_label_t;
+
+/* One sample of one figure. A family is every sample of one name; its
+ * Prometheus name is "kvcached_" + name (doc/stats.md lists them). */
 typedef struct kvc_stat {
-  const char *name;  /* e.g. "pages_free", "requests_put", "latency_put_p99_us" */
+  const char *name;  /* e.g. "pages_free", "requests_total", "request_duration_seconds" */
   uint64_t value;
-  bool gauge;        /* false: monotonic counter */
+  bool gauge;        /* kind != KVC_STAT_COUNTER */
   const char *help;  /* one line */
   const char *cache; /* "" for a global figure, else the cache's name */
-  const char *tenant;/* the cache's tenant ("" for a global figure) */
+  kvc_stat_kind_t kind;
+  const char *unit;  /* base unit ("bytes", "seconds", "pages", ...) or "" */
+  size_t nlabels;    /* the other labels (op, status, tenant, version) */
+  const kvc_label_t *labels;
+  size_t nbuckets;   /* histograms: upper bounds in unit, ascending (+Inf */
+  const double *bucket_le;       /* implied, its count is value) and the */
+  const uint64_t *bucket_count;  /* cumulative counts at or below each */
+  double sum;        /* histograms: sum of the observations, in unit */
 } kvc_stat_t;
 
 /* Fetches every figure. Returns new *out (one block, strings included; free
@@ -560,6 +580,50 @@ typedef struct kvc_stat {
 KVC_API int kvc_stats(kvc_client_t *client, kvc_stat_t **out, size_t *n);
 /* Frees what kvc_stats returned. Accepts NULL. */
 KVC_API void kvc_stats_free(kvc_stat_t *stats);
+/* The label value of key in st, or NULL ("cache" answers st->cache). */
+KVC_API const char *kvc_stat_label(const kvc_stat_t *st, const char *key);
+
+/* Renders figures as Prometheus text exposition format 0.0.4 (the same text
+ * kvcached's metrics_listen endpoint serves): HELP and TYPE once per family,
+ * names prefixed "kvcached_". Returns new *out (NUL-terminated, free() it)
+ * and its length, or KVC_E_NOMEM. */
+KVC_API int kvc_stats_prometheus(const kvc_stat_t *stats, size_t n, char **out, size_t *len);
+
+/* ---- operators (admins only: others get KVC_E_PERM) ------------------------ */
+
+/* One connection of the daemon, like Redis's CLIENT LIST. */
+typedef struct kvc_client_entry {
+  uint64_t conn_id;
+  int32_t pid;
+  uint32_t uid, gid;
+  char tenant[64];
+  char name[64];      /* the client_name of its Hello */
+  uint32_t pins, leases;
+  uint64_t shm_bytes; /* its shared buffer */
+  uint64_t requests;
+  uint64_t age_ms, idle_ms;
+  uint64_t wq_bytes;  /* reply bytes queued, not yet written */
+  bool self;          /* this connection */
+} kvc_client_entry_t;
+
+/* Every connection. New *out (free()); *n entries. */
+KVC_API int kvc_clients(kvc_client_t *client, kvc_client_entry_t **out, size_t *n);
+
+/* The running daemon's configuration: every option's name and value as
+ * kvcached --print-config writes it. New *out (one block; free()). */
+KVC_API int kvc_config(kvc_client_t *client, kvc_label_t **out, size_t *n);
+
+typedef enum kvc_admin_action {
+  KVC_ADMIN_DROP_CACHE = 1, /* cache: drop it with every sequence */
+  KVC_ADMIN_REMOVE_SEQ = 2, /* cache, seq_id: drop the sequence */
+  KVC_ADMIN_UNPIN_SEQ = 3,  /* cache, seq_id: release every pin of it */
+  KVC_ADMIN_DISCONNECT = 4, /* conn_id: close that connection */
+} kvc_admin_action_t;
+
+/* An operator's write. *count (may be NULL): pins released, sequences or
+ * connections affected. KVC_E_PERM unless the caller is an admin. */
+KVC_API int kvc_admin(kvc_client_t *client, kvc_admin_action_t action, const char *cache,
+                      uint64_t seq_id, uint64_t conn_id, uint64_t *count);
 
 /* ---- tenants (doc/security.md) -------------------------------------------- */
 

@@ -206,7 +206,7 @@ static double new_seq_puts(uint64_t first_id, uint64_t n, uint64_t ntok) {
 static void bench_full_vs_empty(uint64_t ntok, const char *label) {
   engine_stats_t s;
   engine_stats(eng, &s);
-  uint64_t total = s.pages_total, n = total / 2, id = 1000000;
+  uint64_t total = s.pool_pages, n = total / 2, id = 1000000;
   double e[TRIALS], f[TRIALS];
   uint64_t evicted = 0;
   for (int r = 0; r < TRIALS; r++) {
@@ -231,10 +231,10 @@ static void bench_metadata(void) {
   engine_stats_t s;
   must(engine_cache_clear(eng, cid), "clear");
   engine_stats(eng, &s);
-  double empty = (double)s.metadata_bytes / (double)s.pages_total;
-  for (uint64_t i = 0; i < s.pages_total; i++) must(put(5000000 + i, 0, 1), "fill");
+  double empty = (double)s.metadata_bytes / (double)s.pool_pages;
+  for (uint64_t i = 0; i < s.pool_pages; i++) must(put(5000000 + i, 0, 1), "fill");
   engine_stats(eng, &s);
-  double full = (double)s.metadata_bytes / (double)s.pages_total;
+  double full = (double)s.metadata_bytes / (double)s.pool_pages;
   printf("%-34s %12.0f B  %12.0f B  %8.4f%% of a page (full)\n",
          "metadata per page: full / empty", full, empty, 100.0 * full / (double)page_bytes);
   must(engine_cache_clear(eng, cid), "clear");
@@ -242,8 +242,8 @@ static void bench_metadata(void) {
     must(put(2, p * PAGE_TOKENS, PAGE_TOKENS), "put 32k");
   engine_stats(eng, &s);
   printf("%-34s %12.0f B  %27.4f%% of a page\n", "metadata per page: one 32k seq",
-         (double)s.metadata_bytes / (double)s.pages_total,
-         100.0 * (double)s.metadata_bytes / (double)s.pages_total / (double)page_bytes);
+         (double)s.metadata_bytes / (double)s.pool_pages,
+         100.0 * (double)s.metadata_bytes / (double)s.pool_pages / (double)page_bytes);
 }
 
 int main(void) {

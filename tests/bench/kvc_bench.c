@@ -1038,7 +1038,7 @@ static void bench_scale(void) {
   double fill_ms = (now_ns() - t0) / 1e6;
   for (int i = 1; i < SCALE_CLIENTS; i++) clients[i] = kc_open(&d, 1 * MiB);
   uint64_t conns = stat_of(clients[0], "connections_current");
-  uint64_t pages = stat_of(clients[0], "pages_total"), used = stat_of(clients[0], "pages_used");
+  uint64_t pages = stat_of(clients[0], "pool_pages"), used = stat_of(clients[0], "pages_used");
   uint64_t meta = stat_of(clients[0], "metadata_bytes"), seqs = stat_of(clients[0], "sequences");
   uint64_t pool_bytes = stat_of(clients[0], "pool_bytes");
   uint64_t rss = proc_kb(d.pid, "VmRSS"), anon = proc_kb(d.pid, "RssAnon");

@@ -161,7 +161,7 @@ TEST(attention_window_rope_through_the_daemon) {
   ASSERT_OK(kvc_put(p, 1, 0, 4, pk, pv));
   ASSERT_ERR(kvc_seq_shift(p, 1, 1, -1, 1), KVC_E_NOROPE);
   ASSERT_ERR(kvc_seq_remove(p, 1, 1, 2), KVC_E_NOROPE);
-  ASSERT_U64_EQ(stat_get(c, "requests_history", NULL), 7); /* 3 views x 2 round trips + 1 */
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=history}", NULL), 7); /* 3 views x 2 round trips + 1 */
   kvc_client_close(c);
   daemon_stop(&d);
 }

@@ -136,10 +136,10 @@ TEST(bad_input_each_class_has_its_error) {
   ASSERT_U64_EQ(si.length, 16);
   ASSERT_U64_EQ(stat_get(c, "sequences", NULL), 1);
   ASSERT_U64_EQ(stat_get(c, "pages_used", NULL), 1);
-  ASSERT_U64_EQ(stat_get(c, "errors_put", NULL), 10);
-  ASSERT_U64_EQ(stat_get(c, "errors_get", NULL), 8);
-  ASSERT_U64_EQ(stat_get(c, "requests_get", NULL), 8 + 29); /* + one per EXPECT */
-  ASSERT_U64_EQ(stat_get(c, "connections_dropped", NULL), 0);
+  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=put}", NULL), 10);
+  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=get}", NULL), 8);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=get}", NULL), 8 + 29); /* + one per EXPECT */
+  ASSERT_U64_EQ(stat_get(c, "connections_dropped_total", NULL), 0);
   ASSERT_U64_EQ(stat_get(c, "connections_current", NULL), 1);
   free(k), free(v), free(buf);
   kvc_client_close(c);
@@ -257,8 +257,8 @@ TEST(bad_frames_close_only_their_connection) {
   ASSERT_OK(kvc_ping(c));
   for (int i = 0; i < 1000 && stat_get(c, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
   ASSERT_U64_EQ(stat_get(c, "connections_current", NULL), 1);
-  ASSERT_U64_EQ(stat_get(c, "connections_dropped", NULL), 3);
-  ASSERT_U64_EQ(stat_get(c, "errors_hello", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "connections_dropped_total", NULL), 3);
+  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=hello}", NULL), 1);
   kvc_client_close(c);
   daemon_stop(&d);
 }
@@ -308,7 +308,7 @@ TEST(peer_nobody_refused_by_peer_check_and_by_mode) {
     ASSERT_EQ(waitpid(pid, &st, 0), pid);
     ASSERT_EQ(WEXITSTATUS(st), 0);
     kvc_client_t *c = client_open(&d);
-    ASSERT_U64_EQ(stat_get(c, "connections_rejected", NULL), round == 0 ? 1 : 0);
+    ASSERT_U64_EQ(stat_get(c, "connections_rejected_total", NULL), round == 0 ? 1 : 0);
     kvc_client_close(c);
     daemon_stop(&d);
   }
@@ -322,7 +322,7 @@ TEST(connection_limit_answers_connlimit) {
   kvc_client_opts_t o = {.socket_path = d.sock};
   ASSERT_ERR(kvc_client_open(&o, &c), KVC_E_CONNLIMIT);
   ASSERT(strstr(kvc_client_open_error(), "max_connections=2") != NULL);
-  ASSERT_U64_EQ(stat_get(a, "connections_rejected", NULL), 1);
+  ASSERT_U64_EQ(stat_get(a, "connections_rejected_total", NULL), 1);
   kvc_client_close(b);
   int rc = KVC_E_CONNLIMIT;
   for (int i = 0; i < 100 && rc == KVC_E_CONNLIMIT; i++) {

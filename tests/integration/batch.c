@@ -87,11 +87,11 @@ static void round_trip(kvc_client_t *c, kvc_cache_t *h, kvc_dtype_t d, const uin
                        const uint64_t *n) {
   bufs_t b;
   alloc_entries(h, &b, pos, n, d);
-  uint64_t puts = stat_get(c, "requests_put", NULL), gets = stat_get(c, "requests_get", NULL);
+  uint64_t puts = stat_get(c, "requests_total{op=put}", NULL), gets = stat_get(c, "requests_total{op=get}", NULL);
   ASSERT_OK(kvc_put_batch(h, NULL, b.io, NSEQ));
   ASSERT_OK(kvc_get_batch(h, NULL, b.back, NSEQ));
-  ASSERT_U64_EQ(stat_get(c, "requests_put", NULL), puts + 1); /* one request each */
-  ASSERT_U64_EQ(stat_get(c, "requests_get", NULL), gets + 1);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=put}", NULL), puts + 1); /* one request each */
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=get}", NULL), gets + 1);
   for (int i = 0; i < NSEQ; i++) {
     ASSERT_MEM_EQ(b.back[i].k, b.io[i].k, b.kb[i]);
     ASSERT_MEM_EQ(b.back[i].v, b.io[i].v, b.vb[i]);
@@ -124,7 +124,7 @@ TEST(batch_64_sequences_bit_exact_every_dtype) {
   }
   ASSERT_U64_EQ(stat_get(c, "sequences", NULL), 0);
   ASSERT_U64_EQ(stat_get(c, "pages_used", NULL), 0);
-  ASSERT_U64_EQ(stat_get(c, "errors_put", NULL), 0);
+  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=put}", NULL), 0);
   kvc_client_close(c);
   daemon_stop(&d);
 }
@@ -163,9 +163,9 @@ TEST(batch_int8_raw_exact_and_dequantized) {
     back[i] = io[i];
     back[i].k = calloc(rows * dk, 4), back[i].v = calloc(rows * dv, 4);
   }
-  uint64_t puts = stat_get(c, "requests_put", NULL);
+  uint64_t puts = stat_get(c, "requests_total{op=put}", NULL);
   ASSERT_OK(kvc_put_batch(h, NULL, io, NSEQ));
-  ASSERT_U64_EQ(stat_get(c, "requests_put", NULL), puts + 1);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=put}", NULL), puts + 1);
   ASSERT_OK(kvc_get_batch(h, NULL, back, NSEQ)); /* dequantized f32 */
   for (int i = 0; i < NSEQ; i++) {
     uint64_t rows = L * io[i].ntokens * H;
@@ -221,9 +221,9 @@ TEST(batch_split_transfers_token_head_reads_and_shm_form) {
   float *k = malloc(L * T * rk * 4), *v = malloc(L * T * rv * 4);
   fill_random(k, L * T * rk, KVC_DTYPE_F32);
   fill_random(v, L * T * rv, KVC_DTYPE_F32);
-  uint64_t puts = stat_get(c, "requests_put", NULL);
+  uint64_t puts = stat_get(c, "requests_total{op=put}", NULL);
   ASSERT_OK(kvc_put(h, 9, 0, T, k, v));
-  ASSERT(stat_get(c, "requests_put", NULL) >= puts + 2);
+  ASSERT(stat_get(c, "requests_total{op=put}", NULL) >= puts + 2);
   float *gk = calloc(L * T * rk, 4), *gv = calloc(L * T * rv, 4);
   ASSERT_OK(kvc_get(h, 9, 0, T, gk, gv));
   ASSERT_MEM_EQ(gk, k, L * T * rk * 4);
@@ -240,9 +240,9 @@ TEST(batch_split_transfers_token_head_reads_and_shm_form) {
     many_back[i] = many[i];
     many_back[i].k = calloc(L * 600 * rk, 4), many_back[i].v = calloc(L * 600 * rv, 4);
   }
-  puts = stat_get(c, "requests_put", NULL);
+  puts = stat_get(c, "requests_total{op=put}", NULL);
   ASSERT_OK(kvc_put_batch(h, NULL, many, 4));
-  ASSERT_U64_EQ(stat_get(c, "requests_put", NULL), puts + 2); /* 1364 + 1036 tokens */
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=put}", NULL), puts + 2); /* 1364 + 1036 tokens */
   ASSERT_OK(kvc_get_batch(h, NULL, many_back, 4));
   for (int i = 0; i < 4; i++) {
     ASSERT_MEM_EQ(many_back[i].k, many[i].k, L * 600 * rk * 4);

@@ -17,7 +17,7 @@ static const struct {
     {"max_caches", "7", "7", "9", "9"},
     {"max_seqs", "1000", "1000", "2000", "2000"},
     {"shm_default_bytes", "2MiB", "2MiB", "3MiB", "3MiB"},
-    {"shm_max_bytes", "16MiB", "16MiB", "1GB", "1GiB"},
+    {"shm_max_bytes", "16MiB", "16MiB", "1g", "1GiB"},
     {"max_frame_bytes", "32KiB", "32KiB", "16KiB", "16KiB"},
     {"max_decode_bytes", "1MiB", "1MiB", "8MiB", "8MiB"},
     {"max_entries", "100", "100", "200", "200"},
@@ -39,6 +39,7 @@ static const struct {
     {"prefix_hash", "xxh3", "xxh3", "sha256", "sha256"},
     {"prefix_single_tenant", "yes", "true", "true", "true"},
     {"pin_limit_pct", "30", "30", "40", "40"},
+    {"metrics_listen", "127.0.0.1:9464", "127.0.0.1:9464", "[::1]:9465", "[::1]:9465"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -137,7 +138,11 @@ TEST(config_bad_lines_name_file_line_and_option) {
       {"no_such_option = 1", "unknown option 'no_such_option'"},
       {"max_caches = lots", "max_caches: expected a number, got 'lots'"},
       {"max_caches = 0", "max_caches: 0 out of bounds [1, 65536]"},
-      {"max_frame_bytes = 12XB", "max_frame_bytes: expected a size like 512MiB, got '12XB'"},
+      {"max_frame_bytes = 12XB", "max_frame_bytes: expected a size like 512MiB (B, K/KiB, M/MiB, G/GiB, T/TiB), got '12XB'"},
+      {"shm_max_bytes = 2GB", "shm_max_bytes: '2GB' is ambiguous (powers of 1000 or 1024?): write 2GiB-style binary units (KiB, MiB, GiB, TiB) or a single letter (K, M, G, T)"},
+      {"write_queue_bytes = 64mb", "write_queue_bytes: '64mb' is ambiguous"},
+      {"metrics_listen = 9464", "metrics_listen: expected HOST:PORT like 127.0.0.1:9464, [::1]:9464 or :9464 (or empty: off), got '9464'"},
+      {"metrics_listen = ::1:80", "metrics_listen: expected HOST:PORT"},
       {"pool_bytes = 32MiB", "pool_bytes: already set on line 3"},
       {"log_level = loud", "log_level: expected error, warn, info or debug, got 'loud'"},
       {"socket_mode = 0999", "socket_mode: expected octal bits like 0660, got '0999'"},
@@ -198,6 +203,13 @@ TEST(config_print_config_round_trips) {
   ASSERT_STR_EQ(shown(c, "max_seqs", v, sizeof v), "12345678901");
   ASSERT_EQ(it_sh(a, sizeof a, "%s/kvcached --config %s --check-config", it_build(), pb), 0);
   ASSERT(strstr(a, "configuration OK") && strstr(a, pb));
+  /* --check-config names the flags that override the file, and says when
+   * nothing but the defaults is in force. */
+  ASSERT_EQ(it_sh(a, sizeof a, "%s/kvcached --config %s --pool-bytes 2g --log-level=warn "
+                  "--check-config", it_build(), pb), 0);
+  ASSERT(strstr(a, pb) && strstr(a, "; 2 flags: --pool-bytes=2g --log-level=warn)\n"));
+  ASSERT_EQ(it_sh(a, sizeof a, "%s/kvcached --config /dev/null --check-config", it_build()), 0);
+  ASSERT(strstr(a, "configuration OK (file /dev/null)\n") != NULL);
   rmdir_all(dir);
 }
 
@@ -287,7 +299,7 @@ TEST(config_reload_applies_reloadable_and_keeps_old_on_bad_file) {
   ASSERT(c2 != NULL);
   kvc_client_info(c2, &info);
   ASSERT_EQ(info.max_entries, 50); /* flags still win after a reload */
-  ASSERT_U64_EQ(stat_get(c1, "config_reloads", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c1, "config_reloads_total", NULL), 1);
 
   /* A bad line: the error names file and line, nothing changes. */
   it_write_file(path, "max_connections = 1\nthis is not an option line\n");
@@ -307,8 +319,8 @@ TEST(config_reload_applies_reloadable_and_keeps_old_on_bad_file) {
   ASSERT(c3 != NULL);
   ASSERT(try_open(&d, &rc) == NULL);
   ASSERT_ERR(rc, KVC_E_CONNLIMIT);
-  ASSERT_U64_EQ(stat_get(c1, "config_reload_failures", NULL), 3);
-  ASSERT_U64_EQ(stat_get(c1, "config_reloads", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c1, "config_reload_failures_total", NULL), 3);
+  ASSERT_U64_EQ(stat_get(c1, "config_reloads_total", NULL), 1);
   kvc_client_close(c1);
   kvc_client_close(c2);
   kvc_client_close(c3);

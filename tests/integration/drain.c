@@ -23,7 +23,7 @@ static uint64_t now_ms(void) {
 static void wait_write_paused(const daemon_t *d) {
   kvc_client_t *c = client_open(d);
   uint64_t pauses = 0;
-  for (int i = 0; i < 2000 && (pauses = stat_get(c, "write_pauses", NULL)) == 0; i++)
+  for (int i = 0; i < 2000 && (pauses = stat_get(c, "write_pauses_total", NULL)) == 0; i++)
     it_sleep_ms(10);
   ASSERT(pauses >= 1);
   kvc_client_close(c);

@@ -46,7 +46,7 @@ TEST(evict_pins_survive_lru_order_and_full) {
   kvc_cache_t *ha, *hb;
   ASSERT_OK(kvc_cache_open(a, "ev", &l, &ha));
   ASSERT_OK(kvc_cache_open(b, "ev", &l, &hb));
-  ASSERT_U64_EQ(stat_get(a, "pages_total", NULL), 64);
+  ASSERT_U64_EQ(stat_get(a, "pool_pages", NULL), 64);
 
   /* A: 20 pinned sequences. B: 44 more fill the pool. */
   for (uint64_t s = 1; s <= 20; s++) {
@@ -64,9 +64,9 @@ TEST(evict_pins_survive_lru_order_and_full) {
   ASSERT(seq_exists(hb, 100));
   for (uint64_t s = 101; s <= 103; s++) ASSERT(!seq_exists(hb, s));
   for (uint64_t s = 104; s < 144; s++) ASSERT(seq_exists(hb, s));
-  ASSERT_U64_EQ(stat_get(b, "evicted_sequences", NULL), 3);
-  ASSERT_U64_EQ(stat_get(b, "evicted_pages", NULL), 3);
-  ASSERT_U64_EQ(stat_get(b, "evicted_sequences", "ev"), 3);
+  ASSERT_U64_EQ(stat_get(b, "evicted_sequences_total", NULL), 3);
+  ASSERT_U64_EQ(stat_get(b, "evicted_pages_total", NULL), 3);
+  ASSERT_U64_EQ(stat_get(b, "evicted_sequences_total", "ev"), 3);
 
   /* Pressure from B never touched A's pinned sequences. */
   for (uint64_t s = 1; s <= 20; s++) check_seq(ha, s, TOK);
@@ -91,8 +91,8 @@ TEST(evict_pins_survive_lru_order_and_full) {
   ASSERT_U64_EQ(freeable, 0);
   ASSERT(strlen(kvc_client_last_error(b)) > 0);
   ASSERT(!seq_exists(hb, 999)); /* all or nothing */
-  ASSERT_U64_EQ(stat_get(b, "full_errors", NULL), 1);
-  ASSERT_U64_EQ(stat_get(b, "errors_put", NULL), 1);
+  ASSERT_U64_EQ(stat_get(b, "full_errors_total", NULL), 1);
+  ASSERT_U64_EQ(stat_get(b, "request_errors_total{op=put}", NULL), 1);
 
   /* A unpins one of its own: now exactly one page can be reclaimed. */
   ASSERT_OK(kvc_seq_unpin(ha, 5));
@@ -106,8 +106,8 @@ TEST(evict_pins_survive_lru_order_and_full) {
   ASSERT_ERR(kvc_seq_unpin(ha, 6), KVC_E_NOTPINNED);
   free(k);
   free(v);
-  ASSERT_U64_EQ(stat_get(a, "full_errors", NULL), 2);
-  ASSERT_U64_EQ(stat_get(a, "evicted_sequences", NULL), 4);
+  ASSERT_U64_EQ(stat_get(a, "full_errors_total", NULL), 2);
+  ASSERT_U64_EQ(stat_get(a, "evicted_sequences_total", NULL), 4);
   kvc_client_close(a);
   kvc_client_close(b);
   daemon_stop(&d);
@@ -153,7 +153,7 @@ TEST(evict_sigkilled_client_releases_pins) {
     if (pinned) it_sleep_ms(10);
   }
   ASSERT_U64_EQ(pinned, 0);
-  ASSERT_U64_EQ(stat_get(a, "unpins", NULL), 10);
+  ASSERT_U64_EQ(stat_get(a, "unpins_total", NULL), 10);
   ASSERT_U64_EQ(stat_get(a, "connections_current", NULL), 1);
   ASSERT_OK(kvc_seq_info(h, 3, &si));
   ASSERT_EQ(si.pins, 0);
@@ -168,7 +168,7 @@ TEST(evict_sigkilled_client_releases_pins) {
     io[i] = (kvc_io_t){.seq_id = 1000u + (unsigned)i, .pos = 0, .ntokens = TOK,
                        .k = k + kn * (size_t)i, .v = v + vn * (size_t)i};
   ASSERT_OK(kvc_put_batch(h, NULL, io, 64));
-  ASSERT_U64_EQ(stat_get(a, "evicted_sequences", NULL), 10);
+  ASSERT_U64_EQ(stat_get(a, "evicted_sequences_total", NULL), 10);
   ASSERT_U64_EQ(stat_get(a, "pages_free", NULL), 0);
   ASSERT_U64_EQ(stat_get(a, "sequences", "crash"), 64);
   ASSERT_ERR(kvc_seq_info(h, 3, &si), KVC_E_NOSEQ);

@@ -38,12 +38,12 @@ TEST(flow_pipelined_flood_is_bounded_and_fair) {
   for (int i = 0; i < 20; i++) ASSERT_OK(kvc_ping(c));
   uint64_t pauses = 0;
   for (int i = 0; i < 1000 && pauses == 0; i++) {
-    pauses = stat_get(c, "write_pauses", NULL);
+    pauses = stat_get(c, "write_pauses_total", NULL);
     if (!pauses) it_sleep_ms(10);
   }
   ASSERT(pauses >= 1);
-  ASSERT(stat_get(c, "deferred_turns", NULL) >= 1);
-  ASSERT(stat_get(c, "requests_stats", NULL) < NREQ); /* not all run yet */
+  ASSERT(stat_get(c, "deferred_turns_total", NULL) >= 1);
+  ASSERT(stat_get(c, "requests_total{op=stats}", NULL) < NREQ); /* not all run yet */
 
   /* Every reply arrives, in order. */
   for (uint64_t i = 0; i < NREQ; i++) {
@@ -55,8 +55,8 @@ TEST(flow_pipelined_flood_is_bounded_and_fair) {
     kvcache__v1__response__free_unpacked(r, NULL);
   }
   close(fd);
-  ASSERT(stat_get(c, "requests_stats", NULL) >= NREQ);
-  ASSERT_U64_EQ(stat_get(c, "connections_dropped", NULL), 0);
+  ASSERT(stat_get(c, "requests_total{op=stats}", NULL) >= NREQ);
+  ASSERT_U64_EQ(stat_get(c, "connections_dropped_total", NULL), 0);
   kvc_client_close(c);
   daemon_stop(&d);
 }
@@ -87,7 +87,7 @@ TEST(flow_half_closed_client_gets_its_replies) {
   ASSERT(raw_closed(fd));
   close(fd);
   kvc_client_t *c = client_open(&d);
-  ASSERT_U64_EQ(stat_get(c, "requests_ping", NULL), 3);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=ping}", NULL), 3);
   kvc_client_close(c);
   daemon_stop(&d);
 }

@@ -172,7 +172,7 @@ TEST_TIMEOUT(hard_connection_limit_plus_50_get_connlimit, 120) {
     it_sleep_ms(10);
   }
   ASSERT(in[0] != NULL);
-  uint64_t rejected0 = stat_get(in[0], "connections_rejected", NULL);
+  uint64_t rejected0 = stat_get(in[0], "connections_rejected_total", NULL);
   for (int i = 1; i < LIMIT; i++) {
     in[i] = try_open(&d, &rc);
     if (!in[i]) TEST_FAIL_("client %d of %d: %s", i, LIMIT, kvc_err_name(rc));
@@ -195,7 +195,7 @@ TEST_TIMEOUT(hard_connection_limit_plus_50_get_connlimit, 120) {
   /* Every admitted client is served. */
   for (int i = 0; i < LIMIT; i++) serve_check(in[i], (uint64_t)i);
   ASSERT_U64_EQ(stat_get(in[0], "connections_current", NULL), LIMIT);
-  ASSERT_U64_EQ(stat_get(in[0], "connections_rejected", NULL) - rejected0, EXTRA + 1);
+  ASSERT_U64_EQ(stat_get(in[0], "connections_rejected_total", NULL) - rejected0, EXTRA + 1);
   /* One leaves: the next one in is served. */
   kvc_client_close(in[LIMIT - 1]);
   for (int i = 0; i < 200 && !(in[LIMIT - 1] = try_open(&d, &rc)); i++) {
@@ -351,7 +351,7 @@ TEST(hard_fd_limit_lowered_under_the_daemon_pauses_accepting) {
           fds0 + N, cpu1 - cpu0);
   ASSERT(cpu1 - cpu0 < 200);
   for (int i = 0; i < N; i++) serve_check(cl[i], (uint64_t)i); /* the others go on */
-  ASSERT(stat_get(cl[0], "accept_pauses", NULL) >= 1);
+  ASSERT(stat_get(cl[0], "accept_pauses_total", NULL) >= 1);
   /* The limit comes back: the waiting client is answered. */
   ASSERT_EQ(prlimit(d.pid, RLIMIT_NOFILE, &back, NULL), 0);
   struct timeval tv = {5, 0};

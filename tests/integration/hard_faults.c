@@ -101,10 +101,10 @@ TEST_TIMEOUT(hard_writer_sigkilled_mid_put_leaves_no_pin_or_partial_write, 600) 
   ASSERT_U64_EQ(stat_get(c, "sequences_pinned", NULL), 0);
   /* Evictions proceed: 40 new sequences of a page each fill the 512-page
    * pool... 600 pages' worth make it evict seq 1 among others. */
-  uint64_t ev0 = stat_get(c, "evicted_sequences", NULL);
+  uint64_t ev0 = stat_get(c, "evicted_sequences_total", NULL);
   fill_version(k, v, &l, 16, 7.0f);
   for (uint64_t s = 100; s < 700; s++) ASSERT_OK(kvc_put(h, s, 0, 16, k, v));
-  uint64_t ev = stat_get(c, "evicted_sequences", NULL) - ev0;
+  uint64_t ev = stat_get(c, "evicted_sequences_total", NULL) - ev0;
   fprintf(stderr, "%d writers killed mid-put; pins gone within %.1f ms at worst; %llu evictions after\n",
           rounds, worst_unpin_ms, (unsigned long long)ev);
   ASSERT(ev >= 80);
@@ -380,7 +380,7 @@ TEST(hard_allocation_failures_are_error_replies) {
   ASSERT(nomem > 10);
   ASSERT_U64_EQ(stat_get(c, "sequences", NULL), 0);
   ASSERT_U64_EQ(stat_get(c, "pages_used", NULL), 0);
-  ASSERT_U64_EQ(stat_get(c, "connections_dropped", NULL), 0);
+  ASSERT_U64_EQ(stat_get(c, "connections_dropped_total", NULL), 0);
   free(k), free(v), free(gk), free(gv);
   kvc_client_close(c);
   daemon_stop(&d); /* LeakSanitizer in the asan build: nothing leaked */
@@ -404,7 +404,7 @@ TEST(hard_decode_budget_exhaustion_closes_only_that_connection) {
     e[i] = (kvc_io_t){.seq_id = (uint64_t)i, .ntokens = 1, .k = k + i * kb / 4, .v = v + i * kb / 4};
   ASSERT_ERR(kvc_put_batch(h, NULL, e, 200), KVC_E_IO);
   ASSERT_OK(kvc_ping(b));
-  ASSERT_U64_EQ(stat_get(b, "connections_dropped", NULL), 1);
+  ASSERT_U64_EQ(stat_get(b, "connections_dropped_total", NULL), 1);
   ASSERT_U64_EQ(stat_get(b, "sequences", NULL), 0);
   free(k), free(v);
   kvc_client_close(a);
@@ -471,7 +471,7 @@ TEST(hard_concurrent_writers_readers_see_whole_versions) {
   unsigned long long r1, v1, r2, v2;
   ASSERT_EQ(sscanf(out, "%llu %llu\n%llu %llu", &r1, &v1, &r2, &v2), 4);
   fprintf(stderr, "reads %llu + %llu, distinct versions seen in a row %llu + %llu, puts %llu\n",
-          r1, r2, v1, v2, (unsigned long long)stat_get(c, "requests_put", NULL));
+          r1, r2, v1, v2, (unsigned long long)stat_get(c, "requests_total{op=put}", NULL));
   ASSERT(r1 > 10 && r2 > 10 && v1 > 2 && v2 > 2);
   free(k), free(v);
   kvc_client_close(c);
@@ -566,10 +566,10 @@ TEST_TIMEOUT(hard_cow_races_under_pressure_keep_prefixes, 120) {
     ASSERT_EQ(waitpid(kids[p], &st, 0), kids[p]);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) TEST_FAIL_("extender %d: status %d", p, st);
   }
-  uint64_t full = stat_get(c, "full_errors", NULL), cow = stat_get(c, "cow_copies", NULL);
+  uint64_t full = stat_get(c, "full_errors_total", NULL), cow = stat_get(c, "cow_copies_total", NULL);
   fprintf(stderr, "FULL %llu times, %llu pages copied on write, %llu puts\n",
           (unsigned long long)full, (unsigned long long)cow,
-          (unsigned long long)stat_get(c, "requests_put", NULL));
+          (unsigned long long)stat_get(c, "requests_total{op=put}", NULL));
   ASSERT(full > 0 && cow > 0);
   for (uint64_t f = 0; f <= 32; f++) {
     uint64_t s = f == 32 ? 1000 : f;

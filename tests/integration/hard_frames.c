@@ -141,8 +141,8 @@ TEST(hard_length_prefixes_answered_or_closed_within_a_second) {
           (unsigned long long)rss1);
   ASSERT(rss1 < rss0 + 4096); /* far below any declared size past the max */
   ASSERT_OK(kvc_ping(c));
-  ASSERT_U64_EQ(stat_get(c, "connections_timed_out", NULL), hanging);
-  ASSERT_U64_EQ(stat_get(c, "connections_dropped", NULL), 1 + 6);
+  ASSERT_U64_EQ(stat_get(c, "connections_timed_out_total", NULL), hanging);
+  ASSERT_U64_EQ(stat_get(c, "connections_dropped_total", NULL), 1 + 6);
   kvc_client_close(c);
   daemon_stop(&d);
 }
@@ -225,7 +225,7 @@ TEST_TIMEOUT(hard_slowloris_and_frame_hoarders_are_bounded, 120) {
     close(fds[i]);
   }
   ASSERT_EQ(closed, HOARDERS + SLOW);
-  ASSERT_U64_EQ(stat_get(c, "connections_timed_out", NULL), HOARDERS + SLOW);
+  ASSERT_U64_EQ(stat_get(c, "connections_timed_out_total", NULL), HOARDERS + SLOW);
   ASSERT_U64_EQ(stat_get(c, "connections_current", NULL), 1);
   int fds1 = hard_wait_fds(d.pid, fds0, 2000);
   uint64_t rss2 = hard_rss_kb(d.pid);

@@ -209,11 +209,11 @@ TEST(hard_ranges_near_uint64_max_each_get_their_error) {
   io_fields(false);
   io_fields(true);
   seq_requests();
-  uint64_t errors = stat_get(c, "errors_get", NULL) + stat_get(c, "errors_put", NULL);
+  uint64_t errors = stat_get(c, "request_errors_total{op=get}", NULL) + stat_get(c, "request_errors_total{op=put}", NULL);
   fprintf(stderr, "%llu requests sent, %llu put/get errors\n",
           (unsigned long long)(next_id - 10), (unsigned long long)errors);
   ASSERT_U64_EQ(stat_get(c, "sequences", NULL), 2); /* 1 and its copy 2 */
-  ASSERT_U64_EQ(stat_get(c, "connections_dropped", NULL), 0);
+  ASSERT_U64_EQ(stat_get(c, "connections_dropped_total", NULL), 0);
   /* seq 1 reads back as written: the valid puts of its token 0 wrote what
    * the gets before them had read into the same place of the buffer. */
   ASSERT_OK(kvc_get(h, 1, 0, 16, gk, gv));

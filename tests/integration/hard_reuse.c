@@ -163,7 +163,7 @@ TEST_TIMEOUT(hard_evicted_page_reused_never_shows_old_bytes, 120) {
   daemon_t d;
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open(&d);
-  ASSERT_U64_EQ(stat_get(c, "pages_total", NULL), POOL_PAGES);
+  ASSERT_U64_EQ(stat_get(c, "pool_pages", NULL), POOL_PAGES);
   kvc_cache_t *h[3], *old;
   ASSERT_OK(kvc_cache_open(c, "old", &kinds[0].lay, &old));
   for (int i = 0; i < 3; i++) ASSERT_OK(kvc_cache_open(c, kinds[i].name, &kinds[i].lay, &h[i]));
@@ -187,7 +187,7 @@ TEST_TIMEOUT(hard_evicted_page_reused_never_shows_old_bytes, 120) {
       reads_past_fail(c, hh, kd, seq, 0, n);
       checked++;
     }
-  uint64_t evicted = stat_get(c, "evicted_pages", NULL);
+  uint64_t evicted = stat_get(c, "evicted_pages_total", NULL);
   ASSERT(evicted >= 2 * POOL_PAGES - 8); /* the pool held 64 pages throughout */
 
   /* Layer by layer: layer 0 of tokens [n, n + 3) written, layer 1 not. Layer

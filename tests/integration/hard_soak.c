@@ -230,7 +230,7 @@ TEST_TIMEOUT(hard_soak_verified_mix, 900) {
   double warm = secs * 1000 / 4;
   it_sleep_ms((long)warm);
   snap_t s0 = snapshot(&d, c);
-  uint64_t ev0 = stat_get(c, "evicted_sequences", NULL);
+  uint64_t ev0 = stat_get(c, "evicted_sequences_total", NULL);
   result_t total = {0};
   for (int i = 0; i < nclients; i++) {
     result_t r;
@@ -261,8 +261,8 @@ TEST_TIMEOUT(hard_soak_verified_mix, 900) {
   }
   double p50 = hard_quantile(all, n, 0.5), p99 = hard_quantile(all, n, 0.99);
   double p999 = hard_quantile(all, n, 0.999);
-  uint64_t evictions = stat_get(c, "evicted_sequences", NULL);
-  uint64_t evicted_pages = stat_get(c, "evicted_pages", NULL);
+  uint64_t evictions = stat_get(c, "evicted_sequences_total", NULL);
+  uint64_t evicted_pages = stat_get(c, "evicted_pages_total", NULL);
   printf("# soak: %d clients, %.0f s, pool %s: %llu ops, %.0f ops/s; latency p50 %.3f ms, "
          "p99 %.3f ms, p999 %.3f ms; %llu gets verified, mismatched bytes %llu; evictions %llu "
          "sequences / %llu pages (seen by clients %llu, rewritten %llu)\n",

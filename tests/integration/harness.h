@@ -267,17 +267,42 @@ IT_UNUSED static kvc_client_t *client_open(const daemon_t *d) { return client_op
 
 /* A global figure (cache NULL) or one cache's; fails the test if absent. */
 IT_UNUSED static uint64_t stat_get(kvc_client_t *c, const char *name, const char *cache) {
+  /* name is a family, optionally with labels: "requests_total{op=put}";
+   * the matching samples are summed (request_errors_total over statuses,
+   * 0 when there is none: that family is sparse). */
+  char fam[128], sel[256] = "";
+  const char *brace = strchr(name, '{');
+  size_t flen = brace ? (size_t)(brace - name) : strlen(name);
+  /* A cache's figure is the family cache_NAME. */
+  const char *pre = cache && strncmp(name, "cache_", 6) != 0 ? "cache_" : "";
+  ASSERT(flen + strlen(pre) < sizeof fam);
+  snprintf(fam, sizeof fam, "%s%.*s", pre, (int)flen, name);
+  if (brace) snprintf(sel, sizeof sel, "%.*s", (int)(strlen(brace + 1) - 1), brace + 1);
   kvc_stat_t *st;
   size_t n;
   ASSERT_OK(kvc_stats(c, &st, &n));
+  uint64_t v = 0;
+  bool found = false;
   for (size_t i = 0; i < n; i++) {
-    if (strcmp(st[i].name, name) != 0 || strcmp(st[i].cache, cache ? cache : "") != 0) continue;
-    uint64_t v = st[i].value;
-    kvc_stats_free(st);
-    return v;
+    if (strcmp(st[i].name, fam) != 0 || strcmp(st[i].cache, cache ? cache : "") != 0) continue;
+    bool match = true;
+    for (char *save = NULL, *dup = strdup(sel), *kv = strtok_r(dup, ",", &save); ;
+         kv = strtok_r(NULL, ",", &save)) {
+      if (!kv) { free(dup); break; }
+      char *eq = strchr(kv, '=');
+      ASSERT(eq != NULL);
+      *eq = '\0';
+      const char *have = kvc_stat_label(&st[i], kv);
+      if (!have || strcmp(have, eq + 1) != 0) match = false;
+    }
+    if (!match) continue;
+    v += st[i].value;
+    found = true;
   }
   kvc_stats_free(st);
-  TEST_FAIL_("no stat %s (cache %s)", name, cache ? cache : "-");
+  if (!found && strcmp(fam, "request_errors_total") != 0)
+    TEST_FAIL_("no stat %s (cache %s)", name, cache ? cache : "-");
+  return v;
 }
 
 /* Runs `kvcachectl --socket SOCK ARGS` (ARGS a printf format), keeping its

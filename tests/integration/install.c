@@ -62,6 +62,7 @@ TEST_TIMEOUT(install_destdir_then_a_pkg_config_client_runs_put_get, 120) {
       "usr/lib/systemd/system/kvcached.service", "usr/lib/systemd/system/kvcached.socket",
       "usr/lib/sysusers.d/kvcached.conf", "etc/kvcached/kvcached.conf",
       "usr/share/doc/kvcached/kvcached.conf.example", "usr/share/man/man8/kvcached.8",
+      "usr/share/doc/kvcached/kvcached-alerts.yml", "usr/share/doc/kvcached/kvcached-dashboard.json",
       "usr/share/man/man1/kvcachectl.1"};
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char path[256];

@@ -67,10 +67,10 @@ TEST(lease_read_in_place_equals_get) {
   ASSERT_MEM_EQ(lv, gv, bytes);
   ASSERT_U64_EQ(stat_get(c, "leases", NULL), 1);
   ASSERT_U64_EQ(stat_get(c, "leased_pages", NULL), 3);
-  ASSERT_U64_EQ(stat_get(c, "requests_lease", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=lease}", NULL), 1);
   ASSERT_OK(kvc_lease_release(ls));
   ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
-  ASSERT_U64_EQ(stat_get(c, "leases_taken", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "leases_taken_total", NULL), 1);
   ASSERT_U64_EQ(stat_get(c, "pages_shared", NULL), 0);
   free(gk), free(gv), free(lk), free(lv);
   kvc_client_close(c);
@@ -153,13 +153,13 @@ TEST(lease_unchanged_by_later_writes) {
   size_t bytes = 2 * NTOK * row_bytes();
   uint8_t *k0 = malloc(bytes), *v0 = malloc(bytes), *k1 = malloc(bytes), *v1 = malloc(bytes);
   read_lease(ls, 0, NTOK, k0, v0);
-  uint64_t cow = stat_get(c, "cow_copies", NULL);
+  uint64_t cow = stat_get(c, "cow_copies_total", NULL);
   put_seq(h, 1, 0, NTOK, 7);  /* overwrite every token */
   put_seq(h, 1, NTOK, 4, 7);  /* and append into the partial page */
   read_lease(ls, 0, NTOK, k1, v1);
   ASSERT_MEM_EQ(k1, k0, bytes);
   ASSERT_MEM_EQ(v1, v0, bytes);
-  ASSERT_U64_EQ(stat_get(c, "cow_copies", NULL), cow + 3);
+  ASSERT_U64_EQ(stat_get(c, "cow_copies_total", NULL), cow + 3);
   /* The sequence reads its new bytes. */
   kvc_layout_t l = it_layout(KVC_DTYPE_F32);
   float *wk = malloc(bytes), *wv = malloc(bytes);
@@ -188,7 +188,7 @@ TEST(lease_pages_survive_eviction_pressure) {
   for (uint64_t s = 100; s < 100 + 600; s++) put_seq(hb, s, 0, 16, 1); /* > the pool */
   kvc_seq_info_t si;
   ASSERT_ERR(kvc_seq_info(ha, 1, &si), KVC_E_NOSEQ); /* evicted */
-  ASSERT(stat_get(b, "evicted_sequences", NULL) >= 90);
+  ASSERT(stat_get(b, "evicted_sequences_total", NULL) >= 90);
   read_lease(ls, 0, 32, k1, v1);
   ASSERT_MEM_EQ(k1, k0, bytes);
   ASSERT_MEM_EQ(v1, v0, bytes);
@@ -247,15 +247,15 @@ TEST(lease_release_later_rides_on_the_next_request) {
     ASSERT_OK(kvc_lease(h, 1, 0, NTOK, &ls));
     ASSERT_OK(kvc_lease_release_later(ls)); /* sent with the next lease */
   }
-  ASSERT_U64_EQ(stat_get(c, "leases_taken", NULL), 3);
+  ASSERT_U64_EQ(stat_get(c, "leases_taken_total", NULL), 3);
   /* The stats request itself carried the last release. */
   ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
-  ASSERT_U64_EQ(stat_get(c, "requests_lease_release", NULL), 0);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=lease_release}", NULL), 0);
   /* 64 deferred releases fill the queue; the 65th flushes it first. */
   kvc_lease_t *many[65];
   for (int i = 0; i < 65; i++) ASSERT_OK(kvc_lease(h, 1, 0, 4, &many[i]));
   for (int i = 0; i < 65; i++) ASSERT_OK(kvc_lease_release_later(many[i]));
-  ASSERT_U64_EQ(stat_get(c, "requests_lease_release", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=lease_release}", NULL), 1);
   ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
   ASSERT_OK(kvc_lease_release_later(NULL));
   kvc_client_close(c);

@@ -1,5 +1,6 @@
 /* logging.c: what kvcached tells the journal. Startup states the effective
- * configuration, the pool and the socket; connections are logged at info;
+ * configuration, the pool and the socket; connections are logged at info
+ * unless brief (then at debug, and counted);
  * a flood of refused peers gives a bounded number of lines; evictions and
  * FULL refusals come as one summary per status interval, not one per event. */
 #include "raw.h"
@@ -32,10 +33,28 @@ TEST(logging_startup_and_connections) {
   ASSERT(it_log_has(&d, want));
   kvc_client_t *c = client_open(&d);
   ASSERT(it_log_has(&d, "level=debug event=accept conn="));
-  ASSERT(it_log_has(&d, "level=info event=connect conn="));
+  ASSERT(it_log_has(&d, "level=debug event=connect conn="));
   ASSERT(it_log_has(&d, "client=\"it\""));
+  /* A client that pins something is logged at info when it leaves. */
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "log", &l, &h));
+  float *k = calloc(it_tok_floats(&l, false), 4), *v = calloc(it_tok_floats(&l, true), 4);
+  ASSERT_OK(kvc_put(h, 1, 0, 1, k, v));
+  ASSERT_OK(kvc_seq_pin(h, 1));
+  free(k);
+  free(v);
   kvc_client_close(c);
   ASSERT(it_log_wait(&d, "level=info event=disconnect", 5000));
+  ASSERT(it_log_has(&d, "pins_released=1"));
+  /* Brief clients that hold nothing (kvcachectl, scrapers): debug, counted. */
+  char out[4096];
+  for (int i = 0; i < 3; i++) ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "ping"), 0);
+  c = client_open(&d);
+  ASSERT(it_log_wait(&d, "client=\"kvcachectl\" reason=", 5000));
+  ASSERT_EQ(log_count(&d, "level=info event=disconnect"), 1);
+  ASSERT_U64_EQ(stat_get(c, "connections_brief_total", NULL), 3);
+  kvc_client_close(c);
   daemon_stop(&d);
 }
 
@@ -49,7 +68,7 @@ TEST(logging_refused_peers_do_not_flood) {
   /* The harness's probe connection may still count: retry briefly. */
   for (int i = 0; i < 1000 && (rc = kvc_client_open(&o, &c)) == KVC_E_CONNLIMIT; i++) it_sleep_ms(10);
   ASSERT_OK(rc);
-  uint64_t before = stat_get(c, "connections_rejected", NULL);
+  uint64_t before = stat_get(c, "connections_rejected_total", NULL);
   for (int i = 0; i < 200; i++) {
     int fd = it_connect_raw(d.sock);
     ASSERT(fd >= 0);
@@ -59,7 +78,7 @@ TEST(logging_refused_peers_do_not_flood) {
     kvcache__v1__response__free_unpacked(r, NULL);
     close(fd);
   }
-  ASSERT_U64_EQ(stat_get(c, "connections_rejected", NULL) - before, 200);
+  ASSERT_U64_EQ(stat_get(c, "connections_rejected_total", NULL) - before, 200);
   int lines = log_count(&d, "event=refused");
   if (lines > 10) TEST_FAIL_("%d refused lines for 200 refusals: the budget is 10 per 10 s", lines);
   ASSERT(it_log_has(&d, "level=warn event=refused pid="));
@@ -80,7 +99,7 @@ TEST(logging_evictions_and_full_are_summarized) {
   size_t nk = 256 * it_tok_floats(&l, false), nv = 256 * it_tok_floats(&l, true);
   float *k = calloc(nk, 4), *v = calloc(nv, 4);
   for (uint64_t s = 1; s <= 700; s++) ASSERT_OK(kvc_put(cache, s, 0, 16, k, v));
-  uint64_t evicted = stat_get(c, "evicted_sequences", NULL);
+  uint64_t evicted = stat_get(c, "evicted_sequences_total", NULL);
   ASSERT(evicted >= 188);
   ASSERT(it_log_wait(&d, "level=info event=evictions evicted_sequences=", 5000));
   int lines = log_count(&d, "event=evictions");

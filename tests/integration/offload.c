@@ -38,15 +38,15 @@ TEST(offload_large_get_returns_the_same_bytes) {
   /* A small get and a failing one stay on the loop. */
   ASSERT_OK(kvc_get(h, 1, 0, 1, gk, gv));
   ASSERT_ERR(kvc_get(h, 9, 0, NTOK, gk, gv), KVC_E_NOSEQ);
-  ASSERT_U64_EQ(stat_get(a, "offloaded_gets", NULL), 20);
-  ASSERT_U64_EQ(stat_get(a, "requests_get", NULL), 22);
-  ASSERT_U64_EQ(stat_get(a, "errors_get", NULL), 1);
+  ASSERT_U64_EQ(stat_get(a, "offloaded_gets_total", NULL), 20);
+  ASSERT_U64_EQ(stat_get(a, "requests_total{op=get}", NULL), 22);
+  ASSERT_U64_EQ(stat_get(a, "request_errors_total{op=get}", NULL), 1);
   ASSERT_U64_EQ(stat_get(a, "leases", NULL), 0); /* the copies' references are gone */
   kvc_client_close(b);
   for (int i = 0; i < 1000 && stat_get(a, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
   /* Alone, a client's gets are not offloaded (no one to stall). */
   ASSERT_OK(kvc_get(h, 2, 0, NTOK, gk, gv));
-  ASSERT_U64_EQ(stat_get(a, "offloaded_gets", NULL), 20);
+  ASSERT_U64_EQ(stat_get(a, "offloaded_gets_total", NULL), 20);
   free(k), free(v), free(gk), free(gv);
   kvc_client_close(a);
   daemon_stop(&d);
@@ -114,7 +114,7 @@ TEST(offload_pipelined_replies_stay_in_order) {
     else raw_io(fd, 10 + i, false, kvc_cache_id(h), 1, NTOK);
   }
   for (uint64_t i = 0; i < 20; i++) expect_reply(fd, 10 + i);
-  ASSERT_U64_EQ(stat_get(other, "offloaded_gets", NULL), 10);
+  ASSERT_U64_EQ(stat_get(other, "offloaded_gets_total", NULL), 10);
   close(fd);
   kvc_client_close(other);
   daemon_stop(&d);

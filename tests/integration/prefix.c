@@ -207,13 +207,13 @@ TEST(prefix_two_workers_share_a_prompt) {
   ASSERT_U64_EQ(stat_get(c, "pages_used", NULL), (SHARED + OWN + T - 1) / T + (OWN + T - 1) / T);
   ASSERT_U64_EQ(stat_get(c, "sequences_pinned", NULL), 0);
   /* match 2100, attach 2100, two misses of 2000, one short match of 2000. */
-  ASSERT_U64_EQ(stat_get(c, "prefix_matches", "chat"), 5);
-  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_queried", "chat"), 2 * (SHARED + OWN) + 3 * SHARED);
-  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_hit", "chat"), 2 * SHARED + 2 * T);
-  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_ineligible", "chat"), 2 * ((SHARED + OWN) % T));
-  ASSERT_U64_EQ(stat_get(c, "hash_verify_failed", "chat"), 0);
-  ASSERT_U64_EQ(stat_get(c, "requests_attach", NULL), 1);
-  ASSERT_U64_EQ(stat_get(c, "requests_match", NULL), 4);
+  ASSERT_U64_EQ(stat_get(c, "prefix_matches_total", "chat"), 5);
+  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_queried_total", "chat"), 2 * (SHARED + OWN) + 3 * SHARED);
+  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_hit_total", "chat"), 2 * SHARED + 2 * T);
+  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_ineligible_total", "chat"), 2 * ((SHARED + OWN) % T));
+  ASSERT_U64_EQ(stat_get(c, "hash_verify_failed_total", "chat"), 0);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=attach}", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=match}", NULL), 4);
   kvc_client_close(c);
   free(w.prompt_a);
   free(w.prompt_b);
@@ -237,7 +237,7 @@ TEST(prefix_cached_pages_outlive_their_sequence) {
   ASSERT_U64_EQ(stat_get(a, "sequences", "doc"), 0);
   ASSERT_U64_EQ(stat_get(a, "pages_cached", "doc"), 8);
   ASSERT_U64_EQ(stat_get(a, "pages_indexed", "doc"), 8);
-  ASSERT_U64_EQ(stat_get(a, "pages_free", NULL), stat_get(a, "pages_total", NULL) - 8);
+  ASSERT_U64_EQ(stat_get(a, "pages_free", NULL), stat_get(a, "pool_pages", NULL) - 8);
 
   /* B still finds them, and attaching serves A's bytes. */
   ASSERT_MATCH(match(hb, p, 8 * T + 5), 8 * T, 8, 5);
@@ -248,9 +248,9 @@ TEST(prefix_cached_pages_outlive_their_sequence) {
   check_bytes(hb, 2, 0, 8 * T, 1);
 
   /* Overwriting inside an indexed page copies it: the index keeps A's. */
-  uint64_t cow = stat_get(b, "cow_copies", NULL);
+  uint64_t cow = stat_get(b, "cow_copies_total", NULL);
   put_bytes(hb, 2, 6 * T + 3, 4, NULL, 9);
-  ASSERT_U64_EQ(stat_get(b, "cow_copies", NULL), cow + 1);
+  ASSERT_U64_EQ(stat_get(b, "cow_copies_total", NULL), cow + 1);
   ASSERT_OK(kvc_attach(hb, 3, p, 8 * T, false, &m));
   ASSERT_MATCH(m, 8 * T, 8, 0);
   check_bytes(hb, 3, 0, 8 * T, 1);
@@ -260,7 +260,7 @@ TEST(prefix_cached_pages_outlive_their_sequence) {
   ASSERT_OK(kvc_seq_remove(hb, 3, 0, UINT64_MAX));
   ASSERT_U64_EQ(stat_get(b, "pages_cached", "doc"), 8);
   ASSERT_MATCH(match(ha, p, 8 * T), 8 * T, 8, 0);
-  ASSERT_U64_EQ(stat_get(b, "cached_reclaimed", "doc"), 0);
+  ASSERT_U64_EQ(stat_get(b, "cached_reclaimed_total", "doc"), 0);
   free(p);
   kvc_client_close(a);
   kvc_client_close(b);
@@ -302,13 +302,13 @@ TEST(prefix_pressure_reclaims_lru_then_chain_tails_first) {
   ASSERT_U64_EQ(stat_get(c, "pages_free", NULL), 0);
   for (uint64_t k = 1; k <= 8; k++) {
     fill(h, 200 + k, 1);
-    ASSERT_U64_EQ(stat_get(c, "cached_reclaimed", "lru"), k);
+    ASSERT_U64_EQ(stat_get(c, "cached_reclaimed_total", "lru"), k);
     ASSERT_U64_EQ(stat_get(c, "pages_cached", "lru"), 8 - k);
-    ASSERT_U64_EQ(stat_get(c, "evicted_sequences", NULL), 0);
+    ASSERT_U64_EQ(stat_get(c, "evicted_sequences_total", NULL), 0);
   }
   ASSERT_MATCH(match(h, p, 8 * T), 0, 0, 0);
   fill(h, 300, 1); /* now the least recent filler */
-  ASSERT_U64_EQ(stat_get(c, "evicted_sequences", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "evicted_sequences_total", NULL), 1);
   ASSERT(!seq_exists(h, 100));
   ASSERT(seq_exists(h, 101));
 
@@ -329,8 +329,8 @@ TEST(prefix_pressure_reclaims_lru_then_chain_tails_first) {
     ASSERT_MATCH(match(h, p, 8 * T), (8 - k) * T, 8 - k, 0);
     ASSERT_U64_EQ(stat_get(c, "pages_cached", "lru"), 8 - k);
   }
-  ASSERT_U64_EQ(stat_get(c, "cached_reclaimed", "lru"), 16);
-  ASSERT_U64_EQ(stat_get(c, "evicted_sequences", NULL), 9);
+  ASSERT_U64_EQ(stat_get(c, "cached_reclaimed_total", "lru"), 16);
+  ASSERT_U64_EQ(stat_get(c, "evicted_sequences_total", NULL), 9);
   ASSERT_ERR(try_put(h, 500, T), KVC_E_FULL); /* nothing left to reclaim */
   free(p);
   kvc_client_close(c);
@@ -355,14 +355,14 @@ TEST(prefix_lower_priority_goes_first) {
   ASSERT(!seq_exists(h, 2) && seq_exists(h, 1) && seq_exists(h, 100));
   fill(h, 202, 61); /* every older sequence at 35 goes, 1 stays */
   ASSERT(seq_exists(h, 1) && !seq_exists(h, 160) && seq_exists(h, 200));
-  ASSERT_U64_EQ(stat_get(c, "evicted_sequences", NULL), 63);
+  ASSERT_U64_EQ(stat_get(c, "evicted_sequences_total", NULL), 63);
   put_bytes(h, 300, 0, 64 * T, NULL, 300); /* the whole pool: 1 goes last */
   ASSERT(!seq_exists(h, 1));
   check_bytes(h, 300, 0, 64 * T, 300);
   ASSERT_ERR(kvc_seq_set_priority(h, 300, 101), KVC_E_INVAL);
   ASSERT(strstr(kvc_client_last_error(c), "priority 101") != NULL);
   ASSERT_ERR(kvc_seq_set_priority(h, 9999, 5), KVC_E_NOSEQ);
-  ASSERT_U64_EQ(stat_get(c, "errors_set_priority", NULL), 2);
+  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=set_priority}", NULL), 2);
   kvc_client_close(c);
   daemon_stop(&d);
 }
@@ -386,7 +386,7 @@ TEST(prefix_hard_pinned_prefix_survives_pressure) {
   /* B writes 200 pages' worth: everything else is evicted, many times. */
   fill(hb, 1000, 200);
   ASSERT_U64_EQ(stat_get(b, "sequences", "sys"), 1 + 56);
-  ASSERT_U64_EQ(stat_get(b, "evicted_sequences", NULL), 200 - 56);
+  ASSERT_U64_EQ(stat_get(b, "evicted_sequences_total", NULL), 200 - 56);
   ASSERT(!seq_exists(hb, 1000) && seq_exists(hb, 1199));
   ASSERT_EQ(seq_pins(hb, 2), 1);
   check_bytes(hb, 2, 0, 8 * T, 1);
@@ -429,7 +429,7 @@ TEST(prefix_ttl_pin_lapses) {
 
   /* The daemon's 1 s timer lapses the soft pin, never before its time. */
   uint64_t lapsed = 0;
-  while (now_ms() - t0 < 10000 && !(lapsed = stat_get(c, "pins_lapsed", NULL))) it_sleep_ms(50);
+  while (now_ms() - t0 < 10000 && !(lapsed = stat_get(c, "pins_lapsed_total", NULL))) it_sleep_ms(50);
   ASSERT_U64_EQ(lapsed, 1);
   ASSERT(now_ms() - t0 >= 300);
   ASSERT_EQ(seq_pins(h, 1), 0);
@@ -438,7 +438,7 @@ TEST(prefix_ttl_pin_lapses) {
   fill(hb, 200, 64); /* now 1 goes with the rest; 2 stays */
   ASSERT(!seq_exists(h, 1));
   ASSERT(seq_exists(h, 2));
-  ASSERT_U64_EQ(stat_get(c, "pins_lapsed", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "pins_lapsed_total", NULL), 1);
   ASSERT_ERR(kvc_seq_pin_ttl(h, 2, KVC_MAX_TTL_MS + 1), KVC_E_RANGE);
   ASSERT_ERR(kvc_seq_pin_ttl(h, 9999, 100), KVC_E_NOSEQ);
   kvc_client_close(c);
@@ -475,8 +475,8 @@ TEST(prefix_pins_beyond_the_limit_fail) {
   ASSERT(!seq_exists(h, 6));
   ASSERT_OK(kvc_attach(h, 6, p, T, false, &m));
   ASSERT_MATCH(m, T, 1, 0);
-  ASSERT_U64_EQ(stat_get(c, "pin_limit_errors", NULL), 3);
-  ASSERT_U64_EQ(stat_get(c, "errors_attach", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "pin_limit_errors_total", NULL), 3);
+  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=attach}", NULL), 1);
 
   /* Unpinning makes room. */
   ASSERT_OK(kvc_seq_unpin(h, 1));
@@ -507,35 +507,39 @@ TEST(prefix_metrics_match_a_scripted_scenario) {
   ASSERT_MATCH(match(h, p, 15), 0, 0, 15);        /* shorter than a page */
   ASSERT_MATCH(match(h, p, 0), 0, 0, 0);
   /* 6 requests; queried 100+40+50+96+15+0, hit 96+32+96, ineligible 4+8+2+15. */
-  static char out[1 << 16];
+  static char out[1 << 18];
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "stats --json"), 0);
   json_t *j = json_parse_or_fail(out);
-  static const char *const figs[] = {"prefix_matches", "prefix_tokens_queried",
-                                     "prefix_tokens_hit", "prefix_tokens_ineligible",
-                                     "pages_indexed", "pages_cached", "hash_verify_failed"};
+  /* Exported names: counters end in _total, per-cache families in cache_. */
+  static const char *const figs[] = {"prefix_matches_total", "prefix_tokens_queried_total",
+                                     "prefix_tokens_hit_total", "prefix_tokens_ineligible_total",
+                                     "pages_indexed", "pages_cached", "hash_verify_failed_total"};
   static const uint64_t want[] = {6, 301, 224, 29, 6, 0, 0};
   for (int scope = 0; scope < 2; scope++) {
     const json_t *x = scope ? json_get(j, "caches", "m", NULL) : json_get(j, "global", NULL);
     for (size_t i = 0; i < sizeof figs / sizeof figs[0]; i++) {
-      uint64_t v = json_u64(json_get(x, figs[i], NULL));
+      char name[96];
+      snprintf(name, sizeof name, "%s%s", scope ? "cache_" : "", figs[i]);
+      uint64_t v = json_u64(json_get(x, name, "value", NULL));
       if (v != want[i]) TEST_FAIL_("%s %s: expected %" PRIu64 ", got %" PRIu64,
-                                   scope ? "cache m" : "global", figs[i], want[i], v);
+                                   scope ? "cache m" : "global", name, want[i], v);
     }
   }
-  ASSERT_U64_EQ(json_u64(json_get(j, "global", "requests_match", NULL)), 5);
-  ASSERT_U64_EQ(json_u64(json_get(j, "global", "requests_attach", NULL)), 1);
+  ASSERT_STR_EQ(json_get(j, "global", "prefix_tokens_hit_total", "kind", NULL)->str, "counter");
   json_free(j);
-  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_hit", "m"), 224);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=match}", NULL), 5);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=attach}", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_hit_total", "m"), 224);
   static char prom[1 << 18];
   ASSERT_EQ(ctl_run(&d, prom, sizeof prom, false, "stats --prometheus"), 0);
-  ASSERT(strstr(prom, "# TYPE kvcached_prefix_tokens_hit counter\n") != NULL);
-  ASSERT(strstr(prom, "\nkvcached_prefix_tokens_queried 301\n") != NULL);
-  ASSERT(strstr(prom, "\nkvcached_cache_prefix_tokens_ineligible{cache=\"m\"} 29\n") != NULL);
+  ASSERT(strstr(prom, "# TYPE kvcached_prefix_tokens_hit_total counter\n") != NULL);
+  ASSERT(strstr(prom, "\nkvcached_prefix_tokens_queried_total 301\n") != NULL);
+  ASSERT(strstr(prom, "\nkvcached_cache_prefix_tokens_ineligible_total{cache=\"m\",tenant=\"uid:0\"} 29\n") != NULL);
   ASSERT(strstr(prom, "# TYPE kvcached_cache_pages_indexed gauge\n") != NULL);
-  ASSERT(strstr(prom, "\nkvcached_requests_attach 1\n") != NULL);
+  ASSERT(strstr(prom, "\nkvcached_requests_total{op=\"attach\"} 1\n") != NULL);
   ASSERT_EQ(ctl_run(&d, prom, sizeof prom, false, "stats"), 0);
   ASSERT(strstr(prom, "prefix_tokens_hit") && strstr(prom, "pins_lapsed") &&
-         strstr(prom, "latency_match_p99_ns"));
+         strstr(prom, "\n  match "));
 
   /* The same figures through kvcachectl prefix, and the one chain head:
    * three matches reached it, six pages deep. */
@@ -560,7 +564,7 @@ TEST(prefix_metrics_match_a_scripted_scenario) {
   json_free(j);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "prefix --cache nope"), 1);
   ASSERT(strstr(out, "NOCACHE") != NULL);
-  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "prefix --top 0"), 1);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "prefix --top 0"), 2);
   ASSERT(strstr(out, "--top takes 1..1000") != NULL);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "prefix --top 1"), 0);
   ASSERT(strstr(out, "top prefixes by hits") != NULL);
@@ -585,9 +589,9 @@ TEST(prefix_split_puts_keep_ids_with_their_tokens) {
   kvc_client_t *c = client_open_shm(&d, 1u << 20); /* ~1000 tokens per request */
   kvc_cache_t *h = open_salted(c, "split", "t");
   uint32_t *p = tokens_new(SHARED, 9);
-  uint64_t puts = stat_get(c, "requests_put", NULL);
+  uint64_t puts = stat_get(c, "requests_total{op=put}", NULL);
   put_bytes(h, 1, 0, SHARED, p, 1); /* split by tokens, mid-page */
-  ASSERT_U64_EQ(stat_get(c, "requests_put", NULL), puts + 2);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=put}", NULL), puts + 2);
   ASSERT_MATCH(match(h, p, SHARED), SHARED, SHARED / T, 0);
   check_bytes(h, 1, 0, SHARED, 1);
 
@@ -785,9 +789,9 @@ TEST(prefix_bad_requests_are_refused_and_change_nothing) {
   close(fd);
 
   ASSERT(!seq_exists(h, 7));
-  ASSERT_U64_EQ(stat_get(c, "errors_match", NULL), 6 + 1);
-  ASSERT_U64_EQ(stat_get(c, "errors_attach", NULL), 6 + 1);
-  ASSERT_U64_EQ(stat_get(c, "prefix_matches", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=match}", NULL), 6 + 1);
+  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=attach}", NULL), 6 + 1);
+  ASSERT_U64_EQ(stat_get(c, "prefix_matches_total", NULL), 1);
   ASSERT_U64_EQ(stat_get(c, "sequences_pinned", NULL), 0);
   free(p);
   kvc_client_close(c);

@@ -72,9 +72,9 @@ TEST(seqops_remove_resume_trim_list_clear) {
   ASSERT_ERR(kvc_seq_info(h, 3, &si), KVC_E_NOSEQ);
   ASSERT_U64_EQ(stat_get(c, "sequences", "ops"), 0);
   ASSERT_U64_EQ(stat_get(c, "pages_used", NULL), 0);
-  ASSERT_U64_EQ(stat_get(c, "removes", NULL), 2);
-  ASSERT_U64_EQ(stat_get(c, "trims", NULL), 1);
-  ASSERT_U64_EQ(stat_get(c, "requests_can_resume", NULL), 4);
+  ASSERT_U64_EQ(stat_get(c, "removes_total", NULL), 2);
+  ASSERT_U64_EQ(stat_get(c, "trims_total", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=can_resume}", NULL), 4);
   put_tokens(h, 4, 0, 1);
   kvc_cache_close(h);
   kvc_client_close(c);

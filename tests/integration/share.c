@@ -89,12 +89,12 @@ TEST(share_copy_prefix_cow_across_processes) {
   ASSERT_OK(kvc_seq_info(h, 1, &si));
   ASSERT_U64_EQ(si.length, PROMPT + EXTRA);
   ASSERT_EQ(si.shared_pages, 2); /* the two full prompt pages */
-  ASSERT_U64_EQ(stat_get(a, "cow_copies", NULL), 1);
-  ASSERT_U64_EQ(stat_get(a, "cow_copies", "shared"), 1);
+  ASSERT_U64_EQ(stat_get(a, "cow_copies_total", NULL), 1);
+  ASSERT_U64_EQ(stat_get(a, "cow_copies_total", "shared"), 1);
   ASSERT_U64_EQ(stat_get(a, "pages_shared", NULL), 2);
   ASSERT_U64_EQ(stat_get(a, "pages_used", NULL), 6); /* 2 shared + 2 per branch */
   ASSERT_U64_EQ(stat_get(a, "sequences", "shared"), 2);
-  ASSERT_U64_EQ(stat_get(a, "requests_copy_prefix", NULL), 1);
+  ASSERT_U64_EQ(stat_get(a, "requests_total{op=copy_prefix}", NULL), 1);
   ASSERT_U64_EQ(stat_get(a, "connections_total", NULL), 3); /* + the start probe */
   ASSERT_U64_EQ(stat_get(a, "connections_current", NULL), 1);
   kvc_client_close(a);

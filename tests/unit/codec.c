@@ -90,7 +90,7 @@ TEST(codec_from_wire_of_nothing_is_zero) {
   codec_seq_info_from_wire(NULL, &s);
   codec_cache_info_from_wire(NULL, &ci);
   codec_match_from_wire(NULL, &m);
-  codec_stat_from_wire(NULL, &st);
+  codec_stat_from_wire(NULL, &st, NULL);
   codec_hist_span_from_wire(NULL, &sp);
   ASSERT_EQ(l.num_layers + l.num_kv_heads + l.page_tokens + (uint32_t)l.dtype, 0);
   ASSERT_EQ(x.layer_end + x.head_end + (uint32_t)x.dtype, 0);
@@ -166,19 +166,35 @@ TEST(codec_round_trips_every_field) {
   ASSERT_MEM_EQ(&m2, &m, sizeof m);
   protobuf_c_message_free_unpacked(back, NULL);
 
-  kvc_stat_t st = {.name = "pages_free", .value = 42, .gauge = true, .help = "free pages",
-                   .cache = "c1", .tenant = "uid:1001"}, st2;
+  double le[2] = {0.5, 1.5};
+  uint64_t cnt[2] = {3, 4};
+  kvc_stat_t st = {.name = "d_seconds", .value = 42, .gauge = true, .help = "free pages",
+                   .cache = "c1", .kind = KVC_STAT_HISTOGRAM, .unit = "seconds",
+                   .nbuckets = 2, .bucket_le = le, .bucket_count = cnt, .sum = 2.5}, st2;
   Kvcache__V1__Stat wst;
   codec_stat_to_wire(&st, &wst);
+  /* Labels are the daemon's to build (metrics.c); one here for the check. */
+  Kvcache__V1__Label wlab = KVCACHE__V1__LABEL__INIT, *wlabs[1] = {&wlab};
+  wlab.key = (char *)"op";
+  wlab.value = (char *)"put";
+  wst.n_labels = 1;
+  wst.labels = wlabs;
   all_fields_set(&wst.base);
   back = repack(&wst.base);
-  codec_stat_from_wire((Kvcache__V1__Stat *)back, &st2);
+  kvc_label_t lab[1];
+  codec_stat_from_wire((Kvcache__V1__Stat *)back, &st2, lab);
   ASSERT_STR_EQ(st2.name, st.name);
   ASSERT_STR_EQ(st2.help, st.help);
   ASSERT_STR_EQ(st2.cache, st.cache);
-  ASSERT_STR_EQ(st2.tenant, st.tenant);
+  ASSERT_STR_EQ(st2.unit, "seconds");
   ASSERT_U64_EQ(st2.value, 42);
   ASSERT(st2.gauge);
+  ASSERT_EQ(st2.kind, KVC_STAT_HISTOGRAM);
+  ASSERT_EQ(st2.nbuckets, 2);
+  ASSERT(st2.bucket_le[1] == 1.5 && st2.bucket_count[1] == 4 && st2.sum == 2.5);
+  ASSERT_EQ(st2.nlabels, 1);
+  ASSERT_STR_EQ(st2.labels[0].key, "op");
+  ASSERT_STR_EQ(st2.labels[0].value, "put");
   protobuf_c_message_free_unpacked(back, NULL);
 
   kvc_hist_span_t sp = {1, 2, 3, 4}, sp2;

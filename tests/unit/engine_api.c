@@ -43,13 +43,13 @@ TEST(new_stats_start_empty) {
   ASSERT_OK(engine_new(&cfg, &eng2));
   engine_stats_t s2;
   engine_stats(eng2, &s2);
-  ASSERT_U64_EQ(s2.pages_total, 9);
+  ASSERT_U64_EQ(s2.pool_pages, 9);
   engine_free(eng2);
 
   engine_stats_t s = fx_stats(&f);
   ASSERT_U64_EQ(s.pool_bytes, 10 * 1024);
   ASSERT_U64_EQ(s.page_bytes, 1024);
-  ASSERT_U64_EQ(s.pages_total, 10);
+  ASSERT_U64_EQ(s.pool_pages, 10);
   ASSERT_U64_EQ(s.pages_free, 10);
   ASSERT_U64_EQ(s.pages_used + s.pages_shared + s.pages_pinned + s.caches + s.sequences, 0);
   ASSERT_U64_EQ(s.tokens + s.puts + s.gets + s.errors + s.cow_copies + s.evicted_pages, 0);

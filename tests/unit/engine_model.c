@@ -450,7 +450,7 @@ static void learn_evictions(model_t *m, const pcall_t *pc, uint64_t free_before,
 static void expect_unchanged(model_t *m, const engine_stats_t *s0) {
   engine_stats_t s1;
   engine_stats(m->eng, &s1);
-#define SAME_(name, kind, help)                                                \
+#define SAME_(name, kind, unit, help)                                                \
   if (strcmp(#name, "errors") && strcmp(#name, "full_errors") &&              \
       strcmp(#name, "metadata_bytes") && s0->name != s1.name)                  \
     MISMATCH(m, "a failed call moved stat %s: %" PRIu64 " -> %" PRIu64, #name, s0->name, s1.name);
