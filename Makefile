@@ -129,6 +129,25 @@ endif
 endif
 ALL += $(UNIT_BIN) $(IT_BIN)
 
+# The Python package (client/python): its C extension is built against
+# libkvcache.a into $(B)/python/kvcache/ with the package's .py files, for the
+# tests (PYTHONPATH=$(B)/python). Only in the optimized build: a sanitized
+# extension would need the sanitizer runtime preloaded into python.
+PY := /usr/bin/python3
+PY_INC := $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+PY_EXT := $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+PYEXT_SRC := $(wildcard client/python/src/*.c)
+PYEXT_OBJ := $(PYEXT_SRC:%.c=$(B)/%.o)
+PYPKG_SRC := $(wildcard client/python/kvcache/*.py client/python/kvcache/*.pyi client/python/kvcache/py.typed)
+PYPKG := $(PYPKG_SRC:client/python/%=$(B)/python/%) $(B)/python/kvcache/_kvcache$(PY_EXT)
+ifneq ($(HAVE_CLIENT),)
+ifeq ($(SANFLAGS),)
+ifneq ($(wildcard $(PY_INC)/Python.h),)
+  ALL += $(PYPKG)
+endif
+endif
+endif
+
 .PHONY: all run test test-repeat check bench deps clean install uninstall fuzz fuzz-build fuzz-corpus soak valgrind tsan
 all: $(ALL)
 
@@ -173,6 +192,17 @@ $(B)/libkvcache.a: $(CLIENT_DEPS)
 $(B)/kvcachectl: $(CTL_OBJ) $(B)/libkvcache.a
 	$(call say,LD,$@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) -lm
+
+# ---- the Python package -----------------------------------------------------
+$(PYEXT_OBJ): CPPFLAGS += -isystem $(PY_INC)
+$(PYEXT_OBJ): CFLAGS += -fvisibility=hidden
+$(B)/python/kvcache/_kvcache$(PY_EXT): $(PYEXT_OBJ) $(B)/libkvcache.a
+	$(call say,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -shared -o $@ $^ $(PB_LIBS)
+$(B)/python/kvcache/%: client/python/kvcache/%
+	@mkdir -p $(dir $@)
+	$(Q)cp $< $@
 
 # ---- tests ----------------------------------------------------------------
 $(B)/tests/unit_%: $(B)/tests/unit/%.o $(TEST_MAIN_OBJ) $(B)/libkvcengine.a
