@@ -233,7 +233,7 @@ def torch_view(a, dtype=None):
     """A torch tensor sharing a NumPy array's memory; uint16 bits become
     torch.bfloat16 (dtype='bf16', the default for uint16 arrays)."""
     import torch
-    t = torch.from_numpy(a)
-    if a.dtype.name == "uint16" and dtype in (None, "bf16"):
-        t = t.view(torch.bfloat16)
-    return t
+    if a.dtype.name == "uint16":  # torch has no uint16: the same bits as int16
+        t = torch.from_numpy(a.view("int16"))
+        return t.view(torch.bfloat16) if dtype in (None, "bf16") else t
+    return torch.from_numpy(a)
