@@ -86,10 +86,11 @@ class Layout:
         self.rope_theta, self.rope_scale = float(rope_theta), float(rope_scale)
 
     def _astuple(self):
+        rope = self.rope_dims > 0  # without RoPE every rope field is 0
         return (self.num_layers, self.num_kv_heads, self.head_dim, self.head_dim_v,
                 DTYPES[self.dtype], self.page_tokens, ATTN[self.attn], self.window, self.memory,
-                self.chunk, self.rope_dims, ROPE[self.rope_style], self.rope_theta,
-                self.rope_scale)
+                self.chunk, self.rope_dims, ROPE[self.rope_style] if rope else 0,
+                self.rope_theta if rope else 0.0, self.rope_scale if rope else 0.0)
 
     @classmethod
     def _fromtuple(cls, t):
@@ -97,7 +98,7 @@ class Layout:
         inv_rope = {v: k for k, v in ROPE.items()}
         return cls(t[0], t[1], t[2], _DTYPE_NAMES[t[4]], head_dim_v=t[3], page_tokens=t[5],
                    attn=inv_attn[t[6]], window=t[7], memory=t[8], chunk=t[9], rope_dims=t[10],
-                   rope_style=inv_rope[t[11]], rope_theta=t[12], rope_scale=t[13])
+                   rope_style=inv_rope[t[11]], rope_theta=t[12] or 10000.0, rope_scale=t[13])
 
     def __eq__(self, other):
         return isinstance(other, Layout) and self._astuple() == other._astuple()

@@ -39,7 +39,7 @@ static int range_arg(PyObject *o, uint32_t *b, uint32_t *e, const char *what) {
   *b = *e = 0;
   if (!o || o == Py_None) return 0;
   unsigned int x, y;
-  if (!PyTuple_Check(o) || !PyArg_ParseTuple(o, "II", &x, &y)) {
+  if (!PyTuple_Check(o) || !PyArg_ParseTuple(o, "O&O&", pykvc_u32, &x, pykvc_u32, &y)) {
     PyErr_Clear();
     PyErr_Format(PyExc_ValueError, "%s must be a (begin, end) tuple or None, got %R", what, o);
     return -1;
@@ -124,7 +124,7 @@ static PyObject *cache_put(cache_t *ca, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"seq", "pos", "k", "v", "tokens", "layers", NULL};
   unsigned long long seq, pos;
   PyObject *ko, *vo, *toks = Py_None, *layers = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "KKOO|OO:put", kwlist, &seq, &pos, &ko, &vo, &toks,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&OO|OO:put", kwlist, pykvc_u64, &seq, pykvc_u64, &pos, &ko, &vo, &toks,
                                    &layers))
     return NULL;
   kvc_xfer_t x;
@@ -190,7 +190,7 @@ static PyObject *cache_put_batch(cache_t *ca, PyObject *args, PyObject *kw) {
     PyObject *e = PySequence_Fast_GET_ITEM(seq, got);
     unsigned long long s, p;
     PyObject *ko, *vo, *toks = Py_None;
-    if (!PyTuple_Check(e) || !PyArg_ParseTuple(e, "KKOO|O:put_batch entry", &s, &p, &ko, &vo, &toks)) {
+    if (!PyTuple_Check(e) || !PyArg_ParseTuple(e, "O&O&OO|O:put_batch entry", pykvc_u64, &s, pykvc_u64, &p, &ko, &vo, &toks)) {
       if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "entries[%zd]: expected (seq, pos, k, v[, tokens])", got);
@@ -306,11 +306,11 @@ static PyObject *cache_get(cache_t *ca, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"seq", "begin", "end", "out", "dtype", "layers", "heads", NULL};
   unsigned long long seq, b, e;
   PyObject *out = Py_None, *dtype = Py_None, *layers = Py_None, *heads = Py_None, *ok, *ov;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "KKK|OOOO:get", kwlist, &seq, &b, &e, &out, &dtype,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|OOOO:get", kwlist, pykvc_u64, &seq, pykvc_u64, &b, pykvc_u64, &e, &out, &dtype,
                                    &layers, &heads))
     return NULL;
   if (out_pair(out, &ok, &ov) < 0) return NULL;
-  if (e < b || e - b > PY_SSIZE_T_MAX / 2) {
+  if (e < b || e - b > KVC_MAX_SEQ_TOKENS) {
     PyErr_Format(PyExc_ValueError, "get: end %llu before begin %llu or range too large", e, b);
     return NULL;
   }
@@ -376,12 +376,12 @@ static PyObject *cache_get_batch(cache_t *ca, PyObject *args, PyObject *kw) {
   for (; got < n; got++) {
     PyObject *e = PySequence_Fast_GET_ITEM(seq, got), *ok = Py_None, *ov = Py_None;
     unsigned long long s, p, nt;
-    if (!PyTuple_Check(e) || !PyArg_ParseTuple(e, "KKK|OO", &s, &p, &nt, &ok, &ov)) {
+    if (!PyTuple_Check(e) || !PyArg_ParseTuple(e, "O&O&O&|OO", pykvc_u64, &s, pykvc_u64, &p, pykvc_u64, &nt, &ok, &ov)) {
       PyErr_Clear();
       PyErr_Format(PyExc_ValueError, "entries[%zd]: expected (seq, pos, n[, out_k, out_v])", got);
       goto out;
     }
-    if (nt > (1ull << 31)) {
+    if (nt > KVC_MAX_SEQ_TOKENS) {
       PyErr_Format(PyExc_ValueError, "entries[%zd]: %llu tokens is too large a read", got, nt);
       goto out;
     }
@@ -429,7 +429,7 @@ static PyObject *cache_get_token(cache_t *ca, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"seq", "pos", "dtype", "layers", "heads", NULL};
   unsigned long long seq, pos;
   PyObject *dtype = Py_None, *layers = Py_None, *heads = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "KK|OOO:get_token", kwlist, &seq, &pos, &dtype,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|OOO:get_token", kwlist, pykvc_u64, &seq, pykvc_u64, &pos, &dtype,
                                    &layers, &heads))
     return NULL;
   kvc_xfer_t x;
@@ -464,7 +464,7 @@ static PyObject *cache_get_head(cache_t *ca, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"seq", "layer", "head", "begin", "end", NULL};
   unsigned long long seq, b, e;
   unsigned int layer, head;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "KIIKK:get_head", kwlist, &seq, &layer, &head, &b,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&O&O&:get_head", kwlist, pykvc_u64, &seq, pykvc_u32, &layer, pykvc_u32, &head, pykvc_u64, &b, pykvc_u64,
                                    &e))
     return NULL;
   if (e < b || e - b > (1ull << 31)) {
@@ -501,7 +501,7 @@ static PyObject *cache_get_raw(cache_t *ca, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"seq", "begin", "end", "layers", "heads", NULL};
   unsigned long long seq, b, e;
   PyObject *layers = Py_None, *heads = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "KKK|OO:get_raw", kwlist, &seq, &b, &e, &layers,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|OO:get_raw", kwlist, pykvc_u64, &seq, pykvc_u64, &b, pykvc_u64, &e, &layers,
                                    &heads))
     return NULL;
   if (e < b || e - b > (1ull << 31)) {
@@ -564,9 +564,9 @@ static PyObject *cache_shm_xfer(cache_t *ca, PyObject *args, PyObject *kw, bool 
     PyObject *e = PySequence_Fast_GET_ITEM(seq, i);
     kvc_shm_io_t *s = &io[i];
     if (!PyTuple_Check(e) ||
-        !PyArg_ParseTuple(e, "KKKKK|KKKKKK", &s->seq_id, &s->pos, &s->ntokens, &s->k_off,
-                          &s->v_off, &s->k_len, &s->v_len, &s->k_scale_off, &s->v_scale_off,
-                          &s->tok_off, &s->tok_len)) {
+        !PyArg_ParseTuple(e, "O&O&O&O&O&|O&O&O&O&O&O&", pykvc_u64, &s->seq_id, pykvc_u64, &s->pos, pykvc_u64, &s->ntokens, pykvc_u64, &s->k_off, pykvc_u64,
+                          &s->v_off, pykvc_u64, &s->k_len, pykvc_u64, &s->v_len, pykvc_u64, &s->k_scale_off, pykvc_u64, &s->v_scale_off, pykvc_u64,
+                          &s->tok_off, pykvc_u64, &s->tok_len)) {
       PyErr_Clear();
       PyErr_Format(PyExc_ValueError, "entries[%zd]: expected (seq, pos, n, k_off, v_off[, k_len, "
                    "v_len, k_scale_off, v_scale_off, tok_off, tok_len])", i);
@@ -595,7 +595,7 @@ static PyObject *cache_xfer_bytes(cache_t *ca, PyObject *args, PyObject *kw) {
   unsigned long long n;
   int put = 0;
   PyObject *dtype = Py_None, *layers = Py_None, *heads = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "K|pOOO:xfer_bytes", kwlist, &n, &put, &dtype,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|pOOO:xfer_bytes", kwlist, pykvc_u64, &n, &put, &dtype,
                                    &layers, &heads))
     return NULL;
   kvc_xfer_t x;
@@ -637,7 +637,7 @@ static int toks_arg(PyObject *o, tensor_t *t, kvc_tok_t **toks, kvc_tok_t **owne
   for (Py_ssize_t i = 0; i < len; i++) {
     PyObject *e = PySequence_Fast_GET_ITEM(seq, i);
     unsigned long long s, p;
-    if (!PyTuple_Check(e) || !PyArg_ParseTuple(e, "KK", &s, &p)) {
+    if (!PyTuple_Check(e) || !PyArg_ParseTuple(e, "O&O&", pykvc_u64, &s, pykvc_u64, &p)) {
       PyErr_Clear();
       PyErr_Format(PyExc_ValueError, "toks[%zd]: expected a (seq, pos) tuple", i);
       PyMem_Free(a);
@@ -733,14 +733,14 @@ static PyObject *cache_history_raw(cache_t *ca, PyObject *args, PyObject *kw) {
 
 static PyObject *cache_remove(cache_t *ca, PyObject *args) {
   unsigned long long seq, b = 0, e = UINT64_MAX >> 1;
-  if (!PyArg_ParseTuple(args, "K|KK:remove", &seq, &b, &e)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&|O&O&:remove", pykvc_u64, &seq, pykvc_u64, &b, pykvc_u64, &e)) return NULL;
   CALL_(kvc_seq_remove(ca->h, seq, b, e));
   Py_RETURN_NONE;
 }
 
 static PyObject *cache_copy_prefix(cache_t *ca, PyObject *args) {
   unsigned long long src, dst, n;
-  if (!PyArg_ParseTuple(args, "KKK:copy_prefix", &src, &dst, &n)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&O&O&:copy_prefix", pykvc_u64, &src, pykvc_u64, &dst, pykvc_u64, &n)) return NULL;
   CALL_(kvc_seq_copy_prefix(ca->h, src, dst, n));
   Py_RETURN_NONE;
 }
@@ -748,14 +748,14 @@ static PyObject *cache_copy_prefix(cache_t *ca, PyObject *args) {
 static PyObject *cache_can_resume(cache_t *ca, PyObject *args) {
   unsigned long long seq, pos;
   bool r = false;
-  if (!PyArg_ParseTuple(args, "KK:can_resume", &seq, &pos)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&O&:can_resume", pykvc_u64, &seq, pykvc_u64, &pos)) return NULL;
   CALL_(kvc_seq_can_resume(ca->h, seq, pos, &r));
   return PyBool_FromLong(r);
 }
 
 static PyObject *cache_trim_front(cache_t *ca, PyObject *args) {
   unsigned long long seq, n;
-  if (!PyArg_ParseTuple(args, "KK:trim_front", &seq, &n)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&O&:trim_front", pykvc_u64, &seq, pykvc_u64, &n)) return NULL;
   CALL_(kvc_seq_trim_front(ca->h, seq, n));
   Py_RETURN_NONE;
 }
@@ -763,7 +763,7 @@ static PyObject *cache_trim_front(cache_t *ca, PyObject *args) {
 static PyObject *cache_shift(cache_t *ca, PyObject *args) {
   unsigned long long seq;
   long long p0, p1, delta;
-  if (!PyArg_ParseTuple(args, "KLLL:shift", &seq, &p0, &p1, &delta)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&LLL:shift", pykvc_u64, &seq, &p0, &p1, &delta)) return NULL;
   CALL_(kvc_seq_shift(ca->h, seq, p0, p1, delta));
   Py_RETURN_NONE;
 }
@@ -771,14 +771,14 @@ static PyObject *cache_shift(cache_t *ca, PyObject *args) {
 static PyObject *cache_punch(cache_t *ca, PyObject *args) {
   unsigned long long seq;
   long long p0, p1;
-  if (!PyArg_ParseTuple(args, "KLL:punch", &seq, &p0, &p1)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&LL:punch", pykvc_u64, &seq, &p0, &p1)) return NULL;
   CALL_(kvc_seq_punch(ca->h, seq, p0, p1));
   Py_RETURN_NONE;
 }
 
 static PyObject *cache_keep(cache_t *ca, PyObject *args) {
   unsigned long long seq;
-  if (!PyArg_ParseTuple(args, "K:keep", &seq)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:keep", pykvc_u64, &seq)) return NULL;
   CALL_(kvc_seq_keep(ca->h, seq));
   Py_RETURN_NONE;
 }
@@ -786,7 +786,7 @@ static PyObject *cache_keep(cache_t *ca, PyObject *args) {
 static PyObject *cache_pos_range(cache_t *ca, PyObject *args) {
   unsigned long long seq;
   int64_t a = -1, b = -1;
-  if (!PyArg_ParseTuple(args, "K:pos_range", &seq)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:pos_range", pykvc_u64, &seq)) return NULL;
   CALL_(kvc_seq_pos_range(ca->h, seq, &a, &b));
   return Py_BuildValue("(LL)", (long long)a, (long long)b);
 }
@@ -795,7 +795,7 @@ static PyObject *cache_pin(cache_t *ca, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"seq", "ttl_ms", NULL};
   unsigned long long seq;
   PyObject *ttl = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "K|O:pin", kwlist, &seq, &ttl)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O:pin", kwlist, pykvc_u64, &seq, &ttl)) return NULL;
   if (ttl == Py_None) {
     CALL_(kvc_seq_pin(ca->h, seq));
   } else {
@@ -808,7 +808,7 @@ static PyObject *cache_pin(cache_t *ca, PyObject *args, PyObject *kw) {
 
 static PyObject *cache_unpin(cache_t *ca, PyObject *args) {
   unsigned long long seq;
-  if (!PyArg_ParseTuple(args, "K:unpin", &seq)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:unpin", pykvc_u64, &seq)) return NULL;
   CALL_(kvc_seq_unpin(ca->h, seq));
   Py_RETURN_NONE;
 }
@@ -816,7 +816,7 @@ static PyObject *cache_unpin(cache_t *ca, PyObject *args) {
 static PyObject *cache_set_priority(cache_t *ca, PyObject *args) {
   unsigned long long seq;
   unsigned int p;
-  if (!PyArg_ParseTuple(args, "KI:set_priority", &seq, &p)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&O&:set_priority", pykvc_u64, &seq, pykvc_u32, &p)) return NULL;
   CALL_(kvc_seq_set_priority(ca->h, seq, p));
   Py_RETURN_NONE;
 }
@@ -831,7 +831,7 @@ static PyObject *seq_info_dict(const kvc_seq_info_t *i) {
 static PyObject *cache_info(cache_t *ca, PyObject *args) {
   unsigned long long seq;
   kvc_seq_info_t i;
-  if (!PyArg_ParseTuple(args, "K:info", &seq)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&:info", pykvc_u64, &seq)) return NULL;
   CALL_(kvc_seq_info(ca->h, seq, &i));
   return seq_info_dict(&i);
 }
@@ -907,7 +907,7 @@ static PyObject *cache_attach(cache_t *ca, PyObject *args, PyObject *kw) {
   unsigned long long dst;
   PyObject *tokens;
   int pin = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "KO|p:attach", kwlist, &dst, &tokens, &pin))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|p:attach", kwlist, pykvc_u64, &dst, &tokens, &pin))
     return NULL;
   return cache_match_attach(ca, tokens, true, dst, pin);
 }
@@ -930,7 +930,7 @@ static PyObject *cache_set_extra(cache_t *ca, PyObject *args) {
 
 static PyObject *cache_prefix_top(cache_t *ca, PyObject *args) {
   unsigned int cap = 10;
-  if (!PyArg_ParseTuple(args, "|I:prefix_top", &cap)) return NULL;
+  if (!PyArg_ParseTuple(args, "|O&:prefix_top", pykvc_u32, &cap)) return NULL;
   if (cap == 0 || cap > 1000) {
     PyErr_Format(PyExc_ValueError, "prefix_top: n must be 1..1000, got %u", cap);
     return NULL;
@@ -988,7 +988,7 @@ static PyObject *cache_close(cache_t *ca, PyObject *noargs) {
 
 static PyObject *cache_lease(cache_t *ca, PyObject *args) {
   unsigned long long seq, b, e;
-  if (!PyArg_ParseTuple(args, "KKK:lease", &seq, &b, &e)) return NULL;
+  if (!PyArg_ParseTuple(args, "O&O&O&:lease", pykvc_u64, &seq, pykvc_u64, &b, pykvc_u64, &e)) return NULL;
   kvc_lease_t *l = NULL;
   CALL_(kvc_lease(ca->h, seq, b, e, &l));
   PyObject *r = lease_new(ca, l, seq, b, e);

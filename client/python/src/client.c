@@ -23,6 +23,31 @@ int client_enter(client_t *cl) {
 
 void client_leave(client_t *cl) { cl->busy_thread = 0; }
 
+int client_track(client_t *cl, region_t *r) {
+  if (!cl->regions && !(cl->regions = PyList_New(0))) return -1;
+  Py_ssize_t n = PyList_GET_SIZE(cl->regions);
+  if (n >= 64 && (n & (n - 1)) == 0) { /* at powers of two: drop the dead */
+    PyObject *live = PyList_New(0);
+    if (!live) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+      region_t *x = (region_t *)PyList_GET_ITEM(cl->regions, i);
+      if (!x->dead && PyList_Append(live, (PyObject *)x) < 0) {
+        Py_DECREF(live);
+        return -1;
+      }
+    }
+    Py_SETREF(cl->regions, live);
+  }
+  return PyList_Append(cl->regions, (PyObject *)r);
+}
+
+static void kill_all(client_t *cl) {
+  if (cl->shm) region_kill(cl->shm);
+  for (Py_ssize_t i = 0; cl->regions && i < PyList_GET_SIZE(cl->regions); i++)
+    region_kill((region_t *)PyList_GET_ITEM(cl->regions, i));
+  Py_CLEAR(cl->regions);
+}
+
 static int client_init(client_t *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"socket", "shm_bytes", "timeout", "spin_us", "name", NULL};
   const char *sock = NULL, *name = NULL;
@@ -33,7 +58,7 @@ static int client_init(client_t *self, PyObject *args, PyObject *kw) {
     PyErr_SetString(PyExc_RuntimeError, "Client is already open");
     return -1;
   }
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zKOIz:Client", kwlist, &sock, &shm, &timeout,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zO&OO&z:Client", kwlist, &sock, pykvc_u64, &shm, &timeout, pykvc_u32,
                                    &spin, &name))
     return -1;
   kvc_client_opts_t o = {.socket_path = sock, .shm_bytes = shm, .spin_us = spin,
@@ -66,7 +91,7 @@ static PyObject *client_close(client_t *self, PyObject *noargs) {
     PyErr_SetString(PyExc_RuntimeError, "kvcache.Client closed while another thread is in a call");
     return NULL;
   }
-  if (self->shm) region_kill(self->shm);
+  kill_all(self);
   kvc_client_t *c = self->c;
   self->c = NULL;
   if (c) {
@@ -78,7 +103,7 @@ static PyObject *client_close(client_t *self, PyObject *noargs) {
 
 static void client_dealloc(client_t *self) {
   if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
-  if (self->shm) region_kill(self->shm);
+  kill_all(self);
   kvc_client_close(self->c);
   Py_XDECREF(self->shm);
   Py_TYPE(self)->tp_free((PyObject *)self);
@@ -119,8 +144,8 @@ static int layout_from(PyObject *o, kvc_layout_t *l) {
   if (!t) return -1;
   unsigned int v[12];
   float theta, scale;
-  int ok = PyArg_ParseTuple(t, "IIIIIIIIIIIIff:layout", &v[0], &v[1], &v[2], &v[3], &v[4],
-                            &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &theta, &scale);
+  int ok = PyArg_ParseTuple(t, "O&O&O&O&O&O&O&O&O&O&O&O&ff:layout", pykvc_u32, &v[0], pykvc_u32, &v[1], pykvc_u32, &v[2], pykvc_u32, &v[3], pykvc_u32, &v[4], pykvc_u32,
+                            &v[5], pykvc_u32, &v[6], pykvc_u32, &v[7], pykvc_u32, &v[8], pykvc_u32, &v[9], pykvc_u32, &v[10], pykvc_u32, &v[11], &theta, &scale);
   Py_DECREF(t);
   if (!ok) return -1;
   *l = (kvc_layout_t){v[0], v[1], v[2], v[3], (kvc_dtype_t)v[4], v[5], (kvc_attn_t)v[6],

@@ -89,7 +89,10 @@ static PyObject *lease_geometry(lease_t *le, PyObject *noargs) {
   uint64_t bytes;
   kvc_client_pool(le->cache->client->c, &base, &bytes);
   if (!base) return pykvc_raise(NULL, KVC_E_PROTO);
-  if (!le->pool && !(le->pool = region_new(base, (size_t)bytes, 1))) return NULL;
+  if (!le->pool) {
+    if (!(le->pool = region_new(base, (size_t)bytes, 1))) return NULL;
+    if (client_track(le->cache->client, le->pool) < 0) return NULL;
+  }
   const kvc_lease_info_t *i = kvc_lease_info(le->l);
   PyObject *offs = PyList_New(i->npages);
   for (uint32_t p = 0; offs && p < i->npages; p++)

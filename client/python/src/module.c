@@ -53,6 +53,28 @@ PyObject *pykvc_raise(kvc_client_t *c, int rc) {
 
 PyObject *pykvc_raise_open(int rc) { return raise_code(rc, kvc_client_open_error(), NULL); }
 
+int pykvc_u64(PyObject *o, void *out) {
+  if (!PyLong_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "expected an int, got %.100s", Py_TYPE(o)->tp_name);
+    return 0;
+  }
+  unsigned long long v = PyLong_AsUnsignedLongLong(o);
+  if (v == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+  *(unsigned long long *)out = v;
+  return 1;
+}
+
+int pykvc_u32(PyObject *o, void *out) {
+  unsigned long long v;
+  if (!pykvc_u64(o, &v)) return 0;
+  if (v > UINT32_MAX) {
+    PyErr_Format(PyExc_OverflowError, "%llu does not fit 32 bits", v);
+    return 0;
+  }
+  *(unsigned int *)out = (unsigned int)v;
+  return 1;
+}
+
 /* "NOCACHE" -> "NocacheError". */
 static int add_error(PyObject *m, const char *name, int code, const char *msg) {
   char cls[64], qual[80], doc[160];

@@ -41,6 +41,7 @@ typedef struct {
   kvc_client_t *c;   /* NULL once closed */
   unsigned long busy_thread; /* thread inside a call, 0 if none */
   region_t *shm;     /* the shared buffer's Region, made on first use */
+  PyObject *regions; /* list of the leases' live Regions, killed at close */
   PyObject *weakrefs;
 } client_t;
 
@@ -68,6 +69,12 @@ PyObject *pykvc_raise(kvc_client_t *c, int rc);
 /* The same for kvc_client_open's failure. */
 PyObject *pykvc_raise_open(int rc);
 
+/* PyArg "O&" converters of unsigned integers that, unlike "K" and "I",
+ * raise OverflowError for a negative or too large value. out is a uint64_t
+ * (unsigned long long) or a uint32_t (unsigned int). */
+int pykvc_u64(PyObject *o, void *out);
+int pykvc_u32(PyObject *o, void *out);
+
 /* ---- regions (region.c) ---- */
 /* A new Region duplicating [base, base + bytes) of a MAP_SHARED mapping;
  * NULL with an exception set. */
@@ -80,6 +87,8 @@ void region_kill(region_t *r);
  * ValueError (closed) or RuntimeError (another thread is in a call). */
 int client_enter(client_t *cl);
 void client_leave(client_t *cl);
+/* Keeps r to be killed when the client closes (drops dead ones). */
+int client_track(client_t *cl, region_t *r);
 /* Like client_enter for a cache: the cache and its client must be open. */
 int cache_enter(cache_t *ca);
 #define cache_leave(ca) client_leave((ca)->client)
