@@ -11,7 +11,8 @@
 #                   N not met, N unreliable"
 #   make bench BENCH_ROWS=direct,spin   only those groups of rows (a comma list of
 #                   words, each matched inside the group names: ping copy direct
-#                   lease held servers spin stall multi decode prefix eviction scale)
+#                   lease held servers spin stall multi decode prefix eviction scale
+#                   python: the Python package against the C client)
 #   make soak       the verified soak (SOAK_CLIENTS=16, SOAK_SECONDS=60)
 #   make valgrind   the integration suite's daemon under valgrind memcheck
 #   make fuzz       libFuzzer (clang) on each target for FUZZ_SECONDS (default 60)
@@ -339,11 +340,19 @@ tsan: deps
 	@TSAN_OPTIONS="$${TSAN_OPTIONS:-halt_on_error=1}" tests/run.sh --it-only build-tsan
 
 # One program prints the one table (tests/bench/kvc_bench.c); engine_bench
-# (the engine alone, no daemon) is built too and runs by hand.
+# (the engine alone, no daemon) is built too and runs by hand. Then the
+# Python package against the C client (tests/bench/py_bench.py, the group
+# "python"), in the same run.
 bench: EXTRA_PACKAGES += redis-server memcached
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
-	@BENCH_ROWS='$(BENCH_ROWS)' $(B)/bench/kvc_bench
+	@rows='$(BENCH_ROWS)'; kv=1; py=1; \
+	if [ -n "$$rows" ]; then \
+	  case ",$$rows," in *python*) ;; *) py= ;; esac; \
+	  rows=$$(printf '%s\n' "$$rows" | tr ', ' '\n\n' | grep -v -e '^python$$' -e '^$$' | paste -sd, -); \
+	  [ -n "$$rows" ] || kv=; fi; \
+	if [ -n "$$kv" ]; then BENCH_ROWS="$$rows" $(B)/bench/kvc_bench || exit $$?; fi; \
+	if [ -n "$$py" ]; then $(PY) tests/bench/py_bench.py $(B); fi
 
 fuzz:
 	@$(MAKE) --no-print-directory deps EXTRA_PACKAGES="clang libclang-rt-14-dev"
