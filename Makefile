@@ -266,12 +266,14 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 # procps: /bin/kill, the unit's ExecReload (systemd-analyze verify looks for it);
 # libssl (SHA-256) and libxxhash for the prefix index; pkg-config for the
 # install test's client; the Python package (client/python): python3-dev to
-# build its extension, python3-setuptools for pip install ./client/python,
+# build its extension, python3-pip, -setuptools and -wheel for pip install
+# ./client/python (offline: the package's build backend uses Debian's),
 # python3-numpy and python3-torch for its tensors and the reference decoder,
 # python3-pytest to run its tests.
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
                 libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps \
-                python3-dev python3-setuptools python3-numpy python3-torch python3-pytest
+                python3-dev python3-setuptools python3-wheel python3-pip python3-numpy \
+                python3-torch python3-pytest
 # apt-get's output goes here; make deps prints one line of what it installs.
 DEPS_LOG ?= /tmp/kvcached-deps.log
 deps:

@@ -380,3 +380,23 @@ def test_one_client_per_thread_runs_in_parallel(shared_daemon):
     for t in ts:
         t.join()
     assert len(out) == 80 and all(out)
+
+
+def test_pip_install_offline_from_the_source_tree(shared_daemon, tmp_path):
+    """pip install ./client/python with no index (the package's backend finds
+    Debian's setuptools and wheel), then the installed copy talks to kvcached."""
+    import subprocess
+    import sys
+    src = os.path.join(os.environ.get("KVC_SRCDIR", "."), "client", "python")
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
+               PIP_ROOT_USER_ACTION="ignore")
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target",
+                        str(tmp_path), src], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = ("import kvcache, sys; c = kvcache.Client(socket=sys.argv[1]); c.ping(); "
+            "print(kvcache.__file__)")
+    r = subprocess.run([sys.executable, "-c", code, shared_daemon.sock], capture_output=True,
+                       text=True, env=dict(env, PYTHONPATH=str(tmp_path)), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(str(tmp_path))
