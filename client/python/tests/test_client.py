@@ -400,3 +400,34 @@ def test_pip_install_offline_from_the_source_tree(shared_daemon, tmp_path):
                        text=True, env=dict(env, PYTHONPATH=str(tmp_path)), timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(str(tmp_path))
+
+
+def test_stubs_and_docstrings_cover_everything_public():
+    import ast
+    import kvcache.connector as conn
+    pyi = os.path.join(os.path.dirname(kvcache.__file__), "__init__.pyi")
+    tree = ast.parse(open(pyi).read())
+    stubs = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    funcs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+    def stub_names(node):
+        return ({n.name for n in node.body if isinstance(n, ast.FunctionDef)} |
+                {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)})
+
+    for cls in (kvcache.Client, kvcache.Cache, kvcache.Lease, kvcache.Layout):
+        assert cls.__doc__, cls
+        names = stub_names(stubs[cls.__name__])
+        for name in dir(cls):
+            if name.startswith("_"):
+                continue
+            assert name in names, f"{cls.__name__}.{name} missing from the stubs"
+            attr = getattr(cls, name)
+            if callable(attr):
+                assert attr.__doc__, f"{cls.__name__}.{name} has no docstring"
+    for e in kvcache.errors.values():
+        assert e.__name__ in stubs and e.__doc__
+    assert "torch_view" in funcs
+    for f in (conn.gather, conn.scatter, conn.KVConnector.load, conn.KVConnector.save,
+              conn.KVConnector.save_layer, conn.KVConnector.load_layer,
+              conn.KVConnector.num_cached_tokens, conn.KVConnector.finish):
+        assert f.__doc__
