@@ -21,7 +21,7 @@ sel=""
 for n in "$@"; do sel="$sel${sel:+ or }${n%%\[*}"; done
 log=$(mktemp); trap 'rm -f "$log" "$log.v"' EXIT
 # -rA: one summary line per test (PASSED/FAILED/ERROR/SKIPPED file::name - why).
-$py -m pytest "$src/client/python/tests" -q -rA -p no:cacheprovider \
+COLUMNS=250 $py -m pytest "$src/client/python/tests" -q -rA -p no:cacheprovider \
   ${sel:+-k "$sel"} > "$log" 2>&1
 rc=$?
 sed -n -e 's/^PASSED [^:]*::\([^ ]*\).*$/PASS \1/p' \
@@ -36,6 +36,6 @@ fi
 if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then
   grep -q '^\(FAILED\|ERROR\) ' "$log" || echo "FAIL pytest (exit $rc)"
   # The failures' details go to stderr, whose tail run.sh shows.
-  tail -60 "$log" >&2
+  sed -n '/^=* \(FAILURES\|ERRORS\) =*$/,/^=* short test summary/p' "$log" | tail -60 >&2
 fi
 exit 0

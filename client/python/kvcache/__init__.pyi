@@ -100,6 +100,7 @@ class Client:
     info: Dict[str, Any]
     shm: memoryview  # the shared buffer, writable; zeros once closed
     closed: bool
+    in_call: bool  # a thread is inside a call (the GIL released)
     last_error: str
     def __init__(self, socket: Optional[str] = None, shm_bytes: int = 0,
                  timeout: Optional[float] = None, spin_us: int = 0,

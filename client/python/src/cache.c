@@ -19,6 +19,13 @@ PyObject *cache_new(client_t *cl, kvc_cache_t *h) {
   return (PyObject *)ca;
 }
 
+/* ValueError for a call on a closed cache (or on a cache of a closed client). */
+static PyObject *closed_error(cache_t *ca) {
+  PyErr_SetString(PyExc_ValueError, ca->client->c ? "operation on a closed kvcache.Cache"
+                                                  : "operation on a closed kvcache.Client");
+  return NULL;
+}
+
 int cache_enter(cache_t *ca) {
   if (ca->client->c && !ca->h) {
     PyErr_SetString(PyExc_ValueError, "operation on a closed kvcache.Cache");
@@ -28,7 +35,9 @@ int cache_enter(cache_t *ca) {
 }
 
 static void cache_dealloc(cache_t *ca) {
-  if (ca->client->c && ca->h) kvc_cache_close(ca->h);
+  /* While another thread is in a call on the client, the handle is left to
+   * kvc_client_close (closing it now would race with that call). */
+  if (ca->client->c && ca->h && !ca->client->busy_thread) kvc_cache_close(ca->h);
   Py_DECREF(ca->client);
   Py_TYPE(ca)->tp_free((PyObject *)ca);
 }
@@ -601,8 +610,7 @@ static PyObject *cache_xfer_bytes(cache_t *ca, PyObject *args, PyObject *kw) {
   kvc_xfer_t x;
   Py_ssize_t nl, nh;
   if (xfer_arg(ca, layers, heads, dtype, &x, &nl, &nh) < 0) return NULL;
-  if (ca->client->c && !ca->h) return cache_enter(ca) < 0 ? NULL : NULL;
-  if (!ca->client->c) return client_enter(ca->client) < 0 ? NULL : NULL;
+  if (!ca->client->c || !ca->h) return closed_error(ca);
   uint64_t kb, vb, sb;
   int rc = kvc_xfer_bytes(ca->h, &x, put != 0, n, &kb, &vb, &sb);
   if (rc) return pykvc_raise(NULL, rc);
@@ -998,13 +1006,13 @@ static PyObject *cache_lease(cache_t *ca, PyObject *args) {
 
 static PyObject *cache_get_name(cache_t *ca, void *c) {
   (void)c;
-  if (!ca->client->c || !ca->h) return cache_enter(ca) < 0 ? NULL : NULL;
+  if (!ca->client->c || !ca->h) return closed_error(ca);
   return PyUnicode_FromString(kvc_cache_name(ca->h));
 }
 
 static PyObject *cache_get_id(cache_t *ca, void *c) {
   (void)c;
-  if (!ca->client->c || !ca->h) return cache_enter(ca) < 0 ? NULL : NULL;
+  if (!ca->client->c || !ca->h) return closed_error(ca);
   return PyLong_FromUnsignedLong(kvc_cache_id(ca->h));
 }
 

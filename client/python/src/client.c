@@ -289,6 +289,11 @@ static PyObject *client_get_closed(client_t *self, void *closure) {
   return PyBool_FromLong(self->c == NULL);
 }
 
+static PyObject *client_get_in_call(client_t *self, void *closure) {
+  (void)closure;
+  return PyBool_FromLong(self->busy_thread != 0);
+}
+
 static PyObject *client_last_error(client_t *self, void *closure) {
   (void)closure;
   return PyUnicode_FromString(self->c ? kvc_client_last_error(self->c) : "");
@@ -321,6 +326,8 @@ static PyGetSetDef client_getset[] = {
      "The library's own calls (put, get, history, match) overwrite it. Once the client closes "
      "it reads zeros.", NULL},
     {"closed", (getter)client_get_closed, NULL, "True once closed.", NULL},
+    {"in_call", (getter)client_get_in_call, NULL,
+     "True while a thread is inside a call on this client (with the GIL released).", NULL},
     {"last_error", (getter)client_last_error, NULL, "The last error's one-line reason.", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 

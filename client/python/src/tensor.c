@@ -75,9 +75,8 @@ static int format_dtype(const char *f, size_t itemsize) {
     case 'b': return KVC_DTYPE_INT8;
     case 'B': case 'c': return T_U8;
     case 'H': return T_U16;
-    case 'I': return itemsize == 4 ? T_U32 : T_OTHER;
-    case 'L': return itemsize == 4 ? T_U32 : itemsize == 8 ? T_OTHER : T_OTHER;
-    case 'l': case 'q': return itemsize == 8 ? T_I64 : T_OTHER;
+    case 'I': case 'L': return itemsize == 4 ? T_U32 : itemsize == 8 ? T_I64 : T_OTHER;
+    case 'l': case 'q': case 'Q': return itemsize == 8 ? T_I64 : T_OTHER;
     default: return T_OTHER;
   }
 }

@@ -363,6 +363,28 @@ def test_two_threads_on_one_client_is_an_error_not_a_crash(shared_daemon):
     cl.close()
 
 
+def test_gil_is_released_while_a_call_waits(daemon):
+    """A call blocked on a stopped daemon lets the main thread run Python."""
+    import signal
+    cl = kvcache.Client(socket=daemon.sock, timeout=30)
+    done = []
+    t = threading.Thread(target=lambda: done.append(cl.ping()))
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        t.start()
+        spins = 0
+        while not cl.in_call:  # runs only because the waiting thread released the GIL
+            spins += 1
+        with pytest.raises(RuntimeError, match="two threads"):
+            cl.ping()
+        assert not done
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+    t.join()
+    assert done == [None] and not cl.in_call
+    cl.close()
+
+
 def test_one_client_per_thread_runs_in_parallel(shared_daemon):
     out = []
 
