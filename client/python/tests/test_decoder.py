@@ -87,6 +87,8 @@ def test_decoder_two_workers_share_system_prompt_by_attach(shared_daemon, dtype)
     d = max(float((torch.tensor(x) - t[200].float()).abs().max())
             for x, t in zip(b["logits"], ref_trace))
     assert d <= TOL[dtype], f"worker B's logits differ by {d}"
+    print(f"attach {dtype}: worker B matched {b['matched']} tokens, ids equal, "
+          f"max |dlogit| {d:.3g}")
     hits = [k for k in after if "hit" in k]
     assert any(after[k] > before.get(k, 0) for k in hits), f"no prefix hit counted: {after}"
 
@@ -103,13 +105,19 @@ def test_decoder_context_shift_rerotates_keys(client):
     ref_ids, _ = rd.generate(model, tc, prompt, 6)
     assert ids == ref_ids
     a, b = 4, 20  # drop positions [4, 20): 16 tokens, later keys move down by 16
+    k_before, v_before = kc.cache.get(1, b, b + 1)
     kc.remove_middle(1, a, b)
     tc.remove_middle(1, a, b)
     n = kc.lengths[1]
     assert client.open_cache("dec-shift").info(1)["length"] == n == tc.seqs[1][0][0].shape[0]
+    k_after, v_after = kc.cache.get(1, a, a + 1)  # the token that was at b
+    assert (v_after == v_before).all() and not (k_after == k_before).all()
+    assert torch.equal(torch.from_numpy(k_after[:, 0]),
+                       torch.stack([tc.seqs[1][l][0][a] for l in range(rd.N_LAYERS)]))
     last = {1: [ids[1][-1]]}
     ids2, tr = rd.generate(model, kc, last, 8, pos={1: n})
     ref2, rtr = rd.generate(model, tc, last, 8, pos={1: n})
     d = max_diff(tr, rtr)
+    print(f"shift f32: removed [{a}, {b}), 8 steps after it, max |dlogit| {d:.3g}")
     assert ids2 == ref2, f"after the shift: {ids2} vs {ref2}"
     assert d <= 1e-3, f"logits after the shift differ by {d}"
