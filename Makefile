@@ -11,7 +11,8 @@
 #                   N not met, N unreliable"
 #   make bench BENCH_ROWS=direct,spin   only those groups of rows (a comma list of
 #                   words, each matched inside the group names: ping copy direct
-#                   lease held servers spin stall multi decode prefix eviction scale)
+#                   lease held servers spin stall multi decode prefix eviction scale
+#                   python: the Python package against the C client)
 #   make soak       the verified soak (SOAK_CLIENTS=16, SOAK_SECONDS=60)
 #   make valgrind   the integration suite's daemon under valgrind memcheck
 #   make fuzz       libFuzzer (clang) on each target for FUZZ_SECONDS (default 60)
@@ -129,6 +130,25 @@ endif
 endif
 ALL += $(UNIT_BIN) $(IT_BIN)
 
+# The Python package (client/python): its C extension is built against
+# libkvcache.a into $(B)/python/kvcache/ with the package's .py files, for the
+# tests (PYTHONPATH=$(B)/python). Only in the optimized build: a sanitized
+# extension would need the sanitizer runtime preloaded into python.
+PY := /usr/bin/python3
+PY_INC := $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+PY_EXT := $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+PYEXT_SRC := $(wildcard client/python/src/*.c)
+PYEXT_OBJ := $(PYEXT_SRC:%.c=$(B)/%.o)
+PYPKG_SRC := $(wildcard client/python/kvcache/*.py client/python/kvcache/*.pyi client/python/kvcache/py.typed)
+PYPKG := $(PYPKG_SRC:client/python/%=$(B)/python/%) $(B)/python/kvcache/_kvcache$(PY_EXT)
+ifneq ($(HAVE_CLIENT),)
+ifeq ($(SANFLAGS),)
+ifneq ($(wildcard $(PY_INC)/Python.h),)
+  ALL += $(PYPKG)
+endif
+endif
+endif
+
 .PHONY: all run test test-repeat check bench deps clean install uninstall fuzz fuzz-build fuzz-corpus soak valgrind tsan
 all: $(ALL)
 
@@ -173,6 +193,17 @@ $(B)/libkvcache.a: $(CLIENT_DEPS)
 $(B)/kvcachectl: $(CTL_OBJ) $(B)/libkvcache.a
 	$(call say,LD,$@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) -lm
+
+# ---- the Python package -----------------------------------------------------
+$(PYEXT_OBJ): CPPFLAGS += -isystem $(PY_INC)
+$(PYEXT_OBJ): CFLAGS += -fvisibility=hidden
+$(B)/python/kvcache/_kvcache$(PY_EXT): $(PYEXT_OBJ) $(B)/libkvcache.a
+	$(call say,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -shared -o $@ $^ $(PB_LIBS)
+$(B)/python/kvcache/%: client/python/kvcache/%
+	@mkdir -p $(dir $@)
+	$(Q)cp $< $@
 
 # ---- tests ----------------------------------------------------------------
 $(B)/tests/unit_%: $(B)/tests/unit/%.o $(TEST_MAIN_OBJ) $(B)/libkvcengine.a
@@ -236,10 +267,16 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 # libssl (SHA-256) and libxxhash for the prefix index; pkg-config for the
 # install test's client; tmux: kvcachectl top is tested in a real terminal;
 # man-db: the man pages are rendered with man --warnings; curl: a real HTTP
-# client scrapes the metrics_listen endpoint.
+# client scrapes the metrics_listen endpoint; the Python package
+# (client/python): python3-dev to build its extension, python3-pip,
+# -setuptools and -wheel for pip install ./client/python (offline: the
+# package's build backend uses Debian's), python3-numpy and python3-torch for
+# its tensors and the reference decoder, python3-pytest to run its tests.
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
                 libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps \
-                tmux man-db curl
+                tmux man-db curl \
+                python3-dev python3-setuptools python3-wheel python3-pip python3-numpy \
+                python3-torch python3-pytest
 # promtool (promtool check metrics, check rules) comes from Debian's
 # prometheus package, but installing it would install and enable the whole
 # server (96 MB, a service, a user): make deps downloads the package and
@@ -322,11 +359,19 @@ tsan: deps
 	@TSAN_OPTIONS="$${TSAN_OPTIONS:-halt_on_error=1}" tests/run.sh --it-only build-tsan
 
 # One program prints the one table (tests/bench/kvc_bench.c); engine_bench
-# (the engine alone, no daemon) is built too and runs by hand.
+# (the engine alone, no daemon) is built too and runs by hand. Then the
+# Python package against the C client (tests/bench/py_bench.py, the group
+# "python"), in the same run.
 bench: EXTRA_PACKAGES += redis-server memcached
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
-	@BENCH_ROWS='$(BENCH_ROWS)' $(B)/bench/kvc_bench
+	@rows='$(BENCH_ROWS)'; kv=1; py=1; \
+	if [ -n "$$rows" ]; then \
+	  case ",$$rows," in *python*) ;; *) py= ;; esac; \
+	  rows=$$(printf '%s\n' "$$rows" | tr ', ' '\n\n' | grep -v -e '^python$$' -e '^$$' | paste -sd, -); \
+	  [ -n "$$rows" ] || kv=; fi; \
+	if [ -n "$$kv" ]; then BENCH_ROWS="$$rows" $(B)/bench/kvc_bench || exit $$?; fi; \
+	if [ -n "$$py" ]; then $(PY) tests/bench/py_bench.py $(B); fi
 
 fuzz:
 	@$(MAKE) --no-print-directory deps EXTRA_PACKAGES="clang libclang-rt-14-dev"

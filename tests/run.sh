@@ -6,6 +6,8 @@
 # (--only: these tests alone, a space-separated list of names;
 #  --repeat N: every selected test N times, each run counted;
 #  --it-only: the integration tests alone, as the ThreadSanitizer build runs them)
+# The Python package's tests (tests/pytest.sh) run where the build made the
+# package ($dir/python: the optimized build).
 # Integration tests find the daemon through KVC_BUILD (the build directory)
 # and the sources through KVC_SRCDIR (the current directory by default).
 only=""; repeat=1; itonly=""
@@ -81,6 +83,17 @@ while [ $i -lt "$repeat" ]; do
       KVC_BUILD="$dir"; export KVC_BUILD
       run_one "$dir/$(basename "$bin")" "$bin" $names
     done
+    # The Python package's pytest suite, where the build made the package
+    # (the optimized build): each pytest test is one verdict line.
+    if [ -z "$itonly" ] && [ -d "$dir/python/kvcache" ]; then
+      names=""
+      [ -n "$only" ] && names=$(selected tests/pytest.sh "$dir")
+      if [ -z "$only" ] || [ -n "$names" ]; then
+        KVC_BUILD="$dir"; export KVC_BUILD
+        # shellcheck disable=SC2086 # names is a list of words
+        run_one "$dir/python" tests/pytest.sh "$dir" $names
+      fi
+    fi
   done
 done
 [ -n "$failed_names" ] && echo "failed:$failed_names"

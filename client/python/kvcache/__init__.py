@@ -1,0 +1,240 @@
+"""kvcache: the Python client of kvcached, the node-local KV-cache daemon.
+
+A C extension over libkvcache (no ctypes): tensors go in and out through the
+buffer protocol (NumPy arrays, memoryview) or as contiguous CPU torch tensors
+(bfloat16 and float16 included), read and written in place.
+
+    import kvcache, numpy as np
+    layout = kvcache.Layout(num_layers=2, num_kv_heads=2, head_dim=32, dtype="f32")
+    with kvcache.Client() as c:
+        cache = c.open_cache("demo", layout)
+        k = np.ones((2, 5, 2, 32), np.float32)       # [layer, token, head, dim]
+        cache.put(seq=1, pos=0, k=k, v=k)
+        k2, v2 = cache.get(1, 0, 5)
+
+Every KVC_E_* code is an exception class under kvcache.Error (FullError,
+NoseqError, ...), generated from the C library's X-macro list.
+"""
+from __future__ import annotations
+
+from . import _kvcache
+from ._kvcache import Error, LIBRARY_VERSION, PROTOCOL_VERSION  # noqa: F401
+
+__all__ = ["Client", "Cache", "Lease", "Layout", "Error", "errors", "DTYPES", "torch_view"]
+
+# One class per KVC_E_* code: kvcache.FullError, kvcache.NoseqError, ...
+errors = _kvcache._errors()  # {code: class}
+for _cls in errors.values():
+    globals()[_cls.__name__] = _cls
+    __all__.append(_cls.__name__)
+del _cls
+
+DTYPES = {"f32": 1, "f64": 2, "f16": 3, "bf16": 4, "int8": 5}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_ALIASES = {"float32": "f32", "float64": "f64", "float16": "f16", "half": "f16",
+            "bfloat16": "bf16", "float": "f32", "double": "f64"}
+ATTN = {"causal": 0, "window": 1, "chunked": 2, "encoder": 3}
+ROPE = {"neox": 0, "gptj": 1}
+
+
+def _dtype_code(d) -> int:
+    if isinstance(d, int):
+        if d in _DTYPE_NAMES:
+            return d
+    else:
+        s = str(d).rsplit(".", 1)[-1].replace("<class '", "").rstrip("'>")
+        s = _ALIASES.get(s, s)
+        if s in DTYPES:
+            return DTYPES[s]
+    raise ValueError(f"dtype must be one of {sorted(DTYPES)}, numpy's or torch's float "
+                     f"dtypes, got {d!r}")
+
+
+class Layout:
+    """The layout of a cache (kvc_layout_t).
+
+    num_layers, num_kv_heads, head_dim (K; head_dim_v defaults to it), dtype
+    ('f32', 'f64', 'f16', 'bf16', 'int8', or a NumPy/torch dtype), page_tokens
+    (a power of two). attn: 'causal', 'window' (window, memory), 'chunked'
+    (chunk) or 'encoder'. rope_dims > 0 describes the keys' RoPE (rope_style
+    'neox' or 'gptj', rope_theta, rope_scale): the daemon then re-rotates keys
+    when a middle range is removed or positions are shifted.
+    """
+
+    __slots__ = ("num_layers", "num_kv_heads", "head_dim", "head_dim_v", "dtype",
+                 "page_tokens", "attn", "window", "memory", "chunk", "rope_dims",
+                 "rope_style", "rope_theta", "rope_scale")
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype="bf16", *,
+                 head_dim_v: int | None = None, page_tokens: int = 16, attn: str = "causal",
+                 window: int = 0, memory: int = 0, chunk: int = 0, rope_dims: int = 0,
+                 rope_style: str = "neox", rope_theta: float = 10000.0,
+                 rope_scale: float = 0.0):
+        self.num_layers = int(num_layers)
+        self.num_kv_heads = int(num_kv_heads)
+        self.head_dim = int(head_dim)
+        self.head_dim_v = int(head_dim if head_dim_v is None else head_dim_v)
+        self.dtype = _DTYPE_NAMES[_dtype_code(dtype)]
+        self.page_tokens = int(page_tokens)
+        if attn not in ATTN:
+            raise ValueError(f"attn must be one of {sorted(ATTN)}, got {attn!r}")
+        if rope_style not in ROPE:
+            raise ValueError(f"rope_style must be one of {sorted(ROPE)}, got {rope_style!r}")
+        self.attn, self.rope_style = attn, rope_style
+        self.window, self.memory, self.chunk = int(window), int(memory), int(chunk)
+        self.rope_dims = int(rope_dims)
+        self.rope_theta, self.rope_scale = float(rope_theta), float(rope_scale)
+
+    def _astuple(self):
+        rope = self.rope_dims > 0  # without RoPE every rope field is 0
+        return (self.num_layers, self.num_kv_heads, self.head_dim, self.head_dim_v,
+                DTYPES[self.dtype], self.page_tokens, ATTN[self.attn], self.window, self.memory,
+                self.chunk, self.rope_dims, ROPE[self.rope_style] if rope else 0,
+                self.rope_theta if rope else 0.0, self.rope_scale if rope else 0.0)
+
+    @classmethod
+    def _fromtuple(cls, t):
+        inv_attn = {v: k for k, v in ATTN.items()}
+        inv_rope = {v: k for k, v in ROPE.items()}
+        return cls(t[0], t[1], t[2], _DTYPE_NAMES[t[4]], head_dim_v=t[3], page_tokens=t[5],
+                   attn=inv_attn[t[6]], window=t[7], memory=t[8], chunk=t[9], rope_dims=t[10],
+                   rope_style=inv_rope[t[11]], rope_theta=t[12] or 10000.0, rope_scale=t[13])
+
+    def __eq__(self, other):
+        return isinstance(other, Layout) and self._astuple() == other._astuple()
+
+    def __repr__(self):
+        f = ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__)
+        return f"Layout({f})"
+
+
+Client = _kvcache.Client
+
+
+def _np():
+    import numpy
+    return numpy
+
+
+_NP_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "uint16",
+              "int8": "int8"}
+
+
+class Cache(_kvcache.Cache):
+    __doc__ = _kvcache.Cache.__doc__ + """
+
+    Tensors are [layer, token, head, dim], C-contiguous; a non-contiguous
+    input raises ValueError (kvcache never copies behind your back: pass
+    numpy.ascontiguousarray(x) or x.contiguous()). bf16 comes back from
+    NumPy-returning calls as uint16 bits (kvcache.torch_view makes it a
+    torch.bfloat16 tensor without a copy), or pass out= torch tensors.
+    """
+
+    @property
+    def layout(self) -> Layout:
+        """The cache's Layout (page_tokens filled in)."""
+        return Layout._fromtuple(self._layout)
+
+    def history(self, toks, dtype=None, layers=None, copy=True):
+        """The history the batch toks attends to: (K, V, mask, spans).
+
+        toks: a sequence of (seq, pos) (or an [n, 2] int64 array), the tokens
+        of a forward pass just put. K is [layers, entries, heads, head_dim]
+        (V likewise) in the cache's float dtype or f32 (int8 caches: f32;
+        bf16 as uint16 bits), gathered in position order per sequence; mask
+        is f32 [len(toks), entries] (0 attend, -inf masked) for the cache's
+        attention kind; spans lists (seq, pos, first, n) per sequence. With
+        copy=False the arrays are views of client.shm, valid until the
+        client's next call.
+        """
+        (entries, k_off, k_bytes, v_off, v_bytes, m_off, m_bytes, dname,
+         spans) = self._history(toks, dtype=dtype, layers=layers)
+        np = _np()
+        lay = self._layout
+        nl = (layers[1] - layers[0]) if layers else lay[0]
+        shm = self.client.shm
+        dt = np.dtype(_NP_DTYPES[dname])
+
+        def arr(off, nbytes, shape, d):
+            a = np.frombuffer(shm, d, count=nbytes // d.itemsize, offset=off).reshape(shape)
+            return a.copy() if copy else a
+
+        k = arr(k_off, k_bytes, (nl, entries, lay[1], lay[2]), dt)
+        v = arr(v_off, v_bytes, (nl, entries, lay[1], lay[3]), dt)
+        n = m_bytes // 4 // entries if entries else 0
+        mask = arr(m_off, m_bytes, (n, entries), np.dtype("float32"))
+        return k, v, mask, spans
+
+
+class Lease(_kvcache.Lease):
+    """A zero-copy read lease (Cache.lease(seq, begin, end)); a context manager.
+
+        with cache.lease(seq, 0, n) as lease:
+            for k_page in lease.k(layer):     # read-only views of pool pages
+                ...
+
+    k(layer) / v(layer) return one read-only NumPy view per page, [tokens of
+    the lease in that page, heads, head_dim] in the cache's dtype (bf16 as
+    uint16 bits, int8 as the stored bytes; scales(layer) gives their f32
+    scales). They read the daemon's pages in place: nothing is copied. Once
+    the with block exits (or release()), the lease is released and every view
+    reads zeros: invalid, never dangling. Keep a copy (numpy.array(view)) to
+    use the data later.
+    """
+
+    def _views(self, layer: int, v: bool, scales: bool = False):
+        np = _np()
+        g = self._geometry()
+        lay = self.cache._layout
+        if not 0 <= layer < lay[0]:
+            raise ValueError(f"layer {layer} outside the cache's {lay[0]} layers")
+        heads, dim = lay[1], lay[3] if v else lay[2]
+        if scales:
+            dt, row, base, shape = (np.dtype("float32"), heads * 4,
+                                    g["v_scale_offset" if v else "k_scale_offset"], (heads,))
+        else:
+            dt = np.dtype(_NP_DTYPES[_DTYPE_NAMES[lay[4]]])
+            row = g["v_row_bytes" if v else "k_row_bytes"]
+            base, shape = (g["v_offset"] if v else 0), (heads, dim)
+        pt, first = g["page_tokens"], g["first_pos"]
+        out = []
+        region = memoryview(g["region"])
+        for i, off in enumerate(g["page_offsets"]):
+            p0 = max(g["begin"], first + i * pt)
+            p1 = min(g["end"], first + (i + 1) * pt)
+            if p1 <= p0:
+                continue
+            r0 = p0 - first - i * pt
+            start = off + layer * g["layer_bytes"] + base + r0 * row
+            strides = (row, 4) if scales else (row, dim * dt.itemsize, dt.itemsize)
+            a = np.ndarray((p1 - p0,) + shape, dt, region, start, strides)
+            out.append(a)
+        return out
+
+    def k(self, layer: int):
+        """Read-only views of layer's K, one per page: [tokens, heads, head_dim]."""
+        return self._views(layer, False)
+
+    def v(self, layer: int):
+        """Read-only views of layer's V, one per page."""
+        return self._views(layer, True)
+
+    def scales(self, layer: int):
+        """int8 caches: read-only views of layer's (K, V) f32 scales, [tokens, heads] per page."""
+        if self.cache._layout[4] != DTYPES["int8"]:
+            raise ValueError("scales: not an int8 cache")
+        return self._views(layer, False, True), self._views(layer, True, True)
+
+
+_kvcache.Cache._register(Cache)
+_kvcache.Lease._register(Lease)
+
+
+def torch_view(a, dtype=None):
+    """A torch tensor sharing a NumPy array's memory; uint16 bits become
+    torch.bfloat16 (dtype='bf16', the default for uint16 arrays)."""
+    import torch
+    if a.dtype.name == "uint16":  # torch has no uint16: the same bits as int16
+        t = torch.from_numpy(a.view("int16"))
+        return t.view(torch.bfloat16) if dtype in (None, "bf16") else t
+    return torch.from_numpy(a)

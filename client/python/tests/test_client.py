@@ -1,0 +1,455 @@
+"""kvcache against a real kvcached: every call of the C API through Python,
+values checked; bad input raises, never crashes."""
+import os
+import re
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import kvcache
+
+L, H, D = 2, 2, 32
+
+
+def layout(dtype="f32", **kw):
+    return kvcache.Layout(L, H, D, dtype, **kw)
+
+
+def kv(n, seed=0, dtype=np.float32):
+    r = np.random.default_rng(seed)
+    return (r.standard_normal((L, n, H, D)).astype(dtype),
+            r.standard_normal((L, n, H, D)).astype(dtype))
+
+
+# ---- errors -------------------------------------------------------------------
+
+def test_one_exception_class_per_error_code():
+    hdr = open(os.path.join(os.environ.get("KVC_SRCDIR", "."), "include/kvcache/errors.h")).read()
+    codes = {int(c): n for n, c in re.findall(r"XX\((\w+),\s*(-\d+),", hdr)}
+    assert len(codes) >= 42
+    assert set(kvcache.errors) == set(codes)
+    for code, name in codes.items():
+        cls = kvcache.errors[code]
+        assert cls.__name__ == name.capitalize() + "Error"
+        assert issubclass(cls, kvcache.Error) and cls.code == code
+        assert getattr(kvcache, cls.__name__) is cls
+    assert kvcache.FullError.code == -3
+
+
+def test_error_carries_code_name_and_daemon_message(client):
+    c = client.open_cache("err", layout())
+    with pytest.raises(kvcache.NoseqError) as e:
+        c.get(12345, 0, 1)
+    assert e.value.code == -5 and e.value.name == "NOSEQ" and "12345" in e.value.message
+    with pytest.raises(kvcache.LayoutError):
+        client.open_cache("err", layout("bf16"))
+    with pytest.raises(kvcache.NocacheError):
+        client.open_cache("no-such-cache")
+
+
+def test_full_error_carries_needed_and_freeable():
+    from conftest import Daemon
+    d = Daemon(pool="1MiB", page="64KiB", shm="4MiB")
+    try:
+        with kvcache.Client(socket=d.sock) as cl:
+            c = cl.open_cache("full", kvcache.Layout(1, 4, 128, "f32", page_tokens=16))
+            k = np.ones((1, 256, 4, 128), np.float32)  # 16 pages (64 KiB: 16 tokens of K and V)
+            with pytest.raises(kvcache.FullError) as e:
+                c.put_batch([(1, 0, k, k), (2, 0, k, k)])  # one request: 32 pages > the pool
+            assert e.value.needed >= 32 and e.value.freeable < e.value.needed
+            assert e.value.code == -3
+            with pytest.raises(kvcache.NoseqError):
+                c.info(1)  # all or nothing
+    finally:
+        assert d.stop() == 0
+
+
+# ---- put / get ------------------------------------------------------------------
+
+def test_put_get_roundtrip_numpy(client):
+    c = client.open_cache("rt", layout())
+    k, v = kv(40)
+    c.put(1, 0, k, v)
+    c.put(1, 40, k[:, :3].copy(), v[:, :3].copy())
+    k2, v2 = c.get(1, 0, 40)
+    assert np.array_equal(k2, k) and np.array_equal(v2, v)
+    assert c.info(1)["length"] == 43
+    tk, tv = c.get_token(1, 5)
+    assert tk.shape == (L, H, D) and np.array_equal(tk, k[:, 5])
+    hk, hv = c.get_head(1, 1, 0, 2, 9)
+    assert np.array_equal(hk, k[1, 2:9, 0]) and np.array_equal(hv, v[1, 2:9, 0])
+    lk, lv = c.get(1, 0, 40, layers=(1, 2), heads=(1, 2))
+    assert np.array_equal(lk, k[1:2, :, 1:2])
+
+
+def test_put_get_memoryview_and_out(client):
+    c = client.open_cache("mv", layout())
+    k, v = kv(8, 1)
+    c.put(2, 0, memoryview(k), memoryview(v))
+    ok, ov = np.empty_like(k), np.empty_like(v)
+    rk, rv = c.get(2, 0, 8, out=(ok, ov))
+    assert rk is ok and np.array_equal(ok, k) and np.array_equal(ov, v)
+
+
+@pytest.mark.parametrize("dtype,tdtype", [("bf16", torch.bfloat16), ("f16", torch.float16),
+                                          ("f32", torch.float32)])
+def test_torch_tensors_in_and_out_without_copy(client, dtype, tdtype):
+    c = client.open_cache("torch-" + dtype, layout(dtype))
+    k = torch.randn(L, 10, H, D).to(tdtype)
+    v = torch.randn(L, 10, H, D).to(tdtype)
+    c.put(3, 0, k, v)
+    ok, ov = torch.empty_like(k), torch.empty_like(v)
+    ptr = ok.data_ptr()
+    c.get(3, 0, 10, out=(ok, ov))
+    assert ok.data_ptr() == ptr and torch.equal(ok, k) and torch.equal(ov, v)
+    nk, nv = c.get(3, 0, 10)  # NumPy: bf16 as uint16 bits
+    assert torch.equal(kvcache.torch_view(nk).to(tdtype), k)
+    f32 = torch.empty(L, 10, H, D)  # a float32 out gets f32
+    c.get(3, 0, 10, out=(f32, torch.empty(L, 10, H, D)))
+    assert torch.equal(f32, k.float())
+
+
+def test_put_f32_into_bf16_cache_and_get_f32(client):
+    c = client.open_cache("conv", layout("bf16"))
+    k, v = kv(4, 2)
+    c.put(1, 0, k, v)
+    gk, _ = c.get(1, 0, 4, dtype="f32")
+    assert gk.dtype == np.float32
+    assert np.allclose(gk, k, rtol=1e-2, atol=1e-2)
+
+
+def test_int8_cache_quantizes_and_reads_raw(client):
+    c = client.open_cache("q8", layout("int8"))
+    k, v = kv(20, 3)
+    c.put(1, 0, k, v)
+    gk, gv = c.get(1, 0, 20)
+    assert gk.dtype == np.float32
+    assert np.abs(gk - k).max() <= np.abs(k).max(axis=-1, keepdims=True).max() / 127 + 1e-6
+    rk, rv, sk, sv = c.get_raw(1, 0, 20)
+    assert rk.dtype == np.int8 and sk.shape == (L, 20, H)
+    assert np.allclose(rk.astype(np.float32) * sk[..., None], gk, atol=1e-6)
+    with pytest.raises(kvcache.DtypeError):
+        client.open_cache("rt2", layout()).get_raw(1, 0, 1)
+
+
+def test_batches_one_request(client):
+    c = client.open_cache("batch", layout())
+    ents = [(s, 0) + kv(s + 1, s) for s in range(5)]
+    before = client.stats()["caches"].get("batch", {})
+    c.put_batch(ents)
+    out = c.get_batch([(s, 0, s + 1) for s in range(5)])
+    for (s, _, k, v), (gk, gv) in zip(ents, out):
+        assert np.array_equal(gk, k) and np.array_equal(gv, v)
+    st = client.stats()
+    assert st["requests_put"] >= 1
+    with pytest.raises(kvcache.DupseqError):
+        c.put_batch([ents[0], ents[0]])
+
+
+def test_tokens_match_attach_and_prefix(client):
+    c = client.open_cache("pfx", layout())
+    k, v = kv(40, 4)
+    ids = np.arange(100, 140, dtype=np.uint32)
+    c.put(1, 0, k, v, tokens=ids)
+    m = c.match(list(range(100, 140)))
+    assert m == {"tokens": 32, "pages": 2, "ineligible": 8}
+    a = c.attach(7, ids, pin=True)
+    assert a["tokens"] == 32 and c.info(7)["length"] == 32 and c.info(7)["pins"] == 1
+    gk, _ = c.get(7, 0, 32)
+    assert np.array_equal(gk, k[:, :32])
+    assert c.prefix_top(5)[0]["depth"] >= 2
+    c.set_extra(b"lora-1")
+    assert c.match(ids)["tokens"] == 0
+    with pytest.raises(ValueError):
+        c.put(2, 0, k, v, tokens=[1, 2, 3])
+
+
+def test_sequence_operations(client):
+    c = client.open_cache("ops", layout(rope_dims=D))
+    k, v = kv(48, 5)
+    c.put(1, 0, k, v)
+    c.copy_prefix(1, 2, 20)
+    assert c.info(2)["length"] == 20 and c.info(2)["shared_pages"] >= 1
+    assert c.can_resume(1, 48) and not c.can_resume(1, 60)
+    c.trim_front(1, 16)
+    assert c.info(1)["start"] == 16
+    c.pin(2)
+    c.unpin(2)
+    with pytest.raises(kvcache.NotpinnedError):
+        c.unpin(2)
+    c.pin(2, ttl_ms=60000)
+    c.set_priority(2, 90)
+    with pytest.raises(kvcache.InvalError):
+        c.set_priority(2, 101)
+    c.remove(2, 10)  # truncate
+    assert c.info(2)["length"] == 10
+    c.put(3, 0, k, v)
+    c.remove(3, 4, 12)  # a middle range: later tokens move down
+    assert c.info(3)["length"] == 40
+    gk, gv = c.get(3, 4, 40)
+    assert np.array_equal(gv, v[:, 12:])  # V moves unchanged; K re-rotated
+    c.punch(3, 30, 35)
+    assert c.pos_range(3) == (0, 39)
+    c.shift(3, 36, -1, 10)
+    assert c.pos_range(3)[1] == 49
+    c.reserve([(4, 0), (4, 1)])
+    c.reserve(np.array([[5, 0]], dtype=np.int64))
+    assert {s["seq_id"] for s in c.seqs()} >= {1, 2, 3}
+    c.keep(3)
+    assert [s["seq_id"] for s in c.seqs()] == [3]
+    c.remove(3)
+    with pytest.raises(kvcache.NoseqError):
+        c.info(3)
+    c.clear()
+    c.drop()
+    with pytest.raises(kvcache.NocacheError):
+        c.info(1)
+
+
+def test_stats_and_lists(client):
+    client.ping()
+    client.open_cache("st", layout()).put(1, 0, *kv(3))
+    s = client.stats()
+    assert s["pages_total"] > 0 and "st" in s["caches"]
+    assert s["caches"]["st"]["sequences"] == 1
+    assert any(c["name"] == "st" for c in client.list_caches())
+    assert client.open_cache("st").layout == layout()
+
+
+# ---- leases, the shared buffer ---------------------------------------------------
+
+def test_lease_views_in_place_then_zeros(client):
+    c = client.open_cache("lease", layout())
+    k, v = kv(40, 6)
+    c.put(1, 0, k, v)
+    with c.lease(1, 5, 37) as lease:
+        ks, vs = lease.k(1), lease.v(0)
+        assert sum(x.shape[0] for x in ks) == 32
+        assert np.array_equal(np.concatenate(ks), k[1, 5:37])
+        assert np.array_equal(np.concatenate(vs), v[0, 5:37])
+        assert not ks[0].flags.writeable
+        with pytest.raises(ValueError):
+            ks[0][0, 0, 0] = 1
+    assert not lease.active
+    assert all((x == 0).all() for x in ks)  # invalid, not dangling
+    with pytest.raises(ValueError):
+        lease.k(0)
+    with pytest.raises(kvcache.RangeError):
+        c.lease(1, 0, 41)
+
+
+def test_shm_direct_forms(client):
+    c = client.open_cache("shm", layout())
+    k, v = kv(6, 7)
+    kb, vb, _ = c.xfer_bytes(6, put=True)
+    assert kb == k.nbytes
+    shm = client.shm
+    shm[0:kb] = k.tobytes()
+    shm[kb:kb + vb] = v.tobytes()
+    c.put_shm([(1, 0, 6, 0, kb)])
+    c.get_shm([(1, 0, 6, 4096, 4096 + kb)])
+    got = np.frombuffer(shm, np.float32, count=k.size, offset=4096).reshape(k.shape)
+    assert np.array_equal(got, k)
+    with pytest.raises(kvcache.OffsetError):
+        c.get_shm([(1, 0, 6, len(shm) - 8, 0)])
+
+
+# ---- bad input -----------------------------------------------------------------
+
+def test_bad_shapes_and_dtypes_say_what_was_expected(client):
+    c = client.open_cache("bad", layout())
+    k, v = kv(4)
+    with pytest.raises(ValueError, match=r"expected shape \(2, 4, 2, 32\).*got shape \(2, 4, 2, 16\)"):
+        c.put(1, 0, k, v[..., :16].copy())
+    with pytest.raises(ValueError, match="f32"):
+        c.put(1, 0, k.astype(np.float64), v.astype(np.float64))
+    with pytest.raises(ValueError, match="contiguous"):
+        c.put(1, 0, k[:, ::2], v[:, ::2])
+    with pytest.raises(ValueError, match="contiguous"):
+        c.put(1, 0, torch.randn(L, H, 4, D).transpose(1, 2), torch.randn(L, 4, H, D))
+    with pytest.raises(TypeError):
+        c.put(1, 0, "abc", v)
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.zeros_like(k)
+        ro.flags.writeable = False
+        c.put(1, 0, k, v)
+        c.get(1, 0, 4, out=(ro, np.zeros_like(v)))
+    with pytest.raises(ValueError):
+        c.get(1, 0, 4, out=(np.zeros((1, 2, 3)), np.zeros((1, 2, 3))))
+    with pytest.raises(ValueError):
+        c.get(1, 0, 4, layers=(1, 5))
+    with pytest.raises(ValueError):
+        c.get(1, 0, 4, dtype="complex")
+    with pytest.raises(ValueError):
+        c.put_batch([(1, 0, k)])
+    with pytest.raises(ValueError):
+        kvcache.Layout(1, 1, 1, "int4")
+
+
+def test_huge_sizes_raise(client):
+    c = client.open_cache("huge", layout())
+    c.put(1, 0, *kv(2))
+    with pytest.raises((ValueError, kvcache.Error)):
+        c.get(1, 0, 2 ** 62)
+    with pytest.raises((ValueError, kvcache.Error, OverflowError)):
+        c.get(1, 2 ** 64 - 2, 2 ** 64 - 1)
+    with pytest.raises(OverflowError):
+        c.get(1, 0, 2 ** 64)
+    with pytest.raises((ValueError, OverflowError)):
+        c.get_head(1, 0, 0, 0, 2 ** 40)
+    with pytest.raises(ValueError):
+        c.get_batch([(1, 0, 2 ** 31 + 1)])
+    with pytest.raises(ValueError):
+        c.prefix_top(10 ** 6)
+    with pytest.raises(kvcache.RangeError):
+        c.put(1, 2 ** 40, *kv(1))
+
+
+def test_closed_client_and_cache_raise(shared_daemon):
+    cl = kvcache.Client(socket=shared_daemon.sock)
+    c = cl.open_cache("closed", layout())
+    c.put(1, 0, *kv(2))
+    lease = c.lease(1, 0, 2)
+    views = lease.k(0)
+    shm = cl.shm
+    cl.close()
+    cl.close()  # idempotent
+    for call in (cl.ping, cl.stats, lambda: c.get(1, 0, 1), lambda: c.info(1),
+                 lambda: lease.k(0), lambda: cl.open_cache("x", layout()), lambda: c.name):
+        with pytest.raises(ValueError, match="closed|released"):
+            call()
+    assert shm[0] == 0 and (views[0] == 0).all()
+    shm[0] = 1  # writes to a dead buffer go nowhere, never crash
+    c.close()
+    lease.release()
+    with pytest.raises(kvcache.NotrunningError):
+        kvcache.Client(socket=shared_daemon.dir + "/nobody.sock")
+    with pytest.raises(ValueError):
+        kvcache.Client(socket=shared_daemon.sock, timeout=-1)
+
+
+def test_two_threads_on_one_client_is_an_error_not_a_crash(shared_daemon):
+    cl = kvcache.Client(socket=shared_daemon.sock)
+    c = cl.open_cache("threads", layout())
+    big = kv(512, 8)
+    c.put(1, 0, *big)
+    errors, stop = [], threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            try:
+                c.get(1, 0, 512)
+            except RuntimeError as e:
+                errors.append(str(e))
+
+    ts = [threading.Thread(target=hammer) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for _ in range(200):
+        try:
+            c.get(1, 0, 512)
+        except RuntimeError as e:
+            errors.append(str(e))
+        if errors:
+            break
+    stop.set()
+    for t in ts:
+        t.join()
+    assert errors and "two threads" in errors[0]
+    gk, _ = c.get(1, 0, 512)  # the client still works
+    assert np.array_equal(gk, big[0])
+    cl.close()
+
+
+def test_gil_is_released_while_a_call_waits(daemon):
+    """A call blocked on a stopped daemon lets the main thread run Python."""
+    import signal
+    cl = kvcache.Client(socket=daemon.sock, timeout=30)
+    done = []
+    t = threading.Thread(target=lambda: done.append(cl.ping()))
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        t.start()
+        spins = 0
+        while not cl.in_call:  # runs only because the waiting thread released the GIL
+            spins += 1
+        with pytest.raises(RuntimeError, match="two threads"):
+            cl.ping()
+        assert not done
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+    t.join()
+    assert done == [None] and not cl.in_call
+    cl.close()
+
+
+def test_one_client_per_thread_runs_in_parallel(shared_daemon):
+    out = []
+
+    def worker(i):
+        with kvcache.Client(socket=shared_daemon.sock) as cl:
+            c = cl.open_cache("par", layout())
+            k, v = kv(8, i)
+            for s in range(20):
+                c.put(i * 100 + s, 0, k, v)
+                out.append(np.array_equal(c.get(i * 100 + s, 0, 8)[0], k))
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len(out) == 80 and all(out)
+
+
+def test_pip_install_offline_from_the_source_tree(shared_daemon, tmp_path):
+    """pip install ./client/python with no index (the package's backend finds
+    Debian's setuptools and wheel), then the installed copy talks to kvcached."""
+    import subprocess
+    import sys
+    src = os.path.join(os.environ.get("KVC_SRCDIR", "."), "client", "python")
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
+               PIP_ROOT_USER_ACTION="ignore")
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target",
+                        str(tmp_path), src], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = ("import kvcache, sys; c = kvcache.Client(socket=sys.argv[1]); c.ping(); "
+            "print(kvcache.__file__)")
+    r = subprocess.run([sys.executable, "-c", code, shared_daemon.sock], capture_output=True,
+                       text=True, env=dict(env, PYTHONPATH=str(tmp_path)), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(str(tmp_path))
+
+
+def test_stubs_and_docstrings_cover_everything_public():
+    import ast
+    import kvcache.connector as conn
+    pyi = os.path.join(os.path.dirname(kvcache.__file__), "__init__.pyi")
+    tree = ast.parse(open(pyi).read())
+    stubs = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    funcs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+    def stub_names(node):
+        return ({n.name for n in node.body if isinstance(n, ast.FunctionDef)} |
+                {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)})
+
+    for cls in (kvcache.Client, kvcache.Cache, kvcache.Lease, kvcache.Layout):
+        assert cls.__doc__, cls
+        names = stub_names(stubs[cls.__name__])
+        for name in dir(cls):
+            if name.startswith("_"):
+                continue
+            assert name in names, f"{cls.__name__}.{name} missing from the stubs"
+            attr = getattr(cls, name)
+            if callable(attr):
+                assert attr.__doc__, f"{cls.__name__}.{name} has no docstring"
+    for e in kvcache.errors.values():
+        assert e.__name__ in stubs and e.__doc__
+    assert "torch_view" in funcs
+    for f in (conn.gather, conn.scatter, conn.KVConnector.load, conn.KVConnector.save,
+              conn.KVConnector.save_layer, conn.KVConnector.load_layer,
+              conn.KVConnector.num_cached_tokens, conn.KVConnector.finish):
+        assert f.__doc__
