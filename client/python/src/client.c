@@ -244,8 +244,21 @@ static PyObject *client_stats(client_t *self, PyObject *noargs) {
         Py_DECREF(target);
       }
     }
+    /* A labelled sample's key names its labels, as stat names are written in
+     * doc/stats.md: "requests_total{op=put}"; a cache's tenant label is the
+     * cache's, not a key of its own. */
+    char key[256];
+    size_t used = (size_t)snprintf(key, sizeof key, "%s", s[i].name);
+    bool open = false;
+    for (size_t k = 0; k < s[i].nlabels && used < sizeof key; k++) {
+      if (s[i].cache && *s[i].cache && strcmp(s[i].labels[k].key, "tenant") == 0) continue;
+      used += (size_t)snprintf(key + used, sizeof key - used, "%s%s=%s", open ? "," : "{",
+                               s[i].labels[k].key, s[i].labels[k].value);
+      open = true;
+    }
+    if (open && used < sizeof key) snprintf(key + used, sizeof key - used, "}");
     PyObject *v = PyLong_FromUnsignedLongLong(s[i].value);
-    if (!v || PyDict_SetItemString(target, s[i].name, v) < 0) Py_CLEAR(d);
+    if (!v || PyDict_SetItemString(target, key, v) < 0) Py_CLEAR(d);
     Py_XDECREF(v);
   }
   kvc_stats_free(s);
@@ -315,8 +328,8 @@ static PyMethodDef client_methods[] = {
      "list_caches() -> list of dict\n\nEvery cache of the daemon: name, cache_id, page_bytes, "
      "sequences, tokens, pages."},
     {"stats", (PyCFunction)client_stats, METH_NOARGS,
-     "stats() -> dict\n\nEvery figure of the daemon by name (doc/stats.md); the per-cache "
-     "figures under stats()['caches'][name]."},
+     "stats() -> dict\n\nEvery figure of the daemon by name (doc/stats.md), a labelled one as "
+     "'requests_total{op=put}'; the per-cache figures under stats()['caches'][name]."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef client_getset[] = {
