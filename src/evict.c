@@ -1,5 +1,5 @@
-/* evict.c: the LRU lists of unpinned sequences and cached pages, and
- * all-or-nothing eviction.
+/* evict.c: all-or-nothing eviction: reclaiming unpinned sequences and cached
+ * pages from the LRU lists (lru.c), least recent first, planned in full first.
  *
  *   lru[0]   (sentinel) <-> most recent <-> ... <-> least recent <-> (sentinel)
  *   lru[1]   ...
