@@ -757,19 +757,13 @@ static int h_lease_release(conn_t *c, const Kvcache__V1__Request *req, reply_t *
 
 /* ---- prefix cache -------------------------------------------------------- */
 
-/* The query's token ids, copied out of the shared buffer: the client cannot
- * change them between the hash and the verification of one match. */
+/* The query's token ids, read in place in the shared buffer: the engine
+ * copies each page's ids once before it hashes and verifies them (the client
+ * may change them meanwhile) and stops at the first miss, so a Match of
+ * millions of ids costs what it matches, not what it names. */
 static int match_tokens(conn_t *c, reply_t *r, const char *op, uint64_t off, uint64_t n,
-                        uint32_t **out) {
-  const uint32_t *in;
-  int rc = check_tokens(c, r, op, off, n, &in);
-  if (rc) return rc;
-  *out = NULL;
-  if (n == 0) return 0;
-  if (!(*out = arena_alloc(r->a, n * sizeof **out)))
-    return reject(r, KVC_E_NOMEM, "out of memory");
-  memcpy(*out, in, n * sizeof **out);
-  return 0;
+                        const uint32_t **out) {
+  return check_tokens(c, r, op, off, n, out);
 }
 
 static int match_reply(reply_t *r, const engine_match_t *m) {
@@ -785,7 +779,7 @@ static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Match *b = req->match;
   NEED_BODY(r, b, "match");
   engine_pkey_t key;
-  uint32_t *tokens;
+  const uint32_t *tokens;
   int rc = check_key(r, b->salt, b->extra, &key);
   if (rc || (rc = match_tokens(c, r, "match", b->tok_off, b->ntokens, &tokens))) return rc;
   engine_match_t m;
@@ -797,7 +791,7 @@ static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Attach *b = req->attach;
   NEED_BODY(r, b, "attach");
   engine_pkey_t key;
-  uint32_t *tokens;
+  const uint32_t *tokens;
   int rc = check_key(r, b->salt, b->extra, &key);
   if (rc || (rc = match_tokens(c, r, "attach", b->tok_off, b->ntokens, &tokens))) return rc;
   engine_match_t m;

@@ -1,0 +1,155 @@
+/* fair.c (integration): one client's flood (a huge Match or Attach, big
+ * puts, big gets, pipelines it never reads) does not stop another client's
+ * work, whose every byte is verified meanwhile. Nothing here is timed: each
+ * test asserts progress and correctness on both sides. */
+#include "hard.h"
+
+#define NTOK 64 /* 4 pages of it_layout: 64 KiB of K and V in f32 */
+
+/* A flooder: a child that runs its op in a loop until killed. It writes one
+ * byte on ready after its first op succeeded; a failure exits with a code. */
+typedef void (*flood_fn)(const daemon_t *d, int ready);
+
+static pid_t flood_start(const daemon_t *d, flood_fn fn) {
+  int p[2];
+  ASSERT(pipe(p) == 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    close(p[0]);
+    fn(d, p[1]);
+    _exit(9); /* fn never returns */
+  }
+  close(p[1]);
+  char b;
+  ASSERT_EQ(read(p[0], &b, 1), 1); /* it runs, and its first op was right */
+  close(p[0]);
+  return pid;
+}
+
+/* The flooder is still running (it failed nothing), then stops. */
+static void flood_stop(pid_t pid) {
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, WNOHANG), 0);
+  kill(pid, SIGKILL);
+  ASSERT(waitpid(pid, &st, 0) == pid);
+  ASSERT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+}
+
+static void ready_once(int *ready) {
+  if (*ready < 0) return;
+  if (write(*ready, "r", 1) != 1) _exit(8);
+  close(*ready);
+  *ready = -1;
+}
+
+/* The victim: rounds of put then get of its own sequence, each round's bytes
+ * different, every byte compared. */
+static void victim_rounds(const daemon_t *d, int rounds) {
+  kvc_client_t *c = client_open(d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "victim", &l, &h));
+  size_t nk = it_tok_floats(&l, false) * NTOK, nv = it_tok_floats(&l, true) * NTOK;
+  float *k = malloc(nk * 4), *v = malloc(nv * 4), *gk = malloc(nk * 4), *gv = malloc(nv * 4);
+  for (int r = 0; r < rounds; r++) {
+    it_fill_f32(k, v, &l, 7, 0, NTOK, (uint32_t)r);
+    ASSERT_OK(kvc_put(h, 7, 0, NTOK, k, v));
+    ASSERT_OK(kvc_get(h, 7, 0, NTOK, gk, gv));
+    ASSERT_MEM_EQ(gk, k, nk * 4);
+    ASSERT_MEM_EQ(gv, v, nv * 4);
+    uint64_t t = (uint64_t)r % NTOK, per = nk / NTOK / l.num_layers; /* floats of a token-layer */
+    ASSERT_OK(kvc_get(h, 7, t, t + 1, gk, gv)); /* one token: (layer, token, head, dim) */
+    for (uint32_t L = 0; L < l.num_layers; L++)
+      ASSERT_MEM_EQ(gk + L * per, k + (L * NTOK + t) * per, per * 4);
+    ASSERT_OK(kvc_ping(c));
+  }
+  free(k), free(v), free(gk), free(gv);
+  kvc_client_close(c);
+}
+
+/* ---- a huge Match ------------------------------------------------------------ */
+
+#define MATCH_SHM (32ull << 20)
+#define MATCH_IDS (MATCH_SHM / 4) /* the largest id count the buffer holds */
+
+static uint32_t *match_ids(void) {
+  uint32_t *ids = malloc(MATCH_IDS * 4);
+  for (uint64_t i = 0; i < MATCH_IDS; i++) ids[i] = (uint32_t)(i * 2654435761u) ^ 0x5bd1e995u;
+  return ids;
+}
+
+/* Puts NTOK tokens with ids[0..NTOK) (4 indexed pages), then matches (or
+ * attaches) every id the buffer holds: 4 pages each time, forever. */
+static void flood_match(const daemon_t *d, int ready, bool attach) {
+  kvc_client_t *c = client_open_shm(d, MATCH_SHM);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  if (kvc_cache_open(c, "flood", &l, &h)) _exit(2);
+  uint32_t *ids = match_ids();
+  size_t nk = it_tok_floats(&l, false) * NTOK, nv = it_tok_floats(&l, true) * NTOK;
+  float *k = calloc(nk, 4), *v = calloc(nv, 4);
+  if (kvc_put_tokens(h, 1, 0, NTOK, k, v, ids)) _exit(3);
+  for (uint64_t n = 0;; n++) {
+    kvc_match_t m;
+    int rc = attach ? kvc_attach(h, 100 + n % 4, ids, MATCH_IDS, false, &m)
+                    : kvc_match(h, ids, MATCH_IDS, &m);
+    if (rc || m.pages != NTOK / l.page_tokens || m.tokens != NTOK) _exit(4);
+    ready_once(&ready);
+  }
+}
+
+static void flood_match_fn(const daemon_t *d, int ready) { flood_match(d, ready, false); }
+static void flood_attach_fn(const daemon_t *d, int ready) { flood_match(d, ready, true); }
+
+static const char *const match_args[] = {"--shm-max-bytes", "64MiB", NULL};
+
+TEST(fair_huge_match_beside_verified_work) {
+  daemon_t d;
+  daemon_start_args(&d, match_args);
+  pid_t f = flood_start(&d, flood_match_fn);
+  victim_rounds(&d, 200);
+  flood_stop(f);
+  kvc_client_t *c = client_open(&d);
+  ASSERT(stat_get(c, "prefix_matches", NULL) >= 2);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
+
+TEST(fair_huge_attach_beside_verified_work) {
+  daemon_t d;
+  daemon_start_args(&d, match_args);
+  pid_t f = flood_start(&d, flood_attach_fn);
+  victim_rounds(&d, 200);
+  flood_stop(f);
+  daemon_stop(&d);
+}
+
+/* The ids are read in place: a Match whose ids change under it (another
+ * thread of the client rewrites them) answers some whole-page prefix and
+ * leaves the daemon sound. Here: the ids equal to the cached prefix, then a
+ * match after the buffer's ids changed finds nothing. */
+TEST(fair_match_reads_ids_in_place) {
+  daemon_t d;
+  daemon_start_args(&d, match_args);
+  kvc_client_t *c = client_open_shm(&d, MATCH_SHM);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+  uint32_t *ids = match_ids();
+  size_t nk = it_tok_floats(&l, false) * NTOK, nv = it_tok_floats(&l, true) * NTOK;
+  float *k = calloc(nk, 4), *v = calloc(nv, 4);
+  ASSERT_OK(kvc_put_tokens(h, 1, 0, NTOK, k, v, ids));
+  kvc_match_t m;
+  ASSERT_OK(kvc_match(h, ids, MATCH_IDS, &m));
+  ASSERT_U64_EQ(m.tokens, NTOK);
+  ASSERT_U64_EQ(m.ineligible, MATCH_IDS % l.page_tokens);
+  ids[l.page_tokens + 3] ^= 1; /* the second page differs */
+  ASSERT_OK(kvc_match(h, ids, MATCH_IDS, &m));
+  ASSERT_U64_EQ(m.tokens, l.page_tokens);
+  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_queried", NULL), 2 * MATCH_IDS);
+  free(ids), free(k), free(v);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
