@@ -433,6 +433,14 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
   return 0;
 }
 
+/* Tensor bytes the entries move (K, V and scales). */
+static uint64_t io_bytes(const engine_io_t *e, size_t n) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++)
+    bytes += e[i].k_bytes + e[i].v_bytes + e[i].k_scale_bytes + e[i].v_scale_bytes;
+  return bytes;
+}
+
 static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   NEED_BODY(r, req->put, "put");
   engine_xfer_t x;
@@ -441,6 +449,7 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   int rc = check_io(c, req->put, true, r, &x, &e);
   if (rc || (rc = check_key(r, req->put->salt, req->put->extra, &key))) return rc;
   x.pkey = &key;
+  c->turn_bytes += io_bytes(e, req->put->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_put(c->srv->eng, req->put->cache_id, &x, e, req->put->n_entries));
   return 0;
 }
@@ -450,10 +459,7 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
 static bool offload_wanted(conn_t *c, const engine_io_t *e, size_t n) {
   server_t *srv = c->srv;
   if (!srv->cfg.offload_bytes || srv->stats.connections_current < 2) return false;
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < n; i++)
-    bytes += e[i].k_bytes + e[i].v_bytes + e[i].k_scale_bytes + e[i].v_scale_bytes;
-  return bytes >= srv->cfg.offload_bytes;
+  return io_bytes(e, n) >= srv->cfg.offload_bytes;
 }
 
 static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
@@ -468,6 +474,7 @@ static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
                                     req->get->n_entries, &job));
     return offload_get(c, job, req->id, r->t0_ns) ? DEFERRED : 0;
   }
+  c->turn_bytes += io_bytes(e, req->get->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_get(c->srv->eng, req->get->cache_id, &x, e, req->get->n_entries));
   return 0;
 }
@@ -766,7 +773,10 @@ static int match_tokens(conn_t *c, reply_t *r, const char *op, uint64_t off, uin
   return check_tokens(c, r, op, off, n, out);
 }
 
-static int match_reply(reply_t *r, const engine_match_t *m) {
+/* Replies to a match or attach, and counts the ids of the pages it
+ * matched (what it hashed) against the connection's turn. */
+static int match_reply(conn_t *c, reply_t *r, const engine_match_t *m) {
+  c->turn_bytes += 4 * m->tokens;
   Kvcache__V1__MatchReply *mr = arena_alloc(r->a, sizeof *mr);
   if (!mr) return reject(r, KVC_E_NOMEM, "out of memory");
   codec_match_to_wire(&(kvc_match_t){m->tokens, m->pages, m->ineligible}, mr);
@@ -784,7 +794,7 @@ static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   if (rc || (rc = match_tokens(c, r, "match", b->tok_off, b->ntokens, &tokens))) return rc;
   engine_match_t m;
   ENGINE_CALL(r, engine_match(c->srv->eng, b->cache_id, tokens, b->ntokens, &key, &m));
-  return match_reply(r, &m);
+  return match_reply(c, r, &m);
 }
 
 static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
@@ -797,7 +807,7 @@ static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   engine_match_t m;
   ENGINE_CALL(r, engine_attach(c->srv->eng, b->cache_id, b->dst_seq, tokens, b->ntokens, &key,
                                b->pin ? c->id : 0, &m));
-  return match_reply(r, &m);
+  return match_reply(c, r, &m);
 }
 
 static int h_set_priority(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {

@@ -153,3 +153,87 @@ TEST(fair_match_reads_ids_in_place) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+/* ---- the turn's budget ---------------------------------------------------- */
+
+/* A put of NTOK tokens of it_layout (f32) from the start of a raw client's
+ * buffer (its zeros): 64 KiB of K and V. */
+static void raw_put(int fd, uint64_t id, uint32_t cache, uint64_t seq) {
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
+  Kvcache__V1__IoEntry e = KVCACHE__V1__IO_ENTRY__INIT, *ep = &e;
+  uint64_t half = NTOK * 2 * 2 * 32 * 4;
+  e.seq_id = seq;
+  e.ntokens = NTOK;
+  e.k_len = half;
+  e.v_off = half;
+  e.v_len = half;
+  io.cache_id = cache;
+  io.n_entries = 1;
+  io.entries = &ep;
+  req.id = id;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_PUT;
+  req.put = &io;
+  raw_send_request(fd, &req);
+}
+
+/* n puts pipelined in one write (the daemon reads them at once), then every
+ * reply in order; returns how many turns the daemon deferred meanwhile. */
+static uint64_t pipelined_puts(const daemon_t *d, int n) {
+  kvc_client_t *c = client_open(d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "turn", &l, &h));
+  int fd = it_connect_raw(d->sock);
+  raw_hello(fd, KVC_PROTOCOL_VERSION);
+  Kvcache__V1__Response *r = raw_reply(fd);
+  ASSERT(r && r->status == KVCACHE__V1__STATUS__OK);
+  kvcache__v1__response__free_unpacked(r, NULL);
+  uint64_t before = stat_get(c, "deferred_turns", NULL);
+  int sp[2];
+  ASSERT(socketpair(AF_UNIX, SOCK_STREAM, 0, sp) == 0); /* to gather the frames */
+  for (int i = 0; i < n; i++) raw_put(sp[0], 10 + (uint64_t)i, kvc_cache_id(h), 1);
+  uint8_t buf[8192];
+  ssize_t len = recv(sp[1], buf, sizeof buf, MSG_DONTWAIT);
+  ASSERT(len > 0 && (size_t)len < sizeof buf);
+  raw_send(fd, buf, (size_t)len);
+  close(sp[0]), close(sp[1]);
+  for (int i = 0; i < n; i++) {
+    r = raw_reply(fd);
+    ASSERT(r != NULL);
+    ASSERT_U64_EQ(r->id, 10 + (uint64_t)i);
+    ASSERT_EQ(r->status, KVCACHE__V1__STATUS__OK);
+    kvcache__v1__response__free_unpacked(r, NULL);
+  }
+  close(fd);
+  uint64_t deferred = stat_get(c, "deferred_turns", NULL) - before;
+  kvc_client_close(c);
+  return deferred;
+}
+
+TEST(fair_turn_bytes_defers_a_pipeline) {
+  static const char *const args[] = {"--frames-per-turn", "1000", "--turn-bytes", "64KiB",
+                                     "--turn-us", "0", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  ASSERT(pipelined_puts(&d, 20) >= 1); /* each 64 KiB put spends a turn */
+  daemon_stop(&d);
+}
+
+TEST(fair_turn_us_defers_a_pipeline) {
+  static const char *const args[] = {"--frames-per-turn", "1000", "--turn-bytes", "1GiB",
+                                     "--turn-us", "1", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  ASSERT(pipelined_puts(&d, 20) >= 1); /* a 64 KiB put takes more than 1 us */
+  daemon_stop(&d);
+}
+
+TEST(fair_no_budget_runs_a_pipeline_in_one_turn) {
+  static const char *const args[] = {"--frames-per-turn", "1000", "--turn-bytes", "1GiB",
+                                     "--turn-us", "0", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  ASSERT_U64_EQ(pipelined_puts(&d, 20), 0); /* the control */
+  daemon_stop(&d);
+}
