@@ -80,7 +80,8 @@ static const option_t options[] = {
    "microseconds one connection may run requests per event-loop turn before the others; "
    "at least one request runs; 0: no time bound"},
   {"write_queue_bytes", OPT_SIZE, "4MiB", 64 * KiB, 1 * GiB, true, F(write_queue_bytes),
-   "pending reply bytes of one connection that pause reading from it"},
+   "pending reply bytes of one connection (frames and their write requests) that pause "
+   "reading from it"},
   {"offload_bytes", OPT_SIZE, "512KiB", 0, 64 * GiB, true, F(offload_bytes),
    "a get of this many bytes or more is copied on a worker thread while other clients "
    "are connected; 0: never"},

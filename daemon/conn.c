@@ -150,7 +150,7 @@ void conn_close_after_flush(conn_t *c, const char *reason) {
 static void on_write(uv_write_t *req, int status) {
   wreq_t *w = (wreq_t *)req;
   conn_t *c = w->c;
-  c->wq_bytes -= w->len;
+  c->wq_bytes -= sizeof *w + w->len;
   free(w);
   if (status < 0) {
     if (status != UV_ECANCELED) conn_close(c, uv_strerror(status));
@@ -162,11 +162,12 @@ static void on_write(uv_write_t *req, int status) {
 static int write_frame(conn_t *c, wreq_t *w) {
   uv_buf_t buf = uv_buf_init((char *)w->data, (unsigned)w->len);
   w->c = c;
-  c->wq_bytes += w->len;
+  c->wq_bytes += sizeof *w + w->len; /* what it holds: a tiny reply's request
+                                        is ten times its frame */
   c->srv->stats.socket_bytes_out += w->len;
   int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, on_write);
   if (rc != 0) {
-    c->wq_bytes -= w->len;
+    c->wq_bytes -= sizeof *w + w->len;
     free(w);
     conn_close(c, uv_strerror(rc));
     return KVC_E_IO;

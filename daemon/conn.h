@@ -77,7 +77,8 @@ struct conn {
   uint8_t *rbuf;             /* read buffer */
   size_t rlen, rcap;         /* bytes held, capacity */
   uint32_t max_frame;        /* max_frame_bytes at accept */
-  uint64_t wq_bytes;         /* reply bytes queued to libuv, not yet written */
+  uint64_t wq_bytes;         /* bytes the replies queued to libuv hold (frames
+                                and their write requests), not yet written */
   uint64_t turn_bytes;       /* bytes its requests moved in this loop turn
                                 (dispatch adds, run_frames resets) */
   uint32_t nleases;          /* zero-copy read leases this connection holds */

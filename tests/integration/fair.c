@@ -237,3 +237,74 @@ TEST(fair_no_budget_runs_a_pipeline_in_one_turn) {
   ASSERT_U64_EQ(pipelined_puts(&d, 20), 0); /* the control */
   daemon_stop(&d);
 }
+
+/* ---- pipelines never read ------------------------------------------------- */
+
+#define NEVER_READERS 8
+
+/* A greeted raw connection that sends pings, non-blocking, until the daemon
+ * has paused it (write_pauses grew) and the socket takes no more: from then
+ * on it holds what the daemon keeps for it. */
+static int never_reader(const daemon_t *d, kvc_client_t *c, uint64_t pauses_before) {
+  int fd = it_connect_raw(d->sock);
+  raw_hello(fd, KVC_PROTOCOL_VERSION);
+  Kvcache__V1__Response *r = raw_reply(fd);
+  ASSERT(r && r->status == KVCACHE__V1__STATUS__OK);
+  kvcache__v1__response__free_unpacked(r, NULL);
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Ping ping = KVCACHE__V1__PING__INIT;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_PING;
+  req.ping = &ping;
+  req.id = 1u << 20; /* every frame the same size */
+  uint8_t frames[64 * 16];
+  size_t n = kvcache__v1__request__get_packed_size(&req);
+  for (size_t i = 0; i < 64; i++) {
+    uint8_t *p = frames + i * (4 + n);
+    p[0] = (uint8_t)n, p[1] = p[2] = p[3] = 0;
+    kvcache__v1__request__pack(&req, p + 4);
+  }
+  size_t len = 64 * (4 + n), off = 0;
+  double end = hard_now_ms() + 20000;
+  for (;;) {
+    ASSERT(hard_now_ms() < end);
+    ssize_t k = send(fd, frames + off, len - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (k > 0) {
+      off = (off + (size_t)k) % len;
+      continue;
+    }
+    ASSERT(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+    if (stat_get(c, "write_pauses", NULL) > pauses_before) return fd;
+    struct pollfd pf = {.fd = fd, .events = POLLOUT};
+    poll(&pf, 1, 50); /* the daemon reads on: send more */
+  }
+}
+
+TEST(fair_never_read_pipelines_are_bounded) {
+  static const char *const args[] = {"--write-queue-bytes", "256KiB", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  victim_rounds(&d, 20); /* warm: the daemon's own allocations are made */
+  uint64_t rss0 = hard_rss_kb(d.pid);
+  int fds[NEVER_READERS];
+  for (int i = 0; i < NEVER_READERS; i++) {
+    uint64_t pauses = stat_get(c, "write_pauses", NULL);
+    fds[i] = never_reader(&d, c, pauses);
+  }
+  victim_rounds(&d, 200); /* every byte verified beside them */
+  uint64_t rss1 = hard_rss_kb(d.pid);
+  /* Each holds at most its read buffer (2 x 64 KiB frames), 256 KiB of
+   * queued replies and one reply more: under 1 MiB however it is counted.
+   * Counting frame bytes alone let ~20,000 queued pings hold 5 MiB each. */
+  if (!hard_sanitized()) {
+    uint64_t per_kb = rss1 > rss0 ? (rss1 - rss0) / NEVER_READERS : 0;
+    if (per_kb >= 1024) TEST_FAIL_("daemon RSS grew %llu KiB per never-read connection",
+                                   (unsigned long long)per_kb);
+  }
+  ASSERT(stat_get(c, "write_pauses", NULL) >= NEVER_READERS);
+  for (int i = 0; i < NEVER_READERS; i++) close(fds[i]);
+  for (int i = 0; i < 1000 && stat_get(c, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
+  ASSERT_U64_EQ(stat_get(c, "connections_current", NULL), 1);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
