@@ -308,3 +308,56 @@ TEST(fair_never_read_pipelines_are_bounded) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+/* ---- big puts and big gets -------------------------------------------------- */
+
+#define BIG_TOK 2048 /* 2 MiB of K and V: 128 pages of the 512 the pool holds */
+
+/* Puts (and, if get, gets) BIG_TOK tokens of its own sequence in a loop;
+ * every get's bytes are compared with what was put. */
+static void flood_big(const daemon_t *d, int ready, bool get) {
+  kvc_client_t *c = client_open(d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  if (kvc_cache_open(c, "flood", &l, &h)) _exit(2);
+  size_t nk = it_tok_floats(&l, false) * BIG_TOK, nv = it_tok_floats(&l, true) * BIG_TOK;
+  float *k = malloc(nk * 4), *v = malloc(nv * 4), *gk = malloc(nk * 4), *gv = malloc(nv * 4);
+  uint64_t seq = (uint64_t)getpid(); /* its own */
+  for (uint32_t n = 0;; n++) {
+    if (!get || n == 0) {
+      it_fill_f32(k, v, &l, seq, 0, BIG_TOK, n);
+      if (kvc_put(h, seq, 0, BIG_TOK, k, v)) _exit(3);
+    }
+    if (get || n % 8 == 0) {
+      if (kvc_get(h, seq, 0, BIG_TOK, gk, gv)) _exit(4);
+      if (memcmp(gk, k, nk * 4) || memcmp(gv, v, nv * 4)) _exit(5);
+    }
+    ready_once(&ready);
+  }
+}
+
+static void flood_put_fn(const daemon_t *d, int ready) { flood_big(d, ready, false); }
+static void flood_get_fn(const daemon_t *d, int ready) { flood_big(d, ready, true); }
+
+TEST(fair_big_puts_beside_verified_work) {
+  daemon_t d;
+  daemon_start(&d);
+  pid_t f[2] = {flood_start(&d, flood_put_fn), 0};
+  f[1] = flood_start(&d, flood_put_fn); /* two: 256 of the pool's 512 pages */
+  victim_rounds(&d, 200);
+  flood_stop(f[0]);
+  flood_stop(f[1]);
+  daemon_stop(&d);
+}
+
+TEST(fair_big_gets_beside_verified_work) {
+  daemon_t d;
+  daemon_start(&d);
+  pid_t f = flood_start(&d, flood_get_fn);
+  victim_rounds(&d, 200);
+  flood_stop(f);
+  kvc_client_t *c = client_open(&d);
+  ASSERT(stat_get(c, "offloaded_gets", NULL) >= 1);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
