@@ -76,8 +76,15 @@ static const option_t options[] = {
    "concurrent clients; one more is refused with CONNLIMIT"},
   {"frames_per_turn", OPT_U32, "32", 1, 1u << 16, true, F(frames_per_turn),
    "requests one connection may run per event-loop turn"},
+  {"turn_bytes", OPT_SIZE, "1MiB", 4 * KiB, 1 * GiB, true, F(turn_bytes),
+   "bytes one connection may move per event-loop turn (frames read, tensor bytes copied "
+   "on the loop, token ids matched); at least one request runs"},
+  {"turn_us", OPT_U32, "200", 0, 1000000, true, F(turn_us),
+   "microseconds one connection may run requests per event-loop turn before the others; "
+   "at least one request runs; 0: no time bound"},
   {"write_queue_bytes", OPT_SIZE, "4MiB", 64 * KiB, 1 * GiB, true, F(write_queue_bytes),
-   "pending reply bytes of one connection that pause reading from it"},
+   "pending reply bytes of one connection (frames and their write requests) that pause "
+   "reading from it"},
   {"offload_bytes", OPT_SIZE, "512KiB", 0, 64 * GiB, true, F(offload_bytes),
    "a get of this many bytes or more is copied on a worker thread while other clients "
    "are connected; 0: never"},

@@ -50,6 +50,8 @@ typedef struct config {
   uint32_t max_entries;      /* IoEntry items per put/get request */
   uint32_t max_connections;  /* concurrent clients; more get CONNLIMIT */
   uint32_t frames_per_turn;  /* requests one connection runs per loop turn */
+  uint64_t turn_bytes;       /* bytes one connection moves per loop turn */
+  uint32_t turn_us;          /* us one connection runs per loop turn; 0: unbounded */
   uint64_t write_queue_bytes;/* pending reply bytes that pause reading */
   uint32_t frame_timeout_ms; /* a started frame must be whole within it; 0: none */
   uint64_t offload_bytes;    /* gets this large copy on the thread pool; 0: never */

@@ -155,7 +155,7 @@ void conn_close_after_flush(conn_t *c, const char *reason) {
 static void on_write(uv_write_t *req, int status) {
   wreq_t *w = (wreq_t *)req;
   conn_t *c = w->c;
-  c->wq_bytes -= w->len;
+  c->wq_bytes -= sizeof *w + w->len;
   free(w);
   if (status < 0) {
     if (status != UV_ECANCELED) conn_close(c, uv_strerror(status));
@@ -167,11 +167,12 @@ static void on_write(uv_write_t *req, int status) {
 static int write_frame(conn_t *c, wreq_t *w) {
   uv_buf_t buf = uv_buf_init((char *)w->data, (unsigned)w->len);
   w->c = c;
-  c->wq_bytes += w->len;
+  c->wq_bytes += sizeof *w + w->len; /* what it holds: a tiny reply's request
+                                        is ten times its frame */
   c->srv->stats.socket_bytes_out += w->len;
   int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, on_write);
   if (rc != 0) {
-    c->wq_bytes -= w->len;
+    c->wq_bytes -= sizeof *w + w->len;
     free(w);
     conn_close(c, uv_strerror(rc));
     return KVC_E_IO;
@@ -283,11 +284,21 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
   return write_frame(c, w);
 }
 
-/* Runs up to limit complete frames from the read buffer. */
-static void run_frames(conn_t *c, unsigned limit) {
+/* Whether c has spent its turn's bytes or time (t0_ns: when it began). */
+static bool turn_spent(const conn_t *c, uint64_t t0_ns) {
+  const config_t *cfg = &c->srv->cfg;
+  if (c->turn_bytes >= cfg->turn_bytes) return true;
+  return cfg->turn_us && uv_hrtime() - t0_ns >= (uint64_t)cfg->turn_us * 1000u;
+}
+
+/* Runs complete frames from the read buffer: up to limit of them and, if
+ * budgeted, until the turn's bytes or time are spent (at least one runs). */
+static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
   server_t *srv = c->srv;
   size_t off = 0;
   unsigned n = 0;
+  uint64_t t0 = budgeted ? uv_hrtime() : 0;
+  c->turn_bytes = 0;
   while (c->state < CONN_FLUSHING && !c->offloaded) {
     uint32_t plen = 0;
     int st = frame_parse(c->rbuf + off, c->rlen - off, c->max_frame, &plen);
@@ -300,11 +311,12 @@ static void run_frames(conn_t *c, unsigned limit) {
       return;
     }
     if (st == FRAME_NEED_MORE) break;
-    if (n == limit) {
+    if (n == limit || (budgeted && n > 0 && turn_spent(c, t0))) {
       srv->stats.deferred_turns++;
       break;
     }
     srv->stats.frames_in++;
+    c->turn_bytes += FRAME_HEADER_BYTES + plen;
     dispatch_frame(c, c->rbuf + off + FRAME_HEADER_BYTES, plen);
     off += FRAME_HEADER_BYTES + plen;
     n++;
@@ -320,7 +332,7 @@ static void run_frames(conn_t *c, unsigned limit) {
   schedule(c);
 }
 
-void conn_run_all(conn_t *c) { run_frames(c, UINT32_MAX); }
+void conn_run_all(conn_t *c) { run_frames(c, UINT32_MAX, false); }
 
 void conn_drain(conn_t *c) {
   if (stopping(c)) return;
@@ -359,7 +371,7 @@ void conn_drain(conn_t *c) {
 
 static void on_idle(uv_idle_t *h) {
   conn_t *c = h->data;
-  run_frames(c, c->srv->cfg.frames_per_turn);
+  run_frames(c, c->srv->cfg.frames_per_turn, true);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -391,7 +403,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   c->rlen += (size_t)nread;
   c->srv->stats.socket_bytes_in += (uint64_t)nread;
-  run_frames(c, c->srv->cfg.frames_per_turn);
+  run_frames(c, c->srv->cfg.frames_per_turn, true);
 }
 
 static void on_deadline(uv_timer_t *t) {

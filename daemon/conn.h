@@ -2,9 +2,11 @@
  * queue and shared buffer.
  *
  * A connection reads into its own buffer (one max frame and a bit more),
- * runs at most frames_per_turn complete frames per loop turn (the rest wait
- * for a uv_idle callback, so one busy client cannot starve the others) and
- * stops reading while more than write_queue_bytes of replies are pending.
+ * runs complete frames until frames_per_turn of them, turn_bytes of bytes
+ * moved or turn_us of time are spent in one loop turn (at least one; the rest
+ * wait for a uv_idle callback, after every other connection's turn, so one
+ * busy client cannot starve the others) and stops reading while more than
+ * write_queue_bytes of replies are pending.
  * A frame that has started must be complete within frame_timeout_ms, and the
  * Hello must arrive within it after accept (slowloris clients are closed).
  * However it closes, its pins are released at once and its buffer unmapped.
@@ -19,7 +21,7 @@
  *                                                                                 pool copy done)
  *
  *   NEW       accepted; only a Hello runs, and it must come within frame_timeout_ms
- *   READY     greeted: requests run (frames_per_turn per loop turn)
+ *   READY     greeted: requests run (a budget per loop turn)
  *   FLUSHING  no request runs; queued replies are written (uv_shutdown), then CLOSED
  *   CLOSED    uv_close called, pins and leases released; freed once its three
  *             handles are closed and no pool thread copies into its buffer
@@ -75,7 +77,10 @@ struct conn {
   uint8_t *rbuf;             /* read buffer */
   size_t rlen, rcap;         /* bytes held, capacity */
   uint32_t max_frame;        /* max_frame_bytes at accept */
-  uint64_t wq_bytes;         /* reply bytes queued to libuv, not yet written */
+  uint64_t wq_bytes;         /* bytes the replies queued to libuv hold (frames
+                                and their write requests), not yet written */
+  uint64_t turn_bytes;       /* bytes its requests moved in this loop turn
+                                (dispatch adds, run_frames resets) */
   uint32_t nleases;          /* zero-copy read leases this connection holds */
   enum conn_state state;     /* where it is in its life (above) */
   enum conn_after_offload after_offload; /* asked while offloaded */

@@ -434,6 +434,14 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
   return 0;
 }
 
+/* Tensor bytes the entries move (K, V and scales). */
+static uint64_t io_bytes(const engine_io_t *e, size_t n) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++)
+    bytes += e[i].k_bytes + e[i].v_bytes + e[i].k_scale_bytes + e[i].v_scale_bytes;
+  return bytes;
+}
+
 static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   NEED_BODY(r, req->put, "put");
   engine_xfer_t x;
@@ -442,6 +450,7 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   int rc = check_io(c, req->put, true, r, &x, &e);
   if (rc || (rc = check_key(r, req->put->salt, req->put->extra, &key))) return rc;
   x.pkey = &key;
+  c->turn_bytes += io_bytes(e, req->put->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_put(c->srv->eng, req->put->cache_id, &x, e, req->put->n_entries));
   return 0;
 }
@@ -451,10 +460,7 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
 static bool offload_wanted(conn_t *c, const engine_io_t *e, size_t n) {
   server_t *srv = c->srv;
   if (!srv->cfg.offload_bytes || srv->stats.connections_current < 2) return false;
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < n; i++)
-    bytes += e[i].k_bytes + e[i].v_bytes + e[i].k_scale_bytes + e[i].v_scale_bytes;
-  return bytes >= srv->cfg.offload_bytes;
+  return io_bytes(e, n) >= srv->cfg.offload_bytes;
 }
 
 static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
@@ -469,6 +475,7 @@ static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
                                     req->get->n_entries, &job));
     return offload_get(c, job, req->id, r->t0_ns) ? DEFERRED : 0;
   }
+  c->turn_bytes += io_bytes(e, req->get->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_get(c->srv->eng, req->get->cache_id, &x, e, req->get->n_entries));
   return 0;
 }
@@ -758,22 +765,19 @@ static int h_lease_release(conn_t *c, const Kvcache__V1__Request *req, reply_t *
 
 /* ---- prefix cache -------------------------------------------------------- */
 
-/* The query's token ids, copied out of the shared buffer: the client cannot
- * change them between the hash and the verification of one match. */
+/* The query's token ids, read in place in the shared buffer: the engine
+ * copies each page's ids once before it hashes and verifies them (the client
+ * may change them meanwhile) and stops at the first miss, so a Match of
+ * millions of ids costs what it matches, not what it names. */
 static int match_tokens(conn_t *c, reply_t *r, const char *op, uint64_t off, uint64_t n,
-                        uint32_t **out) {
-  const uint32_t *in;
-  int rc = check_tokens(c, r, op, off, n, &in);
-  if (rc) return rc;
-  *out = NULL;
-  if (n == 0) return 0;
-  if (!(*out = arena_alloc(r->a, n * sizeof **out)))
-    return reject(r, KVC_E_NOMEM, "out of memory");
-  memcpy(*out, in, n * sizeof **out);
-  return 0;
+                        const uint32_t **out) {
+  return check_tokens(c, r, op, off, n, out);
 }
 
-static int match_reply(reply_t *r, const engine_match_t *m) {
+/* Replies to a match or attach, and counts the ids of the pages it
+ * matched (what it hashed) against the connection's turn. */
+static int match_reply(conn_t *c, reply_t *r, const engine_match_t *m) {
+  c->turn_bytes += 4 * m->tokens;
   Kvcache__V1__MatchReply *mr = arena_alloc(r->a, sizeof *mr);
   if (!mr) return reject(r, KVC_E_NOMEM, "out of memory");
   codec_match_to_wire(&(kvc_match_t){m->tokens, m->pages, m->ineligible}, mr);
@@ -786,25 +790,25 @@ static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Match *b = req->match;
   NEED_BODY(r, b, "match");
   engine_pkey_t key;
-  uint32_t *tokens;
+  const uint32_t *tokens;
   int rc = check_key(r, b->salt, b->extra, &key);
   if (rc || (rc = match_tokens(c, r, "match", b->tok_off, b->ntokens, &tokens))) return rc;
   engine_match_t m;
   ENGINE_CALL(r, engine_match(c->srv->eng, b->cache_id, tokens, b->ntokens, &key, &m));
-  return match_reply(r, &m);
+  return match_reply(c, r, &m);
 }
 
 static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Attach *b = req->attach;
   NEED_BODY(r, b, "attach");
   engine_pkey_t key;
-  uint32_t *tokens;
+  const uint32_t *tokens;
   int rc = check_key(r, b->salt, b->extra, &key);
   if (rc || (rc = match_tokens(c, r, "attach", b->tok_off, b->ntokens, &tokens))) return rc;
   engine_match_t m;
   ENGINE_CALL(r, engine_attach(c->srv->eng, b->cache_id, b->dst_seq, tokens, b->ntokens, &key,
                                b->pin ? c->id : 0, &m));
-  return match_reply(r, &m);
+  return match_reply(c, r, &m);
 }
 
 static int h_set_priority(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {

@@ -1,7 +1,11 @@
 /* offload.c: copying a large get on libuv's thread pool. */
 #include "offload.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "optable.h"
@@ -14,8 +18,22 @@ typedef struct job {
   uint64_t t0_ns;  /* decode start, for the latency figure */
 } job_t;
 
+/* A pool thread runs at a lower priority (nice 10) than the event loop:
+ * where the two share a CPU, the loop's small requests come before the bulk
+ * copy instead of taking turns with it (a copy only slows down while the
+ * CPU is contended). Linux sets the nice value per thread. */
+static void lower_priority(void) {
+  static _Thread_local bool lowered;
+  if (lowered) return;
+  lowered = true;
+  (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+}
+
 /* On a pool thread: only memcpy out of referenced pages into c's buffer. */
-static void work(uv_work_t *req) { engine_get_run(((job_t *)req)->get); }
+static void work(uv_work_t *req) {
+  lower_priority();
+  engine_get_run(((job_t *)req)->get);
+}
 
 /* Back on the loop. */
 static void after(uv_work_t *req, int status) {

@@ -142,6 +142,9 @@ struct engine {
   lru_node_t lru[PRIO_LEVELS]; /* sentinels: lru[p].next is the most recent */
   ipage_t **ip;        /* per page: token metadata or NULL */
   uint32_t *scratch;   /* per page: eviction planning stack */
+  uint32_t *page_ids;  /* one page of a match's token ids, copied from the
+                          caller (whose memory may change meanwhile) */
+  uint32_t page_ids_cap; /* token ids page_ids holds */
   hmap_t keys;         /* digest of (salt, extra) -> key_t */
   uint32_t nkeys;
   uint32_t hash_bits;  /* test hook: keep only this many hash bits (0: all) */

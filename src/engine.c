@@ -88,6 +88,7 @@ void engine_free(engine_t *eng) {
   lease_free_all(eng);
   mem_free(&eng->mem, eng->ip);
   mem_free(&eng->mem, eng->scratch);
+  mem_free(&eng->mem, eng->page_ids);
   page_meta_unreserve(eng);
   EVP_MD_CTX_free(eng->md_ctx);
   pool_deinit(&eng->pool, &eng->mem);

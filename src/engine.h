@@ -229,7 +229,10 @@ void engine_stats(const engine_t *eng, engine_stats_t *out);
 
 /* How many leading tokens of tokens[0..n) the cache holds, whole pages only;
  * each hit is verified against the stored token ids, chain and key, and
- * touches the pages. Counts queried, hit and ineligible tokens. */
+ * touches the pages. Counts queried, hit and ineligible tokens. Borrows
+ * tokens, which may change during the call (a client's shared buffer): each
+ * page's ids are copied once before use, and the walk stops at the first
+ * page that misses, so it costs O(pages matched), whatever n is. */
 int engine_match(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
                  const engine_pkey_t *key, engine_match_t *out);
 

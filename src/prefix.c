@@ -328,21 +328,27 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engi
 
 /* ---- match and attach --------------------------------------------------------- */
 
-/* Walks the chain of tokens; fills pages[] (if not NULL) with matched pages. */
+/* Walks the chain of tokens; fills pages[] (if not NULL) with matched pages.
+ * Each page's ids are read once, into eng->page_ids, before they are hashed
+ * and verified: tokens may be another process's memory that changes
+ * meanwhile, and a walk costs O(matched pages), not O(n), since it stops at
+ * the first page that misses. */
 uint64_t prefix_match_pages(engine_t *eng, cache_t *c, const uint32_t *tokens, uint64_t n,
                             const engine_pkey_t *key, uint32_t key_id, uint32_t *pages) {
   if (!pages) pages = eng->scratch;
   if (key_id == 0) return 0;
   uint32_t T = c->g.T, parent = NOPAGE;
+  uint32_t *ids = eng->page_ids; /* prefix_match_args made it hold T */
   uint8_t h[32], prev[32];
   uint64_t m = 0;
   chain_root(eng, c, key, prev);
   for (; (m + 1) * T <= n; m++) {
-    page_hash(eng, prev, tokens + m * T, T, key, h);
+    memcpy(ids, tokens + m * T, (size_t)T * sizeof *ids);
+    page_hash(eng, prev, ids, T, key, h);
     ipage_t *ip = hmap_get(&c->index, hash_key64(h));
     if (!ip) break;
     if (memcmp(ip->hash, h, 32) != 0 || ip->parent != parent || ip->key != key_id ||
-        memcmp(ip->tokens, tokens + m * T, (size_t)T * sizeof *tokens) != 0) {
+        memcmp(ip->tokens, ids, (size_t)T * sizeof *ids) != 0) {
       eng->st.hash_verify_failed++;
       c->st.hash_verify_failed++;
       break;
@@ -409,6 +415,13 @@ int prefix_match_args(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, 
                        (unsigned long long)n);
   if (prefix_key(eng, key, false, key_id))
     return engine_fail(eng, KVC_E_INVAL, "salt and extra key are at most %u bytes", KEY_MAX);
+  uint32_t T = (*c)->g.T;
+  if (eng->page_ids_cap < T) { /* grows to the largest page of any match */
+    uint32_t *ids = mem_realloc(&eng->mem, eng->page_ids, (size_t)T * sizeof *ids);
+    if (!ids) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    eng->page_ids = ids;
+    eng->page_ids_cap = T;
+  }
   return 0;
 }
 

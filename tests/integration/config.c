@@ -23,6 +23,8 @@ static const struct {
     {"max_entries", "100", "100", "200", "200"},
     {"max_connections", "10", "10", "20", "20"},
     {"frames_per_turn", "4", "4", "8", "8"},
+    {"turn_bytes", "64KiB", "64KiB", "2MiB", "2MiB"},
+    {"turn_us", "300", "300", "0", "0"},
     {"write_queue_bytes", "1MiB", "1MiB", "2MiB", "2MiB"},
     {"allow_uids", "1,2", "1,2", "3", "3"},
     {"allow_gids", "5,6", "5,6", "", "\"\""},
