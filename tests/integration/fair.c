@@ -112,7 +112,7 @@ TEST(fair_huge_match_beside_verified_work) {
   victim_rounds(&d, 200);
   flood_stop(f);
   kvc_client_t *c = client_open(&d);
-  ASSERT(stat_get(c, "prefix_matches", NULL) >= 2);
+  ASSERT(stat_get(c, "prefix_matches_total", NULL) >= 2);
   kvc_client_close(c);
   daemon_stop(&d);
 }
@@ -148,7 +148,7 @@ TEST(fair_match_reads_ids_in_place) {
   ids[l.page_tokens + 3] ^= 1; /* the second page differs */
   ASSERT_OK(kvc_match(h, ids, MATCH_IDS, &m));
   ASSERT_U64_EQ(m.tokens, l.page_tokens);
-  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_queried", NULL), 2 * MATCH_IDS);
+  ASSERT_U64_EQ(stat_get(c, "prefix_tokens_queried_total", NULL), 2 * MATCH_IDS);
   free(ids), free(k), free(v);
   kvc_client_close(c);
   daemon_stop(&d);
@@ -189,7 +189,7 @@ static uint64_t pipelined_puts(const daemon_t *d, int n) {
   Kvcache__V1__Response *r = raw_reply(fd);
   ASSERT(r && r->status == KVCACHE__V1__STATUS__OK);
   kvcache__v1__response__free_unpacked(r, NULL);
-  uint64_t before = stat_get(c, "deferred_turns", NULL);
+  uint64_t before = stat_get(c, "deferred_turns_total", NULL);
   int sp[2];
   ASSERT(socketpair(AF_UNIX, SOCK_STREAM, 0, sp) == 0); /* to gather the frames */
   for (int i = 0; i < n; i++) raw_put(sp[0], 10 + (uint64_t)i, kvc_cache_id(h), 1);
@@ -206,7 +206,7 @@ static uint64_t pipelined_puts(const daemon_t *d, int n) {
     kvcache__v1__response__free_unpacked(r, NULL);
   }
   close(fd);
-  uint64_t deferred = stat_get(c, "deferred_turns", NULL) - before;
+  uint64_t deferred = stat_get(c, "deferred_turns_total", NULL) - before;
   kvc_client_close(c);
   return deferred;
 }
@@ -273,7 +273,7 @@ static int never_reader(const daemon_t *d, kvc_client_t *c, uint64_t pauses_befo
       continue;
     }
     ASSERT(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
-    if (stat_get(c, "write_pauses", NULL) > pauses_before) return fd;
+    if (stat_get(c, "write_pauses_total", NULL) > pauses_before) return fd;
     struct pollfd pf = {.fd = fd, .events = POLLOUT};
     poll(&pf, 1, 50); /* the daemon reads on: send more */
   }
@@ -288,7 +288,7 @@ TEST(fair_never_read_pipelines_are_bounded) {
   uint64_t rss0 = hard_rss_kb(d.pid);
   int fds[NEVER_READERS];
   for (int i = 0; i < NEVER_READERS; i++) {
-    uint64_t pauses = stat_get(c, "write_pauses", NULL);
+    uint64_t pauses = stat_get(c, "write_pauses_total", NULL);
     fds[i] = never_reader(&d, c, pauses);
   }
   victim_rounds(&d, 200); /* every byte verified beside them */
@@ -301,7 +301,7 @@ TEST(fair_never_read_pipelines_are_bounded) {
     if (per_kb >= 1024) TEST_FAIL_("daemon RSS grew %llu KiB per never-read connection",
                                    (unsigned long long)per_kb);
   }
-  ASSERT(stat_get(c, "write_pauses", NULL) >= NEVER_READERS);
+  ASSERT(stat_get(c, "write_pauses_total", NULL) >= NEVER_READERS);
   for (int i = 0; i < NEVER_READERS; i++) close(fds[i]);
   for (int i = 0; i < 1000 && stat_get(c, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
   ASSERT_U64_EQ(stat_get(c, "connections_current", NULL), 1);
@@ -357,7 +357,7 @@ TEST(fair_big_gets_beside_verified_work) {
   victim_rounds(&d, 200);
   flood_stop(f);
   kvc_client_t *c = client_open(&d);
-  ASSERT(stat_get(c, "offloaded_gets", NULL) >= 1);
+  ASSERT(stat_get(c, "offloaded_gets_total", NULL) >= 1);
   kvc_client_close(c);
   daemon_stop(&d);
 }
