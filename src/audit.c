@@ -6,6 +6,7 @@
 #include "lease.h"
 #include "page.h"
 #include "prefix.h"
+#include "quota.h"
 #include "seq.h"
 
 __attribute__((format(printf, 3, 4))) static int bad(char *why, size_t len,
@@ -92,6 +93,7 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
                      char *why, size_t len) {
   const geom_t *g = &s->cache->g;
   unsigned long long id = (unsigned long long)s->id;
+  if (s->planned) return bad(why, len, "seq %llu: left planned by an eviction plan", id);
   if (s->start > s->len || s->len > s->extent || s->extent > KVC_MAX_SEQ_TOKENS)
     return bad(why, len, "seq %llu: start %llu len %llu extent %llu", id,
                (unsigned long long)s->start, (unsigned long long)s->len,
@@ -203,6 +205,40 @@ static int audit_index(const engine_t *eng, const uint64_t *cached, char *why, s
   return 0;
 }
 
+/* Every tenant's usage, recounted from pages, leases and caches. */
+static int audit_quotas(const engine_t *eng, char *why, size_t len) {
+  for (uint32_t i = 0; i < eng->nquotas; i++) {
+    const quota_t *q = eng->quotas[i];
+    if (q->idx != i || quota_find(eng, q->tenant) != q)
+      return bad(why, len, "quota %u: misfiled (tenant %u)", i, q->tenant);
+    engine_tenant_usage_t u = {0};
+    for (uint32_t page = 0; page < eng->pool.npages; page++) {
+      if (!eng->pool.refcnt[page] || eng->page_quota[page] != i) continue;
+      u.pages++;
+      u.pinned += eng->pool.pinref[page] > 0;
+    }
+    for (const lease_t *l = eng->lease_list; l; l = l->next)
+      if (l->q == q) u.leased += l->npages;
+    for (uint32_t ci = 0; ci < eng->ncaches; ci++) {
+      const cache_t *c = eng->caches[ci];
+      if (!c || c->q != q) continue;
+      if (c->tenant != q->tenant) return bad(why, len, "cache '%s': another tenant's quota", c->name);
+      u.caches++;
+      u.seqs += c->st.sequences;
+    }
+    if (u.pages != q->use.pages || u.pinned != q->use.pinned || u.leased != q->use.leased ||
+        u.seqs != q->use.seqs || u.caches != q->use.caches)
+      return bad(why, len,
+                 "tenant %u: pages %llu/%llu pinned %llu/%llu leased %llu/%llu seqs %llu/%llu "
+                 "caches %u/%u (counted/recorded)", q->tenant, (unsigned long long)u.pages,
+                 (unsigned long long)q->use.pages, (unsigned long long)u.pinned,
+                 (unsigned long long)q->use.pinned, (unsigned long long)u.leased,
+                 (unsigned long long)q->use.leased, (unsigned long long)u.seqs,
+                 (unsigned long long)q->use.seqs, u.caches, q->use.caches);
+  }
+  return 0;
+}
+
 int engine_audit(engine_t *eng, char *why, size_t why_len) {
   if (!eng) return KVC_E_INVAL;
   mem_t scratch;
@@ -259,6 +295,7 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
     }
   }
   if (rc == 0) rc = audit_index(eng, &cached, why, why_len);
+  if (rc == 0) rc = audit_quotas(eng, why, why_len);
   if (rc == 0) rc = audit_index_hashes(eng, why, why_len);
   if (rc == 0 && (nseqs != eng->nseqs || npinned != eng->nseqs_pinned ||
                   lru != nseqs - npinned || tokens != eng->ntokens))

@@ -8,6 +8,7 @@
 #include "lease.h"
 #include "page.h"
 #include "prefix.h"
+#include "quota.h"
 #include "seq.h"
 
 
@@ -38,13 +39,15 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
   eng->hash_kind = cfg->hash;
   eng->hash_bits = cfg->hash_bits;
   hmap_init(&eng->leases);
+  hmap_init(&eng->quota_map);
   int rc = pool_init(&eng->pool, &eng->mem, cfg->base, cfg->pool_bytes, cfg->page_bytes);
   if (rc == 0) {
     uint32_t pct = cfg->pin_limit_pct && cfg->pin_limit_pct < 100 ? cfg->pin_limit_pct : 100;
     eng->pin_limit = (uint32_t)((uint64_t)eng->pool.npages * pct / 100);
     eng->caches = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->caches);
+    eng->page_quota = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->page_quota);
     eng->md_ctx = EVP_MD_CTX_new();
-    if (!eng->caches || !eng->md_ctx) rc = KVC_E_NOMEM;
+    if (!eng->caches || !eng->page_quota || !eng->md_ctx) rc = KVC_E_NOMEM;
   }
   if (rc) {
     engine_free(eng);
@@ -86,6 +89,8 @@ void engine_free(engine_t *eng) {
   hmap_deinit(&eng->keys, &eng->mem);
   hmap_deinit(&eng->owners, &eng->mem);
   lease_free_all(eng);
+  quota_free_all(eng);
+  mem_free(&eng->mem, eng->page_quota);
   mem_free(&eng->mem, eng->ip);
   mem_free(&eng->mem, eng->scratch);
   page_meta_unreserve(eng);
@@ -151,8 +156,15 @@ int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
                        (unsigned long long)eng->pool.page_bytes);
   if (eng->ncaches == eng->max_caches)
     return engine_fail(eng, KVC_E_TOOMANY, "at most %u caches", eng->max_caches);
+  quota_t *q = quota_find(eng, tenant);
+  if (q && (rc = quota_check_caches(eng, q))) return rc;
   cache_t *c = mem_calloc(&eng->mem, 1, sizeof *c);
-  if (!c) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  if (!c || (!q && quota_open(eng, tenant, &q))) {
+    mem_free(&eng->mem, c);
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
+  c->q = q;
+  q->use.caches++;
   memcpy(c->name, name, strlen(name) + 1);
   c->id = eng->ncaches;
   c->tenant = tenant;
@@ -180,6 +192,7 @@ int engine_cache_drop(engine_t *eng, uint32_t cache_id) {
   int rc = engine_find_cache(eng, cache_id, &c);
   if (rc) return rc;
   cache_free(eng, c, false);
+  c->q->use.caches--;
   eng->caches[cache_id] = NULL;
   mem_free(&eng->mem, c);
   return 0;

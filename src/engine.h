@@ -399,6 +399,48 @@ void engine_get_end(engine_t *eng, engine_get_job_t *job);
 int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
                        uint64_t *offset);
 
+/* ---- tenant quotas (quota.c; doc/security.md, quotas) ---------------------
+ * Every cache belongs to a tenant (engine_cache_open_in); what a tenant's
+ * caches hold is counted against that tenant and its limits. A page counts
+ * against the tenant of the cache whose sequence allocated it (pages are
+ * shared only inside one cache), until it is freed. */
+
+/* A tenant's limits; 0 means unlimited. */
+typedef struct engine_tenant_limits {
+  uint64_t max_pages;   /* pool pages held (a put over it evicts the tenant's
+                           own LRU victims first; KVC_E_QUOTA_PAGES if they
+                           cannot free enough) */
+  uint64_t max_pinned;  /* pages pinned plus pages leased (KVC_E_QUOTA_PINS),
+                           checked at pin, at lease and at every write that
+                           grows a pinned sequence */
+  uint64_t max_seqs;    /* sequences, empty ones included (KVC_E_QUOTA_SEQS) */
+  uint32_t max_caches;  /* caches (KVC_E_QUOTA_CACHES) */
+  uint32_t max_keys;    /* interned prefix keys (KVC_E_QUOTA_KEYS) */
+} engine_tenant_limits_t;
+
+/* A tenant's usage and how often each limit refused it. */
+typedef struct engine_tenant_usage {
+  uint64_t pages;       /* pool pages held */
+  uint64_t pinned;      /* pages pinned (by any owner) */
+  uint64_t leased;      /* pages held by leases */
+  uint64_t seqs;
+  uint32_t caches;
+  uint32_t keys;
+  uint64_t refused_pages, refused_pins, refused_seqs, refused_caches, refused_keys;
+} engine_tenant_usage_t;
+
+#define ENGINE_TENANT_DEFAULT UINT32_MAX /* the limits of every tenant not set */
+
+/* Sets the limits of tenant (ENGINE_TENANT_DEFAULT: of every tenant without
+ * its own); lim NULL returns a tenant to the default. Takes effect for the
+ * next call: what a tenant already holds over a lowered limit stays until it
+ * lets it go. Borrows lim. 0, KVC_E_INVAL, KVC_E_NOMEM. */
+int engine_tenant_limits_set(engine_t *eng, uint32_t tenant, const engine_tenant_limits_t *lim);
+/* The limits in force for tenant and its usage (zeros for a tenant never
+ * seen). Either pointer may be NULL. */
+int engine_tenant_usage(engine_t *eng, uint32_t tenant, engine_tenant_limits_t *lim,
+                        engine_tenant_usage_t *use);
+
 /* Test hook: make the k-th heap allocation from now fail (-1 disables). */
 void engine_fail_alloc_after(engine_t *eng, int64_t k);
 

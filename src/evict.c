@@ -26,6 +26,7 @@
 #include "lru.h"
 #include "page.h"
 #include "prefix.h"
+#include "quota.h"
 #include "seq.h"
 
 #define SEQ_OF(n) ((seq_t *)(void *)((char *)(n) - offsetof(seq_t, node)))
@@ -62,6 +63,9 @@ typedef struct plan {
   uint32_t ntouched;
   uint32_t last_prio; /* the walk's last node, to clear what it marked */
   lru_node_t *last;
+  quota_t *only;     /* the first walk: this tenant's victims, down to its quota */
+  uint64_t only_max; /* that tenant's page quota */
+  bool two_walks;    /* clear every list up to last_prio, not to last */
 } plan_t;
 
 static void touch_ip(plan_t *pl, ipage_t *ip) {
@@ -92,8 +96,18 @@ static void plan_reclaim(engine_t *eng, plan_t *pl, ipage_t *ip) {
     plan_push(pl, par);
 }
 
+/* The first walk is done once the tenant's pages after the call fit its
+ * quota (its victims alone are walked, so every page freed is its own); the
+ * second once the pool has the pages. */
 static bool plan_done(const engine_t *eng, const plan_t *pl) {
+  if (pl->only) return pl->only->use.pages + pl->need <= pl->only_max + pl->freed;
   return eng->pool.nfree + pl->freed >= pl->need;
+}
+
+/* Whether the walk takes the victim at node n. */
+static bool walk_takes(const plan_t *pl, const lru_node_t *n) {
+  const cache_t *c = n->kind == LRU_SEQ ? SEQ_OF(n)->cache : IPAGE_OF(n)->cache;
+  return !pl->only || c->q == pl->only;
 }
 
 static void plan_drain(engine_t *eng, plan_t *pl) {
@@ -105,6 +119,7 @@ static void plan_drain(engine_t *eng, plan_t *pl) {
 
 static void plan_seq(engine_t *eng, plan_t *pl, const evict_need_t *nd, seq_t *s) {
   pool_t *p = &eng->pool;
+  s->planned = true;
   for (uint32_t i = 0; i < s->ntable; i++) {
     uint32_t page = s->table[i], v = ++p->plan[page], held = v & PLAN_MASK;
     if (v & PLAN_COW) {
@@ -122,11 +137,12 @@ static void plan_walk(engine_t *eng, plan_t *pl, const evict_need_t *nd) {
   for (uint32_t prio = 0; prio < PRIO_LEVELS && !plan_done(eng, pl); prio++) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head && !plan_done(eng, pl); n = n->prev) {
-      pl->last_prio = prio;
+      if (!walk_takes(pl, n)) continue;
+      if (!pl->two_walks || prio > pl->last_prio) pl->last_prio = prio;
       pl->last = n;
       if (n->kind == LRU_SEQ) {
         seq_t *s = SEQ_OF(n);
-        if (s->mark == eng->epoch) continue;
+        if (s->mark == eng->epoch || s->planned) continue;
         plan_seq(eng, pl, nd, s);
       } else {
         ipage_t *ip = IPAGE_OF(n);
@@ -142,11 +158,12 @@ static void plan_clear(engine_t *eng, plan_t *pl) {
   for (uint32_t prio = 0; pl->last && prio <= pl->last_prio; prio++) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head; n = n->prev) {
-      if (n->kind == LRU_SEQ && SEQ_OF(n)->mark != eng->epoch) {
+      if (n->kind == LRU_SEQ && SEQ_OF(n)->planned) {
         seq_t *s = SEQ_OF(n);
+        s->planned = false;
         for (uint32_t i = 0; i < s->ntable; i++) eng->pool.plan[s->table[i]] &= PLAN_COW;
       }
-      if (n == pl->last) break;
+      if (n == pl->last && !pl->two_walks) break; /* two walks: each list whole */
     }
   }
   for (uint32_t i = 0; i < pl->ntouched; i++) {
@@ -158,11 +175,14 @@ static void plan_clear(engine_t *eng, plan_t *pl) {
 
 /* ---- evicting ---------------------------------------------------------------- */
 
-/* Reclaims the least recent victim; false if there is none. */
-static bool evict_one(engine_t *eng) {
+/* Reclaims the least recent victim (of tenant only, if set); false if there
+ * is none. */
+static bool evict_one(engine_t *eng, const quota_t *only) {
+  plan_t filter = {.only = (quota_t *)only};
   for (uint32_t prio = 0; prio < PRIO_LEVELS; prio++) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head; n = n->prev) {
+      if (!walk_takes(&filter, n)) continue;
       if (n->kind == LRU_SEQ) {
         seq_t *s = SEQ_OF(n);
         if (s->mark == eng->epoch) continue;
@@ -188,12 +208,23 @@ static bool evict_one(engine_t *eng) {
 int evict_make_room(engine_t *eng, const evict_need_t *nd) {
   pool_t *p = &eng->pool;
   uint64_t need = need_now(eng, nd);
-  if (need <= p->nfree) return 0;
+  uint64_t over = nd->q ? quota_pages_over(eng, nd->q, need) : 0;
+  if (need <= p->nfree && !over) return 0;
   plan_t pl = {need, 0, eng->scratch, 0, eng->scratch ? eng->scratch + p->npages : NULL, 0, 0,
-               NULL}; /* the stack is used only for pages with token metadata */
-  plan_walk(eng, &pl, nd);
-  bool enough = plan_done(eng, &pl);
+               NULL, NULL, 0, false}; /* the stack is used only for pages with token metadata */
+  bool mine = true;
+  if (over) { /* first the tenant's own victims, down to its quota */
+    pl.only = nd->q;
+    pl.only_max = quota_lim(eng, nd->q)->max_pages;
+    plan_walk(eng, &pl, nd);
+    mine = plan_done(eng, &pl);
+    pl.only = NULL;
+    pl.two_walks = true;
+  }
+  if (mine) plan_walk(eng, &pl, nd);
+  bool enough = mine && plan_done(eng, &pl);
   plan_clear(eng, &pl);
+  if (!mine) return quota_fail_pages(eng, nd->q, pl.need, pl.freed);
   if (!enough) {
     eng->st.full_errors++;
     int rc = engine_fail(eng, KVC_E_FULL,
@@ -204,8 +235,11 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
     eng->err.freeable = p->nfree + pl.freed;
     return rc;
   }
+  while (over && quota_pages_over(eng, nd->q, need_now(eng, nd)))
+    if (!evict_one(eng, nd->q))
+      return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
   while (p->nfree < need_now(eng, nd))
-    if (!evict_one(eng))
+    if (!evict_one(eng, NULL))
       return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
   return 0;
 }

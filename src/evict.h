@@ -19,9 +19,12 @@ typedef struct evict_need {
   uint64_t new_pages;
   evict_note_t *noted;
   size_t nnoted;
+  quota_t *q;        /* the tenant the new pages count against */
 } evict_need_t;
 /* Frees pages by evicting unpinned, unmarked sequences and cached pages in
- * order, all or nothing: KVC_E_FULL (with figures) changes nothing. */
+ * order, all or nothing: KVC_E_FULL (with figures) changes nothing. A tenant
+ * that the new pages would put over its page quota gives up its own victims
+ * first, KVC_E_QUOTA_PAGES (nothing changed) if they are not enough. */
 int evict_make_room(engine_t *eng, const evict_need_t *need);
 
 #endif

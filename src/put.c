@@ -12,6 +12,7 @@
 #include "room.h"
 #include "seq.h"
 #include "xfer.h"
+#include "quota.h"
 
 /* Per-entry state of a put between validation and commit. */
 typedef struct target {
@@ -64,6 +65,8 @@ static int put_target(engine_t *eng, cache_t *c, const layout_xfer_t *r, const e
     if (eng->max_seqs && eng->nseqs + *created + 1 > eng->max_seqs)
       return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
                          (unsigned long long)eng->max_seqs);
+    int rc = quota_check_seqs(eng, c->q, *created + 1);
+    if (rc) return rc;
     if (hmap_reserve(&c->seqs, &eng->mem, 1) || !(s = seq_new(eng, c, e->seq_id)))
       return engine_fail(eng, KVC_E_NOMEM, "out of memory");
     hmap_insert(&c->seqs, s->id, s);

@@ -1,0 +1,179 @@
+/* engine_quota.c: per-tenant quotas: pool pages (a tenant at its quota
+ * gives up its own LRU victims first), pinned plus leased pages (counted as
+ * pinned sequences grow), sequences (empty ones too), caches; each refusal
+ * its own code, counted per tenant, the other tenant's bytes intact. Every
+ * test ends with the audit, which recounts each tenant's usage. */
+#include "engine_fixture.h"
+
+/* Opens cache `name` of tenant with the small layout; makes it f->cid. */
+static uint32_t open_in(fx_t *f, uint32_t tenant, const char *name) {
+  uint32_t id;
+  ASSERT_OK(engine_cache_open_in(f->eng, tenant, name, &f->lay, &id));
+  f->cid = id;
+  return id;
+}
+
+static engine_tenant_usage_t usage(fx_t *f, uint32_t tenant) {
+  engine_tenant_usage_t u;
+  ASSERT_OK(engine_tenant_usage(f->eng, tenant, NULL, &u));
+  return u;
+}
+
+static void limits(fx_t *f, uint32_t tenant, uint64_t pages, uint64_t pinned, uint64_t seqs,
+                   uint32_t caches) {
+  engine_tenant_limits_t l = {.max_pages = pages, .max_pinned = pinned, .max_seqs = seqs,
+                              .max_caches = caches};
+  ASSERT_OK(engine_tenant_limits_set(f->eng, tenant, &l));
+}
+
+TEST(quota_bad_arguments) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  engine_tenant_limits_t lim = {0};
+  engine_tenant_usage_t u;
+  ASSERT_ERR(engine_tenant_limits_set(NULL, 1, &lim), KVC_E_INVAL);
+  ASSERT_ERR(engine_tenant_limits_set(f.eng, ENGINE_TENANT_DEFAULT, NULL), KVC_E_INVAL);
+  ASSERT_ERR(engine_tenant_usage(NULL, 1, &lim, &u), KVC_E_INVAL);
+  ASSERT_OK(engine_tenant_usage(f.eng, 77, &lim, &u)); /* never seen: zeros */
+  ASSERT_U64_EQ(u.pages, 0);
+  ASSERT_U64_EQ(lim.max_pages, 0);
+  /* The default applies to a tenant without limits of its own, and lim NULL
+   * returns one to it. */
+  lim.max_seqs = 5;
+  ASSERT_OK(engine_tenant_limits_set(f.eng, ENGINE_TENANT_DEFAULT, &lim));
+  ASSERT_OK(engine_tenant_usage(f.eng, 77, &lim, NULL));
+  ASSERT_U64_EQ(lim.max_seqs, 5);
+  limits(&f, 77, 0, 0, 9, 0);
+  ASSERT_OK(engine_tenant_usage(f.eng, 77, &lim, NULL));
+  ASSERT_U64_EQ(lim.max_seqs, 9);
+  ASSERT_OK(engine_tenant_limits_set(f.eng, 77, NULL));
+  ASSERT_OK(engine_tenant_usage(f.eng, 77, &lim, NULL));
+  ASSERT_U64_EQ(lim.max_seqs, 5);
+  fx_close(&f);
+}
+
+TEST(quota_pages_evict_the_tenants_own_first) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 16);
+  uint32_t victim = open_in(&f, 2, "v");
+  for (uint64_t s = 1; s <= 4; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 2)); /* oldest: 4 pages */
+  uint32_t hog = open_in(&f, 1, "h");
+  limits(&f, 1, 4, 0, 0, 0);
+  for (uint64_t s = 1; s <= 4; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 1));
+  ASSERT_U64_EQ(usage(&f, 1).pages, 4);
+  /* Free pages abound, but the hog is at its quota: its own least recent
+   * sequence goes, not the victim's older ones. */
+  ASSERT_OK(fx_put(&f, 5, 0, 4, 1));
+  ASSERT_U64_EQ(usage(&f, 1).pages, 4);
+  ASSERT_ERR(fx_get_rc(&f, 1, 0, 4, fx_all(&f.lay)), KVC_E_NOSEQ);
+  for (uint64_t s = 2; s <= 5; s++) FX_EXPECT(&f, s, 0, 4, 1);
+  /* Its own pinned: nothing of its own to give, and nothing changes. */
+  for (uint64_t s = 2; s <= 5; s++) ASSERT_OK(engine_pin(f.eng, hog, s, 9));
+  engine_stats_t before = fx_stats(&f);
+  ASSERT_ERR(fx_put(&f, 6, 0, 4, 1), KVC_E_QUOTA_PAGES);
+  ASSERT(strstr(engine_last_error(f.eng)->msg, "tenant_max_pages") != NULL);
+  ASSERT_ERR(fx_put(&f, 5, 4, 4, 1), KVC_E_QUOTA_PAGES); /* growth too */
+  engine_stats_t after = fx_stats(&f);
+  FX_STATS_SAME(&before, &after);
+  ASSERT_U64_EQ(usage(&f, 1).refused_pages, 2);
+  ASSERT_U64_EQ(usage(&f, 2).refused_pages, 0);
+  f.cid = victim;
+  for (uint64_t s = 1; s <= 4; s++) FX_EXPECT(&f, s, 0, 4, 2);
+  ASSERT_U64_EQ(usage(&f, 2).pages, 4);
+  /* The quota raised (a reload): the put goes through. */
+  limits(&f, 1, 8, 0, 0, 0);
+  f.cid = hog;
+  ASSERT_OK(fx_put(&f, 6, 0, 4, 1));
+  ASSERT_U64_EQ(usage(&f, 1).pages, 5);
+  fx_close(&f);
+}
+
+TEST(quota_pages_take_others_victims_only_past_the_own) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  open_in(&f, 2, "v");
+  for (uint64_t s = 1; s <= 4; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 2));
+  open_in(&f, 1, "h");
+  limits(&f, 1, 5, 0, 0, 0);
+  for (uint64_t s = 1; s <= 4; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 1)); /* pool full */
+  /* Under its quota but the pool is full: the LRU decides (the victim's
+   * oldest); at its quota then, its own. */
+  ASSERT_OK(fx_put(&f, 5, 0, 4, 1));
+  ASSERT_U64_EQ(usage(&f, 2).pages, 3);
+  ASSERT_OK(fx_put(&f, 6, 0, 8, 1)); /* 2 pages: 2 of its own go */
+  ASSERT_U64_EQ(usage(&f, 1).pages, 5);
+  ASSERT_U64_EQ(usage(&f, 2).pages, 3);
+  ASSERT_ERR(fx_get_rc(&f, 1, 0, 4, fx_all(&f.lay)), KVC_E_NOSEQ);
+  ASSERT_ERR(fx_get_rc(&f, 2, 0, 4, fx_all(&f.lay)), KVC_E_NOSEQ);
+  FX_EXPECT(&f, 6, 0, 8, 1);
+  fx_close(&f);
+}
+
+TEST(quota_pins_count_growth_and_leases) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 32);
+  uint32_t hog = open_in(&f, 1, "h");
+  limits(&f, 1, 0, 3, 0, 0);
+  ASSERT_OK(fx_put(&f, 1, 0, 1, 1));
+  ASSERT_OK(engine_pin(f.eng, hog, 1, 9)); /* pinned at 1 page, then grows */
+  ASSERT_OK(fx_put(&f, 1, 1, 11, 1));
+  ASSERT_U64_EQ(usage(&f, 1).pinned, 3);
+  ASSERT_ERR(fx_put(&f, 1, 12, 1, 1), KVC_E_QUOTA_PINS);
+  ASSERT(strstr(engine_last_error(f.eng)->msg, "tenant_max_pinned") != NULL);
+  engine_tok_t t = {1, 12};
+  ASSERT_ERR(engine_reserve(f.eng, hog, &t, 1), KVC_E_QUOTA_PINS);
+  ASSERT_OK(fx_put(&f, 2, 0, 4, 1));
+  ASSERT_ERR(engine_pin(f.eng, hog, 2, 9), KVC_E_QUOTA_PINS);
+  FX_EXPECT(&f, 1, 0, 12, 1);
+  /* Leases take from the same budget. */
+  ASSERT_OK(engine_unpin(f.eng, hog, 1, 9));
+  engine_lease_t le;
+  ASSERT_OK(engine_lease(f.eng, hog, 1, 0, 12, 7, &le));
+  ASSERT_U64_EQ(usage(&f, 1).leased, 3);
+  ASSERT_ERR(engine_lease(f.eng, hog, 2, 0, 4, 7, &le), KVC_E_QUOTA_PINS);
+  ASSERT_ERR(engine_pin(f.eng, hog, 2, 9), KVC_E_QUOTA_PINS);
+  ASSERT_U64_EQ(usage(&f, 1).refused_pins, 5);
+  ASSERT_U64_EQ(engine_lease_release_all(f.eng, 7), 1);
+  ASSERT_OK(engine_pin(f.eng, hog, 2, 9));
+  /* Another tenant is not limited by it. */
+  uint32_t other = open_in(&f, 2, "o");
+  ASSERT_OK(fx_put(&f, 1, 0, 16, 2));
+  ASSERT_OK(engine_pin(f.eng, other, 1, 9));
+  ASSERT_U64_EQ(usage(&f, 2).pinned, 4);
+  fx_close(&f);
+}
+
+TEST(quota_seqs_count_empty_ones_and_caches) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 16);
+  uint32_t hog = open_in(&f, 1, "h");
+  limits(&f, 1, 0, 0, 3, 2);
+  for (uint64_t s = 1; s <= 3; s++) ASSERT_OK(fx_put(&f, s, 0, 0, 1)); /* empty */
+  ASSERT_U64_EQ(usage(&f, 1).seqs, 3);
+  ASSERT_ERR(fx_put(&f, 4, 0, 0, 1), KVC_E_QUOTA_SEQS);
+  ASSERT(strstr(engine_last_error(f.eng)->msg, "tenant_max_seqs") != NULL);
+  ASSERT_ERR(engine_copy_prefix(f.eng, hog, 1, 5, 0), KVC_E_QUOTA_SEQS);
+  engine_tok_t t = {6, 0};
+  ASSERT_ERR(engine_reserve(f.eng, hog, &t, 1), KVC_E_QUOTA_SEQS);
+  ASSERT_U64_EQ(usage(&f, 1).refused_seqs, 3);
+  ASSERT_OK(engine_remove(f.eng, hog, 1, 0, 1)); /* dropping one makes room */
+  ASSERT_OK(fx_put(&f, 4, 0, 4, 1));
+  /* Caches: the second opens, the third is refused, a drop frees one. */
+  uint32_t id;
+  ASSERT_OK(engine_cache_open_in(f.eng, 1, "h2", &f.lay, &id));
+  ASSERT_ERR(engine_cache_open_in(f.eng, 1, "h3", &f.lay, &id), KVC_E_QUOTA_CACHES);
+  ASSERT(strstr(engine_last_error(f.eng)->msg, "tenant_max_caches") != NULL);
+  ASSERT_OK(engine_cache_open_in(f.eng, 1, "h", &f.lay, &id)); /* an open one opens */
+  ASSERT_OK(engine_cache_open_in(f.eng, 2, "h3", &f.lay, &id)); /* another tenant */
+  ASSERT_U64_EQ(usage(&f, 1).refused_caches, 1);
+  ASSERT_OK(engine_cache_drop(f.eng, hog));
+  ASSERT_U64_EQ(usage(&f, 1).seqs, 0);
+  ASSERT_OK(engine_cache_open_in(f.eng, 1, "h3", &f.lay, &id));
+  ASSERT_EQ(usage(&f, 1).caches, 2);
+  fx_close(&f);
+}
