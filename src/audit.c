@@ -251,6 +251,8 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
   for (uint32_t ci = 0; rc == 0 && ci < eng->ncaches; ci++) {
     const cache_t *c = eng->caches[ci];
     if (!c) continue;
+    if (c->id != (ci | (uint32_t)eng->cache_gen[ci] << CACHE_GEN_SHIFT))
+      rc = bad(why, why_len, "cache '%s' in slot %u: id %#x", c->name, ci, c->id);
     uint64_t cseqs = 0, ctokens = 0, cpages = 0;
     size_t pos = 0;
     uint64_t key;

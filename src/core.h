@@ -181,6 +181,13 @@ struct engine {
   engine_err_t err;
 };
 
+/* A cache id is its slot in eng->caches and the slot's generation, bumped
+ * at each drop: a slot is reused, a stale id names no cache (NOCACHE). A
+ * slot's generation wraps after 65536 drops. */
+#define CACHE_GEN_SHIFT 16
+#define CACHE_SLOT_MASK 0xffffu
+#define CACHE_SLOTS_MAX 65536u
+
 /* Records why the call fails and returns code. */
 int engine_fail(engine_t *eng, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -146,7 +146,8 @@ int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layou
 int engine_cache_tenant(engine_t *eng, uint32_t cache_id, uint32_t *tenant);
 /* Drops every sequence of a cache (pins included); the cache stays. */
 int engine_cache_clear(engine_t *eng, uint32_t cache_id);
-/* Drops a cache and all its sequences; its id is not reused. */
+/* Drops a cache and all its sequences. Its slot is reused by a later open,
+ * under a new id: the dropped id answers KVC_E_NOCACHE. */
 int engine_cache_drop(engine_t *eng, uint32_t cache_id);
 /* Fills up to cap infos; *n is the number of caches (may exceed cap). */
 int engine_cache_list(engine_t *eng, kvc_cache_info_t *out, size_t cap, size_t *n);

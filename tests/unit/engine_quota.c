@@ -177,3 +177,38 @@ TEST(quota_seqs_count_empty_ones_and_caches) {
   ASSERT_EQ(usage(&f, 1).caches, 2);
   fx_close(&f);
 }
+
+/* Regression: cache ids were never reused, so 64 opens and drops left
+ * TOOMANY for the engine's life. A slot is reused under a new id; the old
+ * id names nothing. */
+TEST(cache_slots_are_reused_after_a_drop) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 16); /* "main" and 63 more fill the 64 slots */
+  uint32_t ids[64], id;
+  char name[16];
+  ids[0] = f.cid;
+  for (int i = 1; i < 64; i++) {
+    snprintf(name, sizeof name, "c%d", i);
+    ASSERT_OK(engine_cache_open_in(f.eng, 1, name, &f.lay, &ids[i]));
+  }
+  ASSERT_ERR(engine_cache_open_in(f.eng, 1, "more", &f.lay, &id), KVC_E_TOOMANY);
+  for (int round = 0; round < 3; round++) {
+    f.cid = ids[7];
+    ASSERT_OK(fx_put(&f, 1, 0, 5, 7));
+    ASSERT_OK(engine_cache_drop(f.eng, ids[7]));
+    ASSERT_OK(engine_cache_open_in(f.eng, 2, "more", &f.lay, &id));
+    ASSERT(id != ids[7]);
+    ASSERT_EQ(id & 0xffff, ids[7] & 0xffff); /* the slot, reused */
+    ASSERT_ERR(fx_get_rc(&f, 1, 0, 5, fx_all(&f.lay)), KVC_E_NOCACHE); /* stale id */
+    ASSERT_ERR(engine_cache_drop(f.eng, ids[7]), KVC_E_NOCACHE);
+    f.cid = id;
+    ASSERT_ERR(fx_get_rc(&f, 1, 0, 5, fx_all(&f.lay)), KVC_E_NOSEQ); /* a new, empty cache */
+    ASSERT_OK(engine_cache_drop(f.eng, id));
+    ASSERT_OK(engine_cache_open_in(f.eng, 1, "c7", &f.lay, &ids[7]));
+    FX_AUDIT(f.eng);
+  }
+  ASSERT_ERR(engine_cache_open_in(f.eng, 1, "more", &f.lay, &id), KVC_E_TOOMANY);
+  ASSERT_U64_EQ(fx_stats(&f).caches, 64);
+  fx_close(&f);
+}
