@@ -212,6 +212,7 @@ static int audit_quotas(const engine_t *eng, char *why, size_t len) {
     if (q->idx != i || quota_find(eng, q->tenant) != q)
       return bad(why, len, "quota %u: misfiled (tenant %u)", i, q->tenant);
     engine_tenant_usage_t u = {0};
+    u.keys = prefix_keys_of(eng, q);
     for (uint32_t page = 0; page < eng->pool.npages; page++) {
       if (!eng->pool.refcnt[page] || eng->page_quota[page] != i) continue;
       u.pages++;
@@ -227,14 +228,15 @@ static int audit_quotas(const engine_t *eng, char *why, size_t len) {
       u.seqs += c->st.sequences;
     }
     if (u.pages != q->use.pages || u.pinned != q->use.pinned || u.leased != q->use.leased ||
-        u.seqs != q->use.seqs || u.caches != q->use.caches)
+        u.seqs != q->use.seqs || u.caches != q->use.caches || u.keys != q->use.keys)
       return bad(why, len,
                  "tenant %u: pages %llu/%llu pinned %llu/%llu leased %llu/%llu seqs %llu/%llu "
-                 "caches %u/%u (counted/recorded)", q->tenant, (unsigned long long)u.pages,
+                 "caches %u/%u keys %u/%u (counted/recorded)", q->tenant, (unsigned long long)u.pages,
                  (unsigned long long)q->use.pages, (unsigned long long)u.pinned,
                  (unsigned long long)q->use.pinned, (unsigned long long)u.leased,
                  (unsigned long long)q->use.leased, (unsigned long long)u.seqs,
-                 (unsigned long long)q->use.seqs, u.caches, q->use.caches);
+                 (unsigned long long)q->use.seqs, u.caches, q->use.caches, u.keys,
+                 q->use.keys);
   }
   return 0;
 }

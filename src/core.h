@@ -157,7 +157,9 @@ struct engine {
   ipage_t **ip;        /* per page: token metadata or NULL */
   uint32_t *scratch;   /* per page: eviction planning stack */
   hmap_t keys;         /* digest of (salt, extra) -> key_t */
-  uint32_t nkeys;
+  uint32_t nkeys;      /* keys interned */
+  uint32_t next_key_id; /* the last key id handed out (ids are never 0) */
+  uint32_t keys_kept;  /* keys left by the last collection of unused ones */
   uint32_t hash_bits;  /* test hook: keep only this many hash bits (0: all) */
   uint32_t pin_limit;  /* pages that may be pinned */
   bool evicting;       /* pages a dropped sequence leaves cached go to the tail */

@@ -250,7 +250,8 @@ int engine_pin_ttl(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t o
                    uint64_t ttl_ms);
 
 /* Lapses the soft pins whose time has come (the daemon calls it once a
- * second); returns how many lapsed. */
+ * second); returns how many lapsed. Also frees interned prefix keys that no
+ * page or sequence uses once they have doubled since the last time. */
 size_t engine_expire(engine_t *eng);
 
 /* Per-cache prefix index figures for kvcachectl prefix. */

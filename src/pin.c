@@ -11,6 +11,7 @@
 
 #include "lru.h"
 #include "page.h"
+#include "prefix.h"
 #include "quota.h"
 
 /* The owner's pin of s, or NULL. */
@@ -163,6 +164,7 @@ size_t engine_expire(engine_t *eng) {
     eng->st.pins_lapsed++;
     n++;
   }
+  (void)prefix_keys_collect(eng, false); /* the daemon's periodic call */
   return n;
 }
 

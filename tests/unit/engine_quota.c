@@ -212,3 +212,63 @@ TEST(cache_slots_are_reused_after_a_drop) {
   ASSERT_U64_EQ(fx_stats(&f).caches, 64);
   fx_close(&f);
 }
+
+/* Puts [0, n) of seq with token ids under salt `salt` (a 4-byte key). */
+static int put_salted(fx_t *f, uint64_t seq, uint64_t n, uint32_t salt) {
+  fx_rng_t r = fx_all(&f->lay);
+  fx_buf_t b = fx_buf_new(&f->lay, r, n);
+  uint32_t *ids = calloc(n + 1, sizeof *ids);
+  fx_fill(&f->lay, r, seq, 0, n, salt, b.k, b.v);
+  for (uint64_t i = 0; i < n; i++) ids[i] = (uint32_t)i + 1;
+  engine_io_t io = fx_io(seq, 0, n, &b);
+  io.tokens = ids;
+  engine_pkey_t key = {&salt, sizeof salt, NULL, 0};
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  x.pkey = &key;
+  int rc = engine_put(f->eng, f->cid, &x, &io, 1);
+  fx_buf_free(&b);
+  free(ids);
+  return rc;
+}
+
+/* Regression: every salt a client sent stayed interned for the engine's
+ * life. Keys are counted per tenant, capped, and collected once no page or
+ * sequence uses them. */
+TEST(quota_keys_are_capped_and_freed_when_unused) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 64);
+  uint32_t hog = open_in(&f, 1, "h");
+  engine_tenant_limits_t lim = {.max_keys = 4};
+  ASSERT_OK(engine_tenant_limits_set(f.eng, 1, &lim));
+  for (uint32_t s = 1; s <= 4; s++) ASSERT_OK(put_salted(&f, s, 8, s));
+  ASSERT_EQ(usage(&f, 1).keys, 4);
+  ASSERT_OK(put_salted(&f, 9, 8, 3)); /* a key it has: no new one */
+  ASSERT_ERR(put_salted(&f, 5, 8, 5), KVC_E_QUOTA_KEYS);
+  ASSERT(strstr(engine_last_error(f.eng)->msg, "tenant_max_keys") != NULL);
+  ASSERT_U64_EQ(usage(&f, 1).refused_keys, 1);
+  /* Another tenant's keys are its own. */
+  open_in(&f, 2, "o");
+  ASSERT_OK(put_salted(&f, 1, 8, 1));
+  ASSERT_EQ(usage(&f, 2).keys, 1);
+  f.cid = hog;
+  /* Sequence 1 and its pages go (cleared cache pages stay cached under the
+   * key until reclaimed): dropping the cache frees them all. */
+  ASSERT_OK(engine_cache_drop(f.eng, hog));
+  hog = open_in(&f, 1, "h");
+  ASSERT_OK(put_salted(&f, 5, 8, 5)); /* the cap collects the unused keys first */
+  ASSERT_EQ(usage(&f, 1).keys, 1);
+  FX_EXPECT(&f, 5, 0, 8, 5);
+  /* The periodic collection frees unused keys once they have doubled. */
+  engine_tenant_limits_set(f.eng, 1, NULL);
+  for (uint32_t s = 100; s < 300; s++) {
+    ASSERT_OK(put_salted(&f, 6, 8, s));
+    ASSERT_OK(engine_remove(f.eng, hog, 6, 0, 8));
+    ASSERT_OK(engine_cache_clear(f.eng, hog)); /* pages and index entries go */
+  }
+  ASSERT(usage(&f, 1).keys >= 200);
+  (void)engine_expire(f.eng);
+  ASSERT_EQ(usage(&f, 1).keys, 0);
+  ASSERT_EQ(usage(&f, 2).keys, 1); /* in use */
+  fx_close(&f);
+}
