@@ -90,6 +90,7 @@ struct conn {
   bool paused;               /* over write_queue_bytes: not reading or running */
   int open_handles;          /* handles not yet through their close callback */
   char name[48];             /* client_name from Hello, for logs */
+  uint64_t last_request_ms;  /* loop time of its last request (idle_timeout_ms) */
 };
 
 /* Accepts a pending connection of srv->listener, checks the peer and either

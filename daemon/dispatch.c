@@ -11,6 +11,7 @@
 #include "kvcache/kvcache.h"
 #include "layout.h"
 #include "log.h"
+#include "quotas.h"
 #include "offload.h"
 #include "optable.h"
 #include "tenant.h"
@@ -173,7 +174,11 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   }
   uint64_t bytes = shm_buffer_size(h->shm_bytes, srv->cfg.shm_default_bytes,
                                    SHM_MIN_BYTES, srv->cfg.shm_max_bytes);
-  char why[160];
+  char why[200];
+  if (quotas_shm_over(srv, c, bytes, why, sizeof why)) {
+    r->close_after = true;
+    return reject(r, KVC_E_QUOTA_SHM, "%s", why);
+  }
   int rc = shm_buffer_open(bytes, &c->shm, why, sizeof why);
   if (rc == SHM_E_NOFD) {
     /* Out of descriptors is a connection limit: the client may retry later. */
@@ -954,6 +959,7 @@ static void release_deferred(conn_t *c, const Kvcache__V1__Request *req) {
 void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   server_t *srv = c->srv;
   uint64_t t0 = uv_hrtime();
+  quotas_touch(c);
   budget_t budget = {srv->cfg.max_decode_bytes};
   ProtobufCAllocator alloc = {budget_alloc, budget_free, &budget};
   Kvcache__V1__Request *req = kvcache__v1__request__unpack(&alloc, len, payload);

@@ -13,6 +13,7 @@
 #include "conn.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
+#include "quotas.h"
 #include "server.h"
 #include "testhook.h"
 
@@ -25,6 +26,7 @@ static void on_expire(uv_timer_t *t) {
   engine_set_now(srv->eng, uv_now(srv->loop));
   size_t n = engine_expire(srv->eng);
   if (n) LOG_DEBUG("pins_lapsed", "count=%zu", n);
+  quotas_idle_sweep(srv);
 }
 
 void server_stop(server_t *srv) {
@@ -60,6 +62,10 @@ static int start(server_t *srv, char *err, size_t errlen) {
   int rc = engine_new(&ec, &srv->eng);
   if (rc != 0) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
+    return -1;
+  }
+  if ((rc = quotas_apply(srv)) != 0) {
+    snprintf(err, errlen, "engine quotas: %s", kvc_strerror(rc));
     return -1;
   }
   if (server_listen(srv, err, errlen) != 0) return -1;

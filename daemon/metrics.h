@@ -23,6 +23,7 @@
   X(connections_current, STAT_GAUGE, "clients connected now")                 \
   X(connections_total, STAT_COUNTER, "clients accepted, ever")                \
   X(connections_rejected, STAT_COUNTER, "connections refused (permission, limit, shutdown)") \
+  X(connections_idle_closed, STAT_COUNTER, "connections closed after idle_timeout_ms") \
   X(connections_dropped, STAT_COUNTER, "connections closed for a bad frame or protocol error") \
   X(connections_timed_out, STAT_COUNTER, "connections closed by frame_timeout_ms (a frame or Hello too slow)") \
   X(accept_pauses, STAT_COUNTER, "times accepting paused for lack of file descriptors") \

@@ -56,6 +56,8 @@ typedef struct server {
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */
   arena_t arena;           /* scratch for building the current reply */
   tenants_t tenants;       /* tenant names seen, by id */
+  uint64_t refused_conns[TENANTS_MAX + 1]; /* per tenant id: QUOTA_CONNS refusals */
+  uint64_t refused_shm[TENANTS_MAX + 1];   /* per tenant id: QUOTA_SHM refusals */
 } server_t;
 
 /* listen.c. Listens on the socket systemd passed (socket activation), else

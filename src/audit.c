@@ -23,18 +23,35 @@ __attribute__((format(printf, 3, 4))) static int bad(char *why, size_t len,
 /* Every lease: in the map, pages in the pool (added into refs), counted. */
 static int audit_leases(const engine_t *eng, uint32_t *refs, char *why, size_t len) {
   uint64_t n = 0, pages = 0;
+  mem_t scratch;
+  mem_init(&scratch);
+  uint32_t *lref = mem_calloc(&scratch, eng->pool.npages, sizeof *lref);
+  if (!lref) return KVC_E_NOMEM;
   for (const lease_t *l = eng->lease_list; l; l = l->next) {
-    if (hmap_get(&eng->leases, l->id) != l) return bad(why, len, "lease %llu not in the map",
-                                                            (unsigned long long)l->id);
+    if (hmap_get(&eng->leases, l->id) != l) {
+      mem_free(&scratch, lref);
+      return bad(why, len, "lease %llu not in the map", (unsigned long long)l->id);
+    }
     for (uint32_t i = 0; i < l->npages; i++) {
-      if (l->pages[i] >= eng->pool.npages)
-        return bad(why, len, "lease %llu: page %u out of pool",
-                         (unsigned long long)l->id, l->pages[i]);
+      if (l->pages[i] >= eng->pool.npages) {
+        mem_free(&scratch, lref);
+        return bad(why, len, "lease %llu: page %u out of pool", (unsigned long long)l->id,
+                   l->pages[i]);
+      }
       refs[l->pages[i]]++;
+      if (l->q) lref[l->pages[i]]++;
     }
     n++;
     pages += l->npages;
   }
+  for (uint32_t page = 0; page < eng->pool.npages; page++) {
+    if (lref[page] == eng->lease_ref[page]) continue;
+    uint32_t want = lref[page];
+    mem_free(&scratch, lref);
+    return bad(why, len, "page %u: %u leases of connections, %u recorded", page, want,
+               eng->lease_ref[page]);
+  }
+  mem_free(&scratch, lref);
   if (n != eng->st.leases || n != eng->leases.count || pages != eng->st.leased_pages)
     return bad(why, len, "leases: %llu listed, %llu counted, %zu mapped; pages %llu/%llu",
                      (unsigned long long)n, (unsigned long long)eng->st.leases,
@@ -218,8 +235,8 @@ static int audit_quotas(const engine_t *eng, char *why, size_t len) {
       u.pages++;
       u.pinned += eng->pool.pinref[page] > 0;
     }
-    for (const lease_t *l = eng->lease_list; l; l = l->next)
-      if (l->q == q) u.leased += l->npages;
+    for (uint32_t page = 0; page < eng->pool.npages; page++)
+      u.leased += eng->lease_ref[page] && eng->page_quota[page] == i;
     for (uint32_t ci = 0; ci < eng->ncaches; ci++) {
       const cache_t *c = eng->caches[ci];
       if (!c || c->q != q) continue;

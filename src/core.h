@@ -78,6 +78,7 @@ typedef struct quota {
   uint32_t tenant;             /* the engine's tenant number */
   uint32_t idx;                /* in eng->quotas, as page_quota names it */
   bool own;                    /* lim is this tenant's; else the default applies */
+  bool over;                   /* eviction: over its page share when the call began */
   engine_tenant_limits_t lim;
   engine_tenant_usage_t use;   /* gauges kept current, refusal counters */
 } quota_t;
@@ -179,6 +180,7 @@ struct engine {
   hmap_t quota_map;    /* tenant -> quota_t */
   engine_tenant_limits_t quota_default; /* limits of tenants without their own */
   uint32_t *page_quota; /* per page in use: idx of the tenant it counts against */
+  uint32_t *lease_ref; /* per page: leases of connections holding it (not internal ones) */
   engine_stats_t st;   /* counters (gauges are computed by engine_stats) */
   engine_err_t err;
 };

@@ -48,8 +48,9 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
     eng->caches = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->caches);
     eng->cache_gen = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->cache_gen);
     eng->page_quota = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->page_quota);
+    eng->lease_ref = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->lease_ref);
     eng->md_ctx = EVP_MD_CTX_new();
-    if (!eng->caches || !eng->cache_gen || !eng->page_quota || !eng->md_ctx) rc = KVC_E_NOMEM;
+    if (!eng->caches || !eng->cache_gen || !eng->page_quota || !eng->lease_ref || !eng->md_ctx) rc = KVC_E_NOMEM;
   }
   if (rc) {
     engine_free(eng);
@@ -94,6 +95,7 @@ void engine_free(engine_t *eng) {
   lease_free_all(eng);
   quota_free_all(eng);
   mem_free(&eng->mem, eng->page_quota);
+  mem_free(&eng->mem, eng->lease_ref);
   mem_free(&eng->mem, eng->ip);
   mem_free(&eng->mem, eng->scratch);
   page_meta_unreserve(eng);

@@ -409,10 +409,14 @@ int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64
 
 /* A tenant's limits; 0 means unlimited. */
 typedef struct engine_tenant_limits {
-  uint64_t max_pages;   /* pool pages held (a put over it evicts the tenant's
-                           own LRU victims first; KVC_E_QUOTA_PAGES if they
-                           cannot free enough) */
-  uint64_t max_pinned;  /* pages pinned plus pages leased (KVC_E_QUOTA_PINS),
+  uint64_t max_pages;   /* pool pages held, a share that applies under
+                           pressure: while pages are free a tenant may pass
+                           it; when a put must evict, a tenant it would pass
+                           makes room from its own LRU victims alone
+                           (KVC_E_QUOTA_PAGES if they are not enough), one
+                           within it takes from tenants over theirs first */
+  uint64_t max_pinned;  /* pages pinned plus pages leased (KVC_E_QUOTA_PINS;
+                           a page both pinned and leased counts twice),
                            checked at pin, at lease and at every write that
                            grows a pinned sequence */
   uint64_t max_seqs;    /* sequences, empty ones included (KVC_E_QUOTA_SEQS) */
@@ -424,7 +428,7 @@ typedef struct engine_tenant_limits {
 typedef struct engine_tenant_usage {
   uint64_t pages;       /* pool pages held */
   uint64_t pinned;      /* pages pinned (by any owner) */
-  uint64_t leased;      /* pages held by leases */
+  uint64_t leased;      /* pages held by leases (a page once, however many) */
   uint64_t seqs;
   uint32_t caches;
   uint32_t keys;

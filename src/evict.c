@@ -63,8 +63,8 @@ typedef struct plan {
   uint32_t ntouched;
   uint32_t last_prio; /* the walk's last node, to clear what it marked */
   lru_node_t *last;
-  quota_t *only;     /* the first walk: this tenant's victims, down to its quota */
-  uint64_t only_max; /* that tenant's page quota */
+  quota_t *only;     /* the first walk: this tenant's victims alone */
+  bool over_only;    /* the first walk: victims of tenants over their share */
   bool two_walks;    /* clear every list up to last_prio, not to last */
 } plan_t;
 
@@ -96,17 +96,14 @@ static void plan_reclaim(engine_t *eng, plan_t *pl, ipage_t *ip) {
     plan_push(pl, par);
 }
 
-/* The first walk is done once the tenant's pages after the call fit its
- * quota (its victims alone are walked, so every page freed is its own); the
- * second once the pool has the pages. */
 static bool plan_done(const engine_t *eng, const plan_t *pl) {
-  if (pl->only) return pl->only->use.pages + pl->need <= pl->only_max + pl->freed;
   return eng->pool.nfree + pl->freed >= pl->need;
 }
 
 /* Whether the walk takes the victim at node n. */
 static bool walk_takes(const plan_t *pl, const lru_node_t *n) {
   const cache_t *c = n->kind == LRU_SEQ ? SEQ_OF(n)->cache : IPAGE_OF(n)->cache;
+  if (pl->over_only) return c->q->over;
   return !pl->only || c->q == pl->only;
 }
 
@@ -175,14 +172,13 @@ static void plan_clear(engine_t *eng, plan_t *pl) {
 
 /* ---- evicting ---------------------------------------------------------------- */
 
-/* Reclaims the least recent victim (of tenant only, if set); false if there
- * is none. */
-static bool evict_one(engine_t *eng, const quota_t *only) {
-  plan_t filter = {.only = (quota_t *)only};
+/* Reclaims the least recent victim the filter takes (only, over_only);
+ * false if there is none. */
+static bool evict_one(engine_t *eng, const plan_t *filter) {
   for (uint32_t prio = 0; prio < PRIO_LEVELS; prio++) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head; n = n->prev) {
-      if (!walk_takes(&filter, n)) continue;
+      if (!walk_takes(filter, n)) continue;
       if (n->kind == LRU_SEQ) {
         seq_t *s = SEQ_OF(n);
         if (s->mark == eng->epoch) continue;
@@ -205,26 +201,45 @@ static bool evict_one(engine_t *eng, const quota_t *only) {
   return false;
 }
 
+/* Marks the tenants holding more than their page share; true if any. */
+static bool mark_over(engine_t *eng) {
+  bool any = false;
+  for (uint32_t i = 0; i < eng->nquotas; i++) {
+    quota_t *q = eng->quotas[i];
+    uint64_t max = quota_lim(eng, q)->max_pages;
+    q->over = max && q->use.pages > max;
+    any |= q->over;
+  }
+  return any;
+}
+
 int evict_make_room(engine_t *eng, const evict_need_t *nd) {
   pool_t *p = &eng->pool;
   uint64_t need = need_now(eng, nd);
-  uint64_t over = nd->q ? quota_pages_over(eng, nd->q, need) : 0;
-  if (need <= p->nfree && !over) return 0;
+  if (need <= p->nfree) return 0; /* no pressure: shares do not apply */
+  bool over = nd->q && quota_pages_over(eng, nd->q, need);
   plan_t pl = {need, 0, eng->scratch, 0, eng->scratch ? eng->scratch + p->npages : NULL, 0, 0,
-               NULL, NULL, 0, false}; /* the stack is used only for pages with token metadata */
-  bool mine = true;
-  if (over) { /* first the tenant's own victims, down to its quota */
-    pl.only = nd->q;
-    pl.only_max = quota_lim(eng, nd->q)->max_pages;
+               NULL, false, false}; /* the stack is used only for pages with token metadata */
+  /* First walk: a tenant past its share makes room from its own victims
+   * alone (if they are not enough, QUOTA_PAGES when others' would be, FULL
+   * when the pool has no room at all); one within its share takes from
+   * tenants over theirs first. */
+  bool first = over || mark_over(eng);
+  pl.only = over ? nd->q : NULL;
+  pl.over_only = first && !over;
+  if (first) {
     plan_walk(eng, &pl, nd);
-    mine = plan_done(eng, &pl);
     pl.only = NULL;
+    pl.over_only = false;
     pl.two_walks = true;
   }
-  if (mine) plan_walk(eng, &pl, nd);
-  bool enough = mine && plan_done(eng, &pl);
+  bool mine = !over || plan_done(eng, &pl);
+  uint64_t own_freed = pl.freed;
+  plan_walk(eng, &pl, nd); /* past its share and its own not enough: could others? */
+  bool enough = plan_done(eng, &pl);
   plan_clear(eng, &pl);
-  if (!mine) return quota_fail_pages(eng, nd->q, pl.need, pl.freed);
+  /* Room that exists but is others': the share refuses it. */
+  if (enough && !mine) return quota_fail_pages(eng, nd->q, pl.need, p->nfree + own_freed);
   if (!enough) {
     eng->st.full_errors++;
     int rc = engine_fail(eng, KVC_E_FULL,
@@ -235,11 +250,12 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
     eng->err.freeable = p->nfree + pl.freed;
     return rc;
   }
-  while (over && quota_pages_over(eng, nd->q, need_now(eng, nd)))
-    if (!evict_one(eng, nd->q))
-      return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
+  plan_t own = {.only = nd->q}, over_share = {.over_only = true}, any = {0};
+  if (first) {
+    while (p->nfree < need_now(eng, nd) && evict_one(eng, over ? &own : &over_share)) continue;
+  }
   while (p->nfree < need_now(eng, nd))
-    if (!evict_one(eng, NULL))
+    if (!evict_one(eng, &any))
       return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
   return 0;
 }

@@ -90,7 +90,8 @@ int quota_check_pins(engine_t *eng, quota_t *q, uint64_t more, bool pool) {
                        eng->pin_limit);
   }
   uint64_t max = quota_lim(eng, q)->max_pinned;
-  if (!max || q->use.pinned + q->use.leased + more <= max) return 0;
+  /* A quota of the whole pool limits nothing: a write that cannot fit is FULL. */
+  if (!max || max >= eng->pool.npages || q->use.pinned + q->use.leased + more <= max) return 0;
   q->use.refused_pins++;
   return engine_fail(eng, KVC_E_QUOTA_PINS,
                      "tenant_max_pinned: the tenant pins %llu and leases %llu pages, "
@@ -109,7 +110,8 @@ int quota_fail_pages(engine_t *eng, quota_t *q, uint64_t need, uint64_t freeable
   q->use.refused_pages++;
   int rc = engine_fail(eng, KVC_E_QUOTA_PAGES,
                        "tenant_max_pages: the tenant holds %llu pages and needs %llu more, "
-                       "the quota is %llu; %llu of its own are reclaimable",
+                       "past its share of %llu under pressure; %llu free or reclaimable of "
+                       "its own",
                        (unsigned long long)q->use.pages, (unsigned long long)need,
                        (unsigned long long)quota_lim(eng, q)->max_pages,
                        (unsigned long long)freeable);

@@ -31,8 +31,8 @@ int quota_check_caches(engine_t *eng, quota_t *q);
 /* Pinned plus leased pages; also the pool's pin limit (KVC_E_PINLIMIT) when
  * pool is set (pages that become pinned, not leased ones). */
 int quota_check_pins(engine_t *eng, quota_t *q, uint64_t more, bool pool);
-/* Pages q's tenant must free of its own before a call that allocates need
- * new pages fits its page quota (0: it fits). */
+/* How far a call that allocates need new pages would put q's tenant past
+ * its page share (0: within). */
 uint64_t quota_pages_over(const engine_t *eng, const quota_t *q, uint64_t need);
 /* The refusal of a page quota that the tenant's own victims cannot meet. */
 int quota_fail_pages(engine_t *eng, quota_t *q, uint64_t need, uint64_t freeable);

@@ -212,10 +212,11 @@ TEST(allocfail_cache_open_of_a_new_tenant) {
   sweep_close(&w);
 }
 
-/* At its page quota (5 of 16 pages held), the tenant's put evicts its own. */
+/* At its page share (5 of 5 pages held), the tenant's put evicts its own
+ * (the walk of its own victims first). */
 TEST(allocfail_put_over_the_page_quota) {
   sweep_t w;
-  sweep_open(&w, 16);
+  sweep_open(&w, 5);
   engine_tenant_limits_t lim = {.max_pages = 5};
   ASSERT_OK(engine_tenant_limits_set(w.f.eng, 0, &lim));
   sweep_run(&w, op_put_evicting);
@@ -226,6 +227,7 @@ TEST(allocfail_put_over_the_page_quota) {
   engine_tenant_usage_t u;
   ASSERT_OK(engine_tenant_usage(w.f.eng, 0, NULL, &u));
   ASSERT_U64_EQ(u.pages, 5);
+  ASSERT_U64_EQ(u.refused_pages, 0);
   sweep_close(&w);
 }
 

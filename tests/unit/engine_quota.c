@@ -56,15 +56,17 @@ TEST(quota_bad_arguments) {
 TEST(quota_pages_evict_the_tenants_own_first) {
   fx_t f;
   kvc_layout_t l = fx_small_layout();
-  fx_open(&f, &l, 16);
+  fx_open(&f, &l, 8);
   uint32_t victim = open_in(&f, 2, "v");
   for (uint64_t s = 1; s <= 4; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 2)); /* oldest: 4 pages */
   uint32_t hog = open_in(&f, 1, "h");
-  limits(&f, 1, 4, 0, 0, 0);
+  limits(&f, 1, 3, 0, 0, 0);
+  /* While pages are free a tenant may pass its share: the pool fills. */
   for (uint64_t s = 1; s <= 4; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 1));
   ASSERT_U64_EQ(usage(&f, 1).pages, 4);
-  /* Free pages abound, but the hog is at its quota: its own least recent
-   * sequence goes, not the victim's older ones. */
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 0);
+  /* Under pressure, past its share: its own least recent sequence goes, not
+   * the victim's older ones. */
   ASSERT_OK(fx_put(&f, 5, 0, 4, 1));
   ASSERT_U64_EQ(usage(&f, 1).pages, 4);
   ASSERT_ERR(fx_get_rc(&f, 1, 0, 4, fx_all(&f.lay)), KVC_E_NOSEQ);
@@ -72,7 +74,7 @@ TEST(quota_pages_evict_the_tenants_own_first) {
   /* Its own pinned: nothing of its own to give, and nothing changes. */
   for (uint64_t s = 2; s <= 5; s++) ASSERT_OK(engine_pin(f.eng, hog, s, 9));
   engine_stats_t before = fx_stats(&f);
-  ASSERT_ERR(fx_put(&f, 6, 0, 4, 1), KVC_E_QUOTA_PAGES);
+  ASSERT_ERR(fx_put(&f, 7, 0, 4, 1), KVC_E_QUOTA_PAGES);
   ASSERT(strstr(engine_last_error(f.eng)->msg, "tenant_max_pages") != NULL);
   ASSERT_ERR(fx_put(&f, 5, 4, 4, 1), KVC_E_QUOTA_PAGES); /* growth too */
   engine_stats_t after = fx_stats(&f);
@@ -82,33 +84,32 @@ TEST(quota_pages_evict_the_tenants_own_first) {
   f.cid = victim;
   for (uint64_t s = 1; s <= 4; s++) FX_EXPECT(&f, s, 0, 4, 2);
   ASSERT_U64_EQ(usage(&f, 2).pages, 4);
-  /* The quota raised (a reload): the put goes through. */
+  /* The share raised (a reload): the victim's least recent go, as LRU says. */
   limits(&f, 1, 8, 0, 0, 0);
   f.cid = hog;
-  ASSERT_OK(fx_put(&f, 6, 0, 4, 1));
+  ASSERT_OK(fx_put(&f, 7, 0, 4, 1));
   ASSERT_U64_EQ(usage(&f, 1).pages, 5);
+  ASSERT_U64_EQ(usage(&f, 2).pages, 3);
   fx_close(&f);
 }
 
-TEST(quota_pages_take_others_victims_only_past_the_own) {
+TEST(quota_pages_over_share_tenants_are_evicted_first) {
   fx_t f;
   kvc_layout_t l = fx_small_layout();
   fx_open(&f, &l, 8);
-  open_in(&f, 2, "v");
-  for (uint64_t s = 1; s <= 4; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 2));
-  open_in(&f, 1, "h");
-  limits(&f, 1, 5, 0, 0, 0);
-  for (uint64_t s = 1; s <= 4; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 1)); /* pool full */
-  /* Under its quota but the pool is full: the LRU decides (the victim's
-   * oldest); at its quota then, its own. */
-  ASSERT_OK(fx_put(&f, 5, 0, 4, 1));
-  ASSERT_U64_EQ(usage(&f, 2).pages, 3);
-  ASSERT_OK(fx_put(&f, 6, 0, 8, 1)); /* 2 pages: 2 of its own go */
-  ASSERT_U64_EQ(usage(&f, 1).pages, 5);
-  ASSERT_U64_EQ(usage(&f, 2).pages, 3);
-  ASSERT_ERR(fx_get_rc(&f, 1, 0, 4, fx_all(&f.lay)), KVC_E_NOSEQ);
-  ASSERT_ERR(fx_get_rc(&f, 2, 0, 4, fx_all(&f.lay)), KVC_E_NOSEQ);
-  FX_EXPECT(&f, 6, 0, 8, 1);
+  uint32_t victim = open_in(&f, 2, "v");
+  for (uint64_t s = 1; s <= 2; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 2)); /* oldest */
+  uint32_t hog = open_in(&f, 1, "h");
+  limits(&f, 1, 2, 0, 0, 0);
+  for (uint64_t s = 1; s <= 4; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 1)); /* 4 of its 2 */
+  /* The victim needs 3 pages, 2 are free: the hog, over its share, gives
+   * the one more, though the victim's own are older. */
+  f.cid = victim;
+  ASSERT_OK(fx_put(&f, 3, 0, 12, 2));
+  ASSERT_U64_EQ(usage(&f, 1).pages, 3);
+  for (uint64_t s = 1; s <= 2; s++) FX_EXPECT(&f, s, 0, 4, 2);
+  FX_EXPECT(&f, 3, 0, 12, 2);
+  (void)hog;
   fx_close(&f);
 }
 
