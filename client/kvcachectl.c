@@ -407,6 +407,12 @@ static int cmd_prefix(kvc_client_t *c, const args_t *a) {
   return rc;
 }
 
+/* "used/limit", or "used/-" for no limit. */
+static void quota_cell(char *out, size_t len, uint64_t used, uint64_t limit) {
+  if (limit) snprintf(out, len, "%" PRIu64 "/%" PRIu64, used, limit);
+  else snprintf(out, len, "%" PRIu64 "/-", used);
+}
+
 static int cmd_tenants(kvc_client_t *c) {
   kvc_tenant_info_t *t;
   size_t n = 0;
@@ -417,6 +423,25 @@ static int cmd_tenants(kvc_client_t *c) {
   for (size_t i = 0; i < n; i++)
     printf("%-24s %6u %6u %10" PRIu64 " %12" PRIu64 " %10" PRIu64 "\n", t[i].name,
            t[i].connections, t[i].caches, t[i].sequences, t[i].tokens, t[i].pages);
+  /* Usage against each quota (used/limit, "-" for unlimited) and the
+   * refusals of each. */
+  printf("\n%-24s %-6s %-13s %-15s %-13s %-13s %-11s %-9s %s\n", "TENANT", "LIMIT", "POOL_PAGES",
+         "PINNED+LEASED", "SEQS", "CACHES", "KEYS", "CONNS/UID", "SHM_BYTES");
+  for (size_t i = 0; i < n; i++) {
+    char a[40], b[40], s[40], cc[40], k[40], sh[48];
+    quota_cell(a, sizeof a, t[i].pool_pages, t[i].max_pages);
+    quota_cell(b, sizeof b, t[i].pinned_pages + t[i].leased_pages, t[i].max_pinned);
+    quota_cell(s, sizeof s, t[i].sequences, t[i].max_sequences);
+    quota_cell(cc, sizeof cc, t[i].caches, t[i].max_caches);
+    quota_cell(k, sizeof k, t[i].keys, t[i].max_keys);
+    quota_cell(sh, sizeof sh, t[i].shm_bytes, t[i].shm_bytes_per_uid);
+    printf("%-24s %-6s %-13s %-15s %-13s %-13s %-11s %-9u %s\n", t[i].name, "used", a, b, s,
+           cc, k, t[i].max_connections_per_uid, sh);
+    printf("%-24s %-6s %-13" PRIu64 " %-15" PRIu64 " %-13" PRIu64 " %-13" PRIu64 " %-11" PRIu64
+           " %-9" PRIu64 " %" PRIu64 "\n", "", "refuse", t[i].refused_pages, t[i].refused_pins,
+           t[i].refused_sequences, t[i].refused_caches, t[i].refused_keys,
+           t[i].refused_connections, t[i].refused_shm);
+  }
   kvc_tenants_free(t);
   return 0;
 }

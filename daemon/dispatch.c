@@ -879,8 +879,11 @@ static int h_tenants(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     kvcache__v1__tenant_info__init(&rows[t]);
     rows[t].name = (char *)tenants_name(&srv->tenants, t);
   }
-  for (const conn_t *k = srv->conns; k; k = k->next)
+  for (const conn_t *k = srv->conns; k; k = k->next) {
     if (k->counted && k->tenant < nt) rows[k->tenant].connections++;
+    if (k->shm.base && k->tenant < nt) rows[k->tenant].shm_bytes += k->shm.bytes;
+  }
+  for (uint32_t t = 0; t < nt; t++) quotas_row(srv, t, &rows[t]);
   for (size_t i = 0; i < ncaches; i++) {
     uint32_t owner;
     if (engine_cache_tenant(srv->eng, infos[i].cache_id, &owner) != 0 || owner >= nt) continue;
@@ -892,7 +895,8 @@ static int h_tenants(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   size_t n = 0;
   for (uint32_t t = 0; t < nt; t++) {
     bool mine = t == c->tenant;
-    bool used = rows[t].connections || rows[t].caches;
+    bool used = rows[t].connections || rows[t].caches || rows[t].pool_pages ||
+                rows[t].refused_connections || rows[t].refused_shm;
     if (c->admin ? (used || mine) : mine) {
       rows[t].admin = c->admin;
       items[n++] = &rows[t];

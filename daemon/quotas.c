@@ -84,3 +84,29 @@ size_t quotas_idle_sweep(server_t *srv) {
   }
   return n;
 }
+
+void quotas_row(server_t *srv, uint32_t tenant, Kvcache__V1__TenantInfo *row) {
+  engine_tenant_limits_t lim;
+  engine_tenant_usage_t u;
+  (void)engine_tenant_usage(srv->eng, tenant, &lim, &u);
+  row->pool_pages = u.pages;
+  row->max_pages = lim.max_pages;
+  row->pinned_pages = u.pinned;
+  row->leased_pages = u.leased;
+  row->max_pinned = lim.max_pinned;
+  row->max_sequences = lim.max_seqs;
+  row->max_caches = lim.max_caches;
+  row->keys = u.keys;
+  row->max_keys = lim.max_keys;
+  row->max_connections_per_uid = srv->cfg.max_connections_per_uid;
+  row->shm_bytes_per_uid = srv->cfg.shm_bytes_per_uid;
+  row->refused_pages = u.refused_pages;
+  row->refused_pins = u.refused_pins;
+  row->refused_sequences = u.refused_seqs;
+  row->refused_caches = u.refused_caches;
+  row->refused_keys = u.refused_keys;
+  if (tenant <= TENANTS_MAX) {
+    row->refused_connections = srv->refused_conns[tenant];
+    row->refused_shm = srv->refused_shm[tenant];
+  }
+}

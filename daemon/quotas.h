@@ -23,6 +23,9 @@ bool quotas_shm_over(server_t *srv, const conn_t *c, uint64_t bytes, char *msg, 
 /* Closes the connections that sent no request for idle_timeout_ms (the
  * daemon's once-a-second tick); returns how many. */
 size_t quotas_idle_sweep(server_t *srv);
+/* Fills the quota fields of tenant's row of the Tenants reply (usage,
+ * limits, refusals); shm_bytes is the caller's sum. */
+void quotas_row(server_t *srv, uint32_t tenant, Kvcache__V1__TenantInfo *row);
 /* Notes that c sent a request (for the idle timeout). */
 void quotas_touch(conn_t *c);
 
