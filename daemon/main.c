@@ -20,12 +20,14 @@
 #define EXPIRE_INTERVAL_MS 1000u
 
 /* Soft (TTL) pins lapse here, so a lapse is seen within a second of its
- * deadline even when no request arrives. */
+ * deadline even when no request arrives; unused prefix keys are freed and
+ * idle connections closed here too. */
 static void on_expire(uv_timer_t *t) {
   server_t *srv = t->data;
   engine_set_now(srv->eng, uv_now(srv->loop));
   size_t n = engine_expire(srv->eng);
   if (n) LOG_DEBUG("pins_lapsed", "count=%zu", n);
+  if ((n = engine_keys_collect(srv->eng))) LOG_DEBUG("keys_freed", "count=%zu", n);
   quotas_idle_sweep(srv);
 }
 

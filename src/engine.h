@@ -250,9 +250,14 @@ int engine_pin_ttl(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t o
                    uint64_t ttl_ms);
 
 /* Lapses the soft pins whose time has come (the daemon calls it once a
- * second); returns how many lapsed. Also frees interned prefix keys that no
- * page or sequence uses once they have doubled since the last time. */
+ * second); returns how many lapsed. */
 size_t engine_expire(engine_t *eng);
+
+/* Frees the interned prefix keys (salt, extra) no page or sequence uses,
+ * once they have doubled since the last collection (the daemon calls it
+ * once a second; a tenant at its key quota collects at once). Returns how
+ * many it freed. */
+size_t engine_keys_collect(engine_t *eng);
 
 /* Per-cache prefix index figures for kvcachectl prefix. */
 typedef struct engine_prefix_top {

@@ -11,7 +11,6 @@
 
 #include "lru.h"
 #include "page.h"
-#include "prefix.h"
 #include "quota.h"
 
 /* The owner's pin of s, or NULL. */
@@ -164,7 +163,6 @@ size_t engine_expire(engine_t *eng) {
     eng->st.pins_lapsed++;
     n++;
   }
-  (void)prefix_keys_collect(eng, false); /* the daemon's periodic call */
   return n;
 }
 

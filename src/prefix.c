@@ -186,9 +186,9 @@ static uint32_t keys_collect(engine_t *eng) {
   return freed;
 }
 
-uint32_t prefix_keys_collect(engine_t *eng, bool always) {
+size_t engine_keys_collect(engine_t *eng) {
   /* Amortized: only once the keys have doubled since the last collection. */
-  if (!always && eng->nkeys < 2 * eng->keys_kept + 64) return 0;
+  if (!eng || eng->nkeys < 2 * eng->keys_kept + 64) return 0;
   return keys_collect(eng);
 }
 

@@ -28,9 +28,6 @@ int prefix_key(engine_t *eng, quota_t *q, const engine_pkey_t *key, bool create,
 /* Undoes the interning of a key by the call that just did it (nothing uses
  * it yet), shrinking the key map back to keys_cap slots. */
 void prefix_key_forget(engine_t *eng, quota_t *q, const engine_pkey_t *key, size_t keys_cap);
-/* Frees the interned keys no page or sequence names, if they have doubled
- * since the last collection (always: now). Returns how many it freed. */
-uint32_t prefix_keys_collect(engine_t *eng, bool always);
 /* Keys interned by q's tenant, counted (for the audit). */
 uint32_t prefix_keys_of(const engine_t *eng, const quota_t *q);
 /* Checks a match's arguments: 0 and the cache and key id, or an error. */
