@@ -141,6 +141,11 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
   size_t map_cap;
   if ((rc = dst_prepare(eng, c, dst_id, &dst, &created, &map_cap))) return rc;
   uint64_t ntable = seq_pages_for(src, n);
+  /* A pinned dst pins what it receives: the pin limit and quota apply. */
+  if (dst->npins && (rc = pin_limit_check(eng, c, src->table, ntable))) {
+    dst_abandon(eng, c, dst, created, map_cap);
+    return rc;
+  }
   uint32_t cap = ntable ? (uint32_t)ntable : 1;
   uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table), nh = 0;
   while (nh < src->nholes && src->holes[nh].b < n) nh++; /* dst keeps the gaps below n */

@@ -138,6 +138,13 @@ TEST(quota_pins_count_growth_and_leases) {
   ASSERT_ERR(engine_lease(f.eng, hog, 2, 0, 4, 7, &le), KVC_E_QUOTA_PINS);
   ASSERT_ERR(engine_pin(f.eng, hog, 2, 9), KVC_E_QUOTA_PINS);
   ASSERT_U64_EQ(usage(&f, 1).refused_pins, 5);
+  /* A pinned empty sequence does not take a copy past the quota either. */
+  ASSERT_OK(fx_put(&f, 3, 0, 0, 1));
+  ASSERT_OK(engine_pin(f.eng, hog, 3, 9));
+  ASSERT_ERR(engine_copy_prefix(f.eng, hog, 1, 3, 12), KVC_E_QUOTA_PINS);
+  ASSERT_U64_EQ(FX_INFO(&f, 3).pages, 0);
+  ASSERT_OK(engine_unpin(f.eng, hog, 3, 9));
+  ASSERT_U64_EQ(usage(&f, 1).refused_pins, 6);
   ASSERT_U64_EQ(engine_lease_release_all(f.eng, 7), 1);
   ASSERT_OK(engine_pin(f.eng, hog, 2, 9));
   /* Another tenant is not limited by it. */
