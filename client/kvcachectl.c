@@ -985,6 +985,34 @@ static int cmd_ping(kvc_client_t *c, const opts_t *o) {
 
 /* ---- clients, config, admin writes ----------------------------------------------- */
 
+/* "used/limit", or "used/-" for no limit. */
+static void quota_cell(char *out, size_t len, uint64_t used, uint64_t limit) {
+  if (limit) snprintf(out, len, "%" PRIu64 "/%" PRIu64, used, limit);
+  else snprintf(out, len, "%" PRIu64 "/-", used);
+}
+
+/* Usage against each quota (used/limit, "-" for unlimited) and the refusals
+ * of each, per tenant. */
+static void tenants_quotas(const kvc_tenant_info_t *t, size_t n) {
+  printf("\n%-24s %-6s %-13s %-15s %-13s %-13s %-11s %-9s %s\n", "TENANT", "LIMIT",
+         "POOL_PAGES", "PINNED+LEASED", "SEQS", "CACHES", "KEYS", "CONNS/UID", "SHM_BYTES");
+  for (size_t i = 0; i < n; i++) {
+    char a[40], b[40], s[40], cc[40], k[40], sh[48];
+    quota_cell(a, sizeof a, t[i].pool_pages, t[i].max_pages);
+    quota_cell(b, sizeof b, t[i].pinned_pages + t[i].leased_pages, t[i].max_pinned);
+    quota_cell(s, sizeof s, t[i].sequences, t[i].max_sequences);
+    quota_cell(cc, sizeof cc, t[i].caches, t[i].max_caches);
+    quota_cell(k, sizeof k, t[i].keys, t[i].max_keys);
+    quota_cell(sh, sizeof sh, t[i].shm_bytes, t[i].shm_bytes_per_uid);
+    printf("%-24s %-6s %-13s %-15s %-13s %-13s %-11s %-9u %s\n", t[i].name, "used", a, b, s,
+           cc, k, t[i].max_connections_per_uid, sh);
+    printf("%-24s %-6s %-13" PRIu64 " %-15" PRIu64 " %-13" PRIu64 " %-13" PRIu64 " %-11" PRIu64
+           " %-9" PRIu64 " %" PRIu64 "\n", "", "refuse", t[i].refused_pages, t[i].refused_pins,
+           t[i].refused_sequences, t[i].refused_caches, t[i].refused_keys,
+           t[i].refused_connections, t[i].refused_shm);
+  }
+}
+
 static int cmd_tenants(kvc_client_t *c, const opts_t *o) {
   kvc_tenant_info_t *t;
   size_t n = 0;
@@ -999,14 +1027,28 @@ static int cmd_tenants(kvc_client_t *c, const opts_t *o) {
       printf("%s\n  {\"name\": ", i ? "," : "");
       json_string(t[i].name);
       printf(", \"connections\": %u, \"caches\": %u, \"sequences\": %" PRIu64
-             ", \"tokens\": %" PRIu64 ", \"pages\": %" PRIu64 "}",
-             t[i].connections, t[i].caches, t[i].sequences, t[i].tokens, t[i].pages);
+             ", \"tokens\": %" PRIu64 ", \"pages\": %" PRIu64 ", \"pool_pages\": %" PRIu64
+             ", \"max_pages\": %" PRIu64 ", \"pinned_pages\": %" PRIu64
+             ", \"leased_pages\": %" PRIu64 ", \"max_pinned\": %" PRIu64
+             ", \"max_sequences\": %" PRIu64 ", \"max_caches\": %" PRIu64 ", \"keys\": %" PRIu64
+             ", \"max_keys\": %" PRIu64 ", \"refused\": {\"pages\": %" PRIu64
+             ", \"pins\": %" PRIu64 ", \"sequences\": %" PRIu64 ", \"caches\": %" PRIu64
+             ", \"keys\": %" PRIu64 ", \"connections\": %" PRIu64 ", \"shm\": %" PRIu64 "}}",
+             t[i].connections, t[i].caches, t[i].sequences, t[i].tokens, t[i].pages,
+             (uint64_t)t[i].pool_pages, (uint64_t)t[i].max_pages, (uint64_t)t[i].pinned_pages,
+             (uint64_t)t[i].leased_pages, (uint64_t)t[i].max_pinned,
+             (uint64_t)t[i].max_sequences, (uint64_t)t[i].max_caches, (uint64_t)t[i].keys,
+             (uint64_t)t[i].max_keys, (uint64_t)t[i].refused_pages, (uint64_t)t[i].refused_pins,
+             (uint64_t)t[i].refused_sequences, (uint64_t)t[i].refused_caches,
+             (uint64_t)t[i].refused_keys, (uint64_t)t[i].refused_connections,
+             (uint64_t)t[i].refused_shm);
       continue;
     }
     printf("%-24s %6u %6u %10" PRIu64 " %12" PRIu64 " %10" PRIu64 "\n", t[i].name,
            t[i].connections, t[i].caches, t[i].sequences, t[i].tokens, t[i].pages);
   }
   if (o->json) printf("\n]}\n");
+  else tenants_quotas(t, n);
   kvc_tenants_free(t);
   return 0;
 }

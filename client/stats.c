@@ -115,6 +115,25 @@ KVC_API int kvc_tenants(kvc_client_t *c, kvc_tenant_info_t **out, size_t *n) {
     arr[i].sequences = w->sequences;
     arr[i].tokens = w->tokens;
     arr[i].pages = w->pages;
+    arr[i].pool_pages = w->pool_pages;
+    arr[i].max_pages = w->max_pages;
+    arr[i].pinned_pages = w->pinned_pages;
+    arr[i].leased_pages = w->leased_pages;
+    arr[i].max_pinned = w->max_pinned;
+    arr[i].max_sequences = w->max_sequences;
+    arr[i].max_caches = w->max_caches;
+    arr[i].keys = w->keys;
+    arr[i].max_keys = w->max_keys;
+    arr[i].max_connections_per_uid = w->max_connections_per_uid;
+    arr[i].shm_bytes = w->shm_bytes;
+    arr[i].shm_bytes_per_uid = w->shm_bytes_per_uid;
+    arr[i].refused_pages = w->refused_pages;
+    arr[i].refused_pins = w->refused_pins;
+    arr[i].refused_sequences = w->refused_sequences;
+    arr[i].refused_caches = w->refused_caches;
+    arr[i].refused_keys = w->refused_keys;
+    arr[i].refused_connections = w->refused_connections;
+    arr[i].refused_shm = w->refused_shm;
   }
   kvcache__v1__response__free_unpacked(r, NULL);
   *out = arr;

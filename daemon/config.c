@@ -125,6 +125,28 @@ static const option_t options[] = {
    "serve GET /metrics (Prometheus text) over HTTP on HOST:PORT, e.g. 127.0.0.1:9464 "
    "(:PORT is loopback; port 0 picks one, logged); empty: off. Anyone who can reach it "
    "reads every figure: keep it on loopback or a trusted network"},
+  {"tenant_max_pages_pct", OPT_U32, "75", 1, 100, true, F(tenant_max_pages_pct),
+   "pool pages one tenant may hold, percent of the pool: a put of a tenant at its share "
+   "evicts its own least recent data first (QUOTA_PAGES if it has none to give)"},
+  {"tenant_max_pinned_pct", OPT_U32, "0", 0, 100, true, F(tenant_max_pinned_pct),
+   "pages one tenant may hold pinned plus leased, percent of the pool (QUOTA_PINS), checked "
+   "as pinned sequences grow too; 0: pin_limit_pct"},
+  {"tenant_max_seqs", OPT_U64, "65536", 0, UINT64_MAX, true, F(tenant_max_seqs),
+   "sequences of one tenant, empty ones included (QUOTA_SEQS; 0: unlimited)"},
+  {"tenant_max_caches", OPT_U32, "16", 0, 65536, true, F(tenant_max_caches),
+   "caches of one tenant (QUOTA_CACHES; 0: unlimited)"},
+  {"tenant_max_keys", OPT_U32, "1024", 0, UINT32_MAX, true, F(tenant_max_keys),
+   "distinct prefix salts and extra keys one tenant may have in use; unused ones are freed "
+   "(QUOTA_KEYS; 0: unlimited)"},
+  {"max_connections_per_uid", OPT_U32, "64", 0, 1u << 20, true, F(max_connections_per_uid),
+   "concurrent clients of one uid, admins exempt (QUOTA_CONNS; 0: unlimited)"},
+  {"idle_timeout_ms", OPT_U32, "0", 0, 604800000, true, F(idle_timeout_ms),
+   "a connection that sends no request for this long is closed (its pins and leases go "
+   "with it); 0: never"},
+  {"shm_bytes_per_uid", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, true, F(shm_bytes_per_uid),
+   "shared-buffer bytes the connections of one uid may hold together (QUOTA_SHM)"},
+  {"shm_bytes_total", OPT_SIZE, "8GiB", 1 * MiB, 64 * TiB, true, F(shm_bytes_total),
+   "shared-buffer bytes all connections may hold together (QUOTA_SHM)"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -442,6 +464,12 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
   }
   if (cfg->shm_default_bytes > cfg->shm_max_bytes) {
     fail(err, errlen, "shm_default_bytes exceeds shm_max_bytes");
+    return -1;
+  }
+  if (cfg->shm_max_bytes > cfg->shm_bytes_per_uid ||
+      cfg->shm_bytes_per_uid > cfg->shm_bytes_total) {
+    fail(err, errlen, "shm_max_bytes, shm_bytes_per_uid and shm_bytes_total must not "
+         "decrease in that order");
     return -1;
   }
   if (cfg->allow_uids.n == 0 && cfg->allow_gids.n == 0) {

@@ -73,6 +73,16 @@ typedef struct config {
   bool prefix_single_tenant; /* the node declares one trusted tenant (allows xxh3) */
   uint32_t pin_limit_pct;    /* pinned pages at most this % of the pool */
   char metrics_listen[64];   /* HOST:PORT of the GET /metrics endpoint; "": off */
+  /* Quotas (doc/security.md, quotas); 0 means unlimited where allowed. */
+  uint32_t tenant_max_pages_pct;  /* pool pages one tenant may hold, % of the pool */
+  uint32_t tenant_max_pinned_pct; /* pages one tenant may pin plus lease, % of the pool */
+  uint64_t tenant_max_seqs;       /* sequences of one tenant, empty ones included */
+  uint32_t tenant_max_caches;     /* caches of one tenant */
+  uint32_t tenant_max_keys;       /* interned salt and extra keys of one tenant */
+  uint32_t max_connections_per_uid; /* concurrent clients of one uid (admins exempt) */
+  uint32_t idle_timeout_ms;       /* a connection silent this long is closed; 0: never */
+  uint64_t shm_bytes_per_uid;     /* shared-buffer bytes the connections of one uid hold */
+  uint64_t shm_bytes_total;       /* shared-buffer bytes all connections hold */
 } config_t;
 
 /* ---- the option table (config.c) ----------------------------------------- */

@@ -12,6 +12,7 @@
 #include "dispatch.h"
 #include "frame.h"
 #include "log.h"
+#include "quotas.h"
 
 typedef struct wreq {
   uv_write_t req;
@@ -582,12 +583,15 @@ void conn_accept(server_t *srv) {
     snprintf(msg, sizeof msg, "connection limit reached (max_connections=%u)",
              srv->cfg.max_connections);
     refuse(c, KVCACHE__V1__STATUS__CONNLIMIT, msg);
+  } else if (quotas_conn_over(srv, c, msg, sizeof msg)) {
+    refuse(c, KVCACHE__V1__STATUS__QUOTA_CONNS, msg);
   } else if (fdbudget_full(srv)) {
     snprintf(msg, sizeof msg, "connection limit reached: out of file descriptors "
              "(%u connections open; raise RLIMIT_NOFILE)", srv->nconns - 1);
     refuse(c, KVCACHE__V1__STATUS__CONNLIMIT, msg);
   } else {
     c->counted = true;
+    quotas_touch(c);
     srv->stats.connections_current++;
     srv->stats.connections_total++;
     LOG_DEBUG("accept", "conn=%llu pid=%d uid=%u gid=%u tenant=%s admin=%d",

@@ -12,6 +12,7 @@
 #include "kvcache/kvcache.h"
 #include "layout.h"
 #include "log.h"
+#include "quotas.h"
 #include "offload.h"
 #include "optable.h"
 #include "tenant.h"
@@ -174,7 +175,11 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   }
   uint64_t bytes = shm_buffer_size(h->shm_bytes, srv->cfg.shm_default_bytes,
                                    SHM_MIN_BYTES, srv->cfg.shm_max_bytes);
-  char why[160];
+  char why[200];
+  if (quotas_shm_over(srv, c, bytes, why, sizeof why)) {
+    r->close_after = true;
+    return reject(r, KVC_E_QUOTA_SHM, "%s", why);
+  }
   int rc = shm_buffer_open(bytes, &c->shm, why, sizeof why);
   if (rc == SHM_E_NOFD) {
     /* Out of descriptors is a connection limit: the client may retry later. */
@@ -879,8 +884,11 @@ static int h_tenants(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     kvcache__v1__tenant_info__init(&rows[t]);
     rows[t].name = (char *)tenants_name(&srv->tenants, t);
   }
-  for (const conn_t *k = srv->conns; k; k = k->next)
+  for (const conn_t *k = srv->conns; k; k = k->next) {
     if (k->counted && k->tenant < nt) rows[k->tenant].connections++;
+    if (k->shm.base && k->tenant < nt) rows[k->tenant].shm_bytes += k->shm.bytes;
+  }
+  for (uint32_t t = 0; t < nt; t++) quotas_row(srv, t, &rows[t]);
   for (size_t i = 0; i < ncaches; i++) {
     uint32_t owner;
     if (engine_cache_tenant(srv->eng, infos[i].cache_id, &owner) != 0 || owner >= nt) continue;
@@ -892,7 +900,8 @@ static int h_tenants(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   size_t n = 0;
   for (uint32_t t = 0; t < nt; t++) {
     bool mine = t == c->tenant;
-    bool used = rows[t].connections || rows[t].caches;
+    bool used = rows[t].connections || rows[t].caches || rows[t].pool_pages ||
+                rows[t].refused_connections || rows[t].refused_shm;
     if (c->admin ? (used || mine) : mine) {
       rows[t].admin = c->admin;
       items[n++] = &rows[t];
@@ -969,6 +978,7 @@ static void release_deferred(conn_t *c, const Kvcache__V1__Request *req) {
 void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   server_t *srv = c->srv;
   uint64_t t0 = uv_hrtime();
+  quotas_touch(c);
   budget_t budget = {srv->cfg.max_decode_bytes};
   ProtobufCAllocator alloc = {budget_alloc, budget_free, &budget};
   Kvcache__V1__Request *req = kvcache__v1__request__unpack(&alloc, len, payload);

@@ -14,18 +14,22 @@
 #include "conn.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
+#include "quotas.h"
 #include "server.h"
 #include "testhook.h"
 
 #define EXPIRE_INTERVAL_MS 1000u
 
 /* Soft (TTL) pins lapse here, so a lapse is seen within a second of its
- * deadline even when no request arrives. */
+ * deadline even when no request arrives; unused prefix keys are freed and
+ * idle connections closed here too. */
 static void on_expire(uv_timer_t *t) {
   server_t *srv = t->data;
   engine_set_now(srv->eng, uv_now(srv->loop));
   size_t n = engine_expire(srv->eng);
   if (n) LOG_DEBUG("pins_lapsed", "count=%zu", n);
+  if ((n = engine_keys_collect(srv->eng))) LOG_DEBUG("keys_freed", "count=%zu", n);
+  quotas_idle_sweep(srv);
 }
 
 void server_stop(server_t *srv) {
@@ -62,6 +66,10 @@ static int start(server_t *srv, char *err, size_t errlen) {
   int rc = engine_new(&ec, &srv->eng);
   if (rc != 0) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
+    return -1;
+  }
+  if ((rc = quotas_apply(srv)) != 0) {
+    snprintf(err, errlen, "engine quotas: %s", kvc_strerror(rc));
     return -1;
   }
   if (server_listen(srv, err, errlen) != 0) return -1;

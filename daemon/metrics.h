@@ -25,6 +25,7 @@
   X(connections_current, STAT_GAUGE, "connections", "clients connected now")  \
   X(connections_total, STAT_COUNTER, "connections", "clients accepted, ever") \
   X(connections_rejected, STAT_COUNTER, "connections", "connections refused (permission, limit, shutdown)") \
+  X(connections_idle_closed, STAT_COUNTER, "connections", "connections closed after idle_timeout_ms") \
   X(connections_dropped, STAT_COUNTER, "connections", "connections closed for a bad frame or protocol error") \
   X(connections_timed_out, STAT_COUNTER, "connections", "connections closed by frame_timeout_ms (a frame or Hello too slow)") \
   X(connections_brief, STAT_COUNTER, "connections", "connections that said Hello and closed within 10 s holding nothing (logged at debug only)") \

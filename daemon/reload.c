@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "quotas.h"
 #include "server.h"
 
 static unsigned long long monotonic_usec(void) {
@@ -33,6 +34,8 @@ int server_reload(server_t *srv) {
   srv->cfg = merged;
   snprintf(srv->config_file, sizeof srv->config_file, "%s", path);
   log_level = srv->cfg.log_level;
+  if (quotas_apply(srv) != 0)
+    LOG_ERROR("reload_quotas", "error=\"out of memory\" action=\"kept the previous tenant limits\"");
   status_reschedule(srv);
   fdbudget_adjust(srv);
   srv->stats.config_reloads++;

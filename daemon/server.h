@@ -60,6 +60,8 @@ typedef struct server {
   bool http_on;
   unsigned http_port;      /* the port it listens on (metrics_listen ...:0 picks) */
   uint32_t http_conns;     /* scrapes open now */
+  uint64_t refused_conns[TENANTS_MAX + 1]; /* per tenant id: QUOTA_CONNS refusals */
+  uint64_t refused_shm[TENANTS_MAX + 1];   /* per tenant id: QUOTA_SHM refusals */
 } server_t;
 
 /* listen.c. Listens on the socket systemd passed (socket activation), else

@@ -6,6 +6,7 @@
 #include "lease.h"
 #include "page.h"
 #include "prefix.h"
+#include "quota.h"
 #include "seq.h"
 
 __attribute__((format(printf, 3, 4))) static int bad(char *why, size_t len,
@@ -22,18 +23,35 @@ __attribute__((format(printf, 3, 4))) static int bad(char *why, size_t len,
 /* Every lease: in the map, pages in the pool (added into refs), counted. */
 static int audit_leases(const engine_t *eng, uint32_t *refs, char *why, size_t len) {
   uint64_t n = 0, pages = 0;
+  mem_t scratch;
+  mem_init(&scratch);
+  uint32_t *lref = mem_calloc(&scratch, eng->pool.npages, sizeof *lref);
+  if (!lref) return KVC_E_NOMEM;
   for (const lease_t *l = eng->lease_list; l; l = l->next) {
-    if (hmap_get(&eng->leases, l->id) != l) return bad(why, len, "lease %llu not in the map",
-                                                            (unsigned long long)l->id);
+    if (hmap_get(&eng->leases, l->id) != l) {
+      mem_free(&scratch, lref);
+      return bad(why, len, "lease %llu not in the map", (unsigned long long)l->id);
+    }
     for (uint32_t i = 0; i < l->npages; i++) {
-      if (l->pages[i] >= eng->pool.npages)
-        return bad(why, len, "lease %llu: page %u out of pool",
-                         (unsigned long long)l->id, l->pages[i]);
+      if (l->pages[i] >= eng->pool.npages) {
+        mem_free(&scratch, lref);
+        return bad(why, len, "lease %llu: page %u out of pool", (unsigned long long)l->id,
+                   l->pages[i]);
+      }
       refs[l->pages[i]]++;
+      if (l->q) lref[l->pages[i]]++;
     }
     n++;
     pages += l->npages;
   }
+  for (uint32_t page = 0; page < eng->pool.npages; page++) {
+    if (lref[page] == eng->lease_ref[page]) continue;
+    uint32_t want = lref[page];
+    mem_free(&scratch, lref);
+    return bad(why, len, "page %u: %u leases of connections, %u recorded", page, want,
+               eng->lease_ref[page]);
+  }
+  mem_free(&scratch, lref);
   if (n != eng->st.leases || n != eng->leases.count || pages != eng->st.leased_pages)
     return bad(why, len, "leases: %llu listed, %llu counted, %zu mapped; pages %llu/%llu",
                      (unsigned long long)n, (unsigned long long)eng->st.leases,
@@ -92,6 +110,7 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
                      char *why, size_t len) {
   const geom_t *g = &s->cache->g;
   unsigned long long id = (unsigned long long)s->id;
+  if (s->planned) return bad(why, len, "seq %llu: left planned by an eviction plan", id);
   if (s->start > s->len || s->len > s->extent || s->extent > KVC_MAX_SEQ_TOKENS)
     return bad(why, len, "seq %llu: start %llu len %llu extent %llu", id,
                (unsigned long long)s->start, (unsigned long long)s->len,
@@ -203,6 +222,42 @@ static int audit_index(const engine_t *eng, const uint64_t *cached, char *why, s
   return 0;
 }
 
+/* Every tenant's usage, recounted from pages, leases and caches. */
+static int audit_quotas(const engine_t *eng, char *why, size_t len) {
+  for (uint32_t i = 0; i < eng->nquotas; i++) {
+    const quota_t *q = eng->quotas[i];
+    if (q->idx != i || quota_find(eng, q->tenant) != q)
+      return bad(why, len, "quota %u: misfiled (tenant %u)", i, q->tenant);
+    engine_tenant_usage_t u = {0};
+    u.keys = prefix_keys_of(eng, q);
+    for (uint32_t page = 0; page < eng->pool.npages; page++) {
+      if (!eng->pool.refcnt[page] || eng->page_quota[page] != i) continue;
+      u.pages++;
+      u.pinned += eng->pool.pinref[page] > 0;
+    }
+    for (uint32_t page = 0; page < eng->pool.npages; page++)
+      u.leased += eng->lease_ref[page] && eng->page_quota[page] == i;
+    for (uint32_t ci = 0; ci < eng->ncaches; ci++) {
+      const cache_t *c = eng->caches[ci];
+      if (!c || c->q != q) continue;
+      if (c->tenant != q->tenant) return bad(why, len, "cache '%s': another tenant's quota", c->name);
+      u.caches++;
+      u.seqs += c->st.sequences;
+    }
+    if (u.pages != q->use.pages || u.pinned != q->use.pinned || u.leased != q->use.leased ||
+        u.seqs != q->use.seqs || u.caches != q->use.caches || u.keys != q->use.keys)
+      return bad(why, len,
+                 "tenant %u: pages %llu/%llu pinned %llu/%llu leased %llu/%llu seqs %llu/%llu "
+                 "caches %u/%u keys %u/%u (counted/recorded)", q->tenant, (unsigned long long)u.pages,
+                 (unsigned long long)q->use.pages, (unsigned long long)u.pinned,
+                 (unsigned long long)q->use.pinned, (unsigned long long)u.leased,
+                 (unsigned long long)q->use.leased, (unsigned long long)u.seqs,
+                 (unsigned long long)q->use.seqs, u.caches, q->use.caches, u.keys,
+                 q->use.keys);
+  }
+  return 0;
+}
+
 int engine_audit(engine_t *eng, char *why, size_t why_len) {
   if (!eng) return KVC_E_INVAL;
   mem_t scratch;
@@ -215,6 +270,8 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
   for (uint32_t ci = 0; rc == 0 && ci < eng->ncaches; ci++) {
     const cache_t *c = eng->caches[ci];
     if (!c) continue;
+    if (c->id != (ci | (uint32_t)eng->cache_gen[ci] << CACHE_GEN_SHIFT))
+      rc = bad(why, why_len, "cache '%s' in slot %u: id %#x", c->name, ci, c->id);
     uint64_t cseqs = 0, ctokens = 0, cpages = 0;
     size_t pos = 0;
     uint64_t key;
@@ -259,6 +316,7 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
     }
   }
   if (rc == 0) rc = audit_index(eng, &cached, why, why_len);
+  if (rc == 0) rc = audit_quotas(eng, why, why_len);
   if (rc == 0) rc = audit_index_hashes(eng, why, why_len);
   if (rc == 0 && (nseqs != eng->nseqs || npinned != eng->nseqs_pinned ||
                   lru != nseqs - npinned || tokens != eng->ntokens))

@@ -19,6 +19,7 @@
 #include "room.h"
 #include "seq.h"
 #include "xfer.h"
+#include "quota.h"
 
 
 /* One sequence of a batch: its positions [lo, hi). */
@@ -44,6 +45,8 @@ static int rsv_create(engine_t *eng, cache_t *c, uint64_t id, uint64_t created, 
   if (eng->max_seqs && eng->nseqs + created + 1 > eng->max_seqs)
     return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
                        (unsigned long long)eng->max_seqs);
+  int rc = quota_check_seqs(eng, c->q, created + 1);
+  if (rc) return rc;
   if (hmap_reserve(&c->seqs, &eng->mem, 1) || !(*out = seq_new(eng, c, id)))
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   hmap_insert(&c->seqs, id, *out);

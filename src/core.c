@@ -17,7 +17,9 @@ int engine_fail(engine_t *eng, int code, const char *fmt, ...) {
 }
 
 cache_t *engine_cache(engine_t *eng, uint32_t cache_id) {
-  return cache_id < eng->ncaches ? eng->caches[cache_id] : NULL;
+  uint32_t slot = cache_id & CACHE_SLOT_MASK;
+  if (slot >= eng->ncaches || eng->cache_gen[slot] != cache_id >> CACHE_GEN_SHIFT) return NULL;
+  return eng->caches[slot];
 }
 
 int engine_find_cache(engine_t *eng, uint32_t cache_id, cache_t **out) {

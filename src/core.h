@@ -12,6 +12,8 @@
  *                                                           (page.h, prefix.h)
  *    +- owners          map owner id -> pins of that owner  (pin.h)
  *    +- leases          map lease id -> pages held for a reader (lease.h)
+ *    +- quotas[i]       per tenant: limits, usage, refusals   (quota.h)
+ *                       page_quota[page] = i of the tenant it counts against
  *
  *   seq: start, len, extent, table[0..ntable) = pages of logical pages
  *        base .. base+ntable-1 (base = start / T after trim_front)
@@ -71,6 +73,16 @@ typedef struct ipage {
 
 typedef struct lease lease_t; /* lease.h */
 
+/* One tenant's limits, usage and refusals (quota.c). */
+typedef struct quota {
+  uint32_t tenant;             /* the engine's tenant number */
+  uint32_t idx;                /* in eng->quotas, as page_quota names it */
+  bool own;                    /* lim is this tenant's; else the default applies */
+  bool over;                   /* eviction: over its page share when the call began */
+  engine_tenant_limits_t lim;
+  engine_tenant_usage_t use;   /* gauges kept current, refusal counters */
+} quota_t;
+
 /* One pin: owner pins seq. Linked into both the owner's and the seq's list. */
 typedef struct pin {
   seq_t *seq;
@@ -91,6 +103,7 @@ struct cache {
   char name[KVC_MAX_NAME + 1];
   uint32_t id;
   uint32_t tenant;     /* whose it is: names resolve inside a tenant */
+  quota_t *q;          /* that tenant's quota record */
   kvc_layout_t layout; /* normalized */
   geom_t g;
   hmap_t seqs;         /* seq_id -> seq_t */
@@ -115,6 +128,7 @@ struct seq {
   pin_t *pins;
   uint64_t last_use_ms;
   uint64_t mark;       /* == eng->epoch: taking part in the current call */
+  bool planned;        /* eviction planning: the plan counted its pages */
   uint64_t rsv_end;    /* slots reserved up to here (table covers them), or 0 */
   hole_t *holes;       /* sorted, disjoint slots in [start, extent) never written */
   uint32_t nholes, hcap;
@@ -131,8 +145,9 @@ struct seq {
 struct engine {
   mem_t mem;
   pool_t pool;
-  cache_t **caches;    /* by id; NULL once dropped */
-  uint32_t ncaches;    /* ids handed out */
+  cache_t **caches;    /* by slot; NULL once dropped (a slot is reused) */
+  uint16_t *cache_gen; /* per slot: generation, bumped at each drop */
+  uint32_t ncaches;    /* slots ever used */
   uint32_t max_caches;
   uint64_t max_seqs;   /* 0: unlimited */
   uint64_t nseqs;
@@ -146,7 +161,9 @@ struct engine {
                           caller (whose memory may change meanwhile) */
   uint32_t page_ids_cap; /* token ids page_ids holds */
   hmap_t keys;         /* digest of (salt, extra) -> key_t */
-  uint32_t nkeys;
+  uint32_t nkeys;      /* keys interned */
+  uint32_t next_key_id; /* the last key id handed out (ids are never 0) */
+  uint32_t keys_kept;  /* keys left by the last collection of unused ones */
   uint32_t hash_bits;  /* test hook: keep only this many hash bits (0: all) */
   uint32_t pin_limit;  /* pages that may be pinned */
   bool evicting;       /* pages a dropped sequence leaves cached go to the tail */
@@ -161,9 +178,22 @@ struct engine {
   hmap_t leases;       /* lease id -> lease_t */
   lease_t *lease_list; /* every lease, newest first */
   uint64_t next_lease_id;
+  quota_t **quotas;    /* per tenant seen, by idx; kept for the engine's life */
+  uint32_t nquotas, quotas_cap;
+  hmap_t quota_map;    /* tenant -> quota_t */
+  engine_tenant_limits_t quota_default; /* limits of tenants without their own */
+  uint32_t *page_quota; /* per page in use: idx of the tenant it counts against */
+  uint32_t *lease_ref; /* per page: leases of connections holding it (not internal ones) */
   engine_stats_t st;   /* counters (gauges are computed by engine_stats) */
   engine_err_t err;
 };
+
+/* A cache id is its slot in eng->caches and the slot's generation, bumped
+ * at each drop: a slot is reused, a stale id names no cache (NOCACHE). A
+ * slot's generation wraps after 65536 drops. */
+#define CACHE_GEN_SHIFT 16
+#define CACHE_SLOT_MASK 0xffffu
+#define CACHE_SLOTS_MAX 65536u
 
 /* Records why the call fails and returns code. */
 int engine_fail(engine_t *eng, int code, const char *fmt, ...)

@@ -8,6 +8,7 @@
 #include "lease.h"
 #include "page.h"
 #include "prefix.h"
+#include "quota.h"
 #include "seq.h"
 
 
@@ -28,6 +29,7 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
   if (!eng) return KVC_E_NOMEM;
   eng->mem = m;
   eng->max_caches = cfg->max_caches ? cfg->max_caches : 64;
+  if (eng->max_caches > CACHE_SLOTS_MAX) eng->max_caches = CACHE_SLOTS_MAX;
   eng->max_seqs = cfg->max_seqs;
   for (uint32_t p = 0; p < PRIO_LEVELS; p++) {
     eng->lru[p].next = eng->lru[p].prev = &eng->lru[p];
@@ -38,13 +40,17 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
   eng->hash_kind = cfg->hash;
   eng->hash_bits = cfg->hash_bits;
   hmap_init(&eng->leases);
+  hmap_init(&eng->quota_map);
   int rc = pool_init(&eng->pool, &eng->mem, cfg->base, cfg->pool_bytes, cfg->page_bytes);
   if (rc == 0) {
     uint32_t pct = cfg->pin_limit_pct && cfg->pin_limit_pct < 100 ? cfg->pin_limit_pct : 100;
     eng->pin_limit = (uint32_t)((uint64_t)eng->pool.npages * pct / 100);
     eng->caches = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->caches);
+    eng->cache_gen = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->cache_gen);
+    eng->page_quota = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->page_quota);
+    eng->lease_ref = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->lease_ref);
     eng->md_ctx = EVP_MD_CTX_new();
-    if (!eng->caches || !eng->md_ctx) rc = KVC_E_NOMEM;
+    if (!eng->caches || !eng->cache_gen || !eng->page_quota || !eng->lease_ref || !eng->md_ctx) rc = KVC_E_NOMEM;
   }
   if (rc) {
     engine_free(eng);
@@ -80,12 +86,16 @@ void engine_free(engine_t *eng) {
     }
     mem_free(&eng->mem, eng->caches);
   }
+  mem_free(&eng->mem, eng->cache_gen);
   size_t pos = 0;
   void *k;
   while ((k = hmap_next(&eng->keys, &pos, NULL))) mem_free(&eng->mem, k);
   hmap_deinit(&eng->keys, &eng->mem);
   hmap_deinit(&eng->owners, &eng->mem);
   lease_free_all(eng);
+  quota_free_all(eng);
+  mem_free(&eng->mem, eng->page_quota);
+  mem_free(&eng->mem, eng->lease_ref);
   mem_free(&eng->mem, eng->ip);
   mem_free(&eng->mem, eng->scratch);
   mem_free(&eng->mem, eng->page_ids);
@@ -150,18 +160,28 @@ int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
                        "lower page_tokens or raise the pool's page size",
                        (unsigned long long)g.page_bytes,
                        (unsigned long long)eng->pool.page_bytes);
-  if (eng->ncaches == eng->max_caches)
+  uint32_t slot = 0; /* the first free slot: dropped caches' slots are reused */
+  while (slot < eng->ncaches && eng->caches[slot]) slot++;
+  if (slot == eng->max_caches)
     return engine_fail(eng, KVC_E_TOOMANY, "at most %u caches", eng->max_caches);
+  quota_t *q = quota_find(eng, tenant);
+  if (q && (rc = quota_check_caches(eng, q))) return rc;
   cache_t *c = mem_calloc(&eng->mem, 1, sizeof *c);
-  if (!c) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  if (!c || (!q && quota_open(eng, tenant, &q))) {
+    mem_free(&eng->mem, c);
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
+  c->q = q;
+  q->use.caches++;
   memcpy(c->name, name, strlen(name) + 1);
-  c->id = eng->ncaches;
+  c->id = slot | (uint32_t)eng->cache_gen[slot] << CACHE_GEN_SHIFT;
   c->tenant = tenant;
   c->layout = layout_normalize(layout);
   c->g = g;
   hmap_init(&c->seqs);
   prefix_cache_init(eng, c);
-  eng->caches[eng->ncaches++] = c;
+  eng->caches[slot] = c;
+  if (slot == eng->ncaches) eng->ncaches++;
   *cache_id = c->id;
   return 0;
 }
@@ -181,7 +201,10 @@ int engine_cache_drop(engine_t *eng, uint32_t cache_id) {
   int rc = engine_find_cache(eng, cache_id, &c);
   if (rc) return rc;
   cache_free(eng, c, false);
-  eng->caches[cache_id] = NULL;
+  c->q->use.caches--;
+  uint32_t slot = cache_id & CACHE_SLOT_MASK;
+  eng->caches[slot] = NULL;
+  eng->cache_gen[slot]++; /* the old id names nothing now */
   mem_free(&eng->mem, c);
   return 0;
 }

@@ -146,7 +146,8 @@ int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layou
 int engine_cache_tenant(engine_t *eng, uint32_t cache_id, uint32_t *tenant);
 /* Drops every sequence of a cache (pins included); the cache stays. */
 int engine_cache_clear(engine_t *eng, uint32_t cache_id);
-/* Drops a cache and all its sequences; its id is not reused. */
+/* Drops a cache and all its sequences. Its slot is reused by a later open,
+ * under a new id: the dropped id answers KVC_E_NOCACHE. */
 int engine_cache_drop(engine_t *eng, uint32_t cache_id);
 /* Fills up to cap infos; *n is the number of caches (may exceed cap). */
 int engine_cache_list(engine_t *eng, kvc_cache_info_t *out, size_t cap, size_t *n);
@@ -256,6 +257,12 @@ int engine_pin_ttl(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t o
 /* Lapses the soft pins whose time has come (the daemon calls it once a
  * second); returns how many lapsed. */
 size_t engine_expire(engine_t *eng);
+
+/* Frees the interned prefix keys (salt, extra) no page or sequence uses,
+ * once they have doubled since the last collection (the daemon calls it
+ * once a second; a tenant at its key quota collects at once). Returns how
+ * many it freed. */
+size_t engine_keys_collect(engine_t *eng);
 
 /* Per-cache prefix index figures for kvcachectl prefix. */
 typedef struct engine_prefix_top {
@@ -403,6 +410,52 @@ void engine_get_end(engine_t *eng, engine_get_job_t *job);
  * holding position pos. For the daemon's lease path. */
 int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
                        uint64_t *offset);
+
+/* ---- tenant quotas (quota.c; doc/security.md, quotas) ---------------------
+ * Every cache belongs to a tenant (engine_cache_open_in); what a tenant's
+ * caches hold is counted against that tenant and its limits. A page counts
+ * against the tenant of the cache whose sequence allocated it (pages are
+ * shared only inside one cache), until it is freed. */
+
+/* A tenant's limits; 0 means unlimited. */
+typedef struct engine_tenant_limits {
+  uint64_t max_pages;   /* pool pages held, a share that applies under
+                           pressure: while pages are free a tenant may pass
+                           it; when a put must evict, a tenant it would pass
+                           makes room from its own LRU victims alone
+                           (KVC_E_QUOTA_PAGES if they are not enough), one
+                           within it takes from tenants over theirs first */
+  uint64_t max_pinned;  /* pages pinned plus pages leased (KVC_E_QUOTA_PINS;
+                           a page both pinned and leased counts twice),
+                           checked at pin, at lease and at every write that
+                           grows a pinned sequence */
+  uint64_t max_seqs;    /* sequences, empty ones included (KVC_E_QUOTA_SEQS) */
+  uint32_t max_caches;  /* caches (KVC_E_QUOTA_CACHES) */
+  uint32_t max_keys;    /* interned prefix keys (KVC_E_QUOTA_KEYS) */
+} engine_tenant_limits_t;
+
+/* A tenant's usage and how often each limit refused it. */
+typedef struct engine_tenant_usage {
+  uint64_t pages;       /* pool pages held */
+  uint64_t pinned;      /* pages pinned (by any owner) */
+  uint64_t leased;      /* pages held by leases (a page once, however many) */
+  uint64_t seqs;
+  uint32_t caches;
+  uint32_t keys;
+  uint64_t refused_pages, refused_pins, refused_seqs, refused_caches, refused_keys;
+} engine_tenant_usage_t;
+
+#define ENGINE_TENANT_DEFAULT UINT32_MAX /* the limits of every tenant not set */
+
+/* Sets the limits of tenant (ENGINE_TENANT_DEFAULT: of every tenant without
+ * its own); lim NULL returns a tenant to the default. Takes effect for the
+ * next call: what a tenant already holds over a lowered limit stays until it
+ * lets it go. Borrows lim. 0, KVC_E_INVAL, KVC_E_NOMEM. */
+int engine_tenant_limits_set(engine_t *eng, uint32_t tenant, const engine_tenant_limits_t *lim);
+/* The limits in force for tenant and its usage (zeros for a tenant never
+ * seen). Either pointer may be NULL. */
+int engine_tenant_usage(engine_t *eng, uint32_t tenant, engine_tenant_limits_t *lim,
+                        engine_tenant_usage_t *use);
 
 /* Test hook: make the k-th heap allocation from now fail (-1 disables). */
 void engine_fail_alloc_after(engine_t *eng, int64_t k);

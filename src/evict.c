@@ -26,6 +26,7 @@
 #include "lru.h"
 #include "page.h"
 #include "prefix.h"
+#include "quota.h"
 #include "seq.h"
 
 #define SEQ_OF(n) ((seq_t *)(void *)((char *)(n) - offsetof(seq_t, node)))
@@ -62,6 +63,9 @@ typedef struct plan {
   uint32_t ntouched;
   uint32_t last_prio; /* the walk's last node, to clear what it marked */
   lru_node_t *last;
+  quota_t *only;     /* the first walk: this tenant's victims alone */
+  bool over_only;    /* the first walk: victims of tenants over their share */
+  bool two_walks;    /* clear every list up to last_prio, not to last */
 } plan_t;
 
 static void touch_ip(plan_t *pl, ipage_t *ip) {
@@ -96,6 +100,13 @@ static bool plan_done(const engine_t *eng, const plan_t *pl) {
   return eng->pool.nfree + pl->freed >= pl->need;
 }
 
+/* Whether the walk takes the victim at node n. */
+static bool walk_takes(const plan_t *pl, const lru_node_t *n) {
+  const cache_t *c = n->kind == LRU_SEQ ? SEQ_OF(n)->cache : IPAGE_OF(n)->cache;
+  if (pl->over_only) return c->q->over;
+  return !pl->only || c->q == pl->only;
+}
+
 static void plan_drain(engine_t *eng, plan_t *pl) {
   while (pl->top && !plan_done(eng, pl)) {
     ipage_t *ip = page_meta(eng, pl->stack[--pl->top]);
@@ -105,6 +116,7 @@ static void plan_drain(engine_t *eng, plan_t *pl) {
 
 static void plan_seq(engine_t *eng, plan_t *pl, const evict_need_t *nd, seq_t *s) {
   pool_t *p = &eng->pool;
+  s->planned = true;
   for (uint32_t i = 0; i < s->ntable; i++) {
     uint32_t page = s->table[i], v = ++p->plan[page], held = v & PLAN_MASK;
     if (v & PLAN_COW) {
@@ -122,11 +134,12 @@ static void plan_walk(engine_t *eng, plan_t *pl, const evict_need_t *nd) {
   for (uint32_t prio = 0; prio < PRIO_LEVELS && !plan_done(eng, pl); prio++) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head && !plan_done(eng, pl); n = n->prev) {
-      pl->last_prio = prio;
+      if (!walk_takes(pl, n)) continue;
+      if (!pl->two_walks || prio > pl->last_prio) pl->last_prio = prio;
       pl->last = n;
       if (n->kind == LRU_SEQ) {
         seq_t *s = SEQ_OF(n);
-        if (s->mark == eng->epoch) continue;
+        if (s->mark == eng->epoch || s->planned) continue;
         plan_seq(eng, pl, nd, s);
       } else {
         ipage_t *ip = IPAGE_OF(n);
@@ -142,11 +155,12 @@ static void plan_clear(engine_t *eng, plan_t *pl) {
   for (uint32_t prio = 0; pl->last && prio <= pl->last_prio; prio++) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head; n = n->prev) {
-      if (n->kind == LRU_SEQ && SEQ_OF(n)->mark != eng->epoch) {
+      if (n->kind == LRU_SEQ && SEQ_OF(n)->planned) {
         seq_t *s = SEQ_OF(n);
+        s->planned = false;
         for (uint32_t i = 0; i < s->ntable; i++) eng->pool.plan[s->table[i]] &= PLAN_COW;
       }
-      if (n == pl->last) break;
+      if (n == pl->last && !pl->two_walks) break; /* two walks: each list whole */
     }
   }
   for (uint32_t i = 0; i < pl->ntouched; i++) {
@@ -158,11 +172,13 @@ static void plan_clear(engine_t *eng, plan_t *pl) {
 
 /* ---- evicting ---------------------------------------------------------------- */
 
-/* Reclaims the least recent victim; false if there is none. */
-static bool evict_one(engine_t *eng) {
+/* Reclaims the least recent victim the filter takes (only, over_only);
+ * false if there is none. */
+static bool evict_one(engine_t *eng, const plan_t *filter) {
   for (uint32_t prio = 0; prio < PRIO_LEVELS; prio++) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head; n = n->prev) {
+      if (!walk_takes(filter, n)) continue;
       if (n->kind == LRU_SEQ) {
         seq_t *s = SEQ_OF(n);
         if (s->mark == eng->epoch) continue;
@@ -185,15 +201,45 @@ static bool evict_one(engine_t *eng) {
   return false;
 }
 
+/* Marks the tenants holding more than their page share; true if any. */
+static bool mark_over(engine_t *eng) {
+  bool any = false;
+  for (uint32_t i = 0; i < eng->nquotas; i++) {
+    quota_t *q = eng->quotas[i];
+    uint64_t max = quota_lim(eng, q)->max_pages;
+    q->over = max && q->use.pages > max;
+    any |= q->over;
+  }
+  return any;
+}
+
 int evict_make_room(engine_t *eng, const evict_need_t *nd) {
   pool_t *p = &eng->pool;
   uint64_t need = need_now(eng, nd);
-  if (need <= p->nfree) return 0;
+  if (need <= p->nfree) return 0; /* no pressure: shares do not apply */
+  bool over = nd->q && quota_pages_over(eng, nd->q, need);
   plan_t pl = {need, 0, eng->scratch, 0, eng->scratch ? eng->scratch + p->npages : NULL, 0, 0,
-               NULL}; /* the stack is used only for pages with token metadata */
-  plan_walk(eng, &pl, nd);
+               NULL, false, false}; /* the stack is used only for pages with token metadata */
+  /* First walk: a tenant past its share makes room from its own victims
+   * alone (if they are not enough, QUOTA_PAGES when others' would be, FULL
+   * when the pool has no room at all); one within its share takes from
+   * tenants over theirs first. */
+  bool first = over || mark_over(eng);
+  pl.only = over ? nd->q : NULL;
+  pl.over_only = first && !over;
+  if (first) {
+    plan_walk(eng, &pl, nd);
+    pl.only = NULL;
+    pl.over_only = false;
+    pl.two_walks = true;
+  }
+  bool mine = !over || plan_done(eng, &pl);
+  uint64_t own_freed = pl.freed;
+  plan_walk(eng, &pl, nd); /* past its share and its own not enough: could others? */
   bool enough = plan_done(eng, &pl);
   plan_clear(eng, &pl);
+  /* Room that exists but is others': the share refuses it. */
+  if (enough && !mine) return quota_fail_pages(eng, nd->q, pl.need, p->nfree + own_freed);
   if (!enough) {
     eng->st.full_errors++;
     int rc = engine_fail(eng, KVC_E_FULL,
@@ -204,8 +250,12 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
     eng->err.freeable = p->nfree + pl.freed;
     return rc;
   }
+  plan_t own = {.only = nd->q}, over_share = {.over_only = true}, any = {0};
+  if (first) {
+    while (p->nfree < need_now(eng, nd) && evict_one(eng, over ? &own : &over_share)) continue;
+  }
   while (p->nfree < need_now(eng, nd))
-    if (!evict_one(eng))
+    if (!evict_one(eng, &any))
       return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
   return 0;
 }

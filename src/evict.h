@@ -19,9 +19,14 @@ typedef struct evict_need {
   uint64_t new_pages;
   evict_note_t *noted;
   size_t nnoted;
+  quota_t *q;        /* the tenant the new pages count against */
 } evict_need_t;
 /* Frees pages by evicting unpinned, unmarked sequences and cached pages in
- * order, all or nothing: KVC_E_FULL (with figures) changes nothing. */
+ * order, all or nothing: KVC_E_FULL (with figures) changes nothing. Page
+ * shares apply under pressure only (the call needs more than is free): a
+ * tenant the new pages would put past its share makes room from its own
+ * victims alone (KVC_E_QUOTA_PAGES, nothing changed, if they are not
+ * enough); a tenant within its share takes first from tenants over theirs. */
 int evict_make_room(engine_t *eng, const evict_need_t *need);
 
 #endif

@@ -23,6 +23,7 @@
 
 #include "lru.h"
 #include "page.h"
+#include "quota.h"
 #include "seq.h"
 
 
@@ -33,6 +34,8 @@ static void lease_unlink(engine_t *eng, lease_t *l) {
   hmap_remove(&eng->leases, l->id);
   /* As a sequence's release does: a page only the prefix index still holds
    * becomes a cached page. */
+  for (uint32_t i = 0; l->q && i < l->npages; i++) /* while the page is in use */
+    if (--eng->lease_ref[l->pages[i]] == 0) quota_of_page(eng, l->pages[i])->use.leased--;
   for (uint32_t i = 0; i < l->npages; i++)
     page_unref_bytes(eng, l->layout_bytes, l->pages[i], PRIO_DEFAULT);
   eng->st.leases--;
@@ -63,9 +66,16 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
   const geom_t *g = &s->cache->g;
   uint64_t first = begin >> g->tshift, last = (end - 1) >> g->tshift;
   uint32_t n = (uint32_t)(last - first + 1);
+  const uint32_t *pages = s->table + (first - s->base);
+  uint64_t more = 0; /* pages no lease held yet: a page counts once */
+  for (uint32_t i = 0; i < n; i++) more += eng->lease_ref[pages[i]] == 0;
+  if ((rc = quota_check_pins(eng, s->cache->q, more, false))) return rc;
   lease_t *l = lease_pages(eng, s->table + (first - s->base), n, g->page_bytes);
   if (!l) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   l->owner = owner;
+  l->q = s->cache->q;
+  for (uint32_t i = 0; i < n; i++)
+    if (eng->lease_ref[pages[i]]++ == 0) quota_of_page(eng, pages[i])->use.leased++;
   eng->st.leases_taken++;
   lru_touch(eng, s);
   *out = (engine_lease_t){.id = l->id, .first_pos = first << g->tshift, .npages = n,
@@ -86,6 +96,7 @@ lease_t *lease_pages(engine_t *eng, const uint32_t *pages, uint32_t n, uint64_t 
   l->id = ++eng->next_lease_id;
   l->owner = 0; /* no connection: engine_lease_release_all never matches it */
   l->layout_bytes = layout_bytes;
+  l->q = NULL;
   l->npages = n;
   for (uint32_t i = 0; i < n; i++) {
     l->pages[i] = pages[i];

@@ -9,6 +9,8 @@ struct lease {
   uint64_t id;
   uint64_t owner;
   uint64_t layout_bytes;     /* the cache's page bytes, for bytes_used */
+  quota_t *q;                /* set: a connection's lease, counted in lease_ref and
+                                as leased pages of their tenant; NULL: internal */
   lease_t *prev, *next;      /* eng->lease_list */
   uint32_t npages;
   uint32_t pages[];          /* referenced pool pages, in token order */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "lru.h"
+#include "quota.h"
 
 #define NOPAGE POOL_NOPAGE
 
@@ -106,6 +107,7 @@ void page_unref_bytes(engine_t *eng, uint64_t layout_bytes, uint32_t page, uint8
   page_index_sole(eng, page, r, r - 1);
   if (pool_unref(&eng->pool, page)) {
     eng->bytes_used -= layout_bytes;
+    quota_page_free(eng, page);
     if (eng->ip) {
       mem_free(&eng->mem, eng->ip[page]);
       eng->ip[page] = NULL;
@@ -118,6 +120,23 @@ void page_unref_bytes(engine_t *eng, uint64_t layout_bytes, uint32_t page, uint8
     lru_link(eng, &ip->node, eng->evicting);
     page_cached_count(eng, ip->cache, +1);
   }
+}
+
+uint32_t page_alloc(engine_t *eng, const cache_t *c) {
+  uint32_t page = pool_alloc(&eng->pool);
+  eng->bytes_used += c->g.page_bytes;
+  quota_page_alloc(eng, page, c->q);
+  return page;
+}
+
+void page_pin(engine_t *eng, uint32_t page) {
+  pool_pin(&eng->pool, page);
+  if (eng->pool.pinref[page] == 1) quota_of_page(eng, page)->use.pinned++;
+}
+
+void page_unpin(engine_t *eng, uint32_t page) {
+  pool_unpin(&eng->pool, page);
+  if (eng->pool.pinref[page] == 0) quota_of_page(eng, page)->use.pinned--;
 }
 
 void page_meta_copied(engine_t *eng, uint32_t from, uint32_t to) {

@@ -25,6 +25,13 @@ ipage_t *page_meta_take(engine_t *eng, const cache_t *c, uint32_t page);
  * same place in the writer's chain). */
 void page_meta_copied(engine_t *eng, uint32_t from, uint32_t to);
 
+/* Takes a free page (one must be free) for a sequence of c: refcnt 1,
+ * counted in bytes_used and against c's tenant. */
+uint32_t page_alloc(engine_t *eng, const cache_t *c);
+/* One pinned holder more / less; the first and last count the page as
+ * pinned for its tenant. */
+void page_pin(engine_t *eng, uint32_t page);
+void page_unpin(engine_t *eng, uint32_t page);
 /* A reference more: an indexed page leaves the cached state. */
 void page_ref(engine_t *eng, uint32_t page);
 /* A reference less: the last frees the page (and its metadata); an indexed

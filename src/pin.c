@@ -10,6 +10,8 @@
 #include "pin.h"
 
 #include "lru.h"
+#include "page.h"
+#include "quota.h"
 
 /* The owner's pin of s, or NULL. */
 pin_t *pin_find(const seq_t *s, uint64_t owner) {
@@ -40,7 +42,7 @@ void pin_release(engine_t *eng, pin_t *p) {
   seq_t *s = p->seq;
   pin_unlink(eng, p);
   if (--s->npins == 0) {
-    for (uint32_t i = 0; i < s->ntable; i++) pool_unpin(&eng->pool, s->table[i]);
+    for (uint32_t i = 0; i < s->ntable; i++) page_unpin(eng, s->table[i]);
     eng->nseqs_pinned--;
     lru_insert(eng, s); /* unpinned: the most recently used */
   }
@@ -101,20 +103,14 @@ void pin_commit(engine_t *eng, seq_t *s, pin_prep_t *pp, uint64_t ttl_ms) {
   if (s->npins++ == 0) {
     lru_remove(s);
     eng->nseqs_pinned++;
-    for (uint32_t i = 0; i < s->ntable; i++) pool_pin(&eng->pool, s->table[i]);
+    for (uint32_t i = 0; i < s->ntable; i++) page_pin(eng, s->table[i]);
   }
   s->last_use_ms = eng->now_ms;
   eng->st.pins++;
 }
 
-int pin_limit_check(engine_t *eng, const uint32_t *pages, uint64_t n) {
-  uint64_t more = unpinned_pages(eng, pages, n);
-  if (eng->pool.npinned + more <= eng->pin_limit) return 0;
-  eng->st.pin_limit_errors++;
-  return engine_fail(eng, KVC_E_PINLIMIT,
-                     "pinning %llu more pages would pin %llu of %u pages; the limit is %u",
-                     (unsigned long long)more, (unsigned long long)(eng->pool.npinned + more),
-                     eng->pool.npages, eng->pin_limit);
+int pin_limit_check(engine_t *eng, const cache_t *c, const uint32_t *pages, uint64_t n) {
+  return quota_check_pins(eng, c->q, unpinned_pages(eng, pages, n), true);
 }
 
 int engine_pin_ttl(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner,
@@ -137,7 +133,7 @@ int engine_pin_ttl(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t o
     have->ttl_ms = ttl_ms;
     return 0;
   }
-  if ((rc = pin_limit_check(eng, s->table, s->ntable))) return rc;
+  if ((rc = pin_limit_check(eng, s->cache, s->table, s->ntable))) return rc;
   pin_prep_t pp;
   if ((rc = pin_prepare(eng, owner, &pp))) return rc;
   pin_commit(eng, s, &pp, ttl_ms);

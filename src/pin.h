@@ -27,6 +27,6 @@ int pin_prepare(engine_t *eng, uint64_t owner, pin_prep_t *pp);
 /* Links a prepared pin of s (ttl_ms 0: hard); cannot fail. */
 void pin_commit(engine_t *eng, seq_t *s, pin_prep_t *pp, uint64_t ttl_ms);
 /* KVC_E_PINLIMIT if pinning these n pages would pin more than the limit. */
-int pin_limit_check(engine_t *eng, const uint32_t *pages, uint64_t n);
+int pin_limit_check(engine_t *eng, const cache_t *c, const uint32_t *pages, uint64_t n);
 
 #endif

@@ -26,14 +26,17 @@
 
 #include "lru.h"
 #include "page.h"
+#include "quota.h"
 #include "seq.h"
 
 #define NOPAGE POOL_NOPAGE
 #define KEY_MAX 64u
 
 typedef struct pkey {
-  uint8_t digest[32]; /* SHA-256 of (salt_len, salt, extra_len, extra) */
+  uint8_t digest[32]; /* SHA-256 of (tenant, salt_len, salt, extra_len, extra) */
   uint32_t id;
+  bool used;          /* collection: some page or sequence names it */
+  quota_t *q;         /* the tenant that interned it (keys are per tenant) */
   uint8_t salt_len, extra_len;
   uint8_t salt[KEY_MAX], extra[KEY_MAX]; /* kept for the audit's recomputation */
 } pkey_t;
@@ -111,8 +114,9 @@ int prefix_cache_init(engine_t *eng, cache_t *c) {
 
 /* ---- keys -------------------------------------------------------------------- */
 
-/* The key's SHA-256 digest into d; KVC_E_INVAL for a bad key. */
-static int key_digest(engine_t *eng, const engine_pkey_t *key, uint8_t d[32]) {
+/* The key's SHA-256 digest (in tenant q's namespace) into d; KVC_E_INVAL
+ * for a bad key. */
+static int key_digest(engine_t *eng, const quota_t *q, const engine_pkey_t *key, uint8_t d[32]) {
   static const engine_pkey_t empty = {NULL, 0, NULL, 0};
   if (!key) key = &empty;
   if (key->salt_len > KEY_MAX || key->extra_len > KEY_MAX ||
@@ -122,6 +126,7 @@ static int key_digest(engine_t *eng, const engine_pkey_t *key, uint8_t d[32]) {
   unsigned len = 32;
   EVP_MD_CTX *ctx = eng->md_ctx;
   EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+  EVP_DigestUpdate(ctx, &q->tenant, sizeof q->tenant);
   EVP_DigestUpdate(ctx, &sl, sizeof sl);
   EVP_DigestUpdate(ctx, key->salt, key->salt_len);
   EVP_DigestUpdate(ctx, &xl, sizeof xl);
@@ -130,9 +135,69 @@ static int key_digest(engine_t *eng, const engine_pkey_t *key, uint8_t d[32]) {
   return 0;
 }
 
-int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *key_id) {
+static int key_cmp(const void *a, const void *b) {
+  uint32_t x = (*(const pkey_t *const *)a)->id, y = (*(const pkey_t *const *)b)->id;
+  return (x > y) - (x < y);
+}
+
+static void key_mark(pkey_t **by_id, uint32_t n, uint32_t id) {
+  if (!id) return;
+  uint32_t lo = 0, hi = n;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (by_id[mid]->id < id) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo < n && by_id[lo]->id == id) by_id[lo]->used = true;
+}
+
+/* Frees the keys no page and no sequence names: O((pages + sequences) log
+ * keys). Best effort: out of memory it frees nothing. Returns how many. */
+static uint32_t keys_collect(engine_t *eng) {
+  uint32_t n = 0;
+  pkey_t **by_id = mem_alloc(&eng->mem, (size_t)(eng->nkeys ? eng->nkeys : 1) * sizeof *by_id);
+  if (!by_id) return 0;
+  size_t pos = 0;
+  pkey_t *k;
+  while ((k = hmap_next(&eng->keys, &pos, NULL))) {
+    k->used = false;
+    by_id[n++] = k;
+  }
+  qsort(by_id, n, sizeof *by_id, key_cmp);
+  for (uint32_t page = 0; eng->ip && page < eng->pool.npages; page++)
+    if (eng->ip[page]) key_mark(by_id, n, eng->ip[page]->key);
+  for (uint32_t ci = 0; ci < eng->ncaches; ci++) {
+    const cache_t *c = eng->caches[ci];
+    size_t sp = 0;
+    const seq_t *s;
+    while (c && (s = hmap_next(&c->seqs, &sp, NULL))) key_mark(by_id, n, s->chain_key);
+  }
+  uint32_t freed = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (by_id[i]->used) continue;
+    hmap_remove(&eng->keys, hash_key64(by_id[i]->digest));
+    by_id[i]->q->use.keys--;
+    mem_free(&eng->mem, by_id[i]);
+    freed++;
+  }
+  mem_free(&eng->mem, by_id);
+  eng->nkeys -= freed;
+  eng->keys_kept = eng->nkeys;
+  return freed;
+}
+
+size_t engine_keys_collect(engine_t *eng) {
+  /* Amortized: only once the keys have doubled since the last collection. */
+  if (!eng || eng->nkeys < 2 * eng->keys_kept + 64) return 0;
+  return keys_collect(eng);
+}
+
+int prefix_key(engine_t *eng, quota_t *q, const engine_pkey_t *key, bool create,
+               uint32_t *key_id, bool *created) {
   uint8_t d[32];
-  if (key_digest(eng, key, d)) return KVC_E_INVAL;
+  if (created) *created = false;
+  if (key_digest(eng, q, key, d))
+    return engine_fail(eng, KVC_E_INVAL, "salt and extra key are at most %u bytes", KEY_MAX);
   uint64_t k64 = hash_key64(d);
   pkey_t *k = hmap_get(&eng->keys, k64);
   if (k && memcmp(k->digest, d, 32) == 0) {
@@ -141,31 +206,54 @@ int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *k
   }
   *key_id = 0;
   if (!create || k) return 0; /* unknown, or a 64-bit digest clash: never matches */
+  uint32_t max = quota_lim(eng, q)->max_keys;
+  if (max && q->use.keys >= max && (keys_collect(eng), q->use.keys >= max)) {
+    q->use.refused_keys++;
+    return engine_fail(eng, KVC_E_QUOTA_KEYS,
+                       "tenant_max_keys: the tenant has %u salt and extra keys in use, "
+                       "the quota is %u", q->use.keys, max);
+  }
   size_t cap = eng->keys.cap;
-  if (hmap_reserve(&eng->keys, &eng->mem, 1)) return KVC_E_NOMEM;
+  if (hmap_reserve(&eng->keys, &eng->mem, 1))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   if (!(k = mem_alloc(&eng->mem, sizeof *k))) {
     (void)hmap_resize(&eng->keys, &eng->mem, cap); /* a failed call keeps nothing */
-    return KVC_E_NOMEM;
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
   memcpy(k->digest, d, 32);
+  k->q = q;
+  k->used = false;
   k->salt_len = (uint8_t)(key ? key->salt_len : 0);
   k->extra_len = (uint8_t)(key ? key->extra_len : 0);
   if (k->salt_len) memcpy(k->salt, key->salt, k->salt_len);
   if (k->extra_len) memcpy(k->extra, key->extra, k->extra_len);
-  k->id = ++eng->nkeys;
+  if (++eng->next_key_id == 0) eng->next_key_id = 1; /* wrapped: 0 means none */
+  k->id = eng->next_key_id;
+  eng->nkeys++;
+  q->use.keys++;
   hmap_insert(&eng->keys, k64, k);
   *key_id = k->id;
+  if (created) *created = true;
   return 0;
 }
 
-void prefix_key_forget(engine_t *eng, const engine_pkey_t *key, size_t keys_cap) {
+void prefix_key_forget(engine_t *eng, quota_t *q, const engine_pkey_t *key, size_t keys_cap) {
   uint8_t d[32];
-  if (key_digest(eng, key, d)) return;
+  if (key_digest(eng, q, key, d)) return;
   pkey_t *k = hmap_remove(&eng->keys, hash_key64(d));
   if (!k) return;
   eng->nkeys--;
+  q->use.keys--;
   mem_free(&eng->mem, k);
   (void)hmap_resize(&eng->keys, &eng->mem, keys_cap);
+}
+
+uint32_t prefix_keys_of(const engine_t *eng, const quota_t *q) {
+  uint32_t n = 0;
+  size_t pos = 0;
+  const pkey_t *k;
+  while ((k = hmap_next(&eng->keys, &pos, NULL))) n += k->q == q;
+  return n;
 }
 
 /* ---- ipage blocks: reserved before a call changes anything ------------------- */
@@ -413,8 +501,7 @@ int prefix_match_args(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, 
   if (n > KVC_MAX_SEQ_TOKENS)
     return engine_fail(eng, KVC_E_RANGE, "%llu tokens: more than a sequence holds",
                        (unsigned long long)n);
-  if (prefix_key(eng, key, false, key_id))
-    return engine_fail(eng, KVC_E_INVAL, "salt and extra key are at most %u bytes", KEY_MAX);
+  if ((rc = prefix_key(eng, (*c)->q, key, false, key_id, NULL))) return rc;
   uint32_t T = (*c)->g.T;
   if (eng->page_ids_cap < T) { /* grows to the largest page of any match */
     uint32_t *ids = mem_realloc(&eng->mem, eng->page_ids, (size_t)T * sizeof *ids);

@@ -18,12 +18,18 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e,
 /* Positions [pos, end) of s were rewritten without ids (or moved): the
  * chain ends at pos and those pages' hashes are stale. */
 void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
-/* Interns a key; 0 or NOMEM (key_id 0 is never used). With create false an
- * unknown key gives key_id 0. INVAL for a key too long. */
-int prefix_key(engine_t *eng, const engine_pkey_t *key, bool create, uint32_t *key_id);
+/* Interns a key of tenant q (keys are per tenant); 0 or NOMEM (key_id 0 is
+ * never used), *created (may be NULL) says whether it is new. With create
+ * false an unknown key gives key_id 0. INVAL for a key too long;
+ * QUOTA_KEYS when the tenant holds max_keys keys in use (unused ones are
+ * collected first). Each code recorded. */
+int prefix_key(engine_t *eng, quota_t *q, const engine_pkey_t *key, bool create,
+               uint32_t *key_id, bool *created);
 /* Undoes the interning of a key by the call that just did it (nothing uses
  * it yet), shrinking the key map back to keys_cap slots. */
-void prefix_key_forget(engine_t *eng, const engine_pkey_t *key, size_t keys_cap);
+void prefix_key_forget(engine_t *eng, quota_t *q, const engine_pkey_t *key, size_t keys_cap);
+/* Keys interned by q's tenant, counted (for the audit). */
+uint32_t prefix_keys_of(const engine_t *eng, const quota_t *q);
 /* Checks a match's arguments: 0 and the cache and key id, or an error. */
 int prefix_match_args(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
                       const engine_pkey_t *key, cache_t **c, uint32_t *key_id);

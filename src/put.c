@@ -12,6 +12,7 @@
 #include "room.h"
 #include "seq.h"
 #include "xfer.h"
+#include "quota.h"
 
 /* Per-entry state of a put between validation and commit. */
 typedef struct target {
@@ -64,6 +65,8 @@ static int put_target(engine_t *eng, cache_t *c, const layout_xfer_t *r, const e
     if (eng->max_seqs && eng->nseqs + *created + 1 > eng->max_seqs)
       return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
                          (unsigned long long)eng->max_seqs);
+    int rc = quota_check_seqs(eng, c->q, *created + 1);
+    if (rc) return rc;
     if (hmap_reserve(&c->seqs, &eng->mem, 1) || !(s = seq_new(eng, c, e->seq_id)))
       return engine_fail(eng, KVC_E_NOMEM, "out of memory");
     hmap_insert(&c->seqs, s->id, s);
@@ -163,13 +166,8 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     goto out;
   }
   size_t keys_cap = eng->keys.cap;
-  uint32_t nkeys = eng->nkeys;
-  bool had_arrays = eng->ip != NULL;
-  if (tokened && (rc = prefix_key(eng, key, true, &key_id))) {
-    rc = engine_fail(eng, rc, rc == KVC_E_NOMEM ? "out of memory"
-                                                : "salt and extra key are at most 64 bytes");
-    goto out;
-  }
+  bool had_arrays = eng->ip != NULL, new_key = false;
+  if (tokened && (rc = prefix_key(eng, c->q, key, true, &key_id, &new_key))) goto out;
   eng->epoch++;
   size_t map_cap = c->seqs.cap, index_cap = c->index.cap, done = 0;
   uint64_t created = 0;
@@ -182,7 +180,7 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     c->st.full_errors++;
   if (rc) {
     page_meta_unreserve(eng);
-    if (eng->nkeys != nkeys) prefix_key_forget(eng, key, keys_cap); /* interned just now */
+    if (new_key) prefix_key_forget(eng, c->q, key, keys_cap); /* interned just now */
     if (!had_arrays && eng->ip) page_meta_arrays_drop(eng); /* a failed call keeps nothing */
     if (c->index.cap != index_cap) (void)hmap_resize(&c->index, &eng->mem, index_cap);
     put_rollback(eng, t, done + 1 < n ? done + 1 : n);

@@ -7,6 +7,7 @@
 
 #include "evict.h"
 #include "page.h"
+#include "quota.h"
 #include "seq.h"
 
 /* Calls fn(eng, page, arg) for every page of s's table that slots
@@ -54,16 +55,14 @@ uint32_t room_page_for_write(engine_t *eng, seq_t *s, uint64_t idx) {
   uint64_t rel = idx - s->base;
   const geom_t *g = &s->cache->g;
   if (rel == s->ntable) {
-    uint32_t page = pool_alloc(p);
-    eng->bytes_used += g->page_bytes;
+    uint32_t page = page_alloc(eng, s->cache);
     s->table[s->ntable++] = page;
     seq_page_add(eng, s, page);
     return page;
   }
   uint32_t page = s->table[rel];
   if (p->refcnt[page] == 1) return page;
-  uint32_t copy = pool_alloc(p); /* copy on write: the other holders keep page */
-  eng->bytes_used += g->page_bytes;
+  uint32_t copy = page_alloc(eng, s->cache); /* copy on write: the other holders keep page */
   memcpy(pool_page(p, copy), pool_page(p, page), g->page_bytes);
   page_meta_copied(eng, page, copy);
   seq_page_release(eng, s, page);
@@ -80,14 +79,34 @@ void room_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
   for (uint64_t idx = pos >> sh; idx <= (end - 1) >> sh; idx++) (void)room_page_for_write(eng, s, idx);
 }
 
+static void count_shared(engine_t *eng, uint32_t page, void *arg) {
+  if (eng->pool.refcnt[page] > 1) (*(uint64_t *)arg)++;
+}
+
+/* Pages a write adds to pinned sequences (new ones and copies on write; a
+ * copy of a page pinned by another stays pinned too, so this may count a
+ * page more than needed, never fewer): checked against the pool's pin limit
+ * and the tenant's quota, as pinning does. */
+static int pinned_growth(engine_t *eng, const span_t *sp, size_t n) {
+  uint64_t more = 0;
+  for (size_t i = 0; i < n; i++)
+    if (sp[i].s->npins) more += room_pages(eng, &sp[i], count_shared, &more);
+  /* At a pin limit of the whole pool a pinned write that cannot fit is FULL. */
+  bool pool = eng->pin_limit < eng->pool.npages;
+  return more ? quota_check_pins(eng, sp[0].s->cache->q, more, pool) : 0;
+}
+
 int room_make(engine_t *eng, const span_t *sp, size_t n) {
+  if (n == 0) return 0;
+  int rc = pinned_growth(eng, sp, n);
+  if (rc) return rc;
   uint64_t written = 0;
   for (size_t i = 0; i < n; i++) {
     uint32_t sh = sp[i].s->cache->g.tshift;
     if (sp[i].end > sp[i].pos) written += 1 + ((sp[i].end - 1) >> sh) - (sp[i].pos >> sh);
   }
   evict_note_t local[64];
-  evict_need_t nd = {0, local, 0};
+  evict_need_t nd = {0, local, 0, sp[0].s->cache->q};
   if (written > 64 && !(nd.noted = mem_alloc(&eng->mem, written * sizeof *nd.noted)))
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   /* A page copied on write takes its token metadata along: reserve the
@@ -99,7 +118,7 @@ int room_make(engine_t *eng, const span_t *sp, size_t n) {
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
   for (size_t i = 0; i < n; i++) nd.new_pages += room_pages(eng, &sp[i], note_write, &nd);
-  int rc = evict_make_room(eng, &nd);
+  rc = evict_make_room(eng, &nd);
   for (size_t i = 0; i < n; i++) room_pages(eng, &sp[i], clear_note, NULL);
   if (nd.noted != local) mem_free(&eng->mem, nd.noted);
   if (rc) page_meta_unreserve(eng);

@@ -40,18 +40,19 @@ int seq_reserve(engine_t *eng, seq_t *s, uint64_t n) {
 
 void seq_enlist(engine_t *eng, seq_t *s) {
   s->cache->st.sequences++;
+  s->cache->q->use.seqs++;
   eng->nseqs++;
   lru_insert(eng, s);
   s->last_use_ms = eng->now_ms;
 }
 
 void seq_page_add(engine_t *eng, seq_t *s, uint32_t page) {
-  if (s->npins) pool_pin(&eng->pool, page);
+  if (s->npins) page_pin(eng, page);
   s->cache->st.pages++;
 }
 
 void seq_page_release(engine_t *eng, seq_t *s, uint32_t page) {
-  if (s->npins) pool_unpin(&eng->pool, page);
+  if (s->npins) page_unpin(eng, page);
   s->cache->st.pages--;
   page_unref(eng, s->cache, page, s->node.prio);
 }
@@ -131,6 +132,7 @@ void seq_drop(engine_t *eng, seq_t *s) {
   eng->ntokens -= s->len;
   s->cache->st.tokens -= s->len;
   s->cache->st.sequences--;
+  s->cache->q->use.seqs--;
   eng->nseqs--;
   hmap_remove(&s->cache->seqs, s->id);
   seq_free(eng, s);

@@ -9,6 +9,7 @@
 #include "prefix.h"
 #include "seq.h"
 #include "shift.h"
+#include "quota.h"
 
 
 int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t begin,
@@ -100,6 +101,8 @@ static int dst_prepare(engine_t *eng, cache_t *c, uint64_t dst_id, seq_t **dst, 
   if (eng->max_seqs && eng->nseqs + 1 > eng->max_seqs)
     return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
                        (unsigned long long)eng->max_seqs);
+  int rc = quota_check_seqs(eng, c->q, 1);
+  if (rc) return rc;
   if (hmap_reserve(&c->seqs, &eng->mem, 1) || !(*dst = seq_new(eng, c, dst_id))) {
     (void)hmap_resize(&c->seqs, &eng->mem, *map_cap);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
@@ -138,6 +141,11 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
   size_t map_cap;
   if ((rc = dst_prepare(eng, c, dst_id, &dst, &created, &map_cap))) return rc;
   uint64_t ntable = seq_pages_for(src, n);
+  /* A pinned dst pins what it receives: the pin limit and quota apply. */
+  if (dst->npins && (rc = pin_limit_check(eng, c, src->table, ntable))) {
+    dst_abandon(eng, c, dst, created, map_cap);
+    return rc;
+  }
   uint32_t cap = ntable ? (uint32_t)ntable : 1;
   uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table), nh = 0;
   while (nh < src->nholes && src->holes[nh].b < n) nh++; /* dst keeps the gaps below n */
@@ -194,7 +202,7 @@ static int attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32
   pin_prep_t pp = {NULL, NULL, false, 0};
   uint32_t cap = m ? (uint32_t)m : 1;
   uint32_t *table = NULL;
-  if (owner && !have && (dst->npins == 0) && (rc = pin_limit_check(eng, pages, m))) goto fail;
+  if (((owner && !have) || dst->npins) && (rc = pin_limit_check(eng, c, pages, m))) goto fail;
   if (owner && !have && (rc = pin_prepare(eng, owner, &pp))) goto fail;
   if (!(table = mem_alloc(&eng->mem, cap * sizeof *table))) {
     rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");

@@ -51,13 +51,20 @@
   XX(KIND,      -40, "operation does not apply to this cache's attention kind")\
   XX(POSORDER,  -41, "a sequence's positions in a batch are not consecutive") \
   XX(NOLEASE,   -42, "no such lease held by this connection")                  \
-  XX(PEER,      -43, "the socket is served by an unexpected uid (not kvcached)")
+  XX(PEER,      -43, "the socket is served by an unexpected uid (not kvcached)")\
+  XX(QUOTA_PAGES,  -44, "the tenant's pool page quota is reached")          \
+  XX(QUOTA_PINS,   -45, "the tenant's pinned and leased page quota is reached") \
+  XX(QUOTA_SEQS,   -46, "the tenant's sequence quota is reached")           \
+  XX(QUOTA_CACHES, -47, "the tenant's cache quota is reached")              \
+  XX(QUOTA_KEYS,   -48, "the tenant's interned key quota is reached")       \
+  XX(QUOTA_CONNS,  -49, "the uid's connection quota is reached")            \
+  XX(QUOTA_SHM,    -50, "the shared-buffer byte quota is reached")
 
 typedef enum {
 #define KVC_ERR_ENUM_(name, code, msg) KVC_E_##name = (code),
   KVC_ERRNO_MAP(KVC_ERR_ENUM_)
 #undef KVC_ERR_ENUM_
-  KVC_E_MIN_ = -44 /* one below the lowest code; not an error */
+  KVC_E_MIN_ = -51 /* one below the lowest code; not an error */
 } kvc_errno_t;
 
 #ifdef __cplusplus

@@ -635,6 +635,19 @@ typedef struct kvc_tenant_info {
   uint64_t sequences;
   uint64_t tokens;
   uint64_t pages;        /* block-table entries of its caches */
+  /* Quotas: usage against each limit (0: unlimited), and the refusals of
+   * each since the daemon started (doc/security.md). */
+  uint64_t pool_pages;   /* pool pages it holds, each once */
+  uint64_t max_pages;    /* its share under pressure */
+  uint64_t pinned_pages, leased_pages;
+  uint64_t max_pinned;   /* pinned plus leased */
+  uint64_t max_sequences;
+  uint32_t max_caches;
+  uint32_t keys, max_keys; /* interned prefix keys in use */
+  uint32_t max_connections_per_uid;
+  uint64_t shm_bytes, shm_bytes_per_uid; /* shared buffers of its connections */
+  uint64_t refused_pages, refused_pins, refused_sequences, refused_caches, refused_keys,
+      refused_connections, refused_shm;
 } kvc_tenant_info_t;
 
 /* Usage per tenant: a client gets its own tenant's row; an admin every

@@ -42,6 +42,15 @@ static const struct {
     {"prefix_single_tenant", "yes", "true", "true", "true"},
     {"pin_limit_pct", "30", "30", "40", "40"},
     {"metrics_listen", "127.0.0.1:9464", "127.0.0.1:9464", "[::1]:9465", "[::1]:9465"},
+    {"tenant_max_pages_pct", "50", "50", "60", "60"},
+    {"tenant_max_pinned_pct", "10", "10", "12", "12"},
+    {"tenant_max_seqs", "1000", "1000", "0", "0"},
+    {"tenant_max_caches", "4", "4", "5", "5"},
+    {"tenant_max_keys", "100", "100", "200", "200"},
+    {"max_connections_per_uid", "8", "8", "9", "9"},
+    {"idle_timeout_ms", "60000", "60000", "70000", "70000"},
+    {"shm_bytes_per_uid", "2GiB", "2GiB", "4GiB", "4GiB"},
+    {"shm_bytes_total", "16GiB", "16GiB", "32GiB", "32GiB"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 

@@ -176,8 +176,10 @@ TEST_TIMEOUT(hard_slowloris_and_frame_hoarders_are_bounded, 120) {
   int tmo = hard_valgrind() ? 30000 : 2500;
   char tmo_s[16];
   snprintf(tmo_s, sizeof tmo_s, "%d", tmo);
+  /* 1512 buffers of the default 64 MiB: past the shared-buffer quotas. */
   const char *const args[] = {"--frame-timeout-ms", tmo_s, "--max-connections",
-                              "2000", "--log-level", "info", NULL};
+                              "2000", "--log-level", "info", "--shm-bytes-per-uid", "256GiB",
+                              "--shm-bytes-total", "256GiB", NULL};
   daemon_t d;
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open(&d);

@@ -88,7 +88,10 @@ TEST(logging_refused_peers_do_not_flood) {
 }
 
 TEST(logging_evictions_and_full_are_summarized) {
-  static const char *const fast[] = {"--status-interval-ms", "100", NULL};
+  /* The pin limit at the whole pool: a pinned sequence outgrowing the pool
+   * is FULL (at the default 20% its growth is refused with PINLIMIT). */
+  static const char *const fast[] = {"--status-interval-ms", "100", "--pin-limit-pct", "100",
+                                     NULL};
   daemon_t d;
   daemon_start_args(&d, fast);
   kvc_client_t *c = client_open(&d);

@@ -196,6 +196,41 @@ TEST(allocfail_put_that_evicts) {
   sweep_close(&w);
 }
 
+static int op_cache_open_new_tenant(sweep_t *w) {
+  uint32_t id;
+  return engine_cache_open_in(w->f.eng, 5, "second", &w->f.lay, &id);
+}
+
+/* A tenant's first cache makes its quota record: all or nothing too. */
+TEST(allocfail_cache_open_of_a_new_tenant) {
+  sweep_t w;
+  sweep_open(&w, 16);
+  sweep_run(&w, op_cache_open_new_tenant);
+  engine_tenant_usage_t u;
+  ASSERT_OK(engine_tenant_usage(w.f.eng, 5, NULL, &u));
+  ASSERT_EQ(u.caches, 1);
+  sweep_close(&w);
+}
+
+/* At its page share (5 of 5 pages held), the tenant's put evicts its own
+ * (the walk of its own victims first). */
+TEST(allocfail_put_over_the_page_quota) {
+  sweep_t w;
+  sweep_open(&w, 5);
+  engine_tenant_limits_t lim = {.max_pages = 5};
+  ASSERT_OK(engine_tenant_limits_set(w.f.eng, 0, &lim));
+  sweep_run(&w, op_put_evicting);
+  FX_EXPECT(&w.f, 7, 0, 12, 7);
+  kvc_seq_info_t si;
+  ASSERT_ERR(engine_seq_info(w.f.eng, w.f.cid, 1, &si), KVC_E_NOSEQ);
+  FX_EXPECT(&w.f, 3, 0, 5, 0);
+  engine_tenant_usage_t u;
+  ASSERT_OK(engine_tenant_usage(w.f.eng, 0, NULL, &u));
+  ASSERT_U64_EQ(u.pages, 5);
+  ASSERT_U64_EQ(u.refused_pages, 0);
+  sweep_close(&w);
+}
+
 static int op_copy_new(sweep_t *w) { return engine_copy_prefix(w->f.eng, w->f.cid, 1, 5, 9); }
 
 TEST(allocfail_copy_prefix_to_new_dst) {

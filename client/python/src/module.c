@@ -75,14 +75,17 @@ int pykvc_u32(PyObject *o, void *out) {
   return 1;
 }
 
-/* "NOCACHE" -> "NocacheError". */
+/* "NOCACHE" -> "NocacheError", "QUOTA_PAGES" -> "QuotaPagesError". */
 static int add_error(PyObject *m, const char *name, int code, const char *msg) {
   char cls[64], qual[80], doc[160];
-  size_t n = strlen(name);
+  size_t n = strlen(name), k = 0;
   if (n + 6 > sizeof cls) return -1;
-  for (size_t i = 0; i < n; i++)
-    cls[i] = (char)(i == 0 ? toupper((unsigned char)name[i]) : tolower((unsigned char)name[i]));
-  memcpy(cls + n, "Error", 6);
+  for (size_t i = 0; i < n; i++) {
+    if (name[i] == '_') continue;
+    bool word = i == 0 || name[i - 1] == '_';
+    cls[k++] = (char)(word ? toupper((unsigned char)name[i]) : tolower((unsigned char)name[i]));
+  }
+  memcpy(cls + k, "Error", 6);
   snprintf(qual, sizeof qual, "kvcache.%s", cls);
   snprintf(doc, sizeof doc, "KVC_E_%s (%d): %s.", name, code, msg);
   PyObject *e = PyErr_NewExceptionWithDoc(qual, doc, base_error, NULL);

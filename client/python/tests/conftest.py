@@ -36,7 +36,7 @@ class Daemon:
             self.proc = subprocess.Popen(
                 [os.path.join(BUILD, "kvcached"), "--socket", self.sock, "--pool-bytes", pool,
                  "--page-bytes", page, "--shm-default-bytes", shm, "--shm-max-bytes", "64MiB",
-                 *extra], stdout=subprocess.DEVNULL, stderr=log, env=env)
+                 "--tenant-max-caches", "0", *extra], stdout=subprocess.DEVNULL, stderr=log, env=env)
         ns.settimeout(10)
         try:
             while True:

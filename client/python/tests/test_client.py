@@ -32,7 +32,7 @@ def test_one_exception_class_per_error_code():
     assert set(kvcache.errors) == set(codes)
     for code, name in codes.items():
         cls = kvcache.errors[code]
-        assert cls.__name__ == name.capitalize() + "Error"
+        assert cls.__name__ == "".join(w.capitalize() for w in name.split("_")) + "Error"
         assert issubclass(cls, kvcache.Error) and cls.code == code
         assert getattr(kvcache, cls.__name__) is cls
     assert kvcache.FullError.code == -3

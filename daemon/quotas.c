@@ -1,0 +1,112 @@
+/* quotas.c: the daemon's half of the quotas. The engine counts and limits
+ * what tenants hold in the pool (src/quota.c); here are the limits that are
+ * about peers: connections and shared-buffer bytes per uid, the total of
+ * shared buffers, and idle connections. Each refusal is counted for the
+ * tenant of the peer it refused (kvcachectl tenants). */
+#include "quotas.h"
+
+#include <stdio.h>
+
+#include "log.h"
+
+int quotas_apply(server_t *srv) {
+  const config_t *cfg = &srv->cfg;
+  engine_stats_t st;
+  engine_stats(srv->eng, &st);
+  engine_tenant_limits_t lim = {
+      .max_pages = st.pool_pages * cfg->tenant_max_pages_pct / 100,
+      .max_pinned = st.pool_pages *
+                    (cfg->tenant_max_pinned_pct ? cfg->tenant_max_pinned_pct : cfg->pin_limit_pct) /
+                    100,
+      .max_seqs = cfg->tenant_max_seqs,
+      .max_caches = cfg->tenant_max_caches,
+      .max_keys = cfg->tenant_max_keys,
+  };
+  /* A percent of a small pool rounds to nothing: at least one page. */
+  if (!lim.max_pages) lim.max_pages = 1;
+  if (!lim.max_pinned) lim.max_pinned = 1;
+  return engine_tenant_limits_set(srv->eng, ENGINE_TENANT_DEFAULT, &lim);
+}
+
+static void count_refusal(server_t *srv, uint32_t tenant, uint64_t *per_tenant) {
+  if (tenant <= TENANTS_MAX) per_tenant[tenant]++;
+  (void)srv;
+}
+
+bool quotas_conn_over(server_t *srv, const conn_t *c, char *msg, size_t len) {
+  uint32_t max = srv->cfg.max_connections_per_uid;
+  if (!max || c->admin) return false;
+  uint32_t n = 0;
+  for (const conn_t *o = srv->conns; o; o = o->next) n += o != c && o->counted && o->uid == c->uid;
+  if (n < max) return false;
+  snprintf(msg, len, "max_connections_per_uid: uid %u has %u connections, the quota is %u",
+           (unsigned)c->uid, n, max);
+  count_refusal(srv, c->tenant, srv->refused_conns);
+  return true;
+}
+
+bool quotas_shm_over(server_t *srv, const conn_t *c, uint64_t bytes, char *msg, size_t len) {
+  uint64_t mine = 0, all = 0;
+  for (const conn_t *o = srv->conns; o; o = o->next) {
+    if (!o->shm.base) continue;
+    all += o->shm.bytes;
+    if (o->uid == c->uid) mine += o->shm.bytes;
+  }
+  if (mine + bytes > srv->cfg.shm_bytes_per_uid)
+    snprintf(msg, len, "shm_bytes_per_uid: uid %u holds %llu bytes of shared buffers, %llu "
+             "more would pass the quota of %llu", (unsigned)c->uid, (unsigned long long)mine,
+             (unsigned long long)bytes, (unsigned long long)srv->cfg.shm_bytes_per_uid);
+  else if (all + bytes > srv->cfg.shm_bytes_total)
+    snprintf(msg, len, "shm_bytes_total: connections hold %llu bytes of shared buffers, %llu "
+             "more would pass the quota of %llu", (unsigned long long)all,
+             (unsigned long long)bytes, (unsigned long long)srv->cfg.shm_bytes_total);
+  else
+    return false;
+  count_refusal(srv, c->tenant, srv->refused_shm);
+  return true;
+}
+
+void quotas_touch(conn_t *c) { c->last_ms = uv_now(c->srv->loop); }
+
+size_t quotas_idle_sweep(server_t *srv) {
+  uint32_t timeout = srv->cfg.idle_timeout_ms;
+  if (!timeout) return 0;
+  uint64_t now = uv_now(srv->loop);
+  size_t n = 0;
+  for (conn_t *c = srv->conns, *next; c; c = next) {
+    next = c->next; /* a closed connection stays listed until its handles close */
+    if (!c->counted || c->offloaded || (c->state != CONN_NEW && c->state != CONN_READY) ||
+        now - c->last_ms < timeout)
+      continue;
+    srv->stats.connections_idle_closed++;
+    conn_close_after_flush(c, "idle timeout (idle_timeout_ms)");
+    n++;
+  }
+  return n;
+}
+
+void quotas_row(server_t *srv, uint32_t tenant, Kvcache__V1__TenantInfo *row) {
+  engine_tenant_limits_t lim;
+  engine_tenant_usage_t u;
+  (void)engine_tenant_usage(srv->eng, tenant, &lim, &u);
+  row->pool_pages = u.pages;
+  row->max_pages = lim.max_pages;
+  row->pinned_pages = u.pinned;
+  row->leased_pages = u.leased;
+  row->max_pinned = lim.max_pinned;
+  row->max_sequences = lim.max_seqs;
+  row->max_caches = lim.max_caches;
+  row->keys = u.keys;
+  row->max_keys = lim.max_keys;
+  row->max_connections_per_uid = srv->cfg.max_connections_per_uid;
+  row->shm_bytes_per_uid = srv->cfg.shm_bytes_per_uid;
+  row->refused_pages = u.refused_pages;
+  row->refused_pins = u.refused_pins;
+  row->refused_sequences = u.refused_seqs;
+  row->refused_caches = u.refused_caches;
+  row->refused_keys = u.refused_keys;
+  if (tenant <= TENANTS_MAX) {
+    row->refused_connections = srv->refused_conns[tenant];
+    row->refused_shm = srv->refused_shm[tenant];
+  }
+}
