@@ -45,11 +45,11 @@ static int audit_leases(const engine_t *eng, uint32_t *refs, char *why, size_t l
     pages += l->npages;
   }
   for (uint32_t page = 0; page < eng->pool.npages; page++) {
-    if (lref[page] == eng->lease_ref[page]) continue;
+    if (lref[page] == (eng->lease_ref ? eng->lease_ref[page] : 0)) continue;
     uint32_t want = lref[page];
     mem_free(&scratch, lref);
     return bad(why, len, "page %u: %u leases of connections, %u recorded", page, want,
-               eng->lease_ref[page]);
+               eng->lease_ref ? eng->lease_ref[page] : 0);
   }
   mem_free(&scratch, lref);
   if (n != eng->st.leases || n != eng->leases.count || pages != eng->st.leased_pages)
@@ -235,7 +235,7 @@ static int audit_quotas(const engine_t *eng, char *why, size_t len) {
       u.pages++;
       u.pinned += eng->pool.pinref[page] > 0;
     }
-    for (uint32_t page = 0; page < eng->pool.npages; page++)
+    for (uint32_t page = 0; eng->lease_ref && page < eng->pool.npages; page++)
       u.leased += eng->lease_ref[page] && eng->page_quota[page] == i;
     for (uint32_t ci = 0; ci < eng->ncaches; ci++) {
       const cache_t *c = eng->caches[ci];

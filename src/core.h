@@ -182,8 +182,9 @@ struct engine {
   uint32_t nquotas, quotas_cap;
   hmap_t quota_map;    /* tenant -> quota_t */
   engine_tenant_limits_t quota_default; /* limits of tenants without their own */
-  uint32_t *page_quota; /* per page in use: idx of the tenant it counts against */
-  uint32_t *lease_ref; /* per page: leases of connections holding it (not internal ones) */
+  uint16_t *page_quota; /* per page in use: idx of the tenant it counts against */
+  uint32_t *lease_ref; /* per page: leases of connections holding it (not internal ones);
+                          NULL until the first (most pools never lease: 4 B a page less) */
   engine_stats_t st;   /* counters (gauges are computed by engine_stats) */
   engine_err_t err;
 };

@@ -48,9 +48,8 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
     eng->caches = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->caches);
     eng->cache_gen = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->cache_gen);
     eng->page_quota = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->page_quota);
-    eng->lease_ref = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->lease_ref);
-    eng->md_ctx = EVP_MD_CTX_new();
-    if (!eng->caches || !eng->cache_gen || !eng->page_quota || !eng->lease_ref || !eng->md_ctx) rc = KVC_E_NOMEM;
+    eng->md_ctx = EVP_MD_CTX_new(); /* lease_ref: at the first client lease */
+    if (!eng->caches || !eng->cache_gen || !eng->page_quota || !eng->md_ctx) rc = KVC_E_NOMEM;
   }
   if (rc) {
     engine_free(eng);

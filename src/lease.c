@@ -67,11 +67,20 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
   uint64_t first = begin >> g->tshift, last = (end - 1) >> g->tshift;
   uint32_t n = (uint32_t)(last - first + 1);
   const uint32_t *pages = s->table + (first - s->base);
+  bool fresh = !eng->lease_ref; /* made by this call: a failed one keeps nothing */
+  if (fresh && !(eng->lease_ref = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->lease_ref)))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   uint64_t more = 0; /* pages no lease held yet: a page counts once */
   for (uint32_t i = 0; i < n; i++) more += eng->lease_ref[pages[i]] == 0;
-  if ((rc = quota_check_pins(eng, s->cache->q, more, false))) return rc;
-  lease_t *l = lease_pages(eng, s->table + (first - s->base), n, g->page_bytes);
-  if (!l) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  lease_t *l = NULL;
+  if ((rc = quota_check_pins(eng, s->cache->q, more, false)) ||
+      !(l = lease_pages(eng, s->table + (first - s->base), n, g->page_bytes))) {
+    if (fresh) {
+      mem_free(&eng->mem, eng->lease_ref);
+      eng->lease_ref = NULL;
+    }
+    return rc ? rc : engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
   l->owner = owner;
   l->q = s->cache->q;
   for (uint32_t i = 0; i < n; i++)

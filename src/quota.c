@@ -23,7 +23,8 @@ int quota_open(engine_t *eng, uint32_t tenant, quota_t **out) {
   }
   size_t map_cap = eng->quota_map.cap;
   q = mem_calloc(&eng->mem, 1, sizeof *q);
-  if (!q || hmap_reserve(&eng->quota_map, &eng->mem, 1)) goto fail;
+  /* page_quota holds an idx in 16 bits: 2 B a page (the metadata budget) */
+  if (eng->nquotas > UINT16_MAX || !q || hmap_reserve(&eng->quota_map, &eng->mem, 1)) goto fail;
   if (eng->nquotas == eng->quotas_cap) {
     uint32_t cap = eng->quotas_cap ? eng->quotas_cap * 2 : 8;
     quota_t **v = mem_realloc(&eng->mem, eng->quotas, cap * sizeof *v);
@@ -56,7 +57,7 @@ void quota_free_all(engine_t *eng) {
 }
 
 void quota_page_alloc(engine_t *eng, uint32_t page, quota_t *q) {
-  eng->page_quota[page] = q->idx;
+  eng->page_quota[page] = (uint16_t)q->idx;
   q->use.pages++;
 }
 
