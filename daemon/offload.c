@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "testhook.h"
 #include "optable.h"
 
 typedef struct job {
@@ -34,6 +35,7 @@ static void lower_priority(void) {
 static void work(uv_work_t *req) {
   job_t *j = (job_t *)req;
   lower_priority();
+  TESTHOOK(offload, NULL);
   if (j->get) engine_get_run(j->get);
   else engine_put_run(j->put);
 }
