@@ -31,6 +31,7 @@ static void free_conn(conn_t *c) {
   else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   if (c->counted) srv->stats.connections_current--;
+  if (c->parked) srv->nparked--;
   srv->nconns--;
   free(c);
   server_conn_gone(srv);
@@ -101,6 +102,21 @@ static bool stopping(const conn_t *c) {
 void conn_greeted(conn_t *c) { conn_enter(c, CONN_READY, NULL); }
 
 void conn_offload_begin(conn_t *c) { c->offloaded = true; }
+
+void conn_park(conn_t *c) {
+  c->parked = true;
+  c->srv->nparked++;
+  c->srv->stats.parked_requests++;
+}
+
+void conn_unpark_all(server_t *srv) {
+  for (conn_t *c = srv->conns; c && srv->nparked; c = c->next) {
+    if (!c->parked) continue;
+    c->parked = false;
+    srv->nparked--;
+    schedule(c);
+  }
+}
 
 bool conn_offload_end(conn_t *c) {
   c->offloaded = false;
@@ -300,7 +316,7 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
   unsigned n = 0;
   uint64_t t0 = budgeted ? uv_hrtime() : 0;
   c->turn_bytes = 0;
-  while (c->state < CONN_FLUSHING && !c->offloaded) {
+  while (c->state < CONN_FLUSHING && !c->offloaded && !c->parked) {
     uint32_t plen = 0;
     int st = frame_parse(c->rbuf + off, c->rlen - off, c->max_frame, &plen);
     if (st == FRAME_TOO_BIG) {
@@ -316,9 +332,9 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
       srv->stats.deferred_turns++;
       break;
     }
+    if (!dispatch_frame(c, c->rbuf + off + FRAME_HEADER_BYTES, plen)) break; /* parked */
     srv->stats.frames_in++;
     c->turn_bytes += FRAME_HEADER_BYTES + plen;
-    dispatch_frame(c, c->rbuf + off + FRAME_HEADER_BYTES, plen);
     off += FRAME_HEADER_BYTES + plen;
     n++;
     if (c->wq_bytes > srv->cfg.write_queue_bytes) break;
@@ -425,7 +441,7 @@ static void schedule(conn_t *c) {
   bool pressure = c->wq_bytes > srv->cfg.write_queue_bytes;
   bool have_frame = frame_parse(c->rbuf, c->rlen, c->max_frame, &plen) != FRAME_NEED_MORE;
   bool want_read = !pressure && !have_frame && c->rlen < c->rcap && !c->eof;
-  bool want_idle = !pressure && have_frame && !c->offloaded;
+  bool want_idle = !pressure && have_frame && !c->offloaded && !c->parked;
   if (pressure && !c->paused) srv->stats.write_pauses++;
   c->paused = pressure;
   if (want_read != c->reading) {

@@ -86,8 +86,11 @@ struct conn {
   enum conn_after_offload after_offload; /* asked while offloaded */
   char flush_reason[64];     /* the reason of AFTER_OFFLOAD_FLUSH */
   shm_region_t shm;          /* the shared buffer (after Hello) */
-  bool offloaded;            /* a get copies on the thread pool: no other
-                                request runs, the buffer stays mapped */
+  bool offloaded;            /* a get or put copies on the thread pool: no
+                                other request runs, the buffer stays mapped */
+  bool parked;               /* its next request needs a sequence another
+                                connection's put holds busy: it runs again,
+                                from the start, when a put ends */
   bool greeted;              /* said Hello (stays set through FLUSHING, CLOSED) */
   bool counted;              /* counted in connections_current */
   bool eof;                  /* the peer closed its side; never read again */
@@ -126,6 +129,12 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
  * message) on the raw socket; only while the write queue is empty (the
  * handshake). Returns 0 or a negative code. */
 int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds);
+
+/* Parks c: the frame at the head of its buffer stays there, and nothing
+ * runs until conn_unpark_all. */
+void conn_park(conn_t *c);
+/* Runs the parked connections of srv again (a put ended). */
+void conn_unpark_all(server_t *srv);
 
 /* READY: the Hello was accepted (dispatch). */
 void conn_greeted(conn_t *c);

@@ -447,6 +447,14 @@ static uint64_t io_bytes(const engine_io_t *e, size_t n) {
   return bytes;
 }
 
+/* A put or get large enough, while other clients are connected, copies on
+ * the thread pool (offload.c); its reply is sent when the copy is done. */
+static bool offload_wanted(conn_t *c, const engine_io_t *e, size_t n) {
+  server_t *srv = c->srv;
+  if (!srv->cfg.offload_bytes || srv->stats.connections_current < 2) return false;
+  return io_bytes(e, n) >= srv->cfg.offload_bytes;
+}
+
 static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   NEED_BODY(r, req->put, "put");
   engine_xfer_t x;
@@ -455,17 +463,15 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   int rc = check_io(c, req->put, true, r, &x, &e);
   if (rc || (rc = check_key(r, req->put->salt, req->put->extra, &key))) return rc;
   x.pkey = &key;
+  if (offload_wanted(c, e, req->put->n_entries)) {
+    engine_put_job_t *job;
+    ENGINE_CALL(r, engine_put_begin(c->srv->eng, req->put->cache_id, &x, e,
+                                    req->put->n_entries, &job));
+    return offload_put(c, job, req->id, r->t0_ns) ? DEFERRED : 0;
+  }
   c->turn_bytes += io_bytes(e, req->put->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_put(c->srv->eng, req->put->cache_id, &x, e, req->put->n_entries));
   return 0;
-}
-
-/* A get large enough, while other clients are connected, copies on the
- * thread pool (offload.c); its reply is sent when the copy is done. */
-static bool offload_wanted(conn_t *c, const engine_io_t *e, size_t n) {
-  server_t *srv = c->srv;
-  if (!srv->cfg.offload_bytes || srv->stats.connections_current < 2) return false;
-  return io_bytes(e, n) >= srv->cfg.offload_bytes;
 }
 
 static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
@@ -975,7 +981,7 @@ static void release_deferred(conn_t *c, const Kvcache__V1__Request *req) {
     if (engine_lease_release(c->srv->eng, c->id, req->release_leases[i]) == 0) c->nleases--;
 }
 
-void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
+bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   server_t *srv = c->srv;
   uint64_t t0 = uv_hrtime();
   quotas_touch(c);
@@ -988,7 +994,7 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
                 "max_decode_bytes\"", (unsigned long long)c->id, (int)c->pid, len);
     srv->stats.connections_dropped++;
     conn_close(c, "frame does not decode");
-    return;
+    return true;
   }
   engine_set_now(srv->eng, uv_now(srv->loop));
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
@@ -1000,10 +1006,16 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   c->last_ms = uv_now(srv->loop);
   int rc = run(c, req, &r, &op);
   TESTHOOK(after, srv->eng);
-  if (rc == DEFERRED) { /* offloaded: offload.c replies and counts it */
+  if (rc == DEFERRED || (rc == KVC_E_BUSY && !c->offloaded)) {
+    /* Offloaded: offload.c replies and counts it. Busy: a sequence it needs
+     * has a put of another connection in flight; the engine changed
+     * nothing, so the frame runs again, whole, when a put ends. */
     protobuf_c_message_free_unpacked(&req->base, &alloc);
     arena_reset(&srv->arena);
-    return;
+    if (rc == DEFERRED) return true;
+    c->requests--;
+    conn_park(c);
+    return false;
   }
   resp.id = req->id;
   resp.status = dispatch_status(rc);
@@ -1026,4 +1038,5 @@ void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   if (op >= 0) metrics_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc);
   if (sent != 0) conn_close(c, "cannot send a reply");
   else if (r.close_after) conn_close_after_flush(c, r.err);
+  return true;
 }

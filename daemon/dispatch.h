@@ -18,7 +18,7 @@
 #include "conn.h"
 
 /* Decodes and runs the request in payload (borrowed) and queues its reply. */
-void dispatch_frame(conn_t *c, const uint8_t *payload, size_t len);
+bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len);
 
 /* The wire status of a KVC_E_* code (0 is OK; unknown codes are INTERNAL). */
 Kvcache__V1__Status dispatch_status(int code);

@@ -1,4 +1,5 @@
-/* offload.h: large gets copied on libuv's thread pool instead of the loop.
+/* offload.h: large gets and puts copied on libuv's thread pool instead of
+ * the loop (doc/offload.md).
  *
  * A get of at least offload_bytes is begun on the loop (engine_get_begin:
  * validated, counted, its pages referenced), copied by a pool thread
@@ -24,5 +25,10 @@
  * and the reply is sent when the copy is done. If it cannot be queued, the
  * copy runs here and it returns false: the caller replies as for any get. */
 bool offload_get(conn_t *c, engine_get_job_t *job, uint64_t request_id, uint64_t t0_ns);
+
+/* The same for a put begun with engine_put_begin: its sequences are busy
+ * until the copy is done; requests of other connections that need them are
+ * parked meanwhile (dispatch_unpark runs them again at the end). */
+bool offload_put(conn_t *c, engine_put_job_t *job, uint64_t request_id, uint64_t t0_ns);
 
 #endif

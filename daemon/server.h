@@ -51,6 +51,7 @@ typedef struct server {
   uv_timer_t expire_timer; /* lapses TTL pins once a second */
   conn_t *conns;           /* every connection not yet freed (doubly linked) */
   uint32_t nconns;         /* their number (refused ones too: a socket each) */
+  uint32_t nparked;        /* of them parked (conn_park) */
   uint64_t fd_base;        /* descriptors held without clients (fdbudget.c) */
   log_limit_t limit_accept;/* budget of "accept" error lines */
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */

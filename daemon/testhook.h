@@ -10,6 +10,13 @@
  *                               (engine_fail_alloc_after), to show that
  *                               exhaustion is an error reply, never a crash
  *                               or a leak; the requests between run clean.
+ *   KVCACHED_TEST_OFFLOAD_GATE=DIR
+ *                               a pool thread, before the first offloaded
+ *                               copy, writes one byte to the FIFO
+ *                               DIR/reached and then reads one from the FIFO
+ *                               DIR/go: a test holds that copy in flight for
+ *                               as long as it wants, and knows when it is
+ *                               (no sleeps); later copies pass.
  *
  * The integration harness sets KVCACHED_TEST_AUDIT; the fuzzers call the
  * engine hooks directly and leave these unset (they never call
@@ -32,6 +39,8 @@ void testhook_init(void);
 void testhook_before(engine_t *eng);
 /* After it ran (the engine is idle again). */
 void testhook_after(engine_t *eng);
+/* On a pool thread, before an offloaded copy. */
+void testhook_offload(engine_t *eng);
 
 #define TESTHOOK(call, eng)                                                    \
   do {                                                                         \

@@ -63,6 +63,7 @@ static int rsv_group(engine_t *eng, cache_t *c, const engine_tok_t *toks, size_t
       return engine_fail(eng, KVC_E_RANGE, "token %zu: position %llu beyond the maximum", i,
                          (unsigned long long)t->pos);
     seq_t *s = hmap_get(&c->seqs, t->seq_id);
+    if (s && s->busy) return seq_busy(eng, s);
     if (s && s->mark == eng->epoch) {
       rec_t *x = &r[s->slot];
       if (t->pos != x->hi)
@@ -160,6 +161,7 @@ static int hist_group(engine_t *eng, cache_t *c, const layout_xfer_t *xr, const 
     if (!s)
       return engine_fail(eng, KVC_E_NOSEQ, "token %zu: no sequence %llu", i,
                          (unsigned long long)t->seq_id);
+    if (s->busy) return seq_busy(eng, s);
     if (t->pos < s->start || t->pos >= seq_range_len(s, xr->l0, xr->l1))
       return engine_fail(eng, KVC_E_RANGE,
                          "token %zu: position %llu not written (start %llu, length %llu)", i,

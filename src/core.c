@@ -37,3 +37,11 @@ int engine_find_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **o
                        (unsigned long long)seq_id, c->name);
   return 0;
 }
+
+int engine_use_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **out) {
+  int rc = engine_find_seq(eng, cache_id, seq_id, out);
+  if (rc == 0 && (*out)->busy)
+    return engine_fail(eng, KVC_E_BUSY, "sequence %llu is busy: a put to it is still copying",
+                       (unsigned long long)seq_id);
+  return rc;
+}

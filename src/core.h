@@ -110,6 +110,8 @@ struct cache {
   hmap_t index;        /* first 8 bytes of a page hash -> indexed ipage_t */
   uint8_t seed[32];    /* hash chain seed: the cache's tenant, name and layout */
   cache_stats_t st;    /* counters; gauges kept current */
+  uint32_t nbusy;      /* its sequences with a put in flight: not dropped meanwhile */
+  uint64_t index_pending; /* index entries the puts in flight will insert */
 };
 
 struct seq {
@@ -129,6 +131,7 @@ struct seq {
   uint64_t last_use_ms;
   uint64_t mark;       /* == eng->epoch: taking part in the current call */
   bool planned;        /* eviction planning: the plan counted its pages */
+  bool busy;           /* a put's copy into its pages is in flight (put.c) */
   uint64_t rsv_end;    /* slots reserved up to here (table covers them), or 0 */
   hole_t *holes;       /* sorted, disjoint slots in [start, extent) never written */
   uint32_t nholes, hcap;
@@ -170,6 +173,7 @@ struct engine {
   pin_t *soft;         /* soft (TTL) pins */
   uint32_t index_sole;  /* indexed pages held by exactly one sequence */
   void *reserve;       /* ipage blocks reserved for the current call */
+  struct engine_put_job *put_jobs; /* puts in flight (begun, not ended) */
   void *md_ctx;        /* EVP_MD_CTX for SHA-256 */
   kvc_hash_t hash_kind;
   hmap_t owners;       /* owner id -> owner_t */
@@ -205,5 +209,13 @@ cache_t *engine_cache(engine_t *eng, uint32_t cache_id);
  * KVC_E_NOSEQ recorded with the id. */
 int engine_find_cache(engine_t *eng, uint32_t cache_id, cache_t **out);
 int engine_find_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **out);
+/* find_seq for an operation that reads a sequence's bytes or changes it:
+ * KVC_E_BUSY while a put to it is copying (put.c). */
+int engine_use_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **out);
+
+/* put.c: the puts in flight (eng->put_jobs), and the chain key each
+ * interned at its begin (0: none). */
+const struct engine_put_job *put_job_next(const struct engine_put_job *j);
+uint32_t put_job_key(const struct engine_put_job *j);
 
 #endif

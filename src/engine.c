@@ -190,6 +190,7 @@ int engine_cache_clear(engine_t *eng, uint32_t cache_id) {
   cache_t *c;
   int rc = engine_find_cache(eng, cache_id, &c);
   if (rc) return rc;
+  if (c->nbusy) return cache_busy(eng, c);
   cache_free(eng, c, true);
   return 0;
 }
@@ -199,6 +200,7 @@ int engine_cache_drop(engine_t *eng, uint32_t cache_id) {
   cache_t *c;
   int rc = engine_find_cache(eng, cache_id, &c);
   if (rc) return rc;
+  if (c->nbusy) return cache_busy(eng, c);
   cache_free(eng, c, false);
   c->q->use.caches--;
   uint32_t slot = cache_id & CACHE_SLOT_MASK;

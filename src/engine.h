@@ -163,6 +163,27 @@ int engine_cache_stats(engine_t *eng, uint32_t cache_id, cache_stats_t *out);
 int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                const engine_io_t *entries, size_t n);
 
+/* A put whose copy runs outside the engine's thread (a worker of the
+ * daemon), as engine_put in three steps. engine_put_begin does everything
+ * engine_put does but the copy and the metadata that follows it: it
+ * validates, makes room (a failure changes nothing, as engine_put), makes
+ * each page a run writes the sequence's own, and marks the sequences busy:
+ * until the end every operation that would read their bytes or change them
+ * fails with KVC_E_BUSY (metadata reads go on: they see the sequence as it
+ * was), eviction passes them over, and their cache cannot be cleared or
+ * dropped. engine_put_run copies the entries' buffers into those pages; it
+ * touches no engine state, so any thread may run it while the engine's
+ * thread goes on. engine_put_end, on the engine's thread, commits what
+ * engine_put would after the copy (lengths, token ids and the prefix chain,
+ * holes, trims, LRU, counters), clears busy and frees the job. The entries'
+ * buffers (and token ids) must stay valid until the end. Returns new *job;
+ * the codes of engine_put, KVC_E_BUSY, KVC_E_NOMEM. */
+typedef struct engine_put_job engine_put_job_t;
+int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+                     const engine_io_t *entries, size_t n, engine_put_job_t **job);
+void engine_put_run(const engine_put_job_t *job);
+void engine_put_end(engine_t *eng, engine_put_job_t *job);
+
 /* Reads n entries; each range must lie in [start, written length of every
  * layer in the range). Nothing is written to any buffer if one entry fails
  * validation. NOSEQ for a missing or evicted sequence. */

@@ -139,7 +139,7 @@ static void plan_walk(engine_t *eng, plan_t *pl, const evict_need_t *nd) {
       pl->last = n;
       if (n->kind == LRU_SEQ) {
         seq_t *s = SEQ_OF(n);
-        if (s->mark == eng->epoch || s->planned) continue;
+        if (s->mark == eng->epoch || s->planned || s->busy) continue;
         plan_seq(eng, pl, nd, s);
       } else {
         ipage_t *ip = IPAGE_OF(n);
@@ -181,7 +181,7 @@ static bool evict_one(engine_t *eng, const plan_t *filter) {
       if (!walk_takes(filter, n)) continue;
       if (n->kind == LRU_SEQ) {
         seq_t *s = SEQ_OF(n);
-        if (s->mark == eng->epoch) continue;
+        if (s->mark == eng->epoch || s->busy) continue;
         uint32_t before = eng->pool.nfree;
         s->cache->st.evicted_sequences++;
         eng->evicting = true;

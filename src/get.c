@@ -23,6 +23,7 @@ static int get_check(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     if (!s)
       return engine_fail(eng, KVC_E_NOSEQ, "entry %zu: no sequence %llu", i,
                          (unsigned long long)e->seq_id);
+    if (s->busy) return seq_busy(eng, s);
     uint64_t have = seq_range_len(s, r.l0, r.l1);
     if (e->pos < s->start || e->pos + e->ntokens > have)
       return engine_fail(eng, KVC_E_RANGE,

@@ -48,7 +48,7 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
   if (!eng) return KVC_E_INVAL;
   if (!out) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   seq_t *s;
-  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
+  int rc = engine_use_seq(eng, cache_id, seq_id, &s);
   if (rc) return rc;
   if (begin >= end || begin < s->start || end > s->len)
     return engine_fail(eng, KVC_E_RANGE,

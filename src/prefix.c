@@ -172,6 +172,8 @@ static uint32_t keys_collect(engine_t *eng) {
     const seq_t *s;
     while (c && (s = hmap_next(&c->seqs, &sp, NULL))) key_mark(by_id, n, s->chain_key);
   }
+  for (const struct engine_put_job *j = eng->put_jobs; j; j = put_job_next(j))
+    key_mark(by_id, n, put_job_key(j)); /* interned at its begin, used at its end */
   uint32_t freed = 0;
   for (uint32_t i = 0; i < n; i++) {
     if (by_id[i]->used) continue;

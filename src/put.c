@@ -55,6 +55,7 @@ static void put_rollback(engine_t *eng, target_t *t, size_t n) {
 static int put_target(engine_t *eng, cache_t *c, const layout_xfer_t *r, const engine_io_t *e,
                       size_t i, target_t *t, uint64_t *created) {
   seq_t *s = hmap_get(&c->seqs, e->seq_id);
+  if (s && s->busy) return seq_busy(eng, s);
   if (s && s->mark == eng->epoch)
     return engine_fail(eng, KVC_E_DUPSEQ, "entry %zu: sequence %llu appears twice", i,
                        (unsigned long long)e->seq_id);
@@ -105,12 +106,15 @@ static void count_page(engine_t *eng, uint32_t page, void *arg) {
 /* Everything a put allocates beyond sequences and room: token metadata for
  * the pages a put with ids touches, and index room. */
 static int put_prepare(engine_t *eng, cache_t *c, const span_t *sp, const engine_io_t *e,
-                       size_t n, size_t *index_cap) {
+                       size_t n, size_t *index_cap, uint64_t *index_need) {
   uint64_t meta = 0;
   *index_cap = c->index.cap;
   for (size_t i = 0; i < n; i++)
     if (e[i].tokens) meta += room_pages(eng, &sp[i], count_page, &meta);
-  if (meta && (page_meta_arrays(eng) || hmap_reserve(&c->index, &eng->mem, meta)))
+  *index_need = meta;
+  /* The index keeps room for the puts in flight too (their commit inserts). */
+  if (meta && (page_meta_arrays(eng) ||
+               hmap_reserve(&c->index, &eng->mem, meta + c->index_pending)))
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   if (meta && page_meta_reserve(eng, c->g.T, meta)) {
     (void)hmap_resize(&c->index, &eng->mem, *index_cap);
@@ -119,20 +123,97 @@ static int put_prepare(engine_t *eng, cache_t *c, const span_t *sp, const engine
   return 0;
 }
 
-static void put_apply(engine_t *eng, seq_t *s, const layout_xfer_t *r, const engine_io_t *e,
-                      const engine_pkey_t *key, uint32_t key_id) {
-  const geom_t *g = &s->cache->g;
-  copy_plan_t plan;
-  copy_plan_init(&plan, g, s->cache->layout.dtype, r->l0, r->l1 - r->l0, 0, g->H, r->bt,
-                 e->ntokens);
-  uint64_t end = e->pos + e->ntokens;
-  for (seq_run_t run = seq_run(g, e->pos, end); seq_run_next(&run);) {
-    uint32_t page = room_page_for_write(eng, s, run.idx);
-    copy_in(&plan, pool_page(&eng->pool, page), run.off, run.done, run.n, e->k, e->v);
+/* A put between its begin (validated, room made, the pages it writes
+ * resolved, its sequences busy) and its end (the metadata committed). */
+struct engine_put_job {
+  engine_put_job_t *prev, *next; /* eng->put_jobs: the puts in flight */
+  cache_t *c;                    /* kept: a cache with busy sequences is not dropped */
+  layout_xfer_t r;
+  size_t n, npages;
+  uint32_t key_id;               /* the chain key of a put with ids (interned) */
+  uint64_t index_need;           /* index entries reserved for it (c->index_pending) */
+  void *reserve;                 /* its reserved ipage blocks */
+  engine_pkey_t key;             /* a copy, pointing at salt and extra below */
+  uint8_t salt[64], extra[64];
+  seq_t **seqs;                  /* per entry */
+  copy_plan_t *plans;            /* per entry */
+  engine_io_t *io;               /* per entry: the buffers */
+  unsigned char **pages;         /* per page run, in entry and run order */
+};
+
+/* Pages an entry's runs write (one per logical page its range touches). */
+static uint64_t entry_runs(const geom_t *g, const engine_io_t *e) {
+  if (e->ntokens == 0) return 0;
+  return ((e->pos + e->ntokens - 1) >> g->tshift) - (e->pos >> g->tshift) + 1;
+}
+
+/* The job in one allocation, its arrays after the header. */
+static engine_put_job_t *job_new(engine_t *eng, const cache_t *c, const engine_io_t *e,
+                                 size_t n) {
+  uint64_t np = 0;
+  for (size_t i = 0; i < n; i++) np += entry_runs(&c->g, &e[i]);
+  size_t a = (sizeof(engine_put_job_t) + 15) & ~(size_t)15;
+  size_t b = a + ((n * sizeof(copy_plan_t) + 15) & ~(size_t)15);
+  size_t d = b + ((n * sizeof(engine_io_t) + 15) & ~(size_t)15);
+  size_t f = d + n * sizeof(seq_t *);
+  if (np > (SIZE_MAX - f) / sizeof(unsigned char *)) return NULL;
+  unsigned char *m = mem_alloc(&eng->mem, f + np * sizeof(unsigned char *));
+  if (!m) return NULL;
+  engine_put_job_t *j = (engine_put_job_t *)(void *)m;
+  memset(j, 0, sizeof *j);
+  j->plans = (copy_plan_t *)(void *)(m + a);
+  j->io = (engine_io_t *)(void *)(m + b);
+  j->seqs = (seq_t **)(void *)(m + d);
+  j->pages = (unsigned char **)(void *)(m + f);
+  j->n = n;
+  j->npages = np;
+  memcpy(j->io, e, n * sizeof *e);
+  return j;
+}
+
+/* Begun: the sequences are busy, the pages each run writes are the
+ * sequence's own (new, or copied on write now), the plans are made. */
+static void job_stage(engine_t *eng, engine_put_job_t *j) {
+  const geom_t *g = &j->c->g;
+  size_t k = 0;
+  for (size_t i = 0; i < j->n; i++) {
+    seq_t *s = j->seqs[i];
+    const engine_io_t *e = &j->io[i];
+    copy_plan_init(&j->plans[i], g, j->c->layout.dtype, j->r.l0, j->r.l1 - j->r.l0, 0, g->H,
+                   j->r.bt, e->ntokens);
+    for (seq_run_t run = seq_run(g, e->pos, e->pos + e->ntokens); seq_run_next(&run);)
+      j->pages[k++] = pool_page(&eng->pool, room_page_for_write(eng, s, run.idx));
+    s->busy = true;
+    j->c->nbusy++;
   }
-  if (e->tokens) prefix_put_tokens(eng, s, e, key, key_id);
+  j->reserve = eng->reserve; /* what the commit's token metadata takes */
+  eng->reserve = NULL;
+  j->next = eng->put_jobs;
+  if (j->next) j->next->prev = j;
+  eng->put_jobs = j;
+}
+
+const struct engine_put_job *put_job_next(const struct engine_put_job *j) { return j->next; }
+uint32_t put_job_key(const struct engine_put_job *j) { return j->key_id; }
+
+void engine_put_run(const engine_put_job_t *j) {
+  const geom_t *g = &j->c->g;
+  size_t k = 0;
+  for (size_t i = 0; i < j->n; i++) {
+    const engine_io_t *e = &j->io[i];
+    for (seq_run_t run = seq_run(g, e->pos, e->pos + e->ntokens); seq_run_next(&run);)
+      copy_in(&j->plans[i], j->pages[k++], run.off, run.done, run.n, e->k, e->v);
+  }
+}
+
+/* The metadata of a written entry: token ids and chain, lengths, holes,
+ * the attention's trim, LRU, counters. */
+static void put_commit(engine_t *eng, const engine_put_job_t *j, seq_t *s, const engine_io_t *e) {
+  const engine_pkey_t *key = &j->key;
+  uint64_t end = e->pos + e->ntokens;
+  if (e->tokens) prefix_put_tokens(eng, s, e, key, j->key_id);
   else if (e->ntokens) prefix_put_untokened(eng, s, e->pos, end);
-  seq_set_lengths(eng, s, r->l0, r->l1, end);
+  seq_set_lengths(eng, s, j->r.l0, j->r.l1, end);
   holes_cut(s, e->pos, end);
   attn_trim(eng, s, e->pos < s->len ? e->pos : s->len);
   lru_touch(eng, s);
@@ -142,22 +223,54 @@ static void put_apply(engine_t *eng, seq_t *s, const layout_xfer_t *r, const eng
   s->cache->st.puts++;
 }
 
-int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
-               const engine_io_t *entries, size_t n) {
+void engine_put_end(engine_t *eng, engine_put_job_t *j) {
+  if (!j) return;
+  if (j->prev) j->prev->next = j->next;
+  else eng->put_jobs = j->next;
+  if (j->next) j->next->prev = j->prev;
+  eng->reserve = j->reserve;
+  j->c->index_pending -= j->index_need;
+  for (size_t i = 0; i < j->n; i++) {
+    j->seqs[i]->busy = false;
+    j->c->nbusy--;
+  }
+  for (size_t i = 0; i < j->n; i++) put_commit(eng, j, j->seqs[i], &j->io[i]);
+  page_meta_unreserve(eng);
+  mem_free(&eng->mem, j);
+}
+
+/* Copies a key of up to 64 + 64 bytes into the job (the caller's goes). */
+static void job_key(engine_put_job_t *j, const engine_pkey_t *key) {
+  j->key = (engine_pkey_t){0};
+  if (!key) return;
+  j->key.salt_len = key->salt_len <= sizeof j->salt ? key->salt_len : 0;
+  j->key.extra_len = key->extra_len <= sizeof j->extra ? key->extra_len : 0;
+  if (j->key.salt_len) memcpy(j->salt, key->salt, j->key.salt_len);
+  if (j->key.extra_len) memcpy(j->extra, key->extra, j->key.extra_len);
+  j->key.salt = j->salt;
+  j->key.extra = j->extra;
+}
+
+int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+                     const engine_io_t *entries, size_t n, engine_put_job_t **job) {
   if (!eng) return KVC_E_INVAL;
+  if (!job) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   cache_t *c;
   layout_xfer_t r;
   int rc = xfer_begin(eng, cache_id, x, true, entries, n, &c, &r);
   if (rc) return rc;
+  engine_put_job_t *j = job_new(eng, c, entries, n);
   target_t one, *t = n == 1 ? &one : mem_calloc(&eng->mem, n, sizeof *t);
   span_t one_sp, *sp = n == 1 ? &one_sp : mem_calloc(&eng->mem, n, sizeof *sp);
-  if (!t || !sp) {
+  if (!j || !t || !sp) {
+    mem_free(&eng->mem, j);
     if (t != &one) mem_free(&eng->mem, t);
     if (sp != &one_sp) mem_free(&eng->mem, sp);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
   memset(t, 0, n * sizeof *t);
-  uint32_t key_id = 0;
+  j->c = c;
+  j->r = r;
   const engine_pkey_t *key = x ? x->pkey : NULL;
   bool tokened = false;
   for (size_t i = 0; i < n; i++) tokened |= entries[i].tokens != NULL;
@@ -167,7 +280,7 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   }
   size_t keys_cap = eng->keys.cap;
   bool had_arrays = eng->ip != NULL, new_key = false;
-  if (tokened && (rc = prefix_key(eng, c->q, key, true, &key_id, &new_key))) goto out;
+  if (tokened && (rc = prefix_key(eng, c->q, key, true, &j->key_id, &new_key))) goto out;
   eng->epoch++;
   size_t map_cap = c->seqs.cap, index_cap = c->index.cap, done = 0;
   uint64_t created = 0;
@@ -175,7 +288,7 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     if ((rc = put_target(eng, c, &r, &entries[done], done, &t[done], &created))) break;
     sp[done] = (span_t){t[done].s, entries[done].pos, entries[done].pos + entries[done].ntokens};
   }
-  if (rc == 0 && (rc = put_prepare(eng, c, sp, entries, n, &index_cap)) == 0 &&
+  if (rc == 0 && (rc = put_prepare(eng, c, sp, entries, n, &index_cap, &j->index_need)) == 0 &&
       (rc = room_make(eng, sp, n)) == KVC_E_FULL)
     c->st.full_errors++;
   if (rc) {
@@ -185,16 +298,30 @@ int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     if (c->index.cap != index_cap) (void)hmap_resize(&c->index, &eng->mem, index_cap);
     put_rollback(eng, t, done + 1 < n ? done + 1 : n);
     if (c->seqs.cap != map_cap) (void)hmap_resize(&c->seqs, &eng->mem, map_cap);
-  } else {
-    for (size_t i = 0; i < n; i++) {
-      if (t[i].created) seq_enlist(eng, t[i].s);
-      put_apply(eng, t[i].s, &r, &entries[i], key, key_id);
-    }
-    page_meta_unreserve(eng);
+    goto out;
   }
+  for (size_t i = 0; i < n; i++) {
+    if (t[i].created) seq_enlist(eng, t[i].s);
+    j->seqs[i] = t[i].s;
+  }
+  c->index_pending += j->index_need;
+  job_key(j, key);
+  job_stage(eng, j);
+  *job = j;
+  j = NULL;
 out:
+  mem_free(&eng->mem, j);
   if (t != &one) mem_free(&eng->mem, t);
   if (sp != &one_sp) mem_free(&eng->mem, sp);
   return rc;
 }
 
+int engine_put(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
+               const engine_io_t *entries, size_t n) {
+  engine_put_job_t *j;
+  int rc = engine_put_begin(eng, cache_id, x, entries, n, &j);
+  if (rc) return rc;
+  engine_put_run(j);
+  engine_put_end(eng, j);
+  return 0;
+}

@@ -24,6 +24,18 @@ static inline uint64_t seq_range_len(const seq_t *s, uint32_t l0, uint32_t l1) {
     if (s->layer_len[l] < m) m = s->layer_len[l];
   return m;
 }
+/* KVC_E_BUSY for a sequence whose put is still copying (put.c): every
+ * operation that reads its bytes or changes it refuses it meanwhile. */
+static inline int seq_busy(engine_t *eng, const seq_t *s) {
+  return engine_fail(eng, KVC_E_BUSY, "sequence %llu is busy: a put to it is still copying",
+                     (unsigned long long)s->id);
+}
+
+static inline int cache_busy(engine_t *eng, const cache_t *c) {
+  return engine_fail(eng, KVC_E_BUSY, "cache '%s' is busy: %u puts to it are still copying",
+                     c->name, c->nbusy);
+}
+
 /* Whatever s holds from pos on no longer follows its prefix chain
  * (doc/prefix.md): the chain ends at pos. */
 static inline void seq_chain_cut(seq_t *s, uint64_t pos) {

@@ -16,7 +16,7 @@ int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t be
                   uint64_t end) {
   if (!eng) return KVC_E_INVAL;
   seq_t *s;
-  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
+  int rc = engine_use_seq(eng, cache_id, seq_id, &s);
   if (rc) return rc;
   if (begin > end)
     return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)begin,
@@ -42,7 +42,7 @@ int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
   if (!eng) return KVC_E_INVAL;
   seq_t *s;
   uint64_t b, e;
-  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
+  int rc = engine_use_seq(eng, cache_id, seq_id, &s);
   if (rc) return rc;
   seq_open_range(p0, p1, &b, &e);
   if (b > e)
@@ -97,7 +97,7 @@ static int dst_prepare(engine_t *eng, cache_t *c, uint64_t dst_id, seq_t **dst, 
                        size_t *map_cap) {
   *map_cap = c->seqs.cap;
   *created = false;
-  if ((*dst = hmap_get(&c->seqs, dst_id))) return 0;
+  if ((*dst = hmap_get(&c->seqs, dst_id))) return (*dst)->busy ? seq_busy(eng, *dst) : 0;
   if (eng->max_seqs && eng->nseqs + 1 > eng->max_seqs)
     return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
                        (unsigned long long)eng->max_seqs);
@@ -126,7 +126,7 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
                        uint64_t n) {
   if (!eng) return KVC_E_INVAL;
   seq_t *src;
-  int rc = engine_find_seq(eng, cache_id, src_id, &src);
+  int rc = engine_use_seq(eng, cache_id, src_id, &src);
   if (rc) return rc;
   cache_t *c = src->cache;
   if (src_id == dst_id)
@@ -176,7 +176,7 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
 int engine_trim_front(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t n) {
   if (!eng) return KVC_E_INVAL;
   seq_t *s;
-  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
+  int rc = engine_use_seq(eng, cache_id, seq_id, &s);
   if (rc) return rc;
   if (n > s->len)
     return engine_fail(eng, KVC_E_RANGE, "trim to %llu beyond length %llu",
@@ -256,7 +256,7 @@ int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64
   if (!eng) return KVC_E_INVAL;
   if (!offset) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   seq_t *s;
-  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
+  int rc = engine_use_seq(eng, cache_id, seq_id, &s);
   if (rc) return rc;
   if (pos < s->start || pos >= s->extent)
     return engine_fail(eng, KVC_E_RANGE, "pos %llu not held", (unsigned long long)pos);

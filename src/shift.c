@@ -154,7 +154,7 @@ int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
   if (!eng) return KVC_E_INVAL;
   seq_t *s;
   uint64_t b, e;
-  int rc = engine_find_seq(eng, cache_id, seq_id, &s);
+  int rc = engine_use_seq(eng, cache_id, seq_id, &s);
   if (rc || (rc = movable(eng, s, true))) return rc;
   seq_open_range(p0, p1, &b, &e);
   if (b > e)
@@ -185,6 +185,7 @@ int engine_keep(engine_t *eng, uint32_t cache_id, uint64_t seq_id) {
   cache_t *c;
   int rc = engine_find_cache(eng, cache_id, &c);
   if (rc) return rc;
+  if (c->nbusy) return cache_busy(eng, c);
   size_t n = c->seqs.count, k = 0, pos = 0;
   uint64_t *ids = n ? mem_alloc(&eng->mem, n * sizeof *ids) : NULL;
   if (n && !ids) return engine_fail(eng, KVC_E_NOMEM, "out of memory");

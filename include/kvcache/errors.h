@@ -58,13 +58,14 @@
   XX(QUOTA_CACHES, -47, "the tenant's cache quota is reached")              \
   XX(QUOTA_KEYS,   -48, "the tenant's interned key quota is reached")       \
   XX(QUOTA_CONNS,  -49, "the uid's connection quota is reached")            \
-  XX(QUOTA_SHM,    -50, "the shared-buffer byte quota is reached")
+  XX(QUOTA_SHM,    -50, "the shared-buffer byte quota is reached")       \
+  XX(BUSY,         -51, "a put to the sequence is in flight; retry")
 
 typedef enum {
 #define KVC_ERR_ENUM_(name, code, msg) KVC_E_##name = (code),
   KVC_ERRNO_MAP(KVC_ERR_ENUM_)
 #undef KVC_ERR_ENUM_
-  KVC_E_MIN_ = -51 /* one below the lowest code; not an error */
+  KVC_E_MIN_ = -52 /* one below the lowest code; not an error */
 } kvc_errno_t;
 
 #ifdef __cplusplus

@@ -200,6 +200,8 @@ bool conn_offload_end(conn_t *c) {
   FZ_FAIL("conn %llu offload ended", (unsigned long long)c->id);
 }
 void conn_resume(conn_t *c) { FZ_FAIL("conn %llu resumed", (unsigned long long)c->id); }
+void conn_park(conn_t *c) { FZ_FAIL("conn %llu parked", (unsigned long long)c->id); }
+void conn_unpark_all(server_t *srv) { (void)srv; }
 
 void conn_close(conn_t *c, const char *reason) {
   (void)reason;

@@ -1,6 +1,11 @@
 /* offload.c (integration): large gets copied on the thread pool
  * (offload_bytes) return the same bytes, keep a connection's replies in
  * order, and survive their client dying mid-copy. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/stat.h>
+
 #include "raw.h"
 
 #define NTOK 64 /* 4 pages; 64 tokens x 2 layers x 2 heads x 64 floats x 4 B = 64 KiB */
@@ -134,13 +139,14 @@ TEST(offload_client_killed_mid_copy) {
     pid_t pid = fork();
     ASSERT(pid >= 0);
     if (pid == 0) {
-      /* Pipelines gets without reading replies, then dies. */
+      /* Pipelines puts (of the same length: the pages stay as many) and
+       * gets without reading replies, then dies. */
       int fd = it_connect_raw(d.sock);
       raw_hello(fd, KVC_PROTOCOL_VERSION);
       Kvcache__V1__Response *r = raw_reply(fd);
       if (!r) _exit(1);
-      for (uint64_t i = 0; i < 200; i++) raw_io(fd, 10 + i, false, kvc_cache_id(h), 1, NTOK);
-      _exit(0); /* the socket closes with gets queued and one being copied */
+      for (uint64_t i = 0; i < 200; i++) raw_io(fd, 10 + i, i % 2, kvc_cache_id(h), 1, NTOK);
+      _exit(0); /* the socket closes with requests queued and one being copied */
     }
     it_sleep_ms(round * 3);
     kill(pid, SIGKILL);
@@ -153,4 +159,157 @@ TEST(offload_client_killed_mid_copy) {
   ASSERT_OK(kvc_ping(c));
   kvc_client_close(c);
   daemon_stop(&d);
+}
+
+/* ---- puts ------------------------------------------------------------------ */
+
+TEST(offload_put_stores_the_same_bytes) {
+  daemon_t d;
+  daemon_start_args(&d, offload_args);
+  kvc_client_t *a = client_open(&d), *b = client_open(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(a, "off", &l, &h));
+  size_t nk = it_tok_floats(&l, false) * NTOK, nv = it_tok_floats(&l, true) * NTOK;
+  float *k = malloc(nk * 4), *v = malloc(nv * 4), *gk = malloc(nk * 4), *gv = malloc(nv * 4);
+  for (int round = 0; round < 12; round++) {
+    uint64_t s = 1 + (uint64_t)round % 4;
+    put_seq(h, s, NTOK, (uint32_t)round); /* 64 KiB: offloaded, over the last round's */
+    it_fill_f32(k, v, &l, s, 0, NTOK, (uint32_t)round);
+    ASSERT_OK(kvc_get(h, s, 0, NTOK, gk, gv));
+    ASSERT_MEM_EQ(gk, k, nk * 4);
+    ASSERT_MEM_EQ(gv, v, nv * 4);
+    ASSERT_OK(kvc_ping(b));
+  }
+  ASSERT_U64_EQ(stat_get(a, "offloaded_puts_total", NULL), 12);
+  /* A failing put stays on the loop and changes nothing. */
+  ASSERT_ERR(kvc_put(h, 9, 5, NTOK, k, v), KVC_E_RANGE);
+  ASSERT_U64_EQ(stat_get(a, "offloaded_puts_total", NULL), 12);
+  ASSERT_U64_EQ(stat_get(a, "sequences", NULL), 4);
+  free(k), free(v), free(gk), free(gv);
+  kvc_client_close(b);
+  kvc_client_close(a);
+  daemon_stop(&d);
+}
+
+/* A client of its own in a thread: one call that may park. */
+typedef struct parked_call {
+  const daemon_t *d;
+  uint32_t cache_id;
+  int op; /* 0: put seq 1 (salt 2), 1: get seq 1, 2: copy_prefix 1 -> 2 */
+  int rc;             /* read after the join */
+  atomic_bool done;   /* the call returned */
+  float *k, *v;
+  pthread_t t;
+} parked_call_t;
+
+static void *parked_call_run(void *arg) {
+  parked_call_t *p = arg;
+  kvc_client_t *c = client_open(p->d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  int rc = kvc_cache_open(c, "off", &l, &h);
+  if (rc == 0) {
+    if (p->op == 0) {
+      it_fill_f32(p->k, p->v, &l, 1, 0, NTOK, 2);
+      rc = kvc_put(h, 1, 0, NTOK, p->k, p->v);
+    } else if (p->op == 1) {
+      rc = kvc_get(h, 1, 0, NTOK, p->k, p->v);
+    } else {
+      rc = kvc_seq_copy_prefix(h, 1, 2, NTOK);
+    }
+  }
+  kvc_client_close(c);
+  p->rc = rc;
+  atomic_store(&p->done, true);
+  return NULL;
+}
+
+static void parked_call_start(parked_call_t *p, const daemon_t *d, int op, size_t nk, size_t nv) {
+  *p = (parked_call_t){.d = d, .op = op, .rc = -1, .k = malloc(nk * 4), .v = malloc(nv * 4)};
+  atomic_init(&p->done, false);
+  ASSERT(pthread_create(&p->t, NULL, parked_call_run, p) == 0);
+}
+
+/* One byte through the gate FIFO dir/name (blocks until the daemon opens
+ * its end: that is the signal). */
+static void gate(const char *dir, const char *name, bool write_it) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  int fd = open(path, write_it ? O_WRONLY : O_RDONLY);
+  ASSERT(fd >= 0);
+  char b = 'g';
+  ASSERT(write_it ? write(fd, &b, 1) == 1 : read(fd, &b, 1) == 1);
+  close(fd);
+}
+
+/* A put held in flight on a pool thread (the test gate): reads of its
+ * sequence's metadata answer at once, from before the put; a get and a
+ * copy_prefix of other connections park and then see the new bytes;
+ * eviction under a flood of other sequences passes the busy one over; the
+ * audit runs after every request throughout. */
+TEST(offload_put_in_flight_parks_others_and_escapes_eviction) {
+  char gdir[] = "/tmp/kvcgate-XXXXXX"; /* mkdtemp's template */
+  ASSERT(mkdtemp(gdir) != NULL);
+  char fifo[300];
+  snprintf(fifo, sizeof fifo, "%s/reached", gdir);
+  ASSERT(mkfifo(fifo, 0600) == 0);
+  snprintf(fifo, sizeof fifo, "%s/go", gdir);
+  ASSERT(mkfifo(fifo, 0600) == 0);
+  char genv[300];
+  snprintf(genv, sizeof genv, "KVCACHED_TEST_OFFLOAD_GATE=%s", gdir);
+  const char *env[] = {genv, NULL};
+  daemon_t d;
+  daemon_start_full(&d, NULL, offload_args, env);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  size_t nk = it_tok_floats(&l, false) * NTOK, nv = it_tok_floats(&l, true) * NTOK;
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "off", &l, &h));
+  put_seq(h, 1, NTOK, 1); /* alone: on the loop, no gate */
+  parked_call_t put, get, copy;
+  parked_call_start(&put, &d, 0, nk, nv);
+  gate(gdir, "reached", false); /* the put's copy is in flight, held */
+  kvc_seq_info_t si;
+  ASSERT_OK(kvc_seq_info(h, 1, &si));
+  ASSERT_U64_EQ(si.length, NTOK); /* as before the put */
+  parked_call_start(&get, &d, 1, nk, nv);
+  parked_call_start(&copy, &d, 2, nk, nv);
+  /* Each parks (the stat is the daemon's word for it). */
+  for (int i = 0; i < 2000 && stat_get(c, "parked_requests_total", NULL) < 2; i++) it_sleep_ms(5);
+  ASSERT_U64_EQ(stat_get(c, "parked_requests_total", NULL), 2);
+  /* Fill the pool and a quarter more with small puts of other sequences (on the
+   * loop): the least recent sequence, 1, is busy and stays. */
+  uint64_t pages = stat_get(c, "pool_pages", NULL);
+  float *sk = malloc(nk * 4), *sv = malloc(nv * 4);
+  for (uint64_t s = 100; s < 100 + pages + pages / 4; s++) {
+    it_fill_f32(sk, sv, &l, s, 0, 8, 0);
+    ASSERT_OK(kvc_put(h, s, 0, 8, sk, sv));
+  }
+  ASSERT(stat_get(c, "evicted_sequences_total", NULL) > 0);
+  ASSERT_OK(kvc_seq_info(h, 1, &si));
+  ASSERT(!atomic_load(&put.done) && !atomic_load(&get.done) && !atomic_load(&copy.done));
+  gate(gdir, "go", true); /* the copy runs; the put ends; the parked run */
+  ASSERT(pthread_join(put.t, NULL) == 0);
+  ASSERT(pthread_join(get.t, NULL) == 0);
+  ASSERT(pthread_join(copy.t, NULL) == 0);
+  ASSERT_OK(put.rc);
+  ASSERT_OK(get.rc);
+  ASSERT_OK(copy.rc);
+  ASSERT_MEM_EQ(get.k, put.k, nk * 4); /* the new bytes, whole */
+  ASSERT_MEM_EQ(get.v, put.v, nv * 4);
+  float *gk = malloc(nk * 4), *gv = malloc(nv * 4);
+  ASSERT_OK(kvc_get(h, 2, 0, NTOK, gk, gv)); /* the copy took the new bytes too */
+  ASSERT_MEM_EQ(gk, put.k, nk * 4);
+  ASSERT_MEM_EQ(gv, put.v, nv * 4);
+  ASSERT_U64_EQ(stat_get(c, "offloaded_puts_total", NULL), 1);
+  free(put.k), free(put.v), free(get.k), free(get.v), free(copy.k), free(copy.v);
+  free(sk), free(sv), free(gk), free(gv);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  snprintf(fifo, sizeof fifo, "%s/reached", gdir);
+  unlink(fifo);
+  snprintf(fifo, sizeof fifo, "%s/go", gdir);
+  unlink(fifo);
+  rmdir(gdir);
 }

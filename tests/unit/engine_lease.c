@@ -221,3 +221,63 @@ TEST(get_job_copies_what_begin_saw) {
   fx_buf_free(&want);
   fx_close(&f);
 }
+
+/* A put job: between its begin and end its sequence is busy; every
+ * operation that would read its bytes or change it says so and changes
+ * nothing, its cache stays, metadata reads see the sequence as before, and
+ * the end makes the bytes and lengths visible. */
+TEST(put_job_busy_until_its_end) {
+  fx_t f;
+  open_small(&f, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 4, 1));
+  ASSERT_OK(fx_put(&f, 3, 0, 4, 3));
+  fx_rng_t r = fx_all(&f.lay);
+  fx_buf_t b = fx_buf_new(&f.lay, r, 9), got = fx_buf_new(&f.lay, r, 9);
+  fx_fill(&f.lay, r, 1, 2, 9, 5, b.k, b.v);
+  engine_io_t io = fx_io(1, 2, 9, &b);
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  engine_put_job_t *job = NULL;
+  ASSERT_ERR(engine_put_begin(f.eng, f.cid, &x, &io, 1, NULL), KVC_E_INVAL);
+  engine_io_t bad = fx_io(2, 3, 9, &b); /* a new sequence must start at 0 */
+  ASSERT_ERR(engine_put_begin(f.eng, f.cid, &x, &bad, 1, &job), KVC_E_RANGE);
+  ASSERT(job == NULL);
+  ASSERT_OK(engine_put_begin(f.eng, f.cid, &x, &io, 1, &job));
+  FX_AUDIT(f.eng);
+  kvc_seq_info_t si;
+  ASSERT_OK(engine_seq_info(f.eng, f.cid, 1, &si));
+  ASSERT_U64_EQ(si.length, 4);
+  fx_buf_t small = fx_buf_new(&f.lay, r, 4);
+  engine_io_t rd = fx_io(1, 0, 4, &small);
+  engine_tok_t tok = {1, 4};
+  engine_lease_t l;
+  ASSERT_ERR(engine_get(f.eng, f.cid, &x, &rd, 1), KVC_E_BUSY);
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_BUSY);
+  ASSERT_ERR(engine_remove(f.eng, f.cid, 1, 0, 2), KVC_E_BUSY);
+  ASSERT_ERR(engine_copy_prefix(f.eng, f.cid, 1, 5, 2), KVC_E_BUSY);
+  ASSERT_ERR(engine_copy_prefix(f.eng, f.cid, 3, 1, 2), KVC_E_BUSY);
+  ASSERT_ERR(engine_trim_front(f.eng, f.cid, 1, 1), KVC_E_BUSY);
+  ASSERT_ERR(engine_shift(f.eng, f.cid, 1, 0, 2, 1), KVC_E_BUSY);
+  ASSERT_ERR(engine_punch(f.eng, f.cid, 1, 0, 1), KVC_E_BUSY);
+  ASSERT_ERR(engine_keep(f.eng, f.cid, 3), KVC_E_BUSY);
+  ASSERT_ERR(engine_reserve(f.eng, f.cid, &tok, 1), KVC_E_BUSY);
+  ASSERT_ERR(engine_lease(f.eng, f.cid, 1, 0, 2, 7, &l), KVC_E_BUSY);
+  ASSERT_ERR(engine_cache_clear(f.eng, f.cid), KVC_E_BUSY);
+  ASSERT_ERR(engine_cache_drop(f.eng, f.cid), KVC_E_BUSY);
+  ASSERT_OK(fx_put(&f, 4, 0, 20, 4)); /* 5 pages of 4 free: evicts 3, not the older busy 1 */
+  ASSERT_ERR(engine_seq_info(f.eng, f.cid, 3, &si), KVC_E_NOSEQ);
+  FX_AUDIT(f.eng);
+  engine_put_run(job);
+  engine_put_end(f.eng, job);
+  FX_AUDIT(f.eng);
+  ASSERT_OK(engine_seq_info(f.eng, f.cid, 1, &si));
+  ASSERT_U64_EQ(si.length, 11);
+  engine_io_t back = fx_io(1, 2, 9, &got);
+  ASSERT_OK(engine_get(f.eng, f.cid, &x, &back, 1));
+  ASSERT_MEM_EQ(got.k, b.k, b.kb);
+  ASSERT_MEM_EQ(got.v, b.v, b.vb);
+  ASSERT_OK(engine_cache_drop(f.eng, f.cid));
+  fx_buf_free(&b);
+  fx_buf_free(&got);
+  fx_buf_free(&small);
+  fx_close(&f);
+}
