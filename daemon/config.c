@@ -86,8 +86,11 @@ static const option_t options[] = {
    "pending reply bytes of one connection (frames and their write requests) that pause "
    "reading from it"},
   {"offload_bytes", OPT_SIZE, "512KiB", 0, 64 * GiB, true, F(offload_bytes),
-   "a get or put of this many bytes or more is copied on a worker thread while other "
+   "a get or put of this many bytes or more is copied on a copy thread while other "
    "clients are connected; 0: never"},
+  {"offload_threads", OPT_U32, "0", 0, 256, false, F(offload_threads),
+   "threads that copy large gets and puts; 0: as many as the CPUs the daemon may use "
+   "(its affinity, capped by a cgroup cpu.max quota)"},
   {"frame_timeout_ms", OPT_U32, "5000", 0, 3600000, true, F(frame_timeout_ms),
    "ms for a started request frame (or the Hello) to arrive whole; 0: no deadline"},
   {"allow_uids", OPT_UIDS, "self,root", 0, 0, true, F(allow_uids),

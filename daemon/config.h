@@ -54,7 +54,8 @@ typedef struct config {
   uint32_t turn_us;          /* us one connection runs per loop turn; 0: unbounded */
   uint64_t write_queue_bytes;/* pending reply bytes that pause reading */
   uint32_t frame_timeout_ms; /* a started frame must be whole within it; 0: none */
-  uint64_t offload_bytes;    /* gets this large copy on the thread pool; 0: never */
+  uint64_t offload_bytes;    /* gets and puts this large copy on a copy thread; 0: never */
+  uint32_t offload_threads;  /* copy threads; 0: the CPUs the daemon may use */
   id_list_t allow_uids;      /* peers allowed by uid */
   id_list_t allow_gids;      /* peers allowed by primary or supplementary gid */
   id_list_t admin_uids;      /* admins by uid (root always is one) */

@@ -309,12 +309,17 @@ static bool turn_spent(const conn_t *c, uint64_t t0_ns) {
 }
 
 /* Runs complete frames from the read buffer: up to limit of them and, if
- * budgeted, until the turn's bytes or time are spent (at least one runs). */
+ * budgeted, until the turn's bytes or time are spent (at least one runs).
+ * A budgeted turn of a connection whose replies already wait in the write
+ * queue (the socket is full: its client is not reading them) runs one frame:
+ * a client that never reads costs the others one request a turn, not a
+ * turn's budget, until write_queue_bytes stops reading from it. */
 static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
   server_t *srv = c->srv;
   size_t off = 0;
   unsigned n = 0;
   uint64_t t0 = budgeted ? uv_hrtime() : 0;
+  if (budgeted && c->wq_bytes) limit = 1;
   c->turn_bytes = 0;
   while (c->state < CONN_FLUSHING && !c->offloaded && !c->parked) {
     uint32_t plen = 0;

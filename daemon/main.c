@@ -14,6 +14,7 @@
 #include "conn.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
+#include "offload.h"
 #include "quotas.h"
 #include "server.h"
 #include "testhook.h"
@@ -72,6 +73,7 @@ static int start(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "engine quotas: %s", kvc_strerror(rc));
     return -1;
   }
+  if (offload_start(srv, srv->cfg.offload_threads, err, errlen) != 0) return -1;
   if (server_listen(srv, err, errlen) != 0) return -1;
   if (http_start(srv, err, errlen) != 0) return -1;
   signals_start(srv);
@@ -186,6 +188,7 @@ int main(int argc, char **argv) {
     LOG_INFO("exit", "status=0 connections_total=%llu",
              (unsigned long long)srv.stats.connections_total);
   }
+  offload_stop(&srv); /* every copy ended: the loop ran out of work */
   uv_run(&loop, UV_RUN_NOWAIT); /* let closed handles finish */
   uv_loop_close(&loop);
   engine_free(srv.eng);

@@ -36,8 +36,8 @@
   X(shm_bytes, STAT_GAUGE, "bytes", "bytes of the connections' shared buffers") \
   X(deferred_turns, STAT_COUNTER, "turns", "times a connection yielded with frames still buffered") \
   X(write_pauses, STAT_COUNTER, "pauses", "times reading paused for write backpressure") \
-  X(offloaded_gets, STAT_COUNTER, "requests", "gets copied on the thread pool (offload_bytes)") \
-  X(offloaded_puts, STAT_COUNTER, "requests", "puts copied on the thread pool (offload_bytes)") \
+  X(offloaded_gets, STAT_COUNTER, "requests", "gets copied on a copy thread (offload_bytes)") \
+  X(offloaded_puts, STAT_COUNTER, "requests", "puts copied on a copy thread (offload_bytes)") \
   X(parked_requests, STAT_COUNTER, "requests", "times a request waited for a sequence another connection's put held busy") \
   X(config_reloads, STAT_COUNTER, "reloads", "SIGHUP reloads applied")        \
   X(config_reload_failures, STAT_COUNTER, "reloads", "SIGHUP reloads refused (invalid configuration kept out)") \

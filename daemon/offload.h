@@ -1,16 +1,17 @@
-/* offload.h: large gets and puts copied on libuv's thread pool instead of
- * the loop (doc/offload.md).
+/* offload.h: large gets and puts copied on the daemon's copy threads
+ * instead of the loop (doc/offload.md).
  *
- * A get of at least offload_bytes is begun on the loop (engine_get_begin:
- * validated, counted, its pages referenced), copied by a pool thread
- * (engine_get_run: only memcpy out of those pages into the connection's
- * shared buffer) and finished on the loop (engine_get_end, the reply). While
- * it runs, its connection runs no other request (replies stay in order) and
- * keeps its buffer mapped even if it closes; other connections go on.
+ * A get or put of at least offload_bytes is begun on the loop
+ * (engine_get_begin / engine_put_begin: validated, room made, pages
+ * referenced or made its own), copied by a copy thread (engine_*_run: only
+ * memcpy between those pages and the connection's shared buffer) and ended
+ * on the loop (engine_*_end, the reply). While it runs, its connection runs
+ * no other request (replies stay in order) and keeps its buffer mapped even
+ * if it closes; other connections go on.
  *
- *   loop:   decode -> check -> engine_get_begin -> uv_queue_work --.
- *   pool:                                       engine_get_run <--'
- *   loop:   after_work: engine_get_end -> reply -> next request of the connection
+ *   loop:   decode -> check -> engine_*_begin -> queue --.
+ *   thread:                            engine_*_run <--' -> done stack, eventfd
+ *   loop:   on_done: engine_*_end -> reply -> next request of the connection
  */
 #ifndef KVCD_OFFLOAD_H
 #define KVCD_OFFLOAD_H
@@ -20,6 +21,17 @@
 
 #include "conn.h"
 #include "engine.h"
+
+/* The copy threads (offload_threads of them; 0: as many as offload_cpus).
+ * Returns 0, or -1 with err (the caller then calls offload_stop). */
+int offload_start(server_t *srv, unsigned nthreads, char *err, size_t errlen);
+/* After the loop ran out of work: joins the threads, closes the poll handle
+ * (the loop must run once more to finish closing it). */
+void offload_stop(server_t *srv);
+/* CPUs the daemon may use: its affinity, capped by a cgroup v2 cpu.max quota. */
+unsigned offload_cpus(void);
+/* Copy threads running (kvcachectl config, stats). */
+unsigned offload_threads(const server_t *srv);
 
 /* Takes job (begun for request id of c) and queues its copy: returns true,
  * and the reply is sent when the copy is done. If it cannot be queued, the

@@ -22,12 +22,15 @@
 
 typedef struct conn conn_t;
 
+typedef struct offload offload_t; /* offload.c */
+
 typedef struct server {
   uv_loop_t *loop;
   config_t cfg;            /* the configuration in force */
   config_cmdline_t cmdline;/* how it was built, read again on SIGHUP */
   char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
+  offload_t *offload;      /* the copy threads of large gets and puts */
   shm_region_t pool;       /* the page pool memfd */
   int pool_ro_fd;          /* read-only reopening of it, passed at each Hello */
   daemon_stats_t stats;

@@ -36,6 +36,7 @@ static const struct {
     {"drain_timeout_ms", "500", "500", "600", "600"},
     {"frame_timeout_ms", "700", "700", "800", "800"},
     {"offload_bytes", "1MiB", "1MiB", "0", "0"},
+    {"offload_threads", "2", "2", "3", "3"},
     {"status_interval_ms", "1000", "1000", "2000", "2000"},
     {"log_level", "warn", "warn", "error", "error"},
     {"prefix_hash", "xxh3", "xxh3", "sha256", "sha256"},
