@@ -999,6 +999,8 @@ static void tenants_quotas(const kvc_tenant_info_t *t, size_t n) {
   for (size_t i = 0; i < n; i++) {
     char a[40], b[40], s[40], cc[40], k[40], sh[48];
     quota_cell(a, sizeof a, t[i].pool_pages, t[i].max_pages);
+    if (t[i].min_pages) /* the floor after the share: used/share>=floor */
+      snprintf(a + strlen(a), sizeof a - strlen(a), ">=%" PRIu64, t[i].min_pages);
     quota_cell(b, sizeof b, t[i].pinned_pages + t[i].leased_pages, t[i].max_pinned);
     quota_cell(s, sizeof s, t[i].sequences, t[i].max_sequences);
     quota_cell(cc, sizeof cc, t[i].caches, t[i].max_caches);
@@ -1028,14 +1030,16 @@ static int cmd_tenants(kvc_client_t *c, const opts_t *o) {
       json_string(t[i].name);
       printf(", \"connections\": %u, \"caches\": %u, \"sequences\": %" PRIu64
              ", \"tokens\": %" PRIu64 ", \"pages\": %" PRIu64 ", \"pool_pages\": %" PRIu64
-             ", \"max_pages\": %" PRIu64 ", \"pinned_pages\": %" PRIu64
+             ", \"max_pages\": %" PRIu64 ", \"min_pages\": %" PRIu64
+             ", \"pinned_pages\": %" PRIu64
              ", \"leased_pages\": %" PRIu64 ", \"max_pinned\": %" PRIu64
              ", \"max_sequences\": %" PRIu64 ", \"max_caches\": %" PRIu64 ", \"keys\": %" PRIu64
              ", \"max_keys\": %" PRIu64 ", \"refused\": {\"pages\": %" PRIu64
              ", \"pins\": %" PRIu64 ", \"sequences\": %" PRIu64 ", \"caches\": %" PRIu64
              ", \"keys\": %" PRIu64 ", \"connections\": %" PRIu64 ", \"shm\": %" PRIu64 "}}",
              t[i].connections, t[i].caches, t[i].sequences, t[i].tokens, t[i].pages,
-             (uint64_t)t[i].pool_pages, (uint64_t)t[i].max_pages, (uint64_t)t[i].pinned_pages,
+             (uint64_t)t[i].pool_pages, (uint64_t)t[i].max_pages, (uint64_t)t[i].min_pages,
+             (uint64_t)t[i].pinned_pages,
              (uint64_t)t[i].leased_pages, (uint64_t)t[i].max_pinned,
              (uint64_t)t[i].max_sequences, (uint64_t)t[i].max_caches, (uint64_t)t[i].keys,
              (uint64_t)t[i].max_keys, (uint64_t)t[i].refused_pages, (uint64_t)t[i].refused_pins,

@@ -117,6 +117,7 @@ KVC_API int kvc_tenants(kvc_client_t *c, kvc_tenant_info_t **out, size_t *n) {
     arr[i].pages = w->pages;
     arr[i].pool_pages = w->pool_pages;
     arr[i].max_pages = w->max_pages;
+    arr[i].min_pages = w->min_pages;
     arr[i].pinned_pages = w->pinned_pages;
     arr[i].leased_pages = w->leased_pages;
     arr[i].max_pinned = w->max_pinned;

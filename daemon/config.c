@@ -24,6 +24,7 @@ enum opt_type {
   OPT_GIDS,  /* comma list of gids, "self", "root"; empty allowed */
   OPT_TENANTS, /* tenant rules: NAME=uid:N,gid:N; ... (tenant.h) */
   OPT_SHARED,  /* shared caches: CACHE=TENANT:r|rw,...; ... */
+  OPT_FLOORS,  /* tenant floors: NAME=PCT,NAME2=PCT */
   OPT_TENANT,  /* one tenant name, or empty */
   OPT_LEVEL, /* log level name */
   OPT_HASH,  /* sha256 or xxh3 */
@@ -141,6 +142,10 @@ static const option_t options[] = {
   {"tenant_max_keys", OPT_U32, "1024", 0, UINT32_MAX, true, F(tenant_max_keys),
    "distinct prefix salts and extra keys one tenant may have in use; unused ones are freed "
    "(QUOTA_KEYS; 0: unlimited)"},
+  {"tenant_floors", OPT_FLOORS, "", 0, 0, true, F(floors_text),
+   "pool pages guaranteed to named tenants, percent of the pool: NAME=PCT,NAME2=PCT; "
+   "eviction for another tenant never takes a tenant below its floor (the floors sum to "
+   "at most 100, each at most tenant_max_pages_pct); empty: none"},
   {"max_connections_per_uid", OPT_U32, "64", 0, 1u << 20, true, F(max_connections_per_uid),
    "concurrent clients of one uid, admins exempt (QUOTA_CONNS; 0: unlimited)"},
   {"idle_timeout_ms", OPT_U32, "0", 0, 604800000, true, F(idle_timeout_ms),
@@ -379,6 +384,41 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     strcpy(field, value);
     return 0;
   }
+  case OPT_FLOORS: {
+    char buf[sizeof cfg->floors_text];
+    if (strlen(value) >= sizeof buf) {
+      fail(err, errlen, "%s: longer than %zu bytes", o->name, sizeof buf - 1);
+      return -1;
+    }
+    strcpy(buf, value);
+    uint32_t n = 0;
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item;
+         item = strtok_r(NULL, ",", &save)) {
+      char *eq = strchr(item, '='), *end;
+      unsigned long pct = eq ? strtoul(eq + 1, &end, 10) : 0;
+      if (eq) *eq = '\0';
+      if (!eq || !tenant_name_valid(item) || end == eq + 1 || (*end && strcmp(end, "%") != 0) ||
+          pct < 1 || pct > 100) {
+        fail(err, errlen, "%s: expected NAME=PCT,... (a tenant name, a percent 1-100), "
+             "got '%s'", o->name, value);
+        return -1;
+      }
+      for (uint32_t i = 0; i < n; i++)
+        if (strcmp(cfg->floors[i].tenant, item) == 0) {
+          fail(err, errlen, "%s: tenant %s named twice", o->name, item);
+          return -1;
+        }
+      if (n == TENANT_RULES_MAX) {
+        fail(err, errlen, "%s: more than %u tenants", o->name, TENANT_RULES_MAX);
+        return -1;
+      }
+      snprintf(cfg->floors[n].tenant, TENANT_NAME_MAX, "%s", item);
+      cfg->floors[n++].pct = (uint32_t)pct;
+    }
+    cfg->n_floors = n;
+    strcpy(field, value);
+    return 0;
+  }
   case OPT_TENANT:
     if (*value && !tenant_name_valid(value)) {
       fail(err, errlen, "%s: '%s' is not a tenant name (a name of the tenants option, or "
@@ -483,6 +523,19 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
     fail(err, errlen, "write_queue_bytes is smaller than max_frame_bytes");
     return -1;
   }
+  uint32_t floors = 0;
+  for (uint32_t i = 0; i < cfg->n_floors; i++) {
+    floors += cfg->floors[i].pct;
+    if (cfg->floors[i].pct > cfg->tenant_max_pages_pct) {
+      fail(err, errlen, "tenant_floors: %s's floor of %u%% is over tenant_max_pages_pct (%u%%)",
+           cfg->floors[i].tenant, cfg->floors[i].pct, cfg->tenant_max_pages_pct);
+      return -1;
+    }
+  }
+  if (floors > 100) {
+    fail(err, errlen, "tenant_floors: the floors add up to %u%% of the pool", floors);
+    return -1;
+  }
   if (cfg->zero_copy_tenant[0] && cfg->n_shared_rules) {
     fail(err, errlen, "zero_copy_tenant makes a single-tenant node: it has no shared_caches");
     return -1;
@@ -529,6 +582,7 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
   case OPT_BOOL: snprintf(buf, len, "%s", *(const bool *)(const void *)field ? "true" : "false"); return;
   case OPT_TENANTS:
   case OPT_SHARED:
+  case OPT_FLOORS:
   case OPT_TENANT: snprintf(buf, len, "%s", field); return;
   case OPT_UIDS:
   case OPT_GIDS: {

@@ -60,6 +60,9 @@ typedef struct config {
   id_list_t allow_gids;      /* peers allowed by primary or supplementary gid */
   id_list_t admin_uids;      /* admins by uid (root always is one) */
   id_list_t admin_gids;      /* admins by gid, primary or supplementary */
+  char floors_text[1024];    /* `tenant_floors` as given; parsed into floors */
+  struct { char tenant[TENANT_NAME_MAX]; uint32_t pct; } floors[TENANT_RULES_MAX];
+  uint32_t n_floors;
   char tenants_text[1024];   /* `tenants` as given; parsed into tenant_rules */
   tenant_rule_t tenant_rules[TENANT_RULES_MAX];
   uint32_t n_tenant_rules;

@@ -18,13 +18,22 @@ typedef struct wreq {
   uv_write_t req;
   conn_t *c;
   size_t len;
-  _Alignas(8) uint8_t data[]; /* the frame */
+  size_t cap;                 /* a tail: bytes data holds */
+  _Alignas(8) uint8_t data[]; /* the frame, or a tail's frames */
 } wreq_t;
+
+/* While writes are queued (the socket is full: the client is slow, or does
+ * not read), small replies gather in one tail buffer of this size, written
+ * when the queue drains or the tail fills: a client that never reads makes
+ * the daemon hold a write request per 64 KiB, not one per reply, and its
+ * close cancels a few of them, not tens of thousands. */
+#define TAIL_CAP (64 * 1024)
 
 static void schedule(conn_t *c);
 
 static void free_conn(conn_t *c) {
   server_t *srv = c->srv;
+  free(c->tail); /* never written: the connection closed first */
   shm_close(&c->shm);
   free(c->rbuf);
   if (c->prev) c->prev->next = c->next;
@@ -45,6 +54,7 @@ static void on_handle_closed(uv_handle_t *h) {
 }
 
 static void on_shutdown(uv_shutdown_t *req, int status);
+static int write_tail(conn_t *c);
 
 /* The one place c->state changes: each case is what entering it does. */
 static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
@@ -62,6 +72,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
     c->reading = false;
     uv_idle_stop(&c->idle);
     uv_timer_stop(&c->deadline);
+    if (c->tail && write_tail(c) != 0) break; /* the gathered replies go before the FIN */
     c->shutdown_req.data = c;
     if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->pipe, on_shutdown) != 0)
       conn_enter(c, CONN_CLOSED, reason);
@@ -169,15 +180,27 @@ void conn_close_after_flush(conn_t *c, const char *reason) {
   conn_enter(c, CONN_FLUSHING, reason);
 }
 
+static int write_frame(conn_t *c, wreq_t *w);
+
+/* Writes the tail (counted in wq_bytes since its frames were added). */
+static int write_tail(conn_t *c) {
+  wreq_t *w = c->tail;
+  c->tail = NULL;
+  c->wq_bytes -= sizeof *w + w->len; /* write_frame counts it again */
+  return write_frame(c, w);
+}
+
 static void on_write(uv_write_t *req, int status) {
   wreq_t *w = (wreq_t *)req;
   conn_t *c = w->c;
   c->wq_bytes -= sizeof *w + w->len;
+  c->nwrites--;
   free(w);
   if (status < 0) {
     if (status != UV_ECANCELED) conn_close(c, uv_strerror(status));
     return;
   }
+  if (c->nwrites == 0 && c->tail && write_tail(c) != 0) return;
   schedule(c);
 }
 
@@ -194,6 +217,27 @@ static int write_frame(conn_t *c, wreq_t *w) {
     conn_close(c, uv_strerror(rc));
     return KVC_E_IO;
   }
+  c->nwrites++;
+  return 0;
+}
+
+/* Adds a packed small frame to the tail (while writes are queued). */
+static int tail_add(conn_t *c, const uint8_t *frame, size_t len) {
+  if (c->tail && c->tail->len + len > c->tail->cap && write_tail(c) != 0) return KVC_E_IO;
+  if (!c->tail) {
+    wreq_t *w = malloc(sizeof *w + TAIL_CAP);
+    if (!w) {
+      conn_close(c, "out of memory queueing a reply");
+      return KVC_E_NOMEM;
+    }
+    w->len = 0;
+    w->cap = TAIL_CAP;
+    c->tail = w;
+    c->wq_bytes += sizeof *w;
+  }
+  memcpy(c->tail->data + c->tail->len, frame, len);
+  c->tail->len += len;
+  c->wq_bytes += len;
   return 0;
 }
 
@@ -231,6 +275,13 @@ static int write_rest(conn_t *c, const uint8_t *frame, size_t len, size_t sent) 
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
   if (c->state == CONN_CLOSED) return KVC_E_IO;
   size_t n = kvcache__v1__response__get_packed_size(resp);
+  if (n + FRAME_HEADER_BYTES <= SMALL_REPLY && c->nwrites) { /* the socket is full */
+    _Alignas(8) uint8_t frame[SMALL_REPLY];
+    frame_put_header(frame, (uint32_t)n);
+    kvcache__v1__response__pack(resp, frame + FRAME_HEADER_BYTES);
+    return tail_add(c, frame, FRAME_HEADER_BYTES + n);
+  }
+  if (c->tail && write_tail(c) != 0) return KVC_E_IO; /* a large reply keeps the order */
   if (n + FRAME_HEADER_BYTES <= SMALL_REPLY && c->wq_bytes == 0) {
     _Alignas(8) uint8_t frame[SMALL_REPLY];
     frame_put_header(frame, (uint32_t)n);
@@ -319,7 +370,7 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
   size_t off = 0;
   unsigned n = 0;
   uint64_t t0 = budgeted ? uv_hrtime() : 0;
-  if (budgeted && c->wq_bytes) limit = 1;
+  if (budgeted && c->nwrites) limit = 1;
   c->turn_bytes = 0;
   while (c->state < CONN_FLUSHING && !c->offloaded && !c->parked) {
     uint32_t plen = 0;

@@ -78,7 +78,10 @@ struct conn {
   size_t rlen, rcap;         /* bytes held, capacity */
   uint32_t max_frame;        /* max_frame_bytes at accept */
   uint64_t wq_bytes;         /* bytes the replies queued to libuv hold (frames
-                                and their write requests), not yet written */
+                                and their write requests), not yet written,
+                                and the tail's */
+  struct wreq *tail;         /* small replies gathered while writes are queued */
+  uint32_t nwrites;          /* write requests queued to libuv */
   uint64_t turn_bytes;       /* bytes its requests moved in this loop turn
                                 (dispatch adds, run_frames resets) */
   uint32_t nleases;          /* zero-copy read leases this connection holds */

@@ -714,7 +714,9 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   Kvcache__V1__StatsReply *sr = arena_alloc(r->a, sizeof *sr);
   if (!sr) return reject(r, KVC_E_NOMEM, "out of memory");
   kvcache__v1__stats_reply__init(sr);
-  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, cache_view, c, sr);
+  metrics_refusals_t *ref = NULL;
+  size_t nref = quotas_refusals(srv, c->tenant, c->admin, r->a, &ref);
+  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, cache_view, c, ref, nref, sr);
   if (rc) return reject(r, rc, "cannot render stats: %s", kvc_strerror(rc));
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STATS;
   r->resp->stats = sr;

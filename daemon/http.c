@@ -22,6 +22,7 @@
 #include "codec.h"
 #include "log.h"
 #include "promtext.h"
+#include "quotas.h"
 
 #define HTTP_MAX_REQUEST 4096u
 #define HTTP_TIMEOUT_MS 5000u
@@ -118,8 +119,10 @@ static const char *operator_view(void *ctx, const kvc_cache_info_t *ci) {
 /* The figures as Prometheus text: the Stats reply, as kvc_stats has it. */
 static int render(server_t *srv, char **out, size_t *len) {
   Kvcache__V1__StatsReply sr = KVCACHE__V1__STATS_REPLY__INIT;
+  metrics_refusals_t *ref = NULL; /* the operator's view: every tenant refused */
+  size_t nref = quotas_refusals(srv, UINT32_MAX, true, &srv->arena, &ref);
   int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), &srv->arena, operator_view, srv,
-                          &sr);
+                          ref, nref, &sr);
   if (rc == 0) {
     size_t nlab = 0;
     for (size_t i = 0; i < sr.n_stats; i++) nlab += sr.stats[i]->n_labels;

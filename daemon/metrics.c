@@ -227,8 +227,23 @@ static void render_caches(builder_t *b, engine_t *eng, const kvc_cache_info_t *i
   }
 }
 
+const char *const metrics_limit_names[METRICS_LIMITS] = {
+    "pages", "pins", "sequences", "caches", "keys", "connections", "shm"};
+
+static void render_refusals(builder_t *b, const metrics_refusals_t *ref, size_t nref) {
+  for (size_t i = 0; i < nref && !b->rc; i++)
+    for (int k = 0; k < METRICS_LIMITS; k++) {
+      Kvcache__V1__Stat *st =
+          add(b, "quota_refusals_total", ref[i].n[k], KVCACHE__V1__STAT_KIND__STAT_COUNTER,
+              "requests", "requests refused by a tenant quota, by tenant and limit", "");
+      labels(b, st, 2, (const char *const[]){"tenant", ref[i].tenant, "limit",
+                                             metrics_limit_names[k]});
+    }
+}
+
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
-                   metrics_cache_view_fn view, void *view_ctx, Kvcache__V1__StatsReply *out) {
+                   metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
+                   size_t nref, Kvcache__V1__StatsReply *out) {
   size_t ncaches = 0;
   engine_cache_list(eng, NULL, 0, &ncaches);
   kvc_cache_info_t *infos = NULL;
@@ -261,6 +276,7 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
   DAEMON_STATS(DAEMON_ADD_)
 #undef DAEMON_ADD_
   render_ops(&b, s);
+  render_refusals(&b, ref, nref);
   render_caches(&b, eng, infos, ncaches, view, view_ctx);
   if (b.rc) return b.rc;
   out->n_stats = b.n;

@@ -88,6 +88,15 @@ uint64_t metrics_bucket_max(unsigned idx);
  * NULL for one it may not (doc/security.md). */
 typedef const char *(*metrics_cache_view_fn)(void *ctx, const kvc_cache_info_t *ci);
 
+/* One tenant's quota refusals by limit (quota_refusals_total). */
+#define METRICS_LIMITS 7
+typedef struct metrics_refusals {
+  const char *tenant;
+  uint64_t n[METRICS_LIMITS]; /* in the order of metrics_limit_names */
+} metrics_refusals_t;
+/* pages, pins, sequences, caches, keys, connections, shm: the limit label. */
+extern const char *const metrics_limit_names[METRICS_LIMITS];
+
 /* The name of an operation ("put"), as its op label says it. */
 const char *metrics_op_name(enum op op);
 
@@ -95,6 +104,7 @@ const char *metrics_op_name(enum op op);
  * their tenant label), daemon, per operation. Strings and arrays come from
  * a (freed with the reply). Returns 0 or KVC_E_NOMEM. */
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
-                   metrics_cache_view_fn view, void *view_ctx, Kvcache__V1__StatsReply *out);
+                   metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
+                   size_t nref, Kvcache__V1__StatsReply *out);
 
 #endif

@@ -25,7 +25,20 @@ int quotas_apply(server_t *srv) {
   /* A percent of a small pool rounds to nothing: at least one page. */
   if (!lim.max_pages) lim.max_pages = 1;
   if (!lim.max_pinned) lim.max_pinned = 1;
-  return engine_tenant_limits_set(srv->eng, ENGINE_TENANT_DEFAULT, &lim);
+  int rc = engine_tenant_limits_set(srv->eng, ENGINE_TENANT_DEFAULT, &lim);
+  /* Floors: the named tenants get the default limits and their floor; a
+   * tenant whose floor a reload removed goes back to the default. */
+  for (uint32_t i = 0; rc == 0 && i < srv->nfloored; i++)
+    rc = engine_tenant_limits_set(srv->eng, srv->floored[i], NULL);
+  srv->nfloored = 0;
+  for (uint32_t i = 0; rc == 0 && i < cfg->n_floors; i++) {
+    uint32_t id = tenants_id(&srv->tenants, cfg->floors[i].tenant);
+    if (!id) return KVC_E_NOMEM;
+    engine_tenant_limits_t own = lim;
+    own.min_pages = st.pool_pages * cfg->floors[i].pct / 100;
+    if ((rc = engine_tenant_limits_set(srv->eng, id, &own)) == 0) srv->floored[srv->nfloored++] = id;
+  }
+  return rc;
 }
 
 static void count_refusal(server_t *srv, uint32_t tenant, uint64_t *per_tenant) {
@@ -91,6 +104,7 @@ void quotas_row(server_t *srv, uint32_t tenant, Kvcache__V1__TenantInfo *row) {
   (void)engine_tenant_usage(srv->eng, tenant, &lim, &u);
   row->pool_pages = u.pages;
   row->max_pages = lim.max_pages;
+  row->min_pages = lim.min_pages;
   row->pinned_pages = u.pinned;
   row->leased_pages = u.leased;
   row->max_pinned = lim.max_pinned;
@@ -109,4 +123,26 @@ void quotas_row(server_t *srv, uint32_t tenant, Kvcache__V1__TenantInfo *row) {
     row->refused_connections = srv->refused_conns[tenant];
     row->refused_shm = srv->refused_shm[tenant];
   }
+}
+
+size_t quotas_refusals(server_t *srv, uint32_t viewer_tenant, bool all, arena_t *a,
+                       metrics_refusals_t **out) {
+  uint32_t nt = srv->tenants.n + 1; /* ids 0 (shared) .. n */
+  metrics_refusals_t *rows = arena_alloc(a, nt * sizeof *rows);
+  if (!rows) return 0;
+  size_t n = 0;
+  for (uint32_t t = 0; t < nt; t++) {
+    if (t != viewer_tenant && !all) continue;
+    Kvcache__V1__TenantInfo ti = KVCACHE__V1__TENANT_INFO__INIT;
+    quotas_row(srv, t, &ti);
+    metrics_refusals_t r = {tenants_name(&srv->tenants, t),
+                            {ti.refused_pages, ti.refused_pins, ti.refused_sequences,
+                             ti.refused_caches, ti.refused_keys, ti.refused_connections,
+                             ti.refused_shm}};
+    uint64_t any = 0;
+    for (int k = 0; k < METRICS_LIMITS; k++) any |= r.n[k];
+    if (t == viewer_tenant || any) rows[n++] = r;
+  }
+  *out = rows;
+  return n;
 }

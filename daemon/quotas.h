@@ -26,6 +26,11 @@ size_t quotas_idle_sweep(server_t *srv);
 /* Fills the quota fields of tenant's row of the Tenants reply (usage,
  * limits, refusals); shm_bytes is the caller's sum. */
 void quotas_row(server_t *srv, uint32_t tenant, Kvcache__V1__TenantInfo *row);
+/* The quota refusals a viewer may see, by tenant: its own tenant's always
+ * (viewer_tenant), and with all every other tenant refused anything.
+ * Arrays from a. Returns how many rows (0 out of memory). */
+size_t quotas_refusals(server_t *srv, uint32_t viewer_tenant, bool all, arena_t *a,
+                       metrics_refusals_t **out);
 /* Notes that c sent a request (for the idle timeout). */
 void quotas_touch(conn_t *c);
 

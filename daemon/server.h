@@ -31,6 +31,8 @@ typedef struct server {
   char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
   offload_t *offload;      /* the copy threads of large gets and puts */
+  uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
+  uint32_t nfloored;
   shm_region_t pool;       /* the page pool memfd */
   int pool_ro_fd;          /* read-only reopening of it, passed at each Hello */
   daemon_stats_t stats;

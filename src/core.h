@@ -79,6 +79,7 @@ typedef struct quota {
   uint32_t idx;                /* in eng->quotas, as page_quota names it */
   bool own;                    /* lim is this tenant's; else the default applies */
   bool over;                   /* eviction: over its page share when the call began */
+  uint64_t plan_freed;         /* eviction planning: its pages the plan frees */
   engine_tenant_limits_t lim;
   engine_tenant_usage_t use;   /* gauges kept current, refusal counters */
 } quota_t;

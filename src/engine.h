@@ -453,6 +453,10 @@ typedef struct engine_tenant_limits {
   uint64_t max_seqs;    /* sequences, empty ones included (KVC_E_QUOTA_SEQS) */
   uint32_t max_caches;  /* caches (KVC_E_QUOTA_CACHES) */
   uint32_t max_keys;    /* interned prefix keys (KVC_E_QUOTA_KEYS) */
+  uint64_t min_pages;   /* a floor: eviction that makes room for another
+                           tenant never takes this one below it (a victim
+                           whose pages would cross it is passed over); its
+                           own puts evict its own data as usual. 0: none */
 } engine_tenant_limits_t;
 
 /* A tenant's usage and how often each limit refused it. */

@@ -64,6 +64,7 @@ typedef struct plan {
   uint32_t last_prio; /* the walk's last node, to clear what it marked */
   lru_node_t *last;
   quota_t *only;     /* the first walk: this tenant's victims alone */
+  const quota_t *by; /* whose call it is: others' floors apply (min_pages) */
   bool over_only;    /* the first walk: victims of tenants over their share */
   bool two_walks;    /* clear every list up to last_prio, not to last */
 } plan_t;
@@ -88,6 +89,7 @@ static void plan_reclaim(engine_t *eng, plan_t *pl, ipage_t *ip) {
   touch_ip(pl, ip);
   ip->planned = true;
   pl->freed++;
+  ip->cache->q->plan_freed++;
   if (ip->parent == POOL_NOPAGE) return;
   ipage_t *par = page_meta(eng, ip->parent);
   touch_ip(pl, par);
@@ -100,9 +102,23 @@ static bool plan_done(const engine_t *eng, const plan_t *pl) {
   return eng->pool.nfree + pl->freed >= pl->need;
 }
 
+/* Whether taking the victim at n (its table's pages, or one cached page)
+ * could take its tenant below its floor, counting what the plan frees of
+ * that tenant already (planning) or what it holds now (evicting: nothing
+ * planned). A tenant's own call is not held by its own floor. */
+static bool under_floor(const engine_t *eng, const plan_t *pl, const lru_node_t *n,
+                        const quota_t *q) {
+  if (q == pl->by) return false;
+  uint64_t floor = quota_lim(eng, q)->min_pages;
+  if (!floor) return false;
+  uint64_t victim = n->kind == LRU_SEQ ? SEQ_OF(n)->ntable : 1;
+  return q->use.pages < floor + q->plan_freed + victim;
+}
+
 /* Whether the walk takes the victim at node n. */
-static bool walk_takes(const plan_t *pl, const lru_node_t *n) {
+static bool walk_takes(const engine_t *eng, const plan_t *pl, const lru_node_t *n) {
   const cache_t *c = n->kind == LRU_SEQ ? SEQ_OF(n)->cache : IPAGE_OF(n)->cache;
+  if (under_floor(eng, pl, n, c->q)) return false;
   if (pl->over_only) return c->q->over;
   return !pl->only || c->q == pl->only;
 }
@@ -123,6 +139,7 @@ static void plan_seq(engine_t *eng, plan_t *pl, const evict_need_t *nd, seq_t *s
       if (held == p->refcnt[page] - writers_of(nd, page)) pl->need--; /* copy lapses */
     } else if (held == p->refcnt[page]) {
       pl->freed++;
+      s->cache->q->plan_freed++;
     } else if (held == p->refcnt[page] - 1 && page_meta(eng, page) && page_meta(eng, page)->indexed) {
       plan_push(pl, page_meta(eng, page)); /* becomes a cached page, reclaimed next */
     }
@@ -134,7 +151,7 @@ static void plan_walk(engine_t *eng, plan_t *pl, const evict_need_t *nd) {
   for (uint32_t prio = 0; prio < PRIO_LEVELS && !plan_done(eng, pl); prio++) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head && !plan_done(eng, pl); n = n->prev) {
-      if (!walk_takes(pl, n)) continue;
+      if (!walk_takes(eng, pl, n)) continue;
       if (!pl->two_walks || prio > pl->last_prio) pl->last_prio = prio;
       pl->last = n;
       if (n->kind == LRU_SEQ) {
@@ -178,7 +195,7 @@ static bool evict_one(engine_t *eng, const plan_t *filter) {
   for (uint32_t prio = 0; prio < PRIO_LEVELS; prio++) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head; n = n->prev) {
-      if (!walk_takes(filter, n)) continue;
+      if (!walk_takes(eng, filter, n)) continue;
       if (n->kind == LRU_SEQ) {
         seq_t *s = SEQ_OF(n);
         if (s->mark == eng->epoch || s->busy) continue;
@@ -201,6 +218,10 @@ static bool evict_one(engine_t *eng, const plan_t *filter) {
   return false;
 }
 
+static void plan_freed_reset(engine_t *eng) {
+  for (uint32_t i = 0; i < eng->nquotas; i++) eng->quotas[i]->plan_freed = 0;
+}
+
 /* Marks the tenants holding more than their page share; true if any. */
 static bool mark_over(engine_t *eng) {
   bool any = false;
@@ -218,8 +239,10 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
   uint64_t need = need_now(eng, nd);
   if (need <= p->nfree) return 0; /* no pressure: shares do not apply */
   bool over = nd->q && quota_pages_over(eng, nd->q, need);
-  plan_t pl = {need, 0, eng->scratch, 0, eng->scratch ? eng->scratch + p->npages : NULL, 0, 0,
-               NULL, false, false}; /* the stack is used only for pages with token metadata */
+  /* The stack is used only for pages with token metadata. */
+  plan_t pl = {.need = need, .stack = eng->scratch,
+               .touched = eng->scratch ? eng->scratch + p->npages : NULL, .by = nd->q};
+  plan_freed_reset(eng);
   /* First walk: a tenant past its share makes room from its own victims
    * alone (if they are not enough, QUOTA_PAGES when others' would be, FULL
    * when the pool has no room at all); one within its share takes from
@@ -250,7 +273,9 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
     eng->err.freeable = p->nfree + pl.freed;
     return rc;
   }
-  plan_t own = {.only = nd->q}, over_share = {.over_only = true}, any = {0};
+  plan_freed_reset(eng); /* evicting counts what tenants hold now */
+  plan_t own = {.only = nd->q, .by = nd->q}, over_share = {.over_only = true, .by = nd->q},
+         any = {.by = nd->q};
   if (first) {
     while (p->nfree < need_now(eng, nd) && evict_one(eng, over ? &own : &over_share)) continue;
   }

@@ -639,6 +639,8 @@ typedef struct kvc_tenant_info {
    * each since the daemon started (doc/security.md). */
   uint64_t pool_pages;   /* pool pages it holds, each once */
   uint64_t max_pages;    /* its share under pressure */
+  uint64_t min_pages;    /* its floor: eviction for other tenants leaves it this
+                            many (tenant_floors; 0: none) */
   uint64_t pinned_pages, leased_pages;
   uint64_t max_pinned;   /* pinned plus leased */
   uint64_t max_sequences;

@@ -47,6 +47,7 @@ static const struct {
     {"tenant_max_pinned_pct", "10", "10", "12", "12"},
     {"tenant_max_seqs", "1000", "1000", "0", "0"},
     {"tenant_max_caches", "4", "4", "5", "5"},
+    {"tenant_floors", "a=10,uid:7=5%", "a=10,uid:7=5%", "b=20", "b=20"},
     {"tenant_max_keys", "100", "100", "200", "200"},
     {"max_connections_per_uid", "8", "8", "9", "9"},
     {"idle_timeout_ms", "60000", "60000", "70000", "70000"},

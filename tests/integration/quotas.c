@@ -343,3 +343,95 @@ TEST(quotas_idle_connection_is_closed) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+/* The floored victim's sequences, written and checked around the flood. */
+static void floored_main(void *p) {
+  side_t *s = p;
+  int rc;
+  kvc_client_t *c = open_shm(s->d, 1 << 20, &rc);
+  ASSERT_OK(rc);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "work", &l, &h));
+  for (uint64_t q = 1; q <= 40; q++) put_seq(h, q, 5); /* 120 pages, under its floor */
+  say(s, 'r');
+  hear(s);
+  for (uint64_t q = 1; q <= 40; q++) check_seq(h, q, 5);
+  /* Its own view of the refusal counters: its tenant alone, nothing refused. */
+  ASSERT_U64_EQ(stat_get(c, "quota_refusals_total{tenant=uid:64001}", NULL), 0);
+  kvc_stat_t *st;
+  size_t n;
+  ASSERT_OK(kvc_stats(c, &st, &n));
+  for (size_t i = 0; i < n; i++) {
+    const char *t = kvc_stat_label(&st[i], "tenant");
+    if (strcmp(st[i].name, "quota_refusals_total") == 0 && strcmp(t, "uid:64001") != 0)
+      TEST_FAIL_("a client sees tenant %s's refusals", t);
+  }
+  kvc_stats_free(st);
+  kvc_cache_close(h);
+  kvc_client_close(c);
+  say(s, 'd');
+}
+
+/* The hog floods the pool three times over and asks for a second cache. */
+static void flooder_main(void *p) {
+  side_t *s = p;
+  hear(s);
+  int rc;
+  kvc_client_t *c = open_shm(s->d, 1 << 20, &rc);
+  ASSERT_OK(rc);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h, *x;
+  ASSERT_OK(kvc_cache_open(c, "flood", &l, &h));
+  for (uint64_t q = 1; q <= 512; q++) put_seq(h, q, 9);
+  EXPECT_QUOTA(kvc_cache_open(c, "more", &l, &x), KVC_E_QUOTA_CACHES, c, "tenant_max_caches");
+  ASSERT_U64_EQ(stat_get(c, "quota_refusals_total{tenant=uid:64002,limit=caches}", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "quota_refusals_total{tenant=uid:64002,limit=pages}", NULL), 0);
+  check_seq(h, 512, 9);
+  kvc_cache_close(h);
+  kvc_client_close(c);
+  say(s, 'h');
+}
+
+/* A tenant floor (tenant_floors) keeps a victim's pages through another
+ * tenant's flood of three pools' worth, every byte verified; the refusals
+ * are counted per tenant and limit in the metrics, each client seeing its
+ * own tenant's and an admin every tenant's that refused anything. */
+TEST_TIMEOUT(quotas_floor_keeps_a_tenant_through_a_flood, 120) {
+  static const char *const args[] = {
+      "--allow-uids", "self,root,64001,64002", "--socket-mode", "0666",
+      "--tenant-floors", "uid:64001=30", "--tenant-max-pages-pct", "100",
+      "--tenant-max-caches", "1", "--shm-default-bytes", "1MiB", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  ASSERT_EQ(chmod(d.dir, 0755), 0);
+  int vp[2], vc[2], hp[2], hc[2];
+  ASSERT(pipe(vp) == 0 && pipe(vc) == 0 && pipe(hp) == 0 && pipe(hc) == 0);
+  side_t vs = {&d, vp[1], vc[0]}, hs = {&d, hp[1], hc[0]};
+  pid_t victim = spawn_as(UID_V, floored_main, &vs);
+  pid_t hog = spawn_as(UID_H, flooder_main, &hs);
+  close(vp[1]), close(vc[0]), close(hp[1]), close(hc[0]);
+  char ch;
+  ASSERT(read(vp[0], &ch, 1) == 1 && ch == 'r');
+  ASSERT(write(hc[1], "g", 1) == 1);
+  if (read(hp[0], &ch, 1) != 1 || ch != 'h') TEST_FAIL_("the flooder failed: exit %d", reap(hog));
+  ASSERT(write(vc[1], "g", 1) == 1);
+  if (read(vp[0], &ch, 1) != 1 || ch != 'd') TEST_FAIL_("the victim failed: exit %d", reap(victim));
+  ASSERT_EQ(reap(hog), 0);
+  ASSERT_EQ(reap(victim), 0);
+  kvc_client_t *c = client_open(&d);
+  kvc_tenant_info_t *t;
+  size_t n;
+  ASSERT_OK(kvc_tenants(c, &t, &n));
+  const kvc_tenant_info_t *v = row(t, n, "uid:64001");
+  ASSERT_U64_EQ(v->min_pages, 512 * 30 / 100);
+  ASSERT_U64_EQ(v->pool_pages, 120);
+  kvc_tenants_free(t);
+  /* Root, an admin, sees the flooder's refusal too. */
+  ASSERT_U64_EQ(stat_get(c, "quota_refusals_total{tenant=uid:64002,limit=caches}", NULL), 1);
+  char out[4096];
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "tenants"), 0);
+  ASSERT(strstr(out, "120/512>=153") != NULL); /* used/share>=floor */
+  kvc_client_close(c);
+  daemon_stop(&d);
+}

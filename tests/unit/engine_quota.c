@@ -281,3 +281,39 @@ TEST(quota_keys_are_capped_and_freed_when_unused) {
   ASSERT_EQ(usage(&f, 2).keys, 1); /* in use */
   fx_close(&f);
 }
+
+/* A floor: another tenant's puts evict a floored tenant's least recent data
+ * only down to its floor, then their own; the floored tenant's own puts are
+ * not held by it; with nothing else to take, FULL, and nothing changed. */
+TEST(quota_floor_holds_against_other_tenants) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 12);
+  engine_tenant_limits_t lim = {.min_pages = 5};
+  ASSERT_OK(engine_tenant_limits_set(f.eng, 2, &lim));
+  uint32_t kept = open_in(&f, 2, "kept");
+  for (uint64_t s = 1; s <= 8; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 2)); /* 8 pages, oldest first */
+  uint32_t other = open_in(&f, 1, "other");
+  for (uint64_t s = 1; s <= 12; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 1));
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(usage(&f, 2).pages, 5); /* 3 evicted, then the floor held */
+  ASSERT_U64_EQ(usage(&f, 1).pages, 7);
+  f.cid = kept;
+  for (uint64_t s = 1; s <= 3; s++) ASSERT_ERR(fx_get_rc(&f, s, 0, 4, fx_all(&f.lay)), KVC_E_NOSEQ);
+  for (uint64_t s = 4; s <= 8; s++) FX_EXPECT(&f, s, 0, 4, 2);
+  /* The other tenant's own oldest went for its last puts: 6..12 remain. */
+  f.cid = other;
+  for (uint64_t s = 6; s <= 12; s++) FX_EXPECT(&f, s, 0, 4, 1);
+  /* Pinned, the other tenant has nothing to give: FULL, nothing changes. */
+  for (uint64_t s = 6; s <= 12; s++) ASSERT_OK(engine_pin(f.eng, other, s, 9));
+  ASSERT_ERR(fx_put(&f, 20, 0, 4, 1), KVC_E_FULL);
+  ASSERT_U64_EQ(usage(&f, 2).pages, 5);
+  /* The floored tenant's own put may take it below its floor (its data,
+   * its choice of what goes): it evicts its own least recent. */
+  f.cid = kept;
+  ASSERT_OK(fx_put(&f, 9, 0, 8, 2));
+  ASSERT_ERR(fx_get_rc(&f, 4, 0, 4, fx_all(&f.lay)), KVC_E_NOSEQ);
+  FX_EXPECT(&f, 9, 0, 8, 2);
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}
