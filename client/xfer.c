@@ -437,6 +437,7 @@ KVC_API int kvc_step(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t *en
   st.view = (Kvcache__V1__StepView)s->view;
   st.out_off = s->out_off;
   st.out_len = s->out_len;
+  st.no_mask = s->no_mask;
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
   req.body_case = KVCACHE__V1__REQUEST__BODY_STEP;
   req.step = &st;

@@ -836,13 +836,13 @@ static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
 /* Where a step's view goes in [off, off + len) of the buffer: K, V and the
  * mask (each 64-byte aligned; K and V empty for a lease view) for nentries
  * entries and ntok batch tokens. Checks the region and that they fit. */
-static int step_place(conn_t *c, reply_t *r, const layout_xfer_t *g, bool gather, uint64_t off,
-                      uint64_t len, uint64_t nentries, uint64_t ntok, uint64_t place[3],
-                      uint64_t sizes[3]) {
-  uint64_t kb = 0, vb = 0, mb;
+static int step_place(conn_t *c, reply_t *r, const layout_xfer_t *g, bool gather, bool mask,
+                      uint64_t off, uint64_t len, uint64_t nentries, uint64_t ntok,
+                      uint64_t place[3], uint64_t sizes[3]) {
+  uint64_t kb = 0, vb = 0, mb = 0;
   if ((gather && layout_xfer_bytes(g, nentries, &kb, &vb, NULL)) ||
-      __builtin_mul_overflow(nentries, ntok * 4, &mb) || kb > (1ull << 62) || vb > (1ull << 62) ||
-      mb > (1ull << 62))
+      (mask && __builtin_mul_overflow(nentries, ntok * 4, &mb)) || kb > (1ull << 62) ||
+      vb > (1ull << 62) || mb > (1ull << 62))
     return reject(r, KVC_E_OVERFLOW, "a view of %llu entries overflows",
                   (unsigned long long)nentries);
   if (off > c->shm.bytes || len > c->shm.bytes - off)
@@ -887,6 +887,8 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     return reject(r, KVC_E_INVAL, "unknown step view %d", view);
   bool lease = view == KVCACHE__V1__STEP_VIEW__STEP_VIEW_LEASE;
   bool gather = view == KVCACHE__V1__STEP_VIEW__STEP_VIEW_GATHER;
+  bool mask = !(lease && b->no_mask);
+  if (b->no_mask && !lease) return reject(r, KVC_E_INVAL, "no_mask goes with a lease view");
   uint64_t ntok = 0, bound = 0, place[3] = {0}, sizes[3] = {0};
   kvc_xfer_t kx;
   codec_xfer_from_wire(b->xfer, &kx);
@@ -911,7 +913,8 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
       return reject(r, KVC_E_TOOMANY, "a step of %llu tokens exceeds max_entries %u",
                     (unsigned long long)ntok, c->srv->cfg.max_entries);
     if (lease && (rc = lease_allowed(c, r, b->n_entries))) return rc;
-    if ((rc = step_place(c, r, &g, gather, b->out_off, b->out_len, bound, ntok, place, sizes)))
+    if ((rc = step_place(c, r, &g, gather, mask, b->out_off, b->out_len, bound, ntok, place,
+                         sizes)))
       return rc;
   }
   c->turn_bytes += io_bytes(e, b->n_entries); /* copied on the loop */
@@ -928,7 +931,8 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     for (uint64_t p = 0; p < e[i].ntokens; p++) t[k++] = (engine_tok_t){e[i].seq_id, e[i].pos + p};
   engine_hist_t h = {0};
   ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, ntok, &h)); /* sizes */
-  if ((rc = step_place(c, r, &g, gather, b->out_off, b->out_len, h.nentries, ntok, place, sizes)))
+  if ((rc = step_place(c, r, &g, gather, mask, b->out_off, b->out_len, h.nentries, ntok, place,
+                       sizes)))
     return rc;
   h.spans_cap = h.nspans;
   if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)))
@@ -939,7 +943,7 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     h.k_bytes = sizes[0];
     h.v_bytes = sizes[1];
   }
-  h.mask = (float *)(void *)(c->shm.base + place[2]);
+  h.mask = mask ? (float *)(void *)(c->shm.base + place[2]) : NULL;
   h.mask_bytes = sizes[2];
   ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, ntok, &h));
   if ((rc = history_reply(r, &h, sizes[0], sizes[1]))) return rc;

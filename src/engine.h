@@ -342,7 +342,7 @@ typedef struct engine_hist {
   size_t nspans;
 } engine_hist_t;
 
-/* With k and v NULL and mask set, only the mask and the spans are written
+/* With k and v NULL and the mask or the spans set, only those are written
  * (a zero-copy view: the caller reads the entries in place under leases).
  * The history a batch of n tokens attends to: per sequence of the batch (in
  * order of first appearance), its held positions [start, highest batch

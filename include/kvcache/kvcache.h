@@ -470,6 +470,10 @@ typedef struct kvc_step {
   uint64_t out_off, out_len; /* the view's region of the shared buffer: K, V
                                 (gather only) and the mask land in it, each
                                 64-byte aligned */
+  bool no_mask;              /* a lease view without the mask: a batch of one
+                                token a sequence attends to its span whole
+                                (holes aside); saves tokens x entries x 4
+                                bytes */
   kvc_hist_span_t *spans;    /* filled: one per sequence, as kvc_history's */
   size_t spans_cap;
   kvc_lease_t **leases;      /* a lease view: leases[i] covers spans[i] (its

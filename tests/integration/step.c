@@ -137,6 +137,20 @@ TEST(step_lease_view_equals_gathered_view) {
   for (int s = 0; s < NSEQ; s++) ASSERT_OK(kvc_lease_release_later(leases[s]));
   ASSERT_OK(kvc_ping(c)); /* carries the releases */
   ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
+  /* Without the mask: the spans and the leases alone; the new token is read
+   * in place. */
+  step_entries(c, h, pos + 1, e);
+  st.no_mask = true;
+  ASSERT_OK(kvc_step(h, NULL, e, NSEQ, &st));
+  ASSERT_U64_EQ(st.hist.mask_bytes, 0);
+  ASSERT_U64_EQ(spans[3].n, pos + 2);
+  float want[128], wantv[128];
+  it_fill_f32(want, wantv, &l, 4, pos + 1, 1, 3);
+  ASSERT_MEM_EQ(kvc_lease_k(leases[3], 0, pos + 1), want, row);
+  for (int s = 0; s < NSEQ; s++) ASSERT_OK(kvc_lease_release(leases[s]));
+  kvc_step_t bad = {.view = KVC_VIEW_GATHER, .no_mask = true, .out_off = out,
+                    .out_len = bytes - out};
+  ASSERT_ERR(kvc_step(h, NULL, e, NSEQ, &bad), KVC_E_INVAL);
   free(mask);
   kvc_client_close(c);
   daemon_stop(&d);
