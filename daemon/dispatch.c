@@ -889,7 +889,12 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   bool gather = view == KVCACHE__V1__STEP_VIEW__STEP_VIEW_GATHER;
   bool mask = !(lease && b->no_mask);
   if (b->no_mask && !lease) return reject(r, KVC_E_INVAL, "no_mask goes with a lease view");
-  uint64_t ntok = 0, bound = 0, place[3] = {0}, sizes[3] = {0};
+  uint64_t ntok = 0, bound = 0, lease_pages = 0, place[3] = {0}, sizes[3] = {0};
+  kvc_cache_info_t ci;
+  uint32_t owner;
+  if (engine_cache_info(eng, b->cache_id, &ci) || engine_cache_tenant(eng, b->cache_id, &owner))
+    return reject(r, KVC_E_NOCACHE, "no cache with id %u", b->cache_id);
+  uint64_t T = ci.layout.page_tokens;
   kvc_xfer_t kx;
   codec_xfer_from_wire(b->xfer, &kx);
   layout_xfer_t g;
@@ -904,6 +909,7 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     }
     ntok += e[i].ntokens;
     bound += hi > lo ? hi - lo : 0;
+    if (hi > lo) lease_pages += (hi - 1) / T - lo / T + 1;
   }
   if (view) {
     if (g.bt == KVC_DTYPE_INT8)
@@ -913,6 +919,15 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
       return reject(r, KVC_E_TOOMANY, "a step of %llu tokens exceeds max_entries %u",
                     (unsigned long long)ntok, c->srv->cfg.max_entries);
     if (lease && (rc = lease_allowed(c, r, b->n_entries))) return rc;
+    engine_tenant_limits_t lim;
+    engine_tenant_usage_t use;
+    if (lease && engine_tenant_usage(eng, owner, &lim, &use) == 0 && lim.max_pinned &&
+        use.pinned + use.leased + lease_pages > lim.max_pinned)
+      return reject(r, KVC_E_QUOTA_PINS, "tenant_max_pinned: the tenant pins %llu and leases "
+                    "%llu pages; the step's lease view takes up to %llu more, past the quota "
+                    "of %llu (nothing was written)", (unsigned long long)use.pinned,
+                    (unsigned long long)use.leased, (unsigned long long)lease_pages,
+                    (unsigned long long)lim.max_pinned);
     if ((rc = step_place(c, r, &g, gather, mask, b->out_off, b->out_len, bound, ntok, place,
                          sizes)))
       return rc;

@@ -490,11 +490,12 @@ typedef struct kvc_step {
  * token ids optional; layers of x), then returns the history view the
  * batch's attention needs (the batch: every entry's tokens, in order; the
  * mask and the spans as kvc_history's). Everything the view needs is checked
- * before the write (the region holds the largest view the write can leave,
- * a lease view the connection's lease count), so a refusal (KVC_E_FULL,
- * KVC_E_SIZE, ...) changes nothing. A lease view of a sequence with holes,
- * or past the tenant's pin quota, fails after the write (then nothing is
- * leased). The codes of kvc_put_shm and kvc_history; KVC_E_PERM for a lease
+ * before the write (the region holds the largest view the write can leave;
+ * a lease view the connection's lease count and the tenant's pinned plus
+ * leased quota, counting every page of the views), so a refusal (KVC_E_FULL,
+ * KVC_E_SIZE, KVC_E_QUOTA_PINS, ...) changes nothing. Only a lease view of a
+ * sequence with holes (use the gathered view) fails after the write: then
+ * the write stays and nothing is leased. The codes of kvc_put_shm and kvc_history; KVC_E_PERM for a lease
  * view without the pool mapping; KVC_E_TOOMANY past the daemon's entries per
  * request (a step is never split). */
 KVC_API int kvc_step(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_shm_io_t *entries,

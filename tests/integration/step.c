@@ -271,3 +271,30 @@ TEST(lease_batch_all_or_nothing) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+/* A lease view past the tenant's pinned-plus-leased quota is refused before
+ * the write: nothing written, nothing leased. */
+TEST(step_lease_view_over_quota_changes_nothing) {
+  static const char *const args[] = {"--tenant-max-pinned-pct", "1", NULL}; /* 5 of 512 pages */
+  daemon_t d;
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  kvc_layout_t l = lay();
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "step", &l, &h));
+  prefill(h); /* 3 pages a sequence */
+  void *base;
+  uint64_t bytes;
+  kvc_client_shm(c, &base, &bytes);
+  kvc_shm_io_t e[NSEQ];
+  step_entries(c, h, PREFIX, e);
+  kvc_lease_t *leases[NSEQ];
+  kvc_step_t st = {.view = KVC_VIEW_LEASE, .out_off = bytes / 2, .out_len = bytes / 2,
+                   .leases = leases, .leases_cap = NSEQ};
+  ASSERT_ERR(kvc_step(h, NULL, e, NSEQ, &st), KVC_E_QUOTA_PINS);
+  ASSERT(strstr(kvc_client_last_error(c), "nothing was written") != NULL);
+  ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
+  expect_unchanged(h, PREFIX);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
