@@ -97,6 +97,9 @@ CTL_OBJ := $(B)/client/kvcachectl.o
 UNIT_SRC := $(wildcard tests/unit/*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/tests/unit_%)
 IT_SRC := $(wildcard tests/integration/*.c)
+EXAMPLE_SRC := $(wildcard client/examples/*.c)
+EXAMPLE_BIN := $(patsubst client/examples/%.c,$(B)/examples/%,$(EXAMPLE_SRC))
+.SECONDARY: $(EXAMPLE_SRC:%.c=$(B)/%.o)
 IT_BIN := $(IT_SRC:tests/integration/%.c=$(B)/tests/it_%)
 BENCH_SRC := $(wildcard tests/bench/*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(B)/bench/%)
@@ -122,7 +125,7 @@ ifneq ($(HAVE_DAEMON),)
   ALL += $(B)/kvcached
 endif
 ifneq ($(HAVE_CLIENT),)
-  ALL += $(B)/libkvcache.so $(B)/libkvcache.a $(B)/kvcachectl
+  ALL += $(B)/libkvcache.so $(B)/libkvcache.a $(B)/kvcachectl $(EXAMPLE_BIN)
 endif
 ifneq ($(HAVE_DAEMON),)
   ALL += $(FUZZ_REPLAY_BIN)
@@ -192,6 +195,13 @@ $(B)/libkvcache.a: $(CLIENT_DEPS)
 	$(Q)rm -f $@ && ar rcs $@ $^
 $(B)/kvcachectl: $(CTL_OBJ) $(B)/libkvcache.a
 	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) -lm
+
+# The worker examples (doc/worker-guide.md), built by make and run by
+# tests/integration/examples.c so that they cannot rot.
+$(B)/examples/%: $(B)/client/examples/%.o $(B)/libkvcache.a
+	$(call say,LD,$@)
+	$(Q)mkdir -p $(dir $@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) -lm
 
 # ---- the Python package -----------------------------------------------------

@@ -64,6 +64,10 @@ int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Respons
 /* Frees every lease handle (the daemon releases them when the connection
  * closes). */
 void client_leases_free(kvc_client_t *c);
+/* A lease handle from the daemon's reply for [begin, end) of seq_id
+ * (KVC_E_PROTO if a page lies outside the pool); linked into the client. */
+int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_t seq_id,
+                      uint64_t begin, uint64_t end, kvc_lease_t **out);
 
 /* The KVC_E_* code of a wire status. */
 int client_code(Kvcache__V1__Status s);

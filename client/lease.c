@@ -29,8 +29,8 @@ void client_leases_free(kvc_client_t *c) {
 }
 
 /* Builds the handle from the reply, checking every page lies in the pool. */
-static int take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_t seq_id,
-                uint64_t begin, uint64_t end, kvc_lease_t **out) {
+int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_t seq_id,
+                      uint64_t begin, uint64_t end, kvc_lease_t **out) {
   kvc_client_t *c = h->client;
   uint64_t pb = c->info.page_bytes;
   kvc_lease_t *l = calloc(1, sizeof *l + lr->n_page_offsets * sizeof l->pages[0]);
@@ -84,7 +84,59 @@ KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t 
       r->lease->page_tokens == 0)
     rc = client_fail(c, KVC_E_PROTO, "lease reply without a lease");
   else
-    rc = take(h, r->lease, seq_id, begin, end, out);
+    rc = client_lease_take(h, r->lease, seq_id, begin, end, out);
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return rc;
+}
+
+KVC_API int kvc_lease_batch(kvc_cache_t *h, const kvc_lease_range_t *ranges, size_t n,
+                            kvc_lease_t **out) {
+  if (!h || (!ranges && n) || (!out && n)) return KVC_E_INVAL;
+  kvc_client_t *c = h->client;
+  for (size_t i = 0; i < n; i++) out[i] = NULL;
+  if (n == 0) return 0;
+  if (!c->pool)
+    return client_fail(c, KVC_E_PERM, "zero-copy reads need the pool mapping, which this "
+                       "daemon gives only to admins and to the tenant of a single-tenant "
+                       "node (doc/security.md): read with kvc_get");
+  Kvcache__V1__LeaseRange *w = calloc(n, sizeof *w);
+  Kvcache__V1__LeaseRange **wp = calloc(n, sizeof *wp);
+  if (!w || !wp) {
+    free(w), free(wp);
+    return client_fail(c, KVC_E_NOMEM, "out of memory");
+  }
+  for (size_t i = 0; i < n; i++) {
+    kvcache__v1__lease_range__init(&w[i]);
+    w[i].seq_id = ranges[i].seq_id;
+    w[i].begin = ranges[i].begin;
+    w[i].end = ranges[i].end;
+    wp[i] = &w[i];
+  }
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__LeaseBatch b = KVCACHE__V1__LEASE_BATCH__INIT;
+  b.cache_id = h->id;
+  b.n_ranges = n;
+  b.ranges = wp;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_LEASE_BATCH;
+  req.lease_batch = &b;
+  Kvcache__V1__Response *r;
+  int rc = client_call(c, &req, &r);
+  free(w), free(wp);
+  if (rc) return rc;
+  if (r->body_case != KVCACHE__V1__RESPONSE__BODY_LEASE_BATCH || !r->lease_batch ||
+      r->lease_batch->n_leases != n)
+    rc = client_fail(c, KVC_E_PROTO, "lease batch reply without its leases");
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    rc = client_lease_take(h, r->lease_batch->leases[i], ranges[i].seq_id, ranges[i].begin,
+                           ranges[i].end, &out[i]);
+  if (rc) /* the handles taken go; the daemon's leases go with the next request */
+    for (size_t i = 0; i < n; i++) {
+      if (out[i]) (void)kvc_lease_release_later(out[i]);
+      else if (r && r->body_case == KVCACHE__V1__RESPONSE__BODY_LEASE_BATCH && r->lease_batch &&
+               i < r->lease_batch->n_leases && c->nrelease < sizeof c->release_q / sizeof c->release_q[0])
+        c->release_q[c->nrelease++] = r->lease_batch->leases[i]->lease_id;
+      out[i] = NULL;
+    }
   kvcache__v1__response__free_unpacked(r, NULL);
   return rc;
 }

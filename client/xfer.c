@@ -321,6 +321,26 @@ KVC_API int kvc_get_raw(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_
 
 /* ---- the direct-buffer forms ---------------------------------------------- */
 
+/* A direct-buffer entry on the wire; lengths it does not state follow from
+ * the transfer r (NULL: unknown, sent as 0 for the daemon to judge). */
+static void shm_entry(const layout_xfer_t *r, const kvc_shm_io_t *e, Kvcache__V1__IoEntry *w) {
+  uint64_t kb = 0, vb = 0, sb = 0;
+  if (!r || layout_xfer_bytes(r, e->ntokens, &kb, &vb, &sb) != 0) kb = vb = sb = 0;
+  w->seq_id = e->seq_id;
+  w->pos = e->pos;
+  w->ntokens = e->ntokens;
+  w->k_off = e->k_off;
+  w->k_len = e->k_len ? e->k_len : kb;
+  w->v_off = e->v_off;
+  w->v_len = e->v_len ? e->v_len : vb;
+  w->ks_off = e->k_scale_off;
+  w->ks_len = sb;
+  w->vs_off = e->v_scale_off;
+  w->vs_len = sb;
+  w->tok_off = e->tok_off;
+  w->tok_len = e->tok_len;
+}
+
 static int transfer_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t *entries,
                         size_t n, bool is_put) {
   if (!h) return KVC_E_INVAL;
@@ -335,23 +355,7 @@ static int transfer_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t 
   int rc = io_req_init(&b, h, x, is_put);
   if (rc) return rc;
   for (size_t i = 0; rc == 0 && i < n; i++) {
-    const kvc_shm_io_t *e = &entries[i];
-    uint64_t kb = 0, vb = 0, sb = 0;
-    if (!sized || layout_xfer_bytes(&r, e->ntokens, &kb, &vb, &sb) != 0) kb = vb = sb = 0;
-    Kvcache__V1__IoEntry *w = io_req_add(&b);
-    w->seq_id = e->seq_id;
-    w->pos = e->pos;
-    w->ntokens = e->ntokens;
-    w->k_off = e->k_off;
-    w->k_len = e->k_len ? e->k_len : kb;
-    w->v_off = e->v_off;
-    w->v_len = e->v_len ? e->v_len : vb;
-    w->ks_off = e->k_scale_off;
-    w->ks_len = sb;
-    w->vs_off = e->v_scale_off;
-    w->vs_len = sb;
-    w->tok_off = e->tok_off;
-    w->tok_len = e->tok_len;
+    shm_entry(sized ? &r : NULL, &entries[i], io_req_add(&b));
     if (b.n == c->max_io_entries || i + 1 == n) rc = io_req_send(&b);
   }
   return rc;
@@ -365,4 +369,84 @@ KVC_API int kvc_put_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t 
 KVC_API int kvc_get_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t *entries,
                         size_t n) {
   return transfer_shm(h, x, entries, n, false);
+}
+
+/* ---- the decode step -------------------------------------------------------- */
+
+/* Fills the step's results from the reply; leases for a lease view. */
+static int step_done(kvc_cache_t *h, const Kvcache__V1__StepReply *sr, kvc_step_t *s) {
+  kvc_client_t *c = h->client;
+  const Kvcache__V1__HistoryReply *hr = sr->history;
+  memset(&s->hist, 0, sizeof s->hist);
+  if (s->view == KVC_VIEW_NONE) return 0;
+  if (!hr) return client_fail(c, KVC_E_PROTO, "step reply without its view");
+  s->hist = (kvc_hist_t){hr->entries, sr->k_off, hr->k_len, sr->v_off, hr->v_len, sr->mask_off,
+                         hr->mask_len, hr->n_spans};
+  for (size_t i = 0; s->spans && i < hr->n_spans && i < s->spans_cap; i++)
+    codec_hist_span_from_wire(hr->spans[i], &s->spans[i]);
+  if (s->view != KVC_VIEW_LEASE) return 0;
+  if (sr->n_leases != hr->n_spans) return client_fail(c, KVC_E_PROTO, "step reply: a lease per span");
+  int rc = 0;
+  for (size_t i = 0; i < sr->n_leases; i++) {
+    kvc_hist_span_t sp;
+    codec_hist_span_from_wire(hr->spans[i], &sp);
+    if (rc == 0) rc = client_lease_take(h, sr->leases[i], sp.seq_id, sp.pos, sp.pos + sp.n,
+                                        &s->leases[i]);
+    else if (c->nrelease < sizeof c->release_q / sizeof c->release_q[0])
+      c->release_q[c->nrelease++] = sr->leases[i]->lease_id; /* goes with the next request */
+  }
+  return rc;
+}
+
+KVC_API int kvc_step(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t *entries,
+                     size_t n, kvc_step_t *s) {
+  if (!h) return KVC_E_INVAL;
+  kvc_client_t *c = h->client;
+  if (!s || (!entries && n)) return client_fail(c, KVC_E_INVAL, "kvc_step: NULL argument");
+  if (s->view != KVC_VIEW_NONE && s->view != KVC_VIEW_LEASE && s->view != KVC_VIEW_GATHER)
+    return client_fail(c, KVC_E_INVAL, "kvc_step: unknown view %d", (int)s->view);
+  if (n > c->max_io_entries)
+    return client_fail(c, KVC_E_TOOMANY, "a step of %zu entries exceeds the daemon's %u per "
+                       "request (a step is one request)", n, c->max_io_entries);
+  if (s->view == KVC_VIEW_LEASE) {
+    if (!c->pool)
+      return client_fail(c, KVC_E_PERM, "a lease view needs the pool mapping, which this "
+                         "daemon gives only to admins and to the tenant of a single-tenant "
+                         "node (doc/security.md): use KVC_VIEW_GATHER");
+    if (!s->leases || s->leases_cap < n)
+      return client_fail(c, KVC_E_INVAL, "kvc_step: a lease view needs leases_cap >= %zu (a "
+                         "lease per entry's sequence)", n);
+    for (size_t i = 0; i < n; i++) s->leases[i] = NULL;
+  }
+  layout_xfer_t r;
+  bool sized = resolve(h, x, true, &r) == 0;
+  c->err[0] = '\0';
+  io_req_t b;
+  int rc = io_req_init(&b, h, x, true);
+  if (rc) return rc;
+  for (size_t i = 0; i < n; i++) shm_entry(sized ? &r : NULL, &entries[i], io_req_add(&b));
+  Kvcache__V1__Xfer wx;
+  Kvcache__V1__Step st = KVCACHE__V1__STEP__INIT;
+  codec_xfer_to_wire(x, &wx);
+  st.cache_id = h->id;
+  st.xfer = &wx;
+  st.n_entries = b.n;
+  st.entries = b.ptrs;
+  st.salt = client_salt(h);
+  st.extra = client_extra(h);
+  st.view = (Kvcache__V1__StepView)s->view;
+  st.out_off = s->out_off;
+  st.out_len = s->out_len;
+  st.no_mask = s->no_mask;
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_STEP;
+  req.step = &st;
+  Kvcache__V1__Response *resp;
+  if ((rc = client_call(c, &req, &resp))) return rc;
+  if (resp->body_case != KVCACHE__V1__RESPONSE__BODY_STEP || !resp->step)
+    rc = client_fail(c, KVC_E_PROTO, "step reply without a step");
+  else
+    rc = step_done(h, resp->step, s);
+  kvcache__v1__response__free_unpacked(resp, NULL);
+  return rc;
 }

@@ -125,6 +125,7 @@ static bool op_writes(enum op op) {
   case OP_PUT: case OP_REMOVE: case OP_COPY_PREFIX: case OP_TRIM_FRONT: case OP_PIN:
   case OP_UNPIN: case OP_ATTACH: case OP_SET_PRIORITY: case OP_PIN_TTL: case OP_RESERVE:
   case OP_SHIFT: case OP_PUNCH: case OP_KEEP: case OP_CACHE_CLEAR: case OP_CACHE_DROP:
+  case OP_STEP:
     return true;
   default:
     return false;
@@ -725,19 +726,26 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
 
 /* ---- zero-copy read leases -------------------------------------------------- */
 
-static int h_lease(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
-  const Kvcache__V1__Lease *b = req->lease;
-  NEED_BODY(r, b, "lease");
+/* Whether c may take n more leases: it maps the pool, and stays within
+ * LEASES_PER_CONN. */
+static int lease_allowed(conn_t *c, reply_t *r, size_t n) {
   if (!c->pool_mapped)
     return reject(r, KVC_E_PERM, "zero-copy reads map the whole pool, which holds other "
                   "tenants' pages: this node gives that mapping to admins%s%s only; read "
                   "with get", c->srv->cfg.zero_copy_tenant[0] ? " and tenant " : "",
                   c->srv->cfg.zero_copy_tenant);
-  if (c->nleases >= LEASES_PER_CONN)
-    return reject(r, KVC_E_TOOMANY, "this connection holds %u leases already; release some",
-                  c->nleases);
+  if (n == 0) return reject(r, KVC_E_INVAL, "no lease asked");
+  if (n > LEASES_PER_CONN || c->nleases > LEASES_PER_CONN - n)
+    return reject(r, KVC_E_TOOMANY, "this connection holds %u leases and asks %zu more, past "
+                  "%u; release some", c->nleases, n, LEASES_PER_CONN);
+  return 0;
+}
+
+/* Takes one lease and builds its reply (the pages' offsets in the pool). */
+static int lease_take(conn_t *c, reply_t *r, uint32_t cache_id, uint64_t seq_id, uint64_t begin,
+                      uint64_t end, Kvcache__V1__LeaseReply **out) {
   engine_lease_t l;
-  ENGINE_CALL(r, engine_lease(c->srv->eng, b->cache_id, b->seq_id, b->begin, b->end, c->id, &l));
+  ENGINE_CALL(r, engine_lease(c->srv->eng, cache_id, seq_id, begin, end, c->id, &l));
   Kvcache__V1__LeaseReply *lr = arena_alloc(r->a, sizeof *lr);
   uint64_t *offs = arena_alloc(r->a, l.npages * sizeof *offs);
   if (!lr || !offs) {
@@ -759,8 +767,53 @@ static int h_lease(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   lr->v_row_bytes = l.v_row_bytes;
   lr->k_scale_offset = l.k_scale_offset;
   lr->v_scale_offset = l.v_scale_offset;
+  *out = lr;
+  return 0;
+}
+
+static int h_lease(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Lease *b = req->lease;
+  NEED_BODY(r, b, "lease");
+  int rc0 = lease_allowed(c, r, 1);
+  if (rc0) return rc0;
+  Kvcache__V1__LeaseReply *lr;
+  int rc = lease_take(c, r, b->cache_id, b->seq_id, b->begin, b->end, &lr);
+  if (rc) return rc;
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_LEASE;
   r->resp->lease = lr;
+  return 0;
+}
+
+/* Releases the leases of a batch taken before one of them failed. */
+static void leases_undo(conn_t *c, Kvcache__V1__LeaseReply **lr, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (engine_lease_release(c->srv->eng, c->id, lr[i]->lease_id) == 0) c->nleases--;
+}
+
+static int h_lease_batch(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__LeaseBatch *b = req->lease_batch;
+  NEED_BODY(r, b, "lease_batch");
+  int rc = lease_allowed(c, r, b->n_ranges);
+  if (rc) return rc;
+  Kvcache__V1__LeaseBatchReply *br = arena_alloc(r->a, sizeof *br);
+  Kvcache__V1__LeaseReply **lr = arena_alloc(r->a, (b->n_ranges + 1) * sizeof *lr);
+  if (!br || !lr) return reject(r, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < b->n_ranges; i++) {
+    const Kvcache__V1__LeaseRange *g = b->ranges[i];
+    if ((rc = lease_take(c, r, b->cache_id, g->seq_id, g->begin, g->end, &lr[i]))) {
+      leases_undo(c, lr, i);
+      char why[sizeof r->err - 32];
+      memcpy(why, r->err, sizeof why - 1);
+      why[sizeof why - 1] = '\0';
+      snprintf(r->err, sizeof r->err, "range %zu: %s", i, why);
+      return rc;
+    }
+  }
+  kvcache__v1__lease_batch_reply__init(br);
+  br->n_leases = b->n_ranges;
+  br->leases = lr;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_LEASE_BATCH;
+  r->resp->lease_batch = br;
   return 0;
 }
 
@@ -773,6 +826,160 @@ static int h_lease_release(conn_t *c, const Kvcache__V1__Request *req, reply_t *
     ENGINE_CALL(r, engine_lease_release(c->srv->eng, c->id, b->lease_ids[i]));
     c->nleases--;
   }
+  return 0;
+}
+
+/* ---- the decode step (doc/worker-guide.md) -------------------------------- */
+
+static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
+
+/* Where a step's view goes in [off, off + len) of the buffer: K, V and the
+ * mask (each 64-byte aligned; K and V empty for a lease view) for nentries
+ * entries and ntok batch tokens. Checks the region and that they fit. */
+static int step_place(conn_t *c, reply_t *r, const layout_xfer_t *g, bool gather, bool mask,
+                      uint64_t off, uint64_t len, uint64_t nentries, uint64_t ntok,
+                      uint64_t place[3], uint64_t sizes[3]) {
+  uint64_t kb = 0, vb = 0, mb = 0;
+  if ((gather && layout_xfer_bytes(g, nentries, &kb, &vb, NULL)) ||
+      (mask && __builtin_mul_overflow(nentries, ntok * 4, &mb)) || kb > (1ull << 62) ||
+      vb > (1ull << 62) || mb > (1ull << 62))
+    return reject(r, KVC_E_OVERFLOW, "a view of %llu entries overflows",
+                  (unsigned long long)nentries);
+  if (off > c->shm.bytes || len > c->shm.bytes - off)
+    return reject(r, KVC_E_OFFSET, "the view's region [%llu, +%llu) lies outside the "
+                  "%llu-byte shared buffer", (unsigned long long)off, (unsigned long long)len,
+                  (unsigned long long)c->shm.bytes);
+  place[0] = align64(off);
+  place[1] = align64(place[0] + kb);
+  place[2] = align64(place[1] + vb);
+  sizes[0] = kb, sizes[1] = vb, sizes[2] = mb;
+  if (place[2] + mb > off + len)
+    return reject(r, KVC_E_SIZE, "the view of up to %llu entries needs %llu bytes from "
+                  "out_off, out_len is %llu", (unsigned long long)nentries,
+                  (unsigned long long)(place[2] + mb - off), (unsigned long long)len);
+  return 0;
+}
+
+/* A step: the put of its entries, then the history view of its batch (each
+ * entry's tokens), all or nothing: everything the view needs is checked
+ * before the put, against the most entries the view can have (each
+ * sequence from its start, or 0, to its length after the put; the put can
+ * only shorten that, by a window's trim). */
+static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Step *b = req->step;
+  NEED_BODY(r, b, "step");
+  engine_t *eng = c->srv->eng;
+  Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
+  io.cache_id = b->cache_id;
+  io.xfer = b->xfer;
+  io.n_entries = b->n_entries;
+  io.entries = b->entries;
+  io.salt = b->salt;
+  io.extra = b->extra;
+  engine_xfer_t x;
+  engine_io_t *e;
+  engine_pkey_t key;
+  int rc = check_io(c, &io, true, r, &x, &e);
+  if (rc || (rc = check_key(r, b->salt, b->extra, &key))) return rc;
+  x.pkey = &key;
+  int view = (int)b->view;
+  if (view < 0 || view > KVCACHE__V1__STEP_VIEW__STEP_VIEW_GATHER)
+    return reject(r, KVC_E_INVAL, "unknown step view %d", view);
+  bool lease = view == KVCACHE__V1__STEP_VIEW__STEP_VIEW_LEASE;
+  bool gather = view == KVCACHE__V1__STEP_VIEW__STEP_VIEW_GATHER;
+  bool mask = !(lease && b->no_mask);
+  if (b->no_mask && !lease) return reject(r, KVC_E_INVAL, "no_mask goes with a lease view");
+  uint64_t ntok = 0, bound = 0, lease_pages = 0, place[3] = {0}, sizes[3] = {0};
+  kvc_cache_info_t ci;
+  uint32_t owner;
+  if (engine_cache_info(eng, b->cache_id, &ci) || engine_cache_tenant(eng, b->cache_id, &owner))
+    return reject(r, KVC_E_NOCACHE, "no cache with id %u", b->cache_id);
+  uint64_t T = ci.layout.page_tokens;
+  kvc_xfer_t kx;
+  codec_xfer_from_wire(b->xfer, &kx);
+  layout_xfer_t g;
+  bool all_layers;
+  if ((rc = resolve_xfer(c, r, "", b->cache_id, &kx, false, &g, &all_layers))) return rc;
+  for (size_t i = 0; i < b->n_entries; i++) {
+    kvc_seq_info_t si;
+    uint64_t lo = 0, hi = e[i].pos + e[i].ntokens;
+    if (engine_seq_info(eng, b->cache_id, e[i].seq_id, &si) == 0) {
+      lo = si.start;
+      if (si.length > hi) hi = si.length;
+    }
+    ntok += e[i].ntokens;
+    bound += hi > lo ? hi - lo : 0;
+    if (hi > lo) lease_pages += (hi - 1) / T - lo / T + 1;
+  }
+  if (view) {
+    if (g.bt == KVC_DTYPE_INT8)
+      return reject(r, KVC_E_DTYPE, "a step's view returns floats, not raw int8");
+    if (ntok == 0) return reject(r, KVC_E_INVAL, "a step's view needs tokens");
+    if (ntok > c->srv->cfg.max_entries)
+      return reject(r, KVC_E_TOOMANY, "a step of %llu tokens exceeds max_entries %u",
+                    (unsigned long long)ntok, c->srv->cfg.max_entries);
+    if (lease && (rc = lease_allowed(c, r, b->n_entries))) return rc;
+    engine_tenant_limits_t lim;
+    engine_tenant_usage_t use;
+    if (lease && engine_tenant_usage(eng, owner, &lim, &use) == 0 && lim.max_pinned &&
+        use.pinned + use.leased + lease_pages > lim.max_pinned)
+      return reject(r, KVC_E_QUOTA_PINS, "tenant_max_pinned: the tenant pins %llu and leases "
+                    "%llu pages; the step's lease view takes up to %llu more, past the quota "
+                    "of %llu (nothing was written)", (unsigned long long)use.pinned,
+                    (unsigned long long)use.leased, (unsigned long long)lease_pages,
+                    (unsigned long long)lim.max_pinned);
+    if ((rc = step_place(c, r, &g, gather, mask, b->out_off, b->out_len, bound, ntok, place,
+                         sizes)))
+      return rc;
+  }
+  c->turn_bytes += io_bytes(e, b->n_entries); /* copied on the loop */
+  ENGINE_CALL(r, engine_put(eng, b->cache_id, &x, e, b->n_entries));
+  Kvcache__V1__StepReply *sr = arena_alloc(r->a, sizeof *sr);
+  if (!sr) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__step_reply__init(sr);
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STEP;
+  r->resp->step = sr;
+  if (!view) return 0;
+  engine_tok_t *t = arena_alloc(r->a, ntok * sizeof *t);
+  if (!t) return reject(r, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0, k = 0; i < b->n_entries; i++)
+    for (uint64_t p = 0; p < e[i].ntokens; p++) t[k++] = (engine_tok_t){e[i].seq_id, e[i].pos + p};
+  engine_hist_t h = {0};
+  ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, ntok, &h)); /* sizes */
+  if ((rc = step_place(c, r, &g, gather, mask, b->out_off, b->out_len, h.nentries, ntok, place,
+                       sizes)))
+    return rc;
+  h.spans_cap = h.nspans;
+  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)))
+    return reject(r, KVC_E_NOMEM, "out of memory");
+  if (gather) {
+    h.k = c->shm.base + place[0];
+    h.v = c->shm.base + place[1];
+    h.k_bytes = sizes[0];
+    h.v_bytes = sizes[1];
+  }
+  h.mask = mask ? (float *)(void *)(c->shm.base + place[2]) : NULL;
+  h.mask_bytes = sizes[2];
+  ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, ntok, &h));
+  if ((rc = history_reply(r, &h, sizes[0], sizes[1]))) return rc;
+  sr->history = r->resp->history; /* history_reply set it as the body */
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STEP;
+  r->resp->step = sr;
+  sr->k_off = place[0];
+  sr->v_off = place[1];
+  sr->mask_off = place[2];
+  if (!lease) return 0;
+  Kvcache__V1__LeaseReply **lr = arena_alloc(r->a, (h.nspans + 1) * sizeof *lr);
+  if (!lr) return reject(r, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < h.nspans; i++) {
+    const engine_span_t *s = &h.spans[i];
+    if ((rc = lease_take(c, r, b->cache_id, s->seq_id, s->pos, s->pos + s->n, &lr[i]))) {
+      leases_undo(c, lr, i);
+      return rc; /* past the checks only out of memory or a tenant's pin quota */
+    }
+  }
+  sr->n_leases = h.nspans;
+  sr->leases = lr;
   return 0;
 }
 

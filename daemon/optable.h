@@ -40,6 +40,8 @@
   X(pos_range, POS_RANGE)                                                      \
   X(lease, LEASE)                                                              \
   X(lease_release, LEASE_RELEASE)                                              \
+  X(step, STEP)                                                                \
+  X(lease_batch, LEASE_BATCH)                                                  \
   X(tenants, TENANTS)                                                          \
   X(clients, CLIENTS)                                                          \
   X(config, CONFIG)                                                            \

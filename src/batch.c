@@ -252,7 +252,21 @@ int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   eng->epoch++;
   if ((rc = hist_group(eng, c, &xr, toks, n, r, &nr, &h->nentries))) goto out;
   h->nspans = nr;
-  if (!h->k && !h->v && !h->mask) goto out; /* sizes only */
+  if (!h->k && !h->v && !h->mask && !h->spans) goto out; /* sizes only */
+  if (!h->k && !h->v) { /* the mask (if asked) and the spans only: a zero-copy view */
+    uint64_t mb;
+    if (__builtin_mul_overflow((uint64_t)n, h->nentries, &mb) || __builtin_mul_overflow(mb, 4, &mb) ||
+        (h->mask && h->mask_bytes != mb) || (h->spans && h->spans_cap < nr)) {
+      rc = engine_fail(eng, KVC_E_SIZE, "a mask of %zu x %llu entries needs %llu bytes", n,
+                       (unsigned long long)h->nentries, (unsigned long long)mb);
+      goto out;
+    }
+    for (size_t i = 0; i < nr; i++)
+      if (h->spans) h->spans[i] = (engine_span_t){r[i].s->id, r[i].lo, r[i].first,
+                                                  r[i].hi - r[i].lo};
+    if (h->mask) hist_mask(c, toks, n, r, h->nentries, h->mask);
+    goto out;
+  }
   if ((rc = hist_sizes(eng, &xr, n, nr, h))) goto out;
   copy_plan_t plan;
   copy_plan_init(&plan, &c->g, c->layout.dtype, xr.l0, xr.l1 - xr.l0, xr.h0, xr.h1 - xr.h0,

@@ -342,7 +342,9 @@ typedef struct engine_hist {
   size_t nspans;
 } engine_hist_t;
 
-/* The history a batch of n tokens attends to: per sequence of the batch (in
+/* With k and v NULL and the mask or the spans set, only those are written
+ * (a zero-copy view: the caller reads the entries in place under leases).
+ * The history a batch of n tokens attends to: per sequence of the batch (in
  * order of first appearance), its held positions [start, highest batch
  * position + 1) (an encoder cache: [start, length)), gathered in position order, and the mask following the
  * cache's kind; a token never attends to another sequence's entries. The

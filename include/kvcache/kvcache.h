@@ -352,6 +352,16 @@ KVC_API const kvc_lease_info_t *kvc_lease_info(const kvc_lease_t *lease);
  * outside the lease or layer outside the layout. */
 KVC_API const void *kvc_lease_k(const kvc_lease_t *lease, uint32_t layer, uint64_t pos);
 KVC_API const void *kvc_lease_v(const kvc_lease_t *lease, uint32_t layer, uint64_t pos);
+/* One range of a batched lease. */
+typedef struct kvc_lease_range {
+  uint64_t seq_id;
+  uint64_t begin, end;
+} kvc_lease_range_t;
+/* Leases n ranges in one round trip, all or nothing (a refusal leaves none
+ * held; the error names the range): out[i] for ranges[i], each released on
+ * its own. The codes of kvc_lease; KVC_E_TOOMANY past 4096 leases held. */
+KVC_API int kvc_lease_batch(kvc_cache_t *cache, const kvc_lease_range_t *ranges, size_t n,
+                            kvc_lease_t **out);
 /* Releases the lease in the daemon (one round trip) and frees the handle
  * (in every case: on KVC_E_IO the connection's close releases it). Accepts
  * NULL. */
@@ -443,6 +453,53 @@ typedef struct kvc_hist {
  * does not fit the buffer; KVC_E_NOSEQ, KVC_E_RANGE, KVC_E_DTYPE. */
 KVC_API int kvc_history(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_tok_t *toks,
                         size_t n, kvc_hist_t *out, kvc_hist_span_t *spans, size_t spans_cap);
+
+/* ---- the decode step (doc/worker-guide.md) --------------------------------- */
+
+/* What a step returns besides the write: nothing, a zero-copy view (a lease
+ * per sequence, read in place in the pool mapping, and the mask in the
+ * shared buffer), or the view gathered into the shared buffer. */
+typedef enum kvc_view {
+  KVC_VIEW_NONE = 0,
+  KVC_VIEW_LEASE = 1,
+  KVC_VIEW_GATHER = 2,
+} kvc_view_t;
+
+typedef struct kvc_step {
+  kvc_view_t view;
+  uint64_t out_off, out_len; /* the view's region of the shared buffer: K, V
+                                (gather only) and the mask land in it, each
+                                64-byte aligned */
+  bool no_mask;              /* a lease view without the mask: a batch of one
+                                token a sequence attends to its span whole
+                                (holes aside); saves tokens x entries x 4
+                                bytes */
+  kvc_hist_span_t *spans;    /* filled: one per sequence, as kvc_history's */
+  size_t spans_cap;
+  kvc_lease_t **leases;      /* a lease view: leases[i] covers spans[i] (its
+                                sequence's [start, its highest new position
+                                + 1)), owned by the caller: release them,
+                                e.g. with kvc_lease_release_later */
+  size_t leases_cap;         /* at least n for a lease view */
+  kvc_hist_t hist;           /* filled: entries, where K, V (gather) and the
+                                mask landed, their sizes, nspans */
+} kvc_step_t;
+
+/* One decode (or prefill) step in one round trip, all or nothing: writes
+ * the n entries as kvc_put_shm does (the K/V already in the shared buffer;
+ * token ids optional; layers of x), then returns the history view the
+ * batch's attention needs (the batch: every entry's tokens, in order; the
+ * mask and the spans as kvc_history's). Everything the view needs is checked
+ * before the write (the region holds the largest view the write can leave;
+ * a lease view the connection's lease count and the tenant's pinned plus
+ * leased quota, counting every page of the views), so a refusal (KVC_E_FULL,
+ * KVC_E_SIZE, KVC_E_QUOTA_PINS, ...) changes nothing. Only a lease view of a
+ * sequence with holes (use the gathered view) fails after the write: then
+ * the write stays and nothing is leased. The codes of kvc_put_shm and kvc_history; KVC_E_PERM for a lease
+ * view without the pool mapping; KVC_E_TOOMANY past the daemon's entries per
+ * request (a step is never split). */
+KVC_API int kvc_step(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_shm_io_t *entries,
+                     size_t n, kvc_step_t *step);
 
 /* llama.cpp's seq_add: moves positions [p0, p1) by delta, re-rotating their
  * keys; a negative p0 or p1 is open. Vacated slots become holes; it never

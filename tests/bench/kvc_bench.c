@@ -52,7 +52,7 @@ static meas_t rtt_start;
 /* BENCH_ROWS: a comma list; a group of rows runs if its name contains one
  * of the words (unset or empty: every group). */
 static const char *const groups[] = {"ping", "copy", "direct", "lease", "held", "servers",
-                                     "spin", "stall", "multi", "decode", "prefix", "eviction",
+                                     "spin", "stall", "multi", "decode", "step", "prefix", "eviction",
                                      "scale"};
 #define NGROUPS (sizeof groups / sizeof groups[0])
 static const char *rows_filter;
@@ -986,6 +986,85 @@ static void bench_decode(const kd_t *kd) {
   kvc_client_close(c);
 }
 
+/* ---- the decode step in one request (issue decode-step) ------------------------------ */
+
+/* 64 sequences x 1 new token x 32 layers over a 2,000-token history each. The
+ * heads are small (one KV head of 16 dims, f16: 2 KiB a token) so that the
+ * 64 histories (256 MiB) fit the bench's pool; the step's cost is its round
+ * trips and its bookkeeping, not its bytes (128 KiB a step). */
+#define STEP_SEQS 64
+#define STEP_HIST 2000
+static const kvc_layout_t step_layout = {32, 1, 16, 16, KVC_DTYPE_F16, 1024}; /* 2 MiB pages */
+
+typedef struct stepb {
+  kvc_cache_t *h;
+  kvc_shm_io_t sio[STEP_SEQS];
+  kvc_hist_span_t spans[STEP_SEQS];
+  kvc_lease_t *leases[STEP_SEQS];
+  uint64_t out_off, out_len;
+} stepb_t;
+
+/* Today's best: one batched put, then a lease per sequence (65 requests);
+ * each lease released with the next request. */
+static int op_step_today(void *p) {
+  stepb_t *s = p;
+  int rc = kvc_put_shm(s->h, NULL, s->sio, STEP_SEQS);
+  for (int i = 0; rc == 0 && i < STEP_SEQS; i++) {
+    kvc_lease_t *l;
+    rc = kvc_lease(s->h, s->sio[i].seq_id, 0, STEP_HIST + 1, &l);
+    if (rc == 0) rc = kvc_lease_release_later(l);
+  }
+  return rc;
+}
+
+/* The step request: the put and every sequence's lease in one request. */
+static int op_step_one(void *p) {
+  stepb_t *s = p;
+  kvc_step_t st = {.view = KVC_VIEW_LEASE, .no_mask = true, .out_off = s->out_off,
+                   .out_len = s->out_len, .spans = s->spans, .spans_cap = STEP_SEQS,
+                   .leases = s->leases, .leases_cap = STEP_SEQS};
+  int rc = kvc_step(s->h, NULL, s->sio, STEP_SEQS, &st);
+  for (int i = 0; rc == 0 && i < STEP_SEQS; i++) rc = kvc_lease_release_later(s->leases[i]);
+  return rc;
+}
+
+static void bench_step(const kd_t *kd) {
+  section("step");
+  kvc_client_t *c = kc_open(kd, 64 * MiB);
+  kvc_cache_t *h = kc_cache(c, "step", &step_layout);
+  static stepb_t s;
+  s.h = h;
+  void *base;
+  uint64_t cap, kb, vb;
+  kvc_client_shm(c, &base, &cap);
+  must(c, kvc_xfer_bytes(h, NULL, true, STEP_HIST, &kb, &vb, NULL), "step sizes");
+  fill_bytes(base, kb + vb, 7);
+  for (uint64_t i = 0; i < STEP_SEQS; i++) {
+    kvc_shm_io_t e = {.seq_id = 5000 + i, .pos = 0, .ntokens = STEP_HIST, .k_off = 0,
+                      .v_off = kb};
+    must(c, kvc_put_shm(h, NULL, &e, 1), "step history");
+  }
+  must(c, kvc_xfer_bytes(h, NULL, true, 1, &kb, &vb, NULL), "step sizes");
+  for (uint64_t i = 0; i < STEP_SEQS; i++) /* token STEP_HIST of each, rewritten each step */
+    s.sio[i] = (kvc_shm_io_t){.seq_id = 5000 + i, .pos = STEP_HIST, .ntokens = 1,
+                              .k_off = i * (kb + vb), .v_off = i * (kb + vb) + kb};
+  s.out_off = STEP_SEQS * (kb + vb);
+  s.out_len = cap - s.out_off;
+  must(c, op_step_today(&s), "step today");
+  const op_fn fns[2] = {op_step_one, op_step_today};
+  void *const ctxs[2] = {&s, &s};
+  meas_t m[2] = {{0}};
+  measure_side(fns, ctxs, 2, TRIAL_MS, 5, m);
+  if (!m[0].ok || !m[1].ok) must(c, -1, "decode step");
+  /* The ratio is today's time over the step's: how many times faster. */
+  row_t *r = row_add("64 seqs x 1 token x 32 layers, 2k history: kvc_step vs put + 64 leases",
+                     BV_GOAL_MIN, 2);
+  row_fig(r, &m[0], FMT_US, 0);
+  row_part(r, &m[1], 1, 0, NULL);
+  snprintf(r->note, sizeof r->note, "requests per step: 1 vs %d", 1 + STEP_SEQS);
+  kvc_client_close(c);
+}
+
 /* ---- copy_prefix ------------------------------------------------------------------- */
 
 #define PREFIX_TOKENS 32768ull
@@ -1264,7 +1343,7 @@ int main(int argc, char **argv) {
 
   bench_references();
   static const char *const main_groups[] = {"ping", "copy", "direct", "lease", "held",
-                                            "servers", "spin", "stall", "multi", "decode"};
+                                            "servers", "spin", "stall", "multi", "decode", "step"};
   if (any_wanted(main_groups, sizeof main_groups / sizeof main_groups[0])) {
     kd_t d;
     const char *args[] = {"--pool-bytes", "1GiB", "--page-bytes", "2MiB", NULL};
@@ -1272,6 +1351,7 @@ int main(int argc, char **argv) {
     if (any_wanted(main_groups, 7)) bench_one_client(&d);
     bench_multi_client(&d);
     if (want("decode")) bench_decode(&d);
+    if (want("step")) bench_step(&d);
     stop(d.pid);
   }
   bench_rtt_end();

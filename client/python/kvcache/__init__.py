@@ -165,6 +165,58 @@ class Cache(_kvcache.Cache):
         mask = arr(m_off, m_bytes, (n, entries), np.dtype("float32"))
         return k, v, mask, spans
 
+    def step(self, entries, view="lease", out=None, no_mask=False, dtype=None, layers=None,
+             copy=False):
+        """One decode (or prefill) step in one round trip, all or nothing.
+
+        entries: as put_shm's, (seq, pos, n, k_off, v_off, ...), the batch's
+        new K/V already in client.shm. Writes them, then returns the history
+        view the batch (every entry's tokens) attends to:
+        - view="lease": (leases, mask, spans): a Lease per sequence (spans[i]
+          is leases[i]'s (seq, pos, first, n)), read in place; mask as
+          history's, or None with no_mask=True (one token a sequence);
+        - view="gather": (K, V, mask, spans) as history returns them;
+        - view=None: None (the put alone).
+        out: (offset, length) of client.shm where the view lands; default
+        from the end of the last entry's region to the end of the buffer.
+        With copy=False (the default) gathered arrays are views of
+        client.shm, valid until the client's next call.
+        """
+        views = {None: 0, "none": 0, "lease": 1, "gather": 2}
+        if view not in views:
+            raise ValueError("view: None, 'lease' or 'gather'")
+        if out is None:
+            end = 0
+            for e in entries:
+                kb, vb, _ = self.xfer_bytes(e[2], put=True, dtype=dtype, layers=layers)
+                end = max(end, e[3] + (e[5] if len(e) > 5 and e[5] else kb),
+                          e[4] + (e[6] if len(e) > 6 and e[6] else vb))
+            off = (end + 63) // 64 * 64
+            out = (off, max(len(self.client.shm) - off, 0))
+        raw = self._step(entries, view=views[view], out_off=out[0], out_len=out[1],
+                         no_mask=no_mask, dtype=dtype, layers=layers)
+        if raw is None:
+            return None
+        (n_entries, k_off, k_bytes, v_off, v_bytes, m_off, m_bytes, dname, spans,
+         leases) = raw
+        np = _np()
+        shm = self.client.shm
+
+        def arr(off, nbytes, shape, d):
+            a = np.frombuffer(shm, d, count=nbytes // d.itemsize, offset=off).reshape(shape)
+            return a.copy() if copy else a
+
+        ntok = m_bytes // 4 // n_entries if n_entries else 0
+        mask = arr(m_off, m_bytes, (ntok, n_entries), np.dtype("float32")) if m_bytes else None
+        if view == "lease":
+            return leases, mask, spans
+        lay = self._layout
+        nl = (layers[1] - layers[0]) if layers else lay[0]
+        dt = np.dtype(_NP_DTYPES[dname])
+        k = arr(k_off, k_bytes, (nl, n_entries, lay[1], lay[2]), dt)
+        v = arr(v_off, v_bytes, (nl, n_entries, lay[1], lay[3]), dt)
+        return k, v, mask, spans
+
 
 class Lease(_kvcache.Lease):
     """A zero-copy read lease (Cache.lease(seq, begin, end)); a context manager.

@@ -552,19 +552,13 @@ out:
 
 /* ---- shared-buffer forms ---- */
 
-static PyObject *cache_shm_xfer(cache_t *ca, PyObject *args, PyObject *kw, bool put) {
-  static char *kwlist[] = {"entries", "dtype", "layers", "heads", NULL};
-  PyObject *entries, *dtype = Py_None, *layers = Py_None, *heads = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO", kwlist, &entries, &dtype, &layers, &heads))
-    return NULL;
-  kvc_xfer_t x;
-  Py_ssize_t nl, nh;
-  if (xfer_arg(ca, layers, heads, dtype, &x, &nl, &nh) < 0) return NULL;
+/* The entries of a direct-buffer call: a new array (PyMem_Free it) and *n,
+ * or NULL with the error set. */
+static kvc_shm_io_t *shm_entries_arg(PyObject *entries, Py_ssize_t *n_out) {
   PyObject *seq = PySequence_Fast(entries, "entries: a sequence of tuples of ints");
   if (!seq) return NULL;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   kvc_shm_io_t *io = PyMem_Calloc((size_t)(n ? n : 1), sizeof *io);
-  PyObject *ret = NULL;
   if (!io) {
     PyErr_NoMemory();
     goto out;
@@ -579,9 +573,28 @@ static PyObject *cache_shm_xfer(cache_t *ca, PyObject *args, PyObject *kw, bool 
       PyErr_Clear();
       PyErr_Format(PyExc_ValueError, "entries[%zd]: expected (seq, pos, n, k_off, v_off[, k_len, "
                    "v_len, k_scale_off, v_scale_off, tok_off, tok_len])", i);
+      PyMem_Free(io);
+      io = NULL;
       goto out;
     }
   }
+  *n_out = n;
+out:
+  Py_DECREF(seq);
+  return io;
+}
+
+static PyObject *cache_shm_xfer(cache_t *ca, PyObject *args, PyObject *kw, bool put) {
+  static char *kwlist[] = {"entries", "dtype", "layers", "heads", NULL};
+  PyObject *entries, *dtype = Py_None, *layers = Py_None, *heads = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO", kwlist, &entries, &dtype, &layers, &heads))
+    return NULL;
+  kvc_xfer_t x;
+  Py_ssize_t nl, nh, n = 0;
+  if (xfer_arg(ca, layers, heads, dtype, &x, &nl, &nh) < 0) return NULL;
+  kvc_shm_io_t *io = shm_entries_arg(entries, &n);
+  PyObject *ret = NULL;
+  if (!io) return NULL;
   if (cache_enter(ca) < 0) goto out;
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = put ? kvc_put_shm(ca->h, &x, io, (size_t)n)
@@ -592,7 +605,6 @@ static PyObject *cache_shm_xfer(cache_t *ca, PyObject *args, PyObject *kw, bool 
   else ret = Py_NewRef(Py_None);
 out:
   PyMem_Free(io);
-  Py_DECREF(seq);
   return ret;
 }
 
@@ -724,6 +736,76 @@ static PyObject *cache_history_raw(cache_t *ca, PyObject *args, PyObject *kw) {
   PyMem_Free(spans);
   tensor_release(&t);
   PyMem_Free(owned);
+  return ret;
+}
+
+/* The raw step: view 0 None; else (entries, k_off, k_bytes, v_off, v_bytes,
+ * mask_off, mask_bytes, dtype, [(seq, pos, first, n)], [Lease]);
+ * kvcache.Cache.step makes the arrays. */
+static PyObject *cache_step_raw(cache_t *ca, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"entries", "view", "out_off", "out_len", "no_mask", "dtype", "layers",
+                           NULL};
+  PyObject *entries, *dtype = Py_None, *layers = Py_None;
+  int view = 0, no_mask = 0;
+  unsigned long long off = 0, len = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|iO&O&pOO:step", kwlist, &entries, &view,
+                                   pykvc_u64, &off, pykvc_u64, &len, &no_mask, &dtype, &layers))
+    return NULL;
+  kvc_xfer_t x;
+  Py_ssize_t nl, nh, n = 0;
+  if (xfer_arg(ca, layers, Py_None, dtype, &x, &nl, &nh) < 0) return NULL;
+  kvc_shm_io_t *io = shm_entries_arg(entries, &n);
+  if (!io) return NULL;
+  size_t cap = n ? (size_t)n : 1;
+  kvc_hist_span_t *spans = PyMem_Calloc(cap, sizeof *spans);
+  kvc_lease_t **leases = PyMem_Calloc(cap, sizeof *leases);
+  PyObject *ret = NULL, *sl = NULL, *ll = NULL;
+  kvc_step_t st = {.view = (kvc_view_t)view, .out_off = off, .out_len = len,
+                   .no_mask = no_mask != 0, .spans = spans, .spans_cap = cap,
+                   .leases = view == KVC_VIEW_LEASE ? leases : NULL, .leases_cap = cap};
+  if (!spans || !leases) {
+    PyErr_NoMemory();
+    goto out;
+  }
+  if (cache_enter(ca) < 0) goto out;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = kvc_step(ca->h, &x, io, (size_t)n, &st);
+  Py_END_ALLOW_THREADS
+  cache_leave(ca);
+  if (rc) {
+    pykvc_raise(ca->client->c, rc);
+    goto out;
+  }
+  if (view == KVC_VIEW_NONE) {
+    ret = Py_NewRef(Py_None);
+    goto out;
+  }
+  sl = PyList_New(0);
+  ll = PyList_New(0);
+  for (size_t i = 0; sl && ll && i < st.hist.nspans && i < cap; i++) {
+    PyObject *s = Py_BuildValue("(KKKK)", spans[i].seq_id, spans[i].pos, spans[i].first,
+                                spans[i].n);
+    if (!s || PyList_Append(sl, s) < 0) Py_CLEAR(sl);
+    Py_XDECREF(s);
+    if (view != KVC_VIEW_LEASE || !ll) continue;
+    PyObject *l = lease_new(ca, leases[i], spans[i].seq_id, spans[i].pos,
+                            spans[i].pos + spans[i].n);
+    if (l) leases[i] = NULL; /* the Lease object owns it */
+    if (!l || PyList_Append(ll, l) < 0) Py_CLEAR(ll);
+    Py_XDECREF(l);
+  }
+  if (sl && ll)
+    ret = Py_BuildValue("(KKKKKKKsOO)", st.hist.entries, st.hist.k_off, st.hist.k_bytes,
+                        st.hist.v_off, st.hist.v_bytes, st.hist.mask_off, st.hist.mask_bytes,
+                        dtype_name(get_dtype(ca, x.dtype)), sl, ll);
+out:
+  for (size_t i = 0; view == KVC_VIEW_LEASE && leases && i < cap; i++)
+    if (leases[i]) kvc_lease_release_later(leases[i]);
+  Py_XDECREF(sl);
+  Py_XDECREF(ll);
+  PyMem_Free(io);
+  PyMem_Free(spans);
+  PyMem_Free(leases);
   return ret;
 }
 
@@ -1004,6 +1086,55 @@ static PyObject *cache_lease(cache_t *ca, PyObject *args) {
   return r;
 }
 
+static PyObject *cache_lease_batch(cache_t *ca, PyObject *args) {
+  PyObject *o;
+  if (!PyArg_ParseTuple(args, "O:lease_batch", &o)) return NULL;
+  PyObject *seq = PySequence_Fast(o, "ranges: a sequence of (seq, begin, end)");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  kvc_lease_range_t *r = PyMem_Calloc((size_t)(n ? n : 1), sizeof *r);
+  kvc_lease_t **out = PyMem_Calloc((size_t)(n ? n : 1), sizeof *out);
+  PyObject *ret = NULL;
+  if (!r || !out) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *e = PySequence_Fast_GET_ITEM(seq, i);
+    unsigned long long s, b, en;
+    if (!PyTuple_Check(e) ||
+        !PyArg_ParseTuple(e, "O&O&O&", pykvc_u64, &s, pykvc_u64, &b, pykvc_u64, &en)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_ValueError, "ranges[%zd]: expected a (seq, begin, end) tuple", i);
+      goto done;
+    }
+    r[i] = (kvc_lease_range_t){s, b, en};
+  }
+  if (cache_enter(ca) < 0) goto done;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = kvc_lease_batch(ca->h, r, (size_t)n, out);
+  Py_END_ALLOW_THREADS
+  cache_leave(ca);
+  if (rc) {
+    pykvc_raise(ca->client->c, rc);
+    goto done;
+  }
+  ret = PyList_New(0);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *l = ret ? lease_new(ca, out[i], r[i].seq_id, r[i].begin, r[i].end) : NULL;
+    if (l) out[i] = NULL;
+    if (!l || PyList_Append(ret, l) < 0) Py_CLEAR(ret);
+    Py_XDECREF(l);
+  }
+done:
+  for (Py_ssize_t i = 0; out && i < n; i++)
+    if (out[i]) kvc_lease_release_later(out[i]);
+  PyMem_Free(r);
+  PyMem_Free(out);
+  Py_DECREF(seq);
+  return ret;
+}
+
 static PyObject *cache_get_name(cache_t *ca, void *c) {
   (void)c;
   if (!ca->client->c || !ca->h) return closed_error(ca);
@@ -1127,6 +1258,10 @@ static PyMethodDef cache_methods[] = {
     M_("clear", cache_clear, METH_NOARGS, "clear()\n\nDrops every sequence of the cache."),
     M_("drop", cache_drop, METH_NOARGS, "drop()\n\nDrops the cache in the daemon."),
     M_("close", cache_close, METH_NOARGS, "close()\n\nFrees the handle (the cache stays)."),
+    M_("lease_batch", cache_lease_batch, METH_VARARGS,
+       "lease_batch(ranges) -> list[Lease]\n\nLeases of every (seq, begin, end) in one round "
+       "trip, all or nothing."),
+    M_("_step", cache_step_raw, KW_, "The raw step reply (see Cache.step)."),
     M_("lease", cache_lease, METH_VARARGS,
        "lease(seq, begin, end) -> Lease\n\nA zero-copy read lease of tokens [begin, end) (use "
        "it as a context manager)."),

@@ -256,6 +256,62 @@ def test_shm_direct_forms(client):
         c.get_shm([(1, 0, 6, len(shm) - 8, 0)])
 
 
+def test_step_one_round_trip_lease_and_gather_views(client):
+    """A decode step: the new tokens written and the history view returned in
+    one request; the lease view read in place equals the gathered one and
+    what was put; a refused step changes nothing."""
+    c = client.open_cache("step", layout())
+    seqs = [1, 2, 3]
+    hist = {s: kv(20, s) for s in seqs}
+    for s in seqs:
+        c.put(s, 0, *hist[s])
+    shm = client.shm
+    kb, vb, _ = c.xfer_bytes(1, put=True)
+
+    def new_tokens(pos, seed):
+        entries = []
+        for i, s in enumerate(seqs):
+            k, v = kv(1, seed + s)
+            off = i * (kb + vb)
+            shm[off:off + kb] = k.tobytes()
+            shm[off + kb:off + kb + vb] = v.tobytes()
+            entries.append((s, pos, 1, off, off + kb))
+            hist[s] = (np.concatenate([hist[s][0], k], axis=1),
+                       np.concatenate([hist[s][1], v], axis=1))
+        return entries
+
+    before = client.stats()["requests_total{op=step}"] if "requests_total{op=step}" in client.stats() else 0
+    k, v, mask, spans = c.step(new_tokens(20, 100), view="gather", copy=True)
+    assert client.stats()["requests_total{op=step}"] == before + 1
+    assert [sp[0] for sp in spans] == seqs and all(sp[3] == 21 for sp in spans)
+    for (s, pos, first, n) in spans:
+        assert np.array_equal(k[:, first:first + n], hist[s][0])
+        assert np.array_equal(v[:, first:first + n], hist[s][1])
+    assert mask.shape == (3, 63) and (mask[0, :21] == 0).all() and np.isinf(mask[0, 21:]).all()
+    leases, lmask, lspans = c.step(new_tokens(21, 200), view="lease")
+    assert lspans[0][3] == 22 and np.array_equal(lmask[1, 22:44], np.zeros(22, np.float32))
+    for lease, (s, pos, first, n) in zip(leases, lspans):
+        with lease:
+            for layer in range(L):
+                assert np.array_equal(np.concatenate(lease.k(layer)), hist[s][0][layer])
+                assert np.array_equal(np.concatenate(lease.v(layer)), hist[s][1][layer])
+    assert c.step(new_tokens(22, 300), view=None) is None
+    leases, nomask, _ = c.step(new_tokens(23, 400), view="lease", no_mask=True)
+    assert nomask is None
+    for lease in leases:
+        lease.release()
+    with pytest.raises(kvcache.SizeError):
+        c.step(new_tokens(24, 500), view="gather", out=(len(shm) - 4096, 4096))
+    assert c.info(1)["length"] == 24  # the refused step wrote nothing
+    with pytest.raises(kvcache.DupseqError):
+        c.step([(1, 24, 1, 0, kb), (1, 24, 1, 0, kb)], view="gather")
+    got = c.lease_batch([(1, 0, 24), (2, 3, 10)])
+    with got[0], got[1]:
+        assert np.array_equal(np.concatenate(got[1].k(0)), hist[2][0][0, 3:10])
+    with pytest.raises(kvcache.NoseqError):
+        c.lease_batch([(1, 0, 24), (9, 0, 1)])
+
+
 # ---- bad input -----------------------------------------------------------------
 
 def test_bad_shapes_and_dtypes_say_what_was_expected(client):
