@@ -491,6 +491,11 @@ int engine_tenant_limits_set(engine_t *eng, uint32_t tenant, const engine_tenant
 int engine_tenant_usage(engine_t *eng, uint32_t tenant, engine_tenant_limits_t *lim,
                         engine_tenant_usage_t *use);
 
+/* The pool's pin limit, percent of its pages (0: 100), as engine_new's
+ * pin_limit_pct: pins already held stay when it is lowered, new ones are
+ * refused past it (the daemon's reload). KVC_E_INVAL above 100. */
+int engine_set_pin_limit(engine_t *eng, uint32_t pct);
+
 /* Test hook: make the k-th heap allocation from now fail (-1 disables). */
 void engine_fail_alloc_after(engine_t *eng, int64_t k);
 

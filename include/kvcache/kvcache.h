@@ -410,7 +410,13 @@ KVC_API int kvc_seq_can_resume(kvc_cache_t *cache, uint64_t seq_id, uint64_t pos
 /* Drops tokens before n (positions kept), freeing whole pages. KVC_E_RANGE. */
 KVC_API int kvc_seq_trim_front(kvc_cache_t *cache, uint64_t seq_id, uint64_t n);
 /* Pins seq_id for this connection (idempotent): never evicted until unpinned
- * or the connection closes. KVC_E_NOSEQ. */
+ * or the connection closes; a pinned sequence's later growth counts as
+ * pinned too. KVC_E_NOSEQ, KVC_E_NOCACHE; KVC_E_PINLIMIT past the pool's
+ * pin limit (pin_limit_pct, default 50% of the pool: a Llama-3-8B sequence
+ * of 2,000 bf16 tokens is 250 MiB); KVC_E_QUOTA_PINS past the tenant's
+ * pinned plus leased quota (tenant_max_pinned_pct). Nothing changes on an
+ * error. A sequence another connection is writing with a large put waits
+ * for it (never KVC_E_BUSY). */
 KVC_API int kvc_seq_pin(kvc_cache_t *cache, uint64_t seq_id);
 /* KVC_E_NOTPINNED if this connection does not pin it. */
 KVC_API int kvc_seq_unpin(kvc_cache_t *cache, uint64_t seq_id);
