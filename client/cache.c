@@ -174,15 +174,46 @@ KVC_API int kvc_seq_remove(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint
   return client_call(h->client, &req, NULL);
 }
 
-KVC_API int kvc_seq_copy_prefix(kvc_cache_t *h, uint64_t src, uint64_t dst, uint64_t ntokens) {
+static int copy_prefix(kvc_cache_t *h, uint64_t src, uint64_t dst, uint64_t ntokens,
+                       bool no_replace) {
   if (!h) return KVC_E_INVAL;
   Kvcache__V1__CopyPrefix b = KVCACHE__V1__COPY_PREFIX__INIT;
   b.cache_id = h->id;
   b.src = src;
   b.dst = dst;
   b.ntokens = ntokens;
+  b.no_replace = no_replace;
   REQ(copy_prefix, COPY_PREFIX, &b);
   return client_call(h->client, &req, NULL);
+}
+
+KVC_API int kvc_seq_copy_prefix(kvc_cache_t *h, uint64_t src, uint64_t dst, uint64_t ntokens) {
+  return copy_prefix(h, src, dst, ntokens, false);
+}
+
+KVC_API int kvc_seq_copy_prefix_new(kvc_cache_t *h, uint64_t src, uint64_t dst,
+                                    uint64_t ntokens) {
+  return copy_prefix(h, src, dst, ntokens, true);
+}
+
+KVC_API int kvc_seq_create(kvc_cache_t *h, size_t n, bool owned, uint64_t *ids) {
+  if (!h) return KVC_E_INVAL;
+  if (!ids || n == 0 || n > 4096)
+    return client_fail(h->client, KVC_E_INVAL, "kvc_seq_create: 1 to 4096 ids into ids");
+  Kvcache__V1__SeqCreate b = KVCACHE__V1__SEQ_CREATE__INIT;
+  b.cache_id = h->id;
+  b.count = (uint32_t)n;
+  b.owned = owned;
+  REQ(seq_create, SEQ_CREATE, &b);
+  Kvcache__V1__Response *r;
+  int rc = client_call(h->client, &req, &r);
+  if (rc) return rc;
+  if (r->body_case != KVCACHE__V1__RESPONSE__BODY_SEQ_CREATE || !r->seq_create ||
+      r->seq_create->n_seq_ids != n)
+    rc = client_fail(h->client, KVC_E_PROTO, "seq_create reply without its %zu ids", n);
+  for (size_t i = 0; rc == 0 && i < n; i++) ids[i] = r->seq_create->seq_ids[i];
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return rc;
 }
 
 KVC_API int kvc_seq_can_resume(kvc_cache_t *h, uint64_t seq_id, uint64_t pos, bool *out) {

@@ -54,7 +54,14 @@ KVC_API int kvc_match(kvc_cache_t *h, const uint32_t *tokens, uint64_t ntokens,
 
 KVC_API int kvc_attach(kvc_cache_t *h, uint64_t dst_seq, const uint32_t *tokens,
                        uint64_t ntokens, bool pin, kvc_match_t *out) {
+  return kvc_attach_ex(h, dst_seq, tokens, ntokens, pin ? KVC_ATTACH_PIN : 0, out);
+}
+
+KVC_API int kvc_attach_ex(kvc_cache_t *h, uint64_t dst_seq, const uint32_t *tokens,
+                          uint64_t ntokens, unsigned flags, kvc_match_t *out) {
   if (!h) return KVC_E_INVAL;
+  if (flags & ~(unsigned)(KVC_ATTACH_PIN | KVC_ATTACH_NO_REPLACE))
+    return client_fail(h->client, KVC_E_INVAL, "kvc_attach_ex: unknown flags %#x", flags);
   if (!out) return client_fail(h->client, KVC_E_INVAL, "kvc_attach: out is NULL");
   int rc = stage_tokens(h, tokens, ntokens);
   if (rc) return rc;
@@ -65,7 +72,8 @@ KVC_API int kvc_attach(kvc_cache_t *h, uint64_t dst_seq, const uint32_t *tokens,
   b.ntokens = ntokens;
   b.salt = client_salt(h);
   b.extra = client_extra(h);
-  b.pin = pin;
+  b.pin = (flags & KVC_ATTACH_PIN) != 0;
+  b.no_replace = (flags & KVC_ATTACH_NO_REPLACE) != 0;
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
   req.body_case = KVCACHE__V1__REQUEST__BODY_ATTACH;
   req.attach = &b;

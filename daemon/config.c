@@ -123,8 +123,9 @@ static const option_t options[] = {
    "prefix index hash: sha256, or xxh3 (needs prefix_single_tenant = true)"},
   {"prefix_single_tenant", OPT_BOOL, "false", 0, 0, false, F(prefix_single_tenant),
    "declare that every client is one trusted tenant (allows prefix_hash = xxh3)"},
-  {"pin_limit_pct", OPT_U32, "20", 1, 100, false, F(pin_limit_pct),
-   "pinned pages (hard and TTL pins) at most this percent of the pool"},
+  {"pin_limit_pct", OPT_U32, "50", 1, 100, true, F(pin_limit_pct),
+   "pinned pages (hard and TTL pins) at most this percent of the pool; lowered, the pins "
+   "held stay and new ones are refused"},
   {"metrics_listen", OPT_LISTEN, "", 0, 0, false, F(metrics_listen),
    "serve GET /metrics (Prometheus text) over HTTP on HOST:PORT, e.g. 127.0.0.1:9464 "
    "(:PORT is loopback; port 0 picks one, logged); empty: off. Anyone who can reach it "

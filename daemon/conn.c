@@ -34,6 +34,7 @@ static void schedule(conn_t *c);
 static void free_conn(conn_t *c) {
   server_t *srv = c->srv;
   free(c->tail); /* never written: the connection closed first */
+  free(c->owned);
   shm_close(&c->shm);
   free(c->rbuf);
   if (c->prev) c->prev->next = c->next;
@@ -55,6 +56,7 @@ static void on_handle_closed(uv_handle_t *h) {
 
 static void on_shutdown(uv_shutdown_t *req, int status);
 static int write_tail(conn_t *c);
+static size_t drop_owned(conn_t *c);
 
 /* The one place c->state changes: each case is what entering it does. */
 static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
@@ -81,13 +83,14 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
     if (c->greeted) {
       size_t n = engine_unpin_all(srv->eng, c->id);
       size_t nl = engine_lease_release_all(srv->eng, c->id);
+      size_t no = drop_owned(c);
       uint64_t lived = uv_now(srv->loop) - c->accepted_ms;
-      bool brief = lived < CONN_BRIEF_MS && n == 0 && nl == 0;
+      bool brief = lived < CONN_BRIEF_MS && n == 0 && nl == 0 && no == 0;
       if (brief) srv->stats.connections_brief++;
       LOG_AT_(brief ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO, "disconnect",
              "conn=%llu pid=%d uid=%u client=\"%s\" reason=\"%s\" pins_released=%zu "
-             "leases_released=%zu requests=%llu lived_ms=%llu",
-             (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name, reason, n, nl,
+             "leases_released=%zu owned_dropped=%zu requests=%llu lived_ms=%llu",
+             (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name, reason, n, nl, no,
              (unsigned long long)c->requests, (unsigned long long)lived);
     } else {
       LOG_DEBUG("disconnect", "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id,
@@ -113,6 +116,40 @@ static bool stopping(const conn_t *c) {
 void conn_greeted(conn_t *c) { conn_enter(c, CONN_READY, NULL); }
 
 void conn_offload_begin(conn_t *c) { c->offloaded = true; }
+
+int conn_own_reserve(conn_t *c, uint32_t n) {
+  if (c->nowned + n <= c->owned_cap) return 0;
+  uint32_t cap = c->owned_cap ? c->owned_cap : 16;
+  while (cap < c->nowned + n) cap *= 2;
+  struct owned *o = realloc(c->owned, cap * sizeof *o);
+  if (!o) return -1;
+  c->owned = o;
+  c->owned_cap = cap;
+  return 0;
+}
+
+void conn_own(conn_t *c, uint32_t cache_id, uint64_t seq_id) {
+  c->owned[c->nowned++] = (struct owned){cache_id, seq_id};
+}
+
+/* Drops what c owns: a sequence already gone (removed, evicted, its cache
+ * dropped) is skipped; one still busy with another connection's put stays,
+ * persistent, and is logged. */
+static size_t drop_owned(conn_t *c) {
+  size_t n = 0;
+  for (uint32_t i = 0; i < c->nowned; i++) {
+    int rc = engine_remove(c->srv->eng, c->owned[i].cache_id, c->owned[i].seq_id, 0, UINT64_MAX);
+    if (rc == 0) n++;
+    else if (rc == KVC_E_BUSY)
+      LOG_WARN("owned_kept", "conn=%llu seq=%llu reason=\"busy with a put of another "
+               "connection\"", (unsigned long long)c->id,
+               (unsigned long long)c->owned[i].seq_id);
+  }
+  free(c->owned);
+  c->owned = NULL;
+  c->nowned = c->owned_cap = 0;
+  return n;
+}
 
 void conn_park(conn_t *c) {
   c->parked = true;

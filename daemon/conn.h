@@ -85,6 +85,8 @@ struct conn {
   uint64_t turn_bytes;       /* bytes its requests moved in this loop turn
                                 (dispatch adds, run_frames resets) */
   uint32_t nleases;          /* zero-copy read leases this connection holds */
+  struct owned { uint32_t cache_id; uint64_t seq_id; } *owned; /* dropped at close */
+  uint32_t nowned, owned_cap;
   enum conn_state state;     /* where it is in its life (above) */
   enum conn_after_offload after_offload; /* asked while offloaded */
   char flush_reason[64];     /* the reason of AFTER_OFFLOAD_FLUSH */
@@ -132,6 +134,11 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
  * message) on the raw socket; only while the write queue is empty (the
  * handshake). Returns 0 or a negative code. */
 int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds);
+
+/* Sequences owned by c (SeqCreate with owned): room for n more (0, or -1
+ * out of memory), then one noted. conn.c drops them when c closes. */
+int conn_own_reserve(conn_t *c, uint32_t n);
+void conn_own(conn_t *c, uint32_t cache_id, uint64_t seq_id);
 
 /* Parks c: the frame at the head of its buffer stays there, and nothing
  * runs until conn_unpark_all. */

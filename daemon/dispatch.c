@@ -125,7 +125,7 @@ static bool op_writes(enum op op) {
   case OP_PUT: case OP_REMOVE: case OP_COPY_PREFIX: case OP_TRIM_FRONT: case OP_PIN:
   case OP_UNPIN: case OP_ATTACH: case OP_SET_PRIORITY: case OP_PIN_TTL: case OP_RESERVE:
   case OP_SHIFT: case OP_PUNCH: case OP_KEEP: case OP_CACHE_CLEAR: case OP_CACHE_DROP:
-  case OP_STEP:
+  case OP_STEP: case OP_SEQ_CREATE:
     return true;
   default:
     return false;
@@ -501,10 +501,44 @@ static int h_remove(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   return 0;
 }
 
+/* EXISTS when no_replace and the destination exists (the loop is the one
+ * writer: nothing can create it between this check and the call). */
+static int refuse_replace(conn_t *c, reply_t *r, bool no_replace, uint32_t cache_id,
+                          uint64_t dst) {
+  kvc_seq_info_t si;
+  if (no_replace && engine_seq_info(c->srv->eng, cache_id, dst, &si) == 0)
+    return reject(r, KVC_E_EXISTS, "sequence %llu exists (%llu tokens) and no_replace is set",
+                  (unsigned long long)dst, (unsigned long long)si.length);
+  return 0;
+}
+
 static int h_copy_prefix(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__CopyPrefix *b = req->copy_prefix;
   NEED_BODY(r, b, "copy_prefix");
+  int rc = refuse_replace(c, r, b->no_replace, b->cache_id, b->dst);
+  if (rc) return rc;
   ENGINE_CALL(r, engine_copy_prefix(c->srv->eng, b->cache_id, b->src, b->dst, b->ntokens));
+  return 0;
+}
+
+/* Empty sequences with ids the engine picks; owned ones are listed on the
+ * connection, which drops them when it closes (conn.c). */
+static int h_seq_create(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqCreate *b = req->seq_create;
+  NEED_BODY(r, b, "seq_create");
+  if (b->count == 0 || b->count > 4096)
+    return reject(r, KVC_E_INVAL, "create 1 to 4096 sequences, not %u", b->count);
+  uint64_t *ids = arena_alloc(r->a, b->count * sizeof *ids);
+  Kvcache__V1__SeqCreateReply *sr = arena_alloc(r->a, sizeof *sr);
+  if (!ids || !sr || (b->owned && conn_own_reserve(c, b->count) != 0))
+    return reject(r, KVC_E_NOMEM, "out of memory");
+  ENGINE_CALL(r, engine_seq_create(c->srv->eng, b->cache_id, b->count, ids));
+  for (uint32_t i = 0; b->owned && i < b->count; i++) conn_own(c, b->cache_id, ids[i]);
+  kvcache__v1__seq_create_reply__init(sr);
+  sr->n_seq_ids = b->count;
+  sr->seq_ids = ids;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_SEQ_CREATE;
+  r->resp->seq_create = sr;
   return 0;
 }
 
@@ -1024,7 +1058,9 @@ static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   engine_pkey_t key;
   const uint32_t *tokens;
   int rc = check_key(r, b->salt, b->extra, &key);
-  if (rc || (rc = match_tokens(c, r, "attach", b->tok_off, b->ntokens, &tokens))) return rc;
+  if (rc || (rc = match_tokens(c, r, "attach", b->tok_off, b->ntokens, &tokens)) ||
+      (rc = refuse_replace(c, r, b->no_replace, b->cache_id, b->dst_seq)))
+    return rc;
   engine_match_t m;
   ENGINE_CALL(r, engine_attach(c->srv->eng, b->cache_id, b->dst_seq, tokens, b->ntokens, &key,
                                b->pin ? c->id : 0, &m));

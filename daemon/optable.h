@@ -42,6 +42,7 @@
   X(lease_release, LEASE_RELEASE)                                              \
   X(step, STEP)                                                                \
   X(lease_batch, LEASE_BATCH)                                                  \
+  X(seq_create, SEQ_CREATE)                                                    \
   X(tenants, TENANTS)                                                          \
   X(clients, CLIENTS)                                                          \
   X(config, CONFIG)                                                            \

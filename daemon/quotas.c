@@ -25,7 +25,8 @@ int quotas_apply(server_t *srv) {
   /* A percent of a small pool rounds to nothing: at least one page. */
   if (!lim.max_pages) lim.max_pages = 1;
   if (!lim.max_pinned) lim.max_pinned = 1;
-  int rc = engine_tenant_limits_set(srv->eng, ENGINE_TENANT_DEFAULT, &lim);
+  int rc = engine_set_pin_limit(srv->eng, cfg->pin_limit_pct);
+  if (rc == 0) rc = engine_tenant_limits_set(srv->eng, ENGINE_TENANT_DEFAULT, &lim);
   /* Floors: the named tenants get the default limits and their floor; a
    * tenant whose floor a reload removed goes back to the default. */
   for (uint32_t i = 0; rc == 0 && i < srv->nfloored; i++)

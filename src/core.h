@@ -167,6 +167,7 @@ struct engine {
   hmap_t keys;         /* digest of (salt, extra) -> key_t */
   uint32_t nkeys;      /* keys interned */
   uint32_t next_key_id; /* the last key id handed out (ids are never 0) */
+  uint64_t next_seq_id; /* engine_seq_create: the next id to try (>= 2^63) */
   uint32_t keys_kept;  /* keys left by the last collection of unused ones */
   uint32_t hash_bits;  /* test hook: keep only this many hash bits (0: all) */
   uint32_t pin_limit;  /* pages that may be pinned */

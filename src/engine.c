@@ -185,6 +185,13 @@ int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
   return 0;
 }
 
+int engine_set_pin_limit(engine_t *eng, uint32_t pct) {
+  if (!eng) return KVC_E_INVAL;
+  if (pct > 100) return engine_fail(eng, KVC_E_INVAL, "pin limit of %u%%", pct);
+  eng->pin_limit = (uint32_t)((uint64_t)eng->pool.npages * (pct ? pct : 100) / 100);
+  return 0;
+}
+
 int engine_cache_clear(engine_t *eng, uint32_t cache_id) {
   if (!eng) return KVC_E_INVAL;
   cache_t *c;

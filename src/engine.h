@@ -202,6 +202,13 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
 int engine_remove(engine_t *eng, uint32_t cache_id, uint64_t seq_id,
                   uint64_t begin, uint64_t end);
 
+/* Creates n empty sequences with ids the engine picks, unique in the cache
+ * and never below ENGINE_AUTO_SEQ_ID (callers who pick their own ids keep
+ * them below it), all or nothing: ids[0..n). KVC_E_TOOMANY (max_seqs),
+ * KVC_E_QUOTA_SEQS, KVC_E_NOMEM, KVC_E_NOCACHE; n is at most 4096. */
+#define ENGINE_AUTO_SEQ_ID (1ull << 63)
+int engine_seq_create(engine_t *eng, uint32_t cache_id, size_t n, uint64_t *ids);
+
 /* Makes dst exactly the first n tokens of src, sharing pages (no bytes
  * copied). dst is created or replaced (its pins stay). KVC_E_SAMESEQ,
  * KVC_E_NOSEQ (src), KVC_E_RANGE (n > length of src or n < its start). */
@@ -483,6 +490,11 @@ int engine_tenant_limits_set(engine_t *eng, uint32_t tenant, const engine_tenant
  * seen). Either pointer may be NULL. */
 int engine_tenant_usage(engine_t *eng, uint32_t tenant, engine_tenant_limits_t *lim,
                         engine_tenant_usage_t *use);
+
+/* The pool's pin limit, percent of its pages (0: 100), as engine_new's
+ * pin_limit_pct: pins already held stay when it is lowered, new ones are
+ * refused past it (the daemon's reload). KVC_E_INVAL above 100. */
+int engine_set_pin_limit(engine_t *eng, uint32_t pct);
 
 /* Test hook: make the k-th heap allocation from now fail (-1 disables). */
 void engine_fail_alloc_after(engine_t *eng, int64_t k);

@@ -280,3 +280,47 @@ int engine_attach(engine_t *eng, uint32_t cache_id, uint64_t dst_id, const uint3
   prefix_match_done(eng, c, pages, m, n, out);
   return 0;
 }
+
+int engine_seq_create(engine_t *eng, uint32_t cache_id, size_t n, uint64_t *ids) {
+  if (!eng) return KVC_E_INVAL;
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
+  if (!ids || n == 0 || n > 4096)
+    return engine_fail(eng, KVC_E_INVAL, "create 1 to 4096 sequences, not %zu", n);
+  if (eng->max_seqs && eng->nseqs + n > eng->max_seqs)
+    return engine_fail(eng, KVC_E_TOOMANY, "at most %llu sequences",
+                       (unsigned long long)eng->max_seqs);
+  if ((rc = quota_check_seqs(eng, c->q, n))) return rc;
+  size_t cap = c->seqs.cap, made = 0;
+  if (hmap_reserve(&c->seqs, &eng->mem, n)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  seq_t *s[64], **made_s = n <= 64 ? s : mem_alloc(&eng->mem, n * sizeof *made_s);
+  if (!made_s) {
+    (void)hmap_resize(&c->seqs, &eng->mem, cap);
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
+  if (eng->next_seq_id < ENGINE_AUTO_SEQ_ID) eng->next_seq_id = ENGINE_AUTO_SEQ_ID;
+  for (; made < n; made++) {
+    while (hmap_get(&c->seqs, eng->next_seq_id))
+      if (++eng->next_seq_id == 0) eng->next_seq_id = ENGINE_AUTO_SEQ_ID; /* 2^63 ids: wraps */
+    uint64_t id = eng->next_seq_id++;
+    if (eng->next_seq_id == 0) eng->next_seq_id = ENGINE_AUTO_SEQ_ID;
+    if (!(made_s[made] = seq_new(eng, c, id))) break;
+    hmap_insert(&c->seqs, id, made_s[made]);
+  }
+  if (made < n) { /* out of memory: none of them stays */
+    for (size_t i = 0; i < made; i++) {
+      hmap_remove(&c->seqs, made_s[i]->id);
+      seq_free(eng, made_s[i]);
+    }
+    (void)hmap_resize(&c->seqs, &eng->mem, cap);
+    rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      seq_enlist(eng, made_s[i]);
+      ids[i] = made_s[i]->id;
+    }
+  }
+  if (made_s != s) mem_free(&eng->mem, made_s);
+  return rc;
+}

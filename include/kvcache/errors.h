@@ -59,13 +59,14 @@
   XX(QUOTA_KEYS,   -48, "the tenant's interned key quota is reached")       \
   XX(QUOTA_CONNS,  -49, "the uid's connection quota is reached")            \
   XX(QUOTA_SHM,    -50, "the shared-buffer byte quota is reached")       \
-  XX(BUSY,         -51, "a put to the sequence is in flight; retry")
+  XX(BUSY,         -51, "a put to the sequence is in flight; retry")        \
+  XX(EXISTS,       -52, "the sequence exists: the call would replace it")
 
 typedef enum {
 #define KVC_ERR_ENUM_(name, code, msg) KVC_E_##name = (code),
   KVC_ERRNO_MAP(KVC_ERR_ENUM_)
 #undef KVC_ERR_ENUM_
-  KVC_E_MIN_ = -52 /* one below the lowest code; not an error */
+  KVC_E_MIN_ = -53 /* one below the lowest code; not an error */
 } kvc_errno_t;
 
 #ifdef __cplusplus

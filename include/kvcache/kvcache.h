@@ -393,13 +393,30 @@ KVC_API int kvc_seq_remove(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin,
  * KVC_E_SAMESEQ, KVC_E_NOSEQ, KVC_E_RANGE. */
 KVC_API int kvc_seq_copy_prefix(kvc_cache_t *cache, uint64_t src, uint64_t dst,
                                 uint64_t ntokens);
+/* The same, but KVC_E_EXISTS (nothing changes) if dst exists. */
+KVC_API int kvc_seq_copy_prefix_new(kvc_cache_t *cache, uint64_t src, uint64_t dst,
+                                    uint64_t ntokens);
+/* Creates n (1..4096) empty sequences with ids the daemon picks into
+ * ids[0..n): unique in the cache across every client, never reused while
+ * the sequence lives, all at or above 2^63 (ids a caller picks itself should
+ * stay below, where the daemon never goes). All or nothing. Owned
+ * sequences are dropped when this client's connection closes (however it
+ * closes); others live as any sequence. Then write them with puts from
+ * position 0. KVC_E_QUOTA_SEQS, KVC_E_TOOMANY. */
+KVC_API int kvc_seq_create(kvc_cache_t *cache, size_t n, bool owned, uint64_t *ids);
 /* *out = the cache holds what is needed to continue seq_id at pos. */
 KVC_API int kvc_seq_can_resume(kvc_cache_t *cache, uint64_t seq_id, uint64_t pos,
                                bool *out);
 /* Drops tokens before n (positions kept), freeing whole pages. KVC_E_RANGE. */
 KVC_API int kvc_seq_trim_front(kvc_cache_t *cache, uint64_t seq_id, uint64_t n);
 /* Pins seq_id for this connection (idempotent): never evicted until unpinned
- * or the connection closes. KVC_E_NOSEQ. */
+ * or the connection closes; a pinned sequence's later growth counts as
+ * pinned too. KVC_E_NOSEQ, KVC_E_NOCACHE; KVC_E_PINLIMIT past the pool's
+ * pin limit (pin_limit_pct, default 50% of the pool: a Llama-3-8B sequence
+ * of 2,000 bf16 tokens is 250 MiB); KVC_E_QUOTA_PINS past the tenant's
+ * pinned plus leased quota (tenant_max_pinned_pct). Nothing changes on an
+ * error. A sequence another connection is writing with a large put waits
+ * for it (never KVC_E_BUSY). */
 KVC_API int kvc_seq_pin(kvc_cache_t *cache, uint64_t seq_id);
 /* KVC_E_NOTPINNED if this connection does not pin it. */
 KVC_API int kvc_seq_unpin(kvc_cache_t *cache, uint64_t seq_id);
@@ -586,6 +603,13 @@ KVC_API int kvc_match(kvc_cache_t *cache, const uint32_t *tokens, uint64_t ntoke
  * KVC_E_TOOMANY, the codes of kvc_match. */
 KVC_API int kvc_attach(kvc_cache_t *cache, uint64_t dst_seq, const uint32_t *tokens,
                        uint64_t ntokens, bool pin, kvc_match_t *out);
+/* kvc_attach with flags: KVC_ATTACH_PIN (pin, as above), KVC_ATTACH_NO_REPLACE
+ * (KVC_E_EXISTS, and nothing changes, if dst_seq exists: two workers that
+ * picked the same id do not overwrite each other). */
+#define KVC_ATTACH_PIN 1u
+#define KVC_ATTACH_NO_REPLACE 2u
+KVC_API int kvc_attach_ex(kvc_cache_t *cache, uint64_t dst_seq, const uint32_t *tokens,
+                          uint64_t ntokens, unsigned flags, kvc_match_t *out);
 
 /* One chain head of the prefix index. */
 typedef struct kvc_prefix_head {

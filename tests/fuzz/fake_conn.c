@@ -196,6 +196,10 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
 
 /* offload_bytes is 0 in the fuzzers: nothing is ever offloaded. */
 void conn_offload_begin(conn_t *c) { FZ_FAIL("conn %llu offloaded", (unsigned long long)c->id); }
+/* Owned sequences are tracked by the real connection only: here a create
+ * with owned is refused (NOMEM), every other path of SeqCreate is fuzzed. */
+int conn_own_reserve(conn_t *c, uint32_t n) { (void)c; (void)n; return -1; }
+void conn_own(conn_t *c, uint32_t cache_id, uint64_t seq_id) { (void)c; (void)cache_id; (void)seq_id; }
 bool conn_offload_end(conn_t *c) {
   FZ_FAIL("conn %llu offload ended", (unsigned long long)c->id);
 }

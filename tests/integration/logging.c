@@ -89,7 +89,7 @@ TEST(logging_refused_peers_do_not_flood) {
 
 TEST(logging_evictions_and_full_are_summarized) {
   /* The pin limit at the whole pool: a pinned sequence outgrowing the pool
-   * is FULL (at the default 20% its growth is refused with PINLIMIT). */
+   * is FULL (at the default 50% its growth is refused with PINLIMIT). */
   static const char *const fast[] = {"--status-interval-ms", "100", "--pin-limit-pct", "100",
                                      NULL};
   daemon_t d;

@@ -447,7 +447,7 @@ TEST(prefix_ttl_pin_lapses) {
 }
 
 TEST(prefix_pins_beyond_the_limit_fail) {
-  static const char *const args[] = {SMALL_POOL, NULL}; /* 20% of 64: 12 pages */
+  static const char *const args[] = {SMALL_POOL, "--pin-limit-pct", "20", NULL}; /* 12 of 64 */
   daemon_t d;
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open(&d);

@@ -435,3 +435,44 @@ TEST_TIMEOUT(quotas_floor_keeps_a_tenant_through_a_flood, 120) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+/* Waits for the daemon to say (its reload counter) it applied n reloads. */
+static void wait_reloads(kvc_client_t *c, uint64_t n) {
+  for (int i = 0; i < 500 && stat_get(c, "config_reloads_total", NULL) < n; i++) it_sleep_ms(10);
+  ASSERT_U64_EQ(stat_get(c, "config_reloads_total", NULL), n);
+}
+
+/* The pool's pin limit is reloadable: a pin past it is refused, the same pin
+ * passes once SIGHUP raised it, and the pins held stay when it is lowered. */
+TEST(quotas_pin_limit_reloaded) {
+  daemon_t d;
+  char path[160];
+  snprintf(path, sizeof path, "/tmp/kvcit-pinlimit-%d.conf", (int)getpid());
+  it_write_file(path, "pin_limit_pct = 1\n"); /* 5 of 512 pages */
+  const char *const args[] = {"--config", path, NULL};
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "pins", &l, &h));
+  size_t nk = it_tok_floats(&l, false) * 96, nv = it_tok_floats(&l, true) * 96;
+  float *k = calloc(nk, 4), *v = calloc(nv, 4);
+  ASSERT_OK(kvc_put(h, 1, 0, 96, k, v)); /* 6 pages */
+  EXPECT_QUOTA(kvc_seq_pin(h, 1), KVC_E_PINLIMIT, c, "pin");
+  it_write_file(path, "pin_limit_pct = 50\n");
+  ASSERT_EQ(kill(d.pid, SIGHUP), 0);
+  wait_reloads(c, 1);
+  ASSERT_OK(kvc_seq_pin(h, 1));
+  it_write_file(path, "pin_limit_pct = 1\n");
+  ASSERT_EQ(kill(d.pid, SIGHUP), 0);
+  wait_reloads(c, 2);
+  kvc_seq_info_t si;
+  ASSERT_OK(kvc_seq_info(h, 1, &si));
+  ASSERT_EQ(si.pins, 1); /* held */
+  ASSERT_OK(kvc_put(h, 2, 0, 96, k, v));
+  EXPECT_QUOTA(kvc_seq_pin(h, 2), KVC_E_PINLIMIT, c, "pin");
+  free(k), free(v);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  unlink(path);
+}

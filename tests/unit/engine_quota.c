@@ -317,3 +317,27 @@ TEST(quota_floor_holds_against_other_tenants) {
   FX_AUDIT(f.eng);
   fx_close(&f);
 }
+
+/* Sequences the engine names: unique, at or above 2^63, counted against the
+ * tenant's quota all or nothing, skipping an id a caller took. */
+TEST(seq_create_names_unique_ids_within_the_quota) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  uint32_t cid = open_in(&f, 3, "c");
+  limits(&f, 3, 0, 0, 5, 0);
+  ASSERT_OK(fx_put(&f, ENGINE_AUTO_SEQ_ID + 1, 0, 1, 0)); /* a caller took one in the range */
+  uint64_t ids[4];
+  ASSERT_OK(engine_seq_create(f.eng, cid, 3, ids));
+  ASSERT_U64_EQ(ids[0], ENGINE_AUTO_SEQ_ID);
+  ASSERT_U64_EQ(ids[1], ENGINE_AUTO_SEQ_ID + 2); /* skipped the taken one */
+  ASSERT_U64_EQ(usage(&f, 3).seqs, 4);
+  ASSERT_ERR(engine_seq_create(f.eng, cid, 2, ids), KVC_E_QUOTA_SEQS);
+  ASSERT_U64_EQ(usage(&f, 3).seqs, 4); /* nothing kept */
+  ASSERT_ERR(engine_seq_create(f.eng, cid, 0, ids), KVC_E_INVAL);
+  ASSERT_ERR(engine_seq_create(f.eng, 999, 1, ids), KVC_E_NOCACHE);
+  ASSERT_OK(fx_put(&f, ids[2], 0, 4, 7)); /* an empty sequence a put starts */
+  FX_EXPECT(&f, ids[2], 0, 4, 7);
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}

@@ -828,10 +828,14 @@ static PyObject *cache_remove(cache_t *ca, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-static PyObject *cache_copy_prefix(cache_t *ca, PyObject *args) {
+static PyObject *cache_copy_prefix(cache_t *ca, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"src", "dst", "n", "replace", NULL};
   unsigned long long src, dst, n;
-  if (!PyArg_ParseTuple(args, "O&O&O&:copy_prefix", pykvc_u64, &src, pykvc_u64, &dst, pykvc_u64, &n)) return NULL;
-  CALL_(kvc_seq_copy_prefix(ca->h, src, dst, n));
+  int replace = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|p:copy_prefix", kwlist, pykvc_u64, &src,
+                                   pykvc_u64, &dst, pykvc_u64, &n, &replace))
+    return NULL;
+  CALL_(replace ? kvc_seq_copy_prefix(ca->h, src, dst, n) : kvc_seq_copy_prefix_new(ca->h, src, dst, n));
   Py_RETURN_NONE;
 }
 
@@ -966,7 +970,7 @@ static PyObject *match_dict(const kvc_match_t *m) {
 }
 
 static PyObject *cache_match_attach(cache_t *ca, PyObject *tokens, bool attach, uint64_t dst,
-                                    int pin) {
+                                    int flags) {
   tensor_t t;
   uint32_t *ids, *owned;
   Py_ssize_t n;
@@ -975,7 +979,7 @@ static PyObject *cache_match_attach(cache_t *ca, PyObject *tokens, bool attach, 
   PyObject *ret = NULL;
   if (cache_enter(ca) == 0) {
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = attach ? kvc_attach(ca->h, dst, ids, (uint64_t)n, pin != 0, &m)
+    Py_BEGIN_ALLOW_THREADS rc = attach ? kvc_attach_ex(ca->h, dst, ids, (uint64_t)n, (unsigned)flags, &m)
                                        : kvc_match(ca->h, ids, (uint64_t)n, &m);
     Py_END_ALLOW_THREADS
     cache_leave(ca);
@@ -993,13 +997,39 @@ static PyObject *cache_match(cache_t *ca, PyObject *args) {
 }
 
 static PyObject *cache_attach(cache_t *ca, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"dst", "tokens", "pin", NULL};
+  static char *kwlist[] = {"dst", "tokens", "pin", "replace", NULL};
   unsigned long long dst;
   PyObject *tokens;
-  int pin = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|p:attach", kwlist, pykvc_u64, &dst, &tokens, &pin))
+  int pin = 0, replace = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|pp:attach", kwlist, pykvc_u64, &dst, &tokens,
+                                   &pin, &replace))
     return NULL;
-  return cache_match_attach(ca, tokens, true, dst, pin);
+  return cache_match_attach(ca, tokens, true, dst,
+                            (pin ? KVC_ATTACH_PIN : 0) | (replace ? 0 : KVC_ATTACH_NO_REPLACE));
+}
+
+static PyObject *cache_create(cache_t *ca, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"n", "owned", NULL};
+  unsigned long long n = 1;
+  int owned = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&p:create", kwlist, pykvc_u64, &n, &owned))
+    return NULL;
+  if (n == 0 || n > 4096) {
+    PyErr_SetString(PyExc_ValueError, "create: n is 1 to 4096");
+    return NULL;
+  }
+  uint64_t ids[4096];
+  CALL_(kvc_seq_create(ca->h, (size_t)n, owned != 0, ids));
+  PyObject *l = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; l && i < n; i++) {
+    PyObject *v = PyLong_FromUnsignedLongLong(ids[i]);
+    if (!v) {
+      Py_CLEAR(l);
+      break;
+    }
+    PyList_SET_ITEM(l, (Py_ssize_t)i, v);
+  }
+  return l;
 }
 
 static PyObject *cache_set_extra(cache_t *ca, PyObject *args) {
@@ -1219,9 +1249,12 @@ static PyMethodDef cache_methods[] = {
        "remove(seq, begin=0, end=inf)\n\nRemoves [begin, end): to the end truncates (from 0 "
        "drops the sequence); a middle range moves later tokens down, keys re-rotated by the "
        "daemon (NoropeError without a RoPE layout)."),
-    M_("copy_prefix", cache_copy_prefix, METH_VARARGS,
-       "copy_prefix(src, dst, n)\n\nMakes dst the first n tokens of src (pages shared, copy on "
-       "write)."),
+    M_("copy_prefix", cache_copy_prefix, KW_,
+       "copy_prefix(src, dst, n, replace=True)\n\nMakes dst the first n tokens of src (pages "
+       "shared, copy on write); replace=False raises ExistsError if dst exists."),
+    M_("create", cache_create, KW_,
+       "create(n=1, owned=False) -> list[int]\n\nn empty sequences with ids the daemon picks "
+       "(unique across clients, >= 2**63); owned ones are dropped when this client closes."),
     M_("can_resume", cache_can_resume, METH_VARARGS,
        "can_resume(seq, pos) -> bool\n\nThe cache holds what is needed to continue seq at pos."),
     M_("trim_front", cache_trim_front, METH_VARARGS,
@@ -1248,9 +1281,9 @@ static PyMethodDef cache_methods[] = {
        "match(tokens) -> dict\n\nHow many leading tokens the prefix cache holds (whole pages): "
        "{'tokens', 'pages', 'ineligible'}."),
     M_("attach", cache_attach, KW_,
-       "attach(dst, tokens, pin=False) -> dict\n\nMatches and makes dst exactly the matched "
-       "pages (shared, no copy), pinned in the same step with pin. Continue dst from "
-       "result['tokens']."),
+       "attach(dst, tokens, pin=False, replace=True) -> dict\n\nMatches and makes dst exactly "
+       "the matched pages (shared, no copy), pinned in the same step with pin; replace=False "
+       "raises ExistsError if dst exists. Continue dst from result['tokens']."),
     M_("set_extra", cache_set_extra, METH_VARARGS,
        "set_extra(key)\n\nThe extra key (bytes, <= 64) of this handle's token-aware calls."),
     M_("prefix_top", cache_prefix_top, METH_VARARGS,

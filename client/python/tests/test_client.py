@@ -3,6 +3,7 @@ values checked; bad input raises, never crashes."""
 import os
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -310,6 +311,30 @@ def test_step_one_round_trip_lease_and_gather_views(client):
         assert np.array_equal(np.concatenate(got[1].k(0)), hist[2][0][0, 3:10])
     with pytest.raises(kvcache.NoseqError):
         c.lease_batch([(1, 0, 24), (9, 0, 1)])
+
+
+def test_created_ids_owned_dropped_and_no_replace(daemon):
+    a = kvcache.Client(socket=daemon.sock)
+    b = kvcache.Client(socket=daemon.sock)
+    ca, cb = a.open_cache("life", layout()), b.open_cache("life", layout())
+    ids = ca.create(3) + cb.create(3, owned=True)
+    assert len(set(ids)) == 6 and all(i >= 2 ** 63 for i in ids)
+    k, v = kv(4)
+    cb.put(ids[3], 0, k, v)
+    with pytest.raises(kvcache.ExistsError):
+        ca.copy_prefix(ids[3], ids[0], 2, replace=False)
+    ca.copy_prefix(ids[3], 77, 2, replace=False)
+    b.close()  # its owned sequences go with it
+    for _ in range(500):
+        try:
+            ca.info(ids[3])
+        except kvcache.NoseqError:
+            break
+        time.sleep(0.01)
+    with pytest.raises(kvcache.NoseqError):
+        ca.info(ids[3])
+    assert ca.info(ids[0])["length"] == 0 and ca.info(77)["length"] == 2
+    a.close()
 
 
 # ---- bad input -----------------------------------------------------------------
