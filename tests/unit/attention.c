@@ -481,3 +481,30 @@ TEST(holes_read_as_zeros_off_the_engine_thread) {
   fx_buf_free(&b);
   fx_close(&f);
 }
+
+/* An idle sequence of a window cache loses what its next token cannot see
+ * at any reservation (ollama's StartForward), not only at its own next
+ * write; a causal cache keeps everything. */
+TEST(window_idle_sequences_trimmed_at_any_reservation) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_WINDOW, 2, 0, 0, 0, 16);
+  sc_step(&f, 8, A(0, 0, 0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5, 6, 7), F(1, 2, 3, 4, 5, 6, 7, 8));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 0); /* its own put kept what the batch saw */
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 4);
+  sc_step(&f, 1, A(1), A(0), F(9)); /* another sequence's forward pass */
+  kvc_seq_info_t in = FX_INFO(&f, 0);
+  ASSERT_U64_EQ(in.start, 6); /* a token at 8 sees 6..8 */
+  ASSERT_U64_EQ(in.length, 8);
+  ASSERT_U64_EQ(in.pages, 1);
+  bool ok;
+  ASSERT_OK(engine_can_resume(f.eng, f.cid, 0, 8, &ok));
+  ASSERT(ok);
+  sc_step(&f, 1, A(0), A(8), F(10));
+  SC_EXPECT(&f, 1, A(0), A(8), 3, F(7, 8, 10), F(0, 0, 0));
+  fx_close(&f);
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 0, 16);
+  sc_step(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), F(1, 2, 3, 4));
+  sc_step(&f, 1, A(1), A(0), F(9));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 0);
+  fx_close(&f);
+}
