@@ -508,3 +508,32 @@ TEST(window_idle_sequences_trimmed_at_any_reservation) {
   ASSERT_U64_EQ(FX_INFO(&f, 0).start, 0);
   fx_close(&f);
 }
+
+/* Keys without positions (NoPE, ALiBi: rope_style NONE): a middle range is
+ * removed and positions are shifted with the keys moved as they are. */
+TEST(nope_cache_removes_a_middle_range_without_rotation) {
+  fx_t f;
+  kvc_layout_t l = fx_layout(1, 1, 2, 1, KVC_DTYPE_F32, 2);
+  l.rope_style = KVC_ROPE_NONE;
+  fx_open(&f, &l, 8);
+  sc_step(&f, 6, A(0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5), F(1, 2, 3, 4, 5, 6));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 0, 1, 3)); /* 4, 5, 6 move to 1, 2, 3 */
+  ASSERT_U64_EQ(FX_INFO(&f, 0).length, 4);
+  SC_EXPECT(&f, 1, A(0), A(3), 4, F(1, 4, 5, 6), F(0, 0, 0, 0));
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 2, -1, 3)); /* 5, 6 to 5, 6: a gap at 2..4 */
+  kvc_seq_info_t in = FX_INFO(&f, 0);
+  ASSERT_U64_EQ(in.length, 7);
+  sc_step(&f, 1, A(0), A(7), F(9));
+  SC_EXPECT(&f, 1, A(0), A(7), 8, F(1, 4, 0, 0, 0, 5, 6, 9), F(0, 0, X, X, X, 0, 0, 0));
+  fx_close(&f);
+  /* NONE goes only without rope_dims; a RoPE style other than the two is refused */
+  kvc_layout_t bad = fx_layout(1, 1, 2, 1, KVC_DTYPE_F32, 2);
+  bad.rope_style = KVC_ROPE_NONE;
+  bad.rope_dims = 2;
+  bad.rope_theta = 10000;
+  fx_t g;
+  fx_engine(&g, 1024, 8, 0);
+  uint32_t id;
+  ASSERT_ERR(engine_cache_open(g.eng, "bad", &bad, &id), KVC_E_ROPE);
+  fx_close(&g);
+}
