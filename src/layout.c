@@ -34,7 +34,9 @@ static int attn_check(const kvc_layout_t *l) {
   bool win = l->attn == KVC_ATTN_WINDOW, chunked = l->attn == KVC_ATTN_CHUNKED;
   if (win ? (l->attn_window == 0 || l->attn_window > KVC_MAX_ATTN_SPAN ||
              l->attn_memory < l->attn_window || l->attn_memory > KVC_MAX_ATTN_SPAN)
-          : (l->attn_window != 0 || l->attn_memory != 0))
+          : chunked ? (l->attn_window != 0 ||
+                       (l->attn_memory > KVC_MAX_ATTN_SPAN && l->attn_memory != KVC_ATTN_KEEP_ALL))
+                    : (l->attn_window != 0 || l->attn_memory != 0))
     return KVC_E_WINDOW;
   if (chunked ? (l->attn_chunk == 0 || l->attn_chunk > KVC_MAX_ATTN_SPAN) : l->attn_chunk != 0)
     return KVC_E_CHUNK;

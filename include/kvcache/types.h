@@ -48,6 +48,7 @@ typedef enum {
 } kvc_rope_style_t;
 
 #define KVC_MAX_ATTN_SPAN (1u << 30) /* largest window, memory or chunk */
+#define KVC_ATTN_KEEP_ALL 0xFFFFFFFFu /* a chunked cache's memory: never free history */
 
 /* The layout of a cache. Every field is validated when the cache is opened.
  * The fields after page_tokens are all optional: zero means a causal cache
@@ -63,7 +64,11 @@ typedef struct kvc_layout {
   uint32_t page_tokens;  /* tokens per page, power of two; 0 means 16 */
   kvc_attn_t attn;       /* attention kind */
   uint32_t attn_window;  /* WINDOW: W >= 1 positions before p (0 otherwise) */
-  uint32_t attn_memory;  /* WINDOW: positions kept, M >= W; 0 means W */
+  uint32_t attn_memory;  /* WINDOW: positions kept, M >= W; 0 means W.
+                            CHUNKED: positions kept before the one to
+                            compute besides its chunk (0: the chunk alone;
+                            KVC_ATTN_KEEP_ALL: everything, so the sequence
+                            can resume or branch below its chunk) */
   uint32_t attn_chunk;   /* CHUNKED: chunk size C >= 1 (0 otherwise) */
   uint32_t rope_dims;    /* rotary dims of each K head: even, <= head_dim_k; 0: no RoPE */
   kvc_rope_style_t rope_style;

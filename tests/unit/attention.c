@@ -537,3 +537,32 @@ TEST(nope_cache_removes_a_middle_range_without_rotation) {
   ASSERT_ERR(engine_cache_open(g.eng, "bad", &bad, &id), KVC_E_ROPE);
   fx_close(&g);
 }
+
+/* A chunked cache with memory keeps history below its chunk (ollama keeps
+ * it, so a sequence can resume or branch there); KVC_ATTN_KEEP_ALL keeps
+ * everything; the mask still shows a token only its chunk. */
+TEST(chunked_with_memory_keeps_history_below_the_chunk) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CHUNKED, 0, 3, 2, 0, 16);
+  sc_step(&f, 6, A(0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5), F(1, 2, 3, 4, 5, 6));
+  sc_step(&f, 1, A(0), A(6), F(7));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 3); /* 6 - 3 kept, below its chunk at 6 */
+  ASSERT(resumable(&f, 0, 4));             /* chunk 4..5 is still held */
+  ASSERT(!resumable(&f, 0, 3));            /* its chunk 2..3 starts below the start */
+  SC_EXPECT(&f, 1, A(0), A(6), 4, F(4, 5, 6, 7), F(X, X, X, 0));
+  fx_close(&f);
+  sc_open(&f, KVC_ATTN_CHUNKED, 0, KVC_ATTN_KEEP_ALL, 2, 0, 16);
+  sc_step(&f, 6, A(0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5), F(1, 2, 3, 4, 5, 6));
+  sc_step(&f, 2, A(0, 0), A(6, 7), F(7, 8));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 0);
+  ASSERT(resumable(&f, 0, 2));
+  fx_close(&f);
+  /* a window cache still refuses KEEP_ALL (its memory is at most 2^30) */
+  kvc_layout_t l = fx_layout(1, 1, 2, 1, KVC_DTYPE_F32, 2);
+  l.attn = KVC_ATTN_WINDOW, l.attn_window = 2, l.attn_memory = KVC_ATTN_KEEP_ALL;
+  fx_t g;
+  fx_engine(&g, 1024, 8, 0);
+  uint32_t id;
+  ASSERT_ERR(engine_cache_open(g.eng, "w", &l, &id), KVC_E_WINDOW);
+  fx_close(&g);
+}
