@@ -5,7 +5,8 @@
  *                                         still to compute is h
  *   causal    [0, p]                      nothing
  *   window    [p - W, p]                  positions < h - M   (M >= W kept)
- *   chunked   [p - p % C, p]              positions < h - h % C
+ *   chunked   [p - p % C, p]              positions < min(h - h % C, h - M) (M: memory;
+ *                                         KVC_ATTN_KEEP_ALL: nothing)
  *   encoder   every entry                 nothing
  */
 #include "attn.h"
@@ -29,7 +30,12 @@ bool attn_allows(const cache_t *c, uint64_t p, uint64_t q) {
 static uint64_t horizon(const cache_t *c, uint64_t h) {
   const kvc_layout_t *l = &c->layout;
   if (l->attn == KVC_ATTN_WINDOW) return h > l->attn_memory ? h - l->attn_memory : 0;
-  if (l->attn == KVC_ATTN_CHUNKED) return h - h % l->attn_chunk;
+  if (l->attn == KVC_ATTN_CHUNKED) { /* the chunk, and memory positions before h */
+    uint64_t chunk = h - h % l->attn_chunk, m = l->attn_memory;
+    if (m == KVC_ATTN_KEEP_ALL) return 0;
+    uint64_t kept = h > m ? h - m : 0;
+    return kept < chunk ? kept : chunk;
+  }
   return 0;
 }
 

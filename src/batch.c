@@ -116,6 +116,15 @@ static void rsv_apply(engine_t *eng, rec_t *x, const span_t *sp) {
   lru_touch(eng, s);
 }
 
+/* Trims every sequence of c the current call does not name (and no put holds
+ * busy) to what a token at its length can still attend to. */
+static void rsv_trim_idle(engine_t *eng, cache_t *c) {
+  size_t pos = 0;
+  seq_t *s;
+  while ((s = hmap_next(&c->seqs, &pos, NULL)))
+    if (s->mark != eng->epoch && !s->busy) attn_trim(eng, s, s->len);
+}
+
 int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, size_t n) {
   if (!eng) return KVC_E_INVAL;
   cache_t *c;
@@ -137,8 +146,13 @@ int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, s
       rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
   /* What the batch makes unreachable goes first, so a window cache reuses its
-   * own pages; it stays freed even if the reservation then fails. */
+   * own pages; it stays freed even if the reservation then fails. So does
+   * what the cache's idle sequences can no longer reach: their next token
+   * (at their length) sees nothing before its horizon (ollama trims every
+   * sequence at each StartForward). */
   for (size_t i = 0; rc == 0 && i < nr; i++) attn_trim(eng, r[i].s, r[i].lo);
+  if (rc == 0 && (c->layout.attn == KVC_ATTN_WINDOW || c->layout.attn == KVC_ATTN_CHUNKED))
+    rsv_trim_idle(eng, c);
   if (rc == 0 && (rc = room_make(eng, sp, nr)) == KVC_E_FULL) c->st.full_errors++;
   if (rc) {
     rsv_rollback(eng, c, r, nr, map_cap);

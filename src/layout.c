@@ -34,7 +34,9 @@ static int attn_check(const kvc_layout_t *l) {
   bool win = l->attn == KVC_ATTN_WINDOW, chunked = l->attn == KVC_ATTN_CHUNKED;
   if (win ? (l->attn_window == 0 || l->attn_window > KVC_MAX_ATTN_SPAN ||
              l->attn_memory < l->attn_window || l->attn_memory > KVC_MAX_ATTN_SPAN)
-          : (l->attn_window != 0 || l->attn_memory != 0))
+          : chunked ? (l->attn_window != 0 ||
+                       (l->attn_memory > KVC_MAX_ATTN_SPAN && l->attn_memory != KVC_ATTN_KEEP_ALL))
+                    : (l->attn_window != 0 || l->attn_memory != 0))
     return KVC_E_WINDOW;
   if (chunked ? (l->attn_chunk == 0 || l->attn_chunk > KVC_MAX_ATTN_SPAN) : l->attn_chunk != 0)
     return KVC_E_CHUNK;
@@ -43,8 +45,11 @@ static int attn_check(const kvc_layout_t *l) {
 
 /* The RoPE description: none (all zero), or a valid one on a positional kind. */
 static int rope_check(const kvc_layout_t *l) {
-  if (l->rope_dims == 0)
-    return l->rope_style == 0 && l->rope_theta == 0 && l->rope_scale == 0 ? 0 : KVC_E_ROPE;
+  if (l->rope_dims == 0) /* no RoPE, or keys that carry no position at all */
+    return (l->rope_style == KVC_ROPE_NEOX || l->rope_style == KVC_ROPE_NONE) &&
+                   l->rope_theta == 0 && l->rope_scale == 0
+               ? 0
+               : KVC_E_ROPE;
   if (l->attn == KVC_ATTN_ENCODER || (l->rope_dims & 1) || l->rope_dims > l->head_dim_k ||
       (unsigned)l->rope_style > KVC_ROPE_GPTJ || !isfinite(l->rope_theta) ||
       l->rope_theta <= 0 || !isfinite(l->rope_scale) || l->rope_scale <= 0)

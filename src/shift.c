@@ -129,10 +129,11 @@ static int movable(engine_t *eng, const seq_t *s, bool need_rope) {
   const kvc_layout_t *l = &s->cache->layout;
   if (need_rope && l->attn == KVC_ATTN_ENCODER)
     return engine_fail(eng, KVC_E_KIND, "encoder entries have no positions to shift");
-  if (l->attn != KVC_ATTN_ENCODER && l->rope_dims == 0)
+  if (l->attn != KVC_ATTN_ENCODER && l->rope_dims == 0 && l->rope_style != KVC_ROPE_NONE)
     return engine_fail(eng, KVC_E_NOROPE,
                        "moving tokens of cache '%s' needs its keys re-rotated: the cache "
-                       "has no RoPE description", s->cache->name);
+                       "has no RoPE description (rope_style NONE declares keys without "
+                       "positions, NoPE or ALiBi)", s->cache->name);
   if (s->layer_len)
     return engine_fail(eng, KVC_E_RANGE, "sequence %llu has layers of different lengths",
                        (unsigned long long)s->id);
@@ -143,8 +144,7 @@ int shift_remove(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
   int rc = movable(eng, s, false);
   if (rc) return rc;
   if (b < s->start) b = s->start;
-  rc = relocate(eng, s, e, s->len, -(int64_t)(e - b),
-                s->cache->layout.attn != KVC_ATTN_ENCODER);
+  rc = relocate(eng, s, e, s->len, -(int64_t)(e - b), s->cache->layout.rope_dims > 0);
   if (rc == 0) eng->st.removes++;
   return rc;
 }
@@ -176,7 +176,7 @@ int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
     return engine_fail(eng, KVC_E_RANGE, "shifting [%llu, %llu) by %lld would overwrite "
                        "tokens; remove them first", (unsigned long long)b,
                        (unsigned long long)e, (long long)delta);
-  return relocate(eng, s, b, e, delta, true);
+  return relocate(eng, s, b, e, delta, s->cache->layout.rope_dims > 0);
 }
 
 

@@ -42,15 +42,19 @@ typedef enum {
 /* How rotary embeddings (RoPE) were applied to the keys. */
 typedef enum {
   KVC_ROPE_NEOX = 0, /* pairs (i, i + dims/2): the half-split style */
-  KVC_ROPE_GPTJ = 1  /* pairs (2i, 2i + 1): the interleaved style */
+  KVC_ROPE_GPTJ = 1, /* pairs (2i, 2i + 1): the interleaved style */
+  KVC_ROPE_NONE = 2  /* with rope_dims 0: the keys carry no position (NoPE,
+                        ALiBi): tokens move with no re-rotation */
 } kvc_rope_style_t;
 
 #define KVC_MAX_ATTN_SPAN (1u << 30) /* largest window, memory or chunk */
+#define KVC_ATTN_KEEP_ALL 0xFFFFFFFFu /* a chunked cache's memory: never free history */
 
 /* The layout of a cache. Every field is validated when the cache is opened.
  * The fields after page_tokens are all optional: zero means a causal cache
  * without a RoPE description (removing a middle range or shifting then fails
- * with KVC_E_NOROPE). */
+ * with KVC_E_NOROPE, unless rope_style is KVC_ROPE_NONE: keys without a
+ * rotary position move as they are). */
 typedef struct kvc_layout {
   uint32_t num_layers;   /* transformer layers, 1..KVC_MAX_LAYERS */
   uint32_t num_kv_heads; /* KV heads per layer, 1..KVC_MAX_HEADS */
@@ -60,7 +64,11 @@ typedef struct kvc_layout {
   uint32_t page_tokens;  /* tokens per page, power of two; 0 means 16 */
   kvc_attn_t attn;       /* attention kind */
   uint32_t attn_window;  /* WINDOW: W >= 1 positions before p (0 otherwise) */
-  uint32_t attn_memory;  /* WINDOW: positions kept, M >= W; 0 means W */
+  uint32_t attn_memory;  /* WINDOW: positions kept, M >= W; 0 means W.
+                            CHUNKED: positions kept before the one to
+                            compute besides its chunk (0: the chunk alone;
+                            KVC_ATTN_KEEP_ALL: everything, so the sequence
+                            can resume or branch below its chunk) */
   uint32_t attn_chunk;   /* CHUNKED: chunk size C >= 1 (0 otherwise) */
   uint32_t rope_dims;    /* rotary dims of each K head: even, <= head_dim_k; 0: no RoPE */
   kvc_rope_style_t rope_style;

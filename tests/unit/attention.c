@@ -481,3 +481,88 @@ TEST(holes_read_as_zeros_off_the_engine_thread) {
   fx_buf_free(&b);
   fx_close(&f);
 }
+
+/* An idle sequence of a window cache loses what its next token cannot see
+ * at any reservation (ollama's StartForward), not only at its own next
+ * write; a causal cache keeps everything. */
+TEST(window_idle_sequences_trimmed_at_any_reservation) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_WINDOW, 2, 0, 0, 0, 16);
+  sc_step(&f, 8, A(0, 0, 0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5, 6, 7), F(1, 2, 3, 4, 5, 6, 7, 8));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 0); /* its own put kept what the batch saw */
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 4);
+  sc_step(&f, 1, A(1), A(0), F(9)); /* another sequence's forward pass */
+  kvc_seq_info_t in = FX_INFO(&f, 0);
+  ASSERT_U64_EQ(in.start, 6); /* a token at 8 sees 6..8 */
+  ASSERT_U64_EQ(in.length, 8);
+  ASSERT_U64_EQ(in.pages, 1);
+  bool ok;
+  ASSERT_OK(engine_can_resume(f.eng, f.cid, 0, 8, &ok));
+  ASSERT(ok);
+  sc_step(&f, 1, A(0), A(8), F(10));
+  SC_EXPECT(&f, 1, A(0), A(8), 3, F(7, 8, 10), F(0, 0, 0));
+  fx_close(&f);
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 0, 16);
+  sc_step(&f, 4, A(0, 0, 0, 0), A(0, 1, 2, 3), F(1, 2, 3, 4));
+  sc_step(&f, 1, A(1), A(0), F(9));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 0);
+  fx_close(&f);
+}
+
+/* Keys without positions (NoPE, ALiBi: rope_style NONE): a middle range is
+ * removed and positions are shifted with the keys moved as they are. */
+TEST(nope_cache_removes_a_middle_range_without_rotation) {
+  fx_t f;
+  kvc_layout_t l = fx_layout(1, 1, 2, 1, KVC_DTYPE_F32, 2);
+  l.rope_style = KVC_ROPE_NONE;
+  fx_open(&f, &l, 8);
+  sc_step(&f, 6, A(0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5), F(1, 2, 3, 4, 5, 6));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 0, 1, 3)); /* 4, 5, 6 move to 1, 2, 3 */
+  ASSERT_U64_EQ(FX_INFO(&f, 0).length, 4);
+  SC_EXPECT(&f, 1, A(0), A(3), 4, F(1, 4, 5, 6), F(0, 0, 0, 0));
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 2, -1, 3)); /* 5, 6 to 5, 6: a gap at 2..4 */
+  kvc_seq_info_t in = FX_INFO(&f, 0);
+  ASSERT_U64_EQ(in.length, 7);
+  sc_step(&f, 1, A(0), A(7), F(9));
+  SC_EXPECT(&f, 1, A(0), A(7), 8, F(1, 4, 0, 0, 0, 5, 6, 9), F(0, 0, X, X, X, 0, 0, 0));
+  fx_close(&f);
+  /* NONE goes only without rope_dims; a RoPE style other than the two is refused */
+  kvc_layout_t bad = fx_layout(1, 1, 2, 1, KVC_DTYPE_F32, 2);
+  bad.rope_style = KVC_ROPE_NONE;
+  bad.rope_dims = 2;
+  bad.rope_theta = 10000;
+  fx_t g;
+  fx_engine(&g, 1024, 8, 0);
+  uint32_t id;
+  ASSERT_ERR(engine_cache_open(g.eng, "bad", &bad, &id), KVC_E_ROPE);
+  fx_close(&g);
+}
+
+/* A chunked cache with memory keeps history below its chunk (ollama keeps
+ * it, so a sequence can resume or branch there); KVC_ATTN_KEEP_ALL keeps
+ * everything; the mask still shows a token only its chunk. */
+TEST(chunked_with_memory_keeps_history_below_the_chunk) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CHUNKED, 0, 3, 2, 0, 16);
+  sc_step(&f, 6, A(0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5), F(1, 2, 3, 4, 5, 6));
+  sc_step(&f, 1, A(0), A(6), F(7));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 3); /* 6 - 3 kept, below its chunk at 6 */
+  ASSERT(resumable(&f, 0, 4));             /* chunk 4..5 is still held */
+  ASSERT(!resumable(&f, 0, 3));            /* its chunk 2..3 starts below the start */
+  SC_EXPECT(&f, 1, A(0), A(6), 4, F(4, 5, 6, 7), F(X, X, X, 0));
+  fx_close(&f);
+  sc_open(&f, KVC_ATTN_CHUNKED, 0, KVC_ATTN_KEEP_ALL, 2, 0, 16);
+  sc_step(&f, 6, A(0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5), F(1, 2, 3, 4, 5, 6));
+  sc_step(&f, 2, A(0, 0), A(6, 7), F(7, 8));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).start, 0);
+  ASSERT(resumable(&f, 0, 2));
+  fx_close(&f);
+  /* a window cache still refuses KEEP_ALL (its memory is at most 2^30) */
+  kvc_layout_t l = fx_layout(1, 1, 2, 1, KVC_DTYPE_F32, 2);
+  l.attn = KVC_ATTN_WINDOW, l.attn_window = 2, l.attn_memory = KVC_ATTN_KEEP_ALL;
+  fx_t g;
+  fx_engine(&g, 1024, 8, 0);
+  uint32_t id;
+  ASSERT_ERR(engine_cache_open(g.eng, "w", &l, &id), KVC_E_WINDOW);
+  fx_close(&g);
+}

@@ -34,7 +34,7 @@ _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _ALIASES = {"float32": "f32", "float64": "f64", "float16": "f16", "half": "f16",
             "bfloat16": "bf16", "float": "f32", "double": "f64"}
 ATTN = {"causal": 0, "window": 1, "chunked": 2, "encoder": 3}
-ROPE = {"neox": 0, "gptj": 1}
+ROPE = {"neox": 0, "gptj": 1, "none": 2}
 
 
 def _dtype_code(d) -> int:
@@ -58,7 +58,9 @@ class Layout:
     (a power of two). attn: 'causal', 'window' (window, memory), 'chunked'
     (chunk) or 'encoder'. rope_dims > 0 describes the keys' RoPE (rope_style
     'neox' or 'gptj', rope_theta, rope_scale): the daemon then re-rotates keys
-    when a middle range is removed or positions are shifted.
+    when a middle range is removed or positions are shifted. rope_style='none'
+    (with rope_dims 0) declares keys without positions (NoPE, ALiBi): they move
+    as they are.
     """
 
     __slots__ = ("num_layers", "num_kv_heads", "head_dim", "head_dim_v", "dtype",
@@ -89,7 +91,8 @@ class Layout:
         rope = self.rope_dims > 0  # without RoPE every rope field is 0
         return (self.num_layers, self.num_kv_heads, self.head_dim, self.head_dim_v,
                 DTYPES[self.dtype], self.page_tokens, ATTN[self.attn], self.window, self.memory,
-                self.chunk, self.rope_dims, ROPE[self.rope_style] if rope else 0,
+                self.chunk, self.rope_dims,
+                ROPE[self.rope_style] if rope or self.rope_style == "none" else 0,
                 self.rope_theta if rope else 0.0, self.rope_scale if rope else 0.0)
 
     @classmethod

@@ -337,6 +337,20 @@ def test_created_ids_owned_dropped_and_no_replace(daemon):
     a.close()
 
 
+def test_nope_layout_removes_a_middle_range(client):
+    c = client.open_cache("nope", layout(rope_style="none"))
+    assert c.layout.rope_style == "none"
+    k, v = kv(8, 3)
+    c.put(1, 0, k, v)
+    c.remove(1, 2, 5)  # the keys move as they are: no RoPE to undo
+    gk, gv = c.get(1, 0, 5)
+    assert np.array_equal(gk, np.concatenate([k[:, :2], k[:, 5:]], axis=1))
+    plain = client.open_cache("rope-less", layout())
+    plain.put(9, 0, *kv(4))
+    with pytest.raises(kvcache.NoropeError):
+        plain.remove(9, 1, 2)
+
+
 # ---- bad input -----------------------------------------------------------------
 
 def test_bad_shapes_and_dtypes_say_what_was_expected(client):
