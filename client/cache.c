@@ -174,13 +174,14 @@ KVC_API int kvc_seq_remove(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint
   return client_call(h->client, &req, NULL);
 }
 
-static int copy_prefix(kvc_cache_t *h, uint64_t src, uint64_t dst, uint64_t ntokens,
-                       bool no_replace) {
+static int copy_prefix(kvc_cache_t *h, uint64_t src, uint64_t dst, uint64_t begin,
+                       uint64_t ntokens, bool no_replace) {
   if (!h) return KVC_E_INVAL;
   Kvcache__V1__CopyPrefix b = KVCACHE__V1__COPY_PREFIX__INIT;
   b.cache_id = h->id;
   b.src = src;
   b.dst = dst;
+  b.begin = begin;
   b.ntokens = ntokens;
   b.no_replace = no_replace;
   REQ(copy_prefix, COPY_PREFIX, &b);
@@ -188,12 +189,17 @@ static int copy_prefix(kvc_cache_t *h, uint64_t src, uint64_t dst, uint64_t ntok
 }
 
 KVC_API int kvc_seq_copy_prefix(kvc_cache_t *h, uint64_t src, uint64_t dst, uint64_t ntokens) {
-  return copy_prefix(h, src, dst, ntokens, false);
+  return copy_prefix(h, src, dst, 0, ntokens, false);
 }
 
 KVC_API int kvc_seq_copy_prefix_new(kvc_cache_t *h, uint64_t src, uint64_t dst,
                                     uint64_t ntokens) {
-  return copy_prefix(h, src, dst, ntokens, true);
+  return copy_prefix(h, src, dst, 0, ntokens, true);
+}
+
+KVC_API int kvc_seq_copy_range(kvc_cache_t *h, uint64_t src, uint64_t dst, uint64_t p0,
+                               uint64_t p1) {
+  return copy_prefix(h, src, dst, p0, p1, false);
 }
 
 KVC_API int kvc_seq_create(kvc_cache_t *h, size_t n, bool owned, uint64_t *ids) {

@@ -517,7 +517,8 @@ static int h_copy_prefix(conn_t *c, const Kvcache__V1__Request *req, reply_t *r)
   NEED_BODY(r, b, "copy_prefix");
   int rc = refuse_replace(c, r, b->no_replace, b->cache_id, b->dst);
   if (rc) return rc;
-  ENGINE_CALL(r, engine_copy_prefix(c->srv->eng, b->cache_id, b->src, b->dst, b->ntokens));
+  ENGINE_CALL(r, engine_copy_range(c->srv->eng, b->cache_id, b->src, b->dst, b->begin,
+                                   b->ntokens));
   return 0;
 }
 

@@ -214,6 +214,13 @@ int engine_seq_create(engine_t *eng, uint32_t cache_id, size_t n, uint64_t *ids)
  * KVC_E_NOSEQ (src), KVC_E_RANGE (n > length of src or n < its start). */
 int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src, uint64_t dst,
                        uint64_t n);
+/* llama.cpp's seq_cp with p0 > 0: makes dst hold positions [p0, n) of src
+ * at the same positions (its start p0, or src's start if later), sharing
+ * pages as copy_prefix does; p0 0 is copy_prefix. A range from p0 > 0
+ * carries no prefix chain. KVC_E_RANGE for an empty range or n outside
+ * [start, length] of src. */
+int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src, uint64_t dst,
+                      uint64_t p0, uint64_t n);
 
 /* *out = the cache holds what is needed to continue seq at pos: pos <= length
  * and the first position the token at pos attends to is held (causal: 0;

@@ -124,31 +124,46 @@ static void dst_commit(engine_t *eng, cache_t *c, seq_t *dst, bool created) {
 
 int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_t dst_id,
                        uint64_t n) {
+  return engine_copy_range(eng, cache_id, src_id, dst_id, 0, n);
+}
+
+int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_t dst_id,
+                      uint64_t p0, uint64_t n) {
   if (!eng) return KVC_E_INVAL;
   seq_t *src;
   int rc = engine_use_seq(eng, cache_id, src_id, &src);
   if (rc) return rc;
   cache_t *c = src->cache;
   if (src_id == dst_id)
-    return engine_fail(eng, KVC_E_SAMESEQ, "copy_prefix of sequence %llu onto itself",
+    return engine_fail(eng, KVC_E_SAMESEQ, "copy of sequence %llu onto itself",
                        (unsigned long long)src_id);
   if (n > src->len || n < src->start)
-    return engine_fail(eng, KVC_E_RANGE, "n %llu outside [start %llu, length %llu]",
+    return engine_fail(eng, KVC_E_RANGE, "end %llu outside [start %llu, length %llu]",
                        (unsigned long long)n, (unsigned long long)src->start,
                        (unsigned long long)src->len);
+  if (p0 > 0 && p0 >= n)
+    return engine_fail(eng, KVC_E_RANGE, "copy of [%llu, %llu): an empty range",
+                       (unsigned long long)p0, (unsigned long long)n);
+  /* dst holds [start, n): from p0, or src's start if that is later; its table
+   * starts at the page of its start (a shared first page holds tokens below
+   * it that dst does not hold, as a trimmed sequence's does). */
+  uint64_t start = p0 > src->start ? p0 : src->start;
+  uint32_t sh = c->g.tshift, base = (uint32_t)(start >> sh);
+  uint64_t ntable = ((n + c->g.T - 1) >> sh) - base; /* as seq_pages_for from base */
+  const uint32_t *pages = src->table + (base - src->base);
   seq_t *dst;
   bool created;
   size_t map_cap;
   if ((rc = dst_prepare(eng, c, dst_id, &dst, &created, &map_cap))) return rc;
-  uint64_t ntable = seq_pages_for(src, n);
   /* A pinned dst pins what it receives: the pin limit and quota apply. */
-  if (dst->npins && (rc = pin_limit_check(eng, c, src->table, ntable))) {
+  if (dst->npins && (rc = pin_limit_check(eng, c, pages, ntable))) {
     dst_abandon(eng, c, dst, created, map_cap);
     return rc;
   }
   uint32_t cap = ntable ? (uint32_t)ntable : 1;
-  uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table), nh = 0;
-  while (nh < src->nholes && src->holes[nh].b < n) nh++; /* dst keeps the gaps below n */
+  uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table), nh = 0, h0 = 0;
+  while (h0 < src->nholes && src->holes[h0].e <= start) h0++; /* the gaps in [start, n) */
+  while (h0 + nh < src->nholes && src->holes[h0 + nh].b < n) nh++;
   hole_t *holes = nh ? mem_alloc(&eng->mem, nh * sizeof *holes) : NULL;
   if (!table || (nh && !holes)) {
     mem_free(&eng->mem, table);
@@ -156,17 +171,20 @@ int engine_copy_prefix(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
   for (uint32_t i = 0; i < nh; i++) {
-    holes[i] = src->holes[i];
+    holes[i] = src->holes[h0 + i];
+    if (holes[i].b < start) holes[i].b = start;
     if (holes[i].e > n) holes[i].e = n;
   }
   dst_commit(eng, c, dst, created);
-  share_pages(eng, dst, src->table, table, (uint32_t)ntable, cap, src->base, src->start, n,
-              holes, nh);
-  /* dst holds src's chain as far as it copied it */
-  dst->chain_key = src->chain_key;
-  dst->chain_tok = src->chain_tok;
-  dst->chain_pages = src->chain_pages;
-  seq_chain_cut(dst, n);
+  share_pages(eng, dst, pages, table, (uint32_t)ntable, cap, base, start, n, holes, nh);
+  /* dst holds src's chain as far as it copied it; a range from p0 > 0 holds
+   * none (a chain starts at position 0) */
+  if (start == 0) {
+    dst->chain_key = src->chain_key;
+    dst->chain_tok = src->chain_tok;
+    dst->chain_pages = src->chain_pages;
+    seq_chain_cut(dst, n);
+  }
   lru_touch(eng, src);
   lru_touch(eng, dst);
   eng->st.copies++;

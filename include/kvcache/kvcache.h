@@ -393,6 +393,13 @@ KVC_API int kvc_seq_remove(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin,
  * KVC_E_SAMESEQ, KVC_E_NOSEQ, KVC_E_RANGE. */
 KVC_API int kvc_seq_copy_prefix(kvc_cache_t *cache, uint64_t src, uint64_t dst,
                                 uint64_t ntokens);
+/* llama.cpp's seq_cp(src, dst, p0, p1): dst (created or replaced) holds
+ * positions [p0, p1) of src at the same positions, sharing pages (copy on
+ * write); its start is p0 (or src's start if later). p0 0 is
+ * kvc_seq_copy_prefix. KVC_E_RANGE for an empty range or p1 outside src's
+ * [start, length]; KVC_E_SAMESEQ, KVC_E_NOSEQ. */
+KVC_API int kvc_seq_copy_range(kvc_cache_t *cache, uint64_t src, uint64_t dst, uint64_t p0,
+                               uint64_t p1);
 /* The same, but KVC_E_EXISTS (nothing changes) if dst exists. */
 KVC_API int kvc_seq_copy_prefix_new(kvc_cache_t *cache, uint64_t src, uint64_t dst,
                                     uint64_t ntokens);

@@ -2007,3 +2007,31 @@ TEST(trim_front_to_the_end_inside_a_page_then_append) {
   ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
   fx_close(&f);
 }
+
+/* llama.cpp's seq_cp with p0 > 0: dst holds [p0, p1) of src at the same
+ * positions, pages shared from the page of p0, nothing below p0 readable. */
+TEST(copy_range_shares_a_middle_range_at_its_positions) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 16, 0)); /* 4 pages of 4 */
+  ASSERT_OK(engine_copy_range(f.eng, f.cid, 1, 2, 5, 13));
+  kvc_seq_info_t b = FX_INFO(&f, 2);
+  ASSERT(b.start == 5 && b.length == 13 && b.extent == 13);
+  ASSERT_U64_EQ(b.pages, 3); /* pages of 4..7, 8..11, 12..15 */
+  ASSERT_U64_EQ(b.shared_pages, 3);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 4); /* nothing copied */
+  FX_EXPECT_RNG(&f, 2, 5, 8, fx_all(&l), 1, 0);
+  ASSERT_ERR(fx_get_rc(&f, 2, 4, 1, fx_all(&l)), KVC_E_RANGE); /* below its start */
+  ASSERT_ERR(fx_get_rc(&f, 2, 13, 1, fx_all(&l)), KVC_E_RANGE); /* past its length */
+  ASSERT_OK(fx_put(&f, 2, 13, 2, 9)); /* it goes on from p1: copy on write of page 3 */
+  FX_EXPECT(&f, 2, 13, 2, 9);
+  FX_EXPECT(&f, 1, 12, 4, 0); /* the source is untouched */
+  ASSERT_ERR(engine_copy_range(f.eng, f.cid, 1, 3, 7, 7), KVC_E_RANGE);
+  ASSERT_ERR(engine_copy_range(f.eng, f.cid, 1, 3, 2, 17), KVC_E_RANGE);
+  ASSERT_ERR(engine_copy_range(f.eng, f.cid, 1, 1, 2, 5), KVC_E_SAMESEQ);
+  ASSERT_OK(engine_copy_range(f.eng, f.cid, 1, 3, 0, 6)); /* p0 0: a prefix */
+  ASSERT_U64_EQ(FX_INFO(&f, 3).start, 0);
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}

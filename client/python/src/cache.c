@@ -839,6 +839,15 @@ static PyObject *cache_copy_prefix(cache_t *ca, PyObject *args, PyObject *kw) {
   Py_RETURN_NONE;
 }
 
+static PyObject *cache_copy_range(cache_t *ca, PyObject *args) {
+  unsigned long long src, dst, p0, p1;
+  if (!PyArg_ParseTuple(args, "O&O&O&O&:copy_range", pykvc_u64, &src, pykvc_u64, &dst,
+                        pykvc_u64, &p0, pykvc_u64, &p1))
+    return NULL;
+  CALL_(kvc_seq_copy_range(ca->h, src, dst, p0, p1));
+  Py_RETURN_NONE;
+}
+
 static PyObject *cache_can_resume(cache_t *ca, PyObject *args) {
   unsigned long long seq, pos;
   bool r = false;
@@ -1252,6 +1261,9 @@ static PyMethodDef cache_methods[] = {
     M_("copy_prefix", cache_copy_prefix, KW_,
        "copy_prefix(src, dst, n, replace=True)\n\nMakes dst the first n tokens of src (pages "
        "shared, copy on write); replace=False raises ExistsError if dst exists."),
+    M_("copy_range", cache_copy_range, METH_VARARGS,
+       "copy_range(src, dst, p0, p1)\n\nllama.cpp's seq_cp: dst holds positions [p0, p1) of "
+       "src at the same positions (pages shared, copy on write)."),
     M_("create", cache_create, KW_,
        "create(n=1, owned=False) -> list[int]\n\nn empty sequences with ids the daemon picks "
        "(unique across clients, >= 2**63); owned ones are dropped when this client closes."),

@@ -351,6 +351,21 @@ def test_nope_layout_removes_a_middle_range(client):
         plain.remove(9, 1, 2)
 
 
+def test_copy_range_is_seq_cp_with_p0(client):
+    c = client.open_cache("seqcp", layout())
+    k, v = kv(40, 5)
+    c.put(1, 0, k, v)
+    c.copy_range(1, 2, 17, 33)
+    info = c.info(2)
+    assert (info["start"], info["length"]) == (17, 33)
+    gk, gv = c.get(2, 17, 33)
+    assert np.array_equal(gk, k[:, 17:33]) and np.array_equal(gv, v[:, 17:33])
+    with pytest.raises(kvcache.RangeError):
+        c.get(2, 16, 17)
+    with pytest.raises(kvcache.RangeError):
+        c.copy_range(1, 3, 20, 20)
+
+
 # ---- bad input -----------------------------------------------------------------
 
 def test_bad_shapes_and_dtypes_say_what_was_expected(client):
