@@ -19,6 +19,10 @@ void codec_layout_to_wire(const kvc_layout_t *l, Kvcache__V1__Layout *w) {
   w->rope_style = (uint32_t)l->rope_style;
   w->rope_theta = l->rope_theta;
   w->rope_scale = l->rope_scale;
+  w->rope_scaling = (uint32_t)l->rope_scaling;
+  w->rope_lo = l->rope_lo;
+  w->rope_hi = l->rope_hi;
+  w->rope_orig_ctx = l->rope_orig_ctx;
 }
 
 void codec_layout_from_wire(const Kvcache__V1__Layout *w, kvc_layout_t *l) {
@@ -38,6 +42,10 @@ void codec_layout_from_wire(const Kvcache__V1__Layout *w, kvc_layout_t *l) {
   l->rope_style = (kvc_rope_style_t)w->rope_style;
   l->rope_theta = w->rope_theta;
   l->rope_scale = w->rope_scale;
+  l->rope_scaling = (kvc_rope_scaling_t)w->rope_scaling;
+  l->rope_lo = w->rope_lo;
+  l->rope_hi = w->rope_hi;
+  l->rope_orig_ctx = w->rope_orig_ctx;
 }
 
 void codec_xfer_to_wire(const kvc_xfer_t *x, Kvcache__V1__Xfer *w) {

@@ -25,7 +25,8 @@ bool layout_equal(const kvc_layout_t *a, const kvc_layout_t *b) {
          x.attn_window == y.attn_window && x.attn_memory == y.attn_memory &&
          x.attn_chunk == y.attn_chunk && x.rope_dims == y.rope_dims &&
          x.rope_style == y.rope_style && x.rope_theta == y.rope_theta &&
-         x.rope_scale == y.rope_scale;
+         x.rope_scale == y.rope_scale && x.rope_scaling == y.rope_scaling &&
+         x.rope_lo == y.rope_lo && x.rope_hi == y.rope_hi && x.rope_orig_ctx == y.rope_orig_ctx;
 }
 
 /* The attention kind and its sizes: ATTN, WINDOW or CHUNK. */
@@ -45,14 +46,21 @@ static int attn_check(const kvc_layout_t *l) {
 
 /* The RoPE description: none (all zero), or a valid one on a positional kind. */
 static int rope_check(const kvc_layout_t *l) {
+  bool linear = l->rope_scaling == KVC_ROPE_SCALE_LINEAR;
   if (l->rope_dims == 0) /* no RoPE, or keys that carry no position at all */
     return (l->rope_style == KVC_ROPE_NEOX || l->rope_style == KVC_ROPE_NONE) &&
-                   l->rope_theta == 0 && l->rope_scale == 0
+                   l->rope_theta == 0 && l->rope_scale == 0 && linear && l->rope_lo == 0 &&
+                   l->rope_hi == 0 && l->rope_orig_ctx == 0
                ? 0
                : KVC_E_ROPE;
   if (l->attn == KVC_ATTN_ENCODER || (l->rope_dims & 1) || l->rope_dims > l->head_dim_k ||
       (unsigned)l->rope_style > KVC_ROPE_GPTJ || !isfinite(l->rope_theta) ||
       l->rope_theta <= 0 || !isfinite(l->rope_scale) || l->rope_scale <= 0)
+    return KVC_E_ROPE;
+  if ((unsigned)l->rope_scaling > KVC_ROPE_SCALE_YARN) return KVC_E_ROPE;
+  if (linear) return l->rope_lo == 0 && l->rope_hi == 0 && l->rope_orig_ctx == 0 ? 0 : KVC_E_ROPE;
+  if (l->rope_scale < 1 || !isfinite(l->rope_lo) || !isfinite(l->rope_hi) || l->rope_lo <= 0 ||
+      l->rope_hi <= l->rope_lo || l->rope_orig_ctx == 0)
     return KVC_E_ROPE;
   return 0;
 }

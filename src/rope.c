@@ -6,13 +6,47 @@
 
 #include "dtype.h"
 
+/* The frequency of pair i (radians a position) under the layout's scaling,
+ * as Hugging Face's rope_init_fn computes inv_freq for "linear", "llama3"
+ * and "yarn" (YaRN's attention factor scales the keys' magnitude at their
+ * computation; a re-rotation turns them and leaves it as it is). */
+double rope_freq(const kvc_layout_t *l, uint32_t i) {
+  double d = l->rope_dims, theta = l->rope_theta, factor = l->rope_scale ? l->rope_scale : 1.0;
+  double ctx = (double)l->rope_orig_ctx, lo_f = l->rope_lo, hi_f = l->rope_hi;
+  double f = pow(theta, -2.0 * (double)i / d);
+  switch (l->rope_scaling) {
+  case KVC_ROPE_SCALE_LLAMA3: {
+    double lo_wavelen = ctx / lo_f, hi_wavelen = ctx / hi_f;
+    double wavelen = 2 * M_PI / f;
+    if (wavelen < hi_wavelen) return f;
+    if (wavelen > lo_wavelen) return f / factor;
+    double smooth = (ctx / wavelen - lo_f) / (hi_f - lo_f);
+    return (1 - smooth) * f / factor + smooth * f;
+  }
+  case KVC_ROPE_SCALE_YARN: {
+    /* the dims that turn fewer than beta_slow times over the original
+     * context are interpolated, more than beta_fast extrapolated, a ramp
+     * between */
+    double lo = floor(d * log(ctx / (hi_f * 2 * M_PI)) / (2 * log(theta)));
+    double hi = ceil(d * log(ctx / (lo_f * 2 * M_PI)) / (2 * log(theta)));
+    if (lo < 0) lo = 0;
+    if (hi > d - 1) hi = d - 1;
+    if (hi == lo) hi += 0.001;
+    double ramp = ((double)i - lo) / (hi - lo);
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    double extrapolation = 1 - ramp; /* its weight */
+    return f / factor * (1 - extrapolation) + f * extrapolation;
+  }
+  default:
+    return f / factor;
+  }
+}
+
 void rope_init(rope_t *r, const kvc_layout_t *l, int64_t delta) {
   r->dims = l->rope_dims;
   r->gptj = l->rope_style == KVC_ROPE_GPTJ;
-  double theta = l->rope_theta, scale = l->rope_scale ? l->rope_scale : 1.0;
   for (uint32_t i = 0; i < r->dims / 2; i++) {
-    double freq = pow(theta, -2.0 * (double)i / (double)r->dims);
-    double a = (double)delta / scale * freq;
+    double a = (double)delta * rope_freq(l, i);
     r->cs[2 * i] = cos(a);
     r->cs[2 * i + 1] = sin(a);
   }

@@ -30,6 +30,8 @@ typedef struct rope {
 
 /* Sets up r for layout l and a delta (the caller allocated cs, x, f). */
 void rope_init(rope_t *r, const kvc_layout_t *l, int64_t delta);
+/* The rotation frequency of pair i under the layout's RoPE scaling. */
+double rope_freq(const kvc_layout_t *l, uint32_t i);
 /* Rotates one token's K row of one layer in place: H heads of dk elements
  * stored in dtype dt at row; ks are its int8 scales (H floats) or NULL. */
 void rope_rotate_row(const rope_t *r, const geom_t *g, kvc_dtype_t dt, unsigned char *row,

@@ -47,6 +47,17 @@ typedef enum {
                         ALiBi): tokens move with no re-rotation */
 } kvc_rope_style_t;
 
+/* How the RoPE frequencies were scaled for a longer context (the keys'
+ * rotation at position p uses these frequencies; re-rotating by a delta
+ * must use the same). */
+typedef enum {
+  KVC_ROPE_SCALE_LINEAR = 0, /* angle = p / rope_scale * theta^(-2i/d) */
+  KVC_ROPE_SCALE_LLAMA3 = 1, /* Llama 3.1: rope_scale the factor, rope_lo/rope_hi the low and
+                                high frequency factors, rope_orig_ctx the original context */
+  KVC_ROPE_SCALE_YARN = 2    /* YaRN: rope_scale the factor, rope_lo/rope_hi beta_slow and
+                                beta_fast, rope_orig_ctx the original context */
+} kvc_rope_scaling_t;
+
 #define KVC_MAX_ATTN_SPAN (1u << 30) /* largest window, memory or chunk */
 #define KVC_ATTN_KEEP_ALL 0xFFFFFFFFu /* a chunked cache's memory: never free history */
 
@@ -73,7 +84,12 @@ typedef struct kvc_layout {
   uint32_t rope_dims;    /* rotary dims of each K head: even, <= head_dim_k; 0: no RoPE */
   kvc_rope_style_t rope_style;
   float rope_theta;      /* base, > 1 and finite (10000 is usual) */
-  float rope_scale;      /* linear scaling factor: angle uses pos / scale; 0 means 1 */
+  float rope_scale;      /* linear scaling factor: angle uses pos / scale; 0 means 1
+                            (LLAMA3, YARN: their factor, >= 1) */
+  kvc_rope_scaling_t rope_scaling; /* 0: linear */
+  float rope_lo, rope_hi;  /* LLAMA3: low/high frequency factors (0 < lo < hi);
+                              YARN: beta_slow/beta_fast (0 < lo < hi); else 0 */
+  uint32_t rope_orig_ctx;  /* LLAMA3, YARN: original context length (> 0); else 0 */
 } kvc_layout_t;
 
 /* What a sequence holds. */

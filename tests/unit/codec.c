@@ -66,7 +66,9 @@ static kvc_layout_t full_layout(void) {
   l = (kvc_layout_t){.num_layers = 3, .num_kv_heads = 5, .head_dim_k = 7, .head_dim_v = 11,
                      .dtype = KVC_DTYPE_BF16, .page_tokens = 32, .attn = KVC_ATTN_WINDOW,
                      .attn_window = 13, .attn_memory = 17, .attn_chunk = 19, .rope_dims = 6,
-                     .rope_style = KVC_ROPE_GPTJ, .rope_theta = 500000.0f, .rope_scale = 2.5f};
+                     .rope_style = KVC_ROPE_GPTJ, .rope_theta = 500000.0f, .rope_scale = 2.5f,
+                     .rope_scaling = KVC_ROPE_SCALE_LLAMA3, .rope_lo = 1.5f, .rope_hi = 4.5f,
+                     .rope_orig_ctx = 8192};
   return l;
 }
 

@@ -4,7 +4,8 @@
  * float dtype (int8 too: dequantized, rotated, quantized again).
  *
  * The reference rotation here is written from the RoPE definition, apart
- * from src/rope.c: pair i turns by (p / scale) * theta^(-2i / dims).
+ * from src/rope.c: pair i turns by (p / scale) * theta^(-2i / dims), or by p
+ * times the llama3 or YaRN frequency (ref_freq).
  */
 #include <math.h>
 
@@ -22,7 +23,34 @@ typedef struct rcase {
   kvc_rope_style_t style;
   float scale;
   double tol; /* relative to the row's largest element */
+  kvc_rope_scaling_t scaling; /* LLAMA3, YARN: theta, lo, hi, ctx below */
+  double theta;
+  float lo, hi;
+  uint32_t ctx;
 } rcase_t;
+
+/* Pair i's frequency, from the definitions (Hugging Face's "linear",
+ * "llama3" and "yarn" inv_freq), written apart from src/rope.c. */
+static double ref_freq(const rcase_t *rc, uint32_t i) {
+  double theta = rc->theta ? rc->theta : 10000.0, factor = rc->scale ? rc->scale : 1.0;
+  double inv = 1.0 / pow(theta, (2.0 * i) / DIMS);
+  if (rc->scaling == KVC_ROPE_SCALE_LLAMA3) {
+    double wl = 2 * M_PI / inv, lo_wl = rc->ctx / (double)rc->lo, hi_wl = rc->ctx / (double)rc->hi;
+    if (wl < hi_wl) return inv;
+    if (wl > lo_wl) return inv / factor;
+    double s = (rc->ctx / wl - rc->lo) / ((double)rc->hi - rc->lo);
+    return (1 - s) * inv / factor + s * inv;
+  }
+  if (rc->scaling == KVC_ROPE_SCALE_YARN) {
+    double lo = floor(DIMS * log(rc->ctx / (rc->hi * 2 * M_PI)) / (2 * log(theta)));
+    double hi = ceil(DIMS * log(rc->ctx / (rc->lo * 2 * M_PI)) / (2 * log(theta)));
+    lo = fmax(lo, 0), hi = fmin(hi, DIMS - 1);
+    if (lo == hi) hi += 0.001;
+    double ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1);
+    return inv / factor * ramp + inv * (1 - ramp);
+  }
+  return inv / factor;
+}
 
 /* Token t's key before rotation, one head of one layer. */
 static void base_key(uint32_t l, uint64_t t, uint32_t h, double *x) {
@@ -33,7 +61,7 @@ static void ref_rotate(const rcase_t *rc, double p, double *x) {
   for (uint32_t i = 0; i < DIMS / 2; i++) {
     uint32_t a = rc->style == KVC_ROPE_GPTJ ? 2 * i : i;
     uint32_t b = rc->style == KVC_ROPE_GPTJ ? 2 * i + 1 : i + DIMS / 2;
-    double ang = p / (rc->scale ? rc->scale : 1.0) * pow(10000.0, -2.0 * i / DIMS);
+    double ang = p * ref_freq(rc, i);
     double xa = x[a], xb = x[b];
     x[a] = xa * cos(ang) - xb * sin(ang);
     x[b] = xa * sin(ang) + xb * cos(ang);
@@ -94,8 +122,12 @@ static void run_case(const rcase_t *rc) {
   kvc_layout_t l = fx_layout(NL, NH, DK, DV, rc->dt, 4);
   l.rope_dims = DIMS;
   l.rope_style = rc->style;
-  l.rope_theta = 10000;
+  l.rope_theta = rc->theta ? (float)rc->theta : 10000;
   l.rope_scale = rc->scale;
+  l.rope_scaling = rc->scaling;
+  l.rope_lo = rc->lo;
+  l.rope_hi = rc->hi;
+  l.rope_orig_ctx = rc->ctx;
   fx_t f;
   fx_open(&f, &l, 32);
   /* shift up: tokens 6..11 to 11..16 (holes at 6..10) */
@@ -127,4 +159,33 @@ TEST(rope_shift_equals_direct_rotation_all_dtypes_both_styles) {
       {KVC_DTYPE_F32, KVC_ROPE_NEOX, 8, 1e-5},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+}
+
+/* Frequency-scaled RoPE (Llama 3.1 and YaRN): the re-rotation uses the
+ * scaled frequencies of each pair, so a moved key equals one computed at its
+ * new position; the cases reach each branch (kept, interpolated, smoothed /
+ * ramped). A bad description is refused. */
+TEST(rope_llama3_and_yarn_scaling_shift_equals_direct_rotation) {
+  const rcase_t cases[] = {
+      /* theta 100: wavelengths 6.3, 29, 136 against 64/8 = 8 and 64/1 = 64 */
+      {KVC_DTYPE_F32, KVC_ROPE_NEOX, 8, 1e-5, KVC_ROPE_SCALE_LLAMA3, 100, 1, 8, 64},
+      {KVC_DTYPE_F64, KVC_ROPE_GPTJ, 4, 1e-6, KVC_ROPE_SCALE_LLAMA3, 100, 1, 8, 64},
+      {KVC_DTYPE_F32, KVC_ROPE_NEOX, 16, 1e-5, KVC_ROPE_SCALE_YARN, 10000, 1, 32, 64},
+      {KVC_DTYPE_BF16, KVC_ROPE_GPTJ, 4, 3e-2, KVC_ROPE_SCALE_YARN, 500, 1, 32, 4096},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+  kvc_layout_t l = fx_layout(NL, NH, DK, DV, KVC_DTYPE_F32, 4);
+  l.rope_dims = DIMS, l.rope_theta = 10000, l.rope_scale = 8;
+  l.rope_scaling = KVC_ROPE_SCALE_LLAMA3, l.rope_lo = 4, l.rope_hi = 1, l.rope_orig_ctx = 64;
+  fx_t f;
+  fx_engine(&f, 4096, 8, 0);
+  uint32_t id;
+  ASSERT_ERR(engine_cache_open(f.eng, "bad", &l, &id), KVC_E_ROPE); /* lo above hi */
+  l.rope_lo = 1, l.rope_hi = 4, l.rope_orig_ctx = 0;
+  ASSERT_ERR(engine_cache_open(f.eng, "bad", &l, &id), KVC_E_ROPE); /* no context */
+  l.rope_scaling = KVC_ROPE_SCALE_LINEAR, l.rope_orig_ctx = 64;
+  ASSERT_ERR(engine_cache_open(f.eng, "bad", &l, &id), KVC_E_ROPE); /* linear takes none */
+  l.rope_scaling = (kvc_rope_scaling_t)3;
+  ASSERT_ERR(engine_cache_open(f.eng, "bad", &l, &id), KVC_E_ROPE);
+  fx_close(&f);
 }

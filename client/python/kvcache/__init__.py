@@ -35,6 +35,7 @@ _ALIASES = {"float32": "f32", "float64": "f64", "float16": "f16", "half": "f16",
             "bfloat16": "bf16", "float": "f32", "double": "f64"}
 ATTN = {"causal": 0, "window": 1, "chunked": 2, "encoder": 3}
 ROPE = {"neox": 0, "gptj": 1, "none": 2}
+ROPE_SCALING = {"linear": 0, "llama3": 1, "yarn": 2}
 
 
 def _dtype_code(d) -> int:
@@ -58,20 +59,25 @@ class Layout:
     (a power of two). attn: 'causal', 'window' (window, memory), 'chunked'
     (chunk) or 'encoder'. rope_dims > 0 describes the keys' RoPE (rope_style
     'neox' or 'gptj', rope_theta, rope_scale): the daemon then re-rotates keys
-    when a middle range is removed or positions are shifted. rope_style='none'
+    when a middle range is removed or positions are shifted; rope_scaling
+    'llama3' or 'yarn' (rope_scale the factor, rope_lo/rope_hi the low/high
+    frequency factors or YaRN's beta_slow/beta_fast, rope_orig_ctx the
+    original context) describes frequency-scaled RoPE. rope_style='none'
     (with rope_dims 0) declares keys without positions (NoPE, ALiBi): they move
     as they are.
     """
 
     __slots__ = ("num_layers", "num_kv_heads", "head_dim", "head_dim_v", "dtype",
                  "page_tokens", "attn", "window", "memory", "chunk", "rope_dims",
-                 "rope_style", "rope_theta", "rope_scale")
+                 "rope_style", "rope_theta", "rope_scale", "rope_scaling", "rope_lo", "rope_hi",
+                 "rope_orig_ctx")
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype="bf16", *,
                  head_dim_v: int | None = None, page_tokens: int = 16, attn: str = "causal",
                  window: int = 0, memory: int = 0, chunk: int = 0, rope_dims: int = 0,
                  rope_style: str = "neox", rope_theta: float = 10000.0,
-                 rope_scale: float = 0.0):
+                 rope_scale: float = 0.0, rope_scaling: str = "linear", rope_lo: float = 0.0,
+                 rope_hi: float = 0.0, rope_orig_ctx: int = 0):
         self.num_layers = int(num_layers)
         self.num_kv_heads = int(num_kv_heads)
         self.head_dim = int(head_dim)
@@ -86,6 +92,12 @@ class Layout:
         self.window, self.memory, self.chunk = int(window), int(memory), int(chunk)
         self.rope_dims = int(rope_dims)
         self.rope_theta, self.rope_scale = float(rope_theta), float(rope_scale)
+        if rope_scaling not in ROPE_SCALING:
+            raise ValueError(f"rope_scaling must be one of {sorted(ROPE_SCALING)}, "
+                             f"got {rope_scaling!r}")
+        self.rope_scaling = rope_scaling
+        self.rope_lo, self.rope_hi = float(rope_lo), float(rope_hi)
+        self.rope_orig_ctx = int(rope_orig_ctx)
 
     def _astuple(self):
         rope = self.rope_dims > 0  # without RoPE every rope field is 0
@@ -93,7 +105,9 @@ class Layout:
                 DTYPES[self.dtype], self.page_tokens, ATTN[self.attn], self.window, self.memory,
                 self.chunk, self.rope_dims,
                 ROPE[self.rope_style] if rope or self.rope_style == "none" else 0,
-                self.rope_theta if rope else 0.0, self.rope_scale if rope else 0.0)
+                self.rope_theta if rope else 0.0, self.rope_scale if rope else 0.0,
+                ROPE_SCALING[self.rope_scaling] if rope else 0, self.rope_lo if rope else 0.0,
+                self.rope_hi if rope else 0.0, self.rope_orig_ctx if rope else 0)
 
     @classmethod
     def _fromtuple(cls, t):
@@ -101,7 +115,9 @@ class Layout:
         inv_rope = {v: k for k, v in ROPE.items()}
         return cls(t[0], t[1], t[2], _DTYPE_NAMES[t[4]], head_dim_v=t[3], page_tokens=t[5],
                    attn=inv_attn[t[6]], window=t[7], memory=t[8], chunk=t[9], rope_dims=t[10],
-                   rope_style=inv_rope[t[11]], rope_theta=t[12] or 10000.0, rope_scale=t[13])
+                   rope_style=inv_rope[t[11]], rope_theta=t[12] or 10000.0, rope_scale=t[13],
+                   rope_scaling={v: k for k, v in ROPE_SCALING.items()}[t[14]], rope_lo=t[15],
+                   rope_hi=t[16], rope_orig_ctx=t[17])
 
     def __eq__(self, other):
         return isinstance(other, Layout) and self._astuple() == other._astuple()

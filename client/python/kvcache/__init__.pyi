@@ -99,11 +99,16 @@ class Layout:
     rope_style: str
     rope_theta: float
     rope_scale: float
+    rope_scaling: str
+    rope_lo: float
+    rope_hi: float
+    rope_orig_ctx: int
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: Any = "bf16", *,
                  head_dim_v: Optional[int] = None, page_tokens: int = 16, attn: str = "causal",
                  window: int = 0, memory: int = 0, chunk: int = 0, rope_dims: int = 0,
                  rope_style: str = "neox", rope_theta: float = 10000.0,
-                 rope_scale: float = 0.0) -> None: ...
+                 rope_scale: float = 0.0, rope_scaling: str = "linear", rope_lo: float = 0.0,
+                 rope_hi: float = 0.0, rope_orig_ctx: int = 0) -> None: ...
 
 class Client:
     """One connection to kvcached; a context manager; one per thread."""

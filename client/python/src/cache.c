@@ -1189,10 +1189,12 @@ static PyObject *cache_get_id(cache_t *ca, void *c) {
 static PyObject *cache_get_layout(cache_t *ca, void *c) {
   (void)c;
   const kvc_layout_t *l = &ca->layout;
-  return Py_BuildValue("(IIIIIIIIIIIIff)", l->num_layers, l->num_kv_heads, l->head_dim_k,
+  return Py_BuildValue("(IIIIIIIIIIIIffIffI)", l->num_layers, l->num_kv_heads, l->head_dim_k,
                        l->head_dim_v, (unsigned)l->dtype, l->page_tokens, (unsigned)l->attn,
                        l->attn_window, l->attn_memory, l->attn_chunk, l->rope_dims,
-                       (unsigned)l->rope_style, (double)l->rope_theta, (double)l->rope_scale);
+                       (unsigned)l->rope_style, (double)l->rope_theta, (double)l->rope_scale,
+                       (unsigned)l->rope_scaling, (double)l->rope_lo, (double)l->rope_hi,
+                       l->rope_orig_ctx);
 }
 
 static PyObject *cache_get_client(cache_t *ca, void *c) {

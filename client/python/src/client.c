@@ -138,18 +138,20 @@ static PyObject *client_ping(client_t *self, PyObject *noargs) {
   Py_RETURN_NONE;
 }
 
-/* layout: an object with _astuple() -> the 14 fields of kvc_layout_t. */
+/* layout: an object with _astuple() -> the 18 fields of kvc_layout_t. */
 static int layout_from(PyObject *o, kvc_layout_t *l) {
   PyObject *t = PyObject_CallMethod(o, "_astuple", NULL);
   if (!t) return -1;
-  unsigned int v[12];
-  float theta, scale;
-  int ok = PyArg_ParseTuple(t, "O&O&O&O&O&O&O&O&O&O&O&O&ff:layout", pykvc_u32, &v[0], pykvc_u32, &v[1], pykvc_u32, &v[2], pykvc_u32, &v[3], pykvc_u32, &v[4], pykvc_u32,
-                            &v[5], pykvc_u32, &v[6], pykvc_u32, &v[7], pykvc_u32, &v[8], pykvc_u32, &v[9], pykvc_u32, &v[10], pykvc_u32, &v[11], &theta, &scale);
+  unsigned int v[12], scaling, orig;
+  float theta, scale, lo, hi;
+  int ok = PyArg_ParseTuple(t, "O&O&O&O&O&O&O&O&O&O&O&O&ffO&ffO&:layout", pykvc_u32, &v[0], pykvc_u32, &v[1], pykvc_u32, &v[2], pykvc_u32, &v[3], pykvc_u32, &v[4], pykvc_u32,
+                            &v[5], pykvc_u32, &v[6], pykvc_u32, &v[7], pykvc_u32, &v[8], pykvc_u32, &v[9], pykvc_u32, &v[10], pykvc_u32, &v[11], &theta, &scale,
+                            pykvc_u32, &scaling, &lo, &hi, pykvc_u32, &orig);
   Py_DECREF(t);
   if (!ok) return -1;
   *l = (kvc_layout_t){v[0], v[1], v[2], v[3], (kvc_dtype_t)v[4], v[5], (kvc_attn_t)v[6],
-                      v[7], v[8], v[9], v[10], (kvc_rope_style_t)v[11], theta, scale};
+                      v[7], v[8], v[9], v[10], (kvc_rope_style_t)v[11], theta, scale,
+                      (kvc_rope_scaling_t)scaling, lo, hi, orig};
   return 0;
 }
 

@@ -366,6 +366,21 @@ def test_copy_range_is_seq_cp_with_p0(client):
         c.copy_range(1, 3, 20, 20)
 
 
+def test_llama3_rope_scaling_layout_round_trips(client):
+    lay = layout(rope_dims=32, rope_theta=500000.0, rope_scale=8.0, rope_scaling="llama3",
+                 rope_lo=1.0, rope_hi=4.0, rope_orig_ctx=8192)
+    c = client.open_cache("llama31", lay)
+    assert c.layout == lay and c.layout.rope_scaling == "llama3"
+    k, v = kv(8, 2)
+    c.put(1, 0, k, v)
+    c.remove(1, 2, 4)  # re-rotated with the llama3 frequencies
+    assert c.info(1)["length"] == 6
+    with pytest.raises(kvcache.RopeError):
+        client.open_cache("bad-rope", layout(rope_dims=32, rope_scaling="yarn", rope_scale=4.0))
+    with pytest.raises(ValueError, match="rope_scaling"):
+        layout(rope_dims=32, rope_scaling="ntk")
+
+
 # ---- bad input -----------------------------------------------------------------
 
 def test_bad_shapes_and_dtypes_say_what_was_expected(client):
