@@ -64,6 +64,9 @@ int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Respons
 /* Frees every lease handle (the daemon releases them when the connection
  * closes). */
 void client_leases_free(kvc_client_t *c);
+/* KVC_E_PERM for a zero-copy read without the pool mapping; instead says
+ * what to use. */
+int client_need_pool(kvc_client_t *c, const char *instead);
 /* A lease handle from the daemon's reply for [begin, end) of seq_id
  * (KVC_E_PROTO if a page lies outside the pool); linked into the client. */
 int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_t seq_id,

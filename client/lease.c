@@ -29,6 +29,12 @@ void client_leases_free(kvc_client_t *c) {
 }
 
 /* Builds the handle from the reply, checking every page lies in the pool. */
+int client_need_pool(kvc_client_t *c, const char *instead) {
+  return client_fail(c, KVC_E_PERM, "zero-copy reads need the pool mapping, which this daemon "
+                     "gives only to admins and to the tenant of a single-tenant node "
+                     "(doc/security.md): %s", instead);
+}
+
 int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_t seq_id,
                       uint64_t begin, uint64_t end, kvc_lease_t **out) {
   kvc_client_t *c = h->client;
@@ -65,10 +71,7 @@ KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t 
   if (!h || !out) return KVC_E_INVAL;
   *out = NULL;
   kvc_client_t *c = h->client;
-  if (!c->pool)
-    return client_fail(c, KVC_E_PERM, "zero-copy reads need the pool mapping, which this "
-                       "daemon gives only to admins and to the tenant of a single-tenant "
-                       "node (doc/security.md): read with kvc_get");
+  if (!c->pool) return client_need_pool(c, "read with kvc_get");
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
   Kvcache__V1__Lease b = KVCACHE__V1__LEASE__INIT;
   b.cache_id = h->id;
@@ -95,10 +98,7 @@ KVC_API int kvc_lease_batch(kvc_cache_t *h, const kvc_lease_range_t *ranges, siz
   kvc_client_t *c = h->client;
   for (size_t i = 0; i < n; i++) out[i] = NULL;
   if (n == 0) return 0;
-  if (!c->pool)
-    return client_fail(c, KVC_E_PERM, "zero-copy reads need the pool mapping, which this "
-                       "daemon gives only to admins and to the tenant of a single-tenant "
-                       "node (doc/security.md): read with kvc_get");
+  if (!c->pool) return client_need_pool(c, "read with kvc_get");
   Kvcache__V1__LeaseRange *w = calloc(n, sizeof *w);
   Kvcache__V1__LeaseRange **wp = calloc(n, sizeof *wp);
   if (!w || !wp) {
