@@ -359,16 +359,14 @@ static int check_key(reply_t *r, ProtobufCBinaryData salt, ProtobufCBinaryData e
   return 0;
 }
 
-/* A put's token ids: tok_len 0 is none, else exactly 4 bytes per token, and
- * only with every layer (the engine hashes whole tokens). */
+/* A put's token ids: tok_len 0 is none, else exactly 4 bytes per token (a
+ * layer-range put's ids chain those layers; doc/prefix.md). */
 static int check_entry_tokens(conn_t *c, reply_t *r, size_t i, const Kvcache__V1__IoEntry *w,
-                              bool is_put, bool all_layers, const uint32_t **tokens) {
+                              bool is_put, const uint32_t **tokens) {
   char what[32];
   *tokens = NULL;
   if (w->tok_len == 0) return 0;
   if (!is_put) return reject(r, KVC_E_INVAL, "entry %zu: token ids go with puts only", i);
-  if (!all_layers)
-    return reject(r, KVC_E_INVAL, "entry %zu: token ids go with puts of every layer", i);
   if (w->ntokens > UINT64_MAX / 4 || w->tok_len != 4 * w->ntokens)
     return reject(r, KVC_E_SIZE, "entry %zu: tok_len is %llu, %llu token ids need %llu", i,
                   (unsigned long long)w->tok_len, (unsigned long long)w->ntokens,
@@ -381,8 +379,7 @@ static int check_entry_tokens(conn_t *c, reply_t *r, size_t i, const Kvcache__V1
  * request (layout.h, as the client and the engine compute it). An unknown
  * cache is the engine's NOCACHE; where is prefixed to the reason. */
 static int resolve_xfer(conn_t *c, reply_t *r, const char *where, uint32_t cache_id,
-                        const kvc_xfer_t *x, bool is_put, layout_xfer_t *g,
-                        bool *all_layers) {
+                        const kvc_xfer_t *x, bool is_put, layout_xfer_t *g) {
   kvc_cache_info_t ci;
   char why[sizeof r->err];
   int rc = engine_cache_info(c->srv->eng, cache_id, &ci);
@@ -393,7 +390,6 @@ static int resolve_xfer(conn_t *c, reply_t *r, const char *where, uint32_t cache
     rc = layout_xfer(&ci.layout, x, is_put, g, why, sizeof why);
   }
   if (rc) return reject(r, rc, "%s%s", where, why);
-  *all_layers = g->l0 == 0 && g->l1 == ci.layout.num_layers;
   return 0;
 }
 
@@ -414,8 +410,7 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
   engine_io_t *e = arena_alloc(r->a, io->n_entries * sizeof *e);
   if (!e) return reject(r, KVC_E_NOMEM, "out of memory");
   layout_xfer_t g;
-  bool all_layers;
-  int rc = resolve_xfer(c, r, "entry 0: ", io->cache_id, &kx, is_put, &g, &all_layers);
+  int rc = resolve_xfer(c, r, "entry 0: ", io->cache_id, &kx, is_put, &g);
   if (rc) return rc;
   for (size_t i = 0; i < io->n_entries; i++) {
     const Kvcache__V1__IoEntry *w = io->entries[i];
@@ -432,7 +427,7 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
         (rc = check_region(c, r, i, "v", w->v_off, w->v_len, vb, &e[i].v)) ||
         (rc = check_region(c, r, i, "ks", w->ks_off, w->ks_len, sb, &e[i].k_scale)) ||
         (rc = check_region(c, r, i, "vs", w->vs_off, w->vs_len, sb, &e[i].v_scale)) ||
-        (rc = check_entry_tokens(c, r, i, w, is_put, all_layers, &e[i].tokens)))
+        (rc = check_entry_tokens(c, r, i, w, is_put, &e[i].tokens)))
       return rc;
     e[i].k_scale_bytes = e[i].v_scale_bytes = sb;
   }
@@ -628,8 +623,7 @@ static int h_history(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, n, &h));
   uint64_t kb, vb, sb, mb;
   layout_xfer_t g;
-  bool all_layers;
-  if ((rc = resolve_xfer(c, r, "", b->cache_id, &kx, false, &g, &all_layers))) return rc;
+  if ((rc = resolve_xfer(c, r, "", b->cache_id, &kx, false, &g))) return rc;
   if (layout_xfer_bytes(&g, h.nentries, &kb, &vb, &sb))
     return reject(r, KVC_E_OVERFLOW, "transfer of %llu tokens overflows",
                   (unsigned long long)h.nentries);
@@ -933,8 +927,7 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   kvc_xfer_t kx;
   codec_xfer_from_wire(b->xfer, &kx);
   layout_xfer_t g;
-  bool all_layers;
-  if ((rc = resolve_xfer(c, r, "", b->cache_id, &kx, false, &g, &all_layers))) return rc;
+  if ((rc = resolve_xfer(c, r, "", b->cache_id, &kx, false, &g))) return rc;
   for (size_t i = 0; i < b->n_entries; i++) {
     kvc_seq_info_t si;
     uint64_t lo = 0, hi = e[i].pos + e[i].ntokens;

@@ -69,6 +69,19 @@ static int audit_chain(engine_t *eng, const seq_t *s, char *why, size_t len) {
   if (s->chain_tok > s->len || s->chain_pages > (s->chain_tok >> g->tshift))
     return bad(why, len, "seq %llu: chain of %llu tokens, %u pages, length %llu", id,
                (unsigned long long)s->chain_tok, s->chain_pages, (unsigned long long)s->len);
+  if (s->layer_chain) { /* per layer: within its length; the least is chain_tok */
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (uint32_t l = 0; l < g->L; l++) {
+      if (s->layer_chain[l] > seq_layer_len(s, l))
+        return bad(why, len, "seq %llu: layer %u chain %u past its length %u", id, l,
+                   s->layer_chain[l], seq_layer_len(s, l));
+      lo = s->layer_chain[l] < lo ? s->layer_chain[l] : lo;
+      hi = s->layer_chain[l] > hi ? s->layer_chain[l] : hi;
+    }
+    if (lo != s->chain_tok)
+      return bad(why, len, "seq %llu: layer chains %u..%u, chain %llu", id, lo, hi,
+                 (unsigned long long)s->chain_tok);
+  }
   if (s->nholes && s->holes[0].b < s->chain_tok)
     return bad(why, len, "seq %llu: a hole at %llu inside its chain", id,
                (unsigned long long)s->holes[0].b);

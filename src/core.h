@@ -144,6 +144,11 @@ struct seq {
   uint64_t chain_tok;
   uint32_t chain_pages;
   uint32_t chain_key;
+  /* Layer-by-layer saves (a put of a layer range with ids): layer l's
+   * chain is [0, layer_chain[l]); chain_tok is their minimum, so a page
+   * enters the index once every layer of it is in the chain. NULL while
+   * every layer's chain is chain_tok (the common case). */
+  uint32_t *layer_chain;
 };
 
 struct engine {

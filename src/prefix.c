@@ -386,10 +386,59 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   return true;
 }
 
-void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engine_pkey_t *key,
-                       uint32_t key_id) {
+/* The first position in [pos, end) where ids differ from the ids s's pages
+ * hold for a chain that covers it (the longest layer's), or UINT64_MAX. */
+static uint64_t ids_differ(const engine_t *eng, const seq_t *s, const engine_io_t *e,
+                           uint64_t end) {
+  const geom_t *g = &s->cache->g;
+  uint64_t hi = s->chain_tok;
+  if (s->layer_chain)
+    for (uint32_t l = 0; l < g->L; l++) hi = s->layer_chain[l] > hi ? s->layer_chain[l] : hi;
+  if (end > hi) end = hi;
+  for (uint64_t p = e->pos; p < end; p++) {
+    const ipage_t *ip = page_meta(eng, s->table[(p >> g->tshift) - s->base]);
+    if (!ip || ip->tokens[p & (g->T - 1)] != e->tokens[p - e->pos]) return p;
+  }
+  return UINT64_MAX;
+}
+
+/* chain_tok = the least layer chain; layer_chain goes once all are equal. */
+static void chain_settle(engine_t *eng, seq_t *s) {
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (uint32_t l = 0; l < s->cache->g.L; l++) {
+    lo = s->layer_chain[l] < lo ? s->layer_chain[l] : lo;
+    hi = s->layer_chain[l] > hi ? s->layer_chain[l] : hi;
+  }
+  if (lo < s->chain_tok) seq_chain_cut(s, lo);
+  s->chain_tok = lo;
+  if (lo == hi) {
+    mem_free(&eng->mem, s->layer_chain);
+    s->layer_chain = NULL;
+  }
+}
+
+void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, uint32_t l0, uint32_t l1,
+                       const engine_pkey_t *key, uint32_t key_id) {
   const geom_t *g = &s->cache->g;
   uint64_t end = e->pos + e->ntokens;
+  /* A layer whose chain holds other ids at these positions was computed for
+   * another prompt: every chain ends where the ids first differ. */
+  uint64_t differ = ids_differ(eng, s, e, end);
+  if (differ != UINT64_MAX) seq_chain_cut(s, differ);
+  /* A chain goes on only from inside it, under the same key (a put at 0
+   * starts it afresh); anything else cuts it where the bytes changed. A
+   * sequence trimmed at the front (start > 0) computes what it writes without
+   * the positions it dropped: it never chains again. */
+  if (key_id != s->chain_key && e->pos == 0) {
+    seq_chain_cut(s, 0);
+    s->chain_key = key_id;
+  }
+  bool all = l0 == 0 && l1 == g->L;
+  /* (a layer range without layer_chain: its begin ran out of memory) */
+  bool extends = key_id == s->chain_key && s->start == 0 && (all || s->layer_chain);
+  if (!extends || (!s->layer_chain && e->pos <= s->chain_tok)) seq_chain_cut(s, e->pos);
+  /* The ids, into the pages; a page of the chain keeps its hash (its ids are
+   * the same: any that differ cut the chain above). */
   for (uint64_t idx = e->pos >> g->tshift; (idx << g->tshift) < end; idx++) {
     uint32_t page = s->table[idx - s->base];
     ipage_t *ip = page_meta(eng, page) ? page_meta(eng, page) : page_meta_take(eng, s->cache, page);
@@ -398,18 +447,17 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, const engi
     uint64_t to = (end < pstart + g->T ? end : pstart + g->T) - pstart;
     memcpy(ip->tokens + from, e->tokens + (pstart + from - e->pos),
            (size_t)(to - from) * sizeof *ip->tokens);
-    ip->hashed = false;
+    if (idx >= s->chain_pages) ip->hashed = false;
   }
-  /* The chain goes on only from inside it, under the same key (a put at 0
-   * starts it afresh); anything else cuts it where the bytes changed. A
-   * sequence trimmed at the front (start > 0) computes what it writes without
-   * the positions it dropped: it never chains again. */
-  bool extends = e->pos == 0 || (e->pos <= s->chain_tok && s->chain_key == key_id);
-  seq_chain_cut(s, e->pos);
-  if (!extends || s->start > 0) return;
-  if (e->pos == 0) s->chain_key = key_id;
-  s->chain_tok = end;
-  uint64_t whole = end >> g->tshift;
+  if (!extends) return;
+  if (s->layer_chain) { /* each written layer's chain, cut at pos, goes on to end */
+    for (uint32_t l = l0; l < l1; l++)
+      if (s->layer_chain[l] >= e->pos) s->layer_chain[l] = (uint32_t)end;
+    chain_settle(eng, s);
+  } else if (e->pos <= s->chain_tok) {
+    s->chain_tok = end;
+  }
+  uint64_t whole = s->chain_tok >> g->tshift;
   while (s->chain_pages < whole && hash_one(eng, s, s->chain_pages, key, key_id))
     s->chain_pages++;
   if (s->chain_pages < whole) /* it could not hash on (trimmed): it ends here */

@@ -11,9 +11,12 @@ int prefix_cache_init(engine_t *eng, cache_t *c);
 void prefix_cache_clear(engine_t *eng, cache_t *c);
 /* Drops a cached page from the index and frees it. */
 void prefix_reclaim(engine_t *eng, ipage_t *ip);
-/* Records token ids of a put into s's pages (blocks reserved by the put),
- * continues or cuts s's chain, and hashes and indexes pages it completes. */
-void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e,
+/* Records token ids of a put of layers [l0, l1) into s's pages (blocks
+ * reserved by the put), continues or cuts the chain of those layers (and
+ * of any layer whose chain held other ids there), and hashes and indexes
+ * the pages every layer's chain now covers. A layer-range put needs
+ * s->layer_chain (put_target makes it). */
+void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, uint32_t l0, uint32_t l1,
                        const engine_pkey_t *key, uint32_t key_id);
 /* Positions [pos, end) of s were rewritten without ids (or moved): the
  * chain ends at pos and those pages' hashes are stale. */

@@ -20,6 +20,7 @@ typedef struct target {
   uint32_t old_cap;  /* table capacity before, to undo growth */
   bool created;      /* new sequence, in the map but not yet enlisted */
   bool new_layers;   /* layer_len allocated by this call */
+  bool new_chain;    /* layer_chain allocated by this call */
 } target_t;
 
 static void put_rollback(engine_t *eng, target_t *t, size_t n) {
@@ -34,6 +35,10 @@ static void put_rollback(engine_t *eng, target_t *t, size_t n) {
     if (t[i].new_layers) {
       mem_free(&eng->mem, s->layer_len);
       s->layer_len = NULL;
+    }
+    if (t[i].new_chain) {
+      mem_free(&eng->mem, s->layer_chain);
+      s->layer_chain = NULL;
     }
     if (s->cap > t[i].old_cap) {
       if (t[i].old_cap == 0) {
@@ -88,6 +93,13 @@ static int put_target(engine_t *eng, cache_t *c, const layout_xfer_t *r, const e
     if (!s->layer_len) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
     for (uint32_t l = 0; l < c->g.L; l++) s->layer_len[l] = (uint32_t)s->len;
     t->new_layers = true;
+  }
+  /* A layer-range put with ids chains those layers alone (layer_chain). */
+  if (e->tokens && (r->l0 != 0 || r->l1 != c->g.L) && !s->layer_chain) {
+    s->layer_chain = mem_alloc(&eng->mem, c->g.L * sizeof *s->layer_chain);
+    if (!s->layer_chain) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < c->g.L; l++) s->layer_chain[l] = (uint32_t)s->chain_tok;
+    t->new_chain = true;
   }
   uint64_t end = e->pos + e->ntokens;
   if ((end > s->extent && seq_reserve(eng, s, seq_pages_for(s, end))) ||
@@ -211,7 +223,7 @@ void engine_put_run(const engine_put_job_t *j) {
 static void put_commit(engine_t *eng, const engine_put_job_t *j, seq_t *s, const engine_io_t *e) {
   const engine_pkey_t *key = &j->key;
   uint64_t end = e->pos + e->ntokens;
-  if (e->tokens) prefix_put_tokens(eng, s, e, key, j->key_id);
+  if (e->tokens) prefix_put_tokens(eng, s, e, j->r.l0, j->r.l1, key, j->key_id);
   else if (e->ntokens) prefix_put_untokened(eng, s, e->pos, end);
   seq_set_lengths(eng, s, j->r.l0, j->r.l1, end);
   holes_cut(s, e->pos, end);
@@ -274,10 +286,6 @@ int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   const engine_pkey_t *key = x ? x->pkey : NULL;
   bool tokened = false;
   for (size_t i = 0; i < n; i++) tokened |= entries[i].tokens != NULL;
-  if (tokened && (r.l0 != 0 || r.l1 != c->g.L)) {
-    rc = engine_fail(eng, KVC_E_INVAL, "token ids go with puts of every layer");
-    goto out;
-  }
   size_t keys_cap = eng->keys.cap;
   bool had_arrays = eng->ip != NULL, new_key = false;
   if (tokened && (rc = prefix_key(eng, c->q, key, true, &j->key_id, &new_key))) goto out;

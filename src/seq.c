@@ -21,6 +21,7 @@ void seq_free(engine_t *eng, seq_t *s) {
   if (!s) return;
   mem_free(&eng->mem, s->table);
   mem_free(&eng->mem, s->layer_len);
+  mem_free(&eng->mem, s->layer_chain);
   mem_free(&eng->mem, s->holes);
   mem_free(&eng->mem, s);
 }

@@ -39,6 +39,9 @@ static inline int cache_busy(engine_t *eng, const cache_t *c) {
 /* Whatever s holds from pos on no longer follows its prefix chain
  * (doc/prefix.md): the chain ends at pos. */
 static inline void seq_chain_cut(seq_t *s, uint64_t pos) {
+  if (s->layer_chain)
+    for (uint32_t l = 0; l < s->cache->g.L; l++)
+      if (s->layer_chain[l] > pos) s->layer_chain[l] = (uint32_t)pos;
   if (s->chain_tok <= pos) return;
   s->chain_tok = pos;
   uint64_t whole = pos >> s->cache->g.tshift;

@@ -75,6 +75,8 @@ static void share_pages(engine_t *eng, seq_t *dst, const uint32_t *pages, uint32
   for (uint32_t i = 0; i < dst->ntable; i++) seq_page_release(eng, dst, dst->table[i]);
   mem_free(&eng->mem, dst->table);
   mem_free(&eng->mem, dst->layer_len);
+  mem_free(&eng->mem, dst->layer_chain);
+  dst->layer_chain = NULL; /* a copy holds the chain every layer holds */
   mem_free(&eng->mem, dst->holes);
   dst->holes = holes;
   dst->nholes = dst->hcap = nholes;

@@ -206,10 +206,11 @@ KVC_API int kvc_cache_drop(kvc_cache_t *cache);
 /* One entry of a batched transfer: tokens [pos, pos + ntokens) of seq_id.
  * k/v are read by a put and written by a get ([layer][token][head][dim] of the
  * xfer's ranges; a get may pass NULL to skip one); k_scale/v_scale only for a
- * raw int8 get ([layer][token][head] f32), else NULL. tokens, for a put of
- * every layer only, are the ntokens token ids written (NULL: unknown); full
- * pages whose ids are all known enter the prefix cache. All buffers are
- * borrowed for the call. */
+ * raw int8 get ([layer][token][head] f32), else NULL. tokens, for a put,
+ * are the ntokens token ids written (NULL: unknown); full pages whose ids
+ * are all known enter the prefix cache once every layer of them is written
+ * with those ids (a layer-range put saves layer by layer, as vLLM's
+ * save_kv_layer). All buffers are borrowed for the call. */
 typedef struct kvc_io {
   uint64_t seq_id;
   uint64_t pos;
@@ -235,7 +236,7 @@ typedef struct kvc_shm_io {
   uint64_t v_len;       /* 0: as the layout requires */
   uint64_t k_scale_off; /* raw int8 get only */
   uint64_t v_scale_off;
-  uint64_t tok_off;     /* put of every layer: token ids, u32 little-endian, */
+  uint64_t tok_off;     /* put: token ids, u32 little-endian, */
   uint64_t tok_len;     /* 4-byte aligned; tok_len 4 * ntokens, or 0: none */
 } kvc_shm_io_t;
 
@@ -288,8 +289,9 @@ KVC_API int kvc_get_raw(kvc_cache_t *cache, uint64_t seq_id, uint64_t begin,
  * fit the shared buffer and the entry limit), each with its own buffers: the
  * ragged append of a decode step. Each request is all or nothing; a split
  * batch is not (see "splitting"). KVC_E_DUPSEQ if a sequence appears twice.
- * Entries with tokens go as in kvc_put_tokens; KVC_E_INVAL if x is not every
- * layer. */
+ * Entries with tokens go as in kvc_put_tokens, for every layer or the
+ * layer range of x (a layer-by-layer save: a page enters the prefix cache
+ * once every layer of it is saved with the same ids). */
 KVC_API int kvc_put_batch(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_io_t *entries,
                           size_t n);
 /* Batched get, the same way. */

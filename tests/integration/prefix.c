@@ -613,13 +613,47 @@ TEST(prefix_split_puts_keep_ids_with_their_tokens) {
     ASSERT_MATCH(match(h, ids[i], LEN), LEN / T * T, LEN / T, LEN % T);
     check_bytes(h, 10u + (unsigned)i, 0, LEN, 10u + (unsigned)i);
   }
-  /* Token ids go with puts of every layer only. */
-  kvc_xfer_t layer0 = {.layer_begin = 0, .layer_end = 1};
-  io[0].seq_id = 99;
-  io[0].ntokens = T;
-  ASSERT_ERR(kvc_put_batch(h, &layer0, io, 1), KVC_E_INVAL);
-  ASSERT(strstr(kvc_client_last_error(c), "every layer") != NULL);
-  ASSERT(!seq_exists(h, 99));
+  /* Layer by layer (vLLM's save_kv_layer): each layer of every prompt in
+   * its own batched put with the ids; no page is matched until its last
+   * layer is in, then another connection attaches them byte for byte. */
+  uint32_t nl = l->num_layers;
+  size_t kl = kn / nl, vl = vn / nl; /* one layer of one prompt */
+  ASSERT_OK(kvc_cache_clear(h)); /* the prompts' pages go: nothing matches */
+  ASSERT_MATCH(match(h, ids[0], LEN), 0, 0, LEN % T);
+  for (uint32_t layer = 0; layer < nl; layer++) {
+    kvc_xfer_t one = {.layer_begin = layer, .layer_end = layer + 1};
+    kvc_io_t lio[N];
+    for (int i = 0; i < N; i++)
+      lio[i] = (kvc_io_t){.seq_id = 50u + (unsigned)i, .ntokens = LEN,
+                          .k = k + kn * (size_t)i + kl * layer,
+                          .v = v + vn * (size_t)i + vl * layer, .tokens = ids[i]};
+    ASSERT_OK(kvc_put_batch(h, &one, lio, N));
+    for (int i = 0; i < N; i++) {
+      uint64_t want = layer + 1 == nl ? LEN / T * T : 0;
+      ASSERT_MATCH(match(h, ids[i], LEN), want, want / T, LEN % T);
+    }
+  }
+  kvc_client_t *c2 = client_open_shm(&d, 1u << 20);
+  kvc_cache_t *h2 = open_salted(c2, "split", "t");
+  for (int i = 0; i < N; i++) ASSERT_OK(kvc_seq_remove(h, 50u + (unsigned)i, 0, UINT64_MAX));
+  for (int i = 0; i < N; i++) {
+    kvc_match_t m;
+    ASSERT_OK(kvc_attach(h2, 70u + (unsigned)i, ids[i], LEN, false, &m));
+    ASSERT_U64_EQ(m.tokens, LEN / T * T);
+    check_bytes(h2, 70u + (unsigned)i, 0, m.tokens, 10u + (unsigned)i);
+  }
+  /* A layer saved with other ids keeps that prompt's pages out. */
+  uint32_t *other = tokens_new(LEN, 777);
+  for (uint32_t layer = 0; layer < nl; layer++) {
+    kvc_xfer_t one = {.layer_begin = layer, .layer_end = layer + 1};
+    kvc_io_t lio = {.seq_id = 99, .ntokens = LEN, .k = k + kl * layer, .v = v + vl * layer,
+                    .tokens = layer == 1 ? other : ids[0]};
+    ASSERT_OK(kvc_put_batch(h, &one, &lio, 1));
+  }
+  ASSERT_MATCH(match(h, other, LEN), 0, 0, LEN % T);
+  free(other);
+  kvc_cache_close(h2);
+  kvc_client_close(c2);
 
   /* The direct-buffer form: the caller places bytes and ids itself. */
   void *shm;

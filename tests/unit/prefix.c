@@ -719,3 +719,92 @@ TEST(prefix_tenants_share_no_cache_and_no_chain) {
   ASSERT_U64_EQ(m.tokens, 0);
   fx_close(&f);
 }
+
+/* Puts [pos, pos+n) of layers [lb, le) of seq with seq's payload and the ids
+ * of prompt p (a layer-by-layer save, vLLM's save_kv_layer). */
+static int put_tok_layers(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, uint32_t lb,
+                          uint32_t le, uint32_t p, const engine_pkey_t *key) {
+  fx_rng_t r = fx_rng(&f->lay, lb, le, 0, 0);
+  fx_buf_t b = fx_buf_new(&f->lay, r, n);
+  uint32_t *ids = calloc(n + 1, sizeof *ids);
+  fx_fill(&f->lay, r, seq, pos, n, 0, b.k, b.v);
+  tokens_of(p, pos, n, ids);
+  engine_io_t io = fx_io(seq, pos, n, &b);
+  io.tokens = ids;
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  x.pkey = key;
+  int rc = engine_put(f->eng, f->cid, &x, &io, 1);
+  fx_buf_free(&b);
+  free(ids);
+  return rc;
+}
+
+TEST(prefix_layer_by_layer_saves_index_a_page_once_every_layer_is_in) {
+  fx_t f;
+  open_small(&f, 64); /* 4 layers, 4 tokens a page */
+  /* A prompt of 10 tokens saved layer by layer, each layer in two parts (a
+   * save split by the shared buffer): nothing is indexed until the last
+   * layer holds a page. */
+  for (uint32_t l = 0; l < 4; l++) {
+    ASSERT_OK(put_tok_layers(&f, 1, 0, 6, l, l + 1, 7, &KEY_A));
+    ASSERT_OK(put_tok_layers(&f, 1, 6, 4, l, l + 1, 7, &KEY_A));
+    FX_AUDIT(f.eng);
+    ASSERT_U64_EQ(fx_stats(&f).pages_indexed, l == 3 ? 2u : 0u);
+    ASSERT_U64_EQ(match(&f, 7, 10, &KEY_A).tokens, l == 3 ? 8u : 0u);
+  }
+  /* Another worker attaches the prompt: every byte is what was saved. */
+  engine_match_t m;
+  ASSERT_OK(attach(&f, 2, 7, 10, &KEY_A, 0, &m));
+  ASSERT_U64_EQ(m.tokens, 8);
+  FX_EXPECT_RNG(&f, 2, 0, 8, fx_all(&f.lay), 1, 0);
+  FX_EXPECT(&f, 1, 0, 10, 0);
+
+  /* Layer 2 saved with other ids for page 1: the page's layers were
+   * computed for two prompts, so only page 0 enters the index. */
+  for (uint32_t l = 0; l < 4; l++) {
+    uint32_t p = l == 2 ? 8u : 9u;
+    ASSERT_OK(put_tok_layers(&f, 3, 0, 4, l, l + 1, 9, &KEY_A));
+    ASSERT_OK(put_tok_layers(&f, 3, 4, 4, l, l + 1, p, &KEY_A));
+    FX_AUDIT(f.eng);
+  }
+  ASSERT_U64_EQ(match(&f, 9, 8, &KEY_A).tokens, 4);
+  ASSERT_U64_EQ(match(&f, 8, 8, &KEY_A).tokens, 0);
+  /* Saving that layer again with the prompt's ids does not complete it:
+   * the chains of layers 0 and 1 ended when other ids were written under
+   * them. Saving them again does. */
+  ASSERT_OK(put_tok_layers(&f, 3, 4, 4, 2, 3, 9, &KEY_A));
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(match(&f, 9, 8, &KEY_A).tokens, 4);
+  ASSERT_OK(put_tok_layers(&f, 3, 4, 4, 0, 2, 9, &KEY_A));
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(match(&f, 9, 8, &KEY_A).tokens, 8);
+
+  /* A layer written without ids, or under another key, keeps the page out. */
+  for (uint32_t l = 0; l < 4; l++) {
+    if (l == 1) ASSERT_OK(fx_put_layers(&f, 4, 0, 4, 1, 2, 0));
+    else ASSERT_OK(put_tok_layers(&f, 4, 0, 4, l, l + 1, 11, &KEY_A));
+    if (l == 3) ASSERT_OK(put_tok_layers(&f, 5, 0, 4, 0, 3, 12, &KEY_A));
+    else if (l < 3) ASSERT_OK(put_tok_layers(&f, 5, 0, 4, l, l + 1, 12, &KEY_A));
+    FX_AUDIT(f.eng);
+  }
+  ASSERT_OK(put_tok_layers(&f, 5, 0, 4, 3, 4, 12, &KEY_B));
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(match(&f, 11, 4, &KEY_A).tokens, 0);
+  ASSERT_U64_EQ(match(&f, 12, 4, &KEY_A).tokens, 0);
+  ASSERT_U64_EQ(match(&f, 12, 4, &KEY_B).tokens, 0);
+  /* A failed layer-range put with ids leaves no chain state behind. */
+  uint32_t ids[4] = {1, 2, 3, 4};
+  fx_rng_t r = fx_rng(&f.lay, 0, 1, 0, 0);
+  fx_buf_t b = fx_buf_new(&f.lay, r, 4);
+  engine_io_t io = fx_io(6, 4, 4, &b); /* a new sequence must start at 0 */
+  io.tokens = ids;
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  x.pkey = &KEY_A;
+  engine_stats_t before = fx_stats(&f);
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_RANGE);
+  engine_stats_t after = fx_stats(&f);
+  FX_STATS_SAME(&before, &after);
+  fx_buf_free(&b);
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}

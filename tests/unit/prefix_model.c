@@ -24,7 +24,8 @@
 typedef struct mseq {
   bool live;
   bool trimmed;            /* trim_front ran: nothing written later chains */
-  uint64_t start, len;
+  uint64_t start, len;      /* len: the least of llen */
+  uint64_t llen[NL];        /* written length of each layer */
   uint32_t tag[NL][MAXTOK]; /* tag of the bytes at (layer, pos) */
   int64_t id[MAXTOK];      /* token id at pos, -1 unknown */
   int key;                 /* key of the last put with ids */
@@ -38,8 +39,8 @@ typedef struct pm {
   uint32_t ntags, cap;
   uint32_t prompt[NPROMPT][MAXTOK];
   /* figures */
-  uint64_t ops, puts, rewrites, untokened, layer_puts, truncs, drops, copies, trims, matches,
-      attaches, hit_tokens, bytes_checked, evicted, full;
+  uint64_t ops, puts, rewrites, untokened, layer_puts, layer_saves, truncs, drops, copies, trims,
+      matches, attaches, hit_tokens, bytes_checked, evicted, full;
 } pm_t;
 
 static const engine_pkey_t KEYS[2] = {{"tenant-a", 8, NULL, 0}, {"tenant-a", 8, "lora-7", 6}};
@@ -66,14 +67,18 @@ static uint32_t new_tag(pm_t *m, uint64_t ctx) {
   return m->ntags++;
 }
 
-/* Whether every byte of s at positions [0, p) was computed in the context
- * of s's ids and key k; *c gets that context through p - 1. */
-static bool clean_upto(const pm_t *m, const mseq_t *s, uint64_t p, int k, uint64_t *c) {
+/* Whether every byte of layers [l0, l1) of s at positions [0, p) was
+ * computed in the context of s's ids and key k; *c gets that context
+ * through p - 1. (A layer's bytes are computed over that layer's history:
+ * a layer-by-layer save of a prompt writes layer 0 of every chunk before
+ * layer 1 of the first.) */
+static bool clean_upto(const pm_t *m, const mseq_t *s, uint64_t p, int k, uint32_t l0,
+                       uint32_t l1, uint64_t *c) {
   uint64_t x = ctx_root(k);
   if (s->trimmed) return false;
   for (uint64_t q = 0; q < p; q++) {
     x = ctx_next(x, s->id[q]);
-    for (uint32_t l = 0; l < NL; l++)
+    for (uint32_t l = l0; l < l1; l++)
       if (x == TAINT || m->ctx[s->tag[l][q]] != x) return false;
   }
   *c = x;
@@ -99,7 +104,12 @@ static bool trace;
 
 static const char *what_key(int k) { return k ? "key B" : "key A"; }
 
-/* A put of [pos, pos+n) of slot i: with ids (every layer) or without. */
+static void set_len(mseq_t *s) {
+  s->len = s->llen[0];
+  for (uint32_t l = 1; l < NL; l++) s->len = s->llen[l] < s->len ? s->llen[l] : s->len;
+}
+
+/* A put of [pos, pos+n) of layers [l0, l1) of slot i, with ids or without. */
 static int put(pm_t *m, uint32_t i, uint64_t pos, uint64_t n, const int64_t *ids, int key,
                uint32_t l0, uint32_t l1) {
   mseq_t *s = &m->s[i];
@@ -110,7 +120,7 @@ static int put(pm_t *m, uint32_t i, uint64_t pos, uint64_t n, const int64_t *ids
   mseq_t after = *s;
   if (!after.live) memset(&after, 0, sizeof after), after.live = true, after.key = key;
   uint64_t c = 0;
-  bool clean = ids && clean_upto(m, &after, pos, key, &c);
+  bool clean = ids && clean_upto(m, &after, pos, key, l0, l1, &c);
   for (uint64_t t = 0; t < n; t++) {
     after.id[pos + t] = ids ? ids[t] : -1;
     if (ids) u[t] = (uint32_t)ids[t];
@@ -118,7 +128,9 @@ static int put(pm_t *m, uint32_t i, uint64_t pos, uint64_t n, const int64_t *ids
     if (clean) c = x = ctx_next(c, ids[t]);
     for (uint32_t l = l0; l < l1; l++) after.tag[l][pos + t] = tags[(l - l0) * n + t] = new_tag(m, x);
   }
-  if (pos + n > after.len) after.len = pos + n;
+  for (uint32_t l = l0; l < l1; l++)
+    if (pos + n > after.llen[l]) after.llen[l] = pos + n;
+  set_len(&after);
   fill(m, tags, n, l0, l1, &b);
   engine_io_t io = fx_io(i, pos, n, &b);
   if (ids) io.tokens = u;
@@ -216,6 +228,26 @@ static void op_put(pm_t *m) {
   } else if (kind == 1 && s->live && pos + n <= s->len) { /* one layer, inside */
     uint32_t l = (uint32_t)below(m, NL);
     if (put(m, i, pos, n, NULL, key, l, l + 1) == 0) m->layer_puts++;
+  } else if (kind == 2 || kind == 3) {
+    /* A layer-by-layer save with ids (vLLM's save_kv_layer): each layer
+     * alone, in order; sometimes one layer gets other ids, or the save
+     * stops before the last layer, or one layer runs ahead by itself. */
+    pick_ids(m, pos, n, ids);
+    uint32_t odd = below(m, 4) == 0 ? (uint32_t)below(m, NL) : NL;
+    uint32_t stop = below(m, 4) == 0 ? 1 + (uint32_t)below(m, NL) : NL;
+    for (uint32_t l = 0; l < stop; l++) {
+      uint64_t p = l == 0 || kind == 2 ? pos : (s->live ? s->llen[l] : 0);
+      if (p < pos) p = pos; /* (kind 3: a layer continues from its own length) */
+      if (s->live && (p > s->llen[l] || p < s->start)) break;
+      if (!s->live && p != 0) break;
+      if (p + n > MAXTOK) break;
+      int64_t lid[MAXTOK];
+      pick_ids(m, p, n, lid);
+      for (uint64_t t = 0; t < n; t++)
+        if (l != odd && p == pos) lid[t] = ids[t];
+      if (put(m, i, p, n, lid, key, l, l + 1) != 0) break;
+      m->layer_saves++;
+    }
   } else {
     pick_ids(m, pos, n, ids);
     bool rewrite = pos < len;
@@ -236,9 +268,10 @@ static void op_remove(pm_t *m) {
   if (b <= s->start) {
     s->live = false;
     m->drops++;
-  } else if (b < s->len) {
-    s->len = b;
-    m->truncs++;
+  } else {
+    m->truncs += b < s->len;
+    for (uint32_t l = 0; l < NL; l++) s->llen[l] = s->llen[l] < b ? s->llen[l] : b;
+    set_len(s);
   }
 }
 
@@ -253,6 +286,7 @@ static void op_copy(pm_t *m) {
   mseq_t *d = &m->s[j];
   *d = *s;
   d->len = n;
+  for (uint32_t l = 0; l < NL; l++) d->llen[l] = n;
   m->copies++;
 }
 
@@ -311,6 +345,7 @@ static void op_match(pm_t *m) {
   s->live = true;
   s->key = key;
   s->len = at.tokens;
+  for (uint32_t l = 0; l < NL; l++) s->llen[l] = at.tokens;
   /* what the pages hold, read back, must be the query's context throughout */
   uint64_t c = ctx_root(key);
   if (at.tokens) {
@@ -368,6 +403,7 @@ static void run(uint64_t seed, uint64_t nops, pm_t *tot) {
   }
   tot->ops += m->ops, tot->puts += m->puts, tot->rewrites += m->rewrites;
   tot->untokened += m->untokened, tot->layer_puts += m->layer_puts, tot->truncs += m->truncs;
+  tot->layer_saves += m->layer_saves;
   tot->drops += m->drops, tot->copies += m->copies, tot->trims += m->trims;
   tot->matches += m->matches, tot->attaches += m->attaches, tot->hit_tokens += m->hit_tokens;
   tot->bytes_checked += m->bytes_checked, tot->evicted += m->evicted, tot->full += m->full;
@@ -383,10 +419,11 @@ TEST_TIMEOUT(prefix_model_every_attached_byte_is_the_query_prefix, 600) {
   for (uint64_t seed = 1; seed <= seeds; seed++) run(seed, ops, &tot);
   printf("prefix model: %" PRIu64 " ops over %" PRIu64 " seeds, 0 mismatches: %" PRIu64
          " puts with ids (%" PRIu64 " rewrites), %" PRIu64 " without, %" PRIu64
-         " layer-range, %" PRIu64 " truncations, %" PRIu64 " drops, %" PRIu64 " copies, %" PRIu64
+         " layer-range, %" PRIu64 " layer-range with ids, %" PRIu64 " truncations, %" PRIu64 " drops, %" PRIu64 " copies, %" PRIu64
          " trims, %" PRIu64 " matches, %" PRIu64 " attaches (%" PRIu64 " tokens hit), %" PRIu64
          " evictions, %" PRIu64 " FULL, %" PRIu64 " bytes verified\n",
-         tot.ops, seeds, tot.puts, tot.rewrites, tot.untokened, tot.layer_puts, tot.truncs,
+         tot.ops, seeds, tot.puts, tot.rewrites, tot.untokened, tot.layer_puts, tot.layer_saves,
+         tot.truncs,
          tot.drops, tot.copies, tot.trims, tot.matches, tot.attaches, tot.hit_tokens, tot.evicted,
          tot.full, tot.bytes_checked);
   /* the mix must reach what it is for: hits, rewrites and eviction */

@@ -159,12 +159,15 @@ class KVConnector:
         k, v = gather(kv_layers, slot_mapping)
         self.cache.put(seq, pos, k, v, tokens=token_ids)
 
-    def save_layer(self, seq: int, layer: int, kv_layer, slot_mapping, pos: int):
+    def save_layer(self, seq: int, layer: int, kv_layer, slot_mapping, pos: int,
+                   token_ids=None):
         """One layer's tokens at slot_mapping as seq's [pos, pos + n) (save_kv_layer:
         kvcached takes a layer range ahead of the others; the tokens count in
-        the sequence's length once every layer holds them)."""
+        the sequence's length once every layer holds them). With token_ids
+        (the same ids for every layer), a page enters the prefix cache once
+        every layer of it is saved."""
         k, v = gather([kv_layer], slot_mapping)
-        self.cache.put(seq, pos, k, v, layers=(layer, layer + 1))
+        self.cache.put(seq, pos, k, v, tokens=token_ids, layers=(layer, layer + 1))
 
     def finish(self, seq: int, keep: bool = True):
         """The request is done: unpin seq (its pages stay cached, evictable, and

@@ -80,6 +80,32 @@ def test_connector_layer_by_layer(client):
     assert torch.equal(gk, k) and torch.equal(gv, v)
 
 
+def test_connector_layer_by_layer_saves_feed_the_prefix_cache(client):
+    layout = kvcache.Layout(L, H, D, "f32")
+    a = KVConnector(client, "conn-layer-ids", layout)
+    b = KVConnector(client, "conn-layer-ids", layout)
+    tokens = list(range(3000, 3040))  # 40 tokens: 2 full pages
+    src = paged(True)
+    slots = torch.randperm(NB * BS)[:40]
+    k, v = fill(src, slots, 4)
+    for l in range(L):  # vLLM's save_kv_layer, a layer at a time
+        assert b.num_cached_tokens(tokens) == 0  # not before every layer is in
+        a.save_layer(7, l, src[l], slots[:24], 0, token_ids=tokens[:24])
+        a.save_layer(7, l, src[l], slots[24:], 24, token_ids=tokens[24:])
+    assert b.num_cached_tokens(tokens) == 32
+    dst = paged(False)
+    slots_b = torch.randperm(NB * BS)[:40]
+    assert b.load(8, tokens, dst, slots_b) == 32
+    gk, gv = gather(dst, slots_b[:32])
+    assert torch.equal(gk, k[:, :32]) and torch.equal(gv, v[:, :32])
+    # one layer saved for other ids: the page is never served for either
+    other = [t + 1 for t in tokens]
+    for l in range(L):
+        a.save_layer(9, l, src[l], slots, 0, token_ids=other if l == 1 else [t + 2 for t in tokens])
+    assert b.num_cached_tokens(other) == 0
+    assert b.num_cached_tokens([t + 2 for t in tokens]) == 0
+
+
 def test_connector_bad_buffers_raise(client):
     c = KVConnector(client, "conn-bad", kvcache.Layout(L, H, D, "f32"))
     with pytest.raises(ValueError):
