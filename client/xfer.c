@@ -51,6 +51,13 @@ typedef struct io_req {
   Kvcache__V1__IoEntry *wire;   /* max_io_entries entries */
   Kvcache__V1__IoEntry **ptrs;
   size_t n;
+  /* Span keys of the entries (rare: allocated on first use, freed by
+   * io_req_free): the wire's entries point into sk at io_req_send. */
+  Kvcache__V1__SpanKey *sk;
+  Kvcache__V1__SpanKey **skp;
+  size_t nsk, skcap;
+  size_t *skfirst;              /* per entry: its first span key in sk */
+  uint64_t sk_bytes;            /* their bytes on the wire, about */
 } io_req_t;
 
 typedef struct part part_t;
@@ -72,6 +79,7 @@ static int scratch(kvc_client_t *c) {
 static int io_req_init(io_req_t *b, kvc_cache_t *h, const kvc_xfer_t *x, bool is_put) {
   int rc = scratch(h->client);
   if (rc) return rc;
+  memset(b, 0, sizeof *b);
   b->h = h;
   b->x = x;
   b->is_put = is_put;
@@ -88,6 +96,56 @@ static Kvcache__V1__IoEntry *io_req_add(io_req_t *b) {
   return w;
 }
 
+static void io_req_free(io_req_t *b) {
+  free(b->sk);
+  free(b->skp);
+  free(b->skfirst);
+  b->sk = NULL, b->skp = NULL, b->skfirst = NULL;
+}
+
+/* Wire bytes of the span keys of sp[0..n) that overlap [lo, hi), about. */
+static uint64_t spans_bytes(const kvc_span_key_t *sp, size_t n, uint64_t lo, uint64_t hi) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; sp && i < n; i++)
+    if (sp[i].end > lo && sp[i].begin < hi) bytes += sp[i].key_len + 32;
+  return bytes;
+}
+
+/* Gives the last entry added the span keys of sp[0..n) that overlap
+ * [lo, hi) (the daemon clips them to the entry). */
+static int io_req_spans(io_req_t *b, const kvc_span_key_t *sp, size_t n, uint64_t lo,
+                        uint64_t hi) {
+  kvc_client_t *c = b->h->client;
+  if (!sp || !n) return 0;
+  if (!b->skfirst && !(b->skfirst = calloc(c->max_io_entries + 1, sizeof *b->skfirst)))
+    return client_fail(c, KVC_E_NOMEM, "out of memory");
+  Kvcache__V1__IoEntry *w = b->ptrs[b->n - 1];
+  b->skfirst[b->n - 1] = b->nsk;
+  for (size_t i = 0; i < n; i++) {
+    if (sp[i].end <= lo || sp[i].begin >= hi) continue;
+    if (b->nsk == b->skcap) {
+      size_t cap = b->skcap ? 2 * b->skcap : 64;
+      Kvcache__V1__SpanKey *sk = realloc(b->sk, cap * sizeof *sk);
+      if (sk) b->sk = sk;
+      Kvcache__V1__SpanKey **skp = sk ? realloc(b->skp, cap * sizeof *skp) : NULL;
+      if (!skp) return client_fail(c, KVC_E_NOMEM, "out of memory");
+      b->skp = skp;
+      b->skcap = cap;
+    }
+    codec_span_key_to_wire(&sp[i], &b->sk[b->nsk++]);
+    w->n_span_keys++;
+    b->sk_bytes += sp[i].key_len + 32;
+  }
+  return 0;
+}
+
+/* Points each entry's span keys into sk (moved by realloc meanwhile). */
+static void io_req_span_ptrs(io_req_t *b) {
+  for (size_t i = 0; i < b->nsk; i++) b->skp[i] = &b->sk[i];
+  for (size_t i = 0; i < b->n; i++)
+    if (b->ptrs[i]->n_span_keys) b->ptrs[i]->span_keys = b->skp + b->skfirst[i];
+}
+
 /* Sends the batch's entries as one Io request. */
 static int io_req_send(io_req_t *b) {
   Kvcache__V1__Xfer wx;
@@ -98,6 +156,7 @@ static int io_req_send(io_req_t *b) {
   io.xfer = &wx;
   io.n_entries = b->n;
   io.entries = b->ptrs;
+  io_req_span_ptrs(b);
   if (b->is_put) { /* the key of any token ids the entries carry */
     io.salt = client_salt(b->h);
     io.extra = client_extra(b->h);
@@ -110,6 +169,8 @@ static int io_req_send(io_req_t *b) {
     req.get = &io;
   }
   b->n = 0;
+  b->nsk = 0;
+  b->sk_bytes = 0;
   return client_call(b->h->client, &req, NULL);
 }
 
@@ -224,7 +285,12 @@ static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries
       uint64_t rem = e->ntokens - t0, room = c->shm_bytes - used;
       uint64_t fit = room > slack ? (room - slack) / (per_token ? per_token : 1) : 0;
       uint64_t m = rem < fit ? rem : fit;
-      if ((m == 0 && rem > 0) || b.n == c->max_io_entries) {
+      /* span keys ride in the frame: a full one goes first */
+      uint64_t skb = is_put ? spans_bytes(e->span_keys, e->nspan_keys, e->pos + t0,
+                                          e->pos + t0 + m) : 0;
+      bool frame_full = skb && b.n && c->info.max_frame_bytes &&
+                        b.sk_bytes + skb + (b.n + 1) * 160 + 512 > c->info.max_frame_bytes;
+      if ((m == 0 && rem > 0) || b.n == c->max_io_entries || frame_full) {
         if (b.n == 0) {
           rc = client_fail(c, KVC_E_SIZE,
                            "one token needs %llu bytes, the shared buffer has %llu: open the "
@@ -238,11 +304,15 @@ static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries
       part_t *p = &parts[b.n];
       *p = (part_t){.e = e, .t0 = t0, .m = m};
       place(c, &r, p, io_req_add(&b), &used, is_put);
+      if (skb && (rc = io_req_spans(&b, e->span_keys, e->nspan_keys, e->pos + t0,
+                                    e->pos + t0 + m)))
+        break;
       t0 += m;
       if (t0 >= e->ntokens) break;
     }
   }
   if (rc == 0 && b.n) rc = flush(&b, &r, parts, &used);
+  io_req_free(&b);
   return rc;
 }
 
@@ -355,9 +425,17 @@ static int transfer_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t 
   int rc = io_req_init(&b, h, x, is_put);
   if (rc) return rc;
   for (size_t i = 0; rc == 0 && i < n; i++) {
-    shm_entry(sized ? &r : NULL, &entries[i], io_req_add(&b));
+    const kvc_shm_io_t *e = &entries[i];
+    uint64_t skb = spans_bytes(e->span_keys, e->nspan_keys, 0, UINT64_MAX);
+    if (skb && b.n && c->info.max_frame_bytes &&
+        b.sk_bytes + skb + (b.n + 1) * 160 + 512 > c->info.max_frame_bytes &&
+        (rc = io_req_send(&b)))
+      break;
+    shm_entry(sized ? &r : NULL, e, io_req_add(&b));
+    if ((rc = io_req_spans(&b, e->span_keys, e->nspan_keys, 0, UINT64_MAX))) break;
     if (b.n == c->max_io_entries || i + 1 == n) rc = io_req_send(&b);
   }
+  io_req_free(&b);
   return rc;
 }
 
@@ -421,7 +499,15 @@ KVC_API int kvc_step(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t *en
   io_req_t b;
   int rc = io_req_init(&b, h, x, true);
   if (rc) return rc;
-  for (size_t i = 0; i < n; i++) shm_entry(sized ? &r : NULL, &entries[i], io_req_add(&b));
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    shm_entry(sized ? &r : NULL, &entries[i], io_req_add(&b));
+    rc = io_req_spans(&b, entries[i].span_keys, entries[i].nspan_keys, 0, UINT64_MAX);
+  }
+  if (rc) {
+    io_req_free(&b);
+    return rc;
+  }
+  io_req_span_ptrs(&b);
   Kvcache__V1__Xfer wx;
   Kvcache__V1__Step st = KVCACHE__V1__STEP__INIT;
   codec_xfer_to_wire(x, &wx);
@@ -439,7 +525,9 @@ KVC_API int kvc_step(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t *en
   req.body_case = KVCACHE__V1__REQUEST__BODY_STEP;
   req.step = &st;
   Kvcache__V1__Response *resp;
-  if ((rc = client_call(c, &req, &resp))) return rc;
+  rc = client_call(c, &req, &resp);
+  io_req_free(&b);
+  if (rc) return rc;
   if (resp->body_case != KVCACHE__V1__RESPONSE__BODY_STEP || !resp->step)
     rc = client_fail(c, KVC_E_PROTO, "step reply without a step");
   else

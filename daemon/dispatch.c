@@ -352,10 +352,22 @@ static int check_key(reply_t *r, ProtobufCBinaryData salt, ProtobufCBinaryData e
     return reject(r, KVC_E_INVAL, "%s of %zu bytes: at most %u",
                   salt.len > KVC_MAX_KEY_BYTES ? "salt" : "extra key",
                   salt.len > KVC_MAX_KEY_BYTES ? salt.len : extra.len, KVC_MAX_KEY_BYTES);
-  k->salt = salt.data;
-  k->salt_len = salt.len;
-  k->extra = extra.data;
-  k->extra_len = extra.len;
+  *k = (engine_pkey_t){salt.data, salt.len, extra.data, extra.len, NULL, 0};
+  return 0;
+}
+
+/* Span keys off the wire (the engine checks them), borrowing the message's
+ * bytes: *out in the reply's arena, NULL for none. */
+static int span_keys(reply_t *r, Kvcache__V1__SpanKey *const *w, size_t n,
+                     const kvc_span_key_t **out) {
+  *out = NULL;
+  if (!n) return 0;
+  if (n > KVC_MAX_SPAN_KEYS)
+    return reject(r, KVC_E_INVAL, "%zu span keys, at most %u", n, KVC_MAX_SPAN_KEYS);
+  kvc_span_key_t *s = arena_alloc(r->a, n * sizeof *s);
+  if (!s) return reject(r, KVC_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) codec_span_key_from_wire(w[i], &s[i]);
+  *out = s;
   return 0;
 }
 
@@ -418,6 +430,8 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
     if (layout_xfer_bytes(&g, w->ntokens, &kb, &vb, &sb))
       return reject(r, KVC_E_OVERFLOW, "entry %zu: transfer of %llu tokens overflows", i,
                     (unsigned long long)w->ntokens);
+    if (!is_put && w->n_span_keys)
+      return reject(r, KVC_E_INVAL, "entry %zu: span keys go with puts only", i);
     e[i].seq_id = w->seq_id;
     e[i].pos = w->pos;
     e[i].ntokens = w->ntokens;
@@ -427,8 +441,10 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
         (rc = check_region(c, r, i, "v", w->v_off, w->v_len, vb, &e[i].v)) ||
         (rc = check_region(c, r, i, "ks", w->ks_off, w->ks_len, sb, &e[i].k_scale)) ||
         (rc = check_region(c, r, i, "vs", w->vs_off, w->vs_len, sb, &e[i].v_scale)) ||
-        (rc = check_entry_tokens(c, r, i, w, is_put, &e[i].tokens)))
+        (rc = check_entry_tokens(c, r, i, w, is_put, &e[i].tokens)) ||
+        (rc = span_keys(r, w->span_keys, w->n_span_keys, &e[i].spans)))
       return rc;
+    e[i].nspans = w->n_span_keys;
     e[i].k_scale_bytes = e[i].v_scale_bytes = sb;
   }
   *out = e;
@@ -1040,7 +1056,10 @@ static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   engine_pkey_t key;
   const uint32_t *tokens;
   int rc = check_key(r, b->salt, b->extra, &key);
-  if (rc || (rc = match_tokens(c, r, "match", b->tok_off, b->ntokens, &tokens))) return rc;
+  if (rc || (rc = match_tokens(c, r, "match", b->tok_off, b->ntokens, &tokens)) ||
+      (rc = span_keys(r, b->span_keys, b->n_span_keys, &key.spans)))
+    return rc;
+  key.nspans = b->n_span_keys;
   engine_match_t m;
   ENGINE_CALL(r, engine_match(c->srv->eng, b->cache_id, tokens, b->ntokens, &key, &m));
   return match_reply(c, r, &m);
@@ -1053,8 +1072,10 @@ static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const uint32_t *tokens;
   int rc = check_key(r, b->salt, b->extra, &key);
   if (rc || (rc = match_tokens(c, r, "attach", b->tok_off, b->ntokens, &tokens)) ||
+      (rc = span_keys(r, b->span_keys, b->n_span_keys, &key.spans)) ||
       (rc = refuse_replace(c, r, b->no_replace, b->cache_id, b->dst_seq)))
     return rc;
+  key.nspans = b->n_span_keys;
   engine_match_t m;
   ENGINE_CALL(r, engine_attach(c->srv->eng, b->cache_id, b->dst_seq, tokens, b->ntokens, &key,
                                b->pin ? c->id : 0, &m));

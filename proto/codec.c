@@ -191,3 +191,20 @@ void codec_hist_span_from_wire(const Kvcache__V1__HistorySpan *w, kvc_hist_span_
   s->first = w->first;
   s->n = w->n;
 }
+
+void codec_span_key_to_wire(const kvc_span_key_t *s, Kvcache__V1__SpanKey *w) {
+  kvcache__v1__span_key__init(w);
+  w->begin = s->begin;
+  w->end = s->end;
+  w->key.data = (uint8_t *)(uintptr_t)s->key;
+  w->key.len = s->key_len;
+}
+
+void codec_span_key_from_wire(const Kvcache__V1__SpanKey *w, kvc_span_key_t *s) {
+  *s = (kvc_span_key_t){0};
+  if (!w) return;
+  s->begin = w->begin;
+  s->end = w->end;
+  s->key = w->key.data;
+  s->key_len = w->key.len;
+}

@@ -47,6 +47,10 @@ void codec_stat_to_wire(const kvc_stat_t *s, Kvcache__V1__Stat *w);
  * stay w's. */
 void codec_stat_from_wire(const Kvcache__V1__Stat *w, kvc_stat_t *s, kvc_label_t *labels);
 
+/* Span keys: the key bytes stay borrowed both ways. */
+void codec_span_key_to_wire(const kvc_span_key_t *s, Kvcache__V1__SpanKey *w);
+void codec_span_key_from_wire(const Kvcache__V1__SpanKey *w, kvc_span_key_t *s);
+
 void codec_hist_span_to_wire(const kvc_hist_span_t *s, Kvcache__V1__HistorySpan *w);
 void codec_hist_span_from_wire(const Kvcache__V1__HistorySpan *w, kvc_hist_span_t *s);
 

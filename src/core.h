@@ -68,10 +68,28 @@ typedef struct ipage {
   bool planned;         /* eviction planning: the plan reclaims it */
   bool stacked;         /* eviction planning: on the plan's stack */
   uint8_t hash[32];
-  uint32_t tokens[];    /* page_tokens ids */
+  uint32_t tokens[];    /* page_tokens ids, then page_tokens span tags: the
+                           interned span key of each position, 0 for none
+                           (ipage_tags) */
 } ipage_t;
 
+static inline uint32_t *ipage_tags(ipage_t *ip, uint32_t T) { return ip->tokens + T; }
+static inline const uint32_t *ipage_tags_c(const ipage_t *ip, uint32_t T) {
+  return ip->tokens + T;
+}
+
 typedef struct lease lease_t; /* lease.h */
+
+/* A span key resolved for a call (put.c, a match): positions [begin, end)
+ * of the sequence carry the interned key id (SPAN_UNKNOWN: a query's key
+ * never interned, which no page holds); created: interned by this call. */
+typedef struct span_tag {
+  uint64_t begin, end;
+  uint32_t id;
+  uint32_t src;  /* index in the caller's list */
+  bool created;
+} span_tag_t;
+#define SPAN_UNKNOWN UINT32_MAX
 
 /* One tenant's limits, usage and refusals (quota.c). */
 typedef struct quota {
@@ -170,6 +188,10 @@ struct engine {
                           caller (whose memory may change meanwhile) */
   uint32_t page_ids_cap; /* token ids page_ids holds */
   hmap_t keys;         /* digest of (salt, extra) -> key_t */
+  hmap_t key_ids;      /* key id -> key_t (span tags name keys by id) */
+  uint32_t *page_tags; /* a match: one page of the query's span tags (in page_ids' block) */
+  span_tag_t *qtags;   /* a match: the query's span keys, resolved */
+  size_t nqtags;
   uint32_t nkeys;      /* keys interned */
   uint32_t next_key_id; /* the last key id handed out (ids are never 0) */
   uint64_t next_seq_id; /* engine_seq_create: the next id to try (>= 2^63) */
@@ -224,5 +246,7 @@ int engine_use_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **ou
  * interned at its begin (0: none). */
 const struct engine_put_job *put_job_next(const struct engine_put_job *j);
 uint32_t put_job_key(const struct engine_put_job *j);
+/* The span tags a put in flight interned (its entries' in a row). */
+const span_tag_t *put_job_tags(const struct engine_put_job *j, size_t *n);
 
 #endif

@@ -37,6 +37,7 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
   }
   hmap_init(&eng->owners);
   hmap_init(&eng->keys);
+  hmap_init(&eng->key_ids);
   eng->hash_kind = cfg->hash;
   eng->hash_bits = cfg->hash_bits;
   hmap_init(&eng->leases);
@@ -90,6 +91,7 @@ void engine_free(engine_t *eng) {
   void *k;
   while ((k = hmap_next(&eng->keys, &pos, NULL))) mem_free(&eng->mem, k);
   hmap_deinit(&eng->keys, &eng->mem);
+  hmap_deinit(&eng->key_ids, &eng->mem);
   hmap_deinit(&eng->owners, &eng->mem);
   lease_free_all(eng);
   quota_free_all(eng);
@@ -98,6 +100,7 @@ void engine_free(engine_t *eng) {
   mem_free(&eng->mem, eng->ip);
   mem_free(&eng->mem, eng->scratch);
   mem_free(&eng->mem, eng->page_ids);
+  mem_free(&eng->mem, eng->qtags);
   page_meta_unreserve(eng);
   EVP_MD_CTX_free(eng->md_ctx);
   pool_deinit(&eng->pool, &eng->mem);

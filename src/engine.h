@@ -58,6 +58,10 @@ typedef struct engine_pkey {
   size_t salt_len;
   const void *extra;
   size_t extra_len;
+  /* match and attach: the query's span keys (kvc_span_key_t: positions of
+   * the query); a put's are per entry (engine_io_t). Borrowed. */
+  const kvc_span_key_t *spans;
+  size_t nspans;
 } engine_pkey_t;
 
 /* What a match or attach found. */
@@ -94,6 +98,10 @@ typedef struct engine_io {
   uint64_t k_scale_bytes;
   uint64_t v_scale_bytes;
   const uint32_t *tokens; /* put: the token ids written (ntokens), or NULL */
+  /* put with tokens: the span keys of the sequence's positions (those
+   * outside [pos, pos + ntokens) are ignored); see kvc_span_key_t */
+  const kvc_span_key_t *spans;
+  size_t nspans;
 } engine_io_t;
 
 /* What part of each token a put or get moves, and in which dtype.

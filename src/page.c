@@ -38,7 +38,7 @@ void page_meta_arrays_drop(engine_t *eng) {
   eng->scratch = NULL;
 }
 
-static size_t ipage_size(uint32_t T) { return sizeof(ipage_t) + (size_t)T * sizeof(uint32_t); }
+static size_t ipage_size(uint32_t T) { return sizeof(ipage_t) + (size_t)T * 2 * sizeof(uint32_t); }
 
 int page_meta_reserve(engine_t *eng, uint32_t page_tokens, uint64_t n) {
   for (uint64_t i = 0; i < n; i++) {
@@ -149,5 +149,5 @@ void page_meta_copied(engine_t *eng, uint32_t from, uint32_t to) {
   ip->parent = src->parent;
   ip->hashed = src->hashed;
   memcpy(ip->hash, src->hash, 32);
-  memcpy(ip->tokens, src->tokens, (size_t)src->cache->g.T * sizeof *ip->tokens);
+  memcpy(ip->tokens, src->tokens, (size_t)src->cache->g.T * 2 * sizeof *ip->tokens); /* + tags */
 }

@@ -43,27 +43,33 @@ typedef struct pkey {
 
 /* ---- hashing ---------------------------------------------------------------- */
 
-typedef struct hpart {
-  const void *p;
-  size_t n;
-} hpart_t;
+/* One hash computation with the engine's hash and width. */
+typedef struct hasher {
+  engine_t *eng;
+  XXH3_state_t x;
+} hasher_t;
 
-/* out = hash of the concatenated parts, with the engine's hash and width. */
-static void hash_parts(engine_t *eng, const hpart_t *parts, size_t nparts, uint8_t out[32]) {
+static void h_init(hasher_t *h, engine_t *eng) {
+  h->eng = eng;
+  if (eng->hash_kind == KVC_HASH_XXH3) XXH3_128bits_reset(&h->x);
+  else EVP_DigestInit_ex(eng->md_ctx, EVP_sha256(), NULL);
+}
+
+static void h_update(hasher_t *h, const void *p, size_t n) {
+  if (h->eng->hash_kind == KVC_HASH_XXH3) XXH3_128bits_update(&h->x, p, n);
+  else EVP_DigestUpdate(h->eng->md_ctx, p, n);
+}
+
+static void h_final(hasher_t *h, uint8_t out[32]) {
+  engine_t *eng = h->eng;
   memset(out, 0, 32);
   if (eng->hash_kind == KVC_HASH_XXH3) {
-    XXH3_state_t st;
-    XXH3_128bits_reset(&st);
-    for (size_t i = 0; i < nparts; i++) XXH3_128bits_update(&st, parts[i].p, parts[i].n);
     XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&h->x));
     memcpy(out, c.digest, 16);
   } else {
-    EVP_MD_CTX *ctx = eng->md_ctx;
     unsigned len = 32;
-    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-    for (size_t i = 0; i < nparts; i++) EVP_DigestUpdate(ctx, parts[i].p, parts[i].n);
-    EVP_DigestFinal_ex(ctx, out, &len);
+    EVP_DigestFinal_ex(eng->md_ctx, out, &len);
   }
   if (eng->hash_bits && eng->hash_bits < 256) { /* test hook: force collisions */
     uint32_t keep = eng->hash_bits;
@@ -86,27 +92,64 @@ static uint64_t hash_key64(const uint8_t h[32]) {
 /* H(-1): the chain's root for a cache and salt. */
 static void chain_root(engine_t *eng, const cache_t *c, const engine_pkey_t *key,
                        uint8_t out[32]) {
-  hpart_t parts[2] = {{c->seed, 32}, {key ? key->salt : NULL, key ? key->salt_len : 0}};
-  hash_parts(eng, parts, 2, out);
+  hasher_t h;
+  h_init(&h, eng);
+  h_update(&h, c->seed, 32);
+  if (key) h_update(&h, key->salt, key->salt_len);
+  h_final(&h, out);
 }
 
-static void page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *tokens,
-                      uint32_t T, const engine_pkey_t *key, uint8_t out[32]) {
-  hpart_t parts[3] = {{parent, 32},
-                      {tokens, (size_t)T * sizeof *tokens},
-                      {key ? key->extra : NULL, key ? key->extra_len : 0}};
-  hash_parts(eng, parts, 3, out);
+static const pkey_t *key_by_id(const engine_t *eng, uint32_t id) {
+  return id ? hmap_get(&eng->key_ids, id) : NULL;
+}
+
+/* H(parent || ids || extra), and when some position has a span key, each
+ * run of positions under one key as (first, count, the key's digest), then
+ * the number of runs: a page without span keys hashes as it always did.
+ * false if a tag names no key (it cannot be hashed). */
+static bool page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *tokens,
+                      const uint32_t *tags, uint32_t T, const engine_pkey_t *key,
+                      uint8_t out[32]) {
+  hasher_t h;
+  h_init(&h, eng);
+  h_update(&h, parent, 32);
+  h_update(&h, tokens, (size_t)T * sizeof *tokens);
+  if (key) h_update(&h, key->extra, key->extra_len);
+  uint32_t runs = 0;
+  for (uint32_t i = 0; tags && i < T;) {
+    uint32_t j = i + 1;
+    while (j < T && tags[j] == tags[i]) j++;
+    if (tags[i]) {
+      const pkey_t *k = key_by_id(eng, tags[i]);
+      if (!k) {
+        h_final(&h, out);
+        return false;
+      }
+      uint32_t run[2] = {i, j - i};
+      h_update(&h, run, sizeof run);
+      h_update(&h, k->digest, 32);
+      runs++;
+    }
+    i = j;
+  }
+  if (runs) {
+    uint32_t tail[2] = {runs, 0xffffffffu};
+    h_update(&h, tail, sizeof tail);
+  }
+  h_final(&h, out);
+  return true;
 }
 
 int prefix_cache_init(engine_t *eng, cache_t *c) {
   /* The tenant first: no tenant can compute, let alone plant, a chain of
    * another's (a client's salt only narrows inside its tenant). */
-  hpart_t parts[4] = {{"kvcached-prefix-v2", 18}, {&c->tenant, sizeof c->tenant},
-                      {c->name, strlen(c->name)}, {&c->layout, offsetof(kvc_layout_t, attn)}};
   EVP_MD_CTX *ctx = eng->md_ctx;
   unsigned len = 32;
   EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-  for (size_t i = 0; i < 4; i++) EVP_DigestUpdate(ctx, parts[i].p, parts[i].n);
+  EVP_DigestUpdate(ctx, "kvcached-prefix-v2", 18);
+  EVP_DigestUpdate(ctx, &c->tenant, sizeof c->tenant);
+  EVP_DigestUpdate(ctx, c->name, strlen(c->name));
+  EVP_DigestUpdate(ctx, &c->layout, offsetof(kvc_layout_t, attn));
   EVP_DigestFinal_ex(ctx, c->seed, &len);
   hmap_init(&c->index);
   return 0;
@@ -164,20 +207,31 @@ static uint32_t keys_collect(engine_t *eng) {
     by_id[n++] = k;
   }
   qsort(by_id, n, sizeof *by_id, key_cmp);
-  for (uint32_t page = 0; eng->ip && page < eng->pool.npages; page++)
-    if (eng->ip[page]) key_mark(by_id, n, eng->ip[page]->key);
+  for (uint32_t page = 0; eng->ip && page < eng->pool.npages; page++) {
+    const ipage_t *ip = eng->ip[page];
+    if (!ip) continue;
+    key_mark(by_id, n, ip->key);
+    const uint32_t *tags = ipage_tags_c(ip, ip->cache->g.T), *last = NULL;
+    for (uint32_t t = 0; t < ip->cache->g.T; t++)
+      if (tags[t] && (!last || *last != tags[t])) key_mark(by_id, n, *(last = &tags[t]));
+  }
   for (uint32_t ci = 0; ci < eng->ncaches; ci++) {
     const cache_t *c = eng->caches[ci];
     size_t sp = 0;
     const seq_t *s;
     while (c && (s = hmap_next(&c->seqs, &sp, NULL))) key_mark(by_id, n, s->chain_key);
   }
-  for (const struct engine_put_job *j = eng->put_jobs; j; j = put_job_next(j))
+  for (const struct engine_put_job *j = eng->put_jobs; j; j = put_job_next(j)) {
     key_mark(by_id, n, put_job_key(j)); /* interned at its begin, used at its end */
+    size_t nt;
+    const span_tag_t *st = put_job_tags(j, &nt);
+    for (size_t i = 0; i < nt; i++) key_mark(by_id, n, st[i].id);
+  }
   uint32_t freed = 0;
   for (uint32_t i = 0; i < n; i++) {
     if (by_id[i]->used) continue;
     hmap_remove(&eng->keys, hash_key64(by_id[i]->digest));
+    hmap_remove(&eng->key_ids, by_id[i]->id);
     by_id[i]->q->use.keys--;
     mem_free(&eng->mem, by_id[i]);
     freed++;
@@ -215,11 +269,11 @@ int prefix_key(engine_t *eng, quota_t *q, const engine_pkey_t *key, bool create,
                        "tenant_max_keys: the tenant has %u salt and extra keys in use, "
                        "the quota is %u", q->use.keys, max);
   }
-  size_t cap = eng->keys.cap;
-  if (hmap_reserve(&eng->keys, &eng->mem, 1))
-    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
-  if (!(k = mem_alloc(&eng->mem, sizeof *k))) {
+  size_t cap = eng->keys.cap, icap = eng->key_ids.cap;
+  if (hmap_reserve(&eng->keys, &eng->mem, 1) || hmap_reserve(&eng->key_ids, &eng->mem, 1) ||
+      !(k = mem_alloc(&eng->mem, sizeof *k))) {
     (void)hmap_resize(&eng->keys, &eng->mem, cap); /* a failed call keeps nothing */
+    (void)hmap_resize(&eng->key_ids, &eng->mem, icap);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
   memcpy(k->digest, d, 32);
@@ -229,25 +283,35 @@ int prefix_key(engine_t *eng, quota_t *q, const engine_pkey_t *key, bool create,
   k->extra_len = (uint8_t)(key ? key->extra_len : 0);
   if (k->salt_len) memcpy(k->salt, key->salt, k->salt_len);
   if (k->extra_len) memcpy(k->extra, key->extra, k->extra_len);
-  if (++eng->next_key_id == 0) eng->next_key_id = 1; /* wrapped: 0 means none */
+  do /* wrapped: 0 means none, and an id still in use is skipped */
+    if (++eng->next_key_id == 0) eng->next_key_id = 1;
+  while (hmap_get(&eng->key_ids, eng->next_key_id));
   k->id = eng->next_key_id;
   eng->nkeys++;
   q->use.keys++;
   hmap_insert(&eng->keys, k64, k);
+  hmap_insert(&eng->key_ids, k->id, k);
   *key_id = k->id;
   if (created) *created = true;
   return 0;
 }
 
-void prefix_key_forget(engine_t *eng, quota_t *q, const engine_pkey_t *key, size_t keys_cap) {
+prefix_keys_cap_t prefix_keys_cap(const engine_t *eng) {
+  return (prefix_keys_cap_t){eng->keys.cap, eng->key_ids.cap};
+}
+
+void prefix_key_forget(engine_t *eng, quota_t *q, const engine_pkey_t *key,
+                       prefix_keys_cap_t cap) {
   uint8_t d[32];
   if (key_digest(eng, q, key, d)) return;
   pkey_t *k = hmap_remove(&eng->keys, hash_key64(d));
   if (!k) return;
+  hmap_remove(&eng->key_ids, k->id);
   eng->nkeys--;
   q->use.keys--;
   mem_free(&eng->mem, k);
-  (void)hmap_resize(&eng->keys, &eng->mem, keys_cap);
+  (void)hmap_resize(&eng->keys, &eng->mem, cap.keys);
+  (void)hmap_resize(&eng->key_ids, &eng->mem, cap.ids);
 }
 
 uint32_t prefix_keys_of(const engine_t *eng, const quota_t *q) {
@@ -256,6 +320,81 @@ uint32_t prefix_keys_of(const engine_t *eng, const quota_t *q) {
   const pkey_t *k;
   while ((k = hmap_next(&eng->keys, &pos, NULL))) n += k->q == q;
   return n;
+}
+
+/* ---- span keys ---------------------------------------------------------------- */
+
+int prefix_spans_check(engine_t *eng, const kvc_span_key_t *sp, size_t n, const char *what) {
+  if (n && !sp) return engine_fail(eng, KVC_E_INVAL, "%s: NULL span keys", what);
+  if (n > KVC_MAX_SPAN_KEYS)
+    return engine_fail(eng, KVC_E_INVAL, "%s: %zu span keys, at most %u", what, n,
+                       KVC_MAX_SPAN_KEYS);
+  for (size_t i = 0; i < n; i++) {
+    if (sp[i].key_len == 0 || sp[i].key_len > KEY_MAX || !sp[i].key)
+      return engine_fail(eng, KVC_E_INVAL, "%s: span key %zu has %zu bytes, 1 to %u", what, i,
+                         sp[i].key_len, KEY_MAX);
+    if (sp[i].begin >= sp[i].end || sp[i].end > KVC_MAX_SEQ_TOKENS)
+      return engine_fail(eng, KVC_E_INVAL, "%s: span key %zu covers [%llu, %llu)", what, i,
+                         (unsigned long long)sp[i].begin, (unsigned long long)sp[i].end);
+    if (i && sp[i].begin < sp[i - 1].end)
+      return engine_fail(eng, KVC_E_INVAL,
+                         "%s: span key %zu begins at %llu, inside or before span key %zu",
+                         what, i, (unsigned long long)sp[i].begin, i - 1);
+  }
+  return 0;
+}
+
+static engine_pkey_t span_pkey(const kvc_span_key_t *sp) {
+  return (engine_pkey_t){NULL, 0, sp->key, sp->key_len, NULL, 0};
+}
+
+void prefix_spans_forget(engine_t *eng, quota_t *q, const kvc_span_key_t *sp,
+                         const span_tag_t *out, size_t n, prefix_keys_cap_t cap) {
+  for (size_t i = n; i-- > 0;) {
+    if (!out[i].created) continue;
+    engine_pkey_t k = span_pkey(&sp[out[i].src]);
+    prefix_key_forget(eng, q, &k, cap);
+  }
+}
+
+int prefix_spans_resolve(engine_t *eng, quota_t *q, const kvc_span_key_t *sp, size_t n,
+                         uint64_t lo, uint64_t hi, bool create, span_tag_t *out, size_t *nout) {
+  prefix_keys_cap_t cap = prefix_keys_cap(eng);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (sp[i].end <= lo || sp[i].begin >= hi) continue;
+    engine_pkey_t key = span_pkey(&sp[i]);
+    span_tag_t *t = &out[k];
+    *t = (span_tag_t){sp[i].begin > lo ? sp[i].begin : lo, sp[i].end < hi ? sp[i].end : hi, 0,
+                      (uint32_t)i, false};
+    int rc = prefix_key(eng, q, &key, create, &t->id, &t->created);
+    if (rc) {
+      prefix_spans_forget(eng, q, sp, out, k, cap);
+      return rc;
+    }
+    if (!t->id) t->id = SPAN_UNKNOWN;
+    k++;
+  }
+  *nout = k;
+  return 0;
+}
+
+/* The span tags of positions [from, from + T) into out (0: none). */
+static void tags_fill(const span_tag_t *t, size_t n, uint64_t from, uint32_t T, uint32_t *out) {
+  memset(out, 0, (size_t)T * sizeof *out);
+  for (size_t i = 0; i < n; i++) {
+    if (t[i].end <= from || t[i].begin >= from + T) continue;
+    uint64_t b = t[i].begin > from ? t[i].begin : from;
+    uint64_t e = t[i].end < from + T ? t[i].end : from + T;
+    for (uint64_t p = b; p < e; p++) out[p - from] = t[i].id;
+  }
+}
+
+/* The tag of position p (0: none). */
+static uint32_t tag_at(const span_tag_t *t, size_t n, uint64_t p) {
+  for (size_t i = 0; i < n; i++)
+    if (t[i].begin <= p && p < t[i].end) return t[i].id;
+  return 0;
 }
 
 /* ---- ipage blocks: reserved before a call changes anything ------------------- */
@@ -347,29 +486,39 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   ipage_t *ip = page_meta(eng, page);
   if (!ip) return false;
   uint8_t parent[32], h[32];
-  uint32_t parent_page = NOPAGE;
+  uint32_t parent_page = NOPAGE, iparent = NOPAGE; /* the parent in the index */
+  bool reachable = true;
   if (idx == 0) {
     chain_root(eng, c, key, parent);
   } else {
-    parent_page = s->table[idx - 1 - s->base];
+    parent_page = iparent = s->table[idx - 1 - s->base];
     const ipage_t *pip = page_meta(eng, parent_page);
     if (!pip || !pip->hashed) return false;
     memcpy(parent, pip->hash, 32);
+    if (!pip->indexed) {
+      /* A duplicate of an indexed twin (another sequence wrote the same
+       * prefix: the same chain hash, key and ids): a match walks the twin,
+       * so this page is indexed under it. Without a twin, the chain is not
+       * in the index from its head and this page could never be reached. */
+      const ipage_t *twin = hmap_get(&c->index, hash_key64(pip->hash));
+      reachable = twin && memcmp(twin->hash, pip->hash, 32) == 0 && twin->key == key_id &&
+                  memcmp(twin->tokens, pip->tokens, c->g.T * 2 * sizeof *pip->tokens) == 0;
+      if (reachable) iparent = twin->page;
+    }
   }
-  page_hash(eng, parent, ip->tokens, c->g.T, key, h);
+  if (!page_hash(eng, parent, ip->tokens, ipage_tags(ip, c->g.T), c->g.T, key, h))
+    return false;
   if (ip->indexed) /* never re-keyed: it goes on only if it is this very chain */
-    return memcmp(ip->hash, h, 32) == 0 && ip->parent == parent_page && ip->key == key_id;
+    return memcmp(ip->hash, h, 32) == 0 && ip->parent == iparent && ip->key == key_id;
   memcpy(ip->hash, h, 32);
   ip->hashed = true;
   ip->key = key_id;
   ip->parent = parent_page;
   uint64_t k64 = hash_key64(ip->hash);
-  /* Only a chain indexed from its head is indexed: a page under an unindexed
-   * parent (a duplicate of an indexed twin) could never be reached. */
-  if (parent_page != NOPAGE && !page_meta(eng, parent_page)->indexed) return true;
+  if (!reachable) return true;
   ipage_t *other = hmap_get(&c->index, k64);
   if (other) { /* taken: the same prefix elsewhere, or a clash */
-    if (memcmp(other->tokens, ip->tokens, c->g.T * sizeof *ip->tokens) != 0 ||
+    if (memcmp(other->tokens, ip->tokens, c->g.T * 2 * sizeof *ip->tokens) != 0 ||
         other->key != key_id) {
       eng->st.hash_collisions++;
       c->st.hash_collisions++;
@@ -378,9 +527,10 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   }
   hmap_insert(&c->index, k64, ip); /* room reserved by the caller */
   ip->indexed = true;
+  ip->parent = iparent;
   pool_ref(&eng->pool, page);
   page_index_sole(eng, page, 0, eng->pool.refcnt[page]);
-  if (parent_page != NOPAGE) page_meta(eng, parent_page)->nchildren++;
+  if (iparent != NOPAGE) page_meta(eng, iparent)->nchildren++;
   eng->st.pages_indexed++;
   c->st.pages_indexed++;
   return true;
@@ -389,7 +539,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
 /* The first position in [pos, end) where ids differ from the ids s's pages
  * hold for a chain that covers it (the longest layer's), or UINT64_MAX. */
 static uint64_t ids_differ(const engine_t *eng, const seq_t *s, const engine_io_t *e,
-                           uint64_t end) {
+                           uint64_t end, const span_tag_t *tags, size_t ntags) {
   const geom_t *g = &s->cache->g;
   uint64_t hi = s->chain_tok;
   if (s->layer_chain)
@@ -397,7 +547,9 @@ static uint64_t ids_differ(const engine_t *eng, const seq_t *s, const engine_io_
   if (end > hi) end = hi;
   for (uint64_t p = e->pos; p < end; p++) {
     const ipage_t *ip = page_meta(eng, s->table[(p >> g->tshift) - s->base]);
-    if (!ip || ip->tokens[p & (g->T - 1)] != e->tokens[p - e->pos]) return p;
+    if (!ip || ip->tokens[p & (g->T - 1)] != e->tokens[p - e->pos] ||
+        ipage_tags_c(ip, g->T)[p & (g->T - 1)] != tag_at(tags, ntags, p))
+      return p;
   }
   return UINT64_MAX;
 }
@@ -418,12 +570,13 @@ static void chain_settle(engine_t *eng, seq_t *s) {
 }
 
 void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, uint32_t l0, uint32_t l1,
-                       const engine_pkey_t *key, uint32_t key_id) {
+                       const engine_pkey_t *key, uint32_t key_id, const span_tag_t *tags,
+                       size_t ntags) {
   const geom_t *g = &s->cache->g;
   uint64_t end = e->pos + e->ntokens;
   /* A layer whose chain holds other ids at these positions was computed for
    * another prompt: every chain ends where the ids first differ. */
-  uint64_t differ = ids_differ(eng, s, e, end);
+  uint64_t differ = ids_differ(eng, s, e, end, tags, ntags);
   if (differ != UINT64_MAX) seq_chain_cut(s, differ);
   /* A chain goes on only from inside it, under the same key (a put at 0
    * starts it afresh); anything else cuts it where the bytes changed. A
@@ -447,6 +600,8 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, uint32_t l
     uint64_t to = (end < pstart + g->T ? end : pstart + g->T) - pstart;
     memcpy(ip->tokens + from, e->tokens + (pstart + from - e->pos),
            (size_t)(to - from) * sizeof *ip->tokens);
+    uint32_t *pt = ipage_tags(ip, g->T);
+    for (uint64_t t = from; t < to; t++) pt[t] = tag_at(tags, ntags, pstart + t);
     if (idx >= s->chain_pages) ip->hashed = false;
   }
   if (!extends) return;
@@ -476,17 +631,21 @@ uint64_t prefix_match_pages(engine_t *eng, cache_t *c, const uint32_t *tokens, u
   if (!pages) pages = eng->scratch;
   if (key_id == 0) return 0;
   uint32_t T = c->g.T, parent = NOPAGE;
-  uint32_t *ids = eng->page_ids; /* prefix_match_args made it hold T */
+  uint32_t *ids = eng->page_ids, *tags = eng->page_tags; /* prefix_match_args: T each */
   uint8_t h[32], prev[32];
   uint64_t m = 0;
   chain_root(eng, c, key, prev);
   for (; (m + 1) * T <= n; m++) {
     memcpy(ids, tokens + m * T, (size_t)T * sizeof *ids);
-    page_hash(eng, prev, ids, T, key, h);
+    tags_fill(eng->qtags, eng->nqtags, m * T, T, tags);
+    bool unknown = false; /* a span key no page holds: nothing further matches */
+    for (uint32_t t = 0; t < T; t++) unknown |= tags[t] == SPAN_UNKNOWN;
+    if (unknown || !page_hash(eng, prev, ids, tags, T, key, h)) break;
     ipage_t *ip = hmap_get(&c->index, hash_key64(h));
     if (!ip) break;
     if (memcmp(ip->hash, h, 32) != 0 || ip->parent != parent || ip->key != key_id ||
-        memcmp(ip->tokens, ids, (size_t)T * sizeof *ids) != 0) {
+        memcmp(ip->tokens, ids, (size_t)T * sizeof *ids) != 0 ||
+        memcmp(ipage_tags(ip, T), tags, (size_t)T * sizeof *tags) != 0) {
       eng->st.hash_verify_failed++;
       c->st.hash_verify_failed++;
       break;
@@ -540,6 +699,7 @@ int engine_match(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint6
   if (rc) return rc;
   uint64_t m = prefix_match_pages(eng, c, tokens, n, key, key_id, NULL);
   prefix_match_done(eng, c, eng->scratch, m, n, out);
+  prefix_match_end(eng);
   return 0;
 }
 
@@ -552,14 +712,30 @@ int prefix_match_args(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, 
     return engine_fail(eng, KVC_E_RANGE, "%llu tokens: more than a sequence holds",
                        (unsigned long long)n);
   if ((rc = prefix_key(eng, (*c)->q, key, false, key_id, NULL))) return rc;
+  const kvc_span_key_t *sp = key ? key->spans : NULL;
+  size_t nsp = key ? key->nspans : 0;
+  if ((rc = prefix_spans_check(eng, sp, nsp, "the query"))) return rc;
   uint32_t T = (*c)->g.T;
   if (eng->page_ids_cap < T) { /* grows to the largest page of any match */
-    uint32_t *ids = mem_realloc(&eng->mem, eng->page_ids, (size_t)T * sizeof *ids);
+    uint32_t *ids = mem_realloc(&eng->mem, eng->page_ids, (size_t)T * 2 * sizeof *ids);
     if (!ids) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
     eng->page_ids = ids;
+    eng->page_tags = ids + T; /* the same block */
     eng->page_ids_cap = T;
   }
-  return 0;
+  prefix_match_end(eng);
+  if (nsp) {
+    if (!(eng->qtags = mem_alloc(&eng->mem, nsp * sizeof *eng->qtags)))
+      return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    rc = prefix_spans_resolve(eng, (*c)->q, sp, nsp, 0, n, false, eng->qtags, &eng->nqtags);
+  }
+  return rc;
+}
+
+void prefix_match_end(engine_t *eng) {
+  mem_free(&eng->mem, eng->qtags);
+  eng->qtags = NULL;
+  eng->nqtags = 0;
 }
 
 
@@ -603,24 +779,16 @@ int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out
 
 /* ---- audit ----------------------------------------------------------------------- */
 
-/* The interned key with id, or NULL (a walk: for the audit only). */
-static const pkey_t *key_by_id(const engine_t *eng, uint32_t id) {
-  size_t pos = 0;
-  const pkey_t *k;
-  while ((k = hmap_next(&eng->keys, &pos, NULL)))
-    if (k->id == id) return k;
-  return NULL;
-}
-
 int prefix_expect(engine_t *eng, const ipage_t *ip, const uint8_t *ph, uint8_t out[32]) {
   const pkey_t *k = key_by_id(eng, ip->key);
   if (!k) return KVC_E_INTERNAL;
-  engine_pkey_t key = {k->salt, k->salt_len, k->extra, k->extra_len};
+  engine_pkey_t key = {k->salt, k->salt_len, k->extra, k->extra_len, NULL, 0};
   uint8_t root[32];
   if (!ph) {
     chain_root(eng, ip->cache, &key, root);
     ph = root;
   }
-  page_hash(eng, ph, ip->tokens, ip->cache->g.T, &key, out);
-  return 0;
+  uint32_t T = ip->cache->g.T;
+  return page_hash(eng, ph, ip->tokens, ipage_tags_c(ip, T), T, &key, out) ? 0
+                                                                          : KVC_E_INTERNAL;
 }

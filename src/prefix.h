@@ -17,7 +17,8 @@ void prefix_reclaim(engine_t *eng, ipage_t *ip);
  * the pages every layer's chain now covers. A layer-range put needs
  * s->layer_chain (put_target makes it). */
 void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, uint32_t l0, uint32_t l1,
-                       const engine_pkey_t *key, uint32_t key_id);
+                       const engine_pkey_t *key, uint32_t key_id, const span_tag_t *tags,
+                       size_t ntags);
 /* Positions [pos, end) of s were rewritten without ids (or moved): the
  * chain ends at pos and those pages' hashes are stale. */
 void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
@@ -28,14 +29,35 @@ void prefix_put_untokened(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
  * collected first). Each code recorded. */
 int prefix_key(engine_t *eng, quota_t *q, const engine_pkey_t *key, bool create,
                uint32_t *key_id, bool *created);
+/* The key maps' sizes before a call interns keys, to shrink them back. */
+typedef struct prefix_keys_cap {
+  size_t keys, ids;
+} prefix_keys_cap_t;
+prefix_keys_cap_t prefix_keys_cap(const engine_t *eng);
 /* Undoes the interning of a key by the call that just did it (nothing uses
- * it yet), shrinking the key map back to keys_cap slots. */
-void prefix_key_forget(engine_t *eng, quota_t *q, const engine_pkey_t *key, size_t keys_cap);
+ * it yet), shrinking the key maps back to cap. */
+void prefix_key_forget(engine_t *eng, quota_t *q, const engine_pkey_t *key,
+                       prefix_keys_cap_t cap);
+
+/* Checks a list of span keys (what names it in the message): 0 or
+ * KVC_E_INVAL recorded. */
+int prefix_spans_check(engine_t *eng, const kvc_span_key_t *sp, size_t n, const char *what);
+/* Resolves the span keys of sp[0..n) that overlap [lo, hi), clipped to it,
+ * into out[] (room for n) in order: interned for tenant q when create (0,
+ * or QUOTA_KEYS / NOMEM, having undone its own interning), else looked up
+ * (SPAN_UNKNOWN when not interned). *nout gets how many. */
+int prefix_spans_resolve(engine_t *eng, quota_t *q, const kvc_span_key_t *sp, size_t n,
+                         uint64_t lo, uint64_t hi, bool create, span_tag_t *out, size_t *nout);
+/* Forgets the keys out[0..n) interned (created), as prefix_key_forget. */
+void prefix_spans_forget(engine_t *eng, quota_t *q, const kvc_span_key_t *sp,
+                         const span_tag_t *out, size_t n, prefix_keys_cap_t cap);
 /* Keys interned by q's tenant, counted (for the audit). */
 uint32_t prefix_keys_of(const engine_t *eng, const quota_t *q);
-/* Checks a match's arguments: 0 and the cache and key id, or an error. */
+/* Checks a match's arguments: 0 and the cache and key id, or an error;
+ * the query's span keys are resolved until prefix_match_end. */
 int prefix_match_args(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
                       const engine_pkey_t *key, cache_t **c, uint32_t *key_id);
+void prefix_match_end(engine_t *eng);
 /* Matches tokens against c's index (pages into pages[], the engine's
  * scratch if NULL): whole pages, verified; returns how many. */
 uint64_t prefix_match_pages(engine_t *eng, cache_t *c, const uint32_t *tokens, uint64_t n,

@@ -1,6 +1,7 @@
 /* put.c: writing tokens into the pool, single and batched, validated in full
  * before any change: a put that fails leaves every sequence, page and counter
  * as it was. */
+#include <stdio.h>
 #include <string.h>
 
 #include "attn.h"
@@ -151,6 +152,9 @@ struct engine_put_job {
   copy_plan_t *plans;            /* per entry */
   engine_io_t *io;               /* per entry: the buffers */
   unsigned char **pages;         /* per page run, in entry and run order */
+  span_tag_t *tags;              /* the entries' span keys, resolved, in a row */
+  size_t *tag0;                  /* per entry + 1: where its tags begin in tags */
+  size_t ntags;
 };
 
 /* Pages an entry's runs write (one per logical page its range touches). */
@@ -162,12 +166,17 @@ static uint64_t entry_runs(const geom_t *g, const engine_io_t *e) {
 /* The job in one allocation, its arrays after the header. */
 static engine_put_job_t *job_new(engine_t *eng, const cache_t *c, const engine_io_t *e,
                                  size_t n) {
-  uint64_t np = 0;
-  for (size_t i = 0; i < n; i++) np += entry_runs(&c->g, &e[i]);
+  uint64_t np = 0, nt = 0;
+  for (size_t i = 0; i < n; i++) {
+    np += entry_runs(&c->g, &e[i]);
+    nt += e[i].nspans; /* checked: each at most KVC_MAX_SPAN_KEYS */
+  }
   size_t a = (sizeof(engine_put_job_t) + 15) & ~(size_t)15;
   size_t b = a + ((n * sizeof(copy_plan_t) + 15) & ~(size_t)15);
   size_t d = b + ((n * sizeof(engine_io_t) + 15) & ~(size_t)15);
-  size_t f = d + n * sizeof(seq_t *);
+  size_t t0 = d + ((n * sizeof(seq_t *) + 15) & ~(size_t)15);
+  size_t tg = t0 + (((n + 1) * sizeof(size_t) + 15) & ~(size_t)15);
+  size_t f = tg + ((nt * sizeof(span_tag_t) + 15) & ~(size_t)15);
   if (np > (SIZE_MAX - f) / sizeof(unsigned char *)) return NULL;
   unsigned char *m = mem_alloc(&eng->mem, f + np * sizeof(unsigned char *));
   if (!m) return NULL;
@@ -176,7 +185,10 @@ static engine_put_job_t *job_new(engine_t *eng, const cache_t *c, const engine_i
   j->plans = (copy_plan_t *)(void *)(m + a);
   j->io = (engine_io_t *)(void *)(m + b);
   j->seqs = (seq_t **)(void *)(m + d);
+  j->tag0 = (size_t *)(void *)(m + t0);
+  j->tags = (span_tag_t *)(void *)(m + tg);
   j->pages = (unsigned char **)(void *)(m + f);
+  memset(j->tag0, 0, (n + 1) * sizeof *j->tag0);
   j->n = n;
   j->npages = np;
   memcpy(j->io, e, n * sizeof *e);
@@ -207,6 +219,10 @@ static void job_stage(engine_t *eng, engine_put_job_t *j) {
 
 const struct engine_put_job *put_job_next(const struct engine_put_job *j) { return j->next; }
 uint32_t put_job_key(const struct engine_put_job *j) { return j->key_id; }
+const span_tag_t *put_job_tags(const struct engine_put_job *j, size_t *n) {
+  *n = j->ntags;
+  return j->tags;
+}
 
 void engine_put_run(const engine_put_job_t *j) {
   const geom_t *g = &j->c->g;
@@ -223,7 +239,10 @@ void engine_put_run(const engine_put_job_t *j) {
 static void put_commit(engine_t *eng, const engine_put_job_t *j, seq_t *s, const engine_io_t *e) {
   const engine_pkey_t *key = &j->key;
   uint64_t end = e->pos + e->ntokens;
-  if (e->tokens) prefix_put_tokens(eng, s, e, j->r.l0, j->r.l1, key, j->key_id);
+  size_t i = (size_t)(e - j->io);
+  if (e->tokens)
+    prefix_put_tokens(eng, s, e, j->r.l0, j->r.l1, key, j->key_id, j->tags + j->tag0[i],
+                      j->tag0[i + 1] - j->tag0[i]);
   else if (e->ntokens) prefix_put_untokened(eng, s, e->pos, end);
   seq_set_lengths(eng, s, j->r.l0, j->r.l1, end);
   holes_cut(s, e->pos, end);
@@ -263,6 +282,35 @@ static void job_key(engine_put_job_t *j, const engine_pkey_t *key) {
   j->key.extra = j->extra;
 }
 
+/* Forgets the span keys entries [0, upto) of j interned. */
+static void job_tags_forget(engine_t *eng, engine_put_job_t *j, const engine_io_t *e,
+                            size_t upto, prefix_keys_cap_t cap) {
+  for (size_t i = upto; i-- > 0;)
+    prefix_spans_forget(eng, j->c->q, e[i].spans, j->tags + j->tag0[i],
+                        j->tag0[i + 1] - j->tag0[i], cap);
+}
+
+/* Interns the span keys of every entry, clipped to its range, into j. */
+static int job_tags(engine_t *eng, engine_put_job_t *j, const engine_io_t *e) {
+  prefix_keys_cap_t cap = prefix_keys_cap(eng);
+  for (size_t i = 0; i < j->n; i++) {
+    size_t k = 0;
+    j->tag0[i] = j->ntags;
+    int rc = e[i].nspans ? prefix_spans_resolve(eng, j->c->q, e[i].spans, e[i].nspans, e[i].pos,
+                                                e[i].pos + e[i].ntokens, true,
+                                                j->tags + j->ntags, &k)
+                         : 0;
+    if (rc) {
+      j->tag0[i + 1] = j->ntags;
+      job_tags_forget(eng, j, e, i, cap);
+      return rc;
+    }
+    j->ntags += k;
+  }
+  j->tag0[j->n] = j->ntags;
+  return 0;
+}
+
 int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                      const engine_io_t *entries, size_t n, engine_put_job_t **job) {
   if (!eng) return KVC_E_INVAL;
@@ -271,6 +319,13 @@ int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   layout_xfer_t r;
   int rc = xfer_begin(eng, cache_id, x, true, entries, n, &c, &r);
   if (rc) return rc;
+  for (size_t i = 0; i < n; i++) {
+    char what[32];
+    snprintf(what, sizeof what, "entry %zu", i);
+    if (entries[i].nspans && !entries[i].tokens)
+      return engine_fail(eng, KVC_E_INVAL, "%s: span keys go with token ids", what);
+    if ((rc = prefix_spans_check(eng, entries[i].spans, entries[i].nspans, what))) return rc;
+  }
   engine_put_job_t *j = job_new(eng, c, entries, n);
   target_t one, *t = n == 1 ? &one : mem_calloc(&eng->mem, n, sizeof *t);
   span_t one_sp, *sp = n == 1 ? &one_sp : mem_calloc(&eng->mem, n, sizeof *sp);
@@ -286,9 +341,13 @@ int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   const engine_pkey_t *key = x ? x->pkey : NULL;
   bool tokened = false;
   for (size_t i = 0; i < n; i++) tokened |= entries[i].tokens != NULL;
-  size_t keys_cap = eng->keys.cap;
+  prefix_keys_cap_t keys_cap = prefix_keys_cap(eng);
   bool had_arrays = eng->ip != NULL, new_key = false;
   if (tokened && (rc = prefix_key(eng, c->q, key, true, &j->key_id, &new_key))) goto out;
+  if ((rc = job_tags(eng, j, entries))) {
+    if (new_key) prefix_key_forget(eng, c->q, key, keys_cap);
+    goto out;
+  }
   eng->epoch++;
   size_t map_cap = c->seqs.cap, index_cap = c->index.cap, done = 0;
   uint64_t created = 0;
@@ -301,7 +360,8 @@ int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     c->st.full_errors++;
   if (rc) {
     page_meta_unreserve(eng);
-    if (new_key) prefix_key_forget(eng, c->q, key, keys_cap); /* interned just now */
+    job_tags_forget(eng, j, entries, n, keys_cap); /* interned just now */
+    if (new_key) prefix_key_forget(eng, c->q, key, keys_cap);
     if (!had_arrays && eng->ip) page_meta_arrays_drop(eng); /* a failed call keeps nothing */
     if (c->index.cap != index_cap) (void)hmap_resize(&c->index, &eng->mem, index_cap);
     put_rollback(eng, t, done + 1 < n ? done + 1 : n);

@@ -296,6 +296,7 @@ int engine_attach(engine_t *eng, uint32_t cache_id, uint64_t dst_id, const uint3
   if (rc) return rc;
   uint32_t *pages = eng->scratch;
   uint64_t m = prefix_match_pages(eng, c, tokens, n, key, key_id, pages);
+  prefix_match_end(eng);
   if ((rc = attach_pages(eng, c, dst_id, pages, m, owner, key_id))) return rc;
   prefix_match_done(eng, c, pages, m, n, out);
   return 0;

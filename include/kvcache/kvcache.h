@@ -220,6 +220,11 @@ typedef struct kvc_io {
   float *k_scale;
   float *v_scale;
   const uint32_t *tokens;
+  /* put with tokens: extra keys of the sequence's positions (an image's
+   * hash over its placeholder tokens, ...; kvc_span_key_t in types.h), those
+   * outside [pos, pos + ntokens) ignored; NULL: none */
+  const kvc_span_key_t *span_keys;
+  size_t nspan_keys;
 } kvc_io_t;
 
 /* The same with byte offsets into the shared buffer (kvc_client_shm). The
@@ -238,6 +243,8 @@ typedef struct kvc_shm_io {
   uint64_t v_scale_off;
   uint64_t tok_off;     /* put: token ids, u32 little-endian, */
   uint64_t tok_len;     /* 4-byte aligned; tok_len 4 * ntokens, or 0: none */
+  const kvc_span_key_t *span_keys; /* as kvc_io_t's (sent in the request) */
+  size_t nspan_keys;
 } kvc_shm_io_t;
 
 /* Bytes one entry of ntokens needs in each buffer for this cache and xfer
@@ -619,6 +626,20 @@ KVC_API int kvc_attach(kvc_cache_t *cache, uint64_t dst_seq, const uint32_t *tok
 #define KVC_ATTACH_NO_REPLACE 2u
 KVC_API int kvc_attach_ex(kvc_cache_t *cache, uint64_t dst_seq, const uint32_t *tokens,
                           uint64_t ntokens, unsigned flags, kvc_match_t *out);
+/* kvc_match and kvc_attach_ex of a query whose positions carry span keys
+ * (kvc_span_key_t: a multimodal input's hash over its placeholder tokens,
+ * ...): a page matches only if it was written with the same span keys at
+ * the same positions of it (and none where the query has none), so two
+ * prompts with the same token ids and different images never match. The
+ * list (borrowed) is in increasing order of begin, without overlaps, at
+ * most KVC_MAX_SPAN_KEYS long, each key 1 to KVC_MAX_KEY_BYTES bytes
+ * (else KVC_E_INVAL); NULL and 0: none. */
+KVC_API int kvc_match_spans(kvc_cache_t *cache, const uint32_t *tokens, uint64_t ntokens,
+                            const kvc_span_key_t *span_keys, size_t nspan_keys,
+                            kvc_match_t *out);
+KVC_API int kvc_attach_spans(kvc_cache_t *cache, uint64_t dst_seq, const uint32_t *tokens,
+                             uint64_t ntokens, const kvc_span_key_t *span_keys,
+                             size_t nspan_keys, unsigned flags, kvc_match_t *out);
 
 /* One chain head of the prefix index. */
 typedef struct kvc_prefix_head {

@@ -27,9 +27,23 @@ typedef enum {
 #define KVC_MAX_NAME 64u            /* bytes of a cache name, without NUL */
 #define KVC_MAX_SEQ_TOKENS (1ull << 31) /* positions are below this */
 #define KVC_MAX_KEY_BYTES 64u       /* bytes of a tenant salt or of an extra key */
+#define KVC_MAX_SPAN_KEYS 256u      /* span keys of one put entry or one query */
 #define KVC_MAX_PRIORITY 100u       /* retention priorities are 0..100 */
 #define KVC_DEFAULT_PRIORITY 35u    /* a sequence's priority until it is set */
 #define KVC_MAX_TTL_MS (365ull * 24 * 3600 * 1000) /* longest soft pin: a year */
+
+/* An extra key of the tokens at positions [begin, end) of a sequence (or
+ * of a query): a multimodal input's content hash over the placeholder tokens
+ * it fills, a LoRA adapter's id over the tokens it computed, ... Each page
+ * holding such tokens is hashed with the key (as vLLM folds its extra keys
+ * into its block hashes), so two prompts with the same token ids and
+ * different keys never match. key_len is 1..KVC_MAX_KEY_BYTES; span keys
+ * of one list are in increasing order of begin and do not overlap. */
+typedef struct kvc_span_key {
+  uint64_t begin, end;
+  const void *key;
+  size_t key_len;
+} kvc_span_key_t;
 
 /* What a token of a cache attends to (doc/attention.md). */
 typedef enum {

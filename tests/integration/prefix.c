@@ -583,6 +583,96 @@ TEST(prefix_metrics_match_a_scripted_scenario) {
 
 /* ---- transfers with token ids ------------------------------------------------- */
 
+/* Puts [0, n) of seq with the bytes of bytes_of, the ids and span keys,
+ * in one kvc_put_batch (split by the library if the buffer is small). */
+static void put_spans(kvc_cache_t *h, uint64_t seq, uint64_t n, const uint32_t *tokens,
+                      const kvc_span_key_t *sp, size_t nsp, uint64_t bytes_of) {
+  const kvc_layout_t *l = kvc_cache_layout(h);
+  float *k = calloc(it_tok_floats(l, false) * n, 4), *v = calloc(it_tok_floats(l, true) * n, 4);
+  ASSERT(k && v);
+  it_fill_f32(k, v, l, bytes_of, 0, n, 0);
+  kvc_io_t io = {.seq_id = seq, .ntokens = n, .k = k, .v = v, .tokens = tokens,
+                 .span_keys = sp, .nspan_keys = nsp};
+  ASSERT_OK(kvc_put_batch(h, NULL, &io, 1));
+  free(k), free(v);
+}
+
+static uint64_t match_spans(kvc_cache_t *h, const uint32_t *t, uint64_t n,
+                            const kvc_span_key_t *sp, size_t nsp) {
+  kvc_match_t m = {99, 99, 99};
+  ASSERT_OK(kvc_match_spans(h, t, n, sp, nsp, &m));
+  return m.tokens;
+}
+
+TEST(prefix_span_keys_keep_images_apart_across_workers) {
+  daemon_t d;
+  daemon_start(&d);
+  /* Two workers prefill the same 2,000 ids: a system prompt, then an
+   * image's placeholder tokens at [40, 1064), each worker with its own
+   * image. The first worker's buffer holds ~1,000 tokens, so its put goes
+   * in parts, each with the image's span key. */
+  kvc_client_t *a = client_open_shm(&d, 1u << 20), *b = client_open(&d), *c = client_open(&d);
+  kvc_cache_t *ha = open_salted(a, "mm", "t"), *hb = open_salted(b, "mm", "t"),
+              *hc = open_salted(c, "mm", "t");
+  enum { N = 2000 };
+  uint32_t *p = tokens_new(N, 40);
+  const kvc_span_key_t img1 = {40, 1064, "sha256:image-one", 16},
+                       img2 = {40, 1064, "sha256:image-two", 16};
+  uint64_t puts = stat_get(a, "requests_total{op=put}", NULL);
+  put_spans(ha, 1, N, p, &img1, 1, 1);
+  ASSERT(stat_get(a, "requests_total{op=put}", NULL) > puts + 1); /* split */
+  put_spans(hb, 2, N, p, &img2, 1, 2);
+  ASSERT_U64_EQ(match_spans(hc, p, N, &img1, 1), N / T * T);
+  ASSERT_U64_EQ(match_spans(hc, p, N, &img2, 1), N / T * T);
+  ASSERT_U64_EQ(match_spans(hc, p, N, NULL, 0), 32); /* the pages before the image */
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach_spans(hc, 30, p, N, &img1, 1, KVC_ATTACH_PIN, &m));
+  ASSERT_U64_EQ(m.tokens, N / T * T);
+  check_bytes(hc, 30, 0, m.tokens, 1);
+  /* The pages before the image are the first worker's (the second one's
+   * twins stay private); the image's on are the second worker's, indexed
+   * under those twins. */
+  ASSERT_OK(kvc_attach_spans(hc, 31, p, N, &img2, 1, 0, &m));
+  ASSERT_U64_EQ(m.tokens, N / T * T);
+  check_bytes(hc, 31, 0, 32, 1);
+  check_bytes(hc, 31, 32, m.tokens - 32, 2);
+  /* The direct-buffer form carries them too. */
+  void *shm;
+  uint64_t shm_bytes, kb, vb;
+  kvc_client_shm(c, &shm, &shm_bytes);
+  ASSERT_OK(kvc_xfer_bytes(hc, NULL, true, 2 * T, &kb, &vb, NULL));
+  const kvc_layout_t *l = kvc_cache_layout(hc);
+  it_fill_f32(shm, (float *)shm + kb / 4, l, 3, 0, 2 * T, 0);
+  memcpy((uint8_t *)shm + kb + vb, p, 2 * T * sizeof *p);
+  const kvc_span_key_t img3 = {4, 20, "sha256:image-three", 18};
+  kvc_shm_io_t e = {.seq_id = 3, .ntokens = 2 * T, .k_off = 0, .v_off = kb,
+                    .tok_off = kb + vb, .tok_len = 2 * T * sizeof *p, .span_keys = &img3,
+                    .nspan_keys = 1};
+  ASSERT_OK(kvc_put_shm(hc, NULL, &e, 1));
+  ASSERT_U64_EQ(match_spans(ha, p, 2 * T, &img3, 1), 2 * T);
+  check_bytes(hc, 3, 0, 2 * T, 3);
+  /* Bad lists are refused, the connection goes on. */
+  const kvc_span_key_t overlap[2] = {{4, 10, "x", 1}, {8, 12, "y", 1}};
+  ASSERT_ERR(kvc_match_spans(hc, p, N, overlap, 2, &m), KVC_E_INVAL);
+  ASSERT(strstr(kvc_client_last_error(c), "span key 1") != NULL);
+  const kvc_span_key_t empty = {4, 10, "", 0};
+  ASSERT_ERR(kvc_attach_spans(hc, 32, p, N, &empty, 1, 0, &m), KVC_E_INVAL);
+  ASSERT(!seq_exists(hc, 32));
+  const kvc_layout_t *la = kvc_cache_layout(hc);
+  float *k = calloc(it_tok_floats(la, false) * T, 4), *v = calloc(it_tok_floats(la, true) * T, 4);
+  const kvc_span_key_t img4 = {0, 8, "sha256:image-four", 17};
+  kvc_io_t io = {.seq_id = 33, .ntokens = T, .k = k, .v = v, .span_keys = &img4,
+                 .nspan_keys = 1}; /* span keys without ids */
+  ASSERT_ERR(kvc_put_batch(hc, NULL, &io, 1), KVC_E_INVAL);
+  ASSERT(!seq_exists(hc, 33));
+  free(k), free(v);
+  ASSERT_OK(kvc_ping(c));
+  ASSERT_U64_EQ(match_spans(hc, p, N, &img1, 1), N / T * T);
+  free(p);
+  kvc_client_close(a), kvc_client_close(b), kvc_client_close(c);
+  daemon_stop(&d);
+}
+
 TEST(prefix_split_puts_keep_ids_with_their_tokens) {
   daemon_t d;
   daemon_start(&d);

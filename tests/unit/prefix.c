@@ -808,3 +808,164 @@ TEST(prefix_layer_by_layer_saves_index_a_page_once_every_layer_is_in) {
   FX_AUDIT(f.eng);
   fx_close(&f);
 }
+
+/* put_tok_layers with span keys. */
+static int put_spans(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, uint32_t lb, uint32_t le,
+                     uint32_t p, const kvc_span_key_t *sp, size_t nsp) {
+  fx_rng_t r = fx_rng(&f->lay, lb, le, 0, 0);
+  fx_buf_t b = fx_buf_new(&f->lay, r, n);
+  uint32_t *ids = calloc(n + 1, sizeof *ids);
+  fx_fill(&f->lay, r, seq, pos, n, 0, b.k, b.v);
+  tokens_of(p, pos, n, ids);
+  engine_io_t io = fx_io(seq, pos, n, &b);
+  io.tokens = ids;
+  io.spans = sp;
+  io.nspans = nsp;
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  x.pkey = &KEY_A;
+  int rc = engine_put(f->eng, f->cid, &x, &io, 1);
+  fx_buf_free(&b);
+  free(ids);
+  return rc;
+}
+
+static uint64_t match_spans(fx_t *f, uint32_t p, uint64_t n, const kvc_span_key_t *sp,
+                            size_t nsp) {
+  uint32_t *ids = calloc(n + 1, sizeof *ids);
+  tokens_of(p, 0, n, ids);
+  engine_pkey_t key = KEY_A;
+  key.spans = sp;
+  key.nspans = nsp;
+  engine_match_t m;
+  ASSERT_OK(engine_match(f->eng, f->cid, ids, n, &key, &m));
+  free(ids);
+  return m.tokens;
+}
+
+TEST(prefix_span_keys_separate_prompts_with_the_same_ids) {
+  fx_t f;
+  open_small(&f, 64); /* 4 tokens a page */
+  /* Two prompts of the same 12 ids (an image's placeholder tokens at
+   * [2, 7)) with different images: neither matches the other's. */
+  const kvc_span_key_t img_a = {2, 7, "image-a", 7}, img_b = {2, 7, "image-b", 7};
+  ASSERT_OK(put_spans(&f, 1, 0, 12, 0, 0, 20, &img_a, 1));
+  ASSERT_OK(put_spans(&f, 2, 0, 12, 0, 0, 20, &img_b, 1));
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(fx_stats(&f).pages_indexed, 6); /* two chains of 3 */
+  ASSERT_U64_EQ(match_spans(&f, 20, 12, &img_a, 1), 12);
+  ASSERT_U64_EQ(match_spans(&f, 20, 12, &img_b, 1), 12);
+  ASSERT_U64_EQ(match_spans(&f, 20, 12, NULL, 0), 0); /* the ids alone */
+  const kvc_span_key_t shorter = {2, 6, "image-a", 7}, later = {3, 7, "image-a", 7};
+  /* page 0 agrees on positions 2, 3; page 1 holds the key up to 7 */
+  ASSERT_U64_EQ(match_spans(&f, 20, 12, &shorter, 1), 4);
+  ASSERT_U64_EQ(match_spans(&f, 20, 12, &later, 1), 0);
+  const kvc_span_key_t unknown[2] = {{2, 7, "image-a", 7}, {9, 10, "never-seen", 10}};
+  ASSERT_U64_EQ(match_spans(&f, 20, 12, unknown, 2), 8); /* page 2 has no such key */
+  /* Attach hands each query its own prompt's bytes. */
+  uint32_t ids[12];
+  tokens_of(20, 0, 12, ids);
+  engine_pkey_t ka = KEY_A, kb = KEY_A;
+  ka.spans = &img_a, ka.nspans = 1;
+  kb.spans = &img_b, kb.nspans = 1;
+  engine_match_t m;
+  ASSERT_OK(engine_attach(f.eng, f.cid, 3, ids, 12, &ka, 0, &m));
+  ASSERT_U64_EQ(m.tokens, 12);
+  FX_EXPECT_RNG(&f, 3, 0, 12, fx_all(&f.lay), 1, 0);
+  ASSERT_OK(engine_attach(f.eng, f.cid, 4, ids, 12, &kb, 0, &m));
+  ASSERT_U64_EQ(m.tokens, 12);
+  FX_EXPECT_RNG(&f, 4, 0, 12, fx_all(&f.lay), 2, 0);
+  FX_AUDIT(f.eng);
+
+  /* A prompt without the image, same ids: its own chain, no match for A. */
+  ASSERT_OK(put_spans(&f, 5, 0, 12, 0, 0, 20, NULL, 0));
+  ASSERT_U64_EQ(match_spans(&f, 20, 12, NULL, 0), 12);
+  ASSERT_U64_EQ(match_spans(&f, 20, 12, &img_a, 1), 12);
+  /* Layer by layer, one layer saved with another image: not indexed. */
+  for (uint32_t l = 0; l < 4; l++)
+    ASSERT_OK(put_spans(&f, 6, 0, 8, l, l + 1, 21, l == 2 ? &img_b : &img_a, 1));
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(match_spans(&f, 21, 8, &img_a, 1), 0);
+  ASSERT_U64_EQ(match_spans(&f, 21, 8, &img_b, 1), 0);
+  for (uint32_t l = 0; l < 4; l++)
+    ASSERT_OK(put_spans(&f, 7, 0, 8, l, l + 1, 21, &img_a, 1));
+  ASSERT_U64_EQ(match_spans(&f, 21, 8, &img_a, 1), 8);
+  /* A chunked prefill: the image's span given with each chunk (clipped). */
+  ASSERT_OK(put_spans(&f, 8, 0, 4, 0, 0, 22, &img_b, 1));
+  ASSERT_OK(put_spans(&f, 8, 4, 8, 0, 0, 22, &img_b, 1));
+  ASSERT_U64_EQ(match_spans(&f, 22, 12, &img_b, 1), 12);
+  FX_AUDIT(f.eng);
+
+  /* Bad lists change nothing. */
+  engine_stats_t before = fx_stats(&f);
+  const kvc_span_key_t overlap[2] = {{2, 5, "a", 1}, {4, 6, "b", 1}};
+  const kvc_span_key_t order[2] = {{6, 8, "a", 1}, {2, 4, "b", 1}};
+  const kvc_span_key_t empty = {2, 5, "", 0}, backwards = {5, 5, "a", 1};
+  char big[KVC_MAX_KEY_BYTES + 1];
+  memset(big, 'x', sizeof big);
+  const kvc_span_key_t toolong = {2, 5, big, sizeof big};
+  ASSERT_ERR(put_spans(&f, 9, 0, 8, 0, 0, 23, overlap, 2), KVC_E_INVAL);
+  ASSERT_ERR(put_spans(&f, 9, 0, 8, 0, 0, 23, order, 2), KVC_E_INVAL);
+  ASSERT_ERR(put_spans(&f, 9, 0, 8, 0, 0, 23, &empty, 1), KVC_E_INVAL);
+  ASSERT_ERR(put_spans(&f, 9, 0, 8, 0, 0, 23, &backwards, 1), KVC_E_INVAL);
+  ASSERT_ERR(put_spans(&f, 9, 0, 8, 0, 0, 23, &toolong, 1), KVC_E_INVAL);
+  engine_pkey_t kq = KEY_A;
+  kq.spans = overlap, kq.nspans = 2;
+  ASSERT_ERR(engine_match(f.eng, f.cid, ids, 12, &kq, &m), KVC_E_INVAL);
+  fx_rng_t r = fx_all(&f.lay);
+  fx_buf_t b = fx_buf_new(&f.lay, r, 4);
+  engine_io_t io = fx_io(9, 0, 4, &b);
+  io.spans = &img_a, io.nspans = 1; /* without token ids */
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_INVAL);
+  /* A put that fails after interning new span keys keeps none of them. */
+  const kvc_span_key_t fresh = {0, 2, "fresh-key", 9};
+  io = fx_io(9, 2, 4, &b); /* a new sequence must start at 0: RANGE */
+  io.tokens = ids;
+  io.spans = &fresh, io.nspans = 1;
+  x.pkey = &KEY_A;
+  ASSERT_ERR(engine_put(f.eng, f.cid, &x, &io, 1), KVC_E_RANGE);
+  fx_buf_free(&b);
+  engine_stats_t after = fx_stats(&f);
+  FX_STATS_SAME(&before, &after);
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}
+
+TEST(prefix_branch_of_an_independently_written_prefix_is_indexed_under_its_twin) {
+  fx_t f;
+  open_small(&f, 64);
+  /* Two workers prefill the same 8-token system prompt on their own (no
+   * attach), then different questions: the second one's pages of the
+   * prompt are private twins, and its question is indexed under the first
+   * one's pages, which a match walks. */
+  uint32_t a[16], b[16];
+  tokens_of(30, 0, 16, a);
+  tokens_of(30, 0, 8, b);
+  tokens_of(31, 8, 8, b + 8);
+  fx_rng_t r = fx_all(&f.lay);
+  for (int i = 0; i < 2; i++) {
+    fx_buf_t buf = fx_buf_new(&f.lay, r, 16);
+    fx_fill(&f.lay, r, 1u + (unsigned)i, 0, 16, 0, buf.k, buf.v);
+    engine_io_t io = fx_io(1u + (unsigned)i, 0, 16, &buf);
+    io.tokens = i ? b : a;
+    engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+    x.pkey = &KEY_A;
+    ASSERT_OK(engine_put(f.eng, f.cid, &x, &io, 1));
+    fx_buf_free(&buf);
+    FX_AUDIT(f.eng);
+  }
+  ASSERT_U64_EQ(fx_stats(&f).pages_indexed, 6); /* 4 of a, b's question's 2 */
+  engine_match_t m;
+  ASSERT_OK(engine_attach(f.eng, f.cid, 3, b, 16, &KEY_A, 0, &m));
+  ASSERT_U64_EQ(m.tokens, 16);
+  FX_EXPECT_RNG(&f, 3, 0, 8, fx_all(&f.lay), 1, 0); /* the prompt: a's twin pages */
+  fx_expect_rng_(&f, 3, 8, 8, fx_all(&f.lay), 2, 0, __FILE__, __LINE__);
+  /* The twin the branch hangs on is not reclaimed before the branch. */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 2, 0, UINT64_MAX));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 3, 0, UINT64_MAX));
+  FX_AUDIT(f.eng);
+  ASSERT_OK(engine_attach(f.eng, f.cid, 4, b, 16, &KEY_A, 0, &m));
+  ASSERT_U64_EQ(m.tokens, 16);
+  fx_close(&f);
+}

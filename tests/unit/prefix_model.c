@@ -28,6 +28,7 @@ typedef struct mseq {
   uint64_t llen[NL];        /* written length of each layer */
   uint32_t tag[NL][MAXTOK]; /* tag of the bytes at (layer, pos) */
   int64_t id[MAXTOK];      /* token id at pos, -1 unknown */
+  uint8_t sk[MAXTOK];      /* span key at pos: 0 none, 1 or 2 (SPANKEY) */
   int key;                 /* key of the last put with ids */
 } mseq_t;
 
@@ -40,7 +41,7 @@ typedef struct pm {
   uint32_t prompt[NPROMPT][MAXTOK];
   /* figures */
   uint64_t ops, puts, rewrites, untokened, layer_puts, layer_saves, truncs, drops, copies, trims,
-      matches, attaches, hit_tokens, bytes_checked, evicted, full;
+      matches, attaches, hit_tokens, span_hit_tokens, bytes_checked, evicted, full;
 } pm_t;
 
 static const engine_pkey_t KEYS[2] = {{"tenant-a", 8, NULL, 0}, {"tenant-a", 8, "lora-7", 6}};
@@ -53,8 +54,40 @@ static uint64_t below(pm_t *m, uint64_t n) { return n ? rnd(m) % n : 0; }
 
 /* The context of a prefix: its key, then its ids one by one. */
 static uint64_t ctx_root(int key) { return fx_mix(0x1234567ull + (uint64_t)key) | 1; }
-static uint64_t ctx_next(uint64_t prev, int64_t id) {
-  return id < 0 ? TAINT : fx_mix(prev ^ ((uint64_t)id * 0x9e3779b97f4a7c15ull)) | 1;
+static uint64_t ctx_next(uint64_t prev, int64_t id, uint8_t sk) {
+  return id < 0 ? TAINT
+                : fx_mix(prev ^ ((uint64_t)id * 0x9e3779b97f4a7c15ull) ^
+                         ((uint64_t)sk << 40)) | 1;
+}
+
+/* The span keys (an image's hash over its placeholder tokens) the model
+ * gives positions. */
+static const char *const SPANKEY[3] = {NULL, "image-1", "image-2"};
+
+/* sk[0..n) of positions from pos as a span key list (runs), into sp; the
+ * first and last run sometimes reach past [pos, pos + n) (clipped by the
+ * engine). */
+static size_t spans_of(pm_t *m, const uint8_t *sk, uint64_t pos, uint64_t n,
+                       kvc_span_key_t *sp) {
+  size_t k = 0;
+  for (uint64_t t = 0; t < n;) {
+    uint64_t u = t + 1;
+    while (u < n && sk[u] == sk[t]) u++;
+    if (sk[t]) sp[k++] = (kvc_span_key_t){pos + t, pos + u, SPANKEY[sk[t]], 7};
+    t = u;
+  }
+  if (k && sp[0].begin == pos && pos > 0 && below(m, 3) == 0) sp[0].begin -= 1 + below(m, pos);
+  if (k && sp[k - 1].end == pos + n && below(m, 3) == 0) sp[k - 1].end += 1 + below(m, 5);
+  return k;
+}
+
+/* Span keys for n positions: mostly none, else one run of one key. */
+static void pick_sk(pm_t *m, uint64_t n, uint8_t *sk) {
+  memset(sk, 0, n);
+  if (below(m, 3)) return;
+  uint64_t b = below(m, n), e = b + 1 + below(m, n - b);
+  uint8_t key = (uint8_t)(1 + below(m, 2));
+  for (uint64_t t = b; t < e; t++) sk[t] = key;
 }
 
 static uint32_t new_tag(pm_t *m, uint64_t ctx) {
@@ -77,7 +110,7 @@ static bool clean_upto(const pm_t *m, const mseq_t *s, uint64_t p, int k, uint32
   uint64_t x = ctx_root(k);
   if (s->trimmed) return false;
   for (uint64_t q = 0; q < p; q++) {
-    x = ctx_next(x, s->id[q]);
+    x = ctx_next(x, s->id[q], s->sk[q]);
     for (uint32_t l = l0; l < l1; l++)
       if (x == TAINT || m->ctx[s->tag[l][q]] != x) return false;
   }
@@ -110,8 +143,8 @@ static void set_len(mseq_t *s) {
 }
 
 /* A put of [pos, pos+n) of layers [l0, l1) of slot i, with ids or without. */
-static int put(pm_t *m, uint32_t i, uint64_t pos, uint64_t n, const int64_t *ids, int key,
-               uint32_t l0, uint32_t l1) {
+static int put(pm_t *m, uint32_t i, uint64_t pos, uint64_t n, const int64_t *ids,
+               const uint8_t *sk, int key, uint32_t l0, uint32_t l1) {
   mseq_t *s = &m->s[i];
   fx_rng_t r = fx_rng(&m->f.lay, l0, l1, 0, 0);
   fx_buf_t b = fx_buf_new(&m->f.lay, r, n);
@@ -123,9 +156,10 @@ static int put(pm_t *m, uint32_t i, uint64_t pos, uint64_t n, const int64_t *ids
   bool clean = ids && clean_upto(m, &after, pos, key, l0, l1, &c);
   for (uint64_t t = 0; t < n; t++) {
     after.id[pos + t] = ids ? ids[t] : -1;
+    after.sk[pos + t] = ids && sk ? sk[t] : 0;
     if (ids) u[t] = (uint32_t)ids[t];
     uint64_t x = TAINT;
-    if (clean) c = x = ctx_next(c, ids[t]);
+    if (clean) c = x = ctx_next(c, ids[t], after.sk[pos + t]);
     for (uint32_t l = l0; l < l1; l++) after.tag[l][pos + t] = tags[(l - l0) * n + t] = new_tag(m, x);
   }
   for (uint32_t l = l0; l < l1; l++)
@@ -133,7 +167,9 @@ static int put(pm_t *m, uint32_t i, uint64_t pos, uint64_t n, const int64_t *ids
   set_len(&after);
   fill(m, tags, n, l0, l1, &b);
   engine_io_t io = fx_io(i, pos, n, &b);
+  kvc_span_key_t sp[MAXTOK];
   if (ids) io.tokens = u;
+  if (ids && sk) io.nspans = spans_of(m, sk, pos, n, sp), io.spans = sp;
   engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
   x.pkey = ids ? &KEYS[key] : NULL;
   int rc = engine_put(m->f.eng, m->f.cid, &x, &io, 1);
@@ -224,15 +260,17 @@ static void op_put(pm_t *m) {
   int key = s->live && below(m, 8) ? s->key : (int)below(m, 2);
   uint32_t kind = (uint32_t)below(m, 10);
   if (kind == 0) { /* without ids */
-    if (put(m, i, pos, n, NULL, key, 0, NL) == 0) m->untokened++;
+    if (put(m, i, pos, n, NULL, NULL, key, 0, NL) == 0) m->untokened++;
   } else if (kind == 1 && s->live && pos + n <= s->len) { /* one layer, inside */
     uint32_t l = (uint32_t)below(m, NL);
-    if (put(m, i, pos, n, NULL, key, l, l + 1) == 0) m->layer_puts++;
+    if (put(m, i, pos, n, NULL, NULL, key, l, l + 1) == 0) m->layer_puts++;
   } else if (kind == 2 || kind == 3) {
     /* A layer-by-layer save with ids (vLLM's save_kv_layer): each layer
      * alone, in order; sometimes one layer gets other ids, or the save
      * stops before the last layer, or one layer runs ahead by itself. */
     pick_ids(m, pos, n, ids);
+    uint8_t sk[MAXTOK];
+    pick_sk(m, n, sk);
     uint32_t odd = below(m, 4) == 0 ? (uint32_t)below(m, NL) : NL;
     uint32_t stop = below(m, 4) == 0 ? 1 + (uint32_t)below(m, NL) : NL;
     for (uint32_t l = 0; l < stop; l++) {
@@ -242,16 +280,20 @@ static void op_put(pm_t *m) {
       if (!s->live && p != 0) break;
       if (p + n > MAXTOK) break;
       int64_t lid[MAXTOK];
+      uint8_t lsk[MAXTOK];
       pick_ids(m, p, n, lid);
+      pick_sk(m, n, lsk);
       for (uint64_t t = 0; t < n; t++)
-        if (l != odd && p == pos) lid[t] = ids[t];
-      if (put(m, i, p, n, lid, key, l, l + 1) != 0) break;
+        if (l != odd && p == pos) lid[t] = ids[t], lsk[t] = sk[t];
+      if (put(m, i, p, n, lid, lsk, key, l, l + 1) != 0) break;
       m->layer_saves++;
     }
   } else {
     pick_ids(m, pos, n, ids);
+    uint8_t sk[MAXTOK];
+    pick_sk(m, n, sk);
     bool rewrite = pos < len;
-    if (put(m, i, pos, n, ids, key, 0, NL) == 0) m->puts++, m->rewrites += rewrite;
+    if (put(m, i, pos, n, ids, sk, key, 0, NL) == 0) m->puts++, m->rewrites += rewrite;
   }
 }
 
@@ -305,7 +347,7 @@ static void op_trim(pm_t *m) {
 }
 
 /* A query: a sequence's ids (some mutated), or a prompt's, under a key. */
-static uint64_t make_query(pm_t *m, uint32_t *q, int *key) {
+static uint64_t make_query(pm_t *m, uint32_t *q, uint8_t *qsk, int *key) {
   uint32_t i = 1 + (uint32_t)below(m, NSLOT);
   const mseq_t *s = &m->s[i];
   uint64_t n = 1 + below(m, MAXTOK);
@@ -317,23 +359,32 @@ static uint64_t make_query(pm_t *m, uint32_t *q, int *key) {
     int64_t id = from_seq ? s->id[t] : (int64_t)m->prompt[p][t];
     q[t] = id < 0 ? (uint32_t)below(m, 3) : (uint32_t)id;
   }
+  if (from_seq) memcpy(qsk, s->sk, n);
+  else pick_sk(m, n, qsk);
   if (below(m, 4) == 0) q[below(m, n)] = (uint32_t)below(m, 3); /* one id off */
+  if (below(m, 6) == 0) qsk[below(m, n)] = (uint8_t)below(m, 3); /* one span key off */
   return n;
 }
 
 static void op_match(pm_t *m) {
   uint32_t q[MAXTOK];
+  uint8_t qsk[MAXTOK];
   int key;
-  uint64_t n = make_query(m, q, &key);
+  uint64_t n = make_query(m, q, qsk, &key);
+  kvc_span_key_t sp[MAXTOK];
+  engine_pkey_t k = KEYS[key];
+  k.nspans = spans_of(m, qsk, 0, n, sp);
+  k.spans = sp;
+  if (k.nspans && sp[k.nspans - 1].end > n && below(m, 2)) sp[k.nspans - 1].end = n;
   engine_match_t mt, at;
-  ASSERT_OK(engine_match(m->f.eng, m->f.cid, q, n, &KEYS[key], &mt));
+  ASSERT_OK(engine_match(m->f.eng, m->f.cid, q, n, &k, &mt));
   m->matches++;
   if (mt.tokens % PT || mt.tokens > n)
     TEST_FAIL_("match of %" PRIu64 " tokens answered %" PRIu64, n, mt.tokens);
   if (below(m, 2)) return;
   /* attach into another handle's slot and check every byte it got */
   uint32_t d = 1 + (uint32_t)below(m, NSLOT);
-  int rc = engine_attach(m->f.eng, m->f.cid, d, q, n, &KEYS[key], 0, &at);
+  int rc = engine_attach(m->f.eng, m->f.cid, d, q, n, &k, 0, &at);
   if (rc) TEST_FAIL_("attach: %s", kvc_err_name(rc));
   TRACE("attach slot %u, %llu tokens %s -> %llu\n", d, (unsigned long long)n, what_key(key),
         (unsigned long long)at.tokens);
@@ -356,8 +407,9 @@ static void op_match(pm_t *m) {
     ASSERT_OK(engine_get(m->f.eng, m->f.cid, &x, &io, 1));
     uint64_t per_k = m->f.lay.num_kv_heads * m->f.lay.head_dim_k;
     for (uint64_t t = 0; t < at.tokens; t++) {
-      c = ctx_next(c, q[t]);
+      c = ctx_next(c, q[t], qsk[t]);
       s->id[t] = q[t];
+      s->sk[t] = qsk[t];
       for (uint32_t l = 0; l < NL; l++) {
         uint32_t tag = (uint32_t)b.k[(l * at.tokens + t) * per_k];
         if ((float)tag != b.k[(l * at.tokens + t) * per_k] || tag >= m->ntags ||
@@ -374,6 +426,7 @@ static void op_match(pm_t *m) {
   }
   m->attaches++;
   m->hit_tokens += at.tokens;
+  for (uint64_t t = 0; t < at.tokens; t++) m->span_hit_tokens += qsk[t] != 0;
   check_seq(m, d); /* every element, both K and V */
 }
 
@@ -403,7 +456,7 @@ static void run(uint64_t seed, uint64_t nops, pm_t *tot) {
   }
   tot->ops += m->ops, tot->puts += m->puts, tot->rewrites += m->rewrites;
   tot->untokened += m->untokened, tot->layer_puts += m->layer_puts, tot->truncs += m->truncs;
-  tot->layer_saves += m->layer_saves;
+  tot->layer_saves += m->layer_saves, tot->span_hit_tokens += m->span_hit_tokens;
   tot->drops += m->drops, tot->copies += m->copies, tot->trims += m->trims;
   tot->matches += m->matches, tot->attaches += m->attaches, tot->hit_tokens += m->hit_tokens;
   tot->bytes_checked += m->bytes_checked, tot->evicted += m->evicted, tot->full += m->full;
@@ -420,12 +473,13 @@ TEST_TIMEOUT(prefix_model_every_attached_byte_is_the_query_prefix, 600) {
   printf("prefix model: %" PRIu64 " ops over %" PRIu64 " seeds, 0 mismatches: %" PRIu64
          " puts with ids (%" PRIu64 " rewrites), %" PRIu64 " without, %" PRIu64
          " layer-range, %" PRIu64 " layer-range with ids, %" PRIu64 " truncations, %" PRIu64 " drops, %" PRIu64 " copies, %" PRIu64
-         " trims, %" PRIu64 " matches, %" PRIu64 " attaches (%" PRIu64 " tokens hit), %" PRIu64
+         " trims, %" PRIu64 " matches, %" PRIu64 " attaches (%" PRIu64 " tokens hit, %" PRIu64 " under span keys), %" PRIu64
          " evictions, %" PRIu64 " FULL, %" PRIu64 " bytes verified\n",
          tot.ops, seeds, tot.puts, tot.rewrites, tot.untokened, tot.layer_puts, tot.layer_saves,
          tot.truncs,
-         tot.drops, tot.copies, tot.trims, tot.matches, tot.attaches, tot.hit_tokens, tot.evicted,
+         tot.drops, tot.copies, tot.trims, tot.matches, tot.attaches, tot.hit_tokens, tot.span_hit_tokens, tot.evicted,
          tot.full, tot.bytes_checked);
   /* the mix must reach what it is for: hits, rewrites and eviction */
   ASSERT(tot.hit_tokens > 0 && tot.rewrites > 0 && tot.evicted > 0 && tot.attaches > 0);
+  ASSERT(tot.layer_saves > 0 && tot.span_hit_tokens > 0);
 }

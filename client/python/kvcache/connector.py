@@ -131,16 +131,19 @@ class KVConnector:
         self.cache: Cache = client.open_cache(name, layout, salt=salt)
         self.layout = self.cache.layout
 
-    def num_cached_tokens(self, token_ids) -> int:
+    def num_cached_tokens(self, token_ids, span_keys=None) -> int:
         """How many leading tokens of token_ids kvcached holds (whole pages):
-        vLLM's get_num_new_matched_tokens is this minus what it computed."""
-        return self.cache.match(token_ids)["tokens"]
+        vLLM's get_num_new_matched_tokens is this minus what it computed.
+        span_keys: (begin, end, key) of the prompt's multimodal inputs (their
+        content hashes over their placeholder tokens), as saved."""
+        return self.cache.match(token_ids, span_keys=span_keys)["tokens"]
 
-    def load(self, seq: int, token_ids, kv_layers: Sequence, slot_mapping, pin: bool = True) -> int:
+    def load(self, seq: int, token_ids, kv_layers: Sequence, slot_mapping, pin: bool = True,
+             span_keys=None) -> int:
         """Attaches the cached prefix of token_ids as seq (pinned: it stays
         until finish) and scatters it into the paged buffers at
         slot_mapping[:matched]. Returns the tokens loaded."""
-        n = self.cache.attach(seq, token_ids, pin=pin)["tokens"]
+        n = self.cache.attach(seq, token_ids, pin=pin, span_keys=span_keys)["tokens"]
         if n:
             k, v = self.cache.get(seq, 0, n)
             scatter(kv_layers, slot_mapping[:n], k, v)
@@ -152,22 +155,26 @@ class KVConnector:
         k, v = self.cache.get(seq, begin, end, layers=(layer, layer + 1))
         scatter([kv_layer], slot_mapping, k, v)
 
-    def save(self, seq: int, token_ids, kv_layers: Sequence, slot_mapping, pos: int = 0):
+    def save(self, seq: int, token_ids, kv_layers: Sequence, slot_mapping, pos: int = 0,
+             span_keys=None):
         """Puts the tokens at slot_mapping (every layer) as seq's positions
         [pos, pos + n), with their ids: full pages enter the prefix cache for
-        every worker. token_ids: the n ids of those tokens (or None)."""
+        every worker. token_ids: the n ids of those tokens (or None);
+        span_keys: (begin, end, key) extra keys of positions (a multimodal
+        input's hash over its placeholder tokens)."""
         k, v = gather(kv_layers, slot_mapping)
-        self.cache.put(seq, pos, k, v, tokens=token_ids)
+        self.cache.put(seq, pos, k, v, tokens=token_ids, span_keys=span_keys)
 
     def save_layer(self, seq: int, layer: int, kv_layer, slot_mapping, pos: int,
-                   token_ids=None):
+                   token_ids=None, span_keys=None):
         """One layer's tokens at slot_mapping as seq's [pos, pos + n) (save_kv_layer:
         kvcached takes a layer range ahead of the others; the tokens count in
         the sequence's length once every layer holds them). With token_ids
         (the same ids for every layer), a page enters the prefix cache once
         every layer of it is saved."""
         k, v = gather([kv_layer], slot_mapping)
-        self.cache.put(seq, pos, k, v, tokens=token_ids, layers=(layer, layer + 1))
+        self.cache.put(seq, pos, k, v, tokens=token_ids, layers=(layer, layer + 1),
+                       span_keys=span_keys)
 
     def finish(self, seq: int, keep: bool = True):
         """The request is done: unpin seq (its pages stay cached, evictable, and

@@ -127,14 +127,71 @@ static Py_ssize_t put_check(cache_t *ca, tensor_t *k, tensor_t *v, Py_ssize_t nl
   return n;
 }
 
+/* ---- span keys ---- */
+
+/* A sequence of (begin, end, key) with key bytes or str (UTF-8), into a
+ * new PyMem block *out (keys copied after the array; free it with
+ * PyMem_Free). None: none. -1 with an exception. */
+static int span_keys_get(PyObject *o, kvc_span_key_t **out, size_t *n) {
+  *out = NULL;
+  *n = 0;
+  if (o == Py_None) return 0;
+  PyObject *seq = PySequence_Fast(o, "span_keys: a sequence of (begin, end, key)");
+  if (!seq) return -1;
+  Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+  if (m > (Py_ssize_t)KVC_MAX_SPAN_KEYS) {
+    PyErr_Format(PyExc_ValueError, "span_keys: %zd keys, at most %u", m, KVC_MAX_SPAN_KEYS);
+    Py_DECREF(seq);
+    return -1;
+  }
+  kvc_span_key_t *s = PyMem_Malloc((size_t)(m ? m : 1) * (sizeof *s + KVC_MAX_KEY_BYTES));
+  if (!s) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return -1;
+  }
+  char *keys = (char *)(s + m);
+  for (Py_ssize_t i = 0; i < m; i++) {
+    PyObject *t = PySequence_Fast_GET_ITEM(seq, i), *ko;
+    unsigned long long b, e;
+    if (!PyArg_ParseTuple(t, "O&O&O:span_keys", pykvc_u64, &b, pykvc_u64, &e, &ko)) goto fail;
+    const char *kb;
+    Py_ssize_t kl;
+    if (PyUnicode_Check(ko)) {
+      if (!(kb = PyUnicode_AsUTF8AndSize(ko, &kl))) goto fail;
+    } else if (PyBytes_Check(ko)) {
+      kb = PyBytes_AS_STRING(ko);
+      kl = PyBytes_GET_SIZE(ko);
+    } else {
+      PyErr_Format(PyExc_TypeError, "span_keys[%zd]: the key is bytes or str", i);
+      goto fail;
+    }
+    if (kl < 1 || kl > (Py_ssize_t)KVC_MAX_KEY_BYTES) {
+      PyErr_Format(PyExc_ValueError, "span_keys[%zd]: a key of %zd bytes, 1 to %u", i, kl,
+                   KVC_MAX_KEY_BYTES);
+      goto fail;
+    }
+    memcpy(keys + i * KVC_MAX_KEY_BYTES, kb, (size_t)kl);
+    s[i] = (kvc_span_key_t){b, e, keys + i * KVC_MAX_KEY_BYTES, (size_t)kl};
+  }
+  Py_DECREF(seq);
+  *out = s;
+  *n = (size_t)m;
+  return 0;
+fail:
+  Py_DECREF(seq);
+  PyMem_Free(s);
+  return -1;
+}
+
 /* ---- put ---- */
 
 static PyObject *cache_put(cache_t *ca, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"seq", "pos", "k", "v", "tokens", "layers", NULL};
+  static char *kwlist[] = {"seq", "pos", "k", "v", "tokens", "layers", "span_keys", NULL};
   unsigned long long seq, pos;
-  PyObject *ko, *vo, *toks = Py_None, *layers = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&OO|OO:put", kwlist, pykvc_u64, &seq, pykvc_u64, &pos, &ko, &vo, &toks,
-                                   &layers))
+  PyObject *ko, *vo, *toks = Py_None, *layers = Py_None, *spo = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&OO|OOO:put", kwlist, pykvc_u64, &seq, pykvc_u64, &pos, &ko, &vo, &toks,
+                                   &layers, &spo))
     return NULL;
   kvc_xfer_t x;
   Py_ssize_t nl, nh;
@@ -143,9 +200,16 @@ static PyObject *cache_put(cache_t *ca, PyObject *args, PyObject *kw) {
   uint32_t *ids = NULL, *owned = NULL;
   Py_ssize_t nids = 0;
   PyObject *ret = NULL;
-  if (tensor_get(ko, &k, false, "k") < 0) return NULL;
+  kvc_span_key_t *spans;
+  size_t nspans;
+  if (span_keys_get(spo, &spans, &nspans) < 0) return NULL;
+  if (tensor_get(ko, &k, false, "k") < 0) {
+    PyMem_Free(spans);
+    return NULL;
+  }
   if (tensor_get(vo, &v, false, "v") < 0) {
     tensor_release(&k);
+    PyMem_Free(spans);
     return NULL;
   }
   int dt = 0;
@@ -159,7 +223,7 @@ static PyObject *cache_put(cache_t *ca, PyObject *args, PyObject *kw) {
     }
   }
   x.dtype = dt == (int)ca->layout.dtype ? 0 : (kvc_dtype_t)dt;
-  kvc_io_t io = {seq, pos, (uint64_t)n, k.ptr, v.ptr, NULL, NULL, ids};
+  kvc_io_t io = {seq, pos, (uint64_t)n, k.ptr, v.ptr, NULL, NULL, ids, spans, nspans};
   if (cache_enter(ca) < 0) goto out;
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = kvc_put_batch(ca->h, &x, &io, 1);
@@ -172,6 +236,7 @@ out:
   tensor_release(&v);
   tensor_release(&tt);
   PyMem_Free(owned);
+  PyMem_Free(spans);
   return ret;
 }
 
@@ -978,42 +1043,51 @@ static PyObject *match_dict(const kvc_match_t *m) {
                        m->ineligible);
 }
 
-static PyObject *cache_match_attach(cache_t *ca, PyObject *tokens, bool attach, uint64_t dst,
-                                    int flags) {
+static PyObject *cache_match_attach(cache_t *ca, PyObject *tokens, PyObject *spo, bool attach,
+                                    uint64_t dst, int flags) {
   tensor_t t;
   uint32_t *ids, *owned;
   Py_ssize_t n;
-  if (tokens_get(tokens, &t, &ids, &owned, &n) < 0) return NULL;
+  kvc_span_key_t *spans;
+  size_t nspans;
+  if (span_keys_get(spo, &spans, &nspans) < 0) return NULL;
+  if (tokens_get(tokens, &t, &ids, &owned, &n) < 0) {
+    PyMem_Free(spans);
+    return NULL;
+  }
   kvc_match_t m = {0};
   PyObject *ret = NULL;
   if (cache_enter(ca) == 0) {
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = attach ? kvc_attach_ex(ca->h, dst, ids, (uint64_t)n, (unsigned)flags, &m)
-                                       : kvc_match(ca->h, ids, (uint64_t)n, &m);
+    Py_BEGIN_ALLOW_THREADS rc =
+        attach ? kvc_attach_spans(ca->h, dst, ids, (uint64_t)n, spans, nspans, (unsigned)flags, &m)
+               : kvc_match_spans(ca->h, ids, (uint64_t)n, spans, nspans, &m);
     Py_END_ALLOW_THREADS
     cache_leave(ca);
     ret = rc ? pykvc_raise(ca->client->c, rc) : match_dict(&m);
   }
   tensor_release(&t);
   PyMem_Free(owned);
+  PyMem_Free(spans);
   return ret;
 }
 
-static PyObject *cache_match(cache_t *ca, PyObject *args) {
-  PyObject *tokens;
-  if (!PyArg_ParseTuple(args, "O:match", &tokens)) return NULL;
-  return cache_match_attach(ca, tokens, false, 0, 0);
+static PyObject *cache_match(cache_t *ca, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"tokens", "span_keys", NULL};
+  PyObject *tokens, *spo = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:match", kwlist, &tokens, &spo)) return NULL;
+  return cache_match_attach(ca, tokens, spo, false, 0, 0);
 }
 
 static PyObject *cache_attach(cache_t *ca, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"dst", "tokens", "pin", "replace", NULL};
+  static char *kwlist[] = {"dst", "tokens", "pin", "replace", "span_keys", NULL};
   unsigned long long dst;
-  PyObject *tokens;
+  PyObject *tokens, *spo = Py_None;
   int pin = 0, replace = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|pp:attach", kwlist, pykvc_u64, &dst, &tokens,
-                                   &pin, &replace))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O|ppO:attach", kwlist, pykvc_u64, &dst, &tokens,
+                                   &pin, &replace, &spo))
     return NULL;
-  return cache_match_attach(ca, tokens, true, dst,
+  return cache_match_attach(ca, tokens, spo, true, dst,
                             (pin ? KVC_ATTACH_PIN : 0) | (replace ? 0 : KVC_ATTACH_NO_REPLACE));
 }
 
@@ -1217,12 +1291,14 @@ static PyObject *cache_register(PyObject *cls, PyObject *sub) {
 #define KW_ (METH_VARARGS | METH_KEYWORDS)
 static PyMethodDef cache_methods[] = {
     M_("put", cache_put, KW_,
-       "put(seq, pos, k, v, tokens=None, layers=None)\n\nWrites tokens [pos, pos + n) of seq: k "
+       "put(seq, pos, k, v, tokens=None, layers=None, span_keys=None)\n\nWrites tokens [pos, pos + n) of seq: k "
        "and v shaped [layers, n, heads, head_dim] (C-contiguous NumPy arrays, buffers or CPU "
        "torch tensors; the cache's dtype or float32; int8 caches take float32, float16 or "
        "bfloat16; a uint16 array stands for bfloat16 bits). tokens: the n token ids (a uint32 "
-       "array or ints) to index full pages in the prefix cache. FullError when the pool cannot "
-       "make room."),
+       "array or ints) to index full pages in the prefix cache (with layers, a page is indexed "
+       "once every layer of it is saved). span_keys: (begin, end, key) extra keys of positions "
+       "(an image's hash over its placeholder tokens: key bytes or str, 1-64 bytes). FullError "
+       "when the pool cannot make room."),
     M_("put_batch", cache_put_batch, KW_,
        "put_batch(entries, layers=None)\n\nOne request for many (seq, pos, k, v[, tokens]) "
        "entries (a decode step's ragged append). Every entry shares one dtype."),
@@ -1291,11 +1367,12 @@ static PyMethodDef cache_methods[] = {
        "info(seq) -> dict\n\nseq_id, start, length, extent, pages, shared_pages, pins, "
        "last_use_ms. NoseqError."),
     M_("seqs", cache_seqs, METH_NOARGS, "seqs() -> list of dict\n\nEvery sequence's info."),
-    M_("match", cache_match, METH_VARARGS,
-       "match(tokens) -> dict\n\nHow many leading tokens the prefix cache holds (whole pages): "
-       "{'tokens', 'pages', 'ineligible'}."),
+    M_("match", cache_match, KW_,
+       "match(tokens, span_keys=None) -> dict\n\nHow many leading tokens the prefix cache holds "
+       "(whole pages): {'tokens', 'pages', 'ineligible'}. span_keys: the query's, as put takes "
+       "them."),
     M_("attach", cache_attach, KW_,
-       "attach(dst, tokens, pin=False, replace=True) -> dict\n\nMatches and makes dst exactly "
+       "attach(dst, tokens, pin=False, replace=True, span_keys=None) -> dict\n\nMatches and makes dst exactly "
        "the matched pages (shared, no copy), pinned in the same step with pin; replace=False "
        "raises ExistsError if dst exists. Continue dst from result['tokens']."),
     M_("set_extra", cache_set_extra, METH_VARARGS,

@@ -167,6 +167,28 @@ def test_tokens_match_attach_and_prefix(client):
         c.put(2, 0, k, v, tokens=[1, 2, 3])
 
 
+def test_span_keys_keep_same_token_prompts_apart(client):
+    c = client.open_cache("pfx-mm", layout())
+    ids = np.arange(500, 548, dtype=np.uint32)  # 48 tokens: an image's placeholders at [4, 30)
+    ka, va = kv(48, 11)
+    kb, vb = kv(48, 12)
+    c.put(1, 0, ka, va, tokens=ids, span_keys=[(4, 30, b"image-a-hash")])
+    c.put(2, 0, kb, vb, tokens=ids, span_keys=[(4, 30, "image-b-hash")])
+    assert c.match(ids, span_keys=[(4, 30, b"image-a-hash")])["tokens"] == 48
+    assert c.match(ids, span_keys=[(4, 30, b"image-b-hash")])["tokens"] == 48
+    assert c.match(ids)["tokens"] == 0  # the ids alone: neither image
+    a = c.attach(3, ids, span_keys=[(4, 30, "image-b-hash")])
+    assert a["tokens"] == 48
+    gk, gv = c.get(3, 0, 48)
+    assert np.array_equal(gk, kb) and np.array_equal(gv, vb)
+    with pytest.raises(kvcache.InvalError):  # overlapping spans
+        c.match(ids, span_keys=[(4, 10, b"x"), (8, 12, b"y")])
+    with pytest.raises(ValueError):
+        c.match(ids, span_keys=[(4, 10, b"")])
+    with pytest.raises(TypeError):
+        c.match(ids, span_keys=[(4, 10, 7)])
+
+
 def test_sequence_operations(client):
     c = client.open_cache("ops", layout(rope_dims=D))
     k, v = kv(48, 5)
