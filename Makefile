@@ -67,6 +67,8 @@ else
   MALLOC_LIBS :=
 endif
 UV_LIBS := -luv
+# The cluster tier (doc/cluster.md): hiredis's async API on the daemon's loop.
+REDIS_LIBS := -lhiredis
 ENGINE_LIBS := -lcrypto -lxxhash
 PB_LIBS := -lprotobuf-c
 
@@ -180,7 +182,7 @@ $(DAEMON_OBJ) $(CLIENT_OBJ) $(CTL_OBJ) $(CODEC_OBJ): | $(B)/gen/kvcache.pb-c.h
 # ---- daemon ---------------------------------------------------------------
 $(B)/kvcached: $(DAEMON_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(REDIS_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- client library and kvcachectl ----------------------------------------
 # The client links the protocol, the codec, the transfer geometry and the
@@ -233,7 +235,11 @@ $(B)/tests/integration/%.o: tests/integration/%.c | $(B)/gen/kvcache.pb-c.h
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -c $< -o $@
 $(B)/tests/it_%: $(B)/tests/integration/%.o $(TEST_MAIN_OBJ) $(B)/libkvcache.a
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) $(IT_LIBS) -lm
+# The cluster test drives Redis with a plain hiredis client and forges
+# values as an attacker would, with the value codec of the daemon.
+$(B)/tests/it_cluster: $(B)/daemon/rvalue.o
+$(B)/tests/it_cluster: IT_LIBS := $(REDIS_LIBS) -lcrypto
 $(B)/tests/test_main.o: tests/test_main.c
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
@@ -250,15 +256,15 @@ $(B)/tests/fuzz/replay_%.o: tests/fuzz/replay.c
 	$(Q)$(CC) $(CPPFLAGS) -Itests -DFUZZ_NAME=$* $(CFLAGS) -c $< -o $@
 $(B)/tests/fuzz_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/replay_%.o $(TEST_MAIN_OBJ) $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(REDIS_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 $(B)/fuzz/%: $(B)/tests/fuzz/fuzz_%.o $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(UV_LIBS) $(REDIS_LIBS) $(PB_LIBS) $(ENGINE_LIBS) -lm
 $(B)/tools/gen_corpus: $(B)/tests/fuzz/gen_corpus.o $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(REDIS_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- benchmarks -------------------------------------------------------------
 # Compiled and linked in one step, whose -MMD file lists too little: the
@@ -281,10 +287,12 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 # (client/python): python3-dev to build its extension, python3-pip,
 # -setuptools and -wheel for pip install ./client/python (offline: the
 # package's build backend uses Debian's), python3-numpy and python3-torch for
-# its tensors and the reference decoder, python3-pytest to run its tests.
+# its tensors and the reference decoder, python3-pytest to run its tests;
+# the cluster tier: libhiredis-dev (its async API on the loop), and for its
+# tests a real cluster: redis-server and redis-tools (redis-cli --cluster create).
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
                 libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps \
-                tmux man-db curl \
+                tmux man-db curl libhiredis-dev redis-server redis-tools \
                 python3-dev python3-setuptools python3-wheel python3-pip python3-numpy \
                 python3-torch python3-pytest
 # promtool (promtool check metrics, check rules) comes from Debian's
@@ -372,7 +380,7 @@ tsan: deps
 # (the engine alone, no daemon) is built too and runs by hand. Then the
 # Python package against the C client (tests/bench/py_bench.py, the group
 # "python"), in the same run.
-bench: EXTRA_PACKAGES += redis-server memcached
+bench: EXTRA_PACKAGES += memcached
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
 	@rows='$(BENCH_ROWS)'; kv=1; py=1; \

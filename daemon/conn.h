@@ -96,6 +96,8 @@ struct conn {
   bool parked;               /* its next request needs a sequence another
                                 connection's put holds busy: it runs again,
                                 from the start, when a put ends */
+  bool remote_parked;        /* parked until its cluster lookup ends (rwait) */
+  struct rlookup *rwait;     /* the cluster lookup of its next request (rlookup.c) */
   bool greeted;              /* said Hello (stays set through FLUSHING, CLOSED) */
   bool counted;              /* counted in connections_current */
   bool eof;                  /* the peer closed its side; never read again */
@@ -143,8 +145,12 @@ void conn_own(conn_t *c, uint32_t cache_id, uint64_t seq_id);
 /* Parks c: the frame at the head of its buffer stays there, and nothing
  * runs until conn_unpark_all. */
 void conn_park(conn_t *c);
-/* Runs the parked connections of srv again (a put ended). */
+/* Runs the parked connections of srv again (a put ended); not those
+ * waiting for the cluster. */
 void conn_unpark_all(server_t *srv);
+/* Parks c until its cluster lookup ends (remote.c), then runs it again. */
+void conn_park_remote(conn_t *c);
+void conn_unpark_remote(conn_t *c);
 
 /* READY: the Hello was accepted (dispatch). */
 void conn_greeted(conn_t *c);

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "offload.h"
 #include "quotas.h"
+#include "remote.h"
 #include "server.h"
 #include "testhook.h"
 
@@ -44,6 +45,7 @@ void server_stop(server_t *srv) {
   uv_close((uv_handle_t *)&srv->expire_timer, NULL);
   uv_close((uv_handle_t *)&srv->accept_timer, NULL);
   http_stop(srv);
+  remote_stop(srv);
 }
 
 /* Everything that can fail at start, in order; READY=1 comes after. */
@@ -69,11 +71,12 @@ static int start(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
     return -1;
   }
-  if ((rc = quotas_apply(srv)) != 0) {
+  if ((rc = server_tenant_shared(srv)) != 0 || (rc = quotas_apply(srv)) != 0) {
     snprintf(err, errlen, "engine quotas: %s", kvc_strerror(rc));
     return -1;
   }
   if (offload_start(srv, srv->cfg.offload_threads, err, errlen) != 0) return -1;
+  if (remote_start(srv, err, errlen) != 0) return -1;
   if (server_listen(srv, err, errlen) != 0) return -1;
   if (http_start(srv, err, errlen) != 0) return -1;
   signals_start(srv);
@@ -181,6 +184,7 @@ int main(int argc, char **argv) {
     status = 1;
     server_unlisten(&srv);
     http_stop(&srv);
+    remote_stop(&srv);
   } else {
     announce(&srv, argv[0]);
     testhook_init();

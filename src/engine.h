@@ -362,10 +362,11 @@ int engine_tenant_identity(engine_t *eng, uint32_t tenant, const uint8_t id[32])
 /* The pages of a query past what the cache holds: *local gets the pages a
  * match would find (nothing counted or touched), out[0..*nout) the chain
  * hashes of pages local, local + 1, ... (at most cap), stopping at a page
- * with a span key never interned here. NOCACHE, INVAL, RANGE. */
+ * with a span key never interned here; before (may be NULL) the hash of
+ * page local - 1 when local > 0. NOCACHE, INVAL, RANGE. */
 int engine_prefix_hashes(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                         const engine_pkey_t *key, uint64_t *local, uint8_t (*out)[32],
-                         size_t cap, size_t *nout);
+                         const engine_pkey_t *key, uint64_t *local, uint8_t before[32],
+                         uint8_t (*out)[32], size_t cap, size_t *nout);
 
 /* The indexed page of cache_id with chain hash `hash` into *out (borrowed,
  * see engine_page_t). KVC_E_NOCACHE; KVC_E_NOSEQ when no such page is

@@ -89,8 +89,8 @@ int engine_page_export(engine_t *eng, uint32_t cache_id, const uint8_t hash[32],
 }
 
 int engine_prefix_hashes(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                         const engine_pkey_t *key, uint64_t *local, uint8_t (*out)[32],
-                         size_t cap, size_t *nout) {
+                         const engine_pkey_t *key, uint64_t *local, uint8_t before[32],
+                         uint8_t (*out)[32], size_t cap, size_t *nout) {
   if (!eng) return KVC_E_INVAL;
   if (!local || !nout || (cap && !out)) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   cache_t *c;
@@ -102,6 +102,7 @@ int engine_prefix_hashes(engine_t *eng, uint32_t cache_id, const uint32_t *token
   uint8_t prev[32];
   if (m) memcpy(prev, page_meta(eng, eng->scratch[m - 1])->hash, 32);
   else prefix_root(eng, c, key, prev);
+  if (m && before) memcpy(before, prev, 32);
   size_t k = 0;
   for (; k < cap && (m + k + 1) * T <= n; k++) {
     if (!prefix_query_hash(eng, c, tokens, m + k, key, prev, out[k])) break;

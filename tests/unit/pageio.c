@@ -111,8 +111,8 @@ TEST(pageio_bad_arguments) {
   ASSERT_ERR(engine_page_export(f.eng, f.cid, NULL, &pg), KVC_E_INVAL);
   ASSERT_ERR(engine_page_export(f.eng, f.cid + 1, h, &pg), KVC_E_NOCACHE);
   ASSERT_ERR(engine_page_export(f.eng, f.cid, h, &pg), KVC_E_NOSEQ);
-  ASSERT_ERR(engine_prefix_hashes(f.eng, f.cid, ids, 8, &KEY, NULL, out, 4, &n), KVC_E_INVAL);
-  ASSERT_ERR(engine_prefix_hashes(f.eng, f.cid, NULL, 8, &KEY, &local, out, 4, &n), KVC_E_INVAL);
+  ASSERT_ERR(engine_prefix_hashes(f.eng, f.cid, ids, 8, &KEY, NULL, NULL, out, 4, &n), KVC_E_INVAL);
+  ASSERT_ERR(engine_prefix_hashes(f.eng, f.cid, NULL, 8, &KEY, &local, NULL, out, 4, &n), KVC_E_INVAL);
   ASSERT_ERR(engine_prefix_import(f.eng, f.cid, ids, 8, &KEY, 0, NULL, 1, &n), KVC_E_INVAL);
   engine_page_in_t in[3] = {{h, h}, {h, h}, {h, h}};
   ASSERT_ERR(engine_prefix_import(f.eng, f.cid, ids, 8, &KEY, 1, in, 2, &n), KVC_E_RANGE);
@@ -140,15 +140,15 @@ TEST(pageio_same_identity_same_hashes_across_engines) {
   uint8_t hb[8][32], hc[8][32];
   uint64_t local;
   size_t n;
-  ASSERT_OK(engine_prefix_hashes(b.eng, b.cid, ids, 4 * T + 2, &KEY, &local, hb, 8, &n));
+  ASSERT_OK(engine_prefix_hashes(b.eng, b.cid, ids, 4 * T + 2, &KEY, &local, NULL, hb, 8, &n));
   ASSERT_EQ(local, 0);
   ASSERT_EQ(n, 4); /* whole pages only */
   for (size_t i = 0; i < 4; i++) ASSERT_MEM_EQ(hb[i], t.hash[i], 32);
-  ASSERT_OK(engine_prefix_hashes(c.eng, c.cid, ids, 4 * T + 2, &KEY, &local, hc, 8, &n));
+  ASSERT_OK(engine_prefix_hashes(c.eng, c.cid, ids, 4 * T + 2, &KEY, &local, NULL, hc, 8, &n));
   ASSERT_EQ(n, 4);
   ASSERT(memcmp(hc[0], t.hash[0], 32) != 0);
   /* past a local match: a has all four */
-  ASSERT_OK(engine_prefix_hashes(a.eng, a.cid, ids, 4 * T + 2, &KEY, &local, hb, 8, &n));
+  ASSERT_OK(engine_prefix_hashes(a.eng, a.cid, ids, 4 * T + 2, &KEY, &local, NULL, hb, 8, &n));
   ASSERT_EQ(local, 4);
   ASSERT_EQ(n, 0);
   free(ids);
@@ -195,9 +195,11 @@ TEST(pageio_import_under_a_local_prefix) {
   uint8_t hb[8][32];
   uint64_t local;
   size_t n;
-  ASSERT_OK(engine_prefix_hashes(b.eng, b.cid, ids, 4 * T, &KEY, &local, hb, 8, &n));
+  uint8_t before[32];
+  ASSERT_OK(engine_prefix_hashes(b.eng, b.cid, ids, 4 * T, &KEY, &local, before, hb, 8, &n));
   ASSERT_EQ(local, 1);
   ASSERT_EQ(n, 3);
+  ASSERT_MEM_EQ(before, t.hash[0], 32);
   ASSERT_MEM_EQ(hb[0], t.hash[1], 32);
   free(ids);
   ASSERT_EQ(import(&b, 1, 4 * T, 1, &t, 1, 3, &rc), 3);
@@ -307,7 +309,7 @@ TEST(pageio_import_failing_allocations_change_nothing) {
   uint8_t h[4][32];
   uint64_t local;
   size_t n;
-  ASSERT_OK(engine_prefix_hashes(b.eng, b.cid, ids, 4 * T, &KEY, &local, h, 4, &n));
+  ASSERT_OK(engine_prefix_hashes(b.eng, b.cid, ids, 4 * T, &KEY, &local, NULL, h, 4, &n));
   free(ids); /* (a query's scratch, kept by the first match as by any) */
   for (int k = 0;; k++) {
     ASSERT(k < 1000);

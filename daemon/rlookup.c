@@ -1,0 +1,312 @@
+/* rlookup.c: a match or attach continued in the cluster (remote.h draws the
+ * path). One lookup per request: the pages past the local match, one GET
+ * each, pipelined on each node's connection (a node receives its share of
+ * the keys in one write and answers them in a stream); the connection is
+ * parked meanwhile.
+ *
+ *   pages   first  first+1  first+2  first+3 ...
+ *   state   GOOD   GOOD     MISS     GOOD        good = 2: decided, the lookup
+ *                                                ends without waiting for more
+ *
+ * Pages are a chain: only the run of verified pages from the first counts,
+ * so the lookup ends as soon as that run is decided (every page answered,
+ * or one in it missed or failed verification), or at
+ * cluster_lookup_timeout_ms with whatever run it has. Values are verified
+ * as they arrive (rvalue_verify), each against the hash this node computed
+ * for the page from the request's own tokens.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "rslot.h"
+#include "rtier.h"
+
+enum pstate { P_PENDING, P_GOOD, P_MISS, P_BAD };
+
+typedef struct rpage {
+  rlookup_t *l;
+  rcmd_t *cmd;          /* in flight */
+  char *val;            /* a verified value (owned) */
+  const uint8_t *bytes; /* its page bytes, inside val */
+  uint32_t i;
+  uint8_t state;        /* enum pstate */
+} rpage_t;
+
+struct rlookup {
+  remote_t *r;
+  conn_t *c;            /* the connection whose request waits */
+  rlookup_t *prev, *next; /* r->lookups, oldest first */
+  uint32_t cache_id;
+  rvalue_cache_t rc;    /* a copy: the memo may move on */
+  uint64_t first;       /* pages the pool held */
+  bool has_before;      /* first > 0: before is page first - 1's hash */
+  uint8_t before[32];
+  size_t n;             /* pages looked up */
+  size_t good;          /* the verified run from page first */
+  uint8_t (*hash)[32];  /* of each page looked up */
+  uint32_t *tokens;     /* the request's ids of those pages */
+  rpage_t *pg;
+  uint64_t t0_ns, deadline_ms;
+  bool ended;
+};
+
+/* ---- the deadline: one timer for all, at the earliest ----------------------------- */
+
+static void end(rlookup_t *l, bool timed_out);
+
+static void on_deadline(uv_timer_t *t) {
+  remote_t *r = t->data;
+  uint64_t now = uv_now(r->srv->loop), next = UINT64_MAX;
+  for (rlookup_t *l = r->lookups, *nx; l; l = nx) {
+    nx = l->next;
+    if (l->ended) continue;
+    if (l->deadline_ms <= now) end(l, true);
+    else if (l->deadline_ms < next) next = l->deadline_ms;
+  }
+  if (next != UINT64_MAX) uv_timer_start(t, on_deadline, next - now, 0);
+}
+
+static void arm(remote_t *r, uint64_t deadline_ms) {
+  uv_timer_t *t = &r->deadline;
+  uint64_t now = uv_now(r->srv->loop), in = deadline_ms > now ? deadline_ms - now : 0;
+  if (!uv_is_active((uv_handle_t *)t) || uv_timer_get_due_in(t) > in)
+    uv_timer_start(t, on_deadline, in, 0);
+}
+
+/* ---- one lookup -------------------------------------------------------------------- */
+
+static void lookup_free(rlookup_t *l) {
+  remote_t *r = l->r;
+  if (l->prev) l->prev->next = l->next;
+  else r->lookups = l->next;
+  if (l->next) l->next->prev = l->prev;
+  for (size_t i = 0; i < l->n; i++) {
+    rcmd_cancel(l->pg[i].cmd);
+    free(l->pg[i].val);
+  }
+  free(l->hash);
+  free(l->tokens);
+  free(l->pg);
+  free(l);
+}
+
+/* The lookup is over: what is in flight is dropped, the pages past the
+ * verified run freed, the request runs again. */
+static void end(rlookup_t *l, bool timed_out) {
+  remote_t *r = l->r;
+  l->ended = true;
+  for (size_t i = 0; i < l->n; i++) {
+    rcmd_cancel(l->pg[i].cmd);
+    l->pg[i].cmd = NULL;
+    if (i >= l->good) {
+      free(l->pg[i].val);
+      l->pg[i].val = NULL;
+    }
+  }
+  if (timed_out) r->st.errors[TIER_ERR_timeout]++;
+  uint64_t ns = uv_hrtime() - l->t0_ns;
+  r->st.lookup_hist[metrics_bucket(ns)]++;
+  r->st.lookup_ns += ns;
+  conn_unpark_remote(l->c);
+}
+
+/* Has the run of verified pages from the first been decided? */
+static bool decided(rlookup_t *l) {
+  while (l->good < l->n && l->pg[l->good].state == P_GOOD) l->good++;
+  return l->good == l->n || l->pg[l->good].state != P_PENDING;
+}
+
+static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
+  rpage_t *p = arg;
+  rlookup_t *l = p->l;
+  remote_t *r = l->r;
+  p->cmd = NULL;
+  p->state = P_MISS;
+  if (st != RC_OK || reply->type == REDIS_REPLY_ERROR) {
+    remote_error(r, st, reply);
+  } else if (reply->type == REDIS_REPLY_STRING) {
+    size_t len;
+    char *v = rcluster_take_str(reply, &len);
+    uint32_t T = l->rc.page_tokens;
+    const uint8_t *parent = p->i ? l->hash[p->i - 1] : l->has_before ? l->before : NULL;
+    enum rvalue_verdict why = rvalue_verify(&l->rc, r->sec, (const uint8_t *)v, len,
+                                            l->hash[p->i], parent, l->tokens + (size_t)p->i * T,
+                                            &p->bytes);
+    r->st.read_bytes += len;
+    if (why == RV_OK) {
+      p->val = v;
+      p->state = P_GOOD;
+    } else {
+      r->st.discarded[why - 1]++;
+      p->state = P_BAD;
+      LOG_DEBUG("cluster_discarded", "cache=%u page=%llu reason=%s", l->cache_id,
+                (unsigned long long)(l->first + p->i), rvalue_verdict_name(why));
+      free(v);
+    }
+  } /* nil: not in the cluster */
+  if (!l->ended && decided(l)) end(l, false);
+}
+
+/* The GET of a key, as RESP bytes (new). */
+static char *get_cmd(const char *key, size_t klen, size_t *len) {
+  char *cmd = malloc(32 + klen);
+  if (!cmd) return NULL;
+  int h = snprintf(cmd, 32, "*2\r\n$3\r\nGET\r\n$%zu\r\n", klen);
+  memcpy(cmd + h, key, klen);
+  memcpy(cmd + h + klen, "\r\n", 2);
+  *len = (size_t)h + klen + 2;
+  return cmd;
+}
+
+/* A lookup of pages [first, first + n) of the request, their hashes taken
+ * (new; nothing sent yet). */
+static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
+                             const rvalue_cache_t *rc, const uint32_t *tokens, uint64_t first,
+                             const uint8_t *before, uint8_t (*hash)[32], size_t n) {
+  rlookup_t *l = calloc(1, sizeof *l);
+  size_t T = rc->page_tokens;
+  if (!l || !(l->pg = calloc(n, sizeof *l->pg)) || !(l->tokens = malloc(n * T * 4))) {
+    if (l) free(l->pg);
+    free(l);
+    return NULL;
+  }
+  l->r = r;
+  l->c = c;
+  l->cache_id = cache_id;
+  l->rc = *rc;
+  l->first = first;
+  l->has_before = before != NULL;
+  if (before) memcpy(l->before, before, 32);
+  l->hash = hash;
+  l->n = n;
+  memcpy(l->tokens, tokens + first * T, n * T * 4);
+  for (size_t i = 0; i < n; i++) l->pg[i] = (rpage_t){l, NULL, NULL, NULL, (uint32_t)i, P_PENDING};
+  return l;
+}
+
+/* A page's key and its slot. */
+typedef struct pkey {
+  char s[RVALUE_KEY_MAX];
+  size_t len;
+  uint16_t slot;
+} pkey_t;
+
+/* Sends the GETs; the pages past the first that cannot be sent are not
+ * looked up (nothing after them could be used). Returns how many went. */
+static size_t lookup_send(rlookup_t *l, const pkey_t *keys) {
+  remote_t *r = l->r;
+  for (size_t i = 0; i < l->n; i++) {
+    size_t len;
+    char *cmd = get_cmd(keys[i].s, keys[i].len, &len);
+    enum rc_status st = RC_CONN;
+    rcmd_t *c = cmd ? rcluster_send(r->cl, keys[i].slot, true, cmd, len, on_value, &l->pg[i], &st)
+                    : NULL;
+    if (!c) {
+      remote_error(r, st, NULL);
+      l->n = i;
+      break;
+    }
+    l->pg[i].cmd = c;
+  }
+  return l->n;
+}
+
+int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                  const engine_pkey_t *key) {
+  server_t *srv = c->srv;
+  remote_t *r = srv->remote;
+  if (!r || r->stopping || srv->draining || c->rwait) return REMOTE_RUN;
+  const rvalue_cache_t *rc = remote_cache(r, cache_id);
+  uint64_t whole = rc ? n / rc->page_tokens : 0;
+  size_t cap = whole < srv->cfg.cluster_lookup_max_pages ? (size_t)whole
+                                                          : srv->cfg.cluster_lookup_max_pages;
+  if (!cap) return REMOTE_RUN;
+  uint8_t(*hash)[32] = malloc(cap * 32), before[32];
+  pkey_t *keys = malloc(cap * sizeof *keys);
+  uint64_t first;
+  size_t nh = 0, k = 0;
+  rlookup_t *l = NULL;
+  if (!hash || !keys ||
+      engine_prefix_hashes(srv->eng, cache_id, tokens, n, key, &first, before, hash, cap, &nh) ||
+      !nh)
+    goto run;
+  /* Only a run from the first page can be used: stop at the first page
+   * whose node would not be tried (its breaker open, no map). */
+  for (; k < nh; k++) {
+    keys[k].len = rvalue_key(rc, r->sec, hash[k], keys[k].s);
+    keys[k].slot = rslot_of(keys[k].s, keys[k].len);
+    if (!rcluster_routable(r->cl, keys[k].slot, true)) break;
+  }
+  if (k == 0) {
+    remote_error(r, rcluster_ready(r->cl) ? RC_BREAKER : RC_NOROUTE, NULL);
+    goto run;
+  }
+  if (!(l = lookup_new(r, c, cache_id, rc, tokens, first, first ? before : NULL, hash, k)))
+    goto run;
+  hash = NULL; /* the lookup's now */
+  rlookup_t **tail = &r->lookups; /* oldest first: deadlines in order */
+  while (*tail) {
+    l->prev = *tail;
+    tail = &(*tail)->next;
+  }
+  *tail = l;
+  l->t0_ns = uv_hrtime();
+  if (lookup_send(l, keys) == 0) {
+    lookup_free(l);
+    goto run;
+  }
+  free(keys);
+  l->deadline_ms = uv_now(srv->loop) + srv->cfg.cluster_lookup_timeout_ms;
+  arm(r, l->deadline_ms);
+  r->st.lookups++;
+  r->st.lookup_pages += l->n;
+  c->rwait = l;
+  return REMOTE_WAIT;
+run:
+  free(hash);
+  free(keys);
+  return REMOTE_RUN;
+}
+
+void remote_import(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                   const engine_pkey_t *key) {
+  rlookup_t *l = c->rwait;
+  c->rwait = NULL;
+  if (!l) return;
+  remote_t *r = l->r;
+  if (!l->ended) end(l, false);
+  engine_page_in_t *in = l->good && l->cache_id == cache_id ? malloc(l->good * sizeof *in) : NULL;
+  if (in) {
+    for (size_t i = 0; i < l->good; i++) in[i] = (engine_page_in_t){l->hash[i], l->pg[i].bytes};
+    size_t got = 0;
+    int rc = engine_prefix_import(c->srv->eng, cache_id, tokens, n, key, l->first, in, l->good,
+                                  &got);
+    r->st.hit_pages += got;
+    r->st.hit_tokens += got * l->rc.page_tokens;
+    if (rc || got < l->good) {
+      r->st.errors[TIER_ERR_import] += rc != 0;
+      LOG_DEBUG("cluster_import", "conn=%llu cache=%u verified=%zu imported=%zu error=%s",
+                (unsigned long long)c->id, cache_id, l->good, got, rc ? kvc_err_name(rc) : "-");
+    }
+    free(in);
+  }
+  lookup_free(l);
+}
+
+void remote_forget(conn_t *c) {
+  rlookup_t *l = c->rwait;
+  c->rwait = NULL;
+  if (l) lookup_free(l);
+}
+
+void rlookup_end_all(remote_t *r) {
+  for (rlookup_t *l = r->lookups, *nx; l; l = nx) {
+    nx = l->next;
+    if (!l->ended) end(l, false);
+    if (r->stopping) { /* the connections' requests run without them */
+      l->c->rwait = NULL;
+      lookup_free(l);
+    }
+  }
+}

