@@ -185,3 +185,133 @@ TEST_TIMEOUT(cluster_prompt_prefilled_on_one_node_attaches_on_another, 120) {
   kvc_client_close(c1), kvc_client_close(c2);
   fleet_stop(&f);
 }
+
+/* ---- values that must not be served ------------------------------------------ */
+
+/* A page's value as the cluster holds it, and where. */
+typedef struct stored {
+  char key[RVALUE_KEY_MAX];
+  int node;            /* the master holding it */
+  char *val;
+  size_t len;
+} stored_t;
+
+/* The values of the pages in the cluster, ordered along their chain by
+ * their headers (flags at 12, hash at 88, parent at 120): n of them. */
+static void find_pages(const rcl_t *rc, stored_t *out, size_t n) {
+  stored_t all[64];
+  size_t k = 0;
+  for (int i = 0; i < RCL_NODES; i++) {
+    if (!rc->pid[i] || !rcl_says(rc, i, "role:master", "INFO replication")) continue;
+    redisReply *keys = rcl_cmd(rc, i, "KEYS kvc1:*");
+    ASSERT(keys && keys->type == REDIS_REPLY_ARRAY);
+    for (size_t j = 0; j < keys->elements && k < 64; j++, k++) {
+      snprintf(all[k].key, sizeof all[k].key, "%s", keys->element[j]->str);
+      all[k].node = i;
+      redisReply *v = rcl_cmd(rc, i, "GET %s", all[k].key);
+      ASSERT(v && v->type == REDIS_REPLY_STRING && v->len > HDR);
+      all[k].val = malloc(v->len);
+      memcpy(all[k].val, v->str, v->len);
+      all[k].len = v->len;
+      freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+  }
+  ASSERT_EQ(k, n);
+  const char *prev = NULL;
+  for (size_t i = 0; i < n; i++) {
+    size_t j = 0;
+    for (; j < k; j++) {
+      uint32_t flags;
+      memcpy(&flags, all[j].val + 12, 4);
+      if (prev ? (flags & 1) && memcmp(all[j].val + 120, prev + 88, 32) == 0 : !(flags & 1)) break;
+    }
+    ASSERT(j < k);
+    out[i] = all[j];
+    prev = out[i].val;
+  }
+}
+
+static void put_value(const rcl_t *rc, const stored_t *s, const void *val, size_t len) {
+  redisReply *r = rcl_cmd(rc, s->node, "SET %s %b", s->key, val, len);
+  ASSERT(r && r->type == REDIS_REPLY_STATUS);
+  freeReplyObject(r);
+}
+
+/* A value of page s written with secret, as another fleet (or tenant) would:
+ * the same chain hash and ids, its own bytes. */
+static char *forge(const stored_t *s, const char *secret, const char *tenant, uint32_t p,
+                   size_t *len) {
+  rvalue_secret_t *sec = rvalue_secret_new(secret, strlen(secret));
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  uint8_t ident[32];
+  rvalue_tenant_identity(tenant, ident);
+  rvalue_cache_t rcache;
+  rvalue_cache_init(&rcache, sec, ident, &l, 16384);
+  uint32_t *ids = prompt(p, 64);
+  static uint8_t bytes[16384];
+  memset(bytes, 0x5a, sizeof bytes);
+  engine_page_t pg = {.has_parent = true, .page_tokens = T, .tokens = ids + 2 * T,
+                      .bytes = bytes, .nbytes = sizeof bytes};
+  memcpy(pg.hash, s->val + 88, 32);
+  memcpy(pg.parent, s->val + 120, 32);
+  *len = rvalue_size(&rcache);
+  char *v = malloc(*len);
+  ASSERT_EQ(rvalue_encode(&rcache, sec, &pg, (uint8_t *)v), 0);
+  rvalue_secret_free(sec);
+  free(ids);
+  return v;
+}
+
+TEST_TIMEOUT(cluster_corrupted_truncated_stale_or_planted_values_are_never_served, 120) {
+  fleet_t f;
+  fleet_start(&f, NULL);
+  kvc_client_t *c1 = client_open(&f.d1), *c2 = client_open(&f.d2);
+  kvc_cache_t *h1 = open_cache(c1, "llama"), *h2 = open_cache(c2, "llama");
+  prefill(h1, 1, 3, 64);
+  wait_stat(&f.d1, "tier_writes_total", 4);
+  stored_t pg[4];
+  find_pages(&f.rc, pg, 4);
+  char *bad = malloc(pg[2].len);
+  size_t flen;
+  struct {
+    const char *reason;
+    char *val;
+    size_t len;
+  } cases[7];
+  int n = 0;
+  memcpy(bad, pg[2].val, pg[2].len);
+  bad[HDR + 4 * T + 100] ^= 1; /* one bit of the page's bytes */
+  cases[n++] = (__typeof__(cases[0])){"mac", bad, pg[2].len};
+  cases[n++] = (__typeof__(cases[0])){"truncated", pg[2].val, pg[2].len - 100};
+  char *stale = malloc(pg[2].len);
+  memcpy(stale, pg[2].val, pg[2].len);
+  stale[4] = 2; /* another format version */
+  cases[n++] = (__typeof__(cases[0])){"stale", stale, pg[2].len};
+  char *planted = forge(&pg[2], "not-the-fleet-secret-at-all-1234", "uid:0", 3, &flen);
+  cases[n++] = (__typeof__(cases[0])){"mac", planted, flen};
+  char *other = forge(&pg[2], "an-example-fleet-secret-of-32-by", "uid:64002", 3, &flen);
+  cases[n++] = (__typeof__(cases[0])){"tenant", other, flen};
+  cases[n++] = (__typeof__(cases[0])){"chain", pg[3].val, pg[3].len}; /* another page's */
+  cases[n++] = (__typeof__(cases[0])){"format", "not a page at all", 17};
+  uint64_t seq = 10;
+  for (int i = 0; i < n; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "tier_discarded_total{reason=%s}", cases[i].reason);
+    uint64_t before = stat_get(c2, name, NULL);
+    put_value(&f.rc, &pg[2], cases[i].val, cases[i].len);
+    ASSERT_EQ(attach(h2, seq, 3, 64), 32); /* pages 0 and 1, never page 2 */
+    ASSERT(holds(h2, seq++, 3, 32));
+    ASSERT_EQ(stat_get(c2, name, NULL), before + 1);
+  }
+  put_value(&f.rc, &pg[2], pg[2].val, pg[2].len); /* the genuine value again */
+  ASSERT_EQ(attach(h2, seq, 3, 64), 64);
+  ASSERT(holds(h2, seq, 3, 64));
+  ASSERT_EQ(stat_get(c2, "tier_discarded_total", NULL), (uint64_t)n);
+  ASSERT_EQ(stat_get(c2, "puts_total", NULL), 0);
+  free(bad), free(stale), free(planted), free(other);
+  for (int i = 0; i < 4; i++) free(pg[i].val);
+  kvc_cache_close(h1), kvc_cache_close(h2);
+  kvc_client_close(c1), kvc_client_close(c2);
+  fleet_stop(&f);
+}
