@@ -23,6 +23,9 @@
 #define MAX_REPLICAS 3u
 #define MAX_REDIRECTS 5u
 #define REFRESH_MIN_MS 100u /* between two reads of the map after failures */
+#define REFRESH_DEGRADED_MS 500u /* while a master of the map is failing: a
+                                    failover is under way, its replica's
+                                    promotion must be seen soon */
 
 typedef struct slot {
   uint16_t master;
@@ -189,7 +192,12 @@ static void on_slots(void *arg, enum rc_status st, struct redisReply *r) {
   if (st == RC_OK && map_apply(cl, r, cl->asked)) {
     cl->counts.refreshes++;
     cl->refresh_fails = 0;
-    uv_timer_start(&cl->refresh, on_refresh_timer, cl->o.refresh_ms, 0);
+    uint64_t next = cl->o.refresh_ms;
+    for (uint32_t i = 0; i < cl->nnodes; i++)
+      if (cl->nodes[i]->in_map && !cl->nodes[i]->replica && cl->nodes[i]->fails &&
+          next > REFRESH_DEGRADED_MS)
+        next = REFRESH_DEGRADED_MS;
+    uv_timer_start(&cl->refresh, on_refresh_timer, next, 0);
     return;
   }
   cl->counts.refresh_errors++;

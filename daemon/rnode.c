@@ -224,6 +224,8 @@ static int connect_node(rnode_t *n) {
 
 enum rc_status rnode_send(rnode_t *n, rcmd_t *c) {
   if (!rnode_usable(n)) return RC_BREAKER;
+  /* Half open: a node that failed gets one command until it answers. */
+  if (n->fails && n->st != RN_READY && n->pending) return RC_BREAKER;
   if (!n->ac && connect_node(n) != 0) {
     rcluster_counts_rw(n->cl)->connect_errors++;
     breaker_fail(n);

@@ -46,6 +46,7 @@ static void fleet_start(fleet_t *f, const char *const *more) {
   rcl_start(&f->rc);
   snprintf(f->secret, sizeof f->secret, "%s/secret", f->rc.dir);
   write_secret(f->secret, "an-example-fleet-secret-of-32-by\n");
+  ASSERT_EQ(chmod(f->rc.dir, 0711), 0); /* workers of another uid see their stop file */
   node_start(f, &f->d1, more);
   node_start(f, &f->d2, more);
 }
@@ -311,6 +312,213 @@ TEST_TIMEOUT(cluster_corrupted_truncated_stale_or_planted_values_are_never_serve
   ASSERT_EQ(stat_get(c2, "puts_total", NULL), 0);
   free(bad), free(stale), free(planted), free(other);
   for (int i = 0; i < 4; i++) free(pg[i].val);
+  kvc_cache_close(h1), kvc_cache_close(h2);
+  kvc_client_close(c1), kvc_client_close(c2);
+  fleet_stop(&f);
+}
+
+/* ---- a slot migrated and a master killed while clients run --------------------- */
+
+/* A worker that runs until the stop file exists; every request must succeed
+ * and every byte it reads be right (exit status 0). */
+typedef struct worker {
+  pid_t pid;
+  char stop[128];
+} worker_t;
+
+static bool stopped(const worker_t *w) { return access(w->stop, F_OK) == 0; }
+
+/* Node 1's clients: new prompts 100, 101, ..., each read back. */
+static void prefiller(const daemon_t *d, const worker_t *w) {
+  kvc_client_t *c = client_open(d);
+  kvc_cache_t *h = open_cache(c, "llama");
+  for (uint32_t i = 0; !stopped(w); i++) {
+    prefill(h, 1000 + i % 64, 100 + i, 64);
+    if (!holds(h, 1000 + i % 64, 100 + i, 64)) _exit(93);
+  }
+  _exit(0);
+}
+
+/* Node 2's clients: attaches of whatever prompts exist (the prefiller's,
+ * racing it), every byte attached checked; a local sequence written and
+ * read beside; the cache dropped now and then so that lookups go on. */
+static void attacher(const daemon_t *d, const worker_t *w) {
+  kvc_client_t *c = client_open(d);
+  kvc_cache_t *h = open_cache(c, "llama");
+  for (uint32_t i = 0; !stopped(w); i++) {
+    uint32_t p = 100 + (i * 7) % 64;
+    uint64_t got = attach(h, 1, p, 64);
+    if (got % T || got > 64 || (got && !holds(h, 1, p, got))) _exit(94);
+    prefill(h, 2, 7, 40); /* local service: a put and a get */
+    if (!holds(h, 2, 7, 40)) _exit(95);
+    if (i % 16 == 15) {
+      if (kvc_cache_drop(h) != 0) _exit(96);
+      h = open_cache(c, "llama");
+    }
+  }
+  _exit(0);
+}
+
+/* A worker runs as another tenant: its caches and prompts are its own, so
+ * that the test's own drops and attaches of tenant root's cache do not
+ * race it. */
+static void worker_start(worker_t *w, const char *dir, int i, const daemon_t *d,
+                         void (*fn)(const daemon_t *, const worker_t *)) {
+  snprintf(w->stop, sizeof w->stop, "%s/stop-%d", dir, i);
+  fflush(NULL);
+  w->pid = fork();
+  ASSERT(w->pid >= 0);
+  if (w->pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    drop_to(UID_B);
+    fn(d, w);
+  }
+}
+
+static void worker_stop(worker_t *w) {
+  it_write_file(w->stop, "stop");
+  int st;
+  ASSERT(waitpid(w->pid, &st, 0) == w->pid);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    TEST_FAIL_("a worker failed: exited=%d status=%d signal=%d", WIFEXITED(st),
+               WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+static void node_id(const rcl_t *rc, int i, char *out, size_t len) {
+  redisReply *r = rcl_cmd(rc, i, "CLUSTER MYID");
+  ASSERT(r && r->type == REDIS_REPLY_STRING);
+  snprintf(out, len, "%s", r->str);
+  freeReplyObject(r);
+}
+
+static void ok_reply(redisReply *r) {
+  if (!r || r->type == REDIS_REPLY_ERROR) TEST_FAIL_("redis: %s", r ? r->str : "no reply");
+  freeReplyObject(r);
+}
+
+/* Drops node 2's cache and attaches prompt p anew (from the cluster). */
+static kvc_cache_t *reattach(kvc_client_t *c, kvc_cache_t *h, uint32_t p, uint64_t want) {
+  ASSERT_OK(kvc_cache_drop(h));
+  h = open_cache(c, "llama");
+  ASSERT_EQ(attach(h, 1, p, 64), want);
+  ASSERT(holds(h, 1, p, want));
+  return h;
+}
+
+TEST_TIMEOUT(cluster_slot_migrated_and_master_killed_while_clients_run, 240) {
+  fleet_t f;
+  const char *more[] = {"--cluster-refresh-ms", "3600000", NULL};
+  fleet_start(&f, more); /* the map is read again only when the cluster says so */
+  kvc_client_t *c1 = client_open(&f.d1), *c2 = client_open(&f.d2);
+  kvc_cache_t *h1 = open_cache(c1, "llama"), *h2 = open_cache(c2, "llama");
+  prefill(h1, 1, 5, 64);
+  wait_stat(&f.d1, "tier_writes_total", 4);
+  stored_t pg[4];
+  find_pages(&f.rc, pg, 4);
+  worker_t w1, w2;
+  worker_start(&w1, f.rc.dir, 1, &f.d1, prefiller);
+  worker_start(&w2, f.rc.dir, 2, &f.d2, attacher);
+  wait_stat(&f.d2, "tier_hit_pages_total", 5); /* they run */
+
+  /* Migrate the slot of prompt 5's page 1 to another master, step by step
+   * (the Redis Cluster specification's resharding): while its key is
+   * moved and the slot not yet handed over, node 2 follows ASK. */
+  redisReply *ks = rcl_cmd(&f.rc, pg[1].node, "CLUSTER KEYSLOT %s", pg[1].key);
+  ASSERT(ks && ks->type == REDIS_REPLY_INTEGER);
+  long long slot = ks->integer;
+  freeReplyObject(ks);
+  int src = rcl_master_of(&f.rc, pg[1].node, slot), dst = -1;
+  ASSERT(src >= 0);
+  for (int i = 0; i < RCL_NODES && dst < 0; i++)
+    if (i != src && rcl_says(&f.rc, i, "role:master", "INFO replication")) dst = i;
+  char src_id[64], dst_id[64];
+  node_id(&f.rc, src, src_id, sizeof src_id);
+  node_id(&f.rc, dst, dst_id, sizeof dst_id);
+  ok_reply(rcl_cmd(&f.rc, dst, "CLUSTER SETSLOT %lld IMPORTING %s", slot, src_id));
+  ok_reply(rcl_cmd(&f.rc, src, "CLUSTER SETSLOT %lld MIGRATING %s", slot, dst_id));
+  ok_reply(rcl_cmd(&f.rc, src, "MIGRATE 127.0.0.1 %d %b 0 5000 KEYS %s", f.rc.port[dst], "",
+                   (size_t)0, pg[1].key));
+  uint64_t ask = stat_get(c2, "tier_redirects_total{kind=ask}", NULL);
+  h2 = reattach(c2, h2, 5, 64);
+  ASSERT(stat_get(c2, "tier_redirects_total{kind=ask}", NULL) > ask);
+  /* The slot handed over: node 2's map is stale until a MOVED tells it. */
+  uint64_t moved = stat_get(c2, "tier_redirects_total{kind=moved}", NULL);
+  for (int i = 0; i < RCL_NODES; i++)
+    if (rcl_says(&f.rc, i, "role:master", "INFO replication"))
+      ok_reply(rcl_cmd(&f.rc, i, "CLUSTER SETSLOT %lld NODE %s", slot, dst_id));
+  h2 = reattach(c2, h2, 5, 64);
+  ASSERT(stat_get(c2, "tier_redirects_total{kind=moved}", NULL) > moved);
+
+  /* Kill the master of prompt 5's page 0: its replica takes over; node 2
+   * finds every page again once it has read the new map. */
+  rcl_wait_ok(&f.rc);
+  rcl_wait_synced(&f.rc);
+  ks = rcl_cmd(&f.rc, src, "CLUSTER KEYSLOT %s", pg[0].key);
+  int victim;
+  victim = rcl_master_of(&f.rc, src, ks->integer);
+  freeReplyObject(ks);
+  int heir = -1;
+  for (int i = 0; i < RCL_NODES; i++) {
+    char needle[32];
+    snprintf(needle, sizeof needle, "master_port:%d", f.rc.port[victim]);
+    if (i != victim && rcl_says(&f.rc, i, needle, "INFO replication")) heir = i;
+  }
+  ASSERT(victim >= 0 && heir >= 0);
+  rcl_kill(&f.rc, victim);
+  for (int i = 0; !rcl_says(&f.rc, heir, "role:master", "INFO replication"); i++) {
+    ASSERT(i < 3000);
+    it_sleep_ms(10);
+  }
+  rcl_wait_ok(&f.rc);
+  uint64_t got = 0;
+  for (int i = 0; i < 300 && got < 64; i++) { /* until node 2 has read the new map */
+    ASSERT_OK(kvc_cache_drop(h2));
+    h2 = open_cache(c2, "llama");
+    got = attach(h2, 1, 5, 64);
+    ASSERT(holds(h2, 1, 5, got));
+    if (got < 64) it_sleep_ms(100);
+  }
+  ASSERT_EQ(got, 64);
+  worker_stop(&w1);
+  worker_stop(&w2);
+  for (int i = 0; i < 4; i++) free(pg[i].val);
+  kvc_cache_close(h1), kvc_cache_close(h2);
+  kvc_client_close(c1), kvc_client_close(c2);
+  fleet_stop(&f);
+}
+
+/* ---- the whole cluster stopped ------------------------------------------------- */
+
+TEST_TIMEOUT(cluster_stopped_local_service_goes_on, 120) {
+  fleet_t f;
+  fleet_start(&f, NULL);
+  kvc_client_t *c1 = client_open(&f.d1), *c2 = client_open(&f.d2);
+  kvc_cache_t *h1 = open_cache(c1, "llama"), *h2 = open_cache(c2, "llama");
+  prefill(h1, 1, 1, 64);
+  wait_stat(&f.d1, "tier_writes_total", 4);
+  for (int i = 0; i < RCL_NODES; i++) rcl_kill(&f.rc, i);
+  /* Node 2 asks a dead cluster: nothing comes, nothing fails. */
+  ASSERT_EQ(attach(h2, 1, 1, 64), 0);
+  /* Its own prompts and node 1's keep working, written or not. */
+  for (uint32_t p = 2; p < 40; p++) {
+    prefill(h1, p, p, 64);
+    ASSERT_EQ(attach(h1, 100 + p, p, 64), 64);
+    ASSERT(holds(h1, 100 + p, p, 64));
+    prefill(h2, p, 1000 + p, 48);
+    ASSERT_EQ(attach(h2, 100 + p, 1000 + p, 48), 48);
+    ASSERT(holds(h2, 100 + p, 1000 + p, 48));
+    ASSERT_EQ(attach(h2, 200 + p, 1, 64), 0); /* not in the pool; the cluster is gone */
+  }
+  /* The breakers have opened: the cluster is no longer even tried. */
+  wait_stat(&f.d2, "tier_breakers_open", 1);
+  uint64_t tries = stat_get(c2, "tier_lookup_pages_total", NULL);
+  ASSERT_EQ(attach(h2, 300, 1, 64), 0);
+  ASSERT_EQ(stat_get(c2, "tier_lookup_pages_total", NULL), tries);
+  ASSERT(stat_get(c2, "tier_errors_total{kind=breaker}", NULL) > 0);
+  /* Node 1's writes: tried, then dropped and counted (never blocking). */
+  wait_stat(&f.d1, "tier_queue_drops_total", 1);
+  ASSERT_EQ(stat_get(c1, "request_errors_total", NULL), 0);
+  ASSERT_EQ(stat_get(c2, "request_errors_total", NULL), 0);
   kvc_cache_close(h1), kvc_cache_close(h2);
   kvc_client_close(c1), kvc_client_close(c2);
   fleet_stop(&f);
