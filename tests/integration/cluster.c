@@ -10,6 +10,7 @@
 #include <sys/random.h>
 
 #include "../../daemon/rvalue.h"
+#include "json.h"
 #include "redis.h"
 
 #define T 16u         /* page_tokens of it_layout */
@@ -181,7 +182,14 @@ TEST_TIMEOUT(cluster_prompt_prefilled_on_one_node_attaches_on_another, 120) {
   ASSERT(holds(h1, 21, 2, 32));
   char out[16384];
   ASSERT_EQ(ctl_run(&f.d2, out, sizeof out, true, "tier"), 0);
-  ASSERT(strstr(out, "cluster") && strstr(out, "up") && strstr(out, "master"));
+  ASSERT(strstr(out, "tier cluster: up, 16384 of 16384 slots mapped") && strstr(out, " master "));
+  ASSERT_EQ(ctl_run(&f.d2, out, sizeof out, false, "tier --json"), 0);
+  json_t *j = json_parse_or_fail(out);
+  json_t *t = json_get(j, "tiers", "cluster", NULL);
+  ASSERT_EQ(json_u64(json_get(t, "up", NULL)), 1);
+  ASSERT_EQ(json_u64(json_get(t, "hit_pages", NULL)), 8);
+  ASSERT(json_len(json_get(t, "nodes", NULL)) >= 3); /* replicas: once CLUSTER SLOTS lists them */
+  json_free(j);
   kvc_cache_close(h1), kvc_cache_close(h2);
   kvc_client_close(c1), kvc_client_close(c2);
   fleet_stop(&f);
@@ -522,4 +530,41 @@ TEST_TIMEOUT(cluster_stopped_local_service_goes_on, 120) {
   kvc_cache_close(h1), kvc_cache_close(h2);
   kvc_client_close(c1), kvc_client_close(c2);
   fleet_stop(&f);
+}
+
+/* ---- the options ------------------------------------------------------------------ */
+
+TEST(cluster_secret_and_auth_files_must_be_private) {
+  char dir[64], out[4096], sec[128], auth[128];
+  snprintf(dir, sizeof dir, "/tmp/kvcit-XXXXXX");
+  ASSERT(mkdtemp(dir) != NULL);
+  snprintf(sec, sizeof sec, "%s/secret", dir);
+  snprintf(auth, sizeof auth, "%s/auth", dir);
+  write_secret(sec, "an-example-fleet-secret-of-32-by\n");
+  write_secret(auth, "kvcached hunter2\n");
+  ASSERT_EQ(chmod(sec, 0644), 0);
+  ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --socket %s/s --pool-bytes 8MiB --page-bytes 16KiB "
+                  "--cluster-nodes 127.0.0.1:1 --cluster-secret-file %s", it_build(), dir, sec), 1);
+  ASSERT(strstr(out, "cluster_secret_file: ") && strstr(out, "readable by it alone"));
+  ASSERT_EQ(chmod(sec, 0600), 0);
+  ASSERT_EQ(chmod(auth, 0640), 0);
+  ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --socket %s/s --pool-bytes 8MiB --page-bytes 16KiB "
+                  "--cluster-nodes 127.0.0.1:1 --cluster-secret-file %s --cluster-auth-file %s",
+                  it_build(), dir, sec, auth), 1);
+  ASSERT(strstr(out, "cluster_auth_file: ") && strstr(out, "readable by it alone"));
+  write_secret(sec, "short\n");
+  ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --socket %s/s --pool-bytes 8MiB --page-bytes 16KiB "
+                  "--cluster-nodes 127.0.0.1:1 --cluster-secret-file %s", it_build(), dir, sec), 1);
+  ASSERT(strstr(out, "at least 16") != NULL);
+  /* No cluster_nodes: no tier, and kvcachectl says so. */
+  daemon_t d;
+  daemon_start(&d);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "tier"), 0);
+  ASSERT(strstr(out, "no tier behind the pool") != NULL);
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "tier --json"), 0);
+  json_t *j = json_parse_or_fail(out);
+  ASSERT_EQ(json_len(json_get(j, "tiers", NULL)), 0);
+  json_free(j);
+  daemon_stop(&d);
+  ASSERT_EQ(it_sh(out, sizeof out, "rm -rf '%s'", dir), 0);
 }
