@@ -184,6 +184,9 @@ static const option_t options[] = {
    "and the request runs with it"},
   {"cluster_lookup_max_pages", OPT_U32, "4096", 1, 65536, false, F(cluster_lookup_max_pages),
    "pages one match or attach looks up in the cluster past what the pool holds"},
+  {"cluster_lookup_bytes", OPT_SIZE, "256MiB", 1 * MiB, 64 * GiB, false, F(cluster_lookup_bytes),
+   "value bytes the lookups in flight may hold at once (what came, until it is imported); a "
+   "lookup past it asks for fewer pages, or none"},
   {"cluster_connect_timeout_ms", OPT_U32, "1000", 1, 60000, false,
    F(cluster_connect_timeout_ms), "ms for a connection to a node to be made"},
   {"cluster_command_timeout_ms", OPT_U32, "2000", 1, 600000, false,
@@ -201,7 +204,8 @@ static const option_t options[] = {
    "pages the write-behind queue holds (with cluster_write = evicted each holds a copy of "
    "its page); more are dropped and counted"},
   {"cluster_inflight_bytes", OPT_SIZE, "16MiB", 64 * KiB, 1 * GiB, false,
-   F(cluster_inflight_bytes), "value bytes being written to the cluster at once"},
+   F(cluster_inflight_bytes), "value bytes being written to the cluster at once (at most a "
+   "sixteenth of pool_bytes: the pages being written are held in the pool meanwhile)"},
   {"cluster_retries", OPT_U32, "3", 0, 16, false, F(cluster_retries),
    "times a failed write is tried again before it is dropped"},
   {"cluster_backoff_ms", OPT_U32, "100", 1, 600000, false, F(cluster_backoff_ms),

@@ -96,6 +96,7 @@ typedef struct config {
   bool cluster_read_replicas;     /* lookups read from replicas */
   uint32_t cluster_lookup_timeout_ms; /* the longest a request waits for the cluster */
   uint32_t cluster_lookup_max_pages;  /* pages one request looks up */
+  uint64_t cluster_lookup_bytes;      /* value bytes all lookups may hold at once */
   uint32_t cluster_connect_timeout_ms;
   uint32_t cluster_command_timeout_ms; /* a node silent this long is dropped */
   uint32_t cluster_refresh_ms;    /* the slot map is read again this often */

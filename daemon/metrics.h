@@ -113,7 +113,8 @@ uint64_t metrics_bucket_max(unsigned idx);
   X(redirects)  /* too many MOVED/ASK in a row */                            \
   X(server)     /* an error reply (CLUSTERDOWN, TRYAGAIN, LOADING, ...) */   \
   X(oom)        /* the cluster is full and evicts nothing (maxmemory-policy noeviction) */ \
-  X(import)     /* verified pages the pool had no room for */
+  X(import)     /* verified pages the pool had no room for */              \
+  X(budget)     /* lookups not made: cluster_lookup_bytes held by others */
 
 enum tier_err {
 #define TIER_ERR_ENUM_(name) TIER_ERR_##name,

@@ -347,6 +347,30 @@ rcmd_t *rcluster_send(rcluster_t *cl, uint16_t slot, bool read, char *cmd, size_
   return c;
 }
 
+enum rc_status rcluster_master(const rcluster_t *cl, uint16_t slot, char *host, size_t hostlen,
+                               int *port) {
+  const slot_t *s = &cl->slots[slot % RSLOT_COUNT];
+  if (s->master == NONE) return RC_NOROUTE;
+  const rnode_t *n = cl->nodes[s->master];
+  if (!rnode_usable(n)) return RC_BREAKER;
+  snprintf(host, hostlen, "%s", n->host);
+  *port = n->port;
+  return RC_OK;
+}
+
+void rcluster_moved(rcluster_t *cl, uint16_t slot, const char *host, int port) {
+  rnode_t *to = cl->closing ? NULL : node_get(cl, host, port);
+  if (!to) return;
+  cl->counts.moved++;
+  slot_t *s = &cl->slots[slot % RSLOT_COUNT];
+  if (s->master == NONE) cl->covered++;
+  *s = (slot_t){to->idx, {NONE, NONE, NONE}, 0};
+  to->in_map = true;
+  refresh_soon(cl);
+}
+
+void rcluster_asked(rcluster_t *cl, uint32_t n) { cl->counts.ask += n; }
+
 void rcmd_cancel(rcmd_t *c) {
   if (c) c->cancelled = true;
 }

@@ -102,6 +102,16 @@ void rcmd_cancel(rcmd_t *c);
 /* Takes reply->str of a string reply: the caller frees it with free(). */
 char *rcluster_take_str(struct redisReply *reply, size_t *len);
 
+/* The master of slot into host and port, for a client of its own (the
+ * sender thread): RC_OK, or RC_NOROUTE / RC_BREAKER. */
+enum rc_status rcluster_master(const rcluster_t *cl, uint16_t slot, char *host, size_t hostlen,
+                               int *port);
+/* Such a client followed MOVED: the slot is host:port's now (the map
+ * learns it and is read again). */
+void rcluster_moved(rcluster_t *cl, uint16_t slot, const char *host, int port);
+/* Such a client followed n ASK redirections (counted). */
+void rcluster_asked(rcluster_t *cl, uint32_t n);
+
 /* Whether the slot map covers every slot. */
 bool rcluster_ready(const rcluster_t *cl);
 /* Whether the node that would serve a command of slot would be tried now

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "rsend.h"
 #include "rtier.h"
 
 #define SECRET_MAX 4096
@@ -66,26 +67,23 @@ static int read_auth(const config_t *cfg, char *user, char *pass, size_t cap, ch
   return 0;
 }
 
-static rvalue_secret_t *read_secret(const config_t *cfg, char *err, size_t errlen) {
-  static char buf[SECRET_MAX];
+/* The fleet secret into buf (its length; 0: none configured), or -1. */
+static ssize_t read_secret(const config_t *cfg, char *buf, char *err, size_t errlen) {
   ssize_t n = 0;
   if (cfg->cluster_secret_file[0]) {
-    n = read_private("cluster_secret_file", cfg->cluster_secret_file, buf, sizeof buf, err,
+    n = read_private("cluster_secret_file", cfg->cluster_secret_file, buf, SECRET_MAX, err,
                      errlen);
-    if (n < 0) return NULL;
+    if (n < 0) return -1;
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--;
     if (n < 16) {
       snprintf(err, errlen, "cluster_secret_file: the secret has %zd bytes, at least 16", n);
-      return NULL;
+      return -1;
     }
   } else {
     LOG_WARN("cluster_secret", "reason=\"no cluster_secret_file: values are checksummed, not "
              "authenticated; anyone who can write to the cluster can plant one\"");
   }
-  rvalue_secret_t *s = rvalue_secret_new(buf, (size_t)n);
-  explicit_bzero(buf, sizeof buf);
-  if (!s) snprintf(err, errlen, "cluster: OpenSSL has no HMAC-SHA256 or Poly1305");
-  return s;
+  return n;
 }
 
 static void on_timer_closed(uv_handle_t *h) {
@@ -112,18 +110,28 @@ int remote_start(server_t *srv, char *err, size_t errlen) {
                        cfg->cluster_command_timeout_ms, cfg->cluster_refresh_ms,
                        cfg->cluster_breaker_failures, cfg->cluster_breaker_ms,
                        cfg->cluster_read_replicas};
-  int rc = (r->sec = read_secret(cfg, err, errlen)) ? rcluster_new(srv->loop, &o, &r->cl, err,
-                                                                     errlen)
-                                                      : -1;
-  explicit_bzero(pass, sizeof pass);
+  static char secret[SECRET_MAX];
+  ssize_t slen = read_secret(cfg, secret, err, errlen);
+  rsend_opts_t so = {secret, slen > 0 ? (size_t)slen : 0, user, pass,
+                     cfg->cluster_connect_timeout_ms, cfg->cluster_command_timeout_ms,
+                     cfg->cluster_breaker_ms};
+  int rc = slen < 0 ? -1 : 0;
+  if (rc == 0 && !(r->sec = rvalue_secret_new(secret, so.secret_len))) {
+    snprintf(err, errlen, "cluster: OpenSSL has no HMAC-SHA256 or Poly1305");
+    rc = -1;
+  }
+  if (rc == 0) rc = rcluster_new(srv->loop, &o, &r->cl, err, errlen);
   if (rc == 0) rc = rwrite_start(r);
+  if (rc == 0 && !(r->send = rsend_new(srv->loop, &so, rwrite_done, r))) rc = -1;
+  explicit_bzero(secret, sizeof secret);
+  explicit_bzero(pass, sizeof pass);
   if (rc != 0) {
     if (!err[0]) snprintf(err, errlen, "out of memory");
     r->stopping = true;
+    rwrite_stop(r);
     rcluster_close(r->cl);
     r->cl = NULL;
     rvalue_secret_free(r->sec);
-    rwrite_stop(r);
     uv_close((uv_handle_t *)&r->kick, on_timer_closed);
     uv_close((uv_handle_t *)&r->deadline, on_timer_closed);
     return -1;
@@ -151,12 +159,12 @@ void remote_stop(server_t *srv) {
   r->stopping = true;
   engine_set_tier_hooks(srv->eng, NULL);
   rlookup_end_all(r);
+  rwrite_stop(r);        /* the sender's jobs come back, their pages released */
   rcluster_close(r->cl); /* no command calls back after this */
   r->cl = NULL;
   rvalue_secret_free(r->sec);
   r->sec = NULL;
   srv->remote = NULL;
-  rwrite_stop(r);
   uv_close((uv_handle_t *)&r->kick, on_timer_closed); /* the last frees r */
   uv_close((uv_handle_t *)&r->deadline, on_timer_closed);
 }

@@ -43,6 +43,7 @@ struct rlookup {
   bool has_before;      /* first > 0: before is page first - 1's hash */
   uint8_t before[32];
   size_t n;             /* pages looked up */
+  uint64_t held;        /* of r->lookup_bytes: n values */
   size_t good;          /* the verified run from page first */
   uint8_t (*hash)[32];  /* of each page looked up */
   uint32_t *tokens;     /* the request's ids of those pages */
@@ -81,6 +82,7 @@ static void lookup_free(rlookup_t *l) {
   if (l->prev) l->prev->next = l->next;
   else r->lookups = l->next;
   if (l->next) l->next->prev = l->prev;
+  r->lookup_bytes -= l->held;
   for (size_t i = 0; i < l->n; i++) {
     rcmd_cancel(l->pg[i].cmd);
     free(l->pg[i].val);
@@ -221,6 +223,12 @@ int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t
   uint64_t whole = rc ? n / rc->page_tokens : 0;
   size_t cap = whole < srv->cfg.cluster_lookup_max_pages ? (size_t)whole
                                                           : srv->cfg.cluster_lookup_max_pages;
+  /* What came is held until imported: the lookups share a byte budget. */
+  uint64_t vsize = rc ? rvalue_size(rc) : 1, room = srv->cfg.cluster_lookup_bytes - r->lookup_bytes;
+  if (cap && cap > room / vsize && !(cap = (size_t)(room / vsize))) {
+    r->st.errors[TIER_ERR_budget]++;
+    return REMOTE_RUN;
+  }
   if (!cap) return REMOTE_RUN;
   uint8_t(*hash)[32] = malloc(cap * 32), before[32];
   pkey_t *keys = malloc(cap * sizeof *keys);
@@ -251,6 +259,8 @@ int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t
     tail = &(*tail)->next;
   }
   *tail = l;
+  l->held = (uint64_t)k * vsize;
+  r->lookup_bytes += l->held;
   l->t0_ns = uv_hrtime();
   if (lookup_send(l, keys) == 0) {
     lookup_free(l);
@@ -284,6 +294,7 @@ void remote_import(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_
                                   &got);
     r->st.hit_pages += got;
     r->st.hit_tokens += got * l->rc.page_tokens;
+    c->turn_bytes += got * l->rc.page_bytes; /* copied into the pool on the loop */
     if (rc || got < l->good) {
       r->st.errors[TIER_ERR_import] += rc != 0;
       LOG_DEBUG("cluster_import", "conn=%llu cache=%u verified=%zu imported=%zu error=%s",

@@ -1,14 +1,16 @@
 /* rwrite.c: the write-behind queue of the cluster tier (remote.h draws the
  * path). The engine's hooks only queue (they run inside engine calls); a
- * timer on a later loop turn sends, each page exported from the pool
- * (cluster_write = indexed: a page indexed then reclaimed before its turn
- * is dropped as gone) or from the copy the reclaim hook took (evicted).
+ * timer on a later loop turn hands the pages to the sender thread
+ * (rsend.c), which encodes each value and SETs it off the loop.
  *
  *   q: ring of cluster_queue_pages entries   head -> [e0 e1 e2 ...] <- push
  *      full: the new page is dropped (tier_queue_drops_total)
- *   sent while the bytes in flight stay under cluster_inflight_bytes, at
- *   most SEND_TURN_BYTES of values encoded per loop turn (the loop serves
- *   requests between two batches)
+ *   handed over while the value bytes in flight stay under
+ *   cluster_inflight_bytes and a sixteenth of the pool, at most
+ *   SEND_TURN_JOBS a loop turn; each page
+ *   held meanwhile (engine_page_hold: its bytes stay as they are while the
+ *   sender reads them), or, with cluster_write = evicted, the copy the
+ *   reclaim hook took; a page reclaimed before its turn is dropped as gone
  *   a failed write (timeout, connection, breaker, an error reply) goes
  *   back to the tail, due after cluster_backoff_ms << tries, until
  *   cluster_retries; an OOM reply (a full cluster that evicts nothing)
@@ -18,10 +20,11 @@
 #include <string.h>
 
 #include "log.h"
+#include "rsend.h"
 #include "rslot.h"
 #include "rtier.h"
 
-#define SEND_TURN_BYTES (8u << 20)
+#define SEND_TURN_JOBS 256u /* handed to the sender per loop turn */
 
 /* The page as the reclaim hook saw it (cluster_write = evicted). */
 typedef struct wcopy {
@@ -40,12 +43,17 @@ struct wentry {
   wcopy_t *copy;        /* evicted: the page (owned); indexed: NULL */
 };
 
+/* A write on its way: the loop's half (the page held, the entry to retry),
+ * the sender's job right after it. */
 typedef struct wjob {
   remote_t *r;
   wentry_t e;
-  size_t vlen;          /* value bytes */
+  engine_hold_t *hold;  /* the pool page the sender reads (indexed) */
+  size_t vlen;          /* value bytes, counted in flight */
   struct wjob *prev, *next; /* r->jobs */
 } wjob_t;
+
+static rsend_job_t *job_of(wjob_t *w) { return (rsend_job_t *)(void *)(w + 1); }
 
 static void pump(remote_t *r);
 
@@ -70,7 +78,8 @@ static void push(remote_t *r, wentry_t *e) {
   }
   r->q[(r->qhead + r->qlen) % r->qcap] = *e;
   r->qlen++;
-  kick(r, e->not_before > uv_now(r->srv->loop) ? e->not_before - uv_now(r->srv->loop) : 0);
+  uint64_t now = uv_now(r->srv->loop);
+  kick(r, e->not_before > now ? e->not_before - now : 0);
 }
 
 void rwrite_indexed(void *ctx, uint32_t cache_id, const uint8_t hash[32]) {
@@ -116,119 +125,127 @@ static void retry(remote_t *r, wentry_t *e) {
   push(r, e);
 }
 
-static void job_unlink(remote_t *r, wjob_t *j) {
-  if (j->prev) j->prev->next = j->next;
-  else r->jobs = j->next;
-  if (j->next) j->next->prev = j->prev;
+static void job_unlink(remote_t *r, wjob_t *w) {
+  if (w->prev) w->prev->next = w->next;
+  else r->jobs = w->next;
+  if (w->next) w->next->prev = w->prev;
   r->inflight--;
-  r->inflight_bytes -= j->vlen;
+  r->inflight_bytes -= w->vlen;
 }
 
-static void on_written(void *arg, enum rc_status st, struct redisReply *reply) {
-  wjob_t *j = arg;
-  remote_t *r = j->r;
-  job_unlink(r, j);
-  if (st == RC_OK && reply->type == REDIS_REPLY_STATUS) {
+void rwrite_done(void *ctx, rsend_job_t *j) {
+  remote_t *r = ctx;
+  wjob_t *w = j->owner;
+  job_unlink(r, w);
+  engine_page_release(r->srv->eng, w->hold);
+  if (r->cl && j->moved) rcluster_moved(r->cl, j->moved_slot, j->moved_host, j->moved_port);
+  if (r->cl && j->asks) rcluster_asked(r->cl, j->asks);
+  static const enum tier_err kinds[] = {
+      [RS_TIMEOUT] = TIER_ERR_timeout, [RS_CONN] = TIER_ERR_connection, [RS_OOM] = TIER_ERR_oom,
+      [RS_ERROR] = TIER_ERR_server,    [RS_REDIRECTS] = TIER_ERR_redirects};
+  switch (j->res) {
+  case RS_OK:
     r->st.writes++;
     r->st.written_bytes += j->vlen;
-    free(j->e.copy);
-  } else {
-    remote_error(r, st, reply);
-    bool oom = st == RC_OK && reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "OOM", 3) == 0;
-    if (oom) drop(r, &j->e);
-    else retry(r, &j->e);
+    free(w->e.copy);
+    break;
+  case RS_CANCELLED: /* stopping */
+    free(w->e.copy);
+    break;
+  case RS_OOM: /* a full cluster that evicts nothing: trying again would not help */
+    r->st.errors[TIER_ERR_oom]++;
+    drop(r, &w->e);
+    break;
+  default:
+    r->st.errors[kinds[j->res]]++;
+    retry(r, &w->e);
+    break;
   }
-  free(j);
+  free(w);
   pump(r);
 }
 
-/* The page of e as a tier stores it: from the pool, or e's copy. */
-static bool page_of(remote_t *r, const wentry_t *e, engine_page_t *pg) {
-  if (!e->copy) return engine_page_export(r->srv->eng, e->cache_id, e->hash, pg) == 0;
+/* The page of w's entry as a tier stores it: held in the pool, or the copy. */
+static bool page_of(remote_t *r, wjob_t *w, engine_page_t *pg) {
+  const wentry_t *e = &w->e;
+  if (!e->copy) return engine_page_hold(r->srv->eng, e->cache_id, e->hash, pg, &w->hold) == 0;
   const wcopy_t *c = e->copy;
   *pg = (engine_page_t){.cache_id = e->cache_id, .has_parent = c->has_parent,
-                        .page_tokens = c->page_tokens, .tokens = (const uint32_t *)(const void *)c->data,
+                        .page_tokens = c->page_tokens,
                         .bytes = c->data + (size_t)c->page_tokens * 4, .nbytes = c->nbytes};
   memcpy(pg->hash, e->hash, 32);
   memcpy(pg->parent, c->parent, 32);
+  pg->tokens = (const uint32_t *)(const void *)c->data;
   return true;
 }
 
-/* SET key value [EX ttl], the value encoded in place: RESP bytes (new). */
-static char *set_cmd(remote_t *r, const rvalue_cache_t *rc, const engine_page_t *pg,
-                     size_t *len, size_t *vlen, uint16_t *slot) {
-  char key[RVALUE_KEY_MAX], ttl[16], head[160];
-  size_t klen = rvalue_key(rc, r->sec, pg->hash, key);
-  uint32_t ttl_s = r->srv->cfg.cluster_ttl_s;
-  int tl = snprintf(ttl, sizeof ttl, "%u", ttl_s);
-  *vlen = rvalue_size(rc);
-  int hl = snprintf(head, sizeof head, "*%d\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n", ttl_s ? 5 : 3,
-                    klen, key, *vlen);
-  char tail[48];
-  int xl = ttl_s ? snprintf(tail, sizeof tail, "\r\n$2\r\nEX\r\n$%d\r\n%s\r\n", tl, ttl)
-                 : snprintf(tail, sizeof tail, "\r\n");
-  char *cmd = malloc((size_t)hl + *vlen + (size_t)xl);
-  if (!cmd) return NULL;
-  memcpy(cmd, head, (size_t)hl);
-  if (rvalue_encode(rc, r->sec, pg, (uint8_t *)cmd + hl) != 0) {
-    free(cmd);
-    return NULL;
+/* Hands e (taken) to the sender, routed to its slot's master by the map. */
+static void send_one(remote_t *r, wentry_t *e) {
+  const rvalue_cache_t *rc = remote_cache(r, e->cache_id);
+  if (!rc) { /* its cache is gone */
+    drop(r, e);
+    return;
   }
-  memcpy(cmd + hl + *vlen, tail, (size_t)xl);
-  *len = (size_t)hl + *vlen + (size_t)xl;
-  *slot = rslot_of(key, klen);
-  return cmd;
+  size_t ids = (size_t)rc->page_tokens * 4;
+  wjob_t *w = malloc(sizeof *w + sizeof(rsend_job_t) + ids);
+  if (!w) {
+    drop(r, e);
+    return;
+  }
+  *w = (wjob_t){r, *e, NULL, rvalue_size(rc), NULL, r->jobs};
+  rsend_job_t *j = job_of(w);
+  memset(j, 0, sizeof *j);
+  j->owner = w;
+  j->klen = rvalue_key(rc, r->sec, e->hash, j->key);
+  enum rc_status st = rcluster_master(r->cl, rslot_of(j->key, j->klen), j->host,
+                                      sizeof j->host, &j->port);
+  if (st != RC_OK) { /* no master to write to now: later */
+    remote_error(r, st, NULL);
+    retry(r, &w->e);
+    free(w);
+    return;
+  }
+  if (!page_of(r, w, &j->pg)) { /* reclaimed before its turn */
+    drop(r, &w->e);
+    free(w);
+    return;
+  }
+  memcpy(j->ids, j->pg.tokens, ids);
+  j->pg.tokens = j->ids;
+  j->rc = *rc;
+  j->ttl_s = r->srv->cfg.cluster_ttl_s;
+  if (r->jobs) r->jobs->prev = w;
+  r->jobs = w;
+  r->inflight++;
+  r->inflight_bytes += w->vlen;
+  rsend_submit(r->send, j);
 }
 
-/* Sends e (taken); returns the value bytes encoded. */
-static size_t send_one(remote_t *r, wentry_t *e) {
-  const rvalue_cache_t *rc = remote_cache(r, e->cache_id);
-  engine_page_t pg;
-  if (!rc || !page_of(r, e, &pg)) { /* its cache dropped, or the page reclaimed */
-    drop(r, e);
-    return 0;
-  }
-  size_t len, vlen;
-  uint16_t slot;
-  char *cmd = set_cmd(r, rc, &pg, &len, &vlen, &slot);
-  wjob_t *j = cmd ? malloc(sizeof *j) : NULL;
-  if (!j) {
-    free(cmd);
-    drop(r, e);
-    return 0;
-  }
-  *j = (wjob_t){r, *e, vlen, NULL, r->jobs};
-  enum rc_status st;
-  if (!rcluster_send(r->cl, slot, false, cmd, len, on_written, j, &st)) {
-    remote_error(r, st, NULL);
-    retry(r, &j->e);
-    free(j);
-    return vlen;
-  }
-  if (r->jobs) r->jobs->prev = j;
-  r->jobs = j;
-  r->inflight++;
-  r->inflight_bytes += vlen;
-  return vlen;
+/* Value bytes in flight at most: cluster_inflight_bytes, and a sixteenth of
+ * the pool, as the pages being written are held: a slow cluster must not
+ * keep the pool's room from its requests. */
+static uint64_t inflight_max(const remote_t *r) {
+  uint64_t pool = r->srv->cfg.pool_bytes / 16, opt = r->srv->cfg.cluster_inflight_bytes;
+  return pool < opt ? pool : opt;
 }
 
 static void pump(remote_t *r) {
-  uint64_t budget = SEND_TURN_BYTES, now = uv_now(r->srv->loop);
-  while (r->qlen && !r->stopping && r->inflight_bytes < r->srv->cfg.cluster_inflight_bytes) {
+  uint32_t budget = SEND_TURN_JOBS;
+  uint64_t now = uv_now(r->srv->loop), max = inflight_max(r);
+  while (r->qlen && !r->stopping && r->inflight_bytes < max) {
     wentry_t *head = &r->q[r->qhead];
     if (head->not_before > now) {
       kick(r, head->not_before - now);
       return;
     }
-    if (!budget) { /* the rest on the next turn */
+    if (!budget--) { /* the rest on the next turn */
       kick(r, 0);
       return;
     }
     wentry_t e = *head;
     r->qhead = (r->qhead + 1) % r->qcap;
     r->qlen--;
-    size_t v = send_one(r, &e);
-    budget = v < budget ? budget - v : 0;
+    send_one(r, &e);
   }
 }
 
@@ -239,14 +256,10 @@ int rwrite_start(remote_t *r) {
 }
 
 void rwrite_stop(remote_t *r) {
+  rsend_stop(r->send); /* every job comes back (rwrite_done), holds released */
+  r->send = NULL;
   for (uint32_t i = 0; i < r->qlen; i++) free(r->q[(r->qhead + i) % r->qcap].copy);
   free(r->q);
   r->q = NULL;
   r->qlen = 0;
-  while (r->jobs) {
-    wjob_t *j = r->jobs;
-    job_unlink(r, j);
-    free(j->e.copy);
-    free(j);
-  }
 }

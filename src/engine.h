@@ -374,6 +374,16 @@ int engine_prefix_hashes(engine_t *eng, uint32_t cache_id, const uint32_t *token
 int engine_page_export(engine_t *eng, uint32_t cache_id, const uint8_t hash[32],
                        engine_page_t *out);
 
+/* engine_page_export, and the page held until engine_page_release: its
+ * bytes stay as they are (whatever the index and the sequences do
+ * meanwhile) while a thread outside the engine reads them, as a lease
+ * keeps a page. The codes of export, and KVC_E_NOMEM. */
+typedef struct engine_hold engine_hold_t;
+int engine_page_hold(engine_t *eng, uint32_t cache_id, const uint8_t hash[32],
+                     engine_page_t *out, engine_hold_t **hold);
+/* Lets a held page go (freed if nothing else holds it). NULL is a no-op. */
+void engine_page_release(engine_t *eng, engine_hold_t *hold);
+
 /* One page a tier gives back: the chain hash it was stored under and the
  * layout's page bytes (exactly the cache's page of bytes). Borrowed. */
 typedef struct engine_page_in {

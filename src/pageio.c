@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "evict.h"
+#include "lease.h"
 #include "lru.h"
 #include "page.h"
 #include "prefix.h"
@@ -86,6 +87,22 @@ int engine_page_export(engine_t *eng, uint32_t cache_id, const uint8_t hash[32],
     return engine_fail(eng, KVC_E_NOSEQ, "no indexed page of that hash");
   page_fill(eng, ip, out);
   return 0;
+}
+
+int engine_page_hold(engine_t *eng, uint32_t cache_id, const uint8_t hash[32],
+                     engine_page_t *out, engine_hold_t **hold) {
+  if (!hold) return eng ? engine_fail(eng, KVC_E_INVAL, "NULL argument") : KVC_E_INVAL;
+  int rc = engine_page_export(eng, cache_id, hash, out);
+  if (rc) return rc;
+  const ipage_t *ip = prefix_find(engine_cache(eng, cache_id), hash);
+  lease_t *l = lease_pages(eng, &ip->page, 1, ip->cache->g.page_bytes);
+  if (!l) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  *hold = (engine_hold_t *)l;
+  return 0;
+}
+
+void engine_page_release(engine_t *eng, engine_hold_t *hold) {
+  if (eng && hold) lease_drop(eng, (lease_t *)hold);
 }
 
 int engine_prefix_hashes(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,

@@ -53,7 +53,7 @@ static meas_t rtt_start;
  * of the words (unset or empty: every group). */
 static const char *const groups[] = {"ping", "copy", "direct", "lease", "held", "servers",
                                      "spin", "stall", "multi", "decode", "step", "prefix", "eviction",
-                                     "scale"};
+                                     "scale", "cluster"};
 #define NGROUPS (sizeof groups / sizeof groups[0])
 static const char *rows_filter;
 
@@ -1297,6 +1297,8 @@ static void bench_scale(void) {
   stop(d.pid);
 }
 
+#include "bench_cluster.h"
+
 /* ---- main ------------------------------------------------------------------------- */
 
 static void machine(FILE *f) {
@@ -1359,6 +1361,7 @@ int main(int argc, char **argv) {
   if (want("prefix")) bench_copy_prefix();
   if (want("eviction")) bench_full_pool();
   if (want("scale")) bench_scale();
+  if (want("cluster")) bench_cluster();
 
   table_judge();
   table_drift();

@@ -62,6 +62,7 @@ static const struct {
     {"cluster_read_replicas", "yes", "true", "on", "true"},
     {"cluster_lookup_timeout_ms", "50", "50", "60", "60"},
     {"cluster_lookup_max_pages", "100", "100", "200", "200"},
+    {"cluster_lookup_bytes", "64MiB", "64MiB", "1GiB", "1GiB"},
     {"cluster_connect_timeout_ms", "300", "300", "400", "400"},
     {"cluster_command_timeout_ms", "700", "700", "800", "800"},
     {"cluster_refresh_ms", "5000", "5000", "6000", "6000"},
