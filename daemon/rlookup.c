@@ -46,7 +46,13 @@ struct rlookup {
   uint64_t held;        /* of r->lookup_bytes: n values */
   size_t good;          /* the verified run from page first */
   uint8_t (*hash)[32];  /* of each page looked up */
-  uint32_t *tokens;     /* the request's ids of those pages */
+  uint32_t *query;      /* the request's ids, pages [0, first + n) */
+  uint32_t *tokens;     /* in query: those of the pages looked up */
+  engine_pkey_t key;    /* the request's key, copied: salt and extra below */
+  uint8_t salt[KVC_MAX_KEY_BYTES], extra[KVC_MAX_KEY_BYTES];
+  bool early;           /* verified pages are imported as they come (no span keys) */
+  size_t imported;      /* of the run, pages imported (or given up on) */
+  bool import_over;     /* an import fell short: the rest is not imported */
   rpage_t *pg;
   uint64_t t0_ns, deadline_ms;
   bool ended;
@@ -88,9 +94,52 @@ static void lookup_free(rlookup_t *l) {
     free(l->pg[i].val);
   }
   free(l->hash);
-  free(l->tokens);
+  free(l->query);
   free(l->pg);
   free(l);
+}
+
+/* Imports pages [imported, upto) of the run, frees their values. The
+ * engine recomputes every hash from the request's own ids (copied at the
+ * lookup); what does not fit ends the importing. */
+static void import_run(rlookup_t *l, const uint32_t *query, uint64_t n, const engine_pkey_t *key,
+                       size_t upto) {
+  remote_t *r = l->r;
+  size_t k = upto > l->imported ? upto - l->imported : 0;
+  engine_page_in_t in[64];
+  while (k && !l->import_over) {
+    size_t b = k < 64 ? k : 64, got = 0;
+    for (size_t i = 0; i < b; i++) {
+      rpage_t *p = &l->pg[l->imported + i];
+      in[i] = (engine_page_in_t){l->hash[l->imported + i], p->bytes};
+    }
+    int rc = engine_prefix_import(r->srv->eng, l->cache_id, query, n, key, l->first + l->imported,
+                                  in, b, &got);
+    r->st.hit_pages += got;
+    r->st.hit_tokens += got * l->rc.page_tokens;
+    for (size_t i = 0; i < b; i++) {
+      free(l->pg[l->imported + i].val);
+      l->pg[l->imported + i].val = NULL;
+    }
+    if (rc || got < b) { /* the pool is full, or the request's ids moved: the rest waits no more */
+      r->st.errors[TIER_ERR_import] += rc != 0;
+      LOG_DEBUG("cluster_import", "cache=%u verified=%zu imported=%zu error=%s", l->cache_id,
+                l->good, l->imported + got, rc ? kvc_err_name(rc) : "-");
+      l->imported += b;
+      l->import_over = true; /* nothing more of this run will do */
+      return;
+    }
+    l->imported += b;
+    k -= b;
+  }
+}
+
+/* Early import: once the run has grown by a batch (a quarter of what is
+ * in, at least 8 pages: a few engine calls a lookup), or is decided. */
+static void import_early(rlookup_t *l, bool all) {
+  size_t ready = l->good - l->imported, batch = l->imported / 4 > 8 ? l->imported / 4 : 8;
+  if (l->early && !l->import_over && ready && (all || ready >= batch))
+    import_run(l, l->query, (l->first + l->n) * l->rc.page_tokens, &l->key, l->good);
 }
 
 /* The lookup is over: what is in flight is dropped, the pages past the
@@ -147,7 +196,10 @@ static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
       free(v);
     }
   } /* nil: not in the cluster */
-  if (!l->ended && decided(l)) end(l, false);
+  if (l->ended) return;
+  bool done = decided(l);
+  import_early(l, done);
+  if (done) end(l, false);
 }
 
 /* The GET of a key, as RESP bytes (new). */
@@ -164,15 +216,24 @@ static char *get_cmd(const char *key, size_t klen, size_t *len) {
 /* A lookup of pages [first, first + n) of the request, their hashes taken
  * (new; nothing sent yet). */
 static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
-                             const rvalue_cache_t *rc, const uint32_t *tokens, uint64_t first,
-                             const uint8_t *before, uint8_t (*hash)[32], size_t n) {
+                             const rvalue_cache_t *rc, const uint32_t *tokens,
+                             const engine_pkey_t *key, uint64_t first, const uint8_t *before,
+                             uint8_t (*hash)[32], size_t n) {
   rlookup_t *l = calloc(1, sizeof *l);
   size_t T = rc->page_tokens;
-  if (!l || !(l->pg = calloc(n, sizeof *l->pg)) || !(l->tokens = malloc(n * T * 4))) {
+  if (!l || !(l->pg = calloc(n, sizeof *l->pg)) || !(l->query = malloc((first + n) * T * 4))) {
     if (l) free(l->pg);
     free(l);
     return NULL;
   }
+  memcpy(l->query, tokens, (first + n) * T * 4);
+  l->tokens = l->query + first * T;
+  if (key) {
+    l->key = (engine_pkey_t){l->salt, key->salt_len, l->extra, key->extra_len, NULL, 0};
+    memcpy(l->salt, key->salt, key->salt_len);
+    memcpy(l->extra, key->extra, key->extra_len);
+  }
+  l->early = !key || !key->nspans; /* span keys: at the request's own run, with its spans */
   l->r = r;
   l->c = c;
   l->cache_id = cache_id;
@@ -182,7 +243,6 @@ static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
   if (before) memcpy(l->before, before, 32);
   l->hash = hash;
   l->n = n;
-  memcpy(l->tokens, tokens + first * T, n * T * 4);
   for (size_t i = 0; i < n; i++) l->pg[i] = (rpage_t){l, NULL, NULL, NULL, (uint32_t)i, P_PENDING};
   return l;
 }
@@ -250,7 +310,7 @@ int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t
     remote_error(r, rcluster_ready(r->cl) ? RC_BREAKER : RC_NOROUTE, NULL);
     goto run;
   }
-  if (!(l = lookup_new(r, c, cache_id, rc, tokens, first, first ? before : NULL, hash, k)))
+  if (!(l = lookup_new(r, c, cache_id, rc, tokens, key, first, first ? before : NULL, hash, k)))
     goto run;
   hash = NULL; /* the lookup's now */
   rlookup_t **tail = &r->lookups; /* oldest first: deadlines in order */
@@ -284,23 +344,13 @@ void remote_import(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_
   rlookup_t *l = c->rwait;
   c->rwait = NULL;
   if (!l) return;
-  remote_t *r = l->r;
   if (!l->ended) end(l, false);
-  engine_page_in_t *in = l->good && l->cache_id == cache_id ? malloc(l->good * sizeof *in) : NULL;
-  if (in) {
-    for (size_t i = 0; i < l->good; i++) in[i] = (engine_page_in_t){l->hash[i], l->pg[i].bytes};
-    size_t got = 0;
-    int rc = engine_prefix_import(c->srv->eng, cache_id, tokens, n, key, l->first, in, l->good,
-                                  &got);
-    r->st.hit_pages += got;
-    r->st.hit_tokens += got * l->rc.page_tokens;
-    c->turn_bytes += got * l->rc.page_bytes; /* copied into the pool on the loop */
-    if (rc || got < l->good) {
-      r->st.errors[TIER_ERR_import] += rc != 0;
-      LOG_DEBUG("cluster_import", "conn=%llu cache=%u verified=%zu imported=%zu error=%s",
-                (unsigned long long)c->id, cache_id, l->good, got, rc ? kvc_err_name(rc) : "-");
-    }
-    free(in);
+  /* What was not imported as it came (span keys), with the request's own
+   * ids and key as they are now. */
+  if (l->cache_id == cache_id && l->good > l->imported) {
+    uint64_t before = l->r->st.hit_pages;
+    import_run(l, tokens, n, key, l->good);
+    c->turn_bytes += (l->r->st.hit_pages - before) * l->rc.page_bytes; /* copied on the loop */
   }
   lookup_free(l);
 }

@@ -2,16 +2,75 @@
  * timeout and the node's circuit breaker (rnode.h draws the states). */
 #include "rnode.h"
 
-#include <hiredis/adapters/libuv.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 
 #include "log.h"
 
 #define BREAKER_MAX_SHIFT 6 /* an open breaker waits at most 64x breaker_ms */
 
 static uint64_t now_ms(const rnode_t *n) { return uv_now(rcluster_loop(n->cl)); }
+
+/* ---- hiredis on the loop ---------------------------------------------------------
+ * hiredis's own libuv adapter (adapters/libuv.h) reads 16 KiB a wakeup (its
+ * redisBufferRead), so a page-sized value costs dozens of loop turns; this
+ * one reads on while the socket has bytes, up to READS_PER_WAKE reads, then
+ * lets the other handles of the loop run. */
+#define READS_PER_WAKE 64
+
+typedef struct rpoll {
+  redisAsyncContext *ac; /* NULL once hiredis let go of it */
+  uv_poll_t h;
+  int events;
+} rpoll_t;
+
+static void rpoll_cb(uv_poll_t *h, int status, int events) {
+  rpoll_t *p = h->data;
+  if (status < 0) events = UV_READABLE; /* let hiredis meet the error */
+  for (int n = 0; p->ac && (events & UV_READABLE) && n < READS_PER_WAKE; n++) {
+    redisAsyncHandleRead(p->ac);
+    int avail = 0;
+    if (!p->ac || ioctl(p->ac->c.fd, FIONREAD, &avail) != 0 || avail <= 0) break;
+  }
+  if (p->ac && (events & UV_WRITABLE)) redisAsyncHandleWrite(p->ac);
+}
+
+static void rpoll_set(void *arg, int on, int off) {
+  rpoll_t *p = arg;
+  p->events = (p->events | on) & ~off;
+  if (p->events) uv_poll_start(&p->h, p->events, rpoll_cb);
+  else uv_poll_stop(&p->h);
+}
+static void rpoll_add_read(void *arg) { rpoll_set(arg, UV_READABLE, 0); }
+static void rpoll_del_read(void *arg) { rpoll_set(arg, 0, UV_READABLE); }
+static void rpoll_add_write(void *arg) { rpoll_set(arg, UV_WRITABLE, 0); }
+static void rpoll_del_write(void *arg) { rpoll_set(arg, 0, UV_WRITABLE); }
+static void rpoll_closed(uv_handle_t *h) { free(h->data); }
+static void rpoll_cleanup(void *arg) {
+  rpoll_t *p = arg;
+  p->ac = NULL;
+  uv_close((uv_handle_t *)&p->h, rpoll_closed);
+}
+
+static int rpoll_attach(redisAsyncContext *ac, uv_loop_t *loop) {
+  rpoll_t *p = calloc(1, sizeof *p);
+  if (!p) return REDIS_ERR;
+  if (uv_poll_init(loop, &p->h, ac->c.fd) != 0) {
+    free(p);
+    return REDIS_ERR;
+  }
+  p->ac = ac;
+  p->h.data = p;
+  ac->ev.data = p;
+  ac->ev.addRead = rpoll_add_read;
+  ac->ev.delRead = rpoll_del_read;
+  ac->ev.addWrite = rpoll_add_write;
+  ac->ev.delWrite = rpoll_del_write;
+  ac->ev.cleanup = rpoll_cleanup;
+  return REDIS_OK;
+}
 
 void rcmd_free(rcmd_t *c) {
   if (!c) return;
@@ -197,7 +256,7 @@ static int connect_node(rnode_t *n) {
   }
   ac->data = n;
   ac->c.reader->maxbuf = 0; /* keep the read buffer: values are page-sized */
-  if (redisLibuvAttach(ac, rcluster_loop(n->cl)) != REDIS_OK) {
+  if (rpoll_attach(ac, rcluster_loop(n->cl)) != REDIS_OK) {
     redisAsyncFree(ac);
     return -1;
   }
