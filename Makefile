@@ -281,12 +281,16 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 # (client/python): python3-dev to build its extension, python3-pip,
 # -setuptools and -wheel for pip install ./client/python (offline: the
 # package's build backend uses Debian's), python3-numpy and python3-torch for
-# its tensors and the reference decoder, python3-pytest to run its tests.
+# its tensors and the reference decoder, python3-pytest to run its tests;
+# the KV event stream (doc/events.md): libzmq3-dev and libmsgpack-dev for the
+# daemon's publisher, python3-zmq, python3-msgpack and python3-cbor2 for the
+# subscriber its tests run (written to vLLM's schema; cbor2 recomputes vLLM's
+# block hashes).
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
                 libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps \
-                tmux man-db curl \
+                tmux man-db curl libzmq3-dev libmsgpack-dev \
                 python3-dev python3-setuptools python3-wheel python3-pip python3-numpy \
-                python3-torch python3-pytest
+                python3-torch python3-pytest python3-zmq python3-msgpack python3-cbor2
 # promtool (promtool check metrics, check rules) comes from Debian's
 # prometheus package, but installing it would install and enable the whole
 # server (96 MB, a service, a user): make deps downloads the package and
