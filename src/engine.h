@@ -503,7 +503,7 @@ int engine_tenant_usage(engine_t *eng, uint32_t tenant, engine_tenant_limits_t *
  * refused past it (the daemon's reload). KVC_E_INVAL above 100. */
 int engine_set_pin_limit(engine_t *eng, uint32_t pct);
 
-/* ---- prefix-index events (events.c; doc/events.md) -------------------------
+/* ---- prefix-index events (evlog.c; doc/events.md) -------------------------
  * With the log on, every change of a prefix index is recorded in order: a
  * page indexed (STORED, parents before children), a page unindexed
  * (REMOVED: reclaimed under pressure, or its cache cleared or dropped), a
@@ -550,6 +550,9 @@ bool engine_events_on(const engine_t *eng);
 /* The record at *cursor (0: the first) into *ev and advances *cursor:
  * true, or false past the last one. */
 bool engine_events_next(const engine_t *eng, size_t *cursor, engine_event_t *ev);
+/* How many records were dropped since the last reset (the log was full):
+ * the records read are the changes before the first of them. */
+uint64_t engine_events_dropped(const engine_t *eng);
 /* Empties the log. Returns how many records were dropped since the last
  * reset because the log was full (0 when everything was kept). */
 uint64_t engine_events_reset(engine_t *eng);

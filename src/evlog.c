@@ -1,5 +1,5 @@
-/* events.c: the bounded log of prefix-index changes that the daemon drains
- * once per loop turn (events.h; doc/events.md).
+/* evlog.c: the bounded log of prefix-index changes that the daemon drains
+ * once per loop turn (evlog.h; doc/events.md).
  *
  *   buf: [rec|hash|parent|ids....][rec|hash][rec|hash|name]...      free
  *        ^0                                                   ^used      ^cap
@@ -11,7 +11,7 @@
  * never sees a page's removal without its storage, or a child without its
  * parent, because something in between was lost).
  */
-#include "events.h"
+#include "evlog.h"
 
 #include <string.h>
 
@@ -61,7 +61,7 @@ static rec_t *append(engine_t *eng, const cache_t *c, engine_ev_kind_t kind, siz
   return r;
 }
 
-void events_stored(engine_t *eng, const cache_t *c, const ipage_t *ip, const uint8_t *parent) {
+void evlog_stored(engine_t *eng, const cache_t *c, const ipage_t *ip, const uint8_t *parent) {
   size_t ids = (size_t)c->g.T * sizeof *ip->tokens;
   rec_t *r = append(eng, c, ENGINE_EV_STORED, 32 + ids);
   if (!r) return;
@@ -73,18 +73,18 @@ void events_stored(engine_t *eng, const cache_t *c, const ipage_t *ip, const uin
   memcpy(body + 32, ip->tokens, ids);
 }
 
-void events_removed(engine_t *eng, const cache_t *c, const uint8_t hash[32]) {
+void evlog_removed(engine_t *eng, const cache_t *c, const uint8_t hash[32]) {
   rec_t *r = append(eng, c, ENGINE_EV_REMOVED, 0);
   if (r) memcpy(r->hash, hash, 32);
 }
 
-void events_cache(engine_t *eng, const cache_t *c, engine_ev_kind_t kind) {
+void evlog_cache(engine_t *eng, const cache_t *c, engine_ev_kind_t kind) {
   size_t n = strlen(c->name) + 1;
   rec_t *r = append(eng, c, kind, n);
   if (r) memcpy(r + 1, c->name, n);
 }
 
-void events_free(engine_t *eng) {
+void evlog_free(engine_t *eng) {
   if (!eng->ev) return;
   mem_free(&eng->mem, eng->ev->buf);
   mem_free(&eng->mem, eng->ev);
@@ -94,7 +94,7 @@ void events_free(engine_t *eng) {
 int engine_events_enable(engine_t *eng, size_t log_bytes) {
   if (!eng) return KVC_E_INVAL;
   if (log_bytes == 0) {
-    events_free(eng);
+    evlog_free(eng);
     return 0;
   }
   if (log_bytes < LOG_MIN_BYTES)
@@ -107,7 +107,7 @@ int engine_events_enable(engine_t *eng, size_t log_bytes) {
     mem_free(&eng->mem, ev);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory for a %zu-byte event log", log_bytes);
   }
-  events_free(eng); /* a new size: what the old log held is dropped */
+  evlog_free(eng); /* a new size: what the old log held is dropped */
   ev->buf = buf;
   ev->cap = log_bytes;
   eng->ev = ev;
@@ -138,6 +138,10 @@ bool engine_events_next(const engine_t *eng, size_t *cursor, engine_event_t *out
   }
   *cursor += align8(sizeof *r + r->nbytes);
   return true;
+}
+
+uint64_t engine_events_dropped(const engine_t *eng) {
+  return eng && eng->ev ? eng->ev->dropped : 0;
 }
 
 uint64_t engine_events_reset(engine_t *eng) {
