@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "events_vhash.h"
 #include "events_wire.h"
 #include "events_zmq.h"
 #include "log.h"
@@ -36,10 +37,12 @@ struct events {
   scope_t zscope;
   bool zfresh;         /* nothing published yet: the first batch starts with
                           AllBlocksCleared (the daemon (re)started empty) */
+  vhash_t *vhash;      /* events_hash = vllm: the vLLM hash of each page published */
   msgpack_sbuffer sb;
   engine_event_t *evs; /* the turn's records */
   wire_ev_t *wev;      /* the ZeroMQ batch's events */
-  size_t cap;          /* of both (evs, wev: cap + 2) */
+  uint8_t (*vh)[2][32]; /* with vhash: each one's vLLM hash and its parent's */
+  size_t cap;          /* of evs; wev and vh: cap + 2 */
   uint32_t nsubs;      /* subscribed connections */
   struct {             /* the last cache name looked up in a turn */
     uint32_t id;
@@ -102,7 +105,9 @@ static size_t read_log(events_t *e) {
       if (evs) e->evs = evs;
       wire_ev_t *wev = evs ? realloc(e->wev, (cap + 2) * sizeof *wev) : NULL;
       if (wev) e->wev = wev;
-      if (!evs || !wev) return SIZE_MAX;
+      uint8_t(*vh)[2][32] = wev ? realloc(e->vh, (cap + 2) * sizeof *vh) : NULL;
+      if (vh) e->vh = vh;
+      if (!evs || !wev || !vh) return SIZE_MAX;
       e->cap = cap;
     }
     e->evs[n++] = ev;
@@ -111,6 +116,19 @@ static size_t read_log(events_t *e) {
 }
 
 /* ---- the ZeroMQ stream ------------------------------------------------------- */
+
+/* The event of ev as the stream publishes it into *w: false when it is not
+ * published (events_hash = vllm, and its parent was forgotten). */
+static bool published(events_t *e, const engine_event_t *ev, size_t m, wire_ev_t *w) {
+  *w = (wire_ev_t){ev, ev->hash, ev->has_parent ? ev->parent : NULL};
+  if (!e->vhash) return true;
+  uint8_t *vh = e->vh[m][0], *parent = e->vh[m][1];
+  bool has_parent = false;
+  bool ok = ev->kind == ENGINE_EV_STORED ? vhash_stored(e->vhash, ev, vh, parent, &has_parent)
+                                         : vhash_removed(e->vhash, ev, vh);
+  *w = (wire_ev_t){ev, vh, has_parent ? parent : NULL};
+  return ok;
+}
 
 static void zmq_turn(events_t *e, size_t n, bool lost, double ts) {
   server_t *srv = e->srv;
@@ -121,15 +139,18 @@ static void zmq_turn(events_t *e, size_t n, bool lost, double ts) {
     const engine_event_t *ev = &e->evs[i];
     if (ev->kind != ENGINE_EV_STORED && ev->kind != ENGINE_EV_REMOVED) continue;
     if (!in_scope(e, &e->zscope, n, i)) continue; /* cache clears: their pages' removals say it */
-    e->wev[m++] = (wire_ev_t){ev, ev->hash, ev->has_parent ? ev->parent : NULL};
+    m += published(e, ev, m, &e->wev[m]);
   }
   /* Changes were lost (the log was full): what subscribers know is stale. */
-  if (lost) e->wev[m++] = (wire_ev_t){NULL, NULL, NULL};
+  if (lost) {
+    e->wev[m++] = (wire_ev_t){NULL, NULL, NULL};
+    if (e->vhash) vhash_clear(e->vhash);
+  }
   if (m == head) return; /* nothing for this stream */
   wire_opts_t o = {.map = srv->cfg.events_format == EVENTS_FORMAT_MAP,
                    .token_ids = srv->cfg.events_token_ids,
                    .hash_int = srv->cfg.events_hash_int,
-                   .hash_len = srv->cfg.prefix_hash == KVC_HASH_XXH3 ? 16 : 32,
+                   .hash_len = !e->vhash && srv->cfg.prefix_hash == KVC_HASH_XXH3 ? 16 : 32,
                    .dp_rank = 0};
   long k = wire_batch(&e->sb, ts, e->wev, m, &o);
   if (k < 0) {
@@ -296,6 +317,10 @@ int events_init(server_t *srv, char *err, size_t errlen) {
     return -1;
   }
   e->zfresh = true;
+  if (cfg->events_hash == EVENTS_HASH_VLLM && !(e->vhash = vhash_new(cfg->events_hash_seed))) {
+    snprintf(err, errlen, "events: out of memory");
+    return -1;
+  }
   if (zpub_open(srv, &e->zpub, err, errlen) != 0) return -1;
   if (update(e, err, errlen) != 0) return -1;
   LOG_INFO("events", "endpoint=%s replay=%s topic=\"%s\" tenant=%s cache=\"%s\" format=%s "
@@ -320,8 +345,10 @@ void events_free(server_t *srv) {
   events_t *e = srv->events;
   if (!e) return;
   msgpack_sbuffer_destroy(&e->sb);
+  vhash_free(e->vhash);
   free(e->evs);
   free(e->wev);
+  free(e->vh);
   free(e);
   srv->events = NULL;
 }
