@@ -344,3 +344,364 @@ TEST_TIMEOUT(events_stream_follows_a_scenario_in_vllm_schema, 120) {
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT(system(cmd) == 0);
 }
+
+/* ---- the map form and vLLM's block hashes ---------------------------------------- */
+
+/* events_format = map, events_hash = vllm: the subscriber decodes tagged maps
+ * and recomputes every stored hash from the token ids with cbor2, as a
+ * router does; a branch off a shared prefix names its parent by vLLM's
+ * hash; removals name the hashes that were stored. */
+TEST_TIMEOUT(events_map_form_and_vllm_hashes, 120) {
+  char dir[64], ep[128], rp[128];
+  endpoints(dir, ep, rp);
+  const char *args[] = {SMALL_POOL, "--events-endpoint", ep, "--events-tenant", "*",
+                        "--events-format", "map", "--events-hash", "vllm",
+                        "--events-hash-seed", "42", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  pysub_t s;
+  sub_start(&s, (const char *[]){"--endpoint", ep, "--format", "map", "--vllm-seed", "42", NULL});
+  sub_expect(&s, "ready");
+  kvc_client_t *c = client_open(&d);
+  stat_wait(c, "events_subscriptions", 1);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+  put(h, 1, 0, 3 * T, 1);
+  batch_t *b = batch_read(&s);
+  ASSERT_EQ(b->n, 2);
+  ASSERT_STR_EQ(b->ev[0], "C");
+  stored_t a = stored_parse(b->ev[1]);
+  ASSERT_EQ(a.nh, 3);
+  /* Prompt 1's first two pages, then a third of its own: attached, extended. */
+  uint32_t ids[3 * T];
+  for (uint32_t i = 0; i < 3 * T; i++) ids[i] = i < 2 * T ? tok(1, i) : tok(9, i);
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach(h, 2, ids, 2 * T, false, &m));
+  ASSERT_U64_EQ(m.tokens, 2 * T);
+  const kvc_layout_t *lp = kvc_cache_layout(h);
+  float *k = calloc(it_tok_floats(lp, false) * T, 4), *v = calloc(it_tok_floats(lp, true) * T, 4);
+  ASSERT(k && v);
+  ASSERT_OK(kvc_put_tokens(h, 2, 2 * T, T, k, v, ids + 2 * T));
+  free(k), free(v);
+  b = batch_read(&s);
+  stored_t br = stored_parse(b->ev[0]);
+  ASSERT_STR_EQ(br.parent, a.hs[1]);
+  ASSERT(strcmp(br.hs[0], a.hs[2]) != 0);
+  ASSERT_OK(kvc_cache_clear(h));
+  b = batch_read(&s);
+  ASSERT_EQ(b->n, 1);
+  removed_set_expect(b->ev[0], (const char *[]){a.hs[0], a.hs[1], a.hs[2], br.hs[0]}, 4);
+  kvc_client_close(c);
+  sub_stop(&s);
+  daemon_stop(&d);
+
+  /* Chain hashes as 64-bit ints: each is the last 8 bytes, big-endian, of
+   * the hash a Subscribe on the daemon's socket shows for the same page. */
+  const char *args2[] = {SMALL_POOL, "--events-endpoint", ep, "--events-tenant", "*",
+                         "--events-hash-int", "true", NULL};
+  daemon_start_args(&d, args2);
+  sub_start(&s, (const char *[]){"--endpoint", ep, NULL});
+  sub_expect(&s, "ready");
+  c = client_open(&d);
+  kvc_client_t *w = client_open(&d);
+  ASSERT_OK(kvc_events_subscribe(w, NULL, false));
+  stat_wait(c, "events_subscriptions", 1);
+  ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+  put(h, 1, 0, 2 * T, 1);
+  b = batch_read(&s);
+  stored_t st = stored_parse(b->ev[1]);
+  ASSERT_EQ(st.nh, 2);
+  for (int i = 0; i < 2; i++) {
+    kvc_event_t ev;
+    ASSERT_OK(kvc_events_next(w, 10000, &ev));
+    ASSERT_EQ(ev.kind, KVC_EVENT_STORED);
+    ASSERT_EQ(ev.hash_len, 32);
+    uint64_t want = 0;
+    for (int j = 24; j < 32; j++) want = want << 8 | ev.hash[j];
+    char text[32];
+    snprintf(text, sizeof text, "%llu", (unsigned long long)want);
+    ASSERT_STR_EQ(st.hs[i], text);
+    if (i == 1) {
+      char ptext[32];
+      uint64_t p = 0;
+      for (int j = 24; j < 32; j++) p = p << 8 | ev.parent[j];
+      snprintf(ptext, sizeof ptext, "%llu", (unsigned long long)p);
+      ASSERT_STR_EQ(st.hs[0], ptext);
+    }
+  }
+  kvc_client_close(w);
+  kvc_client_close(c);
+  sub_stop(&s);
+  daemon_stop(&d);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT(system(cmd) == 0);
+}
+
+/* ---- tenants ------------------------------------------------------------------------- */
+
+#define UID_A 64011u /* the tenant the ZeroMQ stream is for */
+#define UID_B 64012u /* another tenant, subscribed on the daemon's socket */
+
+static void drop_to(uid_t uid) {
+  if (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0)
+    _exit(90);
+}
+
+/* As uid, one page of prompt into its own cache "m". */
+static void put_as(const daemon_t *d, uid_t uid, uint32_t prompt) {
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    drop_to(uid);
+    kvc_client_t *c = client_open(d);
+    kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+    kvc_cache_t *h;
+    ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+    put(h, 1, 0, T, prompt);
+    kvc_client_close(c);
+    _exit(0);
+  }
+  int st;
+  ASSERT(waitpid(pid, &st, 0) == pid);
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* The stored event of one page of prompt, of tenant, within 10 s. */
+static void expect_stored(kvc_client_t *w, const char *tenant, uint32_t prompt) {
+  kvc_event_t ev;
+  ASSERT_OK(kvc_events_next(w, 10000, &ev));
+  ASSERT_EQ(ev.kind, KVC_EVENT_STORED);
+  ASSERT_STR_EQ(ev.tenant, tenant);
+  ASSERT_STR_EQ(ev.cache, "m");
+  ASSERT_EQ(ev.ntokens, T);
+  ASSERT_EQ(ev.token_ids[0], tok(prompt, 0));
+  ASSERT_EQ(ev.token_ids[T - 1], tok(prompt, T - 1));
+}
+
+/* The ZeroMQ stream for tenant A carries A's pages only; a Subscribe of
+ * tenant B sees B's only; an admin's Subscribe sees every tenant's. */
+TEST_TIMEOUT(events_stream_never_shows_another_tenants_prompts, 120) {
+  if (geteuid() != 0) TEST_SKIP("needs root to run workers as other uids");
+  char dir[64], ep[128], rp[128];
+  endpoints(dir, ep, rp);
+  char uids[64], tenant_a[32];
+  snprintf(uids, sizeof uids, "self,root,%u,%u", UID_A, UID_B);
+  snprintf(tenant_a, sizeof tenant_a, "uid:%u", UID_A);
+  const char *args[] = {SMALL_POOL, "--allow-uids", uids, "--socket-mode", "0666",
+                        "--events-endpoint", ep, "--events-tenant", tenant_a, NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  ASSERT_EQ(chmod(d.dir, 0755), 0);
+  pysub_t s;
+  sub_start(&s, (const char *[]){"--endpoint", ep, NULL});
+  sub_expect(&s, "ready");
+  kvc_client_t *c = client_open(&d);
+  stat_wait(c, "events_subscriptions", 1);
+  kvc_client_t *admin = client_open(&d);
+  ASSERT_OK(kvc_events_subscribe(admin, NULL, true));
+
+  /* Tenant B subscribes, then (told to) writes its own page and reads. */
+  int ready[2], go[2];
+  ASSERT(pipe(ready) == 0 && pipe(go) == 0);
+  fflush(NULL);
+  pid_t bpid = fork();
+  ASSERT(bpid >= 0);
+  if (bpid == 0) {
+    drop_to(UID_B);
+    kvc_client_t *bc = client_open(&d), *bw = client_open(&d);
+    ASSERT_OK(kvc_events_subscribe(bw, NULL, true));
+    ASSERT(write(ready[1], "r", 1) == 1);
+    char x;
+    ASSERT(read(go[0], &x, 1) == 1);
+    kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+    kvc_cache_t *h;
+    ASSERT_OK(kvc_cache_open(bc, "m", &l, &h));
+    put(h, 1, 0, T, 3);
+    char tb[32];
+    snprintf(tb, sizeof tb, "uid:%u", UID_B);
+    expect_stored(bw, tb, 3); /* its own page first: nothing of root's or A's came before */
+    kvc_event_t ev;
+    ASSERT_EQ(kvc_events_next(bw, 0, &ev), KVC_E_TIMEOUT);
+    _exit(0);
+  }
+  char x;
+  ASSERT(read(ready[0], &x, 1) == 1);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+  put(h, 1, 0, T, 1);           /* root */
+  put_as(&d, UID_A, 2);         /* tenant A */
+  ASSERT(write(go[1], "g", 1) == 1);
+  int st;
+  ASSERT(waitpid(bpid, &st, 0) == bpid);
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  put_as(&d, UID_A, 4);         /* tenant A again: the stream's next batch */
+
+  /* The ZeroMQ stream: A's two pages, in two batches, and nothing else. */
+  char toks[LINE / 4];
+  batch_t *b = batch_read(&s);
+  ASSERT_U64_EQ(b->seq, 0);
+  ASSERT_EQ(b->n, 2);
+  ASSERT_STR_EQ(b->ev[0], "C");
+  tokens_text(2, 0, 1, toks, sizeof toks);
+  ASSERT_STR_EQ(stored_parse(b->ev[1]).tokens, toks);
+  b = batch_read(&s);
+  ASSERT_U64_EQ(b->seq, 1);
+  ASSERT_EQ(b->n, 1);
+  tokens_text(4, 0, 1, toks, sizeof toks);
+  ASSERT_STR_EQ(stored_parse(b->ev[0]).tokens, toks);
+  ASSERT_U64_EQ(stat_get(c, "events_batches_total", NULL), 2);
+
+  /* The admin's Subscribe: every tenant's pages, in order. */
+  char ta[32], tb[32];
+  snprintf(ta, sizeof ta, "uid:%u", UID_A);
+  snprintf(tb, sizeof tb, "uid:%u", UID_B);
+  expect_stored(admin, "uid:0", 1);
+  expect_stored(admin, ta, 2);
+  expect_stored(admin, tb, 3);
+  expect_stored(admin, ta, 4);
+  kvc_client_close(admin);
+  kvc_client_close(c);
+  sub_stop(&s);
+  daemon_stop(&d);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT(system(cmd) == 0);
+}
+
+/* ---- slow subscribers ------------------------------------------------------------------ */
+
+/* A ZeroMQ subscriber and a Subscribe connection that never read: every put
+ * still succeeds, and the batches they miss are counted (the ZeroMQ one
+ * past events_hwm, the connection past write_queue_bytes). */
+TEST_TIMEOUT(events_slow_subscribers_never_block_puts, 120) {
+  char dir[64], ep[128], rp[128];
+  endpoints(dir, ep, rp);
+  const char *args[] = {SMALL_POOL, "--events-endpoint", ep, "--events-tenant", "*",
+                        "--events-hwm", "2", "--write-queue-bytes", "64KiB",
+                        "--max-frame-bytes", "16KiB", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  pysub_t s;
+  sub_start(&s, (const char *[]){"--endpoint", ep, "--slow", NULL});
+  sub_expect(&s, "ready");
+  kvc_client_t *c = client_open(&d), *idle = client_open(&d);
+  ASSERT_OK(kvc_events_subscribe(idle, NULL, true)); /* and never read */
+  stat_wait(c, "events_subscriptions", 1);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+  /* Each put stores a page of a new prompt (and, the pool full of cached
+   * pages, reclaims one): a batch a put. */
+  uint32_t i = 0;
+  for (; i < 100000; i++) {
+    put(h, i % 8, 0, T, 1000 + i);
+    if (i % 256 == 255 && stat_get(c, "events_slow_drops_total", NULL) > 0 &&
+        stat_get(c, "events_local_drops_total", NULL) > 0)
+      break;
+  }
+  ASSERT(i < 100000);
+  ASSERT(stat_get(c, "events_batches_total", NULL) >= i);
+  ASSERT(stat_get(c, "events_local_batches_total", NULL) > 0);
+  ASSERT_OK(kvc_ping(c));
+  kvc_client_close(idle);
+  kvc_client_close(c);
+  sub_stop(&s);
+  daemon_stop(&d);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT(system(cmd) == 0);
+}
+
+/* ---- kvcachectl events and Subscribe ----------------------------------------------------- */
+
+TEST(events_kvcachectl_tails_the_stream) {
+  daemon_t d;
+  daemon_start_args(&d, (const char *[]){SMALL_POOL, NULL});
+  kvc_client_t *c = client_open(&d);
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "%s/kvcachectl --socket '%s' events --cache m --count 6 --raw",
+           it_build(), d.sock);
+  FILE *p = popen(cmd, "r");
+  ASSERT(p != NULL);
+  char line[4096];
+  ASSERT(fgets(line, sizeof line, p) != NULL);
+  ASSERT_STR_EQ(line, "# subscribed to cache m; Ctrl-C stops\n");
+  ASSERT_U64_EQ(stat_get(c, "events_local_subscribers", NULL), 1);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h, *other;
+  ASSERT_OK(kvc_cache_open(c, "other", &l, &other));
+  put(other, 1, 0, T, 7); /* another cache: not shown */
+  ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+  put(h, 1, 0, 2 * T + 3, 1);
+  ASSERT_OK(kvc_cache_clear(h));
+  ASSERT_OK(kvc_cache_drop(h));
+  char toks[LINE / 4], hash0[80], hash1[80];
+  ASSERT(fgets(line, sizeof line, p) != NULL);
+  tokens_text(1, 0, 1, toks, sizeof toks);
+  ASSERT(sscanf(line, "stored  cache=m tenant=uid:%*u hash=%64s parent=- block=16 medium=CPU "
+                      "seq=1 tokens=%*s", hash0) == 1);
+  ASSERT(strstr(line, toks) != NULL);
+  ASSERT(fgets(line, sizeof line, p) != NULL);
+  ASSERT(sscanf(line, "stored  cache=m tenant=uid:%*u hash=%64s", hash1) == 1);
+  char want[256];
+  snprintf(want, sizeof want, "parent=%s block=16 medium=CPU seq=1 tokens=", hash0);
+  ASSERT(strstr(line, want) != NULL);
+  /* The clear: both pages removed (in the index's order), then the cache. */
+  int removed = 0;
+  for (int i = 0; i < 2; i++) {
+    ASSERT(fgets(line, sizeof line, p) != NULL);
+    char got[80];
+    ASSERT(sscanf(line, "removed cache=m tenant=uid:%*u hash=%64s medium=CPU seq=2", got) == 1);
+    removed += strcmp(got, hash0) == 0 || strcmp(got, hash1) == 0;
+  }
+  ASSERT_EQ(removed, 2);
+  ASSERT(fgets(line, sizeof line, p) != NULL);
+  ASSERT(strncmp(line, "cleared cache=m tenant=uid:", 27) == 0 && strstr(line, " seq=2\n"));
+  ASSERT(fgets(line, sizeof line, p) != NULL);
+  ASSERT(strncmp(line, "dropped cache=m tenant=uid:", 27) == 0 && strstr(line, " seq=3\n"));
+  int st = pclose(p);
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  /* A subscribed client runs no other request. */
+  kvc_client_t *w = client_open(&d);
+  ASSERT_OK(kvc_events_subscribe(w, NULL, false));
+  ASSERT_EQ(kvc_ping(w), KVC_E_INVAL);
+  ASSERT_EQ(kvc_events_subscribe(w, NULL, false), KVC_E_INVAL);
+  kvc_event_t ev;
+  ASSERT_EQ(kvc_events_next(w, 0, &ev), KVC_E_TIMEOUT);
+  ASSERT_EQ(kvc_events_next(c, 0, &ev), KVC_E_INVAL); /* not subscribed */
+  kvc_client_close(w);
+  stat_wait(c, "events_local_subscribers", 0);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
+
+/* ---- options --------------------------------------------------------------------------- */
+
+TEST(events_options_refused_when_unsafe_or_malformed) {
+  char out[4096];
+  const char *bin = it_build();
+  struct { const char *flags, *says; } bad[] = {
+      {"--events-endpoint ipc:///tmp/kvc-ev", "events_tenant"},
+      {"--events-replay-endpoint ipc:///tmp/kvc-rp", "needs events_endpoint"},
+      {"--events-endpoint udp://1.2.3.4:5 --events-tenant '*'", "tcp://HOST:PORT or ipc://PATH"},
+      {"--events-endpoint ipc:///tmp/a --events-replay-endpoint ipc:///tmp/a --events-tenant '*'",
+       "must differ"},
+      {"--events-format json", "expected array or map"},
+      {"--events-hash md5", "expected chain or vllm"},
+      {"--events-tenant 'no spaces'", "not a tenant name"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = it_sh(out, sizeof out, "%s/kvcached --check-config --config /dev/null %s", bin,
+                   bad[i].flags);
+    if (rc != 2 || !strstr(out, bad[i].says))
+      TEST_FAIL_("%s: exit %d, output: %s (wanted '%s')", bad[i].flags, rc, out, bad[i].says);
+  }
+  ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --check-config --config /dev/null "
+                  "--events-endpoint tcp://127.0.0.1:5557 --events-replay-endpoint "
+                  "tcp://127.0.0.1:5558 --events-tenant uid:1000 --events-format map "
+                  "--events-hash vllm --events-hash-seed 0", bin), 0);
+}
