@@ -40,7 +40,7 @@ static kvc_event_kind_t kind_of(Kvcache__V1__PrefixEventKind k) {
 
 static void copy_bytes(uint8_t out[32], uint32_t *len, ProtobufCBinaryData b) {
   *len = b.len <= 32 ? (uint32_t)b.len : 32;
-  memcpy(out, b.data, *len);
+  if (*len) memcpy(out, b.data, *len);
 }
 
 /* Event i of the batch held into *ev. */
