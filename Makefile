@@ -12,7 +12,7 @@
 #   make bench BENCH_ROWS=direct,spin   only those groups of rows (a comma list of
 #                   words, each matched inside the group names: ping copy direct
 #                   lease held servers spin stall multi decode prefix eviction scale
-#                   python: the Python package against the C client)
+#                   events python: the Python package against the C client)
 #   make soak       the verified soak (SOAK_CLIENTS=16, SOAK_SECONDS=60)
 #   make valgrind   the integration suite's daemon under valgrind memcheck
 #   make fuzz       libFuzzer (clang) on each target for FUZZ_SECONDS (default 60)
@@ -270,7 +270,7 @@ $(BENCH_BIN): $(wildcard tests/bench/*.h)
 $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkvcache.a)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $(filter-out %.h,$^) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $(filter-out %.h,$^) $(PB_LIBS) $(EVENTS_LIBS) -lmsgpackc $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- top-level targets ------------------------------------------------------
 # Every package the build and make test use (tests/deps.pl, part of make test,

@@ -5,8 +5,8 @@
  *
  *   kvcachectl [--socket PATH] COMMAND [OPTIONS] [ARGS]
  *
- * Reads: ping, stats, caches, seqs, info, prefix, top; for admins: clients,
- * config; admin writes: drop, remove, unpin, disconnect. */
+ * Reads: ping, stats, caches, seqs, info, prefix, top, events; for admins:
+ * clients, config; admin writes: drop, remove, unpin, disconnect. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
