@@ -12,7 +12,7 @@
 #include "harness.h"
 
 #define T 16u /* page_tokens of it_layout */
-#define LINE 65536
+#define LINE (1 << 20) /* a clear's BlockRemoved of 1024 hashes is 66 KB */
 #define PY "/usr/bin/python3"
 
 /* A 1 MiB pool of 16 KiB pages: 64 pages of it_layout. */
@@ -149,7 +149,7 @@ static void tokens_text(uint32_t prompt, uint64_t p0, uint64_t p1, char *out, si
  * block size, medium and tokens. */
 typedef struct stored {
   char parent[80];
-  char hs[8][80];
+  char hs[64][80];
   int nh;
   char tokens[LINE / 4];
 } stored_t;
@@ -164,7 +164,7 @@ static stored_t stored_parse(const char *line) {
   ASSERT_EQ(bs, T);
   ASSERT_STR_EQ(medium, "CPU");
   for (char *save = NULL, *h = strtok_r(hashes, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
-    ASSERT(st.nh < 8);
+    ASSERT(st.nh < 64);
     snprintf(st.hs[st.nh++], sizeof st.hs[0], "%s", h);
   }
   return st;
@@ -704,4 +704,118 @@ TEST(events_options_refused_when_unsafe_or_malformed) {
                   "--events-endpoint tcp://127.0.0.1:5557 --events-replay-endpoint "
                   "tcp://127.0.0.1:5558 --events-tenant uid:1000 --events-format map "
                   "--events-hash vllm --events-hash-seed 0", bin), 0);
+}
+
+/* ---- churn and loss -------------------------------------------------------------------- */
+
+/* vLLM hashes under churn: prompts enough to fill the pool several times
+ * over (its 1024 pages are more than the daemon's first table of vLLM
+ * hashes holds, so the table grows and shrinks by removals): every stored
+ * hash is vLLM's (the subscriber recomputes it), every removal names a
+ * hash stored before and not removed since, and the clear at the end
+ * removes exactly what is left. */
+TEST_TIMEOUT(events_vllm_hashes_follow_churn_exactly, 120) {
+  char dir[64], ep[128], rp[128];
+  endpoints(dir, ep, rp);
+  const char *args[] = {"--pool-bytes", "16MiB", "--page-bytes", "16KiB", "--events-endpoint", ep,
+                        "--events-tenant", "*", "--events-hash", "vllm", "--events-hash-seed",
+                        "7", "--tenant-max-pages-pct", "100", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  pysub_t s;
+  sub_start(&s, (const char *[]){"--endpoint", ep, "--vllm-seed", "7", NULL});
+  sub_expect(&s, "ready");
+  kvc_client_t *c = client_open(&d);
+  stat_wait(c, "events_subscriptions", 1);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+  static char held[2048][80];
+  int nheld = 0;
+  uint64_t stored = 0, removed = 0;
+  for (uint32_t p = 1; p <= 25; p++) {
+    put(h, p, 0, 64 * T, p);
+    ASSERT_OK(kvc_seq_remove(h, p, 0, UINT64_MAX)); /* cached: reclaimed as the pool fills */
+    if (p == 25) ASSERT_OK(kvc_cache_clear(h));
+    for (int left = p == 25 ? 2 : 1; left > 0; left--) {
+      batch_t *b = batch_read(&s);
+      for (int i = 0; i < b->n; i++) {
+        char *line = b->ev[i];
+        if (line[0] == 'S') {
+          stored_t st = stored_parse(line);
+          for (int k = 0; k < st.nh; k++) snprintf(held[nheld++], sizeof held[0], "%s", st.hs[k]);
+          stored += (uint64_t)st.nh;
+        } else if (line[0] == 'R') {
+          for (char *save = NULL, *hh = strtok_r(line + 6, ",", &save); hh;
+               hh = strtok_r(NULL, ",", &save)) {
+            int at = -1;
+            for (int k = 0; k < nheld && at < 0; k++)
+              if (strcmp(held[k], hh) == 0) at = k;
+            if (at < 0) TEST_FAIL_("removed %s, not stored or removed twice", hh);
+            memcpy(held[at], held[--nheld], sizeof held[0]);
+            removed++;
+          }
+        }
+      }
+    }
+  }
+  ASSERT_EQ(nheld, 0);
+  ASSERT_U64_EQ(stored, 25 * 64);
+  ASSERT_U64_EQ(removed, 25 * 64);
+  kvc_client_close(c);
+  sub_stop(&s);
+  daemon_stop(&d);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT(system(cmd) == 0);
+}
+
+/* A turn's changes past events_log_bytes are lost: the stream publishes
+ * those that fit, in order, then AllBlocksCleared; a Subscribe sees RESET;
+ * both are counted; the next changes flow again. */
+TEST(events_lost_changes_end_with_all_blocks_cleared) {
+  char dir[64], ep[128], rp[128];
+  endpoints(dir, ep, rp);
+  const char *args[] = {SMALL_POOL, "--events-endpoint", ep, "--events-tenant", "*",
+                        "--events-log-bytes", "4KiB", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  pysub_t s;
+  sub_start(&s, (const char *[]){"--endpoint", ep, NULL});
+  sub_expect(&s, "ready");
+  kvc_client_t *c = client_open(&d), *w = client_open(&d);
+  ASSERT_OK(kvc_events_subscribe(w, NULL, false));
+  stat_wait(c, "events_subscriptions", 1);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+  /* 48 pages: a stored page of 16 ids takes 152 bytes, 26 fit in 4 KiB. */
+  put(h, 1, 0, 48 * T, 1);
+  batch_t *b = batch_read(&s);
+  ASSERT_U64_EQ(b->seq, 0);
+  ASSERT_EQ(b->n, 3);
+  ASSERT_STR_EQ(b->ev[0], "C");
+  ASSERT_EQ(stored_parse(b->ev[1]).nh, 26);
+  ASSERT_STR_EQ(b->ev[2], "C");
+  ASSERT_U64_EQ(stat_get(c, "events_log_dropped_total", NULL), 22);
+  kvc_event_t ev;
+  for (int i = 0; i < 26; i++) {
+    ASSERT_OK(kvc_events_next(w, 10000, &ev));
+    ASSERT_EQ(ev.kind, KVC_EVENT_STORED);
+  }
+  ASSERT_OK(kvc_events_next(w, 10000, &ev));
+  ASSERT_EQ(ev.kind, KVC_EVENT_RESET);
+  put(h, 2, 0, T, 2);
+  b = batch_read(&s);
+  ASSERT_U64_EQ(b->seq, 1);
+  ASSERT_EQ(b->n, 1);
+  ASSERT_OK(kvc_events_next(w, 10000, &ev));
+  ASSERT_EQ(ev.kind, KVC_EVENT_STORED);
+  kvc_client_close(w);
+  kvc_client_close(c);
+  sub_stop(&s);
+  daemon_stop(&d);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT(system(cmd) == 0);
 }
