@@ -32,15 +32,83 @@ static void pack_str(msgpack_packer *pk, const char *s) {
   msgpack_pack_str_with_body(pk, s, strlen(s));
 }
 
-static void pack_hash(msgpack_packer *pk, const uint8_t *h, const wire_opts_t *o) {
-  if (!o->hash_int) {
-    msgpack_pack_bin_with_body(pk, h, o->hash_len);
-    return;
+/* Token ids, packed as msgpack_pack_uint32 would but a page at a time into
+ * one write of the packer (per id a call through the packer's callback
+ * costs more than the encoding itself). */
+static void pack_ids(msgpack_packer *pk, const uint32_t *v, uint32_t n) {
+  uint8_t buf[5 * 64];
+  size_t k = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t x = v[i];
+    if (k > sizeof buf - 5) {
+      pk->callback(pk->data, (const char *)buf, k);
+      k = 0;
+    }
+    if (x < 0x80) {
+      buf[k++] = (uint8_t)x;
+    } else if (x < 0x100) {
+      buf[k++] = 0xcc, buf[k++] = (uint8_t)x;
+    } else if (x < 0x10000) {
+      buf[k++] = 0xcd, buf[k++] = (uint8_t)(x >> 8), buf[k++] = (uint8_t)x;
+    } else {
+      buf[k++] = 0xce;
+      for (int s = 24; s >= 0; s -= 8) buf[k++] = (uint8_t)(x >> s);
+    }
   }
-  /* vLLM: int.from_bytes(hash, "big") & (2**64 - 1), the last 8 bytes. */
+  if (k) pk->callback(pk->data, (const char *)buf, k);
+}
+
+/* A packer writing into a caller's buffer that is large enough. */
+typedef struct into {
+  uint8_t *p;
+  size_t n;
+} into_t;
+
+static int into_write(void *data, const char *buf, size_t len) {
+  into_t *in = data;
+  memcpy(in->p + in->n, buf, len);
+  in->n += len;
+  return 0;
+}
+
+/* One hash into out (at most 34 bytes) as msgspec packs ExternalBlockHash:
+ * bin (bytes), or a uint64, vLLM's int form: int.from_bytes(hash, "big") &
+ * (2**64 - 1), the last 8 bytes. Returns the bytes written. */
+static size_t put_hash(uint8_t *out, const uint8_t *h, const wire_opts_t *o) {
+  if (!o->hash_int) {
+    out[0] = 0xc4; /* bin 8 */
+    out[1] = (uint8_t)o->hash_len;
+    memcpy(out + 2, h, o->hash_len);
+    return 2 + o->hash_len;
+  }
   uint64_t v = 0;
   for (size_t k = o->hash_len - 8; k < o->hash_len; k++) v = v << 8 | h[k];
-  msgpack_pack_uint64(pk, v);
+  into_t in = {out, 0};
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &in, into_write);
+  msgpack_pack_uint64(&pk, v); /* 9 bytes at most */
+  return in.n;
+}
+
+static void pack_hash(msgpack_packer *pk, const uint8_t *h, const wire_opts_t *o) {
+  uint8_t buf[34];
+  pk->callback(pk->data, (const char *)buf, put_hash(buf, h, o));
+}
+
+/* The hashes of a run, a few writes of the packer for all of them. */
+static void pack_hashes(msgpack_packer *pk, const wire_ev_t *run, size_t len,
+                        const wire_opts_t *o) {
+  uint8_t buf[34 * 32];
+  size_t k = 0;
+  msgpack_pack_array(pk, len);
+  for (size_t i = 0; i < len; i++) {
+    if (k > sizeof buf - 34) {
+      pk->callback(pk->data, (const char *)buf, k);
+      k = 0;
+    }
+    k += put_hash(buf + k, run[i].hash, o);
+  }
+  if (k) pk->callback(pk->data, (const char *)buf, k);
 }
 
 /* A field of an event: its name first in the map form. */
@@ -56,15 +124,13 @@ static void pack_stored(msgpack_packer *pk, const wire_ev_t *run, size_t len,
   key(pk, o, "type");
   pack_str(pk, "BlockStored");
   key(pk, o, "block_hashes");
-  msgpack_pack_array(pk, len);
-  for (size_t i = 0; i < len; i++) pack_hash(pk, run[i].hash, o);
+  pack_hashes(pk, run, len, o);
   key(pk, o, "parent_block_hash");
   if (run[0].parent) pack_hash(pk, run[0].parent, o);
   else msgpack_pack_nil(pk);
   key(pk, o, "token_ids");
   msgpack_pack_array(pk, o->token_ids ? len * first->ntokens : 0);
-  for (size_t i = 0; o->token_ids && i < len; i++)
-    for (uint32_t t = 0; t < run[i].ev->ntokens; t++) msgpack_pack_uint32(pk, run[i].ev->tokens[t]);
+  for (size_t i = 0; o->token_ids && i < len; i++) pack_ids(pk, run[i].ev->tokens, run[i].ev->ntokens);
   key(pk, o, "block_size");
   msgpack_pack_uint32(pk, first->page_tokens);
   key(pk, o, "lora_id");
@@ -82,8 +148,7 @@ static void pack_removed(msgpack_packer *pk, const wire_ev_t *run, size_t len,
   key(pk, o, "type");
   pack_str(pk, "BlockRemoved");
   key(pk, o, "block_hashes");
-  msgpack_pack_array(pk, len);
-  for (size_t i = 0; i < len; i++) pack_hash(pk, run[i].hash, o);
+  pack_hashes(pk, run, len, o);
   key(pk, o, "medium");
   pack_str(pk, wire_medium(run[0].ev->medium));
 }

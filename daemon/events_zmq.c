@@ -75,7 +75,7 @@ static void pub_drain(zpub_t *z) {
 }
 
 static void keep(zpub_t *z, uint64_t seq, const void *payload, size_t len) {
-  if (!z->cap || len > REPLAY_BYTES_MAX) return;
+  if (!z->router || !z->cap || len > REPLAY_BYTES_MAX) return; /* nobody could ask for it */
   while (z->n && (z->n == z->cap || z->ring_bytes + len > REPLAY_BYTES_MAX)) {
     kept_t *old = &z->ring[z->head];
     z->ring_bytes -= old->len;
