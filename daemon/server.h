@@ -24,6 +24,7 @@ typedef struct conn conn_t;
 
 typedef struct offload offload_t; /* offload.c */
 typedef struct remote remote_t;   /* remote.c: the cluster tier */
+typedef struct events events_t;   /* events.c */
 
 typedef struct server {
   uv_loop_t *loop;
@@ -33,6 +34,7 @@ typedef struct server {
   engine_t *eng;           /* the cache engine over pool */
   offload_t *offload;      /* the copy threads of large gets and puts */
   remote_t *remote;        /* the cluster tier; NULL: none (cluster_nodes empty) */
+  events_t *events;        /* the stream of prefix-index changes (events.c) */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;
   shm_region_t pool;       /* the page pool memfd */

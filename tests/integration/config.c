@@ -53,6 +53,20 @@ static const struct {
     {"idle_timeout_ms", "60000", "60000", "70000", "70000"},
     {"shm_bytes_per_uid", "2GiB", "2GiB", "4GiB", "4GiB"},
     {"shm_bytes_total", "16GiB", "16GiB", "32GiB", "32GiB"},
+    {"events_endpoint", "ipc:///tmp/kvc-ev", "ipc:///tmp/kvc-ev", "tcp://127.0.0.1:5557",
+     "tcp://127.0.0.1:5557"},
+    {"events_replay_endpoint", "", "\"\"", "tcp://127.0.0.1:5558", "tcp://127.0.0.1:5558"},
+    {"events_topic", "kv", "kv", "kv-events", "kv-events"},
+    {"events_tenant", "a", "a", "*", "*"},
+    {"events_cache", "", "\"\"", "llama", "llama"},
+    {"events_buffer", "100", "100", "200", "200"},
+    {"events_hwm", "50", "50", "60", "60"},
+    {"events_token_ids", "no", "false", "true", "true"},
+    {"events_format", "map", "map", "array", "array"},
+    {"events_hash", "vllm", "vllm", "chain", "chain"},
+    {"events_hash_int", "yes", "true", "false", "false"},
+    {"events_hash_seed", "0", "0", "", "\"\""},
+    {"events_log_bytes", "8MiB", "8MiB", "1MiB", "1MiB"},
     {"cluster_nodes", "127.0.0.1:7000", "127.0.0.1:7000", "[::1]:7001,10.0.0.2:7002",
      "[::1]:7001,10.0.0.2:7002"},
     {"cluster_write", "evicted", "evicted", "off", "off"},
@@ -100,7 +114,7 @@ static void rmdir_all(const char *dir) {
 }
 
 TEST(config_every_option_from_file_and_flag) {
-  static char out[16384], text[8192], example[16384];
+  static char out[32768], text[16384], example[32768];
   char dir[64], path[128], v[256];
   tmpdir(dir, sizeof dir);
   /* The table above covers every option of the daemon. */
@@ -127,7 +141,7 @@ TEST(config_every_option_from_file_and_flag) {
   for (size_t i = 0; i < NOPTS; i++)
     ASSERT_STR_EQ(shown(out, opts[i].name, v, sizeof v), opts[i].file_shown);
   /* Each flag overrides the file, given before or after --config. */
-  char args[4096];
+  char args[8192];
   used = 0;
   for (size_t i = 0; i < NOPTS; i++) {
     char flag[64];
@@ -253,7 +267,7 @@ TEST(config_print_config_round_trips) {
 }
 
 TEST(config_example_file_help_and_man_page_follow_the_table) {
-  static char out[32768], gen[16384], man[32768], help[16384];
+  static char out[65536], gen[65536], man[65536], help[65536];
   char dir[64], path[128];
   tmpdir(dir, sizeof dir);
   /* systemd/kvcached.conf is exactly what the table generates... */
