@@ -122,6 +122,53 @@ IT_UNUSED static uint64_t stat_of(const daemon_t *d, const char *name) {
   return v;
 }
 
+/* ---- the figures ----------------------------------------------------------------- */
+
+/* Every tier_ family a daemon with the tier exports is in doc/stats.md's
+ * "Tiers" table with its kind and unit, and every row of it is exported. */
+static void tier_figures_match_the_doc(kvc_client_t *c) {
+  char path[512], line[1024];
+  snprintf(path, sizeof path, "%s/doc/stats.md", it_srcdir());
+  FILE *f = fopen(path, "r");
+  ASSERT(f != NULL);
+  char names[64][64], kinds[64][16], units[64][16];
+  int n = 0;
+  bool in = false;
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, "## ", 3) == 0) in = strncmp(line, "## Tiers", 8) == 0;
+    if (!in || strncmp(line, "| `", 3) != 0) continue;
+    ASSERT(n < 64);
+    char *cell[4] = {NULL}, *save = NULL; /* | `name` | kind | unit | ... */
+    cell[0] = strtok_r(line, "|", &save);
+    for (int k = 1; k < 4; k++) cell[k] = strtok_r(NULL, "|", &save);
+    ASSERT(cell[3] != NULL);
+    ASSERT_EQ(sscanf(cell[0], " `%63[a-z_]`", names[n]), 1);
+    ASSERT_EQ(sscanf(cell[1], " %15[a-z]", kinds[n]), 1);
+    if (sscanf(cell[2], " %15[a-z]", units[n]) != 1) units[n][0] = '\0';
+    n++;
+  }
+  fclose(f);
+  ASSERT(n >= 15);
+  kvc_stat_t *st;
+  size_t ns;
+  ASSERT_OK(kvc_stats(c, &st, &ns));
+  static const char *const kind[] = {"counter", "gauge", "histogram", "info"};
+  bool seen[64] = {false};
+  for (size_t i = 0; i < ns; i++) {
+    if (strncmp(st[i].name, "tier_", 5) != 0) continue;
+    int k = 0;
+    while (k < n && strcmp(names[k], st[i].name) != 0) k++;
+    if (k == n) TEST_FAIL_("exported, not in doc/stats.md's Tiers: %s", st[i].name);
+    ASSERT_STR_EQ(kind[st[i].kind], kinds[k]);
+    ASSERT_STR_EQ(st[i].unit, units[k]);
+    ASSERT(kvc_stat_label(&st[i], "tier") && st[i].help[0]);
+    seen[k] = true;
+  }
+  for (int k = 0; k < n; k++)
+    if (!seen[k]) TEST_FAIL_("in doc/stats.md's Tiers, not exported: %s", names[k]);
+  kvc_stats_free(st);
+}
+
 /* ---- across nodes ------------------------------------------------------------ */
 
 static void drop_to(uid_t uid) {
@@ -163,6 +210,7 @@ TEST_TIMEOUT(cluster_prompt_prefilled_on_one_node_attaches_on_another, 120) {
   ASSERT_EQ(stat_get(c2, "tier_hit_tokens_total", NULL), 64);
   ASSERT_EQ(stat_get(c2, "tier_discarded_total", NULL), 0);
   ASSERT_EQ(stat_get(c2, "tier_writes_total", NULL), 0); /* imported pages are not written back */
+  tier_figures_match_the_doc(c2);
   /* held locally now: the next attach asks the cluster nothing */
   uint64_t asked = stat_get(c2, "tier_lookups_total", NULL);
   ASSERT_EQ(attach(h2, 8, 1, 64), 64);
@@ -519,6 +567,13 @@ TEST_TIMEOUT(cluster_stopped_local_service_goes_on, 120) {
   }
   /* The breakers have opened: the cluster is no longer even tried. */
   wait_stat(&f.d2, "tier_breakers_open", 1);
+  for (int i = 0; stat_get(c2, "tier_up", NULL) != 0; i++) { /* every master found failing */
+    ASSERT(i < 3000);
+    it_sleep_ms(10);
+  }
+  char out[8192];
+  ASSERT_EQ(ctl_run(&f.d2, out, sizeof out, true, "tier"), 0);
+  ASSERT(strstr(out, "tier cluster: DOWN") != NULL);
   uint64_t tries = stat_get(c2, "tier_lookup_pages_total", NULL);
   ASSERT_EQ(attach(h2, 300, 1, 64), 0);
   ASSERT_EQ(stat_get(c2, "tier_lookup_pages_total", NULL), tries);
