@@ -108,7 +108,7 @@ uint64_t metrics_bucket_max(unsigned idx);
   X(write_retries, STAT_COUNTER, "pages", "page writes tried again after a failure") \
   X(queue_pages, STAT_GAUGE, "pages", "pages waiting to be written (the write-behind queue)") \
   X(queue_drops, STAT_COUNTER, "pages", "pages never written: the queue was full, retries ran out, or the page was gone") \
-  X(up, STAT_GAUGE, "", "1 when the tier's map covers all of it and no node serving a part is failing, else 0") \
+  X(up, STAT_GAUGE, "", "1 when the tier's map covers all of it and no master of it is failing, else 0") \
   X(slots_covered, STAT_GAUGE, "slots", "cluster slots the slot map covers (16384: all)") \
   X(nodes_connected, STAT_GAUGE, "nodes", "nodes the daemon is connected to")   \
   X(breakers_open, STAT_GAUGE, "nodes", "nodes whose circuit breaker is open") \

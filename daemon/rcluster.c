@@ -492,6 +492,7 @@ size_t rcluster_nodes(const rcluster_t *cl, rcluster_node_view_t *out, size_t ca
     v->replica = n->in_map && n->replica;
     v->connected = n->st == RN_READY;
     v->breaker_open = !rnode_usable(n);
+    v->failing = n->fails > 0;
     v->pending = n->pending;
   }
   for (uint32_t s = 0; s < RSLOT_COUNT; s++)

@@ -76,6 +76,7 @@ typedef struct rcluster_node_view {
   bool master;                 /* serves slots as a master in the map */
   bool replica;                /* named as a replica in the map */
   bool connected;
+  bool failing;                /* its last connection or command failed */
   bool breaker_open;
   uint32_t slots;              /* slots it is the master of */
   uint32_t pending;            /* commands in flight */

@@ -228,10 +228,12 @@ const tier_view_t *remote_view(server_t *srv, arena_t *a) {
   for (size_t i = 0; i < nn; i++) {
     r->st.nodes_connected += nv[i].connected;
     r->st.breakers_open += nv[i].breaker_open;
-    if (nv[i].master && nv[i].breaker_open) r->st.up = 0; /* a part of the map is not served */
+    if (nv[i].master && nv[i].failing) r->st.up = 0; /* a part of the map is not served */
     nodes[i].addr = arena_printf(a, "%s", nv[i].addr);
     nodes[i].role = nv[i].master ? "master" : nv[i].replica ? "replica" : "other";
-    nodes[i].state = nv[i].breaker_open ? "breaker_open" : nv[i].connected ? "connected" : "idle";
+    nodes[i].state = nv[i].breaker_open ? "breaker_open"
+                     : nv[i].failing    ? "failing"
+                     : nv[i].connected  ? "connected" : "idle";
     nodes[i].slots = nv[i].slots;
     if (!nodes[i].addr) return NULL;
   }
