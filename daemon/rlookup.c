@@ -230,8 +230,8 @@ static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
   l->tokens = l->query + first * T;
   if (key) {
     l->key = (engine_pkey_t){l->salt, key->salt_len, l->extra, key->extra_len, NULL, 0};
-    memcpy(l->salt, key->salt, key->salt_len);
-    memcpy(l->extra, key->extra, key->extra_len);
+    if (key->salt_len) memcpy(l->salt, key->salt, key->salt_len);
+    if (key->extra_len) memcpy(l->extra, key->extra, key->extra_len);
   }
   l->early = !key || !key->nspans; /* span keys: at the request's own run, with its spans */
   l->r = r;

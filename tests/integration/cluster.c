@@ -100,7 +100,7 @@ static uint64_t attach(kvc_cache_t *h, uint64_t seq, uint32_t p, uint64_t n) {
   kvc_match_t m = {0};
   int rc = kvc_attach(h, seq, ids, n, false, &m);
   free(ids);
-  if (rc) TEST_FAIL_("attach: %s", kvc_err_name(rc));
+  if (rc) TEST_FAIL_("attach: %s", kvc_err_name(rc)); /* (a daemon gone: its log is kept) */
   return m.tokens;
 }
 
