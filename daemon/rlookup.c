@@ -11,9 +11,10 @@
  * Pages are a chain: only the run of verified pages from the first counts,
  * so the lookup ends as soon as that run is decided (every page answered,
  * or one in it missed or failed verification), or at
- * cluster_lookup_timeout_ms with whatever run it has. Values are verified
- * as they arrive (rvalue_verify), each against the hash this node computed
- * for the page from the request's own tokens.
+ * cluster_lookup_timeout_ms with whatever run it has. What a value claims
+ * is checked as it arrives (rvalue_check), against the hash this node
+ * computed for the page from the request's own tokens; its MAC as it is
+ * copied into the pool (rvalue_copy_verified, in one pass).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,8 @@ enum pstate { P_PENDING, P_GOOD, P_MISS, P_BAD };
 typedef struct rpage {
   rlookup_t *l;
   rcmd_t *cmd;          /* in flight */
-  char *val;            /* a verified value (owned) */
+  char *val;            /* a value whose claims checked (owned) */
+  size_t len;
   const uint8_t *bytes; /* its page bytes, inside val */
   uint32_t i;
   uint8_t state;        /* enum pstate */
@@ -99,9 +101,22 @@ static void lookup_free(rlookup_t *l) {
   free(l);
 }
 
+/* The engine's fill of an imported page: the value's page bytes copied
+ * into the pool page with its MAC computed on the way; a value that fails
+ * it is refused there (counted), and the import stops. */
+static bool mac_fill(void *arg, void *dst, uint64_t n) {
+  rpage_t *p = arg;
+  (void)n; /* rvalue_check held the value to the cache's page bytes */
+  if (rvalue_copy_verified(p->l->r->sec, (const uint8_t *)p->val, p->len, dst)) return true;
+  p->l->r->st.discarded[RV_MAC - 1]++;
+  LOG_DEBUG("cluster_discarded", "cache=%u page=%llu reason=mac", p->l->cache_id,
+            (unsigned long long)(p->l->first + p->i));
+  return false;
+}
+
 /* Imports pages [imported, upto) of the run, frees their values. The
  * engine recomputes every hash from the request's own ids (copied at the
- * lookup); what does not fit ends the importing. */
+ * lookup); what does not fit, or fails its MAC, ends the importing. */
 static void import_run(rlookup_t *l, const uint32_t *query, uint64_t n, const engine_pkey_t *key,
                        size_t upto) {
   remote_t *r = l->r;
@@ -111,7 +126,7 @@ static void import_run(rlookup_t *l, const uint32_t *query, uint64_t n, const en
     size_t b = k < 64 ? k : 64, got = 0;
     for (size_t i = 0; i < b; i++) {
       rpage_t *p = &l->pg[l->imported + i];
-      in[i] = (engine_page_in_t){l->hash[l->imported + i], p->bytes};
+      in[i] = (engine_page_in_t){l->hash[l->imported + i], NULL, mac_fill, p};
     }
     int rc = engine_prefix_import(r->srv->eng, l->cache_id, query, n, key, l->first + l->imported,
                                   in, b, &got);
@@ -181,12 +196,13 @@ static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
     char *v = rcluster_take_str(reply, &len);
     uint32_t T = l->rc.page_tokens;
     const uint8_t *parent = p->i ? l->hash[p->i - 1] : l->has_before ? l->before : NULL;
-    enum rvalue_verdict why = rvalue_verify(&l->rc, r->sec, (const uint8_t *)v, len,
-                                            l->hash[p->i], parent, l->tokens + (size_t)p->i * T,
-                                            &p->bytes);
+    /* Its claims now; its MAC as it is copied into the pool (mac_fill). */
+    enum rvalue_verdict why = rvalue_check(&l->rc, (const uint8_t *)v, len, l->hash[p->i],
+                                           parent, l->tokens + (size_t)p->i * T, &p->bytes);
     r->st.read_bytes += len;
     if (why == RV_OK) {
       p->val = v;
+      p->len = len;
       p->state = P_GOOD;
     } else {
       r->st.discarded[why - 1]++;
@@ -243,7 +259,8 @@ static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
   if (before) memcpy(l->before, before, 32);
   l->hash = hash;
   l->n = n;
-  for (size_t i = 0; i < n; i++) l->pg[i] = (rpage_t){l, NULL, NULL, NULL, (uint32_t)i, P_PENDING};
+  for (size_t i = 0; i < n; i++)
+    l->pg[i] = (rpage_t){.l = l, .i = (uint32_t)i, .state = P_PENDING};
   return l;
 }
 

@@ -1,6 +1,7 @@
 /* rvalue.c: the cluster's key and value of an indexed page (rvalue.h draws
- * both). Every field of a value is checked before its bytes are served,
- * and the MAC before the rest: a value that fails it says nothing. */
+ * both). Every field of a value is checked before its bytes are served;
+ * the checks name what a value claims, the MAC proves the claim (a value
+ * that passes the checks and fails the MAC is planted or corrupted). */
 #include "rvalue.h"
 
 #include <openssl/core_names.h>
@@ -13,6 +14,7 @@
 #define MAGIC "KVCP"
 #define TAG_BYTES 16
 #define NONCE_BYTES 16
+#define COPY_CHUNK (32u << 10) /* copied and hashed while in the L1/L2 cache */
 
 /* The value's header, little-endian on the wire as in memory (the daemon
  * asserts a little-endian host, dispatch.c). */
@@ -185,24 +187,18 @@ int rvalue_encode(const rvalue_cache_t *rc, rvalue_secret_t *s, const engine_pag
   return tag_of(s, h.nonce, out, body, out + body) ? 0 : -1;
 }
 
-enum rvalue_verdict rvalue_verify(const rvalue_cache_t *rc, rvalue_secret_t *s, const uint8_t *v,
-                                  size_t len, const uint8_t hash[32], const uint8_t *parent,
-                                  const uint32_t *tokens, const uint8_t **bytes) {
+enum rvalue_verdict rvalue_check(const rvalue_cache_t *rc, const uint8_t *v, size_t len,
+                                 const uint8_t hash[32], const uint8_t *parent,
+                                 const uint32_t *tokens, const uint8_t **bytes) {
   hdr_t h;
   if (len < sizeof h) return len >= 4 && memcmp(v, MAGIC, 4) == 0 ? RV_TRUNCATED : RV_FORMAT;
   memcpy(&h, v, sizeof h);
   if (memcmp(h.magic, MAGIC, 4) != 0) return RV_FORMAT;
   if (h.version != RVALUE_VERSION) return RV_STALE;
   if (h.hdr_bytes != sizeof h) return RV_FORMAT;
-  /* The sizes this cache's pages have: a value of another shape is another
-   * layout's (checked below, once the MAC says its header is genuine). */
   uint64_t want = sizeof h + (uint64_t)h.page_tokens * 4 + h.page_bytes + TAG_BYTES;
   if (h.page_tokens > (1u << 20) || h.page_bytes > (1ull << 40) || len != want)
     return RV_TRUNCATED;
-  size_t body = len - TAG_BYTES;
-  uint8_t tag[TAG_BYTES];
-  if (!tag_of(s, h.nonce, v, body, tag) || CRYPTO_memcmp(tag, v + body, TAG_BYTES) != 0)
-    return RV_MAC;
   if (memcmp(h.tenant, rc->tenant, 32) != 0) return RV_TENANT;
   if (memcmp(h.layout, rc->layout, 32) != 0 || h.page_tokens != rc->page_tokens ||
       h.page_bytes != rc->page_bytes)
@@ -213,5 +209,51 @@ enum rvalue_verdict rvalue_verify(const rvalue_cache_t *rc, rvalue_secret_t *s, 
     return RV_CHAIN;
   if (memcmp(v + sizeof h, tokens, (size_t)rc->page_tokens * 4) != 0) return RV_TOKENS;
   *bytes = v + sizeof h + (size_t)rc->page_tokens * 4;
+  return RV_OK;
+}
+
+/* The MAC of a checked value, its page bytes read from page (v's own, or
+ * where they were just copied): whether its tag verifies. */
+static bool mac_ok(rvalue_secret_t *s, const uint8_t *v, size_t len, const uint8_t *page,
+                   uint8_t *copy_to) {
+  hdr_t h;
+  memcpy(&h, v, sizeof h);
+  size_t head = sizeof h + (size_t)h.page_tokens * 4, body = len - TAG_BYTES;
+  uint8_t otk[32], tag[TAG_BYTES];
+  size_t tl = 0;
+  EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(s->poly);
+  bool ok = ctx && hmac2(s->otk, "otk", 3, h.nonce, NONCE_BYTES, otk) &&
+            EVP_MAC_init(ctx, otk, sizeof otk, NULL) == 1 && EVP_MAC_update(ctx, v, head) == 1;
+  /* A chunk at a time: copied, then hashed while it is in the cache. */
+  for (size_t off = head; ok && off < body; off += COPY_CHUNK) {
+    size_t n = body - off < COPY_CHUNK ? body - off : COPY_CHUNK;
+    const uint8_t *src = page + (off - head);
+    if (copy_to) {
+      memcpy(copy_to + (off - head), src, n);
+      src = copy_to + (off - head);
+    }
+    ok = EVP_MAC_update(ctx, src, n) == 1;
+  }
+  ok = ok && EVP_MAC_final(ctx, tag, &tl, TAG_BYTES) == 1 && tl == TAG_BYTES &&
+       CRYPTO_memcmp(tag, v + body, TAG_BYTES) == 0;
+  EVP_MAC_CTX_free(ctx);
+  OPENSSL_cleanse(otk, sizeof otk);
+  return ok;
+}
+
+bool rvalue_copy_verified(rvalue_secret_t *s, const uint8_t *v, size_t len, void *dst) {
+  hdr_t h;
+  memcpy(&h, v, sizeof h);
+  return mac_ok(s, v, len, v + sizeof h + (size_t)h.page_tokens * 4, dst);
+}
+
+enum rvalue_verdict rvalue_verify(const rvalue_cache_t *rc, rvalue_secret_t *s, const uint8_t *v,
+                                  size_t len, const uint8_t hash[32], const uint8_t *parent,
+                                  const uint32_t *tokens, const uint8_t **bytes) {
+  const uint8_t *b;
+  enum rvalue_verdict why = rvalue_check(rc, v, len, hash, parent, tokens, &b);
+  if (why != RV_OK) return why;
+  if (!mac_ok(s, v, len, b, NULL)) return RV_MAC;
+  *bytes = b;
   return RV_OK;
 }

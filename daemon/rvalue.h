@@ -84,9 +84,20 @@ size_t rvalue_size(const rvalue_cache_t *rc);
 int rvalue_encode(const rvalue_cache_t *rc, rvalue_secret_t *s, const engine_page_t *pg,
                   uint8_t *out);
 
-/* Verifies a value v of len bytes fetched as the page of chain hash `hash`
- * under `parent` (NULL: a chain head) with these page_tokens token ids:
- * RV_OK and *bytes pointing at its page bytes inside v, or why not. */
+/* Checks what a value v of len bytes fetched as the page of chain hash
+ * `hash` under `parent` (NULL: a chain head) with these page_tokens token
+ * ids claims: format, size, tenant, layout, chain, ids. RV_OK and *bytes
+ * pointing at its page bytes inside v, or why not. The MAC is not checked:
+ * rvalue_copy_verified (or rvalue_verify) does. */
+enum rvalue_verdict rvalue_check(const rvalue_cache_t *rc, const uint8_t *v, size_t len,
+                                 const uint8_t hash[32], const uint8_t *parent,
+                                 const uint32_t *tokens, const uint8_t **bytes);
+/* Copies the page bytes of a value rvalue_check passed into dst, computing
+ * its MAC on the way (a chunk at a time while it is in the cache: one pass
+ * over the bytes, not two): whether the MAC verifies. When it does not,
+ * dst holds bytes that must not be used. */
+bool rvalue_copy_verified(rvalue_secret_t *s, const uint8_t *v, size_t len, void *dst);
+/* rvalue_check, then the MAC (RV_MAC) over v in place. */
 enum rvalue_verdict rvalue_verify(const rvalue_cache_t *rc, rvalue_secret_t *s, const uint8_t *v,
                                   size_t len, const uint8_t hash[32], const uint8_t *parent,
                                   const uint32_t *tokens, const uint8_t **bytes);

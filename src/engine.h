@@ -389,6 +389,12 @@ void engine_page_release(engine_t *eng, engine_hold_t *hold);
 typedef struct engine_page_in {
   const uint8_t *hash;
   const void *bytes;
+  /* Or, fill set: called (on the engine's thread, inside the import) with
+   * the pool page the page goes to; writes its n bytes there and returns
+   * true, or false to refuse it (a check of the bytes failed): the import
+   * stops at that page, which is freed. It may not call the engine. */
+  bool (*fill)(void *arg, void *dst, uint64_t n);
+  void *arg;
 } engine_page_in_t;
 
 /* Takes pages [first, first + n) of a query back into the index as cached

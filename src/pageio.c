@@ -208,10 +208,11 @@ static int import_room(engine_t *eng, cache_t *c, size_t *k) {
 }
 
 /* Stores k pages from w->start under w->parent: cached, the most recent of
- * the default priority. Room and metadata are reserved. */
-static void import_pages(engine_t *eng, cache_t *c, const uint32_t *tokens,
-                         const engine_pkey_t *key, uint32_t key_id, uint64_t first,
-                         const engine_page_in_t *in, const walk_t *w, size_t k) {
+ * the default priority. Room and metadata are reserved. Returns how many:
+ * fewer when a page's fill refused it. */
+static size_t import_pages(engine_t *eng, cache_t *c, const uint32_t *tokens,
+                           const engine_pkey_t *key, uint32_t key_id, uint64_t first,
+                           const engine_page_in_t *in, const walk_t *w, size_t k) {
   uint32_t T = c->g.T, parent = w->parent;
   uint8_t prev[32];
   if (parent == NOPAGE) prefix_root(eng, c, key, prev);
@@ -219,8 +220,14 @@ static void import_pages(engine_t *eng, cache_t *c, const uint32_t *tokens,
   for (size_t i = 0; i < k; i++) {
     uint64_t m = w->start + i;
     ipage_t *ip;
+    const engine_page_in_t *pin = &in[m - first];
     uint32_t page = page_alloc(eng, c);
-    memcpy(pool_page(&eng->pool, page), in[m - first].bytes, c->g.page_bytes);
+    if (!pin->fill) {
+      memcpy(pool_page(&eng->pool, page), pin->bytes, c->g.page_bytes);
+    } else if (!pin->fill(pin->arg, pool_page(&eng->pool, page), c->g.page_bytes)) {
+      page_unref(eng, c, page, 0); /* refused: freed, nothing points at it */
+      return i;
+    }
     ip = page_meta_take(eng, c, page);
     (void)prefix_query_hash(eng, c, tokens, m, key, prev, ip->hash); /* as walked */
     memcpy(ip->tokens, eng->page_ids, (size_t)T * sizeof *ip->tokens);
@@ -235,6 +242,7 @@ static void import_pages(engine_t *eng, cache_t *c, const uint32_t *tokens,
     parent = page;
     memcpy(prev, ip->hash, 32);
   }
+  return k;
 }
 
 int engine_prefix_import(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
@@ -244,7 +252,8 @@ int engine_prefix_import(engine_t *eng, uint32_t cache_id, const uint32_t *token
   if (!imported || (nin && !in)) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   *imported = 0;
   for (size_t i = 0; i < nin; i++)
-    if (!in[i].hash || !in[i].bytes) return engine_fail(eng, KVC_E_INVAL, "page %zu: NULL", i);
+    if (!in[i].hash || (!in[i].bytes && !in[i].fill))
+      return engine_fail(eng, KVC_E_INVAL, "page %zu: NULL", i);
   cache_t *c;
   uint32_t key_id;
   int rc = prefix_match_args(eng, cache_id, tokens, n, key, &c, &key_id);
@@ -278,7 +287,7 @@ int engine_prefix_import(engine_t *eng, uint32_t cache_id, const uint32_t *token
   for (size_t i = 0; i < w.nheld; i++) page_ref(eng, w.held[i]);
   eng->epoch++;
   rc = import_room(eng, c, &k);
-  if (k) import_pages(eng, c, tokens, key, key_id, first, in, &w, k);
+  if (k) k = import_pages(eng, c, tokens, key, key_id, first, in, &w, k);
   for (size_t i = w.nheld; i-- > 0;)
     page_unref(eng, c, w.held[i], page_meta(eng, w.held[i])->node.prio);
   page_meta_unreserve(eng);

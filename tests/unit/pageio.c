@@ -333,3 +333,49 @@ TEST(pageio_import_failing_allocations_change_nothing) {
   fx_close(&a);
   fx_close(&b);
 }
+
+typedef struct filler {
+  const tier_t *t;
+  size_t i, refuse; /* the page it is, the page it refuses */
+} filler_t;
+
+static bool fill_page(void *arg, void *dst, uint64_t n) {
+  const filler_t *f = arg;
+  if (f->i == f->refuse) return false;
+  memcpy(dst, f->t->bytes[f->i], (size_t)n);
+  return true;
+}
+
+TEST(pageio_import_fill_writes_in_place_and_a_refusal_stops_there) {
+  fx_t a, b;
+  tier_t t;
+  prefill_a(&a, &t);
+  node_open(&b, 16, 9, ID_A);
+  uint32_t *ids = ids_of(1, 4 * T);
+  filler_t fl[4];
+  engine_page_in_t in[4];
+  for (size_t i = 0; i < 4; i++) {
+    fl[i] = (filler_t){&t, i, 2};
+    in[i] = (engine_page_in_t){.hash = t.hash[i], .fill = fill_page, .arg = &fl[i]};
+  }
+  engine_stats_t before = fx_stats(&b);
+  size_t got;
+  ASSERT_OK(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, in, 4, &got));
+  ASSERT_EQ(got, 2);
+  engine_stats_t after = fx_stats(&b);
+  ASSERT_EQ(after.pages_indexed, 2);
+  ASSERT_EQ(after.pages_used, before.pages_used + 2); /* the refused page went back */
+  FX_AUDIT(b.eng);
+  ASSERT_EQ(attach(&b, 5, 1, 4 * T).pages, 2);
+  FX_EXPECT_RNG(&b, 5, 0, 2 * T, fx_all(&b.lay), 1, 0);
+  /* refused at its first page: nothing imported, no error */
+  fx_close(&a); /* (its pages were exported already) */
+  node_open(&a, 16, 9, ID_A);
+  for (size_t i = 0; i < 4; i++) fl[i].refuse = 0;
+  ASSERT_OK(engine_prefix_import(a.eng, a.cid, ids, 4 * T, &KEY, 0, in, 4, &got));
+  ASSERT_EQ(got, 0);
+  ASSERT_EQ(fx_stats(&a).pages_used, 0);
+  free(ids);
+  fx_close(&a);
+  fx_close(&b);
+}

@@ -144,6 +144,14 @@ TEST(rvalue_serves_only_what_verifies) {
   ASSERT_EQ(rvalue_encode(&rc, s, &head.pg, w), 0);
   ASSERT_EQ(rvalue_verify(&rc, s, w, len, head.pg.hash, NULL, head.ids, &bytes), RV_OK);
   ASSERT_EQ(rvalue_verify(&rc, s, w, len, head.pg.hash, p.pg.parent, head.ids, &bytes), RV_CHAIN);
+  /* the copy that verifies on the way: the page's bytes, or false */
+  uint8_t dst[PB];
+  ASSERT(rvalue_copy_verified(s, v, len, dst));
+  ASSERT_MEM_EQ(dst, p.bytes, PB);
+  memcpy(w, v, len);
+  w[168 + 4 * PT + 77] ^= 1;
+  ASSERT(!rvalue_copy_verified(s, w, len, dst));
+  ASSERT(!rvalue_copy_verified(bad, v, len, dst));
   /* a page of another shape is not encoded */
   head.pg.nbytes = PB / 2;
   ASSERT_EQ(rvalue_encode(&rc, s, &head.pg, w), -1);
