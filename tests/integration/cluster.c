@@ -20,6 +20,7 @@
 typedef struct fleet {
   rcl_t rc;
   char secret[128];   /* the shared secret's file */
+  char auth[128];     /* the ACL user's (RCL_ACL_AUTH) */
   daemon_t d1, d2;
 } fleet_t;
 
@@ -33,9 +34,9 @@ static void write_secret(const char *path, const char *text) {
 /* A daemon of the fleet: the cluster, the secret, other uids admitted. */
 static void node_start(fleet_t *f, daemon_t *d, const char *const *more) {
   const char *args[32] = {"--cluster-nodes", f->rc.seeds, "--cluster-secret-file", f->secret,
-                          "--cluster-lookup-timeout-ms", "5000", "--allow-uids",
-                          "self,root,64002", "--socket-mode", "0666"};
-  int n = 10;
+                          "--cluster-auth-file", f->auth, "--cluster-lookup-timeout-ms", "5000",
+                          "--allow-uids", "self,root,64002", "--socket-mode", "0666"};
+  int n = 12;
   for (int i = 0; more && more[i] && n < 30; i++) args[n++] = more[i];
   args[n] = NULL;
   daemon_start_args(d, args);
@@ -47,6 +48,8 @@ static void fleet_start(fleet_t *f, const char *const *more) {
   rcl_start(&f->rc);
   snprintf(f->secret, sizeof f->secret, "%s/secret", f->rc.dir);
   write_secret(f->secret, "an-example-fleet-secret-of-32-by\n");
+  snprintf(f->auth, sizeof f->auth, "%s/auth", f->rc.dir);
+  write_secret(f->auth, RCL_ACL_AUTH);
   ASSERT_EQ(chmod(f->rc.dir, 0711), 0); /* workers of another uid see their stop file */
   node_start(f, &f->d1, more);
   node_start(f, &f->d2, more);
@@ -223,6 +226,61 @@ TEST_TIMEOUT(cluster_prompt_prefilled_on_one_node_attaches_on_another, 120) {
   ASSERT_EQ(stat_get(c2, "tier_lookup_pages_total", NULL), 4 + 4);
   /* a tenant of another uid shares nothing, though it names the cache alike */
   ASSERT_EQ(other_tenant(&f.d2), 0);
+  /* the daemons speak to the cluster as the ACL user of cluster_auth_file */
+  redisReply *cl = rcl_cmd(&f.rc, 0, "CLIENT LIST");
+  ASSERT(cl && cl->type == REDIS_REPLY_STRING && strstr(cl->str, " user=kvc "));
+  freeReplyObject(cl);
+  /* cluster_write = evicted: a page goes to the cluster when the pool
+   * reclaims it, not before */
+  daemon_t d3;
+  const char *evicted[] = {"--cluster-write", "evicted", NULL};
+  node_start(&f, &d3, evicted);
+  kvc_client_t *c3 = client_open(&d3);
+  kvc_cache_t *h3 = open_cache(c3, "llama");
+  prefill(h3, 1, 3, 64);
+  ASSERT_OK(kvc_seq_remove(h3, 1, 0, UINT64_MAX)); /* its 4 pages cached */
+  ASSERT_EQ(stat_get(c3, "tier_writes_total", NULL), 0);
+  for (uint64_t s = 100; stat_get(c3, "tier_writes_total", NULL) < 4; s++) {
+    ASSERT(s < 2000); /* the 8 MiB pool holds 512 pages: plain puts reclaim them */
+    const kvc_layout_t *l3 = kvc_cache_layout(h3);
+    float *k = calloc(it_tok_floats(l3, false) * 64, 4), *v = calloc(it_tok_floats(l3, true) * 64, 4);
+    ASSERT_OK(kvc_put(h3, s, 0, 64, k, v));
+    free(k), free(v);
+  }
+  ASSERT_EQ(attach(h2, 30, 3, 64), 64); /* node 2 attaches what node 3 let go of */
+  ASSERT(holds(h2, 30, 3, 64));
+  kvc_cache_close(h3);
+  kvc_client_close(c3);
+  daemon_stop(&d3);
+  /* cluster_read_replicas: lookups read from the replicas (READONLY), once
+   * CLUSTER SLOTS lists them */
+  for (int i = 0;; i++) {
+    redisReply *sl = rcl_cmd(&f.rc, 0, "CLUSTER SLOTS");
+    bool all = sl && sl->type == REDIS_REPLY_ARRAY && sl->elements >= 3;
+    for (size_t e = 0; all && e < sl->elements; e++) all = sl->element[e]->elements >= 4;
+    freeReplyObject(sl);
+    if (all) break;
+    ASSERT(i < 3000);
+    it_sleep_ms(10);
+  }
+  daemon_t d4;
+  const char *replicas[] = {"--cluster-read-replicas", "true", NULL};
+  node_start(&f, &d4, replicas);
+  kvc_client_t *c4 = client_open(&d4);
+  kvc_cache_t *h4 = open_cache(c4, "llama");
+  ASSERT_EQ(attach(h4, 1, 1, 128), 128);
+  ASSERT(holds(h4, 1, 1, 128));
+  int readers = 0;
+  for (int i = 0; i < RCL_NODES; i++) {
+    if (!rcl_says(&f.rc, i, "role:slave", "INFO replication")) continue;
+    redisReply *cl4 = rcl_cmd(&f.rc, i, "CLIENT LIST");
+    readers += cl4 && cl4->type == REDIS_REPLY_STRING && strstr(cl4->str, " flags=r ");
+    freeReplyObject(cl4);
+  }
+  ASSERT(readers > 0);
+  kvc_cache_close(h4);
+  kvc_client_close(c4);
+  daemon_stop(&d4);
   /* the other direction, and kvcachectl's view of the tier */
   prefill(h2, 20, 2, 32);
   wait_stat(&f.d2, "tier_writes_total", 2);
@@ -235,7 +293,7 @@ TEST_TIMEOUT(cluster_prompt_prefilled_on_one_node_attaches_on_another, 120) {
   json_t *j = json_parse_or_fail(out);
   json_t *t = json_get(j, "tiers", "cluster", NULL);
   ASSERT_EQ(json_u64(json_get(t, "up", NULL)), 1);
-  ASSERT_EQ(json_u64(json_get(t, "hit_pages", NULL)), 8);
+  ASSERT_EQ(json_u64(json_get(t, "hit_pages", NULL)), 12);
   ASSERT(json_len(json_get(t, "nodes", NULL)) >= 3); /* replicas: once CLUSTER SLOTS lists them */
   json_free(j);
   kvc_cache_close(h1), kvc_cache_close(h2);

@@ -17,6 +17,10 @@
 #include "harness.h"
 
 #define RCL_NODES 6
+/* An ACL user beside the default one (which the test's own client uses):
+ * the daemons authenticate as it (cluster_auth_file). */
+#define RCL_ACL_USER "kvc", "on", ">kvc-secret-pw", "~*", "&*", "+@all"
+#define RCL_ACL_AUTH "kvc kvc-secret-pw\n"
 
 typedef struct rcl {
   char dir[64];
@@ -105,7 +109,8 @@ IT_UNUSED static void rcl_spawn(rcl_t *c, int i, int bus) {
     execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
            "--cluster-enabled", "yes", "--cluster-port", busp, "--cluster-config-file",
            "nodes.conf", "--cluster-node-timeout", "1000", "--dir", dir, "--logfile", log,
-           "--save", "", "--appendonly", "no", "--daemonize", "no", (char *)NULL);
+           "--save", "", "--appendonly", "no", "--daemonize", "no", "--user", RCL_ACL_USER,
+           (char *)NULL); /* (redis-server quotes one argument with spaces as one word) */
     _exit(127);
   }
   c->pid[i] = pid;
