@@ -2,15 +2,16 @@
  * prefix index written to a Redis Cluster, and matches that miss in the
  * pool continued there.
  *
- *   put indexes a page --hook--> write-behind queue --SET--> cluster   (rwrite.c)
- *   (or the pool reclaims it, with cluster_write = evicted)
+ *   put indexes a page --hook--> write-behind queue --sender thread: SET--> cluster
+ *   (or the pool reclaims it, with cluster_write = evicted)   (rwrite.c, rsend.c)
  *
  *   match/attach: pages past the local match --GET, pipelined per node-->
- *   the connection waits (parked, at most cluster_lookup_timeout_ms), each
- *   value verified as it comes (rvalue.c); then the request runs again:
- *   the verified run of pages is imported (engine_prefix_import, which
- *   recomputes every hash from the query) and the request matches it as
- *   any cached pages                                                   (rlookup.c)
+ *   the connection waits (parked, at most cluster_lookup_timeout_ms); each
+ *   value's claims are checked as it comes (rvalue.c), and the run of
+ *   pages from the first is imported as it grows (engine_prefix_import,
+ *   which recomputes every hash from the query, each page's MAC computed
+ *   as it is copied into the pool); then the request runs again and
+ *   matches them as any cached pages                                    (rlookup.c)
  *
  * Nothing of it can fail a request: a slow, partitioned or dead cluster
  * costs a request at most the lookup bound (nothing while breakers are

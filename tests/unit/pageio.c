@@ -379,3 +379,29 @@ TEST(pageio_import_fill_writes_in_place_and_a_refusal_stops_there) {
   fx_close(&a);
   fx_close(&b);
 }
+
+TEST(pageio_a_held_page_keeps_its_bytes_until_released) {
+  fx_t a;
+  tier_t t;
+  prefill_a(&a, &t); /* 16 pages: 5 held by seq 1, 4 of them indexed */
+  engine_page_t pg;
+  engine_hold_t *hold = NULL;
+  uint8_t none[32] = {0};
+  ASSERT_ERR(engine_page_hold(a.eng, a.cid, none, &pg, &hold), KVC_E_NOSEQ);
+  ASSERT_ERR(engine_page_hold(a.eng, a.cid, t.hash[3], &pg, NULL), KVC_E_INVAL);
+  ASSERT_OK(engine_page_hold(a.eng, a.cid, t.hash[3], &pg, &hold));
+  ASSERT_OK(engine_remove(a.eng, a.cid, 1, 0, UINT64_MAX)); /* cached, and held */
+  ASSERT_OK(fx_put(&a, 2, 0, 12 * T, 0));                    /* the 12 free pages */
+  ASSERT_OK(engine_pin(a.eng, a.cid, 2, 1));
+  /* pages 0-2 are cached, but page 3, held, is in the index under them:
+   * not one of them can go (a chain loses its tail first) */
+  ASSERT_ERR(fx_put(&a, 3, 0, 4 * T, 0), KVC_E_FULL);
+  ASSERT_MEM_EQ(pg.bytes, t.bytes[3], 1536);
+  FX_AUDIT(a.eng);
+  engine_page_release(a.eng, hold);
+  engine_page_release(a.eng, NULL);
+  FX_AUDIT(a.eng);
+  ASSERT_OK(fx_put(&a, 3, 0, 4 * T, 0)); /* the page is cached again: the chain goes */
+  ASSERT_EQ(fx_stats(&a).pages_cached, 0);
+  fx_close(&a);
+}
