@@ -30,6 +30,7 @@ enum opt_type {
   OPT_HASH,  /* sha256 or xxh3 */
   OPT_BOOL,  /* true/false, yes/no, on/off, 1/0 */
   OPT_LISTEN,/* HOST:PORT, [V6]:PORT, :PORT (loopback); empty: off */
+  OPT_DIR,   /* an absolute directory path; empty: off */
 };
 
 typedef struct option {
@@ -156,6 +157,13 @@ static const option_t options[] = {
    "shared-buffer bytes the connections of one uid may hold together (QUOTA_SHM)"},
   {"shm_bytes_total", OPT_SIZE, "8GiB", 1 * MiB, 64 * TiB, true, F(shm_bytes_total),
    "shared-buffer bytes all connections may hold together (QUOTA_SHM)"},
+  {"tier_dir", OPT_DIR, "", 0, 0, false, F(tier_dir),
+   "directory of the disk tier: prefix pages evicted from memory are written here and read "
+   "back by a match, and a clean stop keeps the prefix index here for the next start "
+   "(created mode 0700; it must be the daemon's own); empty: no disk tier"},
+  {"tier_bytes", OPT_SIZE, "4GiB", 1 * MiB, 64 * TiB, true, F(tier_bytes),
+   "bytes of page files the disk tier keeps, least recently used out first (a reload also "
+   "lifts the lower bound a full file system set)"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -440,6 +448,15 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     snprintf(field, sizeof cfg->metrics_listen, "%s", value);
     return 0;
   }
+  case OPT_DIR:
+    if (*value && (*value != '/' || strlen(value) >= sizeof cfg->tier_dir ||
+                   strpbrk(value, "\"\n"))) {
+      fail(err, errlen, "%s: expected an absolute path of at most %zu bytes without '\"' or "
+           "a newline (or empty: off), got '%s'", o->name, sizeof cfg->tier_dir - 1, value);
+      return -1;
+    }
+    snprintf(field, sizeof cfg->tier_dir, "%s", value);
+    return 0;
   case OPT_HASH:
     if (strcmp(value, "sha256") == 0) v = KVC_HASH_SHA256;
     else if (strcmp(value, "xxh3") == 0) v = KVC_HASH_XXH3;
@@ -569,6 +586,7 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
   size_t used = 0;
   switch (o->type) {
   case OPT_PATH:
+  case OPT_DIR:
   case OPT_LISTEN: snprintf(buf, len, "%s", field); return;
   case OPT_MODE: snprintf(buf, len, "%04o", *(const uint32_t *)(const void *)field); return;
   case OPT_U32: snprintf(buf, len, "%u", *(const uint32_t *)(const void *)field); return;

@@ -87,6 +87,9 @@ typedef struct config {
   uint32_t idle_timeout_ms;       /* a connection silent this long is closed; 0: never */
   uint64_t shm_bytes_per_uid;     /* shared-buffer bytes the connections of one uid hold */
   uint64_t shm_bytes_total;       /* shared-buffer bytes all connections hold */
+  /* The disk tier (doc/tiers.md). */
+  char tier_dir[256];        /* directory of the disk tier; "": no disk tier */
+  uint64_t tier_bytes;       /* bytes of page files the tier keeps at most */
 } config_t;
 
 /* ---- the option table (config.c) ----------------------------------------- */

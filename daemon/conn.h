@@ -96,6 +96,10 @@ struct conn {
   bool parked;               /* its next request needs a sequence another
                                 connection's put holds busy: it runs again,
                                 from the start, when a put ends */
+  bool tier_wait;            /* parked until pages its match reached on the
+                                disk tier are read back (disk.c) */
+  bool tier_tried;           /* its current request looked at the disk tier
+                                already: when it runs again, it does not */
   bool greeted;              /* said Hello (stays set through FLUSHING, CLOSED) */
   bool counted;              /* counted in connections_current */
   bool eof;                  /* the peer closed its side; never read again */
@@ -143,8 +147,11 @@ void conn_own(conn_t *c, uint32_t cache_id, uint64_t seq_id);
 /* Parks c: the frame at the head of its buffer stays there, and nothing
  * runs until conn_unpark_all. */
 void conn_park(conn_t *c);
-/* Runs the parked connections of srv again (a put ended). */
+/* Runs the parked connections of srv again (a put ended); those waiting
+ * for the disk tier stay parked. */
 void conn_unpark_all(server_t *srv);
+/* Runs c again (its disk tier reads are in). */
+void conn_unpark(conn_t *c);
 
 /* READY: the Hello was accepted (dispatch). */
 void conn_greeted(conn_t *c);

@@ -9,6 +9,7 @@
 
 #include "admin.h"
 #include "codec.h"
+#include "disk.h"
 #include "kvcache/kvcache.h"
 #include "layout.h"
 #include "log.h"
@@ -1060,6 +1061,7 @@ static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
       (rc = span_keys(r, b->span_keys, b->n_span_keys, &key.spans)))
     return rc;
   key.nspans = b->n_span_keys;
+  if ((rc = disk_fetch(c, b->cache_id, tokens, b->ntokens, &key))) return rc; /* BUSY: reading */
   engine_match_t m;
   ENGINE_CALL(r, engine_match(c->srv->eng, b->cache_id, tokens, b->ntokens, &key, &m));
   return match_reply(c, r, &m);
@@ -1076,6 +1078,7 @@ static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
       (rc = refuse_replace(c, r, b->no_replace, b->cache_id, b->dst_seq)))
     return rc;
   key.nspans = b->n_span_keys;
+  if ((rc = disk_fetch(c, b->cache_id, tokens, b->ntokens, &key))) return rc; /* BUSY: reading */
   engine_match_t m;
   ENGINE_CALL(r, engine_attach(c->srv->eng, b->cache_id, b->dst_seq, tokens, b->ntokens, &key,
                                b->pin ? c->id : 0, &m));
@@ -1277,6 +1280,7 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     conn_park(c);
     return false;
   }
+  c->tier_tried = false; /* answered: the next request may read the disk tier */
   resp.id = req->id;
   resp.status = dispatch_status(rc);
   resp.error = rc ? r.err : (char *)"";

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "disk.h"
 #include "http.h"
 #include "conn.h"
 #include "kvcache/kvcache.h"
@@ -31,6 +32,7 @@ static void on_expire(uv_timer_t *t) {
   if (n) LOG_DEBUG("pins_lapsed", "count=%zu", n);
   if ((n = engine_keys_collect(srv->eng))) LOG_DEBUG("keys_freed", "count=%zu", n);
   quotas_idle_sweep(srv);
+  disk_tick(srv);
 }
 
 void server_stop(server_t *srv) {
@@ -69,6 +71,9 @@ static int start(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
     return -1;
   }
+  /* Before quotas_apply registers any tenant: the registry the tier kept
+   * gives each tenant back the number its pages were hashed under. */
+  if (disk_open(srv, err, errlen) != 0) return -1;
   if ((rc = quotas_apply(srv)) != 0) {
     snprintf(err, errlen, "engine quotas: %s", kvc_strerror(rc));
     return -1;
@@ -188,6 +193,7 @@ int main(int argc, char **argv) {
     LOG_INFO("exit", "status=0 connections_total=%llu",
              (unsigned long long)srv.stats.connections_total);
   }
+  disk_close(&srv, status == 0 && srv.draining); /* a clean stop persists the index */
   offload_stop(&srv); /* every copy ended: the loop ran out of work */
   uv_run(&loop, UV_RUN_NOWAIT); /* let closed handles finish */
   uv_loop_close(&loop);

@@ -42,7 +42,22 @@
   X(config_reloads, STAT_COUNTER, "reloads", "SIGHUP reloads applied")        \
   X(config_reload_failures, STAT_COUNTER, "reloads", "SIGHUP reloads refused (invalid configuration kept out)") \
   X(metrics_scrapes, STAT_COUNTER, "requests", "GET /metrics answered by the metrics_listen endpoint") \
-  X(metrics_http_errors, STAT_COUNTER, "requests", "HTTP requests of the metrics endpoint refused (bad, too large, slow, not GET /metrics)")
+  X(metrics_http_errors, STAT_COUNTER, "requests", "HTTP requests of the metrics endpoint refused (bad, too large, slow, not GET /metrics)") \
+  X(tier_disk_bytes, STAT_GAUGE, "bytes", "bytes of page files in the disk tier (writes in flight included)") \
+  X(tier_disk_pages, STAT_GAUGE, "pages", "pages in the disk tier") \
+  X(tier_disk_bound_bytes, STAT_GAUGE, "bytes", "the disk tier's bound in force: tier_bytes, or less after the file system was full") \
+  X(tier_disk_loading, STAT_GAUGE, "scans", "1 while the start-up scan indexes the disk tier's files (the daemon serves meanwhile)") \
+  X(tier_disk_scanned, STAT_GAUGE, "files", "page files the start-up scan has looked at") \
+  X(tier_disk_loaded, STAT_GAUGE, "pages", "pages the start-up scan indexed (what a restart kept)") \
+  X(tier_disk_writes, STAT_COUNTER, "pages", "pages written to the disk tier (evicted from memory, or kept by a clean stop)") \
+  X(tier_disk_write_bytes, STAT_COUNTER, "bytes", "bytes written to the disk tier") \
+  X(tier_disk_write_errors, STAT_COUNTER, "pages", "pages the disk tier failed to write (a full file system included)") \
+  X(tier_disk_spill_dropped, STAT_COUNTER, "pages", "evicted prefix pages not written: the write queue was full, or a page larger than the tier") \
+  X(tier_disk_reads, STAT_COUNTER, "pages", "pages read back from the disk tier") \
+  X(tier_disk_read_bytes, STAT_COUNTER, "bytes", "bytes read back from the disk tier") \
+  X(tier_disk_hits, STAT_COUNTER, "pages", "pages of the disk tier a match made resident again") \
+  X(tier_disk_evicted, STAT_COUNTER, "pages", "pages the disk tier dropped, least recently used first") \
+  X(tier_disk_discarded, STAT_COUNTER, "pages", "page files that did not verify (torn, corrupt, another version, tenant or layout): removed, never served")
 
 #define STATS_HIST_BUCKETS 252
 #define STATS_STATUS_CODES 64 /* -KVC_E_* codes counted per operation */

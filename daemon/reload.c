@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "disk.h"
 #include "log.h"
 #include "quotas.h"
 #include "server.h"
@@ -34,6 +35,7 @@ int server_reload(server_t *srv) {
   srv->cfg = merged;
   snprintf(srv->config_file, sizeof srv->config_file, "%s", path);
   log_level = srv->cfg.log_level;
+  disk_reload(srv);
   if (quotas_apply(srv) != 0)
     LOG_ERROR("reload_quotas", "error=\"out of memory\" action=\"kept the previous tenant limits\"");
   status_reschedule(srv);

@@ -23,6 +23,7 @@
 typedef struct conn conn_t;
 
 typedef struct offload offload_t; /* offload.c */
+typedef struct disk disk_t;       /* disk.c */
 
 typedef struct server {
   uv_loop_t *loop;
@@ -31,6 +32,7 @@ typedef struct server {
   char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
   offload_t *offload;      /* the copy threads of large gets and puts */
+  disk_t *disk;            /* the disk tier (tier_dir), or NULL */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;
   shm_region_t pool;       /* the page pool memfd */

@@ -206,6 +206,7 @@ bool conn_offload_end(conn_t *c) {
 void conn_resume(conn_t *c) { FZ_FAIL("conn %llu resumed", (unsigned long long)c->id); }
 void conn_park(conn_t *c) { FZ_FAIL("conn %llu parked", (unsigned long long)c->id); }
 void conn_unpark_all(server_t *srv) { (void)srv; }
+void conn_unpark(conn_t *c) { FZ_FAIL("conn %llu unparked", (unsigned long long)c->id); }
 
 void conn_close(conn_t *c, const char *reason) {
   (void)reason;

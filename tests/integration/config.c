@@ -53,6 +53,8 @@ static const struct {
     {"idle_timeout_ms", "60000", "60000", "70000", "70000"},
     {"shm_bytes_per_uid", "2GiB", "2GiB", "4GiB", "4GiB"},
     {"shm_bytes_total", "16GiB", "16GiB", "32GiB", "32GiB"},
+    {"tier_dir", "/var/lib/kvcached/tier", "/var/lib/kvcached/tier", "", "\"\""},
+    {"tier_bytes", "2GiB", "2GiB", "1T", "1TiB"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
