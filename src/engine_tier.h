@@ -62,9 +62,10 @@ size_t engine_tier_each(engine_t *eng, engine_spill_fn fn, void *ctx);
 /* The query's whole pages (at most cap past the resident ones): *resident
  * = the leading pages whose chain hash is in the cache's index now, and
  * hashes[0..*nout) the chain hashes of the pages after them, in order.
- * Changes nothing and counts nothing (the match that follows does). Stops
- * at a page whose positions carry a span key. NOCACHE, INVAL (key too
- * long, NULL), RANGE. */
+ * Counts nothing (the match that follows does); the resident pages become
+ * the most recent, as a hit makes them, so that importing the pages after
+ * them does not evict them. Stops at a page whose positions carry a span
+ * key. NOCACHE, INVAL (key too long, NULL), RANGE. */
 int engine_tier_probe(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
                       const engine_pkey_t *key, uint8_t (*hashes)[32], size_t cap,
                       uint64_t *resident, size_t *nout);

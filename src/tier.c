@@ -20,6 +20,7 @@
 #include "engine_tier.h"
 #include "evict.h"
 #include "lease.h"
+#include "lru.h"
 #include "page.h"
 #include "prefix.h"
 
@@ -129,8 +130,14 @@ int engine_tier_probe(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, 
     prefix_page_hash(eng, prev, tokens + m * T, T, key, h);
     memcpy(prev, h, 32);
     if (in_memory) {
-      const ipage_t *ip = hmap_get(&c->index, key64(h));
+      ipage_t *ip = hmap_get(&c->index, key64(h));
       if (ip && memcmp(ip->hash, h, 32) == 0) {
+        /* Most recent, as a hit makes it: the pages read after it must not
+         * push out the parent they are imported under. */
+        if (ip->node.prev) {
+          lru_unlink(&ip->node);
+          lru_link(eng, &ip->node, false);
+        }
         (*resident)++;
         continue;
       }
