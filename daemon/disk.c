@@ -41,9 +41,10 @@
 #include "diskfmt.h"
 #include "engine_tier.h"
 #include "log.h"
+#include "offload.h"
 #include "server.h"
 
-#define DISK_THREADS 2u
+#define DISK_THREADS 2u           /* at most */
 #define STAGING_MAX (64ull << 20) /* spilled bytes waiting for a write thread */
 #define FETCH_MAX 256u            /* pages one request reads back at most */
 #define REGISTRY "tenants"
@@ -200,8 +201,11 @@ static void *worker(void *arg) {
     djob_t *top = atomic_load(&d->done);
     do j->next = top;
     while (!atomic_compare_exchange_weak(&d->done, &top, j));
+    /* Only a push onto an empty stack wakes the loop: a stack that was not
+     * empty has a wake-up pending (the loop reads the eventfd before it
+     * takes the stack), which takes this job too. */
     uint64_t one = 1;
-    while (write(d->efd, &one, sizeof one) < 0 && errno == EINTR) {}
+    while (!top && write(d->efd, &one, sizeof one) < 0 && errno == EINTR) {}
     pthread_mutex_lock(&d->mu);
   }
   pthread_mutex_unlock(&d->mu);
@@ -567,6 +571,21 @@ struct rgroup {
   rjob_t *jobs[];          /* in chain order */
 };
 
+/* Reads the data in pieces, each summed while it is still in the CPU's
+ * cache: one pass over memory instead of two. */
+#define READ_PIECE (256u * 1024)
+static bool read_summed(int fd, uint8_t *dst, uint64_t n, off_t off, const diskfmt_info_t *info) {
+  diskfmt_sum_t sum;
+  diskfmt_sum_init(&sum);
+  for (uint64_t done = 0; done < n;) {
+    size_t piece = n - done < READ_PIECE ? (size_t)(n - done) : READ_PIECE;
+    if (read_all(fd, dst + done, piece, off + (off_t)done)) return false;
+    diskfmt_sum_update(&sum, dst + done, piece);
+    done += piece;
+  }
+  return diskfmt_sum_ok(&sum, info);
+}
+
 static void read_run(disk_t *d, djob_t *j) {
   rjob_t *r = (rjob_t *)(void *)j;
   char name[DISKFMT_NAME_MAX];
@@ -580,14 +599,14 @@ static void read_run(disk_t *d, djob_t *j) {
   }
   if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != r->hb + r->db)
     r->why = "file size";
-  else if (read_all(fd, r->hdr, r->hb, 0) || read_all(fd, r->dst, r->db, (off_t)r->hb))
+  else if (read_all(fd, r->hdr, r->hb, 0))
     r->why = "read error";
   else if (diskfmt_decode(r->hdr, r->hb, &r->info, &r->why) != 0)
     ; /* why is set */
   else if (memcmp(r->info.m.hash, r->hash, 32) != 0 || r->info.m.data_bytes != r->db)
     r->why = "header of another page";
-  else if (!diskfmt_data_ok(&r->info, r->dst))
-    r->why = "data checksum";
+  else if (!read_summed(fd, r->dst, r->db, (off_t)r->hb, &r->info))
+    r->why = "data checksum or read error";
   else
     r->ok = true, r->bad = false;
   close(fd);
@@ -907,7 +926,10 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
   }
   d->polled = true;
   d->poll.data = d;
-  for (; d->nthreads < DISK_THREADS; d->nthreads++) {
+  /* One a CPU the daemon may use, up to two: the reads are copies out of
+   * the page cache and checksums, threads beyond the CPUs only wait. */
+  unsigned want = offload_cpus() < DISK_THREADS ? offload_cpus() : DISK_THREADS;
+  for (; d->nthreads < want; d->nthreads++) {
     int rc = pthread_create(&d->threads[d->nthreads], NULL, worker, d);
     if (rc) {
       snprintf(err, errlen, "tier_dir: threads: %s", strerror(rc));

@@ -4,6 +4,7 @@
 #include <string.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
+#include <xxh_x86dispatch.h> /* the same XXH3, with AVX2/AVX-512 where the CPU has them */
 
 static const uint8_t MAGIC[8] = {'K', 'V', 'C', 'T', 'I', 'E', 'R', 0};
 
@@ -57,7 +58,7 @@ void diskfmt_encode(const engine_tier_meta_t *m, const char *tenant, const void 
   put32(hdr + OFF_VERSION, DISKFMT_VERSION);
   put32(hdr + OFF_HEADER_BYTES, hb);
   put64(hdr + OFF_DATA_BYTES, m->data_bytes);
-  put64(hdr + OFF_DATA_SUM, XXH3_64bits(data, m->data_bytes));
+  put64(hdr + OFF_DATA_SUM, XXH3_64bits_dispatch(data, m->data_bytes));
   put32(hdr + OFF_TENANT, m->tenant);
   put32(hdr + OFF_HASH_KIND, m->hash_kind);
   put32(hdr + OFF_PAGE_TOKENS, m->page_tokens);
@@ -74,7 +75,7 @@ void diskfmt_encode(const engine_tier_meta_t *m, const char *tenant, const void 
   memcpy(hdr + OFF_EXTRA, m->extra.bytes, m->extra.len);
   memcpy(hdr + OFF_LAYOUT, &m->layout, sizeof m->layout);
   memcpy(hdr + DISKFMT_FIXED, m->tokens, 4ull * m->page_tokens);
-  put64(hdr + OFF_HEADER_SUM, XXH3_64bits(hdr, hb));
+  put64(hdr + OFF_HEADER_SUM, XXH3_64bits_dispatch(hdr, hb));
 }
 
 uint32_t diskfmt_need(const uint8_t *hdr) {
@@ -101,9 +102,9 @@ int diskfmt_decode(const uint8_t *hdr, size_t len, diskfmt_info_t *out, const ch
   XXH3_state_t st;
   static const uint8_t zero[8];
   XXH3_64bits_reset(&st);
-  XXH3_64bits_update(&st, hdr, OFF_HEADER_SUM);
-  XXH3_64bits_update(&st, zero, 8);
-  XXH3_64bits_update(&st, hdr + OFF_HEADER_SUM + 8, hb - OFF_HEADER_SUM - 8);
+  XXH3_64bits_update_dispatch(&st, hdr, OFF_HEADER_SUM);
+  XXH3_64bits_update_dispatch(&st, zero, 8);
+  XXH3_64bits_update_dispatch(&st, hdr + OFF_HEADER_SUM + 8, hb - OFF_HEADER_SUM - 8);
   *why = "header checksum";
   if (XXH3_64bits_digest(&st) != want) return -1;
   *why = "bad header fields";
@@ -134,7 +135,19 @@ int diskfmt_decode(const uint8_t *hdr, size_t len, diskfmt_info_t *out, const ch
 }
 
 bool diskfmt_data_ok(const diskfmt_info_t *info, const void *data) {
-  return XXH3_64bits(data, info->m.data_bytes) == info->data_sum;
+  return XXH3_64bits_dispatch(data, info->m.data_bytes) == info->data_sum;
+}
+
+_Static_assert(sizeof(XXH3_state_t) <= sizeof(((diskfmt_sum_t *)0)->state), "XXH3 state fits");
+
+void diskfmt_sum_init(diskfmt_sum_t *s) { XXH3_64bits_reset((XXH3_state_t *)(void *)s->state); }
+
+void diskfmt_sum_update(diskfmt_sum_t *s, const void *p, size_t n) {
+  XXH3_64bits_update_dispatch((XXH3_state_t *)(void *)s->state, p, n);
+}
+
+bool diskfmt_sum_ok(diskfmt_sum_t *s, const diskfmt_info_t *info) {
+  return XXH3_64bits_digest((XXH3_state_t *)(void *)s->state) == info->data_sum;
 }
 
 void diskfmt_name(const uint8_t hash[32], char out[DISKFMT_NAME_MAX]) {

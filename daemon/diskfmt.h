@@ -72,6 +72,15 @@ uint32_t diskfmt_need(const uint8_t *hdr);
 /* Whether data (the header's data_bytes) has the header's checksum. */
 bool diskfmt_data_ok(const diskfmt_info_t *info, const void *data);
 
+/* The same checksum over data given in pieces (read a piece, sum it while
+ * it is in the CPU's cache). */
+typedef struct diskfmt_sum {
+  _Alignas(64) unsigned char state[640]; /* an XXH3 state */
+} diskfmt_sum_t;
+void diskfmt_sum_init(diskfmt_sum_t *s);
+void diskfmt_sum_update(diskfmt_sum_t *s, const void *p, size_t n);
+bool diskfmt_sum_ok(diskfmt_sum_t *s, const diskfmt_info_t *info);
+
 /* "<64 hex>.kvp" of a chain hash, and back (false: not such a name). */
 void diskfmt_name(const uint8_t hash[32], char out[DISKFMT_NAME_MAX]);
 bool diskfmt_parse_name(const char *name, uint8_t hash[32]);
