@@ -56,8 +56,16 @@ static const option_t options[] = {
    "ignored when systemd passes the socket"},
   {"socket_mode", OPT_MODE, "0660", 0, 0777, false, F(socket_mode),
    "permission bits of the socket file (set through the umask at bind)"},
-  {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, false, F(pool_bytes),
-   "bytes of the shared page pool, backed at start"},
+  {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, true, F(pool_bytes),
+   "bytes of the shared page pool, backed at start; a reload resizes it online (a grow adds "
+   "a segment, a shrink releases whole segments from the end: doc/tiers.md)"},
+  {"pool_reserve_bytes", OPT_SIZE, "0", 0, 64 * TiB, false, F(pool_reserve_bytes),
+   "address space reserved for the pool: the most it may grow to online (0: the machine's "
+   "memory)"},
+  {"pool_huge_pages", OPT_BOOL, "true", 0, 0, false, F(pool_huge_pages),
+   "back the pool with huge pages where the host offers them: hugetlbfs pages if reserved "
+   "(vm.nr_hugepages), else transparent huge pages if shmem takes them; the figure "
+   "pool_huge_pages says which"},
   {"page_bytes", OPT_SIZE, "2MiB", 64, 1 * GiB, false, F(page_bytes),
    "bytes of one pool page (a multiple of 64)"},
   {"max_caches", OPT_U32, "64", 1, 65536, false, F(max_caches),
@@ -521,6 +529,11 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
   if (cfg->page_bytes > cfg->pool_bytes / 4) {
     fail(err, errlen, "page_bytes: %llu leaves fewer than 4 pages in pool_bytes %llu",
          (unsigned long long)cfg->page_bytes, (unsigned long long)cfg->pool_bytes);
+    return -1;
+  }
+  if (cfg->pool_reserve_bytes && cfg->pool_reserve_bytes < cfg->pool_bytes) {
+    fail(err, errlen, "pool_reserve_bytes: %llu is less than pool_bytes %llu",
+         (unsigned long long)cfg->pool_reserve_bytes, (unsigned long long)cfg->pool_bytes);
     return -1;
   }
   if (cfg->shm_default_bytes > cfg->shm_max_bytes) {

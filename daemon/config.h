@@ -40,6 +40,8 @@ typedef struct config {
   char socket_path[108];     /* Unix socket to listen on */
   uint32_t socket_mode;      /* permission bits of the socket file */
   uint64_t pool_bytes;       /* bytes of the page pool */
+  uint64_t pool_reserve_bytes; /* address space for the pool to grow in; 0: MemTotal */
+  bool pool_huge_pages;      /* try huge pages for the pool */
   uint64_t page_bytes;       /* bytes of one pool page */
   uint32_t max_caches;       /* caches the engine may hold */
   uint64_t max_seqs;         /* sequences the engine may hold, 0: unlimited */

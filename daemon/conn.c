@@ -355,9 +355,9 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
   if (!w) return KVC_E_NOMEM;
   union {
     struct cmsghdr h;
-    char buf[CMSG_SPACE(2 * sizeof(int))];
+    char buf[CMSG_SPACE(POOLMAP_SEGMENTS_MAX * sizeof(int))];
   } ctl;
-  if (nfds < 1 || nfds > 2) {
+  if (nfds < 1 || nfds > (int)POOLMAP_SEGMENTS_MAX) {
     free(w);
     return KVC_E_INTERNAL;
   }

@@ -134,9 +134,10 @@ void conn_accept(server_t *srv);
  * connection is then closed). */
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
 
-/* Sends resp with nfds (1 or 2) descriptors passed along (one SCM_RIGHTS
- * message) on the raw socket; only while the write queue is empty (the
- * handshake). Returns 0 or a negative code. */
+/* Sends resp with nfds (1 to POOLMAP_SEGMENTS_MAX) descriptors passed along
+ * (one SCM_RIGHTS message) on the raw socket; only while the write queue is
+ * empty (the handshake; a synchronous client's PoolMap). Returns 0 or a
+ * negative code. */
 int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds);
 
 /* Sequences owned by c (SeqCreate with owned): room for n more (0, or -1

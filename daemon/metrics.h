@@ -43,6 +43,13 @@
   X(config_reload_failures, STAT_COUNTER, "reloads", "SIGHUP reloads refused (invalid configuration kept out)") \
   X(metrics_scrapes, STAT_COUNTER, "requests", "GET /metrics answered by the metrics_listen endpoint") \
   X(metrics_http_errors, STAT_COUNTER, "requests", "HTTP requests of the metrics endpoint refused (bad, too large, slow, not GET /metrics)") \
+  X(pool_segments, STAT_GAUGE, "segments", "memfd segments the pool is made of (one, and one more a grow)") \
+  X(pool_reserve_bytes, STAT_GAUGE, "bytes", "address space reserved for the pool: the most it may grow to") \
+  X(pool_huge_pages, STAT_GAUGE, "kind", "huge pages backing the pool: 2 hugetlbfs (MFD_HUGETLB), 1 transparent (MADV_HUGEPAGE on shmem), 0 none") \
+  X(pool_resizes, STAT_COUNTER, "resizes", "online resizes of the pool done (kvcachectl pool resize, reloads)") \
+  X(pool_resize_failures, STAT_COUNTER, "resizes", "online resizes refused (pinned data would be lost, leases, not a segment boundary, no memory)") \
+  X(pool_resize_moved_pages, STAT_COUNTER, "pages", "pages a shrink copied below the pool's new end") \
+  X(pool_resize_evicted_pages, STAT_COUNTER, "pages", "pages a shrink freed by eviction") \
   X(tier_disk_bytes, STAT_GAUGE, "bytes", "bytes of page files in the disk tier (writes in flight included)") \
   X(tier_disk_pages, STAT_GAUGE, "pages", "pages in the disk tier") \
   X(tier_disk_bound_bytes, STAT_GAUGE, "bytes", "the disk tier's bound in force: tier_bytes, or less after the file system was full") \

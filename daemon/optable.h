@@ -46,7 +46,9 @@
   X(tenants, TENANTS)                                                          \
   X(clients, CLIENTS)                                                          \
   X(config, CONFIG)                                                            \
-  X(admin, ADMIN)
+  X(admin, ADMIN)                                                              \
+  X(pool_map, POOL_MAP)                                                        \
+  X(pool_resize, POOL_RESIZE)
 
 enum op {
 #define OP_ENUM_(name, CASE) OP_##CASE,

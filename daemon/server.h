@@ -18,6 +18,7 @@
 #include "notify.h"
 #include "shm.h"
 #include "metrics.h"
+#include "poolmap.h"
 #include "tenant.h"
 
 typedef struct conn conn_t;
@@ -35,8 +36,8 @@ typedef struct server {
   disk_t *disk;            /* the disk tier (tier_dir), or NULL */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;
-  shm_region_t pool;       /* the page pool memfd */
-  int pool_ro_fd;          /* read-only reopening of it, passed at each Hello */
+  poolmap_t pool;          /* the page pool: segments of sealed memfds */
+  struct resize *resize;   /* an online resize (poolresize.c) */
   daemon_stats_t stats;
   uv_pipe_t listener;
   char listen_path[108];   /* the socket actually served (systemd's, or cfg's) */

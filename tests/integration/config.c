@@ -54,6 +54,8 @@ static const struct {
     {"shm_bytes_per_uid", "2GiB", "2GiB", "4GiB", "4GiB"},
     {"shm_bytes_total", "16GiB", "16GiB", "32GiB", "32GiB"},
     {"tier_dir", "/var/lib/kvcached/tier", "/var/lib/kvcached/tier", "", "\"\""},
+    {"pool_reserve_bytes", "64GiB", "64GiB", "0", "0"},
+    {"pool_huge_pages", "no", "false", "true", "true"},
     {"tier_bytes", "2GiB", "2GiB", "1T", "1TiB"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
