@@ -28,7 +28,6 @@
 #include "page.h"
 #include "quota.h"
 #include "seq.h"
-#include "tier.h"
 
 #define NOPAGE POOL_NOPAGE
 #define KEY_MAX 64u
@@ -424,7 +423,7 @@ void prefix_reclaim(engine_t *eng, ipage_t *ip) {
   unindex(eng, ip);
   eng->st.cached_reclaimed++;
   c->st.cached_reclaimed++;
-  tier_spill(eng, ip); /* the disk tier may keep it (tier.c) */
+  if (eng->reclaim_hook) eng->reclaim_hook(eng, ip); /* the disk tier may keep it (tier.c) */
   page_unref(eng, c, ip->page, 0); /* the index's reference was the last */
 }
 

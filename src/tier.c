@@ -13,8 +13,6 @@
  * eviction planner and the stats already know what it is: a page held by a
  * reader, never a victim, freed with its last reference.
  */
-#include "tier.h"
-
 #include <string.h>
 
 #include "engine_tier.h"
@@ -38,10 +36,13 @@ static uint64_t key64(const uint8_t h[32]) {
   return k;
 }
 
+static void spill_hook(engine_t *eng, const ipage_t *ip);
+
 void engine_set_spill(engine_t *eng, engine_spill_fn fn, void *ctx) {
   if (!eng) return;
   eng->spill = fn;
   eng->spill_ctx = fn ? ctx : NULL;
+  eng->reclaim_hook = fn ? spill_hook : NULL;
 }
 
 /* The metadata of an indexed page; false if it cannot go to the tier (a
@@ -72,7 +73,9 @@ static bool meta_of(engine_t *eng, const ipage_t *ip, engine_tier_meta_t *m) {
   return true;
 }
 
-void tier_spill(engine_t *eng, const ipage_t *ip) {
+/* A cached page is being reclaimed (prefix_reclaim, before the page is
+ * freed): the callback may keep it. */
+static void spill_hook(engine_t *eng, const ipage_t *ip) {
   engine_tier_meta_t m;
   if (eng->spill && meta_of(eng, ip, &m))
     eng->spill(eng->spill_ctx, &m, pool_page(&eng->pool, ip->page));

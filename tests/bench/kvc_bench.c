@@ -1490,6 +1490,50 @@ static void bench_tier(void) {
   spawn_any_cpu = false;
 }
 
+/* Online resize, per GiB: a grow of 1 GiB (a segment made, backed and
+ * pre-faulted on a thread, then mapped into the engine), and a shrink of
+ * 1 GiB that moves 1 GiB of pages in use below the new end. */
+static void bench_resize(void) {
+  kd_t d;
+  const char *args[] = {"--pool-bytes", "1GiB", "--page-bytes", "2MiB", NULL};
+  kd_start(&d, "resize", args);
+  kvc_client_t *c = kc_open(&d, 64 * MiB);
+  kvc_cache_t *h = kc_cache(c, "llama", &llama);
+  double grow[3], shrink[3];
+  uint64_t moved = 0;
+  for (int t = 0; t < 3; t++) {
+    kvc_pool_resize_t r;
+    double t0 = now_ns();
+    must(c, kvc_pool_resize(c, 2 * GiB, &r), "grow");
+    grow[t] = now_ns() - t0;
+    /* Every page in use, then the first half freed: the second half (the
+     * grown segment) moves down. */
+    kc_fill(h, c, 1, 8192);       /* 1 GiB: the first segment */
+    kc_fill(h, c, 2, 8192);       /* 1 GiB: the grown one */
+    must(c, kvc_seq_remove(h, 1, 0, UINT64_MAX), "remove");
+    t0 = now_ns();
+    must(c, kvc_pool_resize(c, 1 * GiB, &r), "shrink");
+    shrink[t] = now_ns() - t0;
+    moved = r.moved_pages;
+    must(c, kvc_seq_remove(h, 2, 0, UINT64_MAX), "remove");
+  }
+  qsort(grow, 3, sizeof grow[0], cmp_double);
+  qsort(shrink, 3, sizeof shrink[0], cmp_double);
+  row_t *r = row_add("pool resize: grow by 1 GiB", BV_GOAL_NONE, 0);
+  r->measured = true;
+  snprintf(r->fig, sizeof r->fig, "%.0f ms/GiB", grow[1] / 1e6);
+  snprintf(r->ref, sizeof r->ref, "%.0f-%.0f ms", grow[0] / 1e6, grow[2] / 1e6);
+  snprintf(r->note, sizeof r->note, "backed, pre-faulted on a thread; median of 3");
+  r = row_add("pool resize: shrink by 1 GiB, 1 GiB moved", BV_GOAL_NONE, 0);
+  r->measured = true;
+  snprintf(r->fig, sizeof r->fig, "%.0f ms/GiB", shrink[1] / 1e6);
+  snprintf(r->ref, sizeof r->ref, "%.0f-%.0f ms", shrink[0] / 1e6, shrink[2] / 1e6);
+  snprintf(r->note, sizeof r->note, "%llu pages moved on the loop; median of 3",
+           (unsigned long long)moved);
+  kvc_client_close(c);
+  stop(d.pid);
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 static void machine(FILE *f) {
@@ -1552,7 +1596,10 @@ int main(int argc, char **argv) {
   if (want("prefix")) bench_copy_prefix();
   if (want("eviction")) bench_full_pool();
   if (want("scale")) bench_scale();
-  if (want("tier")) bench_tier();
+  if (want("tier")) {
+    bench_tier();
+    bench_resize();
+  }
 
   table_judge();
   table_drift();
