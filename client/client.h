@@ -45,6 +45,11 @@ struct kvc_client {
                                          allocated at the first transfer */
   uint64_t release_q[64];    /* deferred lease releases, sent with the next request */
   size_t nrelease;
+  /* The event stream (events.c): set once kvc_events_subscribe succeeded. */
+  uint64_t ev_req_id;        /* the Subscribe's id, which every push carries; 0: none */
+  uint64_t ev_seq;           /* the last batch's sequence number */
+  Kvcache__V1__Response *ev_batch; /* the batch being read, or NULL */
+  size_t ev_next;            /* its next event */
 };
 
 struct kvc_cache {
@@ -77,6 +82,11 @@ int client_call_fds(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Res
  * there, released ones become zeros (a stale pointer reads zeros, never
  * faults). 0, or KVC_E_PROTO and the like, recorded. */
 int client_pool_sync(kvc_client_t *c, uint64_t gen, uint64_t need);
+
+/* Waits up to timeout_ms (-1: no bound) for one frame the daemon sends on
+ * its own and decodes it: 0 and new *resp, KVC_E_TIMEOUT, or the codes of
+ * a broken connection (KVC_E_SHUTDOWN for the daemon's goodbye). */
+int client_recv(kvc_client_t *c, int timeout_ms, Kvcache__V1__Response **resp);
 
 /* Frees every lease handle (the daemon releases them when the connection
  * closes). */

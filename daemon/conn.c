@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "dispatch.h"
+#include "events.h"
 #include "frame.h"
 #include "log.h"
 #include "quotas.h"
@@ -96,6 +97,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
       LOG_DEBUG("disconnect", "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id,
                 (int)c->pid, reason);
     }
+    if (c->sub) events_unsubscribe(c);
     if (c->shm.base) srv->stats.shm_bytes -= c->shm.bytes;
     /* Unmap now: the pins are gone and nothing may use the buffer again,
      * unless a pool thread still copies into it (then when it is done). */

@@ -64,7 +64,17 @@
   X(tier_disk_read_bytes, STAT_COUNTER, "bytes", "bytes read back from the disk tier") \
   X(tier_disk_hits, STAT_COUNTER, "pages", "pages of the disk tier a match made resident again") \
   X(tier_disk_evicted, STAT_COUNTER, "pages", "pages the disk tier dropped, least recently used first") \
-  X(tier_disk_discarded, STAT_COUNTER, "pages", "page files that did not verify (torn, corrupt, another version, tenant or layout): removed, never served")
+  X(tier_disk_discarded, STAT_COUNTER, "pages", "page files that did not verify (torn, corrupt, another version, tenant or layout): removed, never served") \
+  X(events_batches, STAT_COUNTER, "batches", "batches published on the ZeroMQ event stream (events_endpoint)") \
+  X(events_published, STAT_COUNTER, "events", "events in those batches (runs of one chain's stored pages, or of one cache's removed pages, are one event)") \
+  X(events_log_dropped, STAT_COUNTER, "records", "changes of the prefix index lost because the engine's event log was full (events_log_bytes); each loss is followed by AllBlocksCleared") \
+  X(events_slow_drops, STAT_COUNTER, "batches", "batches a ZeroMQ subscriber missed because its queue held events_hwm messages") \
+  X(events_subscriptions, STAT_GAUGE, "subscriptions", "ZeroMQ subscriptions to the event stream now") \
+  X(events_replays, STAT_COUNTER, "requests", "replay requests served on events_replay_endpoint") \
+  X(events_replayed_batches, STAT_COUNTER, "batches", "batches sent again by replays") \
+  X(events_local_subscribers, STAT_GAUGE, "connections", "connections subscribed to the event stream on the daemon's socket (Subscribe)") \
+  X(events_local_batches, STAT_COUNTER, "batches", "batches pushed to subscribed connections") \
+  X(events_local_drops, STAT_COUNTER, "batches", "batches dropped for a subscribed connection holding more than write_queue_bytes of replies")
 
 #define STATS_HIST_BUCKETS 252
 #define STATS_STATUS_CODES 64 /* -KVC_E_* codes counted per operation */

@@ -48,7 +48,8 @@
   X(config, CONFIG)                                                            \
   X(admin, ADMIN)                                                              \
   X(pool_map, POOL_MAP)                                                        \
-  X(pool_resize, POOL_RESIZE)
+  X(pool_resize, POOL_RESIZE)                                                  \
+  X(subscribe, SUBSCRIBE)
 
 enum op {
 #define OP_ENUM_(name, CASE) OP_##CASE,

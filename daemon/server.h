@@ -25,6 +25,7 @@ typedef struct conn conn_t;
 
 typedef struct offload offload_t; /* offload.c */
 typedef struct disk disk_t;       /* disk.c */
+typedef struct events events_t;   /* events.c */
 
 typedef struct server {
   uv_loop_t *loop;
@@ -34,6 +35,7 @@ typedef struct server {
   engine_t *eng;           /* the cache engine over pool */
   offload_t *offload;      /* the copy threads of large gets and puts */
   disk_t *disk;            /* the disk tier (tier_dir), or NULL */
+  events_t *events;        /* the stream of prefix-index changes (events.c) */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;
   poolmap_t pool;          /* the page pool: segments of sealed memfds */

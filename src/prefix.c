@@ -24,6 +24,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+#include "evlog.h"
 #include "lru.h"
 #include "page.h"
 #include "quota.h"
@@ -414,6 +415,7 @@ static void unindex(engine_t *eng, ipage_t *ip) {
   ip->indexed = false;
   eng->st.pages_indexed--;
   c->st.pages_indexed--;
+  if (eng->ev) evlog_removed(eng, c, ip->hash);
 }
 
 void prefix_reclaim(engine_t *eng, ipage_t *ip) {
@@ -442,6 +444,7 @@ void prefix_cache_clear(engine_t *eng, cache_t *c) {
     ip->indexed = false;
     eng->st.pages_indexed--;
     c->st.pages_indexed--;
+    if (eng->ev) evlog_removed(eng, c, ip->hash);
     page_unref(eng, c, page, 0);
   }
   hmap_deinit(&c->index, &eng->mem);
@@ -539,6 +542,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   if (iparent != NOPAGE) page_meta(eng, iparent)->nchildren++;
   eng->st.pages_indexed++;
   c->st.pages_indexed++;
+  if (eng->ev) evlog_stored(eng, c, ip, parent_page != NOPAGE ? parent : NULL);
   return true;
 }
 

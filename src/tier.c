@@ -17,6 +17,7 @@
 
 #include "engine_tier.h"
 #include "evict.h"
+#include "evlog.h"
 #include "lease.h"
 #include "lru.h"
 #include "page.h"
@@ -264,6 +265,7 @@ int engine_tier_import_end(engine_t *eng, engine_tier_job_t *job, const engine_t
   if (par) par->nchildren++;
   eng->st.pages_indexed++;
   c->st.pages_indexed++;
+  if (eng->ev) evlog_stored(eng, c, ip, par ? par->hash : NULL); /* back in the index */
   page_meta_unreserve(eng);
   lease_drop(eng, j.hold); /* only the index holds it now: cached, most recent */
   return 0;

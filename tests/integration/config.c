@@ -57,6 +57,20 @@ static const struct {
     {"pool_reserve_bytes", "64GiB", "64GiB", "0", "0"},
     {"pool_huge_pages", "no", "false", "true", "true"},
     {"tier_bytes", "2GiB", "2GiB", "1T", "1TiB"},
+    {"events_endpoint", "ipc:///tmp/kvc-ev", "ipc:///tmp/kvc-ev", "tcp://127.0.0.1:5557",
+     "tcp://127.0.0.1:5557"},
+    {"events_replay_endpoint", "", "\"\"", "tcp://127.0.0.1:5558", "tcp://127.0.0.1:5558"},
+    {"events_topic", "kv", "kv", "kv-events", "kv-events"},
+    {"events_tenant", "a", "a", "*", "*"},
+    {"events_cache", "", "\"\"", "llama", "llama"},
+    {"events_buffer", "100", "100", "200", "200"},
+    {"events_hwm", "50", "50", "60", "60"},
+    {"events_token_ids", "no", "false", "true", "true"},
+    {"events_format", "map", "map", "array", "array"},
+    {"events_hash", "vllm", "vllm", "chain", "chain"},
+    {"events_hash_int", "yes", "true", "false", "false"},
+    {"events_hash_seed", "0", "0", "", "\"\""},
+    {"events_log_bytes", "8MiB", "8MiB", "1MiB", "1MiB"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
