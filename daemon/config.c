@@ -67,6 +67,8 @@ static const option_t options[] = {
   {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, true, F(pool_bytes),
    "bytes of the shared page pool, backed at start; a reload resizes it online (a grow adds "
    "a segment, a shrink releases whole segments from the end: doc/tiers.md)"},
+  {"page_bytes", OPT_SIZE, "2MiB", 64, 1 * GiB, false, F(page_bytes),
+   "bytes of one pool page (a multiple of 64)"},
   {"pool_reserve_bytes", OPT_SIZE, "0", 0, 64 * TiB, false, F(pool_reserve_bytes),
    "address space reserved for the pool: the most it may grow to online (0: the machine's "
    "memory)"},
@@ -74,8 +76,6 @@ static const option_t options[] = {
    "back the pool with huge pages where the host offers them: hugetlbfs pages if reserved "
    "(vm.nr_hugepages), else transparent huge pages if shmem takes them; the figure "
    "pool_huge_pages says which"},
-  {"page_bytes", OPT_SIZE, "2MiB", 64, 1 * GiB, false, F(page_bytes),
-   "bytes of one pool page (a multiple of 64)"},
   {"max_caches", OPT_U32, "64", 1, 65536, false, F(max_caches),
    "caches the daemon may hold"},
   {"max_seqs", OPT_U64, "0", 0, UINT64_MAX, false, F(max_seqs),
