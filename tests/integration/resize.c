@@ -91,10 +91,9 @@ static void worker_main(worker_t *w) {
   kvc_cache_t *h = open_cache(c);
   uint32_t salt[MAX_SEQS] = {0};
   bool held[MAX_SEQS] = {false};
-  const volatile uint8_t *far = NULL; /* a page seen in the pool's last segment */
-  uint64_t far_at = 0;
+  const volatile uint8_t *far = NULL; /* a page seen in a grown segment */
   for (uint32_t round = 1; !told_to_stop(w->stop[0]); round++) {
-    uint64_t pages = stat_get(c, "pool_pages", NULL), bytes = stat_get(c, "pool_bytes", NULL);
+    uint64_t pages = stat_get(c, "pool_pages", NULL);
     uint32_t nseq = (uint32_t)(pages / 2 / 16);
     if (nseq > MAX_SEQS) nseq = MAX_SEQS;
     uint32_t s = round % nseq;
@@ -111,24 +110,21 @@ static void worker_main(worker_t *w) {
       const void *base;
       uint64_t mapped;
       kvc_client_pool(c, &base, &mapped);
-      if (page && (uint64_t)(page - (const uint8_t *)base) >= bytes / 2 && !far) {
-        far = page; /* a page of a grown segment */
-        far_at = bytes;
-      }
+      if (page && (uint64_t)(page - (const uint8_t *)base) >= (4u << 20) && !far)
+        far = page; /* past the first segment (4 MiB): a grown one, read in place */
     }
     if (write(w->progress[1], "r", 1) != 1) _exit(5);
   }
   /* Everything still held is what was last written. */
   for (uint32_t i = 0; i < MAX_SEQS; i++)
     if (held[i]) (void)get_seq(h, i + 1, SEQ_TOKENS, salt[i]);
-  /* A pointer into a segment the pool released since reads without a fault
-   * (the old bytes, or zeros once this client mapped the pool again). */
-  if (far) {
-    (void)lease_check(h, 1, salt[0]); /* a lease: this client maps the segments again */
-    volatile uint8_t sink = far[0];
-    (void)sink;
-    (void)far_at;
-  }
+  /* Leases reached the grown segments, and a pointer into one the pool
+   * released since reads without a fault (the old bytes, or zeros once this
+   * client mapped the pool again at its next lease). */
+  if (!far) _exit(6);
+  (void)lease_check(h, 1, salt[0]);
+  volatile uint8_t sink = far[0];
+  (void)sink;
   kvc_client_close(c);
   _exit(0);
 }
