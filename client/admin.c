@@ -111,7 +111,7 @@ KVC_API int kvc_pool_resize(kvc_client_t *c, uint64_t bytes, kvc_pool_resize_t *
   const Kvcache__V1__PoolResizeReply *p = r->pool_resize;
   if (out)
     *out = (kvc_pool_resize_t){p->bytes, p->segments, p->evicted_pages, p->moved_pages,
-                               p->elapsed_us};
+                               p->elapsed_us, p->loop_us};
   kvcache__v1__response__free_unpacked(r, NULL);
   return 0;
 }

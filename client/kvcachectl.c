@@ -1202,8 +1202,9 @@ static int cmd_pool(kvc_client_t *c, const opts_t *o) {
   int rc = kvc_pool_resize(c, bytes, &r);
   if (rc) return fail(c, rc, "pool resize");
   printf("pool: %" PRIu64 " bytes in %u segment%s (moved %" PRIu64 " pages, evicted %" PRIu64
-         ", %.1f ms)\n", r.bytes, r.segments, r.segments == 1 ? "" : "s", r.moved_pages,
-         r.evicted_pages, (double)r.elapsed_us / 1000);
+         ", %.1f ms, the daemon's loop held %.1f ms)\n", r.bytes, r.segments,
+         r.segments == 1 ? "" : "s", r.moved_pages, r.evicted_pages,
+         (double)r.elapsed_us / 1000, (double)r.loop_us / 1000);
   return 0;
 }
 

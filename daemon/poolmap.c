@@ -199,10 +199,11 @@ bool poolmap_is_boundary(const poolmap_t *pm, uint64_t bytes) {
   return false;
 }
 
-void poolmap_release_to(poolmap_t *pm, uint64_t bytes) {
+void poolmap_detach_to(poolmap_t *pm, uint64_t bytes, poolseg_t *out, uint32_t *n) {
+  *n = 0;
   while (pm->nseg > 1 && pm->bytes > bytes) {
     poolseg_t *s = &pm->seg[--pm->nseg];
-    poolmap_discard(pm, s);
+    out[(*n)++] = *s;
     pm->bytes -= s->bytes;
   }
   pm->gen++;

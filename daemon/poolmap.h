@@ -70,13 +70,17 @@ int poolmap_make(const poolmap_t *pm, uint64_t off, uint64_t bytes, poolseg_t *o
                  size_t errlen);
 /* Adds a segment poolmap_make made (it is the next one). */
 void poolmap_add(poolmap_t *pm, const poolseg_t *s);
-/* Releases a segment poolmap_make made that is not to be added. */
+/* Unmaps a segment (its range reserved again) and closes its descriptors:
+ * one poolmap_make made that is not to be added, or one detached. Its
+ * memory is freed here unless a client still maps it. */
 void poolmap_discard(const poolmap_t *pm, poolseg_t *s);
 
 /* Whether the pool can shrink to bytes: a boundary between segments. */
 bool poolmap_is_boundary(const poolmap_t *pm, uint64_t bytes);
-/* Releases the segments past bytes (a boundary). */
-void poolmap_release_to(poolmap_t *pm, uint64_t bytes);
+/* Takes the segments past bytes (a boundary) out of the map into out[]
+ * (*n of them), still mapped: poolmap_discard each (any thread may: it
+ * reads only base), before the map changes again. */
+void poolmap_detach_to(poolmap_t *pm, uint64_t bytes, poolseg_t *out, uint32_t *n);
 /* "1GiB, 1.5GiB" (the sizes the pool may shrink to) into buf. */
 void poolmap_boundaries(const poolmap_t *pm, char *buf, size_t len);
 

@@ -17,7 +17,7 @@
 
 typedef struct resize {
   server_t *srv;
-  uv_async_t grown;       /* the grow thread is done */
+  uv_async_t grown;       /* the thread is done (a grow's segment, a shrink's release) */
   uv_timer_t retry;       /* the shrink, run (again) from the loop */
   bool running;
   bool thread_live;       /* joined in on_grown or at the stop */
@@ -28,6 +28,10 @@ typedef struct resize {
   uint64_t from, bytes;   /* the pool before, and asked */
   poolseg_t seg;          /* what the grow thread made */
   int rc;                 /* its result */
+  poolseg_t gone[POOLMAP_SEGMENTS_MAX]; /* a shrink: segments the thread releases */
+  uint32_t ngone;
+  engine_shrink_t shrunk; /* what the engine did for it */
+  uint64_t loop_ns;       /* the loop's part: the engine's grow or shrink */
   char err[256];
 } resize_t;
 
@@ -54,10 +58,11 @@ static void finish(resize_t *z, int rc, const char *msg, const engine_shrink_t *
     srv->stats.pool_resize_moved_pages += sh->moved_pages;
     srv->stats.pool_resize_evicted_pages += sh->evicted_pages;
     LOG_INFO("pool_resized", "from=%llu bytes=%llu segments=%u moved_pages=%llu "
-             "evicted_pages=%llu us=%llu by=%s", (unsigned long long)z->from,
+             "evicted_pages=%llu us=%llu loop_us=%llu by=%s", (unsigned long long)z->from,
              (unsigned long long)srv->pool.bytes, srv->pool.nseg,
              (unsigned long long)sh->moved_pages, (unsigned long long)sh->evicted_pages,
-             (unsigned long long)us, c ? "request" : "reload");
+             (unsigned long long)us, (unsigned long long)(z->loop_ns / 1000u),
+             c ? "request" : "reload");
   } else {
     srv->stats.pool_resize_failures++;
     LOG_WARN("pool_resize_refused", "bytes=%llu asked=%llu status=%s error=\"%s\"",
@@ -78,6 +83,7 @@ static void finish(resize_t *z, int rc, const char *msg, const engine_shrink_t *
     pr.evicted_pages = sh->evicted_pages;
     pr.moved_pages = sh->moved_pages;
     pr.elapsed_us = us;
+    pr.loop_us = z->loop_ns / 1000u;
     resp.body_case = KVCACHE__V1__RESPONSE__BODY_POOL_RESIZE;
     resp.pool_resize = &pr;
   }
@@ -101,17 +107,35 @@ static void *grow_thread(void *arg) {
   return NULL;
 }
 
+/* A shrink's segments are unmapped and closed here, off the loop: tearing
+ * down the mapping and freeing a memfd's memory cost more than the copies
+ * (about 130 and 250 ms a GiB here). The map no longer names them, and the
+ * next resize waits for this one to end. */
+static void *release_thread(void *arg) {
+  resize_t *z = arg;
+  for (uint32_t i = 0; i < z->ngone; i++) poolmap_discard(&z->srv->pool, &z->gone[i]);
+  uv_async_send(&z->grown);
+  return NULL;
+}
+
 static void on_grown(uv_async_t *a) {
   resize_t *z = a->data;
   server_t *srv = z->srv;
   if (!z->thread_live) return;
   pthread_join(z->thread, NULL);
   z->thread_live = false;
+  if (z->ngone) { /* a shrink's release */
+    z->ngone = 0;
+    finish(z, 0, "", &z->shrunk);
+    return;
+  }
   if (z->rc != 0) {
     finish(z, KVC_E_NOMEM, z->err, NULL);
     return;
   }
+  uint64_t t0 = uv_hrtime();
   int rc = engine_pool_grow(srv->eng, srv->pool.bytes + z->seg.bytes);
+  z->loop_ns = uv_hrtime() - t0;
   if (rc != 0) {
     poolmap_discard(&srv->pool, &z->seg);
     finish(z, rc, engine_last_error(srv->eng)->msg, NULL);
@@ -135,16 +159,27 @@ static void on_retry(uv_timer_t *t) {
     return;
   }
   engine_set_now(srv->eng, uv_now(srv->loop));
+  uint64_t t0 = uv_hrtime();
   int rc = engine_pool_shrink(srv->eng, z->bytes, &sh);
+  z->loop_ns += uv_hrtime() - t0; /* every try held the loop */
   if (rc == KVC_E_BUSY && uv_hrtime() < z->until_ns) {
     uv_timer_start(&z->retry, on_retry, RETRY_MS, 0);
     return;
   }
-  if (rc == 0) {
-    poolmap_release_to(&srv->pool, z->bytes);
-    limits_follow(srv);
+  if (rc != 0) {
+    finish(z, rc, engine_last_error(srv->eng)->msg, &sh);
+    return;
   }
-  finish(z, rc, rc ? engine_last_error(srv->eng)->msg : "", &sh);
+  poolmap_detach_to(&srv->pool, z->bytes, z->gone, &z->ngone);
+  limits_follow(srv);
+  z->shrunk = sh;
+  z->thread_live = true;
+  if (pthread_create(&z->thread, NULL, release_thread, z) != 0) { /* here, then */
+    z->thread_live = false;
+    for (uint32_t i = 0; i < z->ngone; i++) poolmap_discard(&srv->pool, &z->gone[i]);
+    z->ngone = 0;
+    finish(z, 0, "", &sh);
+  }
 }
 
 void pool_resize_init(server_t *srv) {
@@ -167,9 +202,9 @@ void pool_resize_stop(server_t *srv) {
   resize_t *z = srv->resize;
   if (!z) return;
   srv->resize = NULL;
-  if (z->thread_live) { /* a grow in flight: its segment is not wanted now */
+  if (z->thread_live) { /* a grow in flight (its segment is not wanted now), or a release */
     pthread_join(z->thread, NULL);
-    if (z->rc == 0) poolmap_discard(&srv->pool, &z->seg);
+    if (!z->ngone && z->rc == 0) poolmap_discard(&srv->pool, &z->seg);
   }
   z->open = 2;
   uv_close((uv_handle_t *)&z->grown, on_closed);
@@ -226,6 +261,7 @@ int pool_resize_start(server_t *srv, conn_t *c, uint64_t bytes, uint64_t request
   z->from = pm->bytes;
   z->bytes = bytes;
   z->running = true;
+  z->loop_ns = 0;
   if (c) conn_offload_begin(c);
   if (bytes == pm->bytes) {
     uv_timer_start(&z->retry, on_retry, 0, 0); /* nothing to do: answered from the loop */

@@ -743,6 +743,8 @@ typedef struct kvc_pool_resize {
   uint64_t evicted_pages; /* a shrink: pages eviction freed */
   uint64_t moved_pages;   /* a shrink: pages copied below the new end */
   uint64_t elapsed_us;    /* the daemon's time for it */
+  uint64_t loop_us;       /* of it, the time its event loop was held (a shrink's
+                             evictions and copies); the rest ran on a thread */
 } kvc_pool_resize_t;
 
 /* Resizes the running daemon's pool to bytes (admins only; doc/tiers.md):
