@@ -46,7 +46,7 @@
 
 #define DISK_THREADS 2u           /* at most */
 #define STAGING_MAX (64ull << 20) /* spilled bytes waiting for a write thread */
-#define FETCH_MAX 256u            /* pages one request reads back at most */
+#define FETCH_MAX 1024u           /* pages one request reads back at most */
 #define REGISTRY "tenants"
 #define REGISTRY_MAGIC "kvcached-tenants 1"
 
