@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "disk.h"
 #include "http.h"
 #include "conn.h"
 #include "events.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
 #include "offload.h"
+#include "poolresize.h"
 #include "quotas.h"
 #include "server.h"
 #include "testhook.h"
@@ -32,6 +34,7 @@ static void on_expire(uv_timer_t *t) {
   if (n) LOG_DEBUG("pins_lapsed", "count=%zu", n);
   if ((n = engine_keys_collect(srv->eng))) LOG_DEBUG("keys_freed", "count=%zu", n);
   quotas_idle_sweep(srv);
+  disk_tick(srv);
 }
 
 void server_stop(server_t *srv) {
@@ -45,14 +48,18 @@ void server_stop(server_t *srv) {
   uv_close((uv_handle_t *)&srv->expire_timer, NULL);
   uv_close((uv_handle_t *)&srv->accept_timer, NULL);
   http_stop(srv);
+  pool_resize_stop(srv);
   events_stop(srv);
 }
 
 /* Everything that can fail at start, in order; READY=1 comes after. */
 static int start(server_t *srv, char *err, size_t errlen) {
   if (notify_open(&srv->notify, err, errlen) != 0) return -1;
-  if (shm_pool_open(srv->cfg.pool_bytes, &srv->pool, err, errlen) != 0) return -1;
-  if ((srv->pool_ro_fd = shm_open_readonly(&srv->pool, err, errlen)) < 0) return -1;
+  uint64_t reserve = srv->cfg.pool_reserve_bytes ? srv->cfg.pool_reserve_bytes
+                                                 : poolmap_default_reserve(srv->cfg.pool_bytes);
+  if (poolmap_open(&srv->pool, srv->cfg.pool_bytes, reserve,
+                   srv->cfg.pool_huge_pages ? POOL_HUGE_AUTO : POOL_HUGE_OFF, err, errlen) != 0)
+    return -1;
   /* Every tenant's bytes live in this process: no process of our uid may
    * ptrace it, read its memory or reopen its descriptors through /proc. */
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
@@ -71,11 +78,15 @@ static int start(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
     return -1;
   }
+  /* Before quotas_apply registers any tenant: the registry the tier kept
+   * gives each tenant back the number its pages were hashed under. */
+  if (disk_open(srv, err, errlen) != 0) return -1;
   if ((rc = quotas_apply(srv)) != 0) {
     snprintf(err, errlen, "engine quotas: %s", kvc_strerror(rc));
     return -1;
   }
   if (offload_start(srv, srv->cfg.offload_threads, err, errlen) != 0) return -1;
+  pool_resize_init(srv);
   if (server_listen(srv, err, errlen) != 0) return -1;
   if (http_start(srv, err, errlen) != 0) return -1;
   if (events_init(srv, err, errlen) != 0) return -1;
@@ -97,9 +108,12 @@ static void announce(server_t *srv, const char *argv0) {
   LOG_INFO("start", "version=%s pid=%d config_file=\"%s\"", KVC_VERSION_STRING,
            (int)getpid(), srv->config_file);
   LOG_INFO("config", "%s", opts);
-  LOG_INFO("pool", "bytes=%llu page_bytes=%llu pages=%llu prefaulted=yes sealed=yes",
+  static const char *const huge[] = {"none", "transparent", "hugetlb"};
+  LOG_INFO("pool", "bytes=%llu page_bytes=%llu pages=%llu prefaulted=yes sealed=yes "
+           "reserve_bytes=%llu huge_pages=%s",
            (unsigned long long)srv->pool.bytes, (unsigned long long)srv->cfg.page_bytes,
-           (unsigned long long)(srv->pool.bytes / srv->cfg.page_bytes));
+           (unsigned long long)(srv->pool.bytes / srv->cfg.page_bytes),
+           (unsigned long long)srv->pool.reserve, huge[poolmap_huge(&srv->pool)]);
   if (srv->activated)
     LOG_INFO("listen", "socket=%s source=systemd", srv->listen_path);
   else
@@ -170,9 +184,7 @@ int main(int argc, char **argv) {
   uv_loop_init(&loop);
   srv.loop = &loop;
   srv.next_conn_id = 1;
-  srv.pool.fd = -1;
   srv.notify.fd = -1;
-  srv.pool_ro_fd = -1;
   srv.listen_spare = -1;
   arena_init(&srv.arena);
   metrics_init(&srv.stats, uv_hrtime());
@@ -192,14 +204,14 @@ int main(int argc, char **argv) {
     LOG_INFO("exit", "status=0 connections_total=%llu",
              (unsigned long long)srv.stats.connections_total);
   }
+  disk_close(&srv, status == 0 && srv.draining); /* a clean stop persists the index */
   offload_stop(&srv); /* every copy ended: the loop ran out of work */
   uv_run(&loop, UV_RUN_NOWAIT); /* let closed handles finish */
   uv_loop_close(&loop);
   events_free(&srv);
   engine_free(srv.eng);
-  shm_close(&srv.pool);
+  poolmap_close(&srv.pool);
   notify_close(&srv.notify);
-  if (srv.pool_ro_fd >= 0) close(srv.pool_ro_fd);
   arena_deinit(&srv.arena);
   tenants_free(&srv.tenants);
   return status;

@@ -18,11 +18,13 @@
 #include "notify.h"
 #include "shm.h"
 #include "metrics.h"
+#include "poolmap.h"
 #include "tenant.h"
 
 typedef struct conn conn_t;
 
 typedef struct offload offload_t; /* offload.c */
+typedef struct disk disk_t;       /* disk.c */
 typedef struct events events_t;   /* events.c */
 
 typedef struct server {
@@ -32,11 +34,12 @@ typedef struct server {
   char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
   offload_t *offload;      /* the copy threads of large gets and puts */
+  disk_t *disk;            /* the disk tier (tier_dir), or NULL */
   events_t *events;        /* the stream of prefix-index changes (events.c) */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;
-  shm_region_t pool;       /* the page pool memfd */
-  int pool_ro_fd;          /* read-only reopening of it, passed at each Hello */
+  poolmap_t pool;          /* the page pool: segments of sealed memfds */
+  struct resize *resize;   /* an online resize (poolresize.c) */
   daemon_stats_t stats;
   uv_pipe_t listener;
   char listen_path[108];   /* the socket actually served (systemd's, or cfg's) */
