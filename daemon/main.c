@@ -1,5 +1,5 @@
 /* main.c: kvcached's entry point: the command line, startup in order (pool,
- * engine, socket, signals, then READY=1), the loop, and the exit. */
+ * engine, signals, socket, then READY=1), the loop, and the exit. */
 #include <errno.h>
 #include <libgen.h>
 #include <signal.h>
@@ -87,10 +87,13 @@ static int start(server_t *srv, char *err, size_t errlen) {
   }
   if (offload_start(srv, srv->cfg.offload_threads, err, errlen) != 0) return -1;
   pool_resize_init(srv);
+  /* Signals before the socket: a SIGTERM sent once the socket accepts (a
+   * supervisor, a test) drains; it must not find the default action. They
+   * are handled from the loop, so not before the start is done. */
+  signals_start(srv);
   if (server_listen(srv, err, errlen) != 0) return -1;
   if (http_start(srv, err, errlen) != 0) return -1;
   if (events_init(srv, err, errlen) != 0) return -1;
-  signals_start(srv);
   uv_timer_init(srv->loop, &srv->status_timer);
   uv_timer_init(srv->loop, &srv->drain_timer);
   srv->drain_timer.data = srv;
@@ -197,6 +200,7 @@ int main(int argc, char **argv) {
     server_unlisten(&srv);
     http_stop(&srv);
     events_stop(&srv);
+    signals_stop(&srv);
   } else {
     announce(&srv, argv[0]);
     testhook_init();

@@ -96,6 +96,8 @@ void server_conn_gone(server_t *srv);
 /* signals.c. Starts SIGTERM/SIGINT (drain, a second one exits at once) and
  * SIGHUP (reload). */
 void signals_start(server_t *srv);
+/* Closes the signal handles of a start that failed (the loop never ran). */
+void signals_stop(server_t *srv);
 
 /* reload.c. Reads the configuration again (file and flags) into a fresh
  * struct and swaps in its reloadable options; an invalid one keeps the
