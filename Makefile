@@ -240,7 +240,11 @@ $(B)/tests/integration/%.o: tests/integration/%.c | $(B)/gen/kvcache.pb-c.h
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -c $< -o $@
 $(B)/tests/it_%: $(B)/tests/integration/%.o $(TEST_MAIN_OBJ) $(B)/libkvcache.a
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) $(IT_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(IT_LIBS) $(PB_LIBS) -lm
+# The disk tier's tests read and forge page files with the daemon's format.
+$(B)/tests/it_tiers: $(B)/daemon/diskfmt.o
+$(B)/tests/it_tiers: IT_LIBS := -lxxhash
+$(B)/tests/unit_diskfmt: $(B)/daemon/diskfmt.o
 # The cluster test drives Redis with a plain hiredis client and forges
 # values as an attacker would, with the value codec of the daemon.
 $(B)/tests/it_cluster: $(B)/daemon/rvalue.o

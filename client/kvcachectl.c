@@ -56,6 +56,7 @@ static int cmd_remove(kvc_client_t *c, const opts_t *o);
 static int cmd_unpin(kvc_client_t *c, const opts_t *o);
 static int cmd_disconnect(kvc_client_t *c, const opts_t *o);
 static int cmd_tier(kvc_client_t *c, const opts_t *o);
+static int cmd_pool(kvc_client_t *c, const opts_t *o);
 static int cmd_events(kvc_client_t *c, const opts_t *o);
 
 static const struct command {
@@ -86,7 +87,7 @@ static const struct command {
      "evictions per second, the busiest operations, caches and clients (clients\n"
      "for admins). q or Ctrl-C quits. Not a terminal: one frame, then exit"},
     {"tier", cmd_tier, O_JSON, 0, 0, "[--json]",
-     "the tiers behind the pool (the cluster of doc/cluster.md): whether its map is\n"
+     "the cluster tier behind the pool (doc/cluster.md): whether its map is\n"
      "whole, each node's role, state and slots, lookups and hits, bytes, the\n"
      "write-behind queue, errors by kind and values discarded by reason"},
     {"tenants", cmd_tenants, O_JSON, 0, 0, "[--json]",
@@ -103,6 +104,10 @@ static const struct command {
      "release every pin of a sequence, whoever holds it (admins only)"},
     {"disconnect", cmd_disconnect, 0, 1, 1, "CONN_ID",
      "close a client's connection; its pins and leases go with it (admins only)"},
+    {"pool", cmd_pool, 0, 2, 2, "resize SIZE",
+     "resize the pool online (admins only; doc/tiers.md): a grow adds a segment, a\n"
+     "shrink releases whole segments from the end, evicting and moving what lives\n"
+     "there, and is refused when pinned data would be lost. SIZE like 8GiB"},
     {"events", cmd_events, O_CACHE | O_COUNT | O_RAW, 0, 0, "[--cache NAME] [--count N] [--raw]",
      "follow the changes of the prefix indexes as they happen, one line each:\n"
      "pages stored and removed, caches cleared and dropped (your tenant's caches;\n"
@@ -789,7 +794,8 @@ static int cmd_tier(kvc_client_t *c, const opts_t *o) {
     if (t && nt < 8) tiers[nt++] = t;
   }
   if (o->json) printf("{\"tiers\": {");
-  else if (!nt) printf("no tier behind the pool (cluster_nodes is empty)\n");
+  else if (!nt) printf("no cluster tier (cluster_nodes is empty); the disk tier's figures are "
+                       "the tier_disk_* of kvcachectl stats\n");
   for (size_t i = 0; i < nt; i++) {
     if (o->json) printf("%s\n", i ? "," : "");
     tier_show(&f, tiers[i], o->json);
@@ -1267,6 +1273,48 @@ static int cmd_unpin(kvc_client_t *c, const opts_t *o) {
 }
 static int cmd_disconnect(kvc_client_t *c, const opts_t *o) {
   return admin_write(c, o, KVC_ADMIN_DISCONNECT, "disconnect");
+}
+
+/* A size with binary units, as the daemon's options read it: 8GiB, 512M. */
+static bool parse_size(const char *s, uint64_t *out) {
+  static const struct { const char *u; uint64_t mul; } units[] = {
+      {"", 1}, {"B", 1}, {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"M", 1ull << 20},
+      {"MiB", 1ull << 20}, {"G", 1ull << 30}, {"GiB", 1ull << 30}, {"T", 1ull << 40},
+      {"TiB", 1ull << 40}};
+  if (!s || *s < '0' || *s > '9') return false;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno) return false;
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (strcmp(end, units[i].u) == 0 && v <= UINT64_MAX / units[i].mul) {
+      *out = (uint64_t)v * units[i].mul;
+      return true;
+    }
+  return false;
+}
+
+static int cmd_pool(kvc_client_t *c, const opts_t *o) {
+  uint64_t bytes;
+  if (strcmp(o->pos[0], "resize") != 0) {
+    fprintf(stderr, "%s: pool: unknown subcommand '%s'\n", prog, o->pos[0]);
+    command_usage(stderr, find_command("pool"), false);
+    return 2;
+  }
+  if (!parse_size(o->pos[1], &bytes)) {
+    fprintf(stderr, "%s: pool resize: SIZE must be a size like 8GiB, got '%s'\n", prog,
+            o->pos[1]);
+    command_usage(stderr, find_command("pool"), false);
+    return 2;
+  }
+  kvc_pool_resize_t r;
+  int rc = kvc_pool_resize(c, bytes, &r);
+  if (rc) return fail(c, rc, "pool resize");
+  printf("pool: %" PRIu64 " bytes in %u segment%s (moved %" PRIu64 " pages, evicted %" PRIu64
+         ", %.1f ms, the daemon's loop held %.1f ms)\n", r.bytes, r.segments,
+         r.segments == 1 ? "" : "s", r.moved_pages, r.evicted_pages,
+         (double)r.elapsed_us / 1000, (double)r.loop_us / 1000);
+  return 0;
 }
 
 /* ---- events ------------------------------------------------------------------- */

@@ -30,6 +30,7 @@ enum opt_type {
   OPT_HASH,  /* sha256 or xxh3 */
   OPT_BOOL,  /* true/false, yes/no, on/off, 1/0 */
   OPT_LISTEN,/* HOST:PORT, [V6]:PORT, :PORT (loopback); empty: off */
+  OPT_DIR,   /* an absolute directory path; empty: off */
   OPT_TEXT,  /* text of at most max - 1 bytes, no quote or newline */
   OPT_ENUM,  /* one of the option's names; stored as its index (u32) */
   OPT_ENDPOINT, /* a ZeroMQ endpoint: tcp://HOST:PORT or ipc://PATH; empty: off */
@@ -66,10 +67,18 @@ static const option_t options[] = {
    "ignored when systemd passes the socket"},
   {"socket_mode", OPT_MODE, "0660", 0, 0777, false, F(socket_mode),
    "permission bits of the socket file (set through the umask at bind)"},
-  {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, false, F(pool_bytes),
-   "bytes of the shared page pool, backed at start"},
+  {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, true, F(pool_bytes),
+   "bytes of the shared page pool, backed at start; a reload resizes it online (a grow adds "
+   "a segment, a shrink releases whole segments from the end: doc/tiers.md)"},
   {"page_bytes", OPT_SIZE, "2MiB", 64, 1 * GiB, false, F(page_bytes),
    "bytes of one pool page (a multiple of 64)"},
+  {"pool_reserve_bytes", OPT_SIZE, "0", 0, 64 * TiB, false, F(pool_reserve_bytes),
+   "address space reserved for the pool: the most it may grow to online (0: the machine's "
+   "memory)"},
+  {"pool_huge_pages", OPT_BOOL, "true", 0, 0, false, F(pool_huge_pages),
+   "back the pool with huge pages where the host offers them: hugetlbfs pages if reserved "
+   "(vm.nr_hugepages), else transparent huge pages if shmem takes them; the figure "
+   "pool_huge_pages says which"},
   {"max_caches", OPT_U32, "64", 1, 65536, false, F(max_caches),
    "caches the daemon may hold"},
   {"max_seqs", OPT_U64, "0", 0, UINT64_MAX, false, F(max_seqs),
@@ -167,6 +176,13 @@ static const option_t options[] = {
    "shared-buffer bytes the connections of one uid may hold together (QUOTA_SHM)"},
   {"shm_bytes_total", OPT_SIZE, "8GiB", 1 * MiB, 64 * TiB, true, F(shm_bytes_total),
    "shared-buffer bytes all connections may hold together (QUOTA_SHM)"},
+  {"tier_dir", OPT_DIR, "", 0, 0, false, F(tier_dir),
+   "directory of the disk tier: prefix pages evicted from memory are written here and read "
+   "back by a match, and a clean stop keeps the prefix index here for the next start "
+   "(created mode 0700; it must be the daemon's own); empty: no disk tier"},
+  {"tier_bytes", OPT_SIZE, "4GiB", 1 * MiB, 64 * TiB, true, F(tier_bytes),
+   "bytes of page files the disk tier keeps, least recently used out first (a reload also "
+   "lifts the lower bound a full file system set)"},
   {"events_endpoint", OPT_ENDPOINT, "", 0, 0, false, F(events_endpoint),
    "publish every change of the prefix index as vLLM's KV events (ZeroMQ PUB, msgpack; "
    "doc/events.md) on this endpoint, bound: tcp://127.0.0.1:5557 or ipc:///run/kvcached/"
@@ -581,6 +597,15 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     }
     snprintf(field, sizeof cfg->cluster_auth_file, "%s", value);
     return 0;
+  case OPT_DIR:
+    if (*value && (*value != '/' || strlen(value) >= sizeof cfg->tier_dir ||
+                   strpbrk(value, "\"\n"))) {
+      fail(err, errlen, "%s: expected an absolute path of at most %zu bytes without '\"' or "
+           "a newline (or empty: off), got '%s'", o->name, sizeof cfg->tier_dir - 1, value);
+      return -1;
+    }
+    snprintf(field, sizeof cfg->tier_dir, "%s", value);
+    return 0;
   case OPT_TEXT:
     if (strlen(value) >= o->max || strpbrk(value, "\"\n")) {
       fail(err, errlen, "%s: at most %llu bytes, without '\"' or a newline", o->name,
@@ -687,6 +712,11 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
          (unsigned long long)cfg->page_bytes, (unsigned long long)cfg->pool_bytes);
     return -1;
   }
+  if (cfg->pool_reserve_bytes && cfg->pool_reserve_bytes < cfg->pool_bytes) {
+    fail(err, errlen, "pool_reserve_bytes: %llu is less than pool_bytes %llu",
+         (unsigned long long)cfg->pool_reserve_bytes, (unsigned long long)cfg->pool_bytes);
+    return -1;
+  }
   if (cfg->shm_default_bytes > cfg->shm_max_bytes) {
     fail(err, errlen, "shm_default_bytes exceeds shm_max_bytes");
     return -1;
@@ -775,6 +805,7 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
   case OPT_PATH:
   case OPT_NODES:
   case OPT_FILE:
+  case OPT_DIR:
   case OPT_LISTEN: snprintf(buf, len, "%s", field); return;
   case OPT_MODE: snprintf(buf, len, "%04o", *(const uint32_t *)(const void *)field); return;
   case OPT_U32: snprintf(buf, len, "%u", *(const uint32_t *)(const void *)field); return;

@@ -41,6 +41,8 @@ typedef struct config {
   char socket_path[108];     /* Unix socket to listen on */
   uint32_t socket_mode;      /* permission bits of the socket file */
   uint64_t pool_bytes;       /* bytes of the page pool */
+  uint64_t pool_reserve_bytes; /* address space for the pool to grow in; 0: MemTotal */
+  bool pool_huge_pages;      /* try huge pages for the pool */
   uint64_t page_bytes;       /* bytes of one pool page */
   uint32_t max_caches;       /* caches the engine may hold */
   uint64_t max_seqs;         /* sequences the engine may hold, 0: unlimited */
@@ -88,6 +90,9 @@ typedef struct config {
   uint32_t idle_timeout_ms;       /* a connection silent this long is closed; 0: never */
   uint64_t shm_bytes_per_uid;     /* shared-buffer bytes the connections of one uid hold */
   uint64_t shm_bytes_total;       /* shared-buffer bytes all connections hold */
+  /* The disk tier (doc/tiers.md). */
+  char tier_dir[256];        /* directory of the disk tier; "": no disk tier */
+  uint64_t tier_bytes;       /* bytes of page files the tier keeps at most */
   /* The KV event stream (doc/events.md); off while events_endpoint is "". */
   char events_endpoint[CONFIG_EVENTS_TEXT];        /* ZeroMQ PUB endpoint */
   char events_replay_endpoint[CONFIG_EVENTS_TEXT]; /* ZeroMQ ROUTER endpoint; "": none */

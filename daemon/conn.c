@@ -158,7 +158,14 @@ static size_t drop_owned(conn_t *c) {
 void conn_park(conn_t *c) {
   c->parked = true;
   c->srv->nparked++;
-  c->srv->stats.parked_requests++;
+  if (!c->tier_wait) c->srv->stats.parked_requests++; /* a busy sequence, not a read */
+}
+
+void conn_unpark(conn_t *c) {
+  if (!c->parked) return;
+  c->parked = false;
+  c->srv->nparked--;
+  schedule(c);
 }
 
 void conn_park_remote(conn_t *c) {
@@ -168,18 +175,13 @@ void conn_park_remote(conn_t *c) {
 
 void conn_unpark_remote(conn_t *c) {
   if (!c->remote_parked) return;
-  c->parked = c->remote_parked = false;
-  c->srv->nparked--;
-  schedule(c);
+  c->remote_parked = false;
+  conn_unpark(c);
 }
 
 void conn_unpark_all(server_t *srv) {
-  for (conn_t *c = srv->conns; c && srv->nparked; c = c->next) {
-    if (!c->parked || c->remote_parked) continue;
-    c->parked = false;
-    srv->nparked--;
-    schedule(c);
-  }
+  for (conn_t *c = srv->conns; c && srv->nparked; c = c->next)
+    if (c->parked && !c->tier_wait && !c->remote_parked) conn_unpark(c);
 }
 
 bool conn_offload_end(conn_t *c) {
@@ -368,9 +370,9 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
   if (!w) return KVC_E_NOMEM;
   union {
     struct cmsghdr h;
-    char buf[CMSG_SPACE(2 * sizeof(int))];
+    char buf[CMSG_SPACE(POOLMAP_SEGMENTS_MAX * sizeof(int))];
   } ctl;
-  if (nfds < 1 || nfds > 2) {
+  if (nfds < 1 || nfds > (int)POOLMAP_SEGMENTS_MAX) {
     free(w);
     return KVC_E_INTERNAL;
   }

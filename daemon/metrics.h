@@ -43,6 +43,28 @@
   X(config_reload_failures, STAT_COUNTER, "reloads", "SIGHUP reloads refused (invalid configuration kept out)") \
   X(metrics_scrapes, STAT_COUNTER, "requests", "GET /metrics answered by the metrics_listen endpoint") \
   X(metrics_http_errors, STAT_COUNTER, "requests", "HTTP requests of the metrics endpoint refused (bad, too large, slow, not GET /metrics)") \
+  X(pool_segments, STAT_GAUGE, "segments", "memfd segments the pool is made of (one, and one more a grow)") \
+  X(pool_reserve_bytes, STAT_GAUGE, "bytes", "address space reserved for the pool: the most it may grow to") \
+  X(pool_huge_pages, STAT_GAUGE, "kind", "huge pages backing the pool: 2 hugetlbfs (MFD_HUGETLB), 1 transparent (MADV_HUGEPAGE on shmem), 0 none") \
+  X(pool_resizes, STAT_COUNTER, "resizes", "online resizes of the pool done (kvcachectl pool resize, reloads)") \
+  X(pool_resize_failures, STAT_COUNTER, "resizes", "online resizes refused (pinned data would be lost, leases, not a segment boundary, no memory)") \
+  X(pool_resize_moved_pages, STAT_COUNTER, "pages", "pages a shrink copied below the pool's new end") \
+  X(pool_resize_evicted_pages, STAT_COUNTER, "pages", "pages a shrink freed by eviction") \
+  X(tier_disk_bytes, STAT_GAUGE, "bytes", "bytes of page files in the disk tier (writes in flight included)") \
+  X(tier_disk_pages, STAT_GAUGE, "pages", "pages in the disk tier") \
+  X(tier_disk_bound_bytes, STAT_GAUGE, "bytes", "the disk tier's bound in force: tier_bytes, or less after the file system was full") \
+  X(tier_disk_loading, STAT_GAUGE, "scans", "1 while the start-up scan indexes the disk tier's files (the daemon serves meanwhile)") \
+  X(tier_disk_scanned, STAT_GAUGE, "files", "page files the start-up scan has looked at") \
+  X(tier_disk_loaded, STAT_GAUGE, "pages", "pages the start-up scan indexed (what a restart kept)") \
+  X(tier_disk_writes, STAT_COUNTER, "pages", "pages written to the disk tier (evicted from memory, or kept by a clean stop)") \
+  X(tier_disk_write_bytes, STAT_COUNTER, "bytes", "bytes written to the disk tier") \
+  X(tier_disk_write_errors, STAT_COUNTER, "pages", "pages the disk tier failed to write (a full file system included)") \
+  X(tier_disk_spill_dropped, STAT_COUNTER, "pages", "evicted prefix pages not written: the write queue was full, or a page larger than the tier") \
+  X(tier_disk_reads, STAT_COUNTER, "pages", "pages read back from the disk tier") \
+  X(tier_disk_read_bytes, STAT_COUNTER, "bytes", "bytes read back from the disk tier") \
+  X(tier_disk_hits, STAT_COUNTER, "pages", "pages of the disk tier a match made resident again") \
+  X(tier_disk_evicted, STAT_COUNTER, "pages", "pages the disk tier dropped, least recently used first") \
+  X(tier_disk_discarded, STAT_COUNTER, "pages", "page files that did not verify (torn, corrupt, another version, tenant or layout): removed, never served") \
   X(events_batches, STAT_COUNTER, "batches", "batches published on the ZeroMQ event stream (events_endpoint)") \
   X(events_published, STAT_COUNTER, "events", "events in those batches (runs of one chain's stored pages, or of one cache's removed pages, are one event)") \
   X(events_log_dropped, STAT_COUNTER, "records", "changes of the prefix index lost because the engine's event log was full (events_log_bytes); each loss is followed by AllBlocksCleared") \
@@ -96,7 +118,7 @@ uint64_t metrics_bucket_max(unsigned idx);
 
 /* ---- the tiers behind the pool (remote.c: the cluster) ----------------------
  * Each tier's figures are rendered with a tier label ("cluster"), as
- * tier_NAME (counters tier_NAME_total); doc/stats.md, Tiers. */
+ * tier_NAME (counters tier_NAME_total); doc/stats.md, The cluster tier. */
 #define TIER_STATS(X)                                                          \
   X(lookups, STAT_COUNTER, "requests", "match and attach requests that looked in the tier") \
   X(lookup_pages, STAT_COUNTER, "pages", "pages looked up in the tier")       \

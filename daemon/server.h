@@ -18,12 +18,14 @@
 #include "notify.h"
 #include "shm.h"
 #include "metrics.h"
+#include "poolmap.h"
 #include "tenant.h"
 
 typedef struct conn conn_t;
 
 typedef struct offload offload_t; /* offload.c */
 typedef struct remote remote_t;   /* remote.c: the cluster tier */
+typedef struct disk disk_t;       /* disk.c */
 typedef struct events events_t;   /* events.c */
 
 typedef struct server {
@@ -34,11 +36,12 @@ typedef struct server {
   engine_t *eng;           /* the cache engine over pool */
   offload_t *offload;      /* the copy threads of large gets and puts */
   remote_t *remote;        /* the cluster tier; NULL: none (cluster_nodes empty) */
+  disk_t *disk;            /* the disk tier (tier_dir), or NULL */
   events_t *events;        /* the stream of prefix-index changes (events.c) */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;
-  shm_region_t pool;       /* the page pool memfd */
-  int pool_ro_fd;          /* read-only reopening of it, passed at each Hello */
+  poolmap_t pool;          /* the page pool: segments of sealed memfds */
+  struct resize *resize;   /* an online resize (poolresize.c) */
   daemon_stats_t stats;
   uv_pipe_t listener;
   char listen_path[108];   /* the socket actually served (systemd's, or cfg's) */
@@ -95,6 +98,8 @@ void server_conn_gone(server_t *srv);
 /* signals.c. Starts SIGTERM/SIGINT (drain, a second one exits at once) and
  * SIGHUP (reload). */
 void signals_start(server_t *srv);
+/* Closes the signal handles of a start that failed (the loop never ran). */
+void signals_stop(server_t *srv);
 
 /* reload.c. Reads the configuration again (file and flags) into a fresh
  * struct and swaps in its reloadable options; an invalid one keeps the

@@ -427,6 +427,7 @@ void prefix_reclaim(engine_t *eng, ipage_t *ip) {
   unindex(eng, ip);
   eng->st.cached_reclaimed++;
   c->st.cached_reclaimed++;
+  if (eng->reclaim_hook) eng->reclaim_hook(eng, ip); /* the disk tier may keep it (tier.c) */
   page_unref(eng, c, ip->page, 0); /* the index's reference was the last */
 }
 
@@ -834,4 +835,23 @@ int prefix_expect(engine_t *eng, const ipage_t *ip, const uint8_t *ph, uint8_t o
   uint32_t T = ip->cache->g.T;
   return page_hash(eng, ph, ip->tokens, ipage_tags_c(ip, T), T, &key, out) ? 0
                                                                           : KVC_E_INTERNAL;
+}
+
+/* ---- for the disk tier (tier.c) --------------------------------------------------- */
+
+void prefix_root_hash(engine_t *eng, const cache_t *c, const engine_pkey_t *key,
+                      uint8_t out[32]) {
+  chain_root(eng, c, key, out);
+}
+
+void prefix_page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *tokens,
+                      uint32_t T, const engine_pkey_t *key, uint8_t out[32]) {
+  (void)page_hash(eng, parent, tokens, NULL, T, key, out); /* no tags: cannot fail */
+}
+
+bool prefix_key_get(const engine_t *eng, uint32_t id, engine_pkey_t *out) {
+  const pkey_t *k = key_by_id(eng, id);
+  if (!k) return false;
+  *out = (engine_pkey_t){k->salt, k->salt_len, k->extra, k->extra_len, NULL, 0};
+  return true;
 }

@@ -451,6 +451,9 @@ static BU_UNUSED bool wait_socket(const char *path, pid_t pid, int timeout_ms) {
   return false;
 }
 
+/* Set: the next servers spawned may run on every CPU (not only the last). */
+static bool spawn_any_cpu;
+
 /* Starts argv[0] (a path) with stdout/stderr to log; returns its pid. */
 static BU_UNUSED pid_t spawn(const char *const *argv, const char *log) {
   fflush(NULL);
@@ -458,7 +461,13 @@ static BU_UNUSED pid_t spawn(const char *const *argv, const char *log) {
   if (pid < 0) die("fork: %s", strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the bench */
-    place_on(true);
+    if (!spawn_any_cpu) place_on(true);
+    else {
+      cpu_set_t all;
+      CPU_ZERO(&all);
+      for (long i = 0; i < sysconf(_SC_NPROCESSORS_ONLN) && i < CPU_SETSIZE; i++) CPU_SET(i, &all);
+      (void)sched_setaffinity(0, sizeof all, &all);
+    }
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
