@@ -219,10 +219,18 @@ TEST_TIMEOUT(cluster_prompt_prefilled_on_one_node_attaches_on_another, 120) {
   uint64_t asked = stat_get(c2, "tier_lookups_total", NULL);
   ASSERT_EQ(attach(h2, 8, 1, 64), 64);
   ASSERT_EQ(stat_get(c2, "tier_lookups_total", NULL), asked);
-  /* a longer prompt: the pool's four pages, then the cluster's next ones */
+  /* a longer prompt: the pool's four pages, then the cluster's next ones,
+   * found by a match (which brings them into the pool), then attached */
   prefill(h1, 2, 1, 128);
   wait_stat(&f.d1, "tier_writes_total", 8);
+  uint32_t *ids = prompt(1, 128);
+  kvc_match_t m = {0};
+  ASSERT_OK(kvc_match(h2, ids, 128, &m));
+  free(ids);
+  ASSERT_EQ(m.tokens, 128);
+  asked = stat_get(c2, "tier_lookups_total", NULL);
   ASSERT_EQ(attach(h2, 9, 1, 128), 128);
+  ASSERT_EQ(stat_get(c2, "tier_lookups_total", NULL), asked); /* from the pool */
   ASSERT(holds(h2, 9, 1, 128));
   ASSERT_EQ(stat_get(c2, "tier_lookup_pages_total", NULL), 4 + 4);
   /* a tenant of another uid shares nothing, though it names the cache alike */
