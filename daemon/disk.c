@@ -64,6 +64,7 @@ typedef struct dent {
   bool kept;              /* a clean stop wrote or touched it */
   uint32_t readers;       /* read jobs in flight */
   int64_t mtime_ns;       /* the start-up scan's order */
+  char cache[KVC_MAX_NAME + 1]; /* its cache's name (the event stream's scope) */
 } dent_t;
 
 typedef struct djob djob_t;
@@ -173,6 +174,9 @@ static void add(disk_t *d, dent_t *e) {
 }
 
 static void unindex(disk_t *d, dent_t *e) {
+  /* The event stream: the page left the disk tier (doc/events.md). */
+  engine_events_tier(d->srv->eng, ENGINE_EV_REMOVED, ENGINE_MEDIUM_DISK, e->tenant, e->cache, 0,
+                     e->hash, NULL, NULL);
   for (dent_t **p = &d->buckets[bucket(d, e->hash)]; *p; p = &(*p)->hnext)
     if (*p == e) {
       *p = e->hnext;
@@ -532,12 +536,17 @@ static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) 
   diskfmt_name(m->hash, w->name);
   memcpy(e->hash, m->hash, 32);
   e->tenant = m->tenant;
+  snprintf(e->cache, sizeof e->cache, "%s", m->cache);
   e->header_bytes = hb;
   e->data_bytes = m->data_bytes;
   e->state = D_WRITING;
   w->e = e;
   d->staging += need;
   add(d, e);
+  /* The event stream: the page is in the disk tier now (its removal from
+   * the pool was recorded as the engine reclaimed it). */
+  engine_events_tier(srv->eng, ENGINE_EV_STORED, ENGINE_MEDIUM_DISK, m->tenant, m->cache,
+                     m->page_tokens, m->hash, m->head ? NULL : m->parent, m->tokens);
   d->collect = w;
   trim(d);
   d->collect = NULL;
@@ -732,6 +741,8 @@ typedef struct found {
   uint32_t tenant, hb;
   uint64_t db;
   int64_t mtime_ns;
+  char cache[KVC_MAX_NAME + 1];
+  uint32_t *ev;            /* with events: parent hash (8 words), head, page_tokens, ids */
 } found_t;
 
 typedef struct scanjob {
@@ -740,10 +751,12 @@ typedef struct scanjob {
   size_t n, cap;
   uint64_t discarded;
   uint64_t t0_ns;
+  bool events;             /* keep what the event stream says of each page */
 } scanjob_t;
 
 /* Whether the file at fd is a whole page file named hash; fills *f. */
-static bool scan_one(int fd, const uint8_t hash[32], uint8_t **buf, size_t *bufcap, found_t *f) {
+static bool scan_one(int fd, const uint8_t hash[32], uint8_t **buf, size_t *bufcap, found_t *f,
+                     bool events) {
   struct stat st;
   uint8_t fixed[DISKFMT_FIXED];
   diskfmt_info_t info;
@@ -766,6 +779,14 @@ static bool scan_one(int fd, const uint8_t hash[32], uint8_t **buf, size_t *bufc
   f->hb = hb;
   f->db = info.m.data_bytes;
   f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+  snprintf(f->cache, sizeof f->cache, "%s", info.m.cache);
+  f->ev = NULL;
+  if (events && (f->ev = malloc((10 + (size_t)info.m.page_tokens) * sizeof *f->ev))) {
+    memcpy(f->ev, info.m.parent, 32);
+    f->ev[8] = info.m.head;
+    f->ev[9] = info.m.page_tokens;
+    memcpy(f->ev + 10, info.m.tokens, 4ull * info.m.page_tokens);
+  }
   return true;
 }
 
@@ -799,7 +820,7 @@ static void scan_run(disk_t *d, djob_t *j) {
       s->cap = cap;
     }
     int pf = openat(d->dirfd, de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    bool good = pf >= 0 && scan_one(pf, hash, &buf, &bufcap, &s->f[s->n]);
+    bool good = pf >= 0 && scan_one(pf, hash, &buf, &bufcap, &s->f[s->n], s->events);
     if (pf >= 0) close(pf);
     if (good) {
       s->n++;
@@ -821,10 +842,66 @@ static void lru_back(disk_t *d, dent_t *e) {
   d->tail = e;
 }
 
+/* The event stream after a warm restart (AllBlocksCleared went first): the
+ * pages kept on disk, each after its parent (loaded[] is in no chain
+ * order: a parent is emitted before its children by a walk from the pages
+ * whose parent is not among them). */
+static size_t hslot(const uint8_t hash[32], size_t cap) {
+  uint64_t k;
+  memcpy(&k, hash, 8);
+  return (size_t)(k & (cap - 1));
+}
+
+static void scan_events(disk_t *d, found_t **loaded, size_t n) {
+  engine_t *eng = d->srv->eng;
+  if (!n || !engine_events_on(eng)) return;
+  size_t cap = 1;
+  while (cap < 2 * n) cap *= 2;
+  size_t *slot = malloc(cap * sizeof *slot), *child = malloc(n * sizeof *child),
+         *sib = malloc(n * sizeof *sib), *stack = malloc(n * sizeof *stack);
+  if (!slot || !child || !sib || !stack) goto out;
+  for (size_t i = 0; i < cap; i++) slot[i] = SIZE_MAX;
+  for (size_t i = 0; i < n; i++) { /* hash -> index, linear probing */
+    size_t k = hslot(loaded[i]->hash, cap);
+    while (slot[k] != SIZE_MAX) k = (k + 1) & (cap - 1);
+    slot[k] = i;
+    child[i] = sib[i] = SIZE_MAX;
+  }
+  size_t top = 0;
+  for (size_t i = 0; i < n; i++) {
+    const uint32_t *ev = loaded[i]->ev;
+    size_t p = SIZE_MAX;
+    if (!ev[8])
+      for (size_t k = hslot((const uint8_t *)ev, cap);
+           slot[k] != SIZE_MAX; k = (k + 1) & (cap - 1))
+        if (memcmp(loaded[slot[k]]->hash, ev, 32) == 0) {
+          p = slot[k];
+          break;
+        }
+    if (p == SIZE_MAX || p == i) {
+      stack[top++] = i; /* a head, or its parent is elsewhere (resident, or gone) */
+    } else {
+      sib[i] = child[p];
+      child[p] = i;
+    }
+  }
+  while (top) {
+    size_t i = stack[--top];
+    const found_t *f = loaded[i];
+    engine_events_tier(eng, ENGINE_EV_STORED, ENGINE_MEDIUM_DISK, f->tenant, f->cache, f->ev[9],
+                       f->hash, f->ev[8] ? NULL : (const uint8_t *)f->ev, f->ev + 10);
+    for (size_t c = child[i]; c != SIZE_MAX; c = sib[c]) stack[top++] = c;
+  }
+out:
+  free(slot), free(child), free(sib), free(stack);
+}
+
 static void scan_done(disk_t *d, djob_t *j) {
   scanjob_t *s = (scanjob_t *)(void *)j;
   server_t *srv = d->srv;
   uint64_t loaded = 0;
+  found_t **kept = s->events ? malloc((s->n ? s->n : 1) * sizeof *kept) : NULL;
+  size_t nkept = 0;
   /* Newest first, each behind the last: the oldest end up least recent,
    * and pages spilled since the start stay ahead of them all. */
   for (size_t i = s->n; i-- > 0;) {
@@ -834,6 +911,7 @@ static void scan_done(disk_t *d, djob_t *j) {
     if (!e) break;
     memcpy(e->hash, f->hash, 32);
     e->tenant = f->tenant;
+    snprintf(e->cache, sizeof e->cache, "%s", f->cache);
     e->header_bytes = f->hb;
     e->data_bytes = f->db;
     e->state = D_READY;
@@ -841,8 +919,16 @@ static void scan_done(disk_t *d, djob_t *j) {
     add(d, e);
     lru_out(d, e);
     lru_back(d, e);
+    if (kept && f->ev) kept[nkept++] = (found_t *)f;
+    else if (kept) { /* no memory for its event: nothing of the stream then */
+      free(kept);
+      kept = NULL;
+    }
     loaded++;
   }
+  if (kept) scan_events(d, kept, nkept);
+  free(kept);
+  for (size_t i = 0; i < s->n; i++) free(s->f[i].ev);
   srv->stats.tier_disk_discarded += s->discarded;
   srv->stats.tier_disk_loaded = loaded;
   srv->stats.tier_disk_scanned = atomic_load(&d->scanned);
@@ -942,6 +1028,7 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
     return -1;
   }
   s->t0_ns = uv_hrtime();
+  s->events = srv->cfg.events_endpoint[0] != '\0'; /* a stream from the start */
   s->j.run = scan_run;
   s->j.done = scan_done;
   srv->stats.tier_disk_loading = 1;

@@ -625,8 +625,11 @@ typedef enum engine_ev_kind {
   ENGINE_EV_DROPPED = 4, /* a cache was dropped (engine_cache_drop) */
 } engine_ev_kind_t;
 
-/* Where a page lives: the memory pool is the only tier so far. */
+/* Where a page lives: the memory pool, or a tier below it the daemon keeps
+ * (engine_events_tier). */
 #define ENGINE_MEDIUM_POOL 0u
+#define ENGINE_MEDIUM_DISK 1u
+#define ENGINE_MEDIUM_REMOTE 2u
 
 typedef struct engine_event {
   engine_ev_kind_t kind;
@@ -641,7 +644,8 @@ typedef struct engine_event {
   uint32_t ntokens;       /* STORED: page_tokens */
   const uint32_t *tokens; /* STORED: the page's token ids; borrowed from the log
                              until engine_events_reset or the next enable */
-  const char *cache_name; /* CLEARED, DROPPED: the cache's name; borrowed likewise */
+  const char *cache_name; /* CLEARED, DROPPED, and a lower tier's STORED and
+                             REMOVED: the cache's name; borrowed likewise */
 } engine_event_t;
 
 /* Turns the log on with room for log_bytes of records (a stored page takes
@@ -660,6 +664,15 @@ uint64_t engine_events_dropped(const engine_t *eng);
 /* Empties the log. Returns how many records were dropped since the last
  * reset because the log was full (0 when everything was kept). */
 uint64_t engine_events_reset(engine_t *eng);
+/* Records, in order with the engine's own, a page that entered (kind
+ * STORED: parent NULL for a chain head, page_tokens ids) or left (REMOVED)
+ * a tier below the pool (medium DISK or REMOTE), of the cache `cache`
+ * (a name) of tenant: the cache need not be open (a warm restart's pages).
+ * Its record's cache_id is UINT32_MAX. Nothing when the log is off; a
+ * full log drops it as any record. */
+void engine_events_tier(engine_t *eng, engine_ev_kind_t kind, uint32_t medium, uint32_t tenant,
+                        const char *cache, uint32_t page_tokens, const uint8_t hash[32],
+                        const uint8_t *parent, const uint32_t *tokens);
 
 /* Test hook: make the k-th heap allocation from now fail (-1 disables). */
 void engine_fail_alloc_after(engine_t *eng, int64_t k);
