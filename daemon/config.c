@@ -35,6 +35,8 @@ enum opt_type {
   OPT_ENUM,  /* one of the option's names; stored as its index (u32) */
   OPT_ENDPOINT, /* a ZeroMQ endpoint: tcp://HOST:PORT or ipc://PATH; empty: off */
   OPT_EVTENANT, /* a tenant name, "*" (every tenant) or empty */
+  OPT_NODES, /* HOST:PORT,HOST:PORT,...; empty allowed */
+  OPT_FILE,  /* a file path; empty allowed */
 };
 
 typedef struct option {
@@ -49,6 +51,7 @@ typedef struct option {
 } option_t;
 
 static const char *const events_formats[] = {"array", "map", NULL};
+static const char *const cluster_writes[] = {"indexed", "evicted", "off", NULL};
 static const char *const events_hashes[] = {"chain", "vllm", NULL};
 
 #define KiB 1024ull
@@ -219,6 +222,60 @@ static const option_t options[] = {
   {"events_log_bytes", OPT_SIZE, "4MiB", 4 * KiB, 1 * GiB, false, F(events_log_bytes),
    "the engine's log of changes between two loop turns; changes past it are lost and the "
    "stream says so (AllBlocksCleared)"},
+  {"cluster_nodes", OPT_NODES, "", 0, 0, false, F(cluster_nodes),
+   "the cluster tier (doc/cluster.md): seed nodes of a Redis Cluster, HOST:PORT,HOST:PORT "
+   "(the others are learned from CLUSTER SLOTS); empty: no cluster tier"},
+  {"cluster_write", OPT_ENUM, "indexed", 0, 0, false, F(cluster_write),
+   "when a page of the prefix index is written to the cluster: indexed (as soon as it is "
+   "indexed), evicted (when the pool reclaims it) or off (read only)", cluster_writes},
+  {"cluster_auth_file", OPT_FILE, "", 0, 0, false, F(cluster_auth_file),
+   "a file holding the cluster's ACL user and password (\"USER PASSWORD\", or a password "
+   "alone for the default user), owned by the daemon's user and readable by nobody else; "
+   "empty: no AUTH"},
+  {"cluster_secret_file", OPT_FILE, "", 0, 0, false, F(cluster_secret_file),
+   "a file holding the secret every node of the fleet shares (16 bytes or more), owned by "
+   "the daemon's user and readable by nobody else: values are authenticated with it, so a "
+   "value planted by someone without it never verifies; empty: values are only "
+   "checksummed (logged as a warning)"},
+  {"cluster_tls", OPT_BOOL, "false", 0, 0, false, F(cluster_tls),
+   "TLS to the cluster: not available (Debian 12's hiredis 0.14 has none); keep the cluster "
+   "on a private network or behind a TLS tunnel"},
+  {"cluster_read_replicas", OPT_BOOL, "false", 0, 0, false, F(cluster_read_replicas),
+   "lookups read from a replica of the slot when one is up (READONLY), else from its master"},
+  {"cluster_lookup_timeout_ms", OPT_U32, "200", 1, 60000, false, F(cluster_lookup_timeout_ms),
+   "the longest a match or attach waits for the cluster; what has arrived by then is used "
+   "and the request runs with it"},
+  {"cluster_lookup_max_pages", OPT_U32, "4096", 1, 65536, false, F(cluster_lookup_max_pages),
+   "pages one match or attach looks up in the cluster past what the pool holds"},
+  {"cluster_lookup_bytes", OPT_SIZE, "256MiB", 1 * MiB, 64 * GiB, false, F(cluster_lookup_bytes),
+   "value bytes the lookups in flight may hold at once (what came, until it is imported); a "
+   "lookup past it asks for fewer pages, or none"},
+  {"cluster_connect_timeout_ms", OPT_U32, "1000", 1, 60000, false,
+   F(cluster_connect_timeout_ms), "ms for a connection to a node to be made"},
+  {"cluster_command_timeout_ms", OPT_U32, "2000", 1, 600000, false,
+   F(cluster_command_timeout_ms),
+   "a node that leaves a command unanswered this long is dropped (its breaker counts it)"},
+  {"cluster_refresh_ms", OPT_U32, "10000", 100, 3600000, false, F(cluster_refresh_ms),
+   "the slot map is read again this often (and at once after a redirection or a failure)"},
+  {"cluster_breaker_failures", OPT_U32, "3", 1, 1000, false, F(cluster_breaker_failures),
+   "failures in a row (refused, lost, silent) that open a node's circuit breaker: nothing is "
+   "sent to it until it has been open cluster_breaker_ms"},
+  {"cluster_breaker_ms", OPT_U32, "1000", 10, 600000, false, F(cluster_breaker_ms),
+   "how long a node's breaker stays open the first time; doubling while the node fails, to "
+   "64 times"},
+  {"cluster_queue_pages", OPT_U32, "4096", 1, 1u << 20, false, F(cluster_queue_pages),
+   "pages the write-behind queue holds (with cluster_write = evicted each holds a copy of "
+   "its page); more are dropped and counted"},
+  {"cluster_inflight_bytes", OPT_SIZE, "16MiB", 64 * KiB, 1 * GiB, false,
+   F(cluster_inflight_bytes), "value bytes being written to the cluster at once (at most a "
+   "sixteenth of pool_bytes: the pages being written are held in the pool meanwhile)"},
+  {"cluster_retries", OPT_U32, "3", 0, 16, false, F(cluster_retries),
+   "times a failed write is tried again before it is dropped"},
+  {"cluster_backoff_ms", OPT_U32, "100", 1, 600000, false, F(cluster_backoff_ms),
+   "wait before the first retry of a write, doubling for each"},
+  {"cluster_ttl_s", OPT_U32, "86400", 0, 315360000, false, F(cluster_ttl_s),
+   "values expire from the cluster this many seconds after they are written; 0: never "
+   "(then only the cluster's maxmemory-policy removes them)"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -303,6 +360,27 @@ int config_parse_listen(const char *s, char *host, size_t hostlen, unsigned *por
   unsigned char tmp[16];
   if (inet_pton(strchr(host, ':') ? AF_INET6 : AF_INET, host, tmp) != 1) return -1;
   *port = (unsigned)p;
+  return 0;
+}
+
+int config_parse_nodes(const char *s, size_t *n) {
+  size_t count = 0;
+  for (const char *p = s; *p;) {
+    size_t len = strcspn(p, ","), hl = 0;
+    for (size_t i = 0; i < len; i++) /* the last ':' ends the host ([v6]:port) */
+      if (p[i] == ':') hl = i;
+    size_t pl = hl ? len - hl - 1 : 0;
+    unsigned long port = 0;
+    for (size_t i = 0; i < pl && port <= 65535; i++)
+      port = p[hl + 1 + i] >= '0' && p[hl + 1 + i] <= '9'
+                 ? port * 10 + (unsigned long)(p[hl + 1 + i] - '0') : 65536;
+    if (hl == 0 || hl > 63 || pl == 0 || port == 0 || port > 65535 || memchr(p, ' ', len))
+      return -1;
+    count++;
+    p += len;
+    if (*p == ',') p++;
+  }
+  if (n) *n = count;
   return 0;
 }
 
@@ -503,6 +581,22 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     snprintf(field, sizeof cfg->metrics_listen, "%s", value);
     return 0;
   }
+  case OPT_NODES:
+    if (strlen(value) >= sizeof cfg->cluster_nodes || config_parse_nodes(value, NULL) != 0) {
+      fail(err, errlen, "%s: expected HOST:PORT,HOST:PORT (or empty: off), got '%s'", o->name,
+           value);
+      return -1;
+    }
+    snprintf(field, sizeof cfg->cluster_nodes, "%s", value);
+    return 0;
+  case OPT_FILE:
+    if (strlen(value) >= sizeof cfg->cluster_auth_file || strpbrk(value, "\"\n")) {
+      fail(err, errlen, "%s: a path of at most %zu bytes without '\"' or a newline", o->name,
+           sizeof cfg->cluster_auth_file - 1);
+      return -1;
+    }
+    snprintf(field, sizeof cfg->cluster_auth_file, "%s", value);
+    return 0;
   case OPT_DIR:
     if (*value && (*value != '/' || strlen(value) >= sizeof cfg->tier_dir ||
                    strpbrk(value, "\"\n"))) {
@@ -526,9 +620,14 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
         *(uint32_t *)(void *)field = i;
         return 0;
       }
-    fail(err, errlen, "%s: expected %s or %s, got '%s'", o->name, o->names[0], o->names[1],
-         value);
+  {
+    char all[160] = "";
+    for (uint32_t i = 0; o->names[i]; i++) /* "a, b or c" */
+      snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s",
+               !i ? "" : o->names[i + 1] ? ", " : " or ", o->names[i]);
+    fail(err, errlen, "%s: expected %s, got '%s'", o->name, all, value);
     return -1;
+  }
   case OPT_ENDPOINT:
     if (*value && (strlen(value) >= CONFIG_EVENTS_TEXT || strpbrk(value, "\" \n") ||
                    (strncmp(value, "tcp://", 6) != 0 && strncmp(value, "ipc://", 6) != 0) ||
@@ -653,6 +752,12 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
     fail(err, errlen, "zero_copy_tenant makes a single-tenant node: it has no shared_caches");
     return -1;
   }
+  if (cfg->cluster_tls) {
+    fail(err, errlen, "cluster_tls: TLS to the cluster is not available: Debian 12's hiredis "
+         "0.14 has no TLS; keep the cluster on a private network or behind a TLS tunnel "
+         "(doc/cluster.md)");
+    return -1;
+  }
   if (cfg->events_endpoint[0] && !cfg->events_tenant[0]) {
     fail(err, errlen, "events_endpoint: say whose caches the stream shows with events_tenant "
          "(a tenant's name, or * for every tenant's): the stream carries prompts");
@@ -698,6 +803,8 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
   size_t used = 0;
   switch (o->type) {
   case OPT_PATH:
+  case OPT_NODES:
+  case OPT_FILE:
   case OPT_DIR:
   case OPT_LISTEN: snprintf(buf, len, "%s", field); return;
   case OPT_MODE: snprintf(buf, len, "%04o", *(const uint32_t *)(const void *)field); return;

@@ -107,10 +107,32 @@ typedef struct config {
   bool events_hash_int;           /* as a 64-bit int instead of bytes */
   char events_hash_seed[CONFIG_EVENTS_TEXT]; /* vllm hashes: PYTHONHASHSEED's value */
   uint64_t events_log_bytes;      /* the engine's event log between loop turns */
+  /* The cluster tier (doc/cluster.md); off while cluster_nodes is empty. */
+  char cluster_nodes[1024];       /* seed nodes, "host:port,host:port" */
+  uint32_t cluster_write;         /* CLUSTER_WRITE_*: when pages are written */
+  char cluster_auth_file[256];    /* "user password" or "password"; "": no AUTH */
+  char cluster_secret_file[256];  /* the values' MAC secret; "": checksums only */
+  bool cluster_tls;               /* refused: hiredis 0.14 has no TLS */
+  bool cluster_read_replicas;     /* lookups read from replicas */
+  uint32_t cluster_lookup_timeout_ms; /* the longest a request waits for the cluster */
+  uint32_t cluster_lookup_max_pages;  /* pages one request looks up */
+  uint64_t cluster_lookup_bytes;      /* value bytes all lookups may hold at once */
+  uint32_t cluster_connect_timeout_ms;
+  uint32_t cluster_command_timeout_ms; /* a node silent this long is dropped */
+  uint32_t cluster_refresh_ms;    /* the slot map is read again this often */
+  uint32_t cluster_breaker_failures; /* failures in a row that open a node's breaker */
+  uint32_t cluster_breaker_ms;    /* its first open period */
+  uint32_t cluster_queue_pages;   /* pages the write-behind queue holds */
+  uint64_t cluster_inflight_bytes;/* value bytes being written at once */
+  uint32_t cluster_retries;       /* tries again of a failed write */
+  uint32_t cluster_backoff_ms;    /* before the first, doubling */
+  uint32_t cluster_ttl_s;         /* values expire after this; 0: never */
 } config_t;
 
 enum { EVENTS_FORMAT_ARRAY = 0, EVENTS_FORMAT_MAP = 1 };
 enum { EVENTS_HASH_CHAIN = 0, EVENTS_HASH_VLLM = 1 };
+
+enum cluster_write { CLUSTER_WRITE_INDEXED = 0, CLUSTER_WRITE_EVICTED = 1, CLUSTER_WRITE_OFF = 2 };
 
 /* ---- the option table (config.c) ----------------------------------------- */
 
@@ -154,6 +176,9 @@ void config_print_options_help(FILE *f);
  * port. 0 or -1. */
 int config_parse_listen(const char *s, char *host, size_t hostlen, unsigned *port);
 
+/* Checks "host:port,host:port" (n: how many, may be NULL): 0 or -1. */
+int config_parse_nodes(const char *s, size_t *n);
+
 /* Parses "4GiB", "512MiB", "65536". Returns 0 or -1 (bad text, overflow). */
 int config_parse_size(const char *s, uint64_t *out);
 
@@ -173,7 +198,7 @@ int config_file_apply(config_t *cfg, const char *path, char *err, size_t errlen)
 
 /* ---- the command line (config_cmdline.c) ------------------------------------ */
 
-#define CONFIG_MAX_FLAGS 64
+#define CONFIG_MAX_FLAGS 128
 
 enum config_action {
   CONFIG_RUN = 0,       /* start the daemon */

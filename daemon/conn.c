@@ -14,6 +14,7 @@
 #include "frame.h"
 #include "log.h"
 #include "quotas.h"
+#include "remote.h"
 
 typedef struct wreq {
   uv_write_t req;
@@ -81,6 +82,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
       conn_enter(c, CONN_CLOSED, reason);
     break;
   case CONN_CLOSED:
+    if (c->rwait) remote_forget(c);
     if (c->greeted) {
       size_t n = engine_unpin_all(srv->eng, c->id);
       size_t nl = engine_lease_release_all(srv->eng, c->id);
@@ -166,9 +168,20 @@ void conn_unpark(conn_t *c) {
   schedule(c);
 }
 
+void conn_park_remote(conn_t *c) {
+  c->parked = c->remote_parked = true;
+  c->srv->nparked++;
+}
+
+void conn_unpark_remote(conn_t *c) {
+  if (!c->remote_parked) return;
+  c->remote_parked = false;
+  conn_unpark(c);
+}
+
 void conn_unpark_all(server_t *srv) {
   for (conn_t *c = srv->conns; c && srv->nparked; c = c->next)
-    if (c->parked && !c->tier_wait) conn_unpark(c);
+    if (c->parked && !c->tier_wait && !c->remote_parked) conn_unpark(c);
 }
 
 bool conn_offload_end(conn_t *c) {
@@ -685,7 +698,7 @@ void conn_accept(server_t *srv) {
   char tname[TENANT_NAME_MAX];
   tenant_of_peer(cfg->tenant_rules, cfg->n_tenant_rules, cred.uid, cred.gid, groups, ngroups,
                  tname);
-  c->tenant = tenants_id(&srv->tenants, tname);
+  c->tenant = server_tenant(srv, tname);
   c->admin = cred.uid == 0 || cred.uid == geteuid() || /* root, the service's own user */
              peer_in(&cfg->admin_uids, &cfg->admin_gids, cred.uid, cred.gid, groups, ngroups);
   c->pool_mapped = c->admin || (cfg->zero_copy_tenant[0] && strcmp(tname, cfg->zero_copy_tenant) == 0);

@@ -101,6 +101,8 @@ struct conn {
                                 disk tier are read back (disk.c) */
   bool tier_tried;           /* its current request looked at the disk tier
                                 already: when it runs again, it does not */
+  bool remote_parked;        /* parked until its cluster lookup ends (rwait) */
+  struct rlookup *rwait;     /* the cluster lookup of its next request (rlookup.c) */
   bool greeted;              /* said Hello (stays set through FLUSHING, CLOSED) */
   bool counted;              /* counted in connections_current */
   bool eof;                  /* the peer closed its side; never read again */
@@ -150,10 +152,13 @@ void conn_own(conn_t *c, uint32_t cache_id, uint64_t seq_id);
  * runs until conn_unpark_all. */
 void conn_park(conn_t *c);
 /* Runs the parked connections of srv again (a put ended); those waiting
- * for the disk tier stay parked. */
+ * for the disk tier or the cluster stay parked. */
 void conn_unpark_all(server_t *srv);
 /* Runs c again (its disk tier reads are in). */
 void conn_unpark(conn_t *c);
+/* Parks c until its cluster lookup ends (remote.c), then runs it again. */
+void conn_park_remote(conn_t *c);
+void conn_unpark_remote(conn_t *c);
 
 /* READY: the Hello was accepted (dispatch). */
 void conn_greeted(conn_t *c);

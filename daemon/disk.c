@@ -419,7 +419,7 @@ static void registry_restore(disk_t *d) {
     unsigned id;
     char name[TENANT_NAME_MAX];
     ok = sscanf(line, "%u %47s", &id, name) == 2 && id == n + 1 && tenant_name_valid(name) &&
-         tenants_id(&d->srv->tenants, name) == id;
+         server_tenant(d->srv, name) == id; /* with its identity (tenantid.c) */
     n += ok;
   }
   fclose(f);

@@ -15,6 +15,7 @@
 #include "layout.h"
 #include "log.h"
 #include "quotas.h"
+#include "remote.h"
 #include "offload.h"
 #include "optable.h"
 #include "poolresize.h"
@@ -39,6 +40,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define SEQ_LIST_MAX 4096u
 #define LEASES_PER_CONN 4096u /* leases one connection may hold at once */
 #define DEFERRED 1            /* a handler's "the reply comes later" */
+#define CLUSTER_WAIT 2        /* a handler's "run me again once the cluster answered" */
 #define TOP_DEFAULT 10u
 #define TOP_MAX 1000u
 
@@ -771,7 +773,8 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   kvcache__v1__stats_reply__init(sr);
   metrics_refusals_t *ref = NULL;
   size_t nref = quotas_refusals(srv, c->tenant, c->admin, r->a, &ref);
-  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, cache_view, c, ref, nref, sr);
+  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, cache_view, c, ref, nref,
+                          remote_view(srv, r->a), sr);
   if (rc) return reject(r, rc, "cannot render stats: %s", kvc_strerror(rc));
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STATS;
   r->resp->stats = sr;
@@ -1060,6 +1063,18 @@ static int match_reply(conn_t *c, reply_t *r, const engine_match_t *m) {
   return 0;
 }
 
+/* A match or attach that is past what the pool holds goes on in the
+ * cluster tier first: the request waits (CLUSTER_WAIT), then runs again
+ * and takes in what came before its own engine call (remote.h). */
+static int cluster_step(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                        const engine_pkey_t *key) {
+  if (c->rwait) {
+    remote_import(c, cache_id, tokens, n, key);
+    return 0;
+  }
+  return remote_lookup(c, cache_id, tokens, n, key) == REMOTE_WAIT ? CLUSTER_WAIT : 0;
+}
+
 static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Match *b = req->match;
   NEED_BODY(r, b, "match");
@@ -1071,6 +1086,7 @@ static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     return rc;
   key.nspans = b->n_span_keys;
   if ((rc = disk_fetch(c, b->cache_id, tokens, b->ntokens, &key))) return rc; /* BUSY: reading */
+  if ((rc = cluster_step(c, b->cache_id, tokens, b->ntokens, &key))) return rc;
   engine_match_t m;
   ENGINE_CALL(r, engine_match(c->srv->eng, b->cache_id, tokens, b->ntokens, &key, &m));
   return match_reply(c, r, &m);
@@ -1088,6 +1104,7 @@ static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     return rc;
   key.nspans = b->n_span_keys;
   if ((rc = disk_fetch(c, b->cache_id, tokens, b->ntokens, &key))) return rc; /* BUSY: reading */
+  if ((rc = cluster_step(c, b->cache_id, tokens, b->ntokens, &key))) return rc;
   engine_match_t m;
   ENGINE_CALL(r, engine_attach(c->srv->eng, b->cache_id, b->dst_seq, tokens, b->ntokens, &key,
                                b->pin ? c->id : 0, &m));
@@ -1340,6 +1357,15 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   c->last_ms = uv_now(srv->loop);
   int rc = run(c, req, &r, &op);
   TESTHOOK(after, srv->eng);
+  if (c->rwait && rc != CLUSTER_WAIT) remote_forget(c); /* refused before its import */
+  if (rc == CLUSTER_WAIT) {
+    /* Nothing ran: the frame runs again, whole, when the lookup ends. */
+    protobuf_c_message_free_unpacked(&req->base, &alloc);
+    arena_reset(&srv->arena);
+    c->requests--;
+    conn_park_remote(c);
+    return false;
+  }
   if (rc == DEFERRED || (rc == KVC_E_BUSY && !c->offloaded && !r.no_park)) {
     /* Offloaded: offload.c replies and counts it. Busy: a sequence it needs
      * has a put of another connection in flight; the engine changed

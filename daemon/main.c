@@ -19,6 +19,7 @@
 #include "offload.h"
 #include "poolresize.h"
 #include "quotas.h"
+#include "remote.h"
 #include "server.h"
 #include "testhook.h"
 
@@ -48,6 +49,7 @@ void server_stop(server_t *srv) {
   uv_close((uv_handle_t *)&srv->expire_timer, NULL);
   uv_close((uv_handle_t *)&srv->accept_timer, NULL);
   http_stop(srv);
+  remote_stop(srv);
   pool_resize_stop(srv);
   events_stop(srv);
 }
@@ -78,8 +80,13 @@ static int start(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
     return -1;
   }
-  /* Before quotas_apply registers any tenant: the registry the tier kept
-   * gives each tenant back the number its pages were hashed under. */
+  /* The shared caches' identity, then the registry the disk tier kept
+   * (it gives each tenant back its number, and server_tenant its identity),
+   * before quotas_apply registers any tenant. */
+  if ((rc = server_tenant_shared(srv)) != 0) {
+    snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
+    return -1;
+  }
   if (disk_open(srv, err, errlen) != 0) return -1;
   if ((rc = quotas_apply(srv)) != 0) {
     snprintf(err, errlen, "engine quotas: %s", kvc_strerror(rc));
@@ -91,6 +98,7 @@ static int start(server_t *srv, char *err, size_t errlen) {
    * supervisor, a test) drains; it must not find the default action. They
    * are handled from the loop, so not before the start is done. */
   signals_start(srv);
+  if (remote_start(srv, err, errlen) != 0) return -1;
   if (server_listen(srv, err, errlen) != 0) return -1;
   if (http_start(srv, err, errlen) != 0) return -1;
   if (events_init(srv, err, errlen) != 0) return -1;
@@ -199,6 +207,7 @@ int main(int argc, char **argv) {
     status = 1;
     server_unlisten(&srv);
     http_stop(&srv);
+    remote_stop(&srv);
     events_stop(&srv);
     signals_stop(&srv);
   } else {

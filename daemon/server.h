@@ -24,6 +24,7 @@
 typedef struct conn conn_t;
 
 typedef struct offload offload_t; /* offload.c */
+typedef struct remote remote_t;   /* remote.c: the cluster tier */
 typedef struct disk disk_t;       /* disk.c */
 typedef struct events events_t;   /* events.c */
 
@@ -34,6 +35,7 @@ typedef struct server {
   char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
   offload_t *offload;      /* the copy threads of large gets and puts */
+  remote_t *remote;        /* the cluster tier; NULL: none (cluster_nodes empty) */
   disk_t *disk;            /* the disk tier (tier_dir), or NULL */
   events_t *events;        /* the stream of prefix-index changes (events.c) */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
@@ -119,6 +121,13 @@ void fdbudget_adjust(server_t *srv);
 /* Whether one more connection would leave too few descriptors (its socket is
  * counted in nconns already): it is then refused with CONNLIMIT. */
 bool fdbudget_full(const server_t *srv);
+
+/* tenantid.c. The engine tenant of a tenant name, registered (0: the
+ * registry is full) with the identity every node gives that name, so its
+ * prompts hash alike on every node (engine_tenant_identity). */
+uint32_t server_tenant(server_t *srv, const char *name);
+/* At start: the shared caches' namespace gets its identity. */
+int server_tenant_shared(server_t *srv);
 
 /* main.c. Closes the signal handlers and timers so the loop can end. */
 void server_stop(server_t *srv);

@@ -56,7 +56,7 @@ static meas_t rtt_start;
  * of the words (unset or empty: every group). */
 static const char *const groups[] = {"ping", "copy", "direct", "lease", "held", "servers",
                                      "spin", "stall", "multi", "decode", "step", "prefix", "eviction",
-                                     "scale", "tier", "events"};
+                                     "scale", "tier", "events", "cluster"};
 #define NGROUPS (sizeof groups / sizeof groups[0])
 static const char *rows_filter;
 
@@ -1737,6 +1737,8 @@ static void bench_resize(void) {
   stop(d.pid);
 }
 
+#include "bench_cluster.h"
+
 /* ---- main ------------------------------------------------------------------------- */
 
 static void machine(FILE *f) {
@@ -1803,6 +1805,7 @@ int main(int argc, char **argv) {
     bench_tier();
     bench_resize();
   }
+  if (want("cluster")) bench_cluster();
   if (want("events")) bench_events();
 
   table_judge();
