@@ -125,6 +125,21 @@ static void retry(remote_t *r, wentry_t *e) {
   push(r, e);
 }
 
+/* The event stream: the page is in the cluster now (doc/events.md). The
+ * cluster drops values on its own (TTL, allkeys-lru), so no removal
+ * follows: a router takes a "REMOTE" page as a hint for cluster_ttl_s. */
+static void stored_event(remote_t *r, const wjob_t *w, const rsend_job_t *j) {
+  engine_t *eng = r->srv->eng;
+  kvc_cache_info_t ci;
+  uint32_t tenant;
+  if (!engine_events_on(eng) || engine_cache_info(eng, w->e.cache_id, &ci) ||
+      engine_cache_tenant(eng, w->e.cache_id, &tenant))
+    return; /* off, or its cache is gone */
+  engine_events_tier(eng, ENGINE_EV_STORED, ENGINE_MEDIUM_REMOTE, tenant, ci.name,
+                     j->pg.page_tokens, w->e.hash, j->pg.has_parent ? j->pg.parent : NULL,
+                     j->ids);
+}
+
 static void job_unlink(remote_t *r, wjob_t *w) {
   if (w->prev) w->prev->next = w->next;
   else r->jobs = w->next;
@@ -147,6 +162,7 @@ void rwrite_done(void *ctx, rsend_job_t *j) {
   case RS_OK:
     r->st.writes++;
     r->st.written_bytes += j->vlen;
+    stored_event(r, w, j);
     free(w->e.copy);
     break;
   case RS_CANCELLED: /* stopping */

@@ -814,7 +814,7 @@ typedef struct kvc_event {
   uint8_t parent[32];    /* STORED: the hash of the page before it */
   uint32_t parent_len;   /* 0: the page heads its chain */
   uint32_t block_size;   /* tokens a page of the cache */
-  char medium[16];       /* where the page lives: "CPU" (the memory pool) */
+  char medium[16];       /* where the page lives: "CPU" (the memory pool), "DISK", "REMOTE" */
   const uint32_t *token_ids; /* STORED, when subscribed with them; borrowed
                                 until the next kvc_events_next */
   uint32_t ntokens;

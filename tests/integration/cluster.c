@@ -203,10 +203,30 @@ static int other_tenant(const daemon_t *d2) {
 TEST_TIMEOUT(cluster_prompt_prefilled_on_one_node_attaches_on_another, 120) {
   fleet_t f;
   fleet_start(&f, NULL);
-  kvc_client_t *c1 = client_open(&f.d1), *c2 = client_open(&f.d2);
+  kvc_client_t *c1 = client_open(&f.d1), *c2 = client_open(&f.d2), *ev1 = client_open(&f.d1);
+  ASSERT_OK(kvc_events_subscribe(ev1, "llama", true));
   kvc_cache_t *h1 = open_cache(c1, "llama"), *h2 = open_cache(c2, "llama");
   prefill(h1, 1, 1, 64 + 5); /* 4 whole pages and a partial one */
   wait_stat(&f.d1, "tier_writes_total", 4);
+  /* The event stream: each page stored on CPU, then on REMOTE once written
+   * to the cluster, with the same hash, parent and ids. */
+  uint8_t cpu[4][32], remote[4][32];
+  int ncpu = 0, nremote = 0;
+  while (ncpu < 4 || nremote < 4) {
+    kvc_event_t e;
+    ASSERT_OK(kvc_events_next(ev1, 10000, &e));
+    if (e.kind != KVC_EVENT_STORED) continue;
+    ASSERT_EQ(e.ntokens, 16);
+    if (strcmp(e.medium, "CPU") == 0 && ncpu < 4) memcpy(cpu[ncpu++], e.hash, 32);
+    else if (strcmp(e.medium, "REMOTE") == 0 && nremote < 4) memcpy(remote[nremote++], e.hash, 32);
+    else TEST_FAIL_("a stored event on %s", e.medium);
+  }
+  for (int i = 0; i < 4; i++) {
+    bool seen = false;
+    for (int j = 0; j < 4; j++) seen |= memcmp(cpu[i], remote[j], 32) == 0;
+    ASSERT(seen);
+  }
+  kvc_client_close(ev1);
   ASSERT_EQ(attach(h2, 7, 1, 64 + 5), 64);
   ASSERT(holds(h2, 7, 1, 64));
   ASSERT_EQ(stat_get(c2, "puts_total", NULL), 0); /* nothing was put on node 2 */
