@@ -32,6 +32,8 @@ typedef struct wreq {
 #define TAIL_CAP (64 * 1024)
 
 static void schedule(conn_t *c);
+static void set_backlog(conn_t *c, bool on);
+static void on_idle(uv_idle_t *h);
 
 static void free_conn(conn_t *c) {
   server_t *srv = c->srv;
@@ -74,7 +76,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
     LOG_DEBUG("closing", "conn=%llu reason=\"%s\"", (unsigned long long)c->id, reason);
     if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
     c->reading = false;
-    uv_idle_stop(&c->idle);
+    set_backlog(c, false);
     uv_timer_stop(&c->deadline);
     if (c->tail && write_tail(c) != 0) break; /* the gathered replies go before the FIN */
     c->shutdown_req.data = c;
@@ -104,6 +106,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
     /* Unmap now: the pins are gone and nothing may use the buffer again,
      * unless a pool thread still copies into it (then when it is done). */
     if (!c->offloaded) shm_close(&c->shm);
+    set_backlog(c, false);
     uv_close((uv_handle_t *)&c->pipe, on_handle_closed);
     uv_close((uv_handle_t *)&c->idle, on_handle_closed);
     uv_close((uv_handle_t *)&c->deadline, on_handle_closed);
@@ -407,11 +410,27 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
   return write_frame(c, w);
 }
 
-/* Whether c has spent its turn's bytes or time (t0_ns: when it began). */
-static bool turn_spent(const conn_t *c, uint64_t t0_ns) {
-  const config_t *cfg = &c->srv->cfg;
-  if (c->turn_bytes >= cfg->turn_bytes) return true;
-  return cfg->turn_us && uv_hrtime() - t0_ns >= (uint64_t)cfg->turn_us * 1000u;
+/* Moves what is left of the read buffer down once no whole frame is left
+ * in it (what follows is read after it): a client that pipelines a buffer
+ * of small requests costs one move per read, not one per turn. */
+static void rbuf_settle(conn_t *c) {
+  uint32_t plen;
+  if (c->roff == c->rlen) {
+    c->roff = c->rlen = 0;
+  } else if (c->roff &&
+             frame_parse(c->rbuf + c->roff, c->rlen - c->roff, c->max_frame, &plen) ==
+                 FRAME_NEED_MORE) {
+    memmove(c->rbuf, c->rbuf + c->roff, c->rlen - c->roff);
+    c->rlen -= c->roff;
+    c->roff = 0;
+  }
+}
+
+/* Whether c has spent its turn's bytes or time (t0_ns: when it began; us:
+ * its share of turn_us). */
+static bool turn_spent(const conn_t *c, uint64_t t0_ns, uint64_t us) {
+  if (c->turn_bytes >= c->srv->cfg.turn_bytes) return true;
+  return us && uv_hrtime() - t0_ns >= us * 1000u;
 }
 
 /* Runs complete frames from the read buffer: up to limit of them and, if
@@ -422,10 +441,19 @@ static bool turn_spent(const conn_t *c, uint64_t t0_ns) {
  * turn's budget, until write_queue_bytes stops reading from it. */
 static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
   server_t *srv = c->srv;
-  size_t off = 0;
+  size_t off = c->roff, start = c->roff;
   unsigned n = 0;
-  uint64_t t0 = budgeted ? uv_hrtime() : 0;
+  uint64_t t0 = budgeted ? uv_hrtime() : 0, us = srv->cfg.turn_us;
   if (budgeted && c->nwrites) limit = 1;
+  /* The turn is shared: with k connections waiting for theirs (pipelining
+   * clients), each runs 1/k of frames_per_turn and of turn_us (at least one
+   * frame), so a client that sends a request at a time waits about one
+   * turn's budget behind them, not k of them. Alone, one runs them whole. */
+  uint32_t share = srv->backlogged + !c->backlog;
+  if (budgeted && share > 1) {
+    limit = limit / share ? limit / share : 1;
+    us = us / share ? us / share : 1;
+  }
   c->turn_bytes = 0;
   while (c->state < CONN_FLUSHING && !c->offloaded && !c->parked) {
     uint32_t plen = 0;
@@ -439,7 +467,7 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
       return;
     }
     if (st == FRAME_NEED_MORE) break;
-    if (n == limit || (budgeted && n > 0 && turn_spent(c, t0))) {
+    if (n == limit || (budgeted && n > 0 && turn_spent(c, t0, us))) {
       srv->stats.deferred_turns++;
       break;
     }
@@ -451,12 +479,12 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
     if (c->wq_bytes > srv->cfg.write_queue_bytes) break;
   }
   if (c->state == CONN_CLOSED) return;
-  if (off) {
-    memmove(c->rbuf, c->rbuf + off, c->rlen - off);
-    c->rlen -= off;
+  if (off > start) {
+    c->roff = off;
     /* The next frame's deadline counts from now, not from its predecessor. */
     uv_timer_stop(&c->deadline);
   }
+  rbuf_settle(c);
   schedule(c);
 }
 
@@ -495,6 +523,20 @@ void conn_drain(conn_t *c) {
   bye.status = KVCACHE__V1__STATUS__SHUTDOWN;
   bye.error = (char *)"kvcached is shutting down";
   if (conn_send(c, &bye) == 0) conn_close_after_flush(c, "shutdown");
+}
+
+/* Whether c waits for a turn with frames buffered: its idle handle runs
+ * them, and srv->backlogged counts it (run_frames shares a turn). */
+static void set_backlog(conn_t *c, bool on) {
+  if (c->backlog == on) return;
+  c->backlog = on;
+  if (on) {
+    c->srv->backlogged++;
+    uv_idle_start(&c->idle, on_idle);
+  } else {
+    c->srv->backlogged--;
+    uv_idle_stop(&c->idle);
+  }
 }
 
 static void on_idle(uv_idle_t *h) {
@@ -539,7 +581,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 static void on_deadline(uv_timer_t *t) {
   conn_t *c = t->data;
   LOG_WARN("frame_timeout", "conn=%llu pid=%d greeted=%d bytes_buffered=%zu frame_timeout_ms=%u",
-           (unsigned long long)c->id, (int)c->pid, c->greeted, c->rlen,
+           (unsigned long long)c->id, (int)c->pid, c->greeted, c->rlen - c->roff,
            c->srv->cfg.frame_timeout_ms);
   c->srv->stats.connections_timed_out++;
   conn_close(c, c->greeted ? "frame not complete within frame_timeout_ms"
@@ -552,9 +594,10 @@ static void schedule(conn_t *c) {
   server_t *srv = c->srv;
   uint32_t plen;
   bool pressure = c->wq_bytes > srv->cfg.write_queue_bytes;
-  bool have_frame = frame_parse(c->rbuf, c->rlen, c->max_frame, &plen) != FRAME_NEED_MORE;
+  bool have_frame =
+      frame_parse(c->rbuf + c->roff, c->rlen - c->roff, c->max_frame, &plen) != FRAME_NEED_MORE;
   if (c->eof && !have_frame && !c->offloaded && !c->parked) { /* all answered */
-    conn_close_after_flush(c, c->rlen ? "EOF inside a frame" : "EOF");
+    conn_close_after_flush(c, c->rlen > c->roff ? "EOF inside a frame" : "EOF");
     return;
   }
   bool want_read = !pressure && !have_frame && c->rlen < c->rcap && !c->eof;
@@ -573,14 +616,11 @@ static void schedule(conn_t *c) {
     }
     c->reading = want_read;
   }
-  if (want_idle != (uv_is_active((uv_handle_t *)&c->idle) != 0)) {
-    if (want_idle) uv_idle_start(&c->idle, on_idle);
-    else uv_idle_stop(&c->idle);
-  }
+  set_backlog(c, want_idle);
   /* Waiting for the rest of a frame the client started (or for its Hello):
    * that wait is bounded. Not while we are the ones not reading. */
   bool want_deadline = srv->cfg.frame_timeout_ms && want_read &&
-                       (!c->greeted || c->rlen > 0);
+                       (!c->greeted || c->rlen > c->roff);
   if (want_deadline != (uv_is_active((uv_handle_t *)&c->deadline) != 0)) {
     if (want_deadline) uv_timer_start(&c->deadline, on_deadline, srv->cfg.frame_timeout_ms, 0);
     else uv_timer_stop(&c->deadline);

@@ -76,6 +76,9 @@ struct conn {
   bool pool_mapped;          /* gets the pool's read-only mapping (doc/security.md) */
   uint8_t *rbuf;             /* read buffer */
   size_t rlen, rcap;         /* bytes held, capacity */
+  size_t roff;               /* bytes at its front already run: moved down only
+                                when no whole frame is left (one turn's frames
+                                cost no memmove of the rest) */
   uint32_t max_frame;        /* max_frame_bytes at accept */
   uint64_t wq_bytes;         /* bytes the replies queued to libuv hold (frames
                                 and their write requests), not yet written,
@@ -107,6 +110,7 @@ struct conn {
   bool counted;              /* counted in connections_current */
   bool eof;                  /* the peer closed its side; never read again */
   bool reading;              /* uv_read_start in effect */
+  bool backlog;              /* frames buffered, waiting for a turn (idle runs) */
   bool paused;               /* over write_queue_bytes: not reading or running */
   int open_handles;          /* handles not yet through their close callback */
   char name[48];             /* client_name from Hello, for logs */

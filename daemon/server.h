@@ -67,6 +67,7 @@ typedef struct server {
   uint64_t fd_base;        /* descriptors held without clients (fdbudget.c) */
   log_limit_t limit_accept;/* budget of "accept" error lines */
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */
+  uint32_t backlogged;     /* connections with frames waiting for a turn */
   arena_t arena;           /* scratch for building the current reply */
   tenants_t tenants;       /* tenant names seen, by id */
   uv_tcp_t http;           /* metrics_listen (http.c), when http_on */
