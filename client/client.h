@@ -1,8 +1,10 @@
 /* client.h: libkvcache's internals shared by its files (not installed).
  *
- * A client is a blocking Unix socket plus the mapped shared buffer. Every
- * call builds one Request, client_call sends it as one frame and waits for
- * the one Response (the daemon answers in order, one reply per request).
+ * A client is a blocking Unix socket plus the mapped shared buffer (and,
+ * when the daemon grants them, the rings in it: ring.h). Every call builds
+ * one Request, client_call sends it as one frame, through the submission
+ * ring or the socket, and waits for the one Response (the daemon answers in
+ * order, one reply per request, the way the request came).
  */
 #ifndef KVC_CLIENT_INTERNAL_H
 #define KVC_CLIENT_INTERNAL_H
@@ -12,6 +14,7 @@
 
 #include "kvcache.pb-c.h"
 #include "kvcache/kvcache.h"
+#include "ring.h"
 
 #define CLIENT_MAX_REPLY_BYTES (256u << 20) /* a larger reply is a protocol error */
 
@@ -23,6 +26,9 @@ struct kvc_client {
   uint32_t max_io_entries;   /* entries per Io request: max_entries, frame-bounded */
   uint64_t next_id;          /* request id */
   uint64_t spin_ns;          /* poll this long for a reply before blocking */
+  uint32_t timeout_ms;       /* per request; 0: wait forever */
+  uint32_t flags;            /* KVC_CLIENT_* */
+  client_ring_t ring;        /* the shared-memory rings, if granted (ring.h) */
   bool broken;               /* an I/O or protocol error ended the connection */
   int broken_code;           /* what later calls return: KVC_E_IO or KVC_E_SHUTDOWN */
   char err[256];             /* last error, one line */

@@ -14,6 +14,8 @@
 #include "log.h"
 #include "quotas.h"
 #include "offload.h"
+#include "ring.h"
+#include "ringbuf.h"
 #include "optable.h"
 #include "tenant.h"
 #include "testhook.h"
@@ -45,6 +47,7 @@ typedef struct reply {
   arena_t *a;
   int fd;            /* sent with the reply (SCM_RIGHTS) when >= 0 */
   int fd2;           /* a second one in the same message, when >= 0 */
+  int fd3;           /* a third, when >= 0 */
   bool close_after;  /* close the connection once the reply is flushed */
   uint64_t t0_ns;    /* when decoding began */
   char err[256];     /* the one-line reason of a failure */
@@ -181,7 +184,11 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     r->close_after = true;
     return reject(r, KVC_E_QUOTA_SHM, "%s", why);
   }
-  int rc = shm_buffer_open(bytes, &c->shm, why, sizeof why);
+  uint32_t sq_bytes = 0, cq_bytes = 0;
+  if (h->rings && srv->cfg.rings && srv->rings && fdbudget_ring_fits(srv))
+    ring_sizes(srv, &sq_bytes, &cq_bytes);
+  uint64_t ring_bytes = sq_bytes ? ringbuf_area_bytes(sq_bytes, cq_bytes) : 0;
+  int rc = shm_buffer_open(bytes, ring_bytes, &c->shm, why, sizeof why);
   if (rc == SHM_E_NOFD) {
     /* Out of descriptors is a connection limit: the client may retry later. */
     r->close_after = true;
@@ -200,6 +207,14 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     r->close_after = true;
     return reject(r, KVC_E_NOMEM, "out of memory");
   }
+  /* The rings follow the buffer in its memfd. Without them (no descriptor
+   * for the doorbell, say) the client simply uses the socket. */
+  if (ring_bytes && ring_open(c, c->shm.fd, bytes, sq_bytes, cq_bytes, &c->ring, why,
+                              sizeof why) != 0) {
+    LOG_WARN("ring", "conn=%llu error=\"%s\" action=\"socket only\"",
+             (unsigned long long)c->id, why);
+    sq_bytes = 0;
+  }
   srv->stats.shm_bytes += bytes;
   /* Escaped once here: the name goes into log lines (no forged lines). */
   tenant_log_escape(h->client_name ? h->client_name : "", c->name, sizeof c->name);
@@ -214,6 +229,12 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   hr->max_entries = srv->cfg.max_entries;
   hr->max_decode_bytes = srv->cfg.max_decode_bytes;
   hr->pool_fd = srv->pool_ro_fd >= 0 && c->pool_mapped;
+  if (c->ring) {
+    hr->ring_off = bytes;
+    hr->ring_sq_bytes = sq_bytes;
+    hr->ring_cq_bytes = cq_bytes;
+    r->fd3 = ring_doorbell(c->ring);
+  }
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HELLO;
   r->resp->hello = hr;
   r->fd = c->shm.fd;
@@ -1258,7 +1279,8 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   }
   engine_set_now(srv->eng, uv_now(srv->loop));
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
-  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1, .t0_ns = t0};
+  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1, .fd3 = -1,
+               .t0_ns = t0};
   int op;
   TESTHOOK(before, srv->eng);
   if (c->greeted) release_deferred(c, req);
@@ -1288,8 +1310,11 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   protobuf_c_message_free_unpacked(&req->base, &alloc);
   int sent;
   if (r.fd >= 0) {
-    int fds[2] = {r.fd, r.fd2};
-    sent = conn_send_fds(c, &resp, fds, r.fd2 >= 0 ? 2 : 1);
+    int fds[3], nfds = 0;
+    fds[nfds++] = r.fd;
+    if (r.fd2 >= 0) fds[nfds++] = r.fd2;
+    if (r.fd3 >= 0) fds[nfds++] = r.fd3;
+    sent = conn_send_fds(c, &resp, fds, nfds);
     shm_close_fd(&c->shm);
   } else {
     sent = conn_send(c, &resp);

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "offload.h"
 #include "quotas.h"
+#include "ring.h"
 #include "server.h"
 #include "testhook.h"
 
@@ -74,6 +75,10 @@ static int start(server_t *srv, char *err, size_t errlen) {
     return -1;
   }
   if (offload_start(srv, srv->cfg.offload_threads, err, errlen) != 0) return -1;
+  if (ring_poller_start(srv, conn_run_ring) != 0) {
+    snprintf(err, errlen, "ring poller: out of memory");
+    return -1;
+  }
   if (server_listen(srv, err, errlen) != 0) return -1;
   if (http_start(srv, err, errlen) != 0) return -1;
   signals_start(srv);
@@ -189,6 +194,7 @@ int main(int argc, char **argv) {
              (unsigned long long)srv.stats.connections_total);
   }
   offload_stop(&srv); /* every copy ended: the loop ran out of work */
+  ring_poller_stop(&srv);
   uv_run(&loop, UV_RUN_NOWAIT); /* let closed handles finish */
   uv_loop_close(&loop);
   engine_free(srv.eng);

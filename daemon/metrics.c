@@ -52,6 +52,12 @@ void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int code
   o->hist[metrics_bucket(elapsed_ns)]++;
 }
 
+void metrics_observe(op_stats_t *o, uint64_t ns) {
+  o->requests++;
+  o->sum_ns += ns;
+  o->hist[metrics_bucket(ns)]++;
+}
+
 uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q) {
   const op_stats_t *o = &s->ops[op];
   uint64_t total = 0;
@@ -155,11 +161,12 @@ static Kvcache__V1__StatKind wire_kind(int kind) {
                             : KVCACHE__V1__STAT_KIND__STAT_COUNTER;
 }
 
-static void render_histogram(builder_t *b, const op_stats_t *o, const char *op) {
+/* o as the histogram name (in seconds), with the op label unless op is NULL. */
+static void render_histogram(builder_t *b, const op_stats_t *o, const char *name,
+                             const char *help, const char *op) {
   Kvcache__V1__Stat *st =
-      add(b, "request_duration_seconds", o->requests, KVCACHE__V1__STAT_KIND__STAT_HISTOGRAM,
-          "seconds", "service time of requests, from decoding to the reply queued", "");
-  labels(b, st, 1, (const char *const[]){"op", op});
+      add(b, name, o->requests, KVCACHE__V1__STAT_KIND__STAT_HISTOGRAM, "seconds", help, "");
+  if (op) labels(b, st, 1, (const char *const[]){"op", op});
   if (!st) return;
   double *le = arena_alloc(b->a, METRICS_EXPORT_BUCKETS * sizeof *le);
   uint64_t *cnt = arena_alloc(b->a, METRICS_EXPORT_BUCKETS * sizeof *cnt);
@@ -204,7 +211,10 @@ static void render_ops(builder_t *b, const daemon_stats_t *s) {
   }
   /* Histograms of the operations that ran: 28 series each. */
   for (int op = 0; op < OP_COUNT_; op++)
-    if (s->ops[op].requests) render_histogram(b, &s->ops[op], op_names[op]);
+    if (s->ops[op].requests)
+      render_histogram(b, &s->ops[op], "request_duration_seconds",
+                       "service time of requests, from decoding to the reply queued",
+                       op_names[op]);
 }
 
 static void render_caches(builder_t *b, engine_t *eng, const kvc_cache_info_t *infos,
@@ -275,6 +285,9 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
   add(&b, export_name(&b, "", #name, kind), s->name, wire_kind(kind), unit, help, "");
   DAEMON_STATS(DAEMON_ADD_)
 #undef DAEMON_ADD_
+  render_histogram(&b, &s->ring_poll, "ring_poll_seconds",
+                   "stretches the event loop polled shared-memory rings without finding a "
+                   "request; the sum is the CPU time polling cost", NULL);
   render_ops(&b, s);
   render_refusals(&b, ref, nref);
   render_caches(&b, eng, infos, ncaches, view, view_ctx);

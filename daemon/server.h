@@ -23,6 +23,7 @@
 typedef struct conn conn_t;
 
 typedef struct offload offload_t; /* offload.c */
+typedef struct ring_poller ring_poller_t; /* ring.c */
 
 typedef struct server {
   uv_loop_t *loop;
@@ -31,6 +32,8 @@ typedef struct server {
   char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
   offload_t *offload;      /* the copy threads of large gets and puts */
+  ring_poller_t *rings;    /* polls the shared-memory rings of active connections */
+  uint32_t nrings;         /* connections with rings (a doorbell descriptor each) */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;
   shm_region_t pool;       /* the page pool memfd */
@@ -112,6 +115,9 @@ void fdbudget_adjust(server_t *srv);
 /* Whether one more connection would leave too few descriptors (its socket is
  * counted in nconns already): it is then refused with CONNLIMIT. */
 bool fdbudget_full(const server_t *srv);
+/* Whether the doorbell of one more connection's rings fits beside them (else
+ * that connection gets no rings and uses its socket). */
+bool fdbudget_ring_fits(const server_t *srv);
 
 /* main.c. Closes the signal handlers and timers so the loop can end. */
 void server_stop(server_t *srv);

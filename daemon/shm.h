@@ -38,9 +38,12 @@ int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
 
 /* Creates a connection buffer of `bytes` (page-rounded by the caller), sealed,
  * mapped read-write (neither backed nor populated: the client touches it).
+ * The memfd holds extra bytes more past them (the rings, which ring.c maps
+ * itself; 0: none); *out maps and counts only `bytes`.
  * Returns 0, SHM_E_NOFD, or -1; a reason in err either way. The fd stays open
  * in *out until shm_close_fd (after it has been sent). */
-int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
+int shm_buffer_open(uint64_t bytes, uint64_t extra, shm_region_t *out, char *err,
+                    size_t errlen);
 
 /* A new read-only descriptor of r's memfd (reopened O_RDONLY through
  * /proc/self/fd), for clients' zero-copy reads: a mapping of it cannot be

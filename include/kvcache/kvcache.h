@@ -78,16 +78,26 @@ typedef struct kvc_client_opts {
                               The daemon clamps it to its bounds. */
   uint32_t timeout_ms;     /* per send/receive; 0: wait forever */
   const char *client_name; /* shown in the daemon's logs; borrowed; may be NULL */
-  uint32_t spin_us;        /* 0: block for each reply. Else poll for a reply up to
-                              this long before blocking: a reply within it costs
-                              no wakeup (on a VM most of a round trip) but the
-                              thread spins while it waits. */
+  uint32_t spin_us;        /* poll for a reply up to this long before sleeping: a
+                              reply within it costs no wakeup of this thread (on a
+                              VM most of a round trip), but the thread spins while
+                              it waits. 0: the default, KVC_SPIN_US_DEFAULT through
+                              the rings (none on the socket); KVC_CLIENT_NO_SPIN
+                              in flags: never. */
   uint32_t server_uid;     /* the uid the daemon must run as, besides root, this
                               process's uid, the user kvcached and
                               $KVCACHE_SERVER_UID (a number or a user name);
                               0: none besides those. Any other server is
                               refused with KVC_E_PEER before a byte is sent. */
+  uint32_t flags;          /* KVC_CLIENT_* bits; 0: the defaults */
 } kvc_client_opts_t;
+
+/* kvc_client_opts_t.flags. By default a client asks the daemon for
+ * shared-memory rings and sends its requests through them (the socket stays
+ * for the handshake and as the fallback; doc/protocol.md, "Rings"). */
+#define KVC_CLIENT_NO_RINGS 0x1u  /* requests and replies on the socket only */
+#define KVC_CLIENT_NO_SPIN 0x2u   /* never poll for a reply: sleep at once */
+#define KVC_SPIN_US_DEFAULT 50u   /* the poll for a reply through the rings, spin_us 0 */
 
 /* What the handshake told the client. */
 typedef struct kvc_client_info {
