@@ -394,6 +394,8 @@ static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
   if (rc == 0 && r->hello->pool_fd) {
     if (fds[1] < 0) rc = client_fail(c, KVC_E_PROTO, "handshake reply without the pool fd");
     else rc = map_pool(c, fds[1], r->hello->pool_bytes);
+    if (rc == 0 && !(c->flags & KVC_CLIENT_NO_PREFAULT))
+      c->prefault = prefault_start(c->pool, c->pool_bytes);
   }
   /* The doorbell comes last: after the pool's descriptor when there is one. */
   int bell = rc == 0 && r->hello->ring_sq_bytes ? 1 + (r->hello->pool_fd ? 1 : 0) : -1;
@@ -451,6 +453,7 @@ KVC_API void kvc_client_close(kvc_client_t *c) {
   ring_detach(&c->ring);
   if (c->fd >= 0) close(c->fd);
   if (c->shm) munmap(c->shm, c->shm_bytes);
+  prefault_stop(c->prefault); /* before its mapping goes */
   if (c->pool) munmap((void *)c->pool, c->pool_bytes);
   free(c->wbuf);
   free(c->rbuf);
@@ -479,6 +482,11 @@ KVC_API void kvc_client_shm(const kvc_client_t *c, void **base, uint64_t *bytes)
 KVC_API void kvc_client_pool(const kvc_client_t *c, const void **base, uint64_t *bytes) {
   if (base) *base = c ? c->pool : NULL;
   if (bytes) *bytes = c ? c->pool_bytes : 0;
+}
+
+KVC_API uint64_t kvc_client_pool_prefaulted(const kvc_client_t *c, uint64_t *total) {
+  if (total) *total = c ? prefault_total(c->prefault) : 0;
+  return c ? prefault_done(c->prefault) : 0;
 }
 
 KVC_API int kvc_ping(kvc_client_t *c) {

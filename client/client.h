@@ -14,6 +14,7 @@
 
 #include "kvcache.pb-c.h"
 #include "kvcache/kvcache.h"
+#include "prefault.h"
 #include "ring.h"
 
 #define CLIENT_MAX_REPLY_BYTES (256u << 20) /* a larger reply is a protocol error */
@@ -39,6 +40,7 @@ struct kvc_client {
   kvc_cache_t *caches;       /* open handles, freed by kvc_client_close */
   const uint8_t *pool;       /* the daemon's pool, mapped read-only; NULL if not passed */
   uint64_t pool_bytes;
+  prefault_t *prefault;      /* populating the pool mapping in the background */
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
   void *io_wire, *io_ptrs, *io_parts; /* transfer scratch, max_io_entries each,
                                          allocated at the first transfer */

@@ -55,7 +55,8 @@ struct ring {
   int efd;                 /* the doorbell */
   uv_poll_t bell;          /* watches efd */
   ring_t *prev, *next;     /* the poller's active list */
-  bool active;             /* on it: sq_wakeup is clear */
+  bool active;             /* on it: its requests run from the poll loop */
+  bool polled;             /* and it is polled: sq_wakeup is clear */
   bool closed;             /* ring_close ran */
   uint64_t idle_ns;        /* when its last reply was published (uv_hrtime) */
   uint64_t budget_ns;      /* how long to poll after a reply (adapted) */
@@ -103,11 +104,15 @@ static void unlink_active(ring_t *r) {
 
 static bool sq_pending(const ring_t *r) { return atomic_load(&r->hdr->sq_tail) != r->sq.pos; }
 
-/* Starts polling r: the client need not ring the doorbell. */
-static void activate(ring_t *r) {
-  if (r->active || r->closed) return;
-  atomic_store(&r->hdr->sq_wakeup, 0);
-  link_active(r);
+/* Puts r on the poller's list: its requests run from the poll loop. With
+ * poll, the client is told that it need not ring the doorbell; without (a
+ * ring kicked to run what waits in it), the doorbell stays on, so a daemon
+ * that does not poll is never mistaken for one that does. */
+static void activate(ring_t *r, bool poll) {
+  if (r->closed) return;
+  if (poll && !r->polled) atomic_store(&r->hdr->sq_wakeup, 0);
+  r->polled |= poll;
+  if (!r->active) link_active(r);
 }
 
 /* Stops polling r unless a request arrived meanwhile (then returns false).
@@ -116,9 +121,10 @@ static void activate(ring_t *r) {
 static bool deactivate(ring_t *r) {
   atomic_store(&r->hdr->sq_wakeup, 1);
   if (!r->closed && sq_pending(r)) {
-    atomic_store(&r->hdr->sq_wakeup, 0);
+    if (r->polled) atomic_store(&r->hdr->sq_wakeup, 0);
     return false;
   }
+  r->polled = false;
   unlink_active(r);
   return true;
 }
@@ -152,6 +158,7 @@ static void on_idle(uv_idle_t *h) {
       next = r->next;
       if (!runnable(r->c)) {
         unlink_active(r); /* ring_kick brings it back */
+        r->polled = false;
         atomic_store(&r->hdr->sq_wakeup, 1);
         continue;
       }
@@ -162,7 +169,7 @@ static void on_idle(uv_idle_t *h) {
         worked_ns += uv_hrtime() - w0;
         continue;
       }
-      if (now - r->idle_ns > r->budget_ns) deactivate(r);
+      if (!r->polled || now - r->idle_ns > r->budget_ns) deactivate(r);
     }
     if (ran || !p->active) break; /* back to the loop: sockets, timers, completions */
     now = uv_hrtime();
@@ -175,7 +182,7 @@ static void on_idle(uv_idle_t *h) {
     cpu_relax();
   }
   uint64_t spent = uv_hrtime() - t0;
-  metrics_observe(&st->ring_poll, spent > worked_ns ? spent - worked_ns : 0);
+  if (spent > worked_ns) metrics_observe(&st->ring_poll, spent - worked_ns);
   if (!p->active) uv_idle_stop(&p->idle);
 }
 
@@ -223,10 +230,10 @@ void ring_poller_stop(server_t *srv) {
 static void on_bell(uv_poll_t *h, int status, int events) {
   (void)status, (void)events;
   ring_t *r = h->data;
-  uint64_t n;
+  uint64_t n = 0;
   while (read(r->efd, &n, sizeof n) < 0 && errno == EINTR) {}
   if (r->closed) return;
-  r->c->srv->stats.ring_doorbells++;
+  r->c->srv->stats.ring_doorbells += n; /* rings since the last read, one each */
   if (!sq_pending(r) || !runnable(r->c)) return; /* a late ring; or ring_kick later */
   /* Missed: the request came after polling stopped. If polling up to the
    * cap would have caught it, poll longer next time; if not, less. */
@@ -301,6 +308,7 @@ void ring_close(ring_t *r) {
   if (!r || r->closed) return;
   server_t *srv = r->c->srv;
   r->closed = true;
+  r->polled = false;
   if (r->active) {
     unlink_active(r);
     if (!r->p->active) uv_idle_stop(&r->p->idle);
@@ -369,11 +377,11 @@ int ring_reply(ring_t *r, const Kvcache__V1__Response *resp) {
     r->c->srv->stats.ring_client_wakeups++;
   }
   r->idle_ns = uv_hrtime();
-  if (r->budget_ns && cap_ns(r->p)) activate(r);
+  if (r->budget_ns && cap_ns(r->p)) activate(r, true);
   return rc;
 }
 
 void ring_kick(ring_t *r) {
   if (!r || r->closed || r->active || !runnable(r->c)) return;
-  if (sq_pending(r)) activate(r);
+  if (sq_pending(r)) activate(r, false);
 }

@@ -97,7 +97,15 @@ typedef struct kvc_client_opts {
  * for the handshake and as the fallback; doc/protocol.md, "Rings"). */
 #define KVC_CLIENT_NO_RINGS 0x1u  /* requests and replies on the socket only */
 #define KVC_CLIENT_NO_SPIN 0x2u   /* never poll for a reply: sleep at once */
+#define KVC_CLIENT_NO_PREFAULT 0x4u /* leave the pool's read-only mapping (zero-copy
+                                     reads) to fault page by page on first read,
+                                     instead of populating it in the background */
 #define KVC_SPIN_US_DEFAULT 50u   /* the poll for a reply through the rings, spin_us 0 */
+/* A client given the pool's read-only mapping populates at most this much
+ * of it in the background after the Hello, on an idle-priority thread (each
+ * GiB costs 2 MiB of page tables with 4 KiB pages); reads past it fault as
+ * they come. */
+#define KVC_PREFAULT_MAX_BYTES (16ull << 30)
 
 /* What the handshake told the client. */
 typedef struct kvc_client_info {
@@ -158,6 +166,10 @@ KVC_API void kvc_client_shm(const kvc_client_t *client, void **base, uint64_t *b
  * read-only descriptor: it cannot be made writable), for the client's
  * lifetime. *base is NULL if the daemon passed no pool. */
 KVC_API void kvc_client_pool(const kvc_client_t *client, const void **base, uint64_t *bytes);
+/* Bytes of the pool mapping the background prefault has populated so far,
+ * and (*total, if not NULL) of how many it will: 0 and 0 without the mapping
+ * or with KVC_CLIENT_NO_PREFAULT. */
+KVC_API uint64_t kvc_client_pool_prefaulted(const kvc_client_t *client, uint64_t *total);
 
 /* One round trip with no effect. KVC_E_IO if the connection is broken,
  * KVC_E_SHUTDOWN if the daemon is draining. */
