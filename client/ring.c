@@ -19,6 +19,8 @@
 /* How often a sleeper looks at the socket: a daemon that died never wakes
  * the futex, but its socket says EOF. */
 #define SOCKET_LOOK_MS 20
+/* How often a spinning waiter offers its CPU to whoever else wants it. */
+#define YIELD_NS 4000u
 
 int ring_attach(kvc_client_t *c, int memfd, int bell, const Kvcache__V1__HelloReply *h) {
   client_ring_t *r = &c->ring;
@@ -136,11 +138,20 @@ int64_t ring_wait(kvc_client_t *c, const uint8_t **payload) {
   ring_hdr_t *h = r->hdr;
   uint32_t len;
   int st;
-  uint64_t t0 = mono_ns(), spin_end = t0 + c->spin_ns;
+  uint64_t t0 = mono_ns(), spin_end = t0 + c->spin_ns, next_yield = t0 + YIELD_NS;
   uint64_t deadline = c->timeout_ms ? t0 + (uint64_t)c->timeout_ms * 1000000u : UINT64_MAX;
   for (unsigned i = 0;; i++) {
     if ((st = take(r, &len)) != 0) break;
-    if ((i & 63) == 63 && mono_ns() >= spin_end) break;
+    if ((i & 63) == 63) {
+      uint64_t now = mono_ns();
+      if (now >= spin_end) break;
+      /* On a small host the CPU this thread spins on may be the one the
+       * daemon's copy thread, or another client, waits for: let it run. */
+      if (now >= next_yield) {
+        sched_yield();
+        next_yield = now + YIELD_NS;
+      }
+    }
     cpu_relax();
   }
   while (st == 0) {

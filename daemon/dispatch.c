@@ -484,8 +484,10 @@ static uint64_t io_bytes(const engine_io_t *e, size_t n) {
  * the thread pool (offload.c); its reply is sent when the copy is done. */
 static bool offload_wanted(conn_t *c, const engine_io_t *e, size_t n) {
   server_t *srv = c->srv;
-  if (!srv->cfg.offload_bytes || srv->stats.connections_current < 2) return false;
-  return io_bytes(e, n) >= srv->cfg.offload_bytes;
+  uint64_t bytes = io_bytes(e, n);
+  if (!srv->cfg.offload_bytes || bytes < srv->cfg.offload_bytes) return false;
+  /* Alone, a client gains only if its copy is split across threads. */
+  return srv->stats.connections_current >= 2 || offload_splits(srv, bytes);
 }
 
 static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
@@ -500,7 +502,8 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     engine_put_job_t *job;
     ENGINE_CALL(r, engine_put_begin(c->srv->eng, req->put->cache_id, &x, e,
                                     req->put->n_entries, &job));
-    return offload_put(c, job, req->id, r->t0_ns) ? DEFERRED : 0;
+    return offload_put(c, job, io_bytes(e, req->put->n_entries), req->id, r->t0_ns) ? DEFERRED
+                                                                                    : 0;
   }
   c->turn_bytes += io_bytes(e, req->put->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_put(c->srv->eng, req->put->cache_id, &x, e, req->put->n_entries));
@@ -517,7 +520,8 @@ static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     engine_get_job_t *job;
     ENGINE_CALL(r, engine_get_begin(c->srv->eng, req->get->cache_id, &x, e,
                                     req->get->n_entries, &job));
-    return offload_get(c, job, req->id, r->t0_ns) ? DEFERRED : 0;
+    return offload_get(c, job, io_bytes(e, req->get->n_entries), req->id, r->t0_ns) ? DEFERRED
+                                                                                    : 0;
   }
   c->turn_bytes += io_bytes(e, req->get->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_get(c->srv->eng, req->get->cache_id, &x, e, req->get->n_entries));
