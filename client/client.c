@@ -435,6 +435,7 @@ KVC_API int kvc_client_open(const kvc_client_opts_t *opts, kvc_client_t **out) {
    * look: the default spins only on the ring. */
   uint32_t spin_us = o->spin_us ? o->spin_us : c->ring.hdr ? KVC_SPIN_US_DEFAULT : 0;
   c->spin_ns = c->flags & KVC_CLIENT_NO_SPIN ? 0 : (uint64_t)spin_us * 1000u;
+  c->ring.spin_ns = c->spin_ns;
   if (rc != 0) {
     snprintf(open_err, sizeof open_err, "%s", c->err);
     kvc_client_close(c);

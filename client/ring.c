@@ -21,6 +21,8 @@
 #define SOCKET_LOOK_MS 20
 /* How often a spinning waiter offers its CPU to whoever else wants it. */
 #define YIELD_NS 4000u
+/* A gap between two looks this long: the CPU was someone else's meanwhile. */
+#define CROWDED_NS 20000u
 
 int ring_attach(kvc_client_t *c, int memfd, int bell, const Kvcache__V1__HelloReply *h) {
   client_ring_t *r = &c->ring;
@@ -127,6 +129,21 @@ static bool socket_speaks(int fd) {
   return poll(&pf, 1, 0) > 0;
 }
 
+/* How long to spin next time, after a reply that took w: unchanged if the
+ * spin caught it; longer if a longer one (within cap) would have; halved
+ * if replies take longer than any spin allowed (the daemon is busy, or
+ * shares this client's CPUs: spinning then only takes the CPU it needs). */
+static void adapt(client_ring_t *r, uint64_t cap, uint64_t w) {
+  if (w <= r->spin_ns) return;
+  if (w <= cap) {
+    uint64_t more = w + w / 4, twice = 2 * r->spin_ns;
+    r->spin_ns = more > twice ? more : twice;
+    if (r->spin_ns > cap) r->spin_ns = cap;
+  } else {
+    r->spin_ns /= 2;
+  }
+}
+
 static int64_t taken(client_ring_t *r, uint32_t len, const uint8_t **payload) {
   if (len == RING_ON_SOCKET) return RING_WAIT_SOCKET;
   *payload = r->buf;
@@ -138,22 +155,37 @@ int64_t ring_wait(kvc_client_t *c, const uint8_t **payload) {
   ring_hdr_t *h = r->hdr;
   uint32_t len;
   int st;
-  uint64_t t0 = mono_ns(), spin_end = t0 + c->spin_ns, next_yield = t0 + YIELD_NS;
+  uint64_t t0 = mono_ns(), spin_end = t0 + r->spin_ns, next_yield = t0 + YIELD_NS, last = t0;
   uint64_t deadline = c->timeout_ms ? t0 + (uint64_t)c->timeout_ms * 1000000u : UINT64_MAX;
+  bool crowded = false;
   for (unsigned i = 0;; i++) {
     if ((st = take(r, &len)) != 0) break;
     if ((i & 63) == 63) {
       uint64_t now = mono_ns();
       if (now >= spin_end) break;
+      /* Away this long between two looks: another thread had this CPU (the
+       * yield below let it, or it preempted us). Spinning on a crowded CPU
+       * takes it from whoever must run for the reply to come: sleep. */
+      if (now - last > CROWDED_NS) {
+        crowded = true;
+        break;
+      }
       /* On a small host the CPU this thread spins on may be the one the
        * daemon's copy thread, or another client, waits for: let it run. */
       if (now >= next_yield) {
         sched_yield();
+        now = mono_ns();
         next_yield = now + YIELD_NS;
+        if (now - last > CROWDED_NS) {
+          crowded = true;
+          break;
+        }
       }
+      last = now;
     }
     cpu_relax();
   }
+  if (crowded) r->spin_ns /= 2;
   while (st == 0) {
     if (atomic_load(&h->closed)) return RING_WAIT_SOCKET; /* what it said is there */
     /* The flag, then (seq_cst) the look at the tail; the daemon publishes,
@@ -178,5 +210,6 @@ int64_t ring_wait(kvc_client_t *c, const uint8_t **payload) {
     if (rc != 0 && errno == ETIMEDOUT && socket_speaks(c->fd)) return RING_WAIT_SOCKET;
   }
   if (st < 0) return client_fail(c, KVC_E_PROTO, "kvcached's completion ring is corrupt");
+  adapt(r, c->spin_ns, mono_ns() - t0);
   return taken(r, len, payload);
 }

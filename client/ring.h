@@ -4,8 +4,10 @@
  * client_call packs a request as always, then either writes it to the socket
  * or puts it into the submission ring (ring_submit), ringing the doorbell only
  * if the daemon says it is not polling; ring_wait then polls the completion
- * ring for up to the spin budget and sleeps on the futex word after that,
- * where the daemon wakes it only if it said it sleeps. Whatever the daemon
+ * ring for up to its spin (at most spin_us, shorter while replies keep
+ * coming later than any spin allowed: a busy or shared CPU) and sleeps on
+ * the futex word after that, where the daemon wakes it only if it said it
+ * sleeps. Whatever the daemon
  * says on the socket meanwhile (a goodbye, a reply too large for the ring,
  * EOF) ring_wait hands to the socket path.
  */
@@ -27,6 +29,8 @@ typedef struct client_ring {
   ring_view_t sq, cq;     /* sq.pos: published; cq.pos: consumed (ours alone) */
   int bell;               /* the doorbell eventfd; -1 when none */
   uint8_t *buf;           /* a reply copied out of the CQ (cq size) */
+  uint64_t spin_ns;       /* how long the next wait spins: adapts below the
+                             client's spin_ns (ring.c, adapt) */
 } client_ring_t;
 
 #define RING_WAIT_SOCKET (-1000) /* ring_wait: the reply, or the daemon's word, is on the socket */
