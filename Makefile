@@ -12,7 +12,7 @@
 #   make bench BENCH_ROWS=direct,spin   only those groups of rows (a comma list of
 #                   words, each matched inside the group names: ping copy direct
 #                   lease held servers spin stall multi decode prefix eviction scale
-#                   python: the Python package against the C client)
+#                   events python: the Python package against the C client)
 #   make soak       the verified soak (SOAK_CLIENTS=16, SOAK_SECONDS=60)
 #   make valgrind   the integration suite's daemon under valgrind memcheck
 #   make fuzz       libFuzzer (clang) on each target for FUZZ_SECONDS (default 60)
@@ -69,6 +69,9 @@ endif
 UV_LIBS := -luv
 ENGINE_LIBS := -lcrypto -lxxhash
 PB_LIBS := -lprotobuf-c
+# The daemon's event stream (daemon/events*.c): ZeroMQ; msgpack-c's packer
+# is all inline functions of its headers.
+EVENTS_LIBS := -lzmq
 
 ifeq ($(V),1)
   Q :=
@@ -180,7 +183,7 @@ $(DAEMON_OBJ) $(CLIENT_OBJ) $(CTL_OBJ) $(CODEC_OBJ): | $(B)/gen/kvcache.pb-c.h
 # ---- daemon ---------------------------------------------------------------
 $(B)/kvcached: $(DAEMON_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- client library and kvcachectl ----------------------------------------
 # The client links the protocol, the codec, the transfer geometry and the
@@ -252,15 +255,15 @@ $(B)/tests/fuzz/replay_%.o: tests/fuzz/replay.c
 	$(Q)$(CC) $(CPPFLAGS) -Itests -DFUZZ_NAME=$* $(CFLAGS) -c $< -o $@
 $(B)/tests/fuzz_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/replay_%.o $(TEST_MAIN_OBJ) $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 $(B)/fuzz/%: $(B)/tests/fuzz/fuzz_%.o $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) -lm
 $(B)/tools/gen_corpus: $(B)/tests/fuzz/gen_corpus.o $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- benchmarks -------------------------------------------------------------
 # Compiled and linked in one step, whose -MMD file lists too little: the
@@ -269,7 +272,7 @@ $(BENCH_BIN): $(wildcard tests/bench/*.h)
 $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkvcache.a)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $(filter-out %.h,$^) $(PB_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $(filter-out %.h,$^) $(PB_LIBS) $(EVENTS_LIBS) -lmsgpackc $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- top-level targets ------------------------------------------------------
 # Every package the build and make test use (tests/deps.pl, part of make test,
@@ -283,12 +286,16 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 # (client/python): python3-dev to build its extension, python3-pip,
 # -setuptools and -wheel for pip install ./client/python (offline: the
 # package's build backend uses Debian's), python3-numpy and python3-torch for
-# its tensors and the reference decoder, python3-pytest to run its tests.
+# its tensors and the reference decoder, python3-pytest to run its tests;
+# the KV event stream (doc/events.md): libzmq3-dev and libmsgpack-dev for the
+# daemon's publisher, python3-zmq, python3-msgpack and python3-cbor2 for the
+# subscriber its tests run (written to vLLM's schema; cbor2 recomputes vLLM's
+# block hashes).
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
                 libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps \
-                tmux man-db curl \
+                tmux man-db curl libzmq3-dev libmsgpack-dev \
                 python3-dev python3-setuptools python3-wheel python3-pip python3-numpy \
-                python3-torch python3-pytest
+                python3-torch python3-pytest python3-zmq python3-msgpack python3-cbor2
 # promtool (promtool check metrics, check rules) comes from Debian's
 # prometheus package, but installing it would install and enable the whole
 # server (96 MB, a service, a user): make deps downloads the package and

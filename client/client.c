@@ -3,6 +3,7 @@
 #include "client.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -183,6 +184,9 @@ static int reply_status(kvc_client_t *c, const Kvcache__V1__Response *r) {
 }
 
 int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp) {
+  if (c->ev_req_id && !c->broken) /* its replies would mix with the pushed batches */
+    return client_fail(c, KVC_E_INVAL, "this connection is subscribed to events: it only "
+                       "receives them (use another client for requests)");
   if (c->broken || c->fd < 0)
     return client_fail(c, c->fd < 0 ? KVC_E_IO : c->broken_code,
                        c->broken_code == KVC_E_SHUTDOWN
@@ -229,6 +233,30 @@ int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Respons
   else
     *resp = r;
   return rc;
+}
+
+int client_recv(kvc_client_t *c, int timeout_ms, Kvcache__V1__Response **resp) {
+  if (c->broken || c->fd < 0)
+    return client_fail(c, c->fd < 0 ? KVC_E_IO : c->broken_code, "connection to kvcached is broken");
+  if (c->rnext_len == 0) { /* nothing buffered past the last frame: wait for the socket */
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    int n;
+    while ((n = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {
+    }
+    if (n < 0) return broken(c, KVC_E_IO, "waiting for kvcached", errno);
+    if (n == 0) return client_fail(c, KVC_E_TIMEOUT, "nothing from kvcached within %d ms", timeout_ms);
+  }
+  int64_t len = recv_frame(c, NULL, 0);
+  if (len < 0) return (int)len;
+  Kvcache__V1__Response *r =
+      kvcache__v1__response__unpack(NULL, (size_t)len, c->rbuf + FRAME_HEADER_BYTES);
+  if (!r) return broken(c, KVC_E_PROTO, "a frame from kvcached does not decode", 0);
+  if (is_goodbye(r)) {
+    kvcache__v1__response__free_unpacked(r, NULL);
+    return broken(c, KVC_E_SHUTDOWN, "kvcached is shutting down", 0);
+  }
+  *resp = r;
+  return 0;
 }
 
 /* ---- open ---------------------------------------------------------------- */
@@ -452,6 +480,7 @@ KVC_API void kvc_client_close(kvc_client_t *c) {
   while (c->caches) kvc_cache_close(c->caches);
   client_leases_free(c);
   ring_detach(&c->ring);
+  if (c->ev_batch) kvcache__v1__response__free_unpacked(c->ev_batch, NULL);
   if (c->fd >= 0) close(c->fd);
   if (c->shm) munmap(c->shm, c->shm_bytes);
   prefault_stop(c->prefault); /* before its mapping goes */

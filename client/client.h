@@ -46,6 +46,11 @@ struct kvc_client {
                                          allocated at the first transfer */
   uint64_t release_q[64];    /* deferred lease releases, sent with the next request */
   size_t nrelease;
+  /* The event stream (events.c): set once kvc_events_subscribe succeeded. */
+  uint64_t ev_req_id;        /* the Subscribe's id, which every push carries; 0: none */
+  uint64_t ev_seq;           /* the last batch's sequence number */
+  Kvcache__V1__Response *ev_batch; /* the batch being read, or NULL */
+  size_t ev_next;            /* its next event */
 };
 
 struct kvc_cache {
@@ -68,6 +73,11 @@ int client_fail(kvc_client_t *c, int code, const char *fmt, ...)
  * new (free with kvcache__v1__response__free_unpacked) unless resp is NULL.
  * A non-OK status returns its code, with the daemon's message in c->err. */
 int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp);
+
+/* Waits up to timeout_ms (-1: no bound) for one frame the daemon sends on
+ * its own and decodes it: 0 and new *resp, KVC_E_TIMEOUT, or the codes of
+ * a broken connection (KVC_E_SHUTDOWN for the daemon's goodbye). */
+int client_recv(kvc_client_t *c, int timeout_ms, Kvcache__V1__Response **resp);
 
 /* Frees every lease handle (the daemon releases them when the connection
  * closes). */

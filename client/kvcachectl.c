@@ -5,8 +5,8 @@
  *
  *   kvcachectl [--socket PATH] COMMAND [OPTIONS] [ARGS]
  *
- * Reads: ping, stats, caches, seqs, info, prefix, top; for admins: clients,
- * config; admin writes: drop, remove, unpin, disconnect. */
+ * Reads: ping, stats, caches, seqs, info, prefix, top, events; for admins:
+ * clients, config; admin writes: drop, remove, unpin, disconnect. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -55,6 +55,7 @@ static int cmd_drop(kvc_client_t *c, const opts_t *o);
 static int cmd_remove(kvc_client_t *c, const opts_t *o);
 static int cmd_unpin(kvc_client_t *c, const opts_t *o);
 static int cmd_disconnect(kvc_client_t *c, const opts_t *o);
+static int cmd_events(kvc_client_t *c, const opts_t *o);
 
 static const struct command {
   const char *name;
@@ -97,6 +98,11 @@ static const struct command {
      "release every pin of a sequence, whoever holds it (admins only)"},
     {"disconnect", cmd_disconnect, 0, 1, 1, "CONN_ID",
      "close a client's connection; its pins and leases go with it (admins only)"},
+    {"events", cmd_events, O_CACHE | O_COUNT | O_RAW, 0, 0, "[--cache NAME] [--count N] [--raw]",
+     "follow the changes of the prefix indexes as they happen, one line each:\n"
+     "pages stored and removed, caches cleared and dropped (your tenant's caches;\n"
+     "an admin's: every tenant's), until Ctrl-C or N events; --raw: whole hashes\n"
+     "and the token ids"},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
@@ -1153,6 +1159,59 @@ static int cmd_unpin(kvc_client_t *c, const opts_t *o) {
 }
 static int cmd_disconnect(kvc_client_t *c, const opts_t *o) {
   return admin_write(c, o, KVC_ADMIN_DISCONNECT, "disconnect");
+}
+
+/* ---- events ------------------------------------------------------------------- */
+
+static void print_hash(const uint8_t *h, uint32_t len, bool whole) {
+  if (!len) {
+    fputc('-', stdout);
+    return;
+  }
+  for (uint32_t i = 0; i < (whole ? len : 8u); i++) printf("%02x", h[i]);
+}
+
+static void print_event(const kvc_event_t *ev, bool raw) {
+  static const char *const kinds[] = {"stored", "removed", "cleared", "dropped", "reset"};
+  if (ev->missed) printf("missed %" PRIu64 " batches (not read fast enough)\n", ev->missed);
+  if (ev->kind == KVC_EVENT_RESET) {
+    printf("reset seq=%" PRIu64 " (events were lost: forget what came before)\n", ev->seq);
+    return;
+  }
+  printf("%-7s cache=%s tenant=%s", kinds[ev->kind], ev->cache, ev->tenant);
+  if (ev->kind == KVC_EVENT_STORED || ev->kind == KVC_EVENT_REMOVED) {
+    printf(" hash=");
+    print_hash(ev->hash, ev->hash_len, raw);
+  }
+  if (ev->kind == KVC_EVENT_STORED) {
+    printf(" parent=");
+    print_hash(ev->parent, ev->parent_len, raw);
+    printf(" block=%u", ev->block_size);
+  }
+  if (ev->kind == KVC_EVENT_STORED || ev->kind == KVC_EVENT_REMOVED) printf(" medium=%s", ev->medium);
+  printf(" seq=%" PRIu64, ev->seq);
+  if (raw && ev->kind == KVC_EVENT_STORED) {
+    printf(" tokens=");
+    for (uint32_t i = 0; i < ev->ntokens; i++) printf("%s%u", i ? "," : "", ev->token_ids[i]);
+  }
+  putchar('\n');
+}
+
+static int cmd_events(kvc_client_t *c, const opts_t *o) {
+  int rc = kvc_events_subscribe(c, o->cache, o->raw);
+  if (rc) return fail(c, rc, "subscribe");
+  /* The first line says the subscription holds: what happens from now on
+   * is shown (a script may wait for it before acting). */
+  printf("# subscribed to %s%s; Ctrl-C stops\n", o->cache ? "cache " : "every cache you may see",
+         o->cache ? o->cache : "");
+  fflush(stdout);
+  for (long n = 0; !o->count || n < o->count; n++) {
+    kvc_event_t ev;
+    if ((rc = kvc_events_next(c, -1, &ev))) return fail(c, rc, "events");
+    print_event(&ev, o->raw);
+    fflush(stdout);
+  }
+  return 0;
 }
 
 /* ---- top --------------------------------------------------------------------- */

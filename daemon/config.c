@@ -30,6 +30,10 @@ enum opt_type {
   OPT_HASH,  /* sha256 or xxh3 */
   OPT_BOOL,  /* true/false, yes/no, on/off, 1/0 */
   OPT_LISTEN,/* HOST:PORT, [V6]:PORT, :PORT (loopback); empty: off */
+  OPT_TEXT,  /* text of at most max - 1 bytes, no quote or newline */
+  OPT_ENUM,  /* one of the option's names; stored as its index (u32) */
+  OPT_ENDPOINT, /* a ZeroMQ endpoint: tcp://HOST:PORT or ipc://PATH; empty: off */
+  OPT_EVTENANT, /* a tenant name, "*" (every tenant) or empty */
 };
 
 typedef struct option {
@@ -40,7 +44,11 @@ typedef struct option {
   bool reloadable;   /* may change at run time (SIGHUP) */
   size_t off;        /* field in config_t */
   const char *help;
+  const char *const *names; /* OPT_ENUM: its values, by index; NULL-terminated */
 } option_t;
+
+static const char *const events_formats[] = {"array", "map", NULL};
+static const char *const events_hashes[] = {"chain", "vllm", NULL};
 
 #define KiB 1024ull
 #define MiB (1024ull * KiB)
@@ -164,6 +172,45 @@ static const option_t options[] = {
    "shared-buffer bytes the connections of one uid may hold together (QUOTA_SHM)"},
   {"shm_bytes_total", OPT_SIZE, "8GiB", 1 * MiB, 64 * TiB, true, F(shm_bytes_total),
    "shared-buffer bytes all connections may hold together (QUOTA_SHM)"},
+  {"events_endpoint", OPT_ENDPOINT, "", 0, 0, false, F(events_endpoint),
+   "publish every change of the prefix index as vLLM's KV events (ZeroMQ PUB, msgpack; "
+   "doc/events.md) on this endpoint, bound: tcp://127.0.0.1:5557 or ipc:///run/kvcached/"
+   "events; anyone who can connect reads the stream: keep it on loopback or a private "
+   "directory; empty: off"},
+  {"events_replay_endpoint", OPT_ENDPOINT, "", 0, 0, false, F(events_replay_endpoint),
+   "the ZeroMQ ROUTER endpoint where subscribers ask for missed batches by sequence number, "
+   "as vLLM's replay socket; empty: none"},
+  {"events_topic", OPT_TEXT, "", 0, CONFIG_EVENTS_TEXT, false, F(events_topic),
+   "the topic frame of every event message (vLLM's kv_events topic)"},
+  {"events_tenant", OPT_EVTENANT, "", 0, 0, false, F(events_tenant),
+   "whose caches the stream shows: one tenant's name (uid:N or a name of the tenants "
+   "option; the shared caches it may read included), or * for every tenant's; required "
+   "with events_endpoint"},
+  {"events_cache", OPT_TEXT, "", 0, CONFIG_EVENTS_TEXT, false, F(events_cache),
+   "only the caches of this name (one model's stream); empty: every cache of the tenant"},
+  {"events_buffer", OPT_U32, "10000", 0, 1000000, false, F(events_buffer),
+   "batches kept for replay (at most 64 MiB of them; older ones go first)"},
+  {"events_hwm", OPT_U32, "10000", 1, 10000000, false, F(events_hwm),
+   "messages queued for one subscriber before it misses batches (it sees the gap in the "
+   "sequence numbers; counted in events_slow_drops)"},
+  {"events_token_ids", OPT_BOOL, "true", 0, 0, false, F(events_token_ids),
+   "stored events carry their pages' token ids (a prompt, in effect); false: empty lists"},
+  {"events_format", OPT_ENUM, "array", 0, 0, false, F(events_format),
+   "the events' msgpack form: array (tagged positional arrays, vLLM before its map "
+   "encoding) or map (tagged maps, vLLM since); the batch is a positional array either way",
+   events_formats},
+  {"events_hash", OPT_ENUM, "chain", 0, 0, false, F(events_hash),
+   "the block hashes published: chain (kvcached's chain hash, SHA-256) or vllm (vLLM's "
+   "sha256_cbor block hash of the token ids from events_hash_seed: what a router computes "
+   "from the prompt alone)", events_hashes},
+  {"events_hash_int", OPT_BOOL, "false", 0, 0, false, F(events_hash_int),
+   "publish block hashes as 64-bit ints (the hash's last 8 bytes, big-endian: vLLM's "
+   "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES) instead of bytes"},
+  {"events_hash_seed", OPT_TEXT, "", 0, CONFIG_EVENTS_TEXT, false, F(events_hash_seed),
+   "events_hash = vllm: the seed of every chain, as vLLM's PYTHONHASHSEED"},
+  {"events_log_bytes", OPT_SIZE, "4MiB", 4 * KiB, 1 * GiB, false, F(events_log_bytes),
+   "the engine's log of changes between two loop turns; changes past it are lost and the "
+   "stream says so (AllBlocksCleared)"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -448,6 +495,41 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     snprintf(field, sizeof cfg->metrics_listen, "%s", value);
     return 0;
   }
+  case OPT_TEXT:
+    if (strlen(value) >= o->max || strpbrk(value, "\"\n")) {
+      fail(err, errlen, "%s: at most %llu bytes, without '\"' or a newline", o->name,
+           (unsigned long long)o->max - 1);
+      return -1;
+    }
+    snprintf(field, o->max, "%s", value);
+    return 0;
+  case OPT_ENUM:
+    for (uint32_t i = 0; o->names[i]; i++)
+      if (strcmp(value, o->names[i]) == 0) {
+        *(uint32_t *)(void *)field = i;
+        return 0;
+      }
+    fail(err, errlen, "%s: expected %s or %s, got '%s'", o->name, o->names[0], o->names[1],
+         value);
+    return -1;
+  case OPT_ENDPOINT:
+    if (*value && (strlen(value) >= CONFIG_EVENTS_TEXT || strpbrk(value, "\" \n") ||
+                   (strncmp(value, "tcp://", 6) != 0 && strncmp(value, "ipc://", 6) != 0) ||
+                   !value[6])) {
+      fail(err, errlen, "%s: expected tcp://HOST:PORT or ipc://PATH (at most %d bytes), or "
+           "empty, got '%s'", o->name, CONFIG_EVENTS_TEXT - 1, value);
+      return -1;
+    }
+    snprintf(field, CONFIG_EVENTS_TEXT, "%s", value);
+    return 0;
+  case OPT_EVTENANT:
+    if (*value && strcmp(value, "*") != 0 && !tenant_name_valid(value)) {
+      fail(err, errlen, "%s: '%s' is not a tenant name (a name of the tenants option, "
+           "uid:N, or * for every tenant)", o->name, value);
+      return -1;
+    }
+    snprintf(field, TENANT_NAME_MAX, "%s", value);
+    return 0;
   case OPT_HASH:
     if (strcmp(value, "sha256") == 0) v = KVC_HASH_SHA256;
     else if (strcmp(value, "xxh3") == 0) v = KVC_HASH_XXH3;
@@ -549,6 +631,23 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
     fail(err, errlen, "zero_copy_tenant makes a single-tenant node: it has no shared_caches");
     return -1;
   }
+  if (cfg->events_endpoint[0] && !cfg->events_tenant[0]) {
+    fail(err, errlen, "events_endpoint: say whose caches the stream shows with events_tenant "
+         "(a tenant's name, or * for every tenant's): the stream carries prompts");
+    return -1;
+  }
+  if (strlen(cfg->events_cache) > KVC_MAX_NAME) {
+    fail(err, errlen, "events_cache: a cache name is at most %u bytes", KVC_MAX_NAME);
+    return -1;
+  }
+  if (cfg->events_replay_endpoint[0] && !cfg->events_endpoint[0]) {
+    fail(err, errlen, "events_replay_endpoint needs events_endpoint");
+    return -1;
+  }
+  if (cfg->events_endpoint[0] && strcmp(cfg->events_endpoint, cfg->events_replay_endpoint) == 0) {
+    fail(err, errlen, "events_endpoint and events_replay_endpoint must differ");
+    return -1;
+  }
   if (cfg->prefix_hash == KVC_HASH_XXH3 && !cfg->prefix_single_tenant) {
     fail(err, errlen,
          "prefix_hash = xxh3 is not collision-resistant: a tenant could craft prompts "
@@ -592,7 +691,11 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
   case OPT_TENANTS:
   case OPT_SHARED:
   case OPT_FLOORS:
-  case OPT_TENANT: snprintf(buf, len, "%s", field); return;
+  case OPT_TENANT:
+  case OPT_TEXT:
+  case OPT_ENDPOINT:
+  case OPT_EVTENANT: snprintf(buf, len, "%s", field); return;
+  case OPT_ENUM: snprintf(buf, len, "%s", o->names[*(const uint32_t *)(const void *)field]); return;
   case OPT_UIDS:
   case OPT_GIDS: {
     const id_list_t *l = (const id_list_t *)(const void *)field;

@@ -24,6 +24,7 @@
 #include "tenant.h"
 
 #define CONFIG_MAX_IDS 32 /* entries of an id list (allow_uids, admin_gids, ...) */
+#define CONFIG_EVENTS_TEXT 128 /* bytes of an events_* text option with its NUL */
 
 /* A list of uids or gids. */
 typedef struct id_list {
@@ -89,7 +90,24 @@ typedef struct config {
   uint32_t idle_timeout_ms;       /* a connection silent this long is closed; 0: never */
   uint64_t shm_bytes_per_uid;     /* shared-buffer bytes the connections of one uid hold */
   uint64_t shm_bytes_total;       /* shared-buffer bytes all connections hold */
+  /* The KV event stream (doc/events.md); off while events_endpoint is "". */
+  char events_endpoint[CONFIG_EVENTS_TEXT];        /* ZeroMQ PUB endpoint */
+  char events_replay_endpoint[CONFIG_EVENTS_TEXT]; /* ZeroMQ ROUTER endpoint; "": none */
+  char events_topic[CONFIG_EVENTS_TEXT];           /* the first frame of every message */
+  char events_tenant[TENANT_NAME_MAX];  /* whose caches the stream shows; "*": all */
+  char events_cache[CONFIG_EVENTS_TEXT];  /* only caches of this name; "": all */
+  uint32_t events_buffer;         /* batches kept for replay */
+  uint32_t events_hwm;            /* ZeroMQ send high-water mark, messages a subscriber */
+  bool events_token_ids;          /* stored events carry their token ids */
+  uint32_t events_format;         /* EVENTS_FORMAT_*: tagged arrays or tagged maps */
+  uint32_t events_hash;           /* EVENTS_HASH_*: which block hash is published */
+  bool events_hash_int;           /* as a 64-bit int instead of bytes */
+  char events_hash_seed[CONFIG_EVENTS_TEXT]; /* vllm hashes: PYTHONHASHSEED's value */
+  uint64_t events_log_bytes;      /* the engine's event log between loop turns */
 } config_t;
+
+enum { EVENTS_FORMAT_ARRAY = 0, EVENTS_FORMAT_MAP = 1 };
+enum { EVENTS_HASH_CHAIN = 0, EVENTS_HASH_VLLM = 1 };
 
 /* ---- the option table (config.c) ----------------------------------------- */
 

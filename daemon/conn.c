@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "dispatch.h"
+#include "events.h"
 #include "frame.h"
 #include "log.h"
 #include "quotas.h"
@@ -97,6 +98,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
       LOG_DEBUG("disconnect", "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id,
                 (int)c->pid, reason);
     }
+    if (c->sub) events_unsubscribe(c);
     ring_close(c->ring); /* the client hears it at once, not at its next call */
     c->ring = NULL;
     if (c->shm.base) srv->stats.shm_bytes -= c->shm.bytes;
@@ -565,11 +567,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   if (nread == UV_EOF) {
     /* A client may half-close after its last request: answer what it sent
-     * (libuv has stopped reading), then close. */
+     * (libuv has stopped reading), then close (schedule). Turn by turn, as
+     * any frames: a client that pipelines a buffer of requests and closes
+     * (gone: its replies fail, which closes us) must not hold the loop
+     * for all of them at once. */
     c->eof = true;
     c->reading = false;
-    conn_run_all(c);
-    conn_close_after_flush(c, c->rlen ? "EOF inside a frame" : "EOF");
+    schedule(c);
     return;
   }
   if (nread < 0) {
@@ -598,6 +602,10 @@ static void schedule(conn_t *c) {
   uint32_t plen;
   bool pressure = c->wq_bytes > srv->cfg.write_queue_bytes;
   bool have_frame = frame_parse(c->rbuf, c->rlen, c->max_frame, &plen) != FRAME_NEED_MORE;
+  if (c->eof && !have_frame && !c->offloaded && !c->parked) { /* all answered */
+    conn_close_after_flush(c, c->rlen ? "EOF inside a frame" : "EOF");
+    return;
+  }
   bool want_read = !pressure && !have_frame && c->rlen < c->rcap && !c->eof;
   bool want_idle = !pressure && have_frame && !c->offloaded && !c->parked;
   if (pressure && !c->paused) srv->stats.write_pauses++;

@@ -91,6 +91,7 @@ struct conn {
   uint64_t turn_bytes;       /* bytes its requests moved in this loop turn
                                 (dispatch adds, run_frames resets) */
   uint32_t nleases;          /* zero-copy read leases this connection holds */
+  struct events_sub *sub;    /* subscribed to the event stream (events.c), or NULL */
   struct owned { uint32_t cache_id; uint64_t seq_id; } *owned; /* dropped at close */
   uint32_t nowned, owned_cap;
   enum conn_state state;     /* where it is in its life (above) */

@@ -9,6 +9,7 @@
 
 #include "admin.h"
 #include "codec.h"
+#include "events.h"
 #include "kvcache/kvcache.h"
 #include "layout.h"
 #include "log.h"
@@ -1205,6 +1206,24 @@ static int h_tenants(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   r->resp->tenants = tr;
   return 0;
 }
+/* ---- the event stream (events.c; doc/events.md) ---------------------------- */
+
+/* The connection becomes a subscriber; this reply is seq 0 of its stream. */
+static int h_subscribe(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__Subscribe *b = req->subscribe;
+  NEED_BODY(r, b, "subscribe");
+  if (b->cache && strlen(b->cache) > KVC_MAX_NAME)
+    return reject(r, KVC_E_NAME, "a cache name is at most %u bytes", KVC_MAX_NAME);
+  Kvcache__V1__EventsReply *er = arena_alloc(r->a, sizeof *er);
+  if (!er) return reject(r, KVC_E_NOMEM, "out of memory");
+  int rc = events_subscribe(c, req->id, b->cache, b->token_ids, r->err, sizeof r->err);
+  if (rc) return rc;
+  kvcache__v1__events_reply__init(er);
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_EVENTS;
+  r->resp->events = er;
+  return 0;
+}
+
 /* ---- operators: admins only (admin.c) ----------------------------------- */
 
 #define ADMIN_HANDLER_(name)                                                   \

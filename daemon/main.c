@@ -12,6 +12,7 @@
 #include "config.h"
 #include "http.h"
 #include "conn.h"
+#include "events.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
 #include "offload.h"
@@ -45,6 +46,7 @@ void server_stop(server_t *srv) {
   uv_close((uv_handle_t *)&srv->expire_timer, NULL);
   uv_close((uv_handle_t *)&srv->accept_timer, NULL);
   http_stop(srv);
+  events_stop(srv);
 }
 
 /* Everything that can fail at start, in order; READY=1 comes after. */
@@ -81,6 +83,7 @@ static int start(server_t *srv, char *err, size_t errlen) {
   }
   if (server_listen(srv, err, errlen) != 0) return -1;
   if (http_start(srv, err, errlen) != 0) return -1;
+  if (events_init(srv, err, errlen) != 0) return -1;
   signals_start(srv);
   uv_timer_init(srv->loop, &srv->status_timer);
   uv_timer_init(srv->loop, &srv->drain_timer);
@@ -186,6 +189,7 @@ int main(int argc, char **argv) {
     status = 1;
     server_unlisten(&srv);
     http_stop(&srv);
+    events_stop(&srv);
   } else {
     announce(&srv, argv[0]);
     testhook_init();
@@ -197,6 +201,7 @@ int main(int argc, char **argv) {
   ring_poller_stop(&srv);
   uv_run(&loop, UV_RUN_NOWAIT); /* let closed handles finish */
   uv_loop_close(&loop);
+  events_free(&srv);
   engine_free(srv.eng);
   shm_close(&srv.pool);
   notify_close(&srv.notify);

@@ -47,7 +47,17 @@
   X(config_reloads, STAT_COUNTER, "reloads", "SIGHUP reloads applied")        \
   X(config_reload_failures, STAT_COUNTER, "reloads", "SIGHUP reloads refused (invalid configuration kept out)") \
   X(metrics_scrapes, STAT_COUNTER, "requests", "GET /metrics answered by the metrics_listen endpoint") \
-  X(metrics_http_errors, STAT_COUNTER, "requests", "HTTP requests of the metrics endpoint refused (bad, too large, slow, not GET /metrics)")
+  X(metrics_http_errors, STAT_COUNTER, "requests", "HTTP requests of the metrics endpoint refused (bad, too large, slow, not GET /metrics)") \
+  X(events_batches, STAT_COUNTER, "batches", "batches published on the ZeroMQ event stream (events_endpoint)") \
+  X(events_published, STAT_COUNTER, "events", "events in those batches (runs of one chain's stored pages, or of one cache's removed pages, are one event)") \
+  X(events_log_dropped, STAT_COUNTER, "records", "changes of the prefix index lost because the engine's event log was full (events_log_bytes); each loss is followed by AllBlocksCleared") \
+  X(events_slow_drops, STAT_COUNTER, "batches", "batches a ZeroMQ subscriber missed because its queue held events_hwm messages") \
+  X(events_subscriptions, STAT_GAUGE, "subscriptions", "ZeroMQ subscriptions to the event stream now") \
+  X(events_replays, STAT_COUNTER, "requests", "replay requests served on events_replay_endpoint") \
+  X(events_replayed_batches, STAT_COUNTER, "batches", "batches sent again by replays") \
+  X(events_local_subscribers, STAT_GAUGE, "connections", "connections subscribed to the event stream on the daemon's socket (Subscribe)") \
+  X(events_local_batches, STAT_COUNTER, "batches", "batches pushed to subscribed connections") \
+  X(events_local_drops, STAT_COUNTER, "batches", "batches dropped for a subscribed connection holding more than write_queue_bytes of replies")
 
 #define STATS_HIST_BUCKETS 252
 #define STATS_STATUS_CODES 64 /* -KVC_E_* codes counted per operation */

@@ -46,7 +46,8 @@
   X(tenants, TENANTS)                                                          \
   X(clients, CLIENTS)                                                          \
   X(config, CONFIG)                                                            \
-  X(admin, ADMIN)
+  X(admin, ADMIN)                                                              \
+  X(subscribe, SUBSCRIBE)
 
 enum op {
 #define OP_ENUM_(name, CASE) OP_##CASE,

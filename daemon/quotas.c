@@ -89,7 +89,8 @@ size_t quotas_idle_sweep(server_t *srv) {
   size_t n = 0;
   for (conn_t *c = srv->conns, *next; c; c = next) {
     next = c->next; /* a closed connection stays listed until its handles close */
-    if (!c->counted || c->offloaded || (c->state != CONN_NEW && c->state != CONN_READY) ||
+    /* A subscriber is silent by design: it reads the stream. */
+    if (!c->counted || c->offloaded || c->sub || (c->state != CONN_NEW && c->state != CONN_READY) ||
         now - c->last_ms < timeout)
       continue;
     srv->stats.connections_idle_closed++;

@@ -24,6 +24,7 @@ typedef struct conn conn_t;
 
 typedef struct offload offload_t; /* offload.c */
 typedef struct ring_poller ring_poller_t; /* ring.c */
+typedef struct events events_t;   /* events.c */
 
 typedef struct server {
   uv_loop_t *loop;
@@ -34,6 +35,7 @@ typedef struct server {
   offload_t *offload;      /* the copy threads of large gets and puts */
   ring_poller_t *rings;    /* polls the shared-memory rings of active connections */
   uint32_t nrings;         /* connections with rings (a doorbell descriptor each) */
+  events_t *events;        /* the stream of prefix-index changes (events.c) */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;
   shm_region_t pool;       /* the page pool memfd */

@@ -204,6 +204,7 @@ struct engine {
   void *reserve;       /* ipage blocks reserved for the current call */
   struct engine_put_job *put_jobs; /* puts in flight (begun, not ended) */
   void *md_ctx;        /* EVP_MD_CTX for SHA-256 */
+  struct engine_events *ev; /* the prefix-index event log; NULL: off (evlog.c) */
   kvc_hash_t hash_kind;
   hmap_t owners;       /* owner id -> owner_t */
   uint64_t now_ms;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "evlog.h"
 #include "lease.h"
 #include "page.h"
 #include "prefix.h"
@@ -102,6 +103,7 @@ void engine_free(engine_t *eng) {
   mem_free(&eng->mem, eng->page_ids);
   mem_free(&eng->mem, eng->qtags);
   page_meta_unreserve(eng);
+  evlog_free(eng);
   EVP_MD_CTX_free(eng->md_ctx);
   pool_deinit(&eng->pool, &eng->mem);
   mem_t m = eng->mem;
@@ -202,6 +204,7 @@ int engine_cache_clear(engine_t *eng, uint32_t cache_id) {
   if (rc) return rc;
   if (c->nbusy) return cache_busy(eng, c);
   cache_free(eng, c, true);
+  if (eng->ev) evlog_cache(eng, c, ENGINE_EV_CLEARED);
   return 0;
 }
 
@@ -212,6 +215,7 @@ int engine_cache_drop(engine_t *eng, uint32_t cache_id) {
   if (rc) return rc;
   if (c->nbusy) return cache_busy(eng, c);
   cache_free(eng, c, false);
+  if (eng->ev) evlog_cache(eng, c, ENGINE_EV_DROPPED);
   c->q->use.caches--;
   uint32_t slot = cache_id & CACHE_SLOT_MASK;
   eng->caches[slot] = NULL;

@@ -517,6 +517,60 @@ int engine_tenant_usage(engine_t *eng, uint32_t tenant, engine_tenant_limits_t *
  * refused past it (the daemon's reload). KVC_E_INVAL above 100. */
 int engine_set_pin_limit(engine_t *eng, uint32_t pct);
 
+/* ---- prefix-index events (evlog.c; doc/events.md) -------------------------
+ * With the log on, every change of a prefix index is recorded in order: a
+ * page indexed (STORED, parents before children), a page unindexed
+ * (REMOVED: reclaimed under pressure, or its cache cleared or dropped), a
+ * cache cleared or dropped (after the REMOVED of each of its pages). The
+ * caller reads the log with engine_events_next and empties it with
+ * engine_events_reset, typically once per event-loop turn. The log is
+ * bounded: once a record does not fit, it and every later one until the
+ * reset are dropped (counted), so the records read are always a prefix of
+ * the changes. */
+
+typedef enum engine_ev_kind {
+  ENGINE_EV_STORED = 1,  /* a page entered the index */
+  ENGINE_EV_REMOVED = 2, /* a page left the index */
+  ENGINE_EV_CLEARED = 3, /* a cache was cleared (engine_cache_clear) */
+  ENGINE_EV_DROPPED = 4, /* a cache was dropped (engine_cache_drop) */
+} engine_ev_kind_t;
+
+/* Where a page lives: the memory pool is the only tier so far. */
+#define ENGINE_MEDIUM_POOL 0u
+
+typedef struct engine_event {
+  engine_ev_kind_t kind;
+  uint32_t cache_id;
+  uint32_t tenant;        /* the cache's tenant (engine_cache_open_in) */
+  uint32_t page_tokens;   /* the cache's tokens per page */
+  uint32_t medium;        /* ENGINE_MEDIUM_* */
+  bool has_parent;        /* STORED: the page continues an indexed page */
+  uint8_t hash[32];       /* STORED, REMOVED: the page's chain hash (xxh3: 16
+                             bytes, then zeros) */
+  uint8_t parent[32];     /* STORED with has_parent: the parent page's hash */
+  uint32_t ntokens;       /* STORED: page_tokens */
+  const uint32_t *tokens; /* STORED: the page's token ids; borrowed from the log
+                             until engine_events_reset or the next enable */
+  const char *cache_name; /* CLEARED, DROPPED: the cache's name; borrowed likewise */
+} engine_event_t;
+
+/* Turns the log on with room for log_bytes of records (a stored page takes
+ * 88 bytes plus 4 per token, a removed one 56), or off with 0 (the log and
+ * what it holds are freed). Enabling again keeps the records held when the
+ * size is unchanged. KVC_E_INVAL for a size under 4 KiB; KVC_E_NOMEM. */
+int engine_events_enable(engine_t *eng, size_t log_bytes);
+/* Whether the log is on. */
+bool engine_events_on(const engine_t *eng);
+/* The record at *cursor (0: the first) into *ev and advances *cursor:
+ * true, or false past the last one. */
+bool engine_events_next(const engine_t *eng, size_t *cursor, engine_event_t *ev);
+/* How many records were dropped since the last reset (the log was full):
+ * the records read are the changes before the first of them. */
+uint64_t engine_events_dropped(const engine_t *eng);
+/* Empties the log. Returns how many records were dropped since the last
+ * reset because the log was full (0 when everything was kept). */
+uint64_t engine_events_reset(engine_t *eng);
+
 /* Test hook: make the k-th heap allocation from now fail (-1 disables). */
 void engine_fail_alloc_after(engine_t *eng, int64_t k);
 

@@ -24,6 +24,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+#include "evlog.h"
 #include "lru.h"
 #include "page.h"
 #include "quota.h"
@@ -390,11 +391,16 @@ static void tags_fill(const span_tag_t *t, size_t n, uint64_t from, uint32_t T, 
   }
 }
 
-/* The tag of position p (0: none). */
-static uint32_t tag_at(const span_tag_t *t, size_t n, uint64_t p) {
-  for (size_t i = 0; i < n; i++)
-    if (t[i].begin <= p && p < t[i].end) return t[i].id;
-  return 0;
+/* A walk of positions in increasing order over sorted span tags. */
+typedef struct tag_walk {
+  const span_tag_t *t;
+  size_t n, i;
+} tag_walk_t;
+
+/* The tag of position p (0: none); p never decreases along a walk. */
+static uint32_t tag_at(tag_walk_t *w, uint64_t p) {
+  while (w->i < w->n && w->t[w->i].end <= p) w->i++;
+  return w->i < w->n && w->t[w->i].begin <= p ? w->t[w->i].id : 0;
 }
 
 /* ---- ipage blocks: reserved before a call changes anything ------------------- */
@@ -409,6 +415,7 @@ static void unindex(engine_t *eng, ipage_t *ip) {
   ip->indexed = false;
   eng->st.pages_indexed--;
   c->st.pages_indexed--;
+  if (eng->ev) evlog_removed(eng, c, ip->hash);
 }
 
 void prefix_reclaim(engine_t *eng, ipage_t *ip) {
@@ -436,6 +443,7 @@ void prefix_cache_clear(engine_t *eng, cache_t *c) {
     ip->indexed = false;
     eng->st.pages_indexed--;
     c->st.pages_indexed--;
+    if (eng->ev) evlog_removed(eng, c, ip->hash);
     page_unref(eng, c, page, 0);
   }
   hmap_deinit(&c->index, &eng->mem);
@@ -533,6 +541,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   if (iparent != NOPAGE) page_meta(eng, iparent)->nchildren++;
   eng->st.pages_indexed++;
   c->st.pages_indexed++;
+  if (eng->ev) evlog_stored(eng, c, ip, parent_page != NOPAGE ? parent : NULL);
   return true;
 }
 
@@ -545,10 +554,11 @@ static uint64_t ids_differ(const engine_t *eng, const seq_t *s, const engine_io_
   if (s->layer_chain)
     for (uint32_t l = 0; l < g->L; l++) hi = s->layer_chain[l] > hi ? s->layer_chain[l] : hi;
   if (end > hi) end = hi;
+  tag_walk_t w = {tags, ntags, 0};
   for (uint64_t p = e->pos; p < end; p++) {
     const ipage_t *ip = page_meta(eng, s->table[(p >> g->tshift) - s->base]);
     if (!ip || ip->tokens[p & (g->T - 1)] != e->tokens[p - e->pos] ||
-        ipage_tags_c(ip, g->T)[p & (g->T - 1)] != tag_at(tags, ntags, p))
+        ipage_tags_c(ip, g->T)[p & (g->T - 1)] != tag_at(&w, p))
       return p;
   }
   return UINT64_MAX;
@@ -592,6 +602,7 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, uint32_t l
   if (!extends || (!s->layer_chain && e->pos <= s->chain_tok)) seq_chain_cut(s, e->pos);
   /* The ids, into the pages; a page of the chain keeps its hash (its ids are
    * the same: any that differ cut the chain above). */
+  tag_walk_t w = {tags, ntags, 0};
   for (uint64_t idx = e->pos >> g->tshift; (idx << g->tshift) < end; idx++) {
     uint32_t page = s->table[idx - s->base];
     ipage_t *ip = page_meta(eng, page) ? page_meta(eng, page) : page_meta_take(eng, s->cache, page);
@@ -601,7 +612,7 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, uint32_t l
     memcpy(ip->tokens + from, e->tokens + (pstart + from - e->pos),
            (size_t)(to - from) * sizeof *ip->tokens);
     uint32_t *pt = ipage_tags(ip, g->T);
-    for (uint64_t t = from; t < to; t++) pt[t] = tag_at(tags, ntags, pstart + t);
+    for (uint64_t t = from; t < to; t++) pt[t] = tag_at(&w, pstart + t);
     if (idx >= s->chain_pages) ip->hashed = false;
   }
   if (!extends) return;

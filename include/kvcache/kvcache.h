@@ -792,6 +792,53 @@ KVC_API int kvc_tenants(kvc_client_t *client, kvc_tenant_info_t **out, size_t *n
 /* Frees what kvc_tenants returned. Accepts NULL. */
 KVC_API void kvc_tenants_free(kvc_tenant_info_t *tenants);
 
+/* ---- the event stream (doc/events.md, doc/protocol.md "Subscribe") ---------- */
+
+typedef enum kvc_event_kind {
+  KVC_EVENT_STORED = 0,  /* a page entered a prefix index */
+  KVC_EVENT_REMOVED = 1, /* a page left it (reclaimed, its cache cleared or dropped) */
+  KVC_EVENT_CLEARED = 2, /* a cache was cleared (its pages' REMOVED came first) */
+  KVC_EVENT_DROPPED = 3, /* a cache was dropped (likewise) */
+  KVC_EVENT_RESET = 4,   /* changes were lost (the daemon's log was full): forget
+                            what the stream said so far */
+} kvc_event_kind_t;
+
+/* One change of a prefix index. */
+typedef struct kvc_event {
+  kvc_event_kind_t kind;
+  uint32_t cache_id;
+  char cache[KVC_MAX_NAME + 1];
+  char tenant[48];
+  uint8_t hash[32];      /* STORED, REMOVED: the page's chain hash */
+  uint32_t hash_len;     /* its bytes: 32 (SHA-256), 16 (xxHash3), 0 (none) */
+  uint8_t parent[32];    /* STORED: the hash of the page before it */
+  uint32_t parent_len;   /* 0: the page heads its chain */
+  uint32_t block_size;   /* tokens a page of the cache */
+  char medium[16];       /* where the page lives: "CPU" (the memory pool) */
+  const uint32_t *token_ids; /* STORED, when subscribed with them; borrowed
+                                until the next kvc_events_next */
+  uint32_t ntokens;
+  uint64_t seq;          /* the batch it came in: 1, 2, ... for this connection */
+  uint64_t missed;       /* batches dropped for this connection just before this
+                            one (it did not read fast enough); 0 almost always */
+  double ts;             /* when the daemon published the batch (Unix seconds) */
+} kvc_event_t;
+
+/* Subscribes this client's connection to the changes of the prefix indexes
+ * of the caches it may see (its tenant's, an admin's every tenant's), of
+ * the cache named `cache` only unless NULL or empty; token_ids: stored
+ * events carry their pages' ids. From then on the connection only
+ * receives: any other call on this client fails with KVC_E_INVAL (use a
+ * second client for requests). Events that happened before are not sent.
+ * KVC_E_NAME for a name too long, KVC_E_INVAL when subscribed already. */
+KVC_API int kvc_events_subscribe(kvc_client_t *client, const char *cache, bool token_ids);
+
+/* The next event, waiting up to timeout_ms for it (0: only what has
+ * arrived; -1: no bound): 0 and *ev, KVC_E_TIMEOUT, KVC_E_INVAL when not
+ * subscribed, KVC_E_SHUTDOWN when the daemon drains, KVC_E_IO when it went
+ * away. */
+KVC_API int kvc_events_next(kvc_client_t *client, int timeout_ms, kvc_event_t *ev);
+
 #ifdef __cplusplus
 }
 #endif

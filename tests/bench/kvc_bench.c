@@ -16,9 +16,11 @@
  * one token of every layer is 128 KiB.
  */
 #include <libgen.h>
+#include <msgpack.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <zmq.h>
 
 #include "bench_refs.h"
 #include "bench_util.h"
@@ -54,7 +56,7 @@ static meas_t rtt_start;
  * of the words (unset or empty: every group). */
 static const char *const groups[] = {"ping", "copy", "direct", "lease", "held", "servers",
                                      "spin", "nopoll", "stall", "multi", "decode", "step",
-                                     "idle", "prefix", "eviction", "scale"};
+                                     "idle", "prefix", "eviction", "scale", "events"};
 #define NGROUPS (sizeof groups / sizeof groups[0])
 static const char *rows_filter;
 
@@ -1382,6 +1384,199 @@ static void bench_full_pool(void) {
   stop(d.pid);
 }
 
+/* ---- the KV event stream (doc/events.md) ---------------------------------------------- */
+
+/* What the subscriber child has received, in memory shared with it. */
+typedef struct ev_seen {
+  volatile uint64_t batches, stored, removed, gaps;
+} ev_seen_t;
+
+/* Block hashes of the events of one payload, by kind (array form). */
+static void ev_count(const char *p, size_t len, ev_seen_t *seen) {
+  msgpack_unpacked u;
+  msgpack_unpacked_init(&u);
+  if (msgpack_unpack_next(&u, p, len, NULL) == MSGPACK_UNPACK_SUCCESS &&
+      u.data.type == MSGPACK_OBJECT_ARRAY && u.data.via.array.size >= 2 &&
+      u.data.via.array.ptr[1].type == MSGPACK_OBJECT_ARRAY) {
+    const msgpack_object_array *evs = &u.data.via.array.ptr[1].via.array;
+    for (uint32_t i = 0; i < evs->size; i++) {
+      const msgpack_object *e = &evs->ptr[i];
+      if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size < 2 ||
+          e->via.array.ptr[0].type != MSGPACK_OBJECT_STR ||
+          e->via.array.ptr[1].type != MSGPACK_OBJECT_ARRAY)
+        continue;
+      uint64_t n = e->via.array.ptr[1].via.array.size;
+      if (e->via.array.ptr[0].via.str.size == 11) seen->stored += n; /* BlockStored */
+      else seen->removed += n;                                        /* BlockRemoved */
+    }
+  }
+  msgpack_unpacked_destroy(&u);
+}
+
+/* A subscriber as a router runs one: receives and decodes every batch. */
+static pid_t ev_subscriber(const char *ep, ev_seen_t *seen, int ready) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) die("fork: %s", strerror(errno));
+  if (pid) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_SUB);
+  int hwm = 100000;
+  zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  if (zmq_connect(s, ep) != 0 || zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0) != 0) _exit(1);
+  if (write(ready, "r", 1) != 1) _exit(1);
+  uint64_t last = UINT64_MAX;
+  for (;;) {
+    zmq_msg_t f[3];
+    for (int i = 0; i < 3; i++) {
+      zmq_msg_init(&f[i]);
+      if (zmq_msg_recv(&f[i], s, 0) < 0) _exit(1);
+    }
+    uint64_t seq = 0;
+    const uint8_t *sb = zmq_msg_data(&f[1]);
+    for (size_t i = 0; i < zmq_msg_size(&f[1]); i++) seq = seq << 8 | sb[i];
+    if (last != UINT64_MAX && seq != last + 1) seen->gaps++;
+    last = seq;
+    ev_count(zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), seen);
+    seen->batches++;
+    for (int i = 0; i < 3; i++) zmq_msg_close(&f[i]);
+  }
+}
+
+/* One put of `pages` whole pages of new token ids to a new sequence (and,
+ * with attach, an attach of a second one to the same prompt): every page
+ * is indexed, and the full pool reclaims earlier ones. */
+typedef struct evput {
+  kvc_client_t *c;
+  kvc_cache_t *h;
+  uint64_t pages, tokens, seq, next_tok;
+  uint64_t kb, vb;      /* bytes of K and V of the put */
+  bool attach;
+} evput_t;
+
+static int op_ev_put(void *p) {
+  evput_t *e = p;
+  uint8_t *base;
+  void *b;
+  kvc_client_shm(e->c, &b, NULL);
+  base = b;
+  uint32_t *ids = (uint32_t *)(void *)(base + e->kb + e->vb);
+  for (uint64_t i = 0; i < e->tokens; i++) ids[i] = (uint32_t)(e->next_tok++ % 4000000000u);
+  kvc_shm_io_t io = {.seq_id = ++e->seq, .pos = 0, .ntokens = e->tokens, .k_off = 0,
+                     .v_off = e->kb, .tok_off = e->kb + e->vb, .tok_len = 4 * e->tokens};
+  int rc = kvc_put_shm(e->h, NULL, &io, 1);
+  if (rc || !e->attach) return rc;
+  kvc_match_t m;
+  if ((rc = kvc_attach(e->h, ++e->seq, ids, e->tokens, false, &m))) return rc;
+  return m.pages == e->pages ? 0 : -1;
+}
+
+static void evput_init(evput_t *e, const kd_t *d, const kvc_layout_t *l, uint64_t pages,
+                       bool attach, uint64_t tok0) {
+  memset(e, 0, sizeof *e);
+  e->c = kc_open(d, 64 * MiB);
+  e->h = kc_cache(e->c, attach ? "ev-prefix" : "ev-put", l);
+  e->pages = pages;
+  e->tokens = pages * l->page_tokens;
+  e->attach = attach;
+  e->next_tok = tok0;
+  must(e->c, kvc_xfer_bytes(e->h, NULL, true, e->tokens, &e->kb, &e->vb, NULL), "sizes");
+  void *base;
+  kvc_client_shm(e->c, &base, NULL);
+  fill_bytes(base, e->kb + e->vb, 11);
+}
+
+static void bench_events(void) {
+  section("events");
+  char ep[128], rp[128];
+  snprintf(ep, sizeof ep, "ipc://%s/events", tmpdir);
+  snprintf(rp, sizeof rp, "ipc://%s/replay", tmpdir);
+  kd_t on, off;
+  const char *on_args[] = {"--pool-bytes", "256MiB", "--page-bytes", "2MiB", "--events-endpoint",
+                           ep, "--events-replay-endpoint", rp, "--events-tenant", "*", NULL};
+  const char *off_args[] = {"--pool-bytes", "256MiB", "--page-bytes", "2MiB", NULL};
+  kd_start(&on, "events-on", on_args);
+  kd_start(&off, "events-off", off_args);
+  /* What a worker pays: the log, the batch encoded, sent and kept for
+   * replay, with no subscriber here (a router reads from its own machine;
+   * on this one it would take a CPU from the client or the daemon). */
+  static evput_t pon, poff;
+  evput_init(&pon, &on, &llama, 1, false, 1);
+  evput_init(&poff, &off, &llama, 1, false, 1);
+  const op_fn put_fns[2] = {op_ev_put, op_ev_put};
+  void *const put_ctx[2] = {&pon, &poff};
+  meas_t m[2];
+  measure_side(put_fns, put_ctx, 2, TRIAL_MS, 5, m);
+  if (!m[0].ok || !m[1].ok) must(pon.c, -1, "put with events");
+  row_t *r = row_add("put 2 MiB page with token ids: events on vs off", BV_GOAL_MIN, 0.9);
+  row_fig(r, &m[0], FMT_US, 0);
+  row_part(r, &m[1], 1, 0, NULL);
+  snprintf(r->ref, sizeof r->ref, "off");
+  snprintf(r->note, sizeof r->note, "1 page stored a put");
+  /* A 1024-token prompt (64 pages of 16 KiB) put with ids, then attached:
+   * 64 pages indexed and, the pool full, 64 reclaimed a round. */
+  static evput_t qon, qoff;
+  evput_init(&qon, &on, &small, 64, true, 2000000000);
+  evput_init(&qoff, &off, &small, 64, true, 2000000000);
+  void *const pre_ctx[2] = {&qon, &qoff};
+  measure_side(put_fns, pre_ctx, 2, TRIAL_MS, 5, m);
+  if (!m[0].ok || !m[1].ok) must(qon.c, -1, "prefix with events");
+  r = row_add("put 1k-token prompt + attach it: events on vs off", BV_GOAL_MIN, 0.9);
+  row_fig(r, &m[0], FMT_US, 0);
+  row_part(r, &m[1], 1, 0, NULL);
+  snprintf(r->ref, sizeof r->ref, "off");
+  snprintf(r->note, sizeof r->note, "64 pages stored a put");
+  /* The rate one subscriber keeps up with: puts of 64 new pages as fast as
+   * one client goes for a second, every page stored and (the pool full)
+   * one reclaimed; then what the subscriber decoded of it. */
+  ev_seen_t *seen = mmap(NULL, sizeof *seen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (seen == MAP_FAILED) die("mmap");
+  memset((void *)seen, 0, sizeof *seen);
+  int rd[2];
+  if (pipe(rd) != 0) die("pipe");
+  pid_t sub = ev_subscriber(ep, seen, rd[1]);
+  char x;
+  if (read(rd[0], &x, 1) != 1) die("the subscriber did not start");
+  kvc_client_t *sc = kc_open(&on, 1 * MiB);
+  for (int i = 0; i < 1000 && stat_of(sc, "events_subscriptions") < 1; i++) {
+    struct timespec ts = {0, 10 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  uint64_t rec0 = stat_of(sc, "cached_reclaimed_total");
+  uint64_t slow0 = stat_of(sc, "events_slow_drops_total"), b0 = stat_of(sc, "events_batches_total");
+  uint64_t made = 0;
+  double t0 = now_ns();
+  while (now_ns() - t0 < 1e9) {
+    if (op_ev_put(&qon) != 0) must(qon.c, -1, "flood");
+    made += 64;
+  }
+  double secs = (now_ns() - t0) / 1e9;
+  made += stat_of(sc, "cached_reclaimed_total") - rec0; /* stored, then removed */
+  /* Waits (2 s at most) for the subscriber to have read every batch. */
+  uint64_t published = stat_of(sc, "events_batches_total") - b0;
+  for (int i = 0; i < 200 && seen->batches < published; i++) {
+    struct timespec ts = {0, 10 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  uint64_t got = seen->stored + seen->removed;
+  r = row_add("events one subscriber decodes a second", BV_GOAL_NONE, 0);
+  row_values(r, (double)got / secs, (double)made / secs, true);
+  r->fmt = FMT_TEXT;
+  snprintf(r->fig, sizeof r->fig, "%.0f/s", (double)got / secs);
+  snprintf(r->ref, sizeof r->ref, "%.0f/s made", (double)made / secs);
+  snprintf(r->note, sizeof r->note, "pages; %llu gaps, %llu slow drops",
+           (unsigned long long)seen->gaps,
+           (unsigned long long)(stat_of(sc, "events_slow_drops_total") - slow0));
+  kvc_client_close(pon.c), kvc_client_close(poff.c), kvc_client_close(qon.c);
+  kvc_client_close(qoff.c), kvc_client_close(sc);
+  kill(sub, SIGKILL);
+  waitpid(sub, NULL, 0);
+  close(rd[0]), close(rd[1]);
+  munmap((void *)seen, sizeof *seen);
+  stop(on.pid);
+  stop(off.pid);
+}
+
 /* ---- scale ---------------------------------------------------------------------- */
 
 #define SCALE_CLIENTS 256
@@ -1566,6 +1761,7 @@ int main(int argc, char **argv) {
   if (want("prefix")) bench_copy_prefix();
   if (want("eviction")) bench_full_pool();
   if (want("scale")) bench_scale();
+  if (want("events")) bench_events();
 
   table_judge();
   table_drift();

@@ -130,6 +130,72 @@ SEED_UNUSED static size_t seed_put_tokens(uint8_t *out, uint64_t id, uint32_t ca
   return seed_pack(&r, id, out);
 }
 
+/* A put of one entry (seq, pos, ntokens) of layers [l0, l1) with its ids
+ * at SEED_TOK_OFF and span keys sk[0..nsk) (begin, end, key triples). */
+typedef struct seed_span {
+  uint64_t begin, end;
+  const char *key;
+} seed_span_t;
+
+static size_t seed_spans_(const seed_span_t *s, size_t n, Kvcache__V1__SpanKey *w,
+                          Kvcache__V1__SpanKey **pw) {
+  if (n > 8) n = 8;
+  for (size_t i = 0; i < n; i++) {
+    kvcache__v1__span_key__init(&w[i]);
+    w[i].begin = s[i].begin, w[i].end = s[i].end;
+    w[i].key.data = (uint8_t *)s[i].key, w[i].key.len = strlen(s[i].key);
+    pw[i] = &w[i];
+  }
+  return n;
+}
+
+SEED_UNUSED static size_t seed_put_spans(uint8_t *out, uint64_t id, uint32_t cache, uint64_t seq,
+                                         uint64_t pos, uint64_t ntokens, uint32_t l0, uint32_t l1,
+                                         const seed_span_t *sk, size_t nsk) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
+  Kvcache__V1__Xfer x = KVCACHE__V1__XFER__INIT;
+  Kvcache__V1__IoEntry e = KVCACHE__V1__IO_ENTRY__INIT, *pe = &e;
+  Kvcache__V1__SpanKey w[8], *pw[8];
+  uint64_t per = SEED_TOKEN_BYTES / 2 * (l1 - l0); /* a layer of a token: 32 bytes */
+  x.layer_begin = l0, x.layer_end = l1;
+  e.seq_id = seq, e.pos = pos, e.ntokens = ntokens;
+  e.k_off = 0, e.k_len = ntokens * per;
+  e.v_off = SEED_V_OFF, e.v_len = ntokens * per;
+  e.tok_off = SEED_TOK_OFF, e.tok_len = ntokens * 4;
+  e.n_span_keys = seed_spans_(sk, nsk, w, pw);
+  e.span_keys = pw;
+  io.cache_id = cache;
+  io.xfer = &x;
+  io.n_entries = 1;
+  io.entries = &pe;
+  r.body_case = KVCACHE__V1__REQUEST__BODY_PUT;
+  r.put = &io;
+  return seed_pack(&r, id, out);
+}
+
+/* Match (dst UINT64_MAX) or Attach into dst of ntokens ids at SEED_TOK_OFF
+ * with span keys. */
+SEED_UNUSED static size_t seed_match_spans(uint8_t *out, uint64_t id, uint32_t cache,
+                                           uint64_t dst, uint64_t ntokens, const seed_span_t *sk,
+                                           size_t nsk) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Match m = KVCACHE__V1__MATCH__INIT;
+  Kvcache__V1__Attach a = KVCACHE__V1__ATTACH__INIT;
+  Kvcache__V1__SpanKey w[8], *pw[8];
+  size_t n = seed_spans_(sk, nsk, w, pw);
+  if (dst == UINT64_MAX) {
+    m.cache_id = cache, m.tok_off = SEED_TOK_OFF, m.ntokens = ntokens;
+    m.n_span_keys = n, m.span_keys = pw;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_MATCH, r.match = &m;
+  } else {
+    a.cache_id = cache, a.dst_seq = dst, a.tok_off = SEED_TOK_OFF, a.ntokens = ntokens;
+    a.n_span_keys = n, a.span_keys = pw;
+    r.body_case = KVCACHE__V1__REQUEST__BODY_ATTACH, r.attach = &a;
+  }
+  return seed_pack(&r, id, out);
+}
+
 /* Match (dst UINT64_MAX) or Attach into dst of ntokens ids at tok_off. */
 SEED_UNUSED static size_t seed_match(uint8_t *out, uint64_t id, uint32_t cache, uint64_t dst,
                                      uint64_t tok_off, uint64_t ntokens, const char *salt,

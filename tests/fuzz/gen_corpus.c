@@ -205,6 +205,28 @@ static void handler_seeds(void) {
   frame(1, seed_put_tokens(buf, 6, 0, 50, 16, 4, 1, "", ""));
   scenario("prefix_rewrite_chain");
 
+  /* Layer-by-layer saves with ids and span keys (an image over [2, 7)),
+   * matched and attached with and without them; refused lists and a get
+   * with span keys. */
+  hello(0);
+  frame(0, seed_cache_open(buf, 1, "f", F32));
+  shm_tokens(0, SEED_TOK_OFF, 300, 12);
+  static const seed_span_t img[1] = {{2, 7, "image-a"}}, img_b[1] = {{2, 7, "image-b"}};
+  static const seed_span_t overlap[2] = {{2, 6, "x"}, {4, 9, "y"}};
+  frame(0, seed_put_spans(buf, 2, 0, 1, 0, 12, 0, 1, img, 1));
+  frame(0, seed_match_spans(buf, 3, 0, UINT64_MAX, 12, img, 1)); /* nothing: layer 1 missing */
+  frame(0, seed_put_spans(buf, 4, 0, 1, 0, 12, 1, 2, img, 1));
+  frame(0, seed_match_spans(buf, 5, 0, UINT64_MAX, 12, img, 1));
+  frame(0, seed_match_spans(buf, 6, 0, 9, 12, img, 1));
+  frame(0, seed_match_spans(buf, 7, 0, 10, 12, img_b, 1));
+  frame(0, seed_match_spans(buf, 8, 0, UINT64_MAX, 12, NULL, 0));
+  frame(0, seed_put_spans(buf, 9, 0, 2, 0, 8, 0, 1, img_b, 1));
+  frame(0, seed_put_spans(buf, 10, 0, 2, 0, 8, 1, 2, img, 1)); /* other image: no index */
+  frame(0, seed_put_spans(buf, 11, 0, 3, 0, 8, 0, 2, overlap, 2));
+  frame(0, seed_match_spans(buf, 12, 0, UINT64_MAX, 12, overlap, 2));
+  frame(0, seed_io(buf, 13, 0, 0, 1, 0, 4, 1, SEED_TOKEN_BYTES, NULL));
+  scenario("layer_saves_span_keys");
+
   /* The prefix requests refused: unaligned and outside token offsets, too
    * many tokens, a key too long, a bad priority, a missing sequence, an
    * attach onto a pinned sequence, token ids of the wrong length. */

@@ -55,6 +55,20 @@ static const struct {
     {"idle_timeout_ms", "60000", "60000", "70000", "70000"},
     {"shm_bytes_per_uid", "2GiB", "2GiB", "4GiB", "4GiB"},
     {"shm_bytes_total", "16GiB", "16GiB", "32GiB", "32GiB"},
+    {"events_endpoint", "ipc:///tmp/kvc-ev", "ipc:///tmp/kvc-ev", "tcp://127.0.0.1:5557",
+     "tcp://127.0.0.1:5557"},
+    {"events_replay_endpoint", "", "\"\"", "tcp://127.0.0.1:5558", "tcp://127.0.0.1:5558"},
+    {"events_topic", "kv", "kv", "kv-events", "kv-events"},
+    {"events_tenant", "a", "a", "*", "*"},
+    {"events_cache", "", "\"\"", "llama", "llama"},
+    {"events_buffer", "100", "100", "200", "200"},
+    {"events_hwm", "50", "50", "60", "60"},
+    {"events_token_ids", "no", "false", "true", "true"},
+    {"events_format", "map", "map", "array", "array"},
+    {"events_hash", "vllm", "vllm", "chain", "chain"},
+    {"events_hash_int", "yes", "true", "false", "false"},
+    {"events_hash_seed", "0", "0", "", "\"\""},
+    {"events_log_bytes", "8MiB", "8MiB", "1MiB", "1MiB"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 

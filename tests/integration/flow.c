@@ -61,6 +61,7 @@ TEST(flow_pipelined_flood_is_bounded_and_fair) {
   daemon_stop(&d);
 }
 
+#define NHALF 2000u /* pings sent before the half-close: frames_per_turn is 32 */
 TEST(flow_half_closed_client_gets_its_replies) {
   daemon_t d;
   daemon_start(&d);
@@ -73,12 +74,12 @@ TEST(flow_half_closed_client_gets_its_replies) {
   Kvcache__V1__Ping ping = KVCACHE__V1__PING__INIT;
   req.body_case = KVCACHE__V1__REQUEST__BODY_PING;
   req.ping = &ping;
-  for (uint64_t i = 0; i < 3; i++) {
+  for (uint64_t i = 0; i < NHALF; i++) { /* many turns' worth, answered after EOF */
     req.id = 40 + i;
     raw_send_request(fd, &req);
   }
   ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
-  for (uint64_t i = 0; i < 3; i++) {
+  for (uint64_t i = 0; i < NHALF; i++) {
     r = raw_reply(fd);
     ASSERT(r != NULL);
     ASSERT_U64_EQ(r->id, 40 + i);
@@ -87,7 +88,7 @@ TEST(flow_half_closed_client_gets_its_replies) {
   ASSERT(raw_closed(fd));
   close(fd);
   kvc_client_t *c = client_open(&d);
-  ASSERT_U64_EQ(stat_get(c, "requests_total{op=ping}", NULL), 3);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=ping}", NULL), NHALF);
   kvc_client_close(c);
   daemon_stop(&d);
 }

@@ -242,10 +242,12 @@ TEST(hard_daemon_raises_its_fd_limit_for_max_connections) {
   daemon_spawn(&d, NULL, args, NULL);
   ASSERT(setrlimit(RLIMIT_NOFILE, &old) == 0);
   daemon_wait_accepting(&d);
+  /* The socket accepts before the daemon raises its limit (the last step of
+   * its start): wait for it to say it did. */
+  ASSERT(log_says(&d, "event=fd_limit rlimit_nofile="));
   uint64_t soft = nofile_soft(d.pid);
   int fds = hard_stable_fds(d.pid);
   ASSERT(soft >= 2000u + (uint64_t)fds);
-  ASSERT(log_says(&d, "event=fd_limit rlimit_nofile="));
   ASSERT(!it_log_has(&d, "connections_possible="));
   daemon_stop(&d);
 }

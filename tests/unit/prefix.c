@@ -15,22 +15,31 @@ static void tokens_of(uint32_t p, uint64_t from, uint64_t n, uint32_t *out) {
   for (uint64_t i = 0; i < n; i++) out[i] = tok(p, from + i);
 }
 
-/* Puts [pos, pos+n) of seq with seq's payload and the token ids of prompt p. */
-static int put_tok(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, uint32_t p,
-                   const engine_pkey_t *key) {
-  fx_rng_t r = fx_all(&f->lay);
+/* Puts [pos, pos+n) of layers [lb, le) (0, 0: every layer) of seq with
+ * seq's payload, the token ids of prompt p and span keys sp[0..nsp). */
+static int put_spanned(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, uint32_t lb, uint32_t le,
+                       uint32_t p, const engine_pkey_t *key, const kvc_span_key_t *sp, size_t nsp) {
+  fx_rng_t r = fx_rng(&f->lay, lb, le, 0, 0);
   fx_buf_t b = fx_buf_new(&f->lay, r, n);
   uint32_t *ids = calloc(n + 1, sizeof *ids);
   fx_fill(&f->lay, r, seq, pos, n, 0, b.k, b.v);
   tokens_of(p, pos, n, ids);
   engine_io_t io = fx_io(seq, pos, n, &b);
   io.tokens = ids;
+  io.spans = sp;
+  io.nspans = nsp;
   engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
   x.pkey = key;
   int rc = engine_put(f->eng, f->cid, &x, &io, 1);
   fx_buf_free(&b);
   free(ids);
   return rc;
+}
+
+/* Puts [pos, pos+n) of seq with seq's payload and the token ids of prompt p. */
+static int put_tok(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, uint32_t p,
+                   const engine_pkey_t *key) {
+  return put_spanned(f, seq, pos, n, 0, 0, p, key, NULL, 0);
 }
 
 static engine_match_t match(fx_t *f, uint32_t p, uint64_t n, const engine_pkey_t *key) {
@@ -722,23 +731,10 @@ TEST(prefix_tenants_share_no_cache_and_no_chain) {
   fx_close(&f);
 }
 
-/* Puts [pos, pos+n) of layers [lb, le) of seq with seq's payload and the ids
- * of prompt p (a layer-by-layer save, vLLM's save_kv_layer). */
+/* A layer-by-layer save (vLLM's save_kv_layer) of layers [lb, le). */
 static int put_tok_layers(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, uint32_t lb,
                           uint32_t le, uint32_t p, const engine_pkey_t *key) {
-  fx_rng_t r = fx_rng(&f->lay, lb, le, 0, 0);
-  fx_buf_t b = fx_buf_new(&f->lay, r, n);
-  uint32_t *ids = calloc(n + 1, sizeof *ids);
-  fx_fill(&f->lay, r, seq, pos, n, 0, b.k, b.v);
-  tokens_of(p, pos, n, ids);
-  engine_io_t io = fx_io(seq, pos, n, &b);
-  io.tokens = ids;
-  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
-  x.pkey = key;
-  int rc = engine_put(f->eng, f->cid, &x, &io, 1);
-  fx_buf_free(&b);
-  free(ids);
-  return rc;
+  return put_spanned(f, seq, pos, n, lb, le, p, key, NULL, 0);
 }
 
 TEST(prefix_layer_by_layer_saves_index_a_page_once_every_layer_is_in) {
@@ -811,24 +807,10 @@ TEST(prefix_layer_by_layer_saves_index_a_page_once_every_layer_is_in) {
   fx_close(&f);
 }
 
-/* put_tok_layers with span keys. */
+/* put_ids under KEY_A with span keys. */
 static int put_spans(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, uint32_t lb, uint32_t le,
                      uint32_t p, const kvc_span_key_t *sp, size_t nsp) {
-  fx_rng_t r = fx_rng(&f->lay, lb, le, 0, 0);
-  fx_buf_t b = fx_buf_new(&f->lay, r, n);
-  uint32_t *ids = calloc(n + 1, sizeof *ids);
-  fx_fill(&f->lay, r, seq, pos, n, 0, b.k, b.v);
-  tokens_of(p, pos, n, ids);
-  engine_io_t io = fx_io(seq, pos, n, &b);
-  io.tokens = ids;
-  io.spans = sp;
-  io.nspans = nsp;
-  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
-  x.pkey = &KEY_A;
-  int rc = engine_put(f->eng, f->cid, &x, &io, 1);
-  fx_buf_free(&b);
-  free(ids);
-  return rc;
+  return put_spanned(f, seq, pos, n, lb, le, p, &KEY_A, sp, nsp);
 }
 
 static uint64_t match_spans(fx_t *f, uint32_t p, uint64_t n, const kvc_span_key_t *sp,
