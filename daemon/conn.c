@@ -469,11 +469,12 @@ static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
   uint64_t t0 = budgeted ? uv_hrtime() : 0;
   if (budgeted && c->nwrites) limit = 1;
   c->turn_bytes = 0;
+  if (budgeted) ring_turn_begin(r);
   while (r && c->state == CONN_READY && !c->offloaded && !c->parked &&
          c->after_offload == AFTER_OFFLOAD_RESUME) {
     const uint8_t *payload;
     uint32_t len;
-    int st = ring_next(r, &payload, &len);
+    int st = ring_next(r, &payload, &len, budgeted);
     if (st < 0) {
       LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",
                   "conn=%llu pid=%d reason=\"submission ring counters or frame length out of "

@@ -485,10 +485,8 @@ static uint64_t io_bytes(const engine_io_t *e, size_t n) {
  * the thread pool (offload.c); its reply is sent when the copy is done. */
 static bool offload_wanted(conn_t *c, const engine_io_t *e, size_t n) {
   server_t *srv = c->srv;
-  uint64_t bytes = io_bytes(e, n);
-  if (!srv->cfg.offload_bytes || bytes < srv->cfg.offload_bytes) return false;
-  /* Alone, a client gains only if its copy is split across threads. */
-  return srv->stats.connections_current >= 2 || offload_splits(srv, bytes);
+  if (!srv->cfg.offload_bytes || srv->stats.connections_current < 2) return false;
+  return io_bytes(e, n) >= srv->cfg.offload_bytes;
 }
 
 static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {

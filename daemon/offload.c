@@ -266,6 +266,3 @@ bool offload_put(conn_t *c, engine_put_job_t *put, uint64_t bytes, uint64_t requ
   return queue(c, &(job_t){.c = c, .put = put, .id = request_id, .t0_ns = t0_ns}, bytes);
 }
 
-bool offload_splits(const server_t *srv, uint64_t bytes) {
-  return srv->offload && shares(srv->offload, bytes) > 1;
-}

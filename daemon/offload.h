@@ -45,8 +45,4 @@ bool offload_get(conn_t *c, engine_get_job_t *job, uint64_t bytes, uint64_t requ
 bool offload_put(conn_t *c, engine_put_job_t *job, uint64_t bytes, uint64_t request_id,
                  uint64_t t0_ns);
 
-/* Whether a copy of bytes would be split across threads (worth the hand-off
- * even for a client alone). */
-bool offload_splits(const server_t *srv, uint64_t bytes);
-
 #endif

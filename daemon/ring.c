@@ -61,6 +61,7 @@ struct ring {
   uint64_t idle_ns;        /* when its last reply was published (uv_hrtime) */
   uint64_t budget_ns;      /* how long to poll after a reply (adapted) */
   unsigned long_gaps;      /* requests in a row that came later than the cap */
+  uint64_t turn_tail;      /* sq_tail when this loop turn began to run the ring */
 };
 
 static void cpu_relax(void) {
@@ -226,7 +227,7 @@ void ring_poller_stop(server_t *srv) {
 
 /* ---- one ring ------------------------------------------------------------ */
 
-/* The client rang: read the doorbell, run what it submitted. */
+/* The client rang: read the doorbell, have its requests run. */
 static void on_bell(uv_poll_t *h, int status, int events) {
   (void)status, (void)events;
   ring_t *r = h->data;
@@ -246,8 +247,9 @@ static void on_bell(uv_poll_t *h, int status, int events) {
   } else if (++r->long_gaps >= LONG_GAPS) {
     r->budget_ns /= 2; /* it thinks longer than any poll: stop paying for one */
   }
-  r->p->run(r->c);
-  if (!r->closed && sq_pending(r)) ring_kick(r); /* more than a turn's worth */
+  /* Run from the poll loop, next turn: a ring runs once a turn, what its
+   * client sends meanwhile waits for the turn after, as on a socket. */
+  ring_kick(r);
 }
 
 int ring_open(conn_t *c, int fd, uint64_t off, uint32_t sq_bytes, uint32_t cq_bytes,
@@ -325,7 +327,11 @@ void ring_close(ring_t *r) {
   uv_close((uv_handle_t *)&r->bell, on_bell_closed);
 }
 
-int ring_next(ring_t *r, const uint8_t **payload, uint32_t *len) {
+void ring_turn_begin(ring_t *r) {
+  if (r && !r->closed) r->turn_tail = atomic_load_explicit(&r->hdr->sq_tail, memory_order_acquire);
+}
+
+int ring_next(ring_t *r, const uint8_t **payload, uint32_t *len, bool this_turn) {
   ring_hdr_t *h = r->hdr;
   /* Room for the reply's place (at least a marker) before the request runs:
    * a client that does not read its replies stops its own requests. */
@@ -337,7 +343,7 @@ int ring_next(ring_t *r, const uint8_t **payload, uint32_t *len) {
     if (room < FRAME_HEADER_BYTES) return room < 0 ? -1 : 0;
     atomic_store(&h->cq_full, 0);
   }
-  uint64_t tail = atomic_load_explicit(&h->sq_tail, memory_order_acquire);
+  uint64_t tail = this_turn ? r->turn_tail : atomic_load_explicit(&h->sq_tail, memory_order_acquire);
   uint32_t n;
   int st = ringbuf_peek(&r->sq, tail, r->p->req_cap, false, &n);
   if (st != RING_OK) return st == RING_EMPTY ? 0 : -1;

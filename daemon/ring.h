@@ -72,11 +72,19 @@ int ring_doorbell(const ring_t *r);
  * go once libuv has closed the doorbell's handle. Accepts NULL. */
 void ring_close(ring_t *r);
 
-/* The next request in the SQ, if the CQ has room for its reply's place:
- * copies its payload into the poller's scratch, sets *payload and *len and
- * returns 1, without consuming it; 0 if there is none (or no room); -1 if
- * the client broke the ring (the caller closes the connection). */
-int ring_next(ring_t *r, const uint8_t **payload, uint32_t *len);
+/* A loop turn begins to run r's requests: the requests published after
+ * this wait for the next turn (ring_next with this_turn), as a socket's next
+ * read does, so that what runs between turns (other connections, timers,
+ * the event stream's batch) sees one synchronous client's requests one turn
+ * each. */
+void ring_turn_begin(ring_t *r);
+
+/* The next request in the SQ (published by the turn's beginning, if
+ * this_turn), if the CQ has room for its reply's place: copies its payload
+ * into the poller's scratch, sets *payload and *len and returns 1, without
+ * consuming it; 0 if there is none (or no room); -1 if the client broke the
+ * ring (the caller closes the connection). */
+int ring_next(ring_t *r, const uint8_t **payload, uint32_t *len, bool this_turn);
 /* Consumes the frame ring_next gave (it ran, or was refused). */
 void ring_consume(ring_t *r, uint32_t len);
 

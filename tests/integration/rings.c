@@ -405,17 +405,20 @@ TEST(rings_client_killed_mid_ring) {
           if (ringbuf_room(&r.sq, atomic_load(&r.hdr->sq_head)) < 64) break;
           rr_submit(&r, &req);
         }
-      } else if (round % 3 == 1) { /* a tail past what a ring holds */
-        atomic_store(&r.hdr->sq_tail, r.sq.size + 100);
+        /* Killed once the daemon is answering them (its word: the CQ). */
+        for (int i = 0; i < 10000 && atomic_load(&r.hdr->cq_tail) == 0; i++) it_sleep_ms(1);
+      } else { /* a lie: a tail past what a ring holds, or a frame that does not decode */
+        if (round % 3 == 1) {
+          atomic_store(&r.hdr->sq_tail, r.sq.size + 100);
+        } else {
+          uint8_t junk[64];
+          memset(junk, 0xff, sizeof junk);
+          ringbuf_put(&r.sq, junk, sizeof junk);
+          atomic_store(&r.hdr->sq_tail, r.sq.pos);
+        }
         uint64_t one = 1;
         if (write(r.bell, &one, 8) != 8) _exit(3);
-      } else { /* a frame of garbage that does not decode */
-        uint8_t junk[64];
-        memset(junk, 0xff, sizeof junk);
-        ringbuf_put(&r.sq, junk, sizeof junk);
-        atomic_store(&r.hdr->sq_tail, r.sq.pos);
-        uint64_t one = 1;
-        if (write(r.bell, &one, 8) != 8) _exit(3);
+        if (!raw_closed(r.fd)) _exit(5); /* the daemon's word: it closed us */
       }
       if (write(prog[1], "r", 1) != 1) _exit(4);
       pause(); /* killed here */
@@ -423,10 +426,12 @@ TEST(rings_client_killed_mid_ring) {
     }
     close(prog[1]);
     char b;
-    ASSERT(read(prog[0], &b, 1) == 1); /* it published */
+    ASSERT(read(prog[0], &b, 1) == 1); /* it published, and the daemon saw it */
     close(prog[0]);
     kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    int st;
+    waitpid(pid, &st, 0);
+    ASSERT(WIFSIGNALED(st)); /* killed in pause(), not failed before */
   }
   /* A library client that holds a pin and a lease, killed between requests
    * on its ring. */
