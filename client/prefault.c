@@ -37,7 +37,10 @@ struct prefault {
   uint64_t bytes;
   atomic_bool stop;
   atomic_uint_fast64_t done; /* bytes populated so far */
-  pthread_t thread;
+  pid_t pid;                 /* the process the thread runs in (not a fork child) */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool over;                 /* the thread touches the mapping no more (under mu) */
 };
 
 /* One byte a page where MADV_POPULATE_READ is unknown (before Linux 5.14). */
@@ -58,6 +61,10 @@ static void *run(void *arg) {
     if (!madv) touch(pf->base + off, n, pg);
     atomic_store(&pf->done, off + n);
   }
+  pthread_mutex_lock(&pf->mu);
+  pf->over = true;
+  pthread_cond_signal(&pf->cv);
+  pthread_mutex_unlock(&pf->mu);
   return NULL;
 }
 
@@ -68,8 +75,21 @@ prefault_t *prefault_start(const uint8_t *base, uint64_t bytes) {
   pf->bytes = bytes < KVC_PREFAULT_MAX_BYTES ? bytes : KVC_PREFAULT_MAX_BYTES;
   atomic_init(&pf->stop, false);
   atomic_init(&pf->done, 0);
+  pf->pid = getpid();
+  pthread_mutex_init(&pf->mu, NULL);
+  pthread_cond_init(&pf->cv, NULL);
   (void)madvise((void *)base, bytes, MADV_HUGEPAGE); /* where the host has them */
-  if (pthread_create(&pf->thread, NULL, run, pf) != 0) {
+  /* Detached: a process may exit, or fork and exit, with its client open;
+   * prefault_stop waits for the thread to leave the mapping instead. */
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&t, &attr, run, pf);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    pthread_mutex_destroy(&pf->mu);
+    pthread_cond_destroy(&pf->cv);
     free(pf);
     return NULL;
   }
@@ -83,6 +103,13 @@ uint64_t prefault_total(const prefault_t *pf) { return pf ? pf->bytes : 0; }
 void prefault_stop(prefault_t *pf) {
   if (!pf) return;
   atomic_store(&pf->stop, true);
-  pthread_join(pf->thread, NULL);
+  /* A fork child has the client but not the thread: nothing to wait for. */
+  if (getpid() == pf->pid) {
+    pthread_mutex_lock(&pf->mu);
+    while (!pf->over) pthread_cond_wait(&pf->cv, &pf->mu);
+    pthread_mutex_unlock(&pf->mu);
+  }
+  pthread_mutex_destroy(&pf->mu);
+  pthread_cond_destroy(&pf->cv);
   free(pf);
 }

@@ -16,7 +16,9 @@ prefault_t *prefault_start(const uint8_t *base, uint64_t bytes);
 /* Bytes populated so far, and of how many (0 for NULL). */
 uint64_t prefault_done(const prefault_t *pf);
 uint64_t prefault_total(const prefault_t *pf);
-/* Stops the thread (at its next 2 MiB) and frees; accepts NULL. */
+/* Stops the thread (at its next 2 MiB), waits until it no longer touches
+ * the mapping (not in a fork child, which has no such thread) and frees;
+ * accepts NULL. */
 void prefault_stop(prefault_t *pf);
 
 #endif
