@@ -60,6 +60,7 @@ struct offload {
   uv_poll_t poll;        /* on efd, started while jobs are in flight */
   bool polled;           /* poll initialized: closed at the stop */
   uint64_t inflight;     /* queued or copying or done, not yet ended (loop only) */
+  uint64_t shares;       /* their shares (loop only) */
   daemon_stats_t *stats; /* the loop's figures (offloaded_shares) */
   unsigned nthreads;
   pthread_t threads[];
@@ -116,6 +117,7 @@ static void finish(server_t *srv, job_t *j) {
 static void end(offload_t *o, job_t *j) {
   conn_t *c = j->c;
   server_t *srv = o->srv;
+  o->shares -= j->nparts;
   if (--o->inflight == 0) uv_poll_stop(&o->poll); /* an idle daemon polls nothing */
   finish(srv, j);
   metrics_record(&srv->stats, j->get ? OP_GET : OP_PUT, uv_hrtime() - j->t0_ns, 0);
@@ -130,10 +132,8 @@ static void end(offload_t *o, job_t *j) {
   conn_resume(c);
 }
 
-static void on_done(uv_poll_t *h, int status, int events) {
-  offload_t *o = h->data;
-  (void)status;
-  (void)events;
+/* Ends every job the threads sent back, oldest first. */
+static void reap(offload_t *o) {
   uint64_t n;
   /* Read, then take: a push after the take writes the eventfd again. */
   if (read(o->efd, &n, sizeof n) < 0 && errno != EAGAIN) LOG_WARN("offload", "read: %s", strerror(errno));
@@ -149,6 +149,21 @@ static void on_done(uv_poll_t *h, int status, int events) {
     end(o, fifo);
     fifo = next;
   }
+}
+
+static void on_done(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  reap(h->data);
+}
+
+uint64_t offload_shares(const server_t *srv) { return srv->offload ? srv->offload->shares : 0; }
+
+bool offload_reap(server_t *srv) {
+  offload_t *o = srv->offload;
+  if (!o || !atomic_load_explicit(&o->done, memory_order_relaxed)) return false;
+  reap(o);
+  return true;
 }
 
 /* CPUs this process may run on: its affinity, capped by a cgroup v2 quota. */
@@ -244,6 +259,7 @@ static bool queue(conn_t *c, const job_t *proto, uint64_t bytes) {
   j->taken = 0;
   atomic_init(&j->left, j->nparts);
   o->stats->offloaded_shares += j->nparts;
+  o->shares += j->nparts;
   if (o->inflight++ == 0) uv_poll_start(&o->poll, UV_READABLE, on_done);
   pthread_mutex_lock(&o->mu);
   if (o->tail) o->tail->next = j;

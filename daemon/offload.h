@@ -45,4 +45,12 @@ bool offload_get(conn_t *c, engine_get_job_t *job, uint64_t bytes, uint64_t requ
 bool offload_put(conn_t *c, engine_put_job_t *job, uint64_t bytes, uint64_t request_id,
                  uint64_t t0_ns);
 
+/* Ends the copies the threads finished, if any (returns whether there were):
+ * the ring poller looks here on each pass, so a copy's reply does not wait
+ * for the loop's next look at the threads' eventfd. */
+bool offload_reap(server_t *srv);
+
+/* Shares of copies handed to the threads and not yet ended. */
+uint64_t offload_shares(const server_t *srv);
+
 #endif

@@ -25,6 +25,7 @@
 
 #include "frame.h"
 #include "log.h"
+#include "offload.h"
 #include "ringbuf.h"
 
 #define SLICE_NS 30000u    /* longest the poll loop keeps the event loop waiting */
@@ -43,6 +44,7 @@ typedef struct ring_poller {
   uint8_t *rep;            /* a reply packed before it goes into a CQ */
   bool one_cpu;            /* the machine has one CPU: spinning on it only delays
                               the client it waits for, so it never polls */
+  unsigned ncpus;          /* CPUs the daemon may use (offload_cpus) */
 } ring_poller_t;
 
 struct ring {
@@ -172,7 +174,20 @@ static void on_idle(uv_idle_t *h) {
       }
       if (!r->polled || now - r->idle_ns > r->budget_ns) deactivate(r);
     }
+    /* A copy thread's finished job: its reply goes now, not at the loop's
+     * next look at the threads' eventfd (up to a slice later). */
+    if (offload_reap(p->srv)) ran = true;
     if (ran || !p->active) break; /* back to the loop: sockets, timers, completions */
+    /* Copies that could keep every CPU the daemon may use busy: a CPU this
+     * loop spins on is one the copy threads (at nice 10) do not get. Sleep;
+     * the doorbells and the threads' eventfd wake the loop. */
+    if (offload_shares(p->srv) >= p->ncpus) {
+      for (ring_t *r = p->active, *next; r; r = next) {
+        next = r->next;
+        deactivate(r);
+      }
+      break;
+    }
     now = uv_hrtime();
     if (now - last > PREEMPT_NS) {
       back_off(p);
@@ -196,6 +211,7 @@ int ring_poller_start(server_t *srv, ring_run_fn run) {
    * there while its clients run on the others. Sharing that CPU with a
    * client, it sees itself preempted and backs off. */
   p->one_cpu = sysconf(_SC_NPROCESSORS_ONLN) < 2;
+  p->ncpus = offload_cpus();
   p->req_cap = (uint32_t)srv->cfg.max_frame_bytes;
   p->req = malloc(p->req_cap ? p->req_cap : 1);
   p->rep = malloc(CQ_BYTES);
