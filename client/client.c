@@ -422,8 +422,6 @@ static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
   if (rc == 0 && r->hello->pool_fd) {
     if (fds[1] < 0) rc = client_fail(c, KVC_E_PROTO, "handshake reply without the pool fd");
     else rc = map_pool(c, fds[1], r->hello->pool_bytes);
-    if (rc == 0 && !(c->flags & KVC_CLIENT_NO_PREFAULT))
-      c->prefault = prefault_start(c->pool, c->pool_bytes);
   }
   /* The doorbell comes last: after the pool's descriptor when there is one. */
   int bell = rc == 0 && r->hello->ring_sq_bytes ? 1 + (r->hello->pool_fd ? 1 : 0) : -1;
@@ -512,6 +510,16 @@ KVC_API void kvc_client_shm(const kvc_client_t *c, void **base, uint64_t *bytes)
 KVC_API void kvc_client_pool(const kvc_client_t *c, const void **base, uint64_t *bytes) {
   if (base) *base = c ? c->pool : NULL;
   if (bytes) *bytes = c ? c->pool_bytes : 0;
+}
+
+/* Started at the first lease, not at the Hello: a client that never reads
+ * in place (most put and get only) starts no thread, and one created in a
+ * fork child of a threaded process runs none before it needs one. */
+void client_pool_read(kvc_client_t *c) {
+  if (c->pool && !c->prefault && !c->prefault_tried && !(c->flags & KVC_CLIENT_NO_PREFAULT)) {
+    c->prefault_tried = true;
+    c->prefault = prefault_start(c->pool, c->pool_bytes);
+  }
 }
 
 KVC_API uint64_t kvc_client_pool_prefaulted(const kvc_client_t *c, uint64_t *total) {

@@ -41,6 +41,7 @@ struct kvc_client {
   const uint8_t *pool;       /* the daemon's pool, mapped read-only; NULL if not passed */
   uint64_t pool_bytes;
   prefault_t *prefault;      /* populating the pool mapping in the background */
+  bool prefault_tried;       /* started it once (or could not) */
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
   void *io_wire, *io_ptrs, *io_parts; /* transfer scratch, max_io_entries each,
                                          allocated at the first transfer */
@@ -82,6 +83,10 @@ int client_recv(kvc_client_t *c, int timeout_ms, Kvcache__V1__Response **resp);
 /* Frees every lease handle (the daemon releases them when the connection
  * closes). */
 void client_leases_free(kvc_client_t *c);
+/* The client reads the pool in place (a lease): from the first time, its
+ * mapping is populated in the background (prefault.c), unless
+ * KVC_CLIENT_NO_PREFAULT. */
+void client_pool_read(kvc_client_t *c);
 /* KVC_E_PERM for a zero-copy read without the pool mapping; instead says
  * what to use. */
 int client_need_pool(kvc_client_t *c, const char *instead);

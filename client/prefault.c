@@ -1,5 +1,6 @@
-/* prefault.c: the pool's read-only mapping faulted in the background after
- * the Hello, so that zero-copy reads find their pages mapped.
+/* prefault.c: the pool's read-only mapping faulted in the background from
+ * the client's first zero-copy read on, so that its reads find their pages
+ * mapped.
  *
  * Why: the mapping is not populated at open (the pool may be far larger than
  * what this client reads), so the first touch of each 4 KiB page of it is a
@@ -14,6 +15,9 @@
  * pages, per client, hence the cap (KVC_PREFAULT_MAX_BYTES). Where the host
  * backs shared memory with transparent huge pages, the mapping asks for
  * them (MADV_HUGEPAGE): a 2 MiB page then costs one fault and one entry.
+ * It starts at the first lease rather than at the Hello: a client that only
+ * puts and gets starts no thread, and neither does one opened in the fork
+ * child of a process with threads before it reads in place.
  * KVC_CLIENT_NO_PREFAULT turns it off.
  */
 #include "prefault.h"

@@ -99,12 +99,13 @@ typedef struct kvc_client_opts {
 #define KVC_CLIENT_NO_SPIN 0x2u   /* never poll for a reply: sleep at once */
 #define KVC_CLIENT_NO_PREFAULT 0x4u /* leave the pool's read-only mapping (zero-copy
                                      reads) to fault page by page on first read,
-                                     instead of populating it in the background */
+                                     instead of populating it in the background
+                                     from the first lease on */
 #define KVC_SPIN_US_DEFAULT 50u   /* the poll for a reply through the rings, spin_us 0 */
 /* A client given the pool's read-only mapping populates at most this much
- * of it in the background after the Hello, on an idle-priority thread (each
- * GiB costs 2 MiB of page tables with 4 KiB pages); reads past it fault as
- * they come. */
+ * of it in the background from its first lease on, on an idle-priority
+ * thread (each GiB costs 2 MiB of page tables with 4 KiB pages); reads past
+ * it fault as they come. */
 #define KVC_PREFAULT_MAX_BYTES (16ull << 30)
 
 /* What the handshake told the client. */
