@@ -12,7 +12,7 @@
 #   make bench BENCH_ROWS=direct,spin   only those groups of rows (a comma list of
 #                   words, each matched inside the group names: ping copy direct
 #                   lease held servers spin stall multi decode prefix eviction scale
-#                   events python: the Python package against the C client)
+#                   events cluster; python: the Python package against the C client)
 #   make soak       the verified soak (SOAK_CLIENTS=16, SOAK_SECONDS=60)
 #   make valgrind   the integration suite's daemon under valgrind memcheck
 #   make fuzz       libFuzzer (clang) on each target for FUZZ_SECONDS (default 60)
@@ -67,6 +67,8 @@ else
   MALLOC_LIBS :=
 endif
 UV_LIBS := -luv
+# The cluster tier (doc/cluster.md): hiredis's async API on the daemon's loop.
+REDIS_LIBS := -lhiredis
 ENGINE_LIBS := -lcrypto -lxxhash
 PB_LIBS := -lprotobuf-c
 # The daemon's event stream (daemon/events*.c): ZeroMQ; msgpack-c's packer
@@ -183,7 +185,7 @@ $(DAEMON_OBJ) $(CLIENT_OBJ) $(CTL_OBJ) $(CODEC_OBJ): | $(B)/gen/kvcache.pb-c.h
 # ---- daemon ---------------------------------------------------------------
 $(B)/kvcached: $(DAEMON_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(REDIS_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- client library and kvcachectl ----------------------------------------
 # The client links the protocol, the codec, the transfer geometry and the
@@ -228,6 +230,8 @@ $(B)/tests/unit_codec: UNIT_LIBS := $(PB_LIBS)
 $(B)/tests/unit/codec.o: | $(B)/gen/kvcache.pb-c.h
 # The byte ring both sides link (proto/ringbuf.c), with the frame header.
 $(B)/tests/unit_ringbuf: $(B)/proto/ringbuf.o $(B)/proto/frame.o
+# The cluster tier's pure parts (slots, keys and values) are the daemon's.
+$(B)/tests/unit_rvalue: $(B)/daemon/rvalue.o $(B)/daemon/rslot.o
 $(B)/tests/unit/%.o: tests/unit/%.c
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
@@ -238,7 +242,15 @@ $(B)/tests/integration/%.o: tests/integration/%.c | $(B)/gen/kvcache.pb-c.h
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -c $< -o $@
 $(B)/tests/it_%: $(B)/tests/integration/%.o $(TEST_MAIN_OBJ) $(B)/libkvcache.a
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PB_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(IT_LIBS) $(PB_LIBS) -lm
+# The disk tier's tests read and forge page files with the daemon's format.
+$(B)/tests/it_tiers: $(B)/daemon/diskfmt.o
+$(B)/tests/it_tiers: IT_LIBS := -lxxhash
+$(B)/tests/unit_diskfmt: $(B)/daemon/diskfmt.o
+# The cluster test drives Redis with a plain hiredis client and forges
+# values as an attacker would, with the value codec of the daemon.
+$(B)/tests/it_cluster: $(B)/daemon/rvalue.o
+$(B)/tests/it_cluster: IT_LIBS := $(REDIS_LIBS) -lcrypto
 $(B)/tests/test_main.o: tests/test_main.c
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
@@ -255,15 +267,15 @@ $(B)/tests/fuzz/replay_%.o: tests/fuzz/replay.c
 	$(Q)$(CC) $(CPPFLAGS) -Itests -DFUZZ_NAME=$* $(CFLAGS) -c $< -o $@
 $(B)/tests/fuzz_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/replay_%.o $(TEST_MAIN_OBJ) $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(REDIS_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 $(B)/fuzz/%: $(B)/tests/fuzz/fuzz_%.o $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(UV_LIBS) $(REDIS_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) -lm
 $(B)/tools/gen_corpus: $(B)/tests/fuzz/gen_corpus.o $(FUZZ_COMMON_OBJ)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(REDIS_LIBS) $(PB_LIBS) $(EVENTS_LIBS) $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- benchmarks -------------------------------------------------------------
 # Compiled and linked in one step, whose -MMD file lists too little: the
@@ -272,7 +284,7 @@ $(BENCH_BIN): $(wildcard tests/bench/*.h)
 $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkvcache.a)
 	$(call say,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $(filter-out %.h,$^) $(PB_LIBS) $(EVENTS_LIBS) -lmsgpackc $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $(filter-out %.h,$^) $(PB_LIBS) $(REDIS_LIBS) $(EVENTS_LIBS) -lmsgpackc $(ENGINE_LIBS) $(MALLOC_LIBS) -lm
 
 # ---- top-level targets ------------------------------------------------------
 # Every package the build and make test use (tests/deps.pl, part of make test,
@@ -290,10 +302,13 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 # the KV event stream (doc/events.md): libzmq3-dev and libmsgpack-dev for the
 # daemon's publisher, python3-zmq, python3-msgpack and python3-cbor2 for the
 # subscriber its tests run (written to vLLM's schema; cbor2 recomputes vLLM's
-# block hashes).
+# block hashes); the cluster tier (doc/cluster.md): libhiredis-dev (its async
+# API on the loop), and for its tests a real cluster: redis-server and
+# redis-tools (redis-cli --cluster create).
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
                 libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps \
-                tmux man-db curl libzmq3-dev libmsgpack-dev \
+                tmux man-db curl libzmq3-dev libmsgpack-dev libhiredis-dev redis-server \
+                redis-tools \
                 python3-dev python3-setuptools python3-wheel python3-pip python3-numpy \
                 python3-torch python3-pytest python3-zmq python3-msgpack python3-cbor2
 # promtool (promtool check metrics, check rules) comes from Debian's
@@ -381,7 +396,7 @@ tsan: deps
 # (the engine alone, no daemon) is built too and runs by hand. Then the
 # Python package against the C client (tests/bench/py_bench.py, the group
 # "python"), in the same run.
-bench: EXTRA_PACKAGES += redis-server memcached
+bench: EXTRA_PACKAGES += memcached
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
 	@rows='$(BENCH_ROWS)'; kv=1; py=1; \

@@ -98,6 +98,24 @@ KVC_API int kvc_config(kvc_client_t *c, kvc_label_t **out, size_t *n) {
   return 0;
 }
 
+KVC_API int kvc_pool_resize(kvc_client_t *c, uint64_t bytes, kvc_pool_resize_t *out) {
+  if (!c) return KVC_E_INVAL;
+  Kvcache__V1__PoolResize b = KVCACHE__V1__POOL_RESIZE__INIT;
+  b.bytes = bytes;
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_POOL_RESIZE;
+  req.pool_resize = &b;
+  Kvcache__V1__Response *r;
+  int rc = call_body(c, &req, &r, KVCACHE__V1__RESPONSE__BODY_POOL_RESIZE);
+  if (rc) return rc;
+  const Kvcache__V1__PoolResizeReply *p = r->pool_resize;
+  if (out)
+    *out = (kvc_pool_resize_t){p->bytes, p->segments, p->evicted_pages, p->moved_pages,
+                               p->elapsed_us, p->loop_us};
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return 0;
+}
+
 KVC_API int kvc_admin(kvc_client_t *c, kvc_admin_action_t action, const char *cache,
                       uint64_t seq_id, uint64_t conn_id, uint64_t *count) {
   if (!c) return KVC_E_INVAL;

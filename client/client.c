@@ -108,7 +108,11 @@ static ssize_t recv_spin(kvc_client_t *c, uint8_t *buf, size_t len) {
  * any (fds NULL: none expected). flags go to recv (MSG_DONTWAIT). Bytes that
  * arrived past the frame (the daemon's goodbye can follow a reply at once)
  * are kept for the next call. Returns the payload length or a negative code. */
-static int64_t recv_frame(kvc_client_t *c, int *fds, int flags) {
+/* Receives one reply frame; with fds (room for maxfds, -1 filled), the
+ * descriptors that come with its first byte go there (*nfds of them; more
+ * than maxfds are closed). */
+static int64_t recv_frame(kvc_client_t *c, int *fds, int maxfds, int *nfds, int flags) {
+  if (nfds) *nfds = 0;
   size_t have = c->rnext_len, need = FRAME_HEADER_BYTES;
   if (ensure(&c->rbuf, &c->rcap, 4096) != 0) return client_fail(c, KVC_E_NOMEM, "out of memory");
   if (have) memmove(c->rbuf, c->rbuf + c->rnext_off, have);
@@ -127,17 +131,23 @@ static int64_t recv_frame(kvc_client_t *c, int *fds, int flags) {
     if (fds && have == 0) {
       union {
         struct cmsghdr h;
-        char buf[CMSG_SPACE(3 * sizeof(int))];
+        char buf[CMSG_SPACE(CLIENT_POOL_SEGMENTS * sizeof(int))];
       } ctl;
       struct iovec iov = {.iov_base = c->rbuf, .iov_len = c->rcap};
       struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
                            .msg_controllen = sizeof ctl.buf};
       n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | flags);
       if (n > 0)
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
-          if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-              cm->cmsg_len >= CMSG_LEN(sizeof(int)) && cm->cmsg_len <= CMSG_LEN(3 * sizeof(int)))
-            memcpy(fds, CMSG_DATA(cm), cm->cmsg_len - CMSG_LEN(0));
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+          if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+          int got = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+          for (int i = 0; i < got; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + (size_t)i * sizeof fd, sizeof fd);
+            if (nfds && *nfds < maxfds) fds[(*nfds)++] = fd;
+            else close(fd); /* not asked for: never leaked */
+          }
+        }
     } else {
       /* A blocking wait polls first when the client asked for it. */
       n = c->spin_ns && !(flags & MSG_DONTWAIT)
@@ -162,7 +172,7 @@ static bool is_goodbye(const Kvcache__V1__Response *r) {
 /* After a failed send: whether the daemon said goodbye before closing (it
  * is then waiting in the socket, or already received). */
 static bool goodbye_waiting(kvc_client_t *c) {
-  int64_t n = recv_frame(c, NULL, MSG_DONTWAIT);
+  int64_t n = recv_frame(c, NULL, 0, NULL, MSG_DONTWAIT);
   if (n < 0) return false;
   Kvcache__V1__Response *r =
       kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER_BYTES);
@@ -184,6 +194,17 @@ static int reply_status(kvc_client_t *c, const Kvcache__V1__Response *r) {
 }
 
 int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp) {
+  return client_call_fds(c, req, resp, NULL, 0, NULL);
+}
+
+static void close_fds(int *fds, int *nfds) {
+  for (int i = 0; nfds && i < *nfds; i++) close(fds[i]);
+  if (nfds) *nfds = 0;
+}
+
+int client_call_fds(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp,
+                    int *fds, int maxfds, int *nfds) {
+  if (nfds) *nfds = 0;
   if (c->ev_req_id && !c->broken) /* its replies would mix with the pushed batches */
     return client_fail(c, KVC_E_INVAL, "this connection is subscribed to events: it only "
                        "receives them (use another client for requests)");
@@ -198,8 +219,10 @@ int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Respons
   size_t len;
   int rc = pack_request(c, req, &len);
   if (rc) return rc;
-  /* Through the ring when there is one and the frame fits, else the socket. */
-  int via_ring = ring_usable(&c->ring) ? ring_submit(c, c->wbuf, len) : 1;
+  /* Through the ring when there is one and the frame fits, else the socket;
+   * a reply that brings descriptors comes on the socket, so its request goes
+   * there too. */
+  int via_ring = ring_usable(&c->ring) && !maxfds ? ring_submit(c, c->wbuf, len) : 1;
   if (via_ring < 0) return broken(c, KVC_E_PROTO, c->err, 0);
   if (via_ring == 1) {
     rc = send_all(c, c->wbuf, len);
@@ -211,23 +234,32 @@ int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Respons
   const uint8_t *payload = c->rbuf + FRAME_HEADER_BYTES;
   int64_t n = via_ring == 0 ? ring_wait(c, &payload) : RING_WAIT_SOCKET;
   if (n == RING_WAIT_SOCKET) {
-    n = recv_frame(c, NULL, 0);
+    n = recv_frame(c, fds, maxfds, nfds, 0);
     payload = c->rbuf + FRAME_HEADER_BYTES;
   } else if (n < 0) {
     return broken(c, (int)n, c->err, 0); /* the reply stream is out of step */
   }
-  if (n < 0) return (int)n;
+  if (n < 0) {
+    close_fds(fds, nfds);
+    return (int)n;
+  }
   Kvcache__V1__Response *r = kvcache__v1__response__unpack(NULL, (size_t)n, payload);
-  if (!r) return broken(c, KVC_E_PROTO, "reply does not decode", 0);
+  if (!r) {
+    close_fds(fds, nfds);
+    return broken(c, KVC_E_PROTO, "reply does not decode", 0);
+  }
   if (is_goodbye(r)) {
     kvcache__v1__response__free_unpacked(r, NULL);
+    close_fds(fds, nfds);
     return broken(c, KVC_E_SHUTDOWN, "kvcached is shutting down (request not run)", 0);
   }
   if (r->id != req->id) {
     kvcache__v1__response__free_unpacked(r, NULL);
+    close_fds(fds, nfds);
     return broken(c, KVC_E_PROTO, "reply id does not match the request", 0);
   }
   rc = reply_status(c, r);
+  if (rc) close_fds(fds, nfds);
   if (rc || !resp)
     kvcache__v1__response__free_unpacked(r, NULL);
   else
@@ -246,7 +278,7 @@ int client_recv(kvc_client_t *c, int timeout_ms, Kvcache__V1__Response **resp) {
     if (n < 0) return broken(c, KVC_E_IO, "waiting for kvcached", errno);
     if (n == 0) return client_fail(c, KVC_E_TIMEOUT, "nothing from kvcached within %d ms", timeout_ms);
   }
-  int64_t len = recv_frame(c, NULL, 0);
+  int64_t len = recv_frame(c, NULL, 0, NULL, 0);
   if (len < 0) return (int)len;
   Kvcache__V1__Response *r =
       kvcache__v1__response__unpack(NULL, (size_t)len, c->rbuf + FRAME_HEADER_BYTES);
@@ -360,17 +392,93 @@ static int map_buffer(kvc_client_t *c, int fd, uint64_t bytes) {
 /* Maps the pool read-only for zero-copy reads (the daemon passed an O_RDONLY
  * descriptor, so no writable mapping can be made of it). Not populated: the
  * pool may be far larger than what this client reads, and 4 KiB page tables
- * of all of it would cost memory per client; pages fault in on first read. */
-static int map_pool(kvc_client_t *c, int fd, uint64_t bytes) {
+ * of all of it would cost memory per client; pages fault in on first read.
+ * The descriptor is the pool's first segment: the address range the daemon
+ * reserved for all of them is reserved here too (huge-page aligned), so a
+ * page's offset is the same in both (doc/tiers.md, online resize). */
+#define POOL_ALIGN (2ull << 20)
+static int map_pool(kvc_client_t *c, int fd, const Kvcache__V1__HelloReply *h) {
   struct stat st;
-  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < bytes || bytes == 0)
+  uint64_t reserve = h->pool_reserve_bytes, bytes;
+  if (fstat(fd, &st) != 0 || st.st_size <= 0 ||
+      (uint64_t)st.st_size > (reserve ? reserve : h->pool_bytes) ||
+      (!reserve && (uint64_t)st.st_size < h->pool_bytes))
     return client_fail(c, KVC_E_PROTO, "pool fd does not match the pool size");
-  void *p = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED)
-    return client_fail(c, KVC_E_NOMEM, "mmap pool read-only: %s", strerror(errno));
+  bytes = reserve ? (uint64_t)st.st_size : h->pool_bytes;
+  uint8_t *base = NULL;
+  if (reserve) {
+    uint8_t *r = mmap(NULL, reserve + POOL_ALIGN, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED)
+      return client_fail(c, KVC_E_NOMEM, "reserving the pool's address range: %s",
+                         strerror(errno));
+    base = (uint8_t *)(((uintptr_t)r + POOL_ALIGN - 1) & ~(uintptr_t)(POOL_ALIGN - 1));
+    if (base > r) munmap(r, (size_t)(base - r));
+    munmap(base + reserve, (size_t)(r + reserve + POOL_ALIGN - (base + reserve)));
+  }
+  void *p = mmap(base, bytes, PROT_READ, MAP_SHARED | (base ? MAP_FIXED : 0), fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    if (base) munmap(base, reserve);
+    return client_fail(c, KVC_E_NOMEM, "mmap pool read-only: %s", strerror(e));
+  }
   c->pool = p;
   c->pool_bytes = bytes;
+  c->pool_reserve = reserve;
+  c->pool_gen = h->pool_gen;
+  c->pool_seg[0] = (struct pool_seg){0, bytes, 0}; /* the first segment: never released */
+  c->pool_nseg = 1;
   return 0;
+}
+
+int client_pool_sync(kvc_client_t *c, uint64_t gen, uint64_t need) {
+  if ((gen == c->pool_gen || !gen) && need <= c->pool_bytes) return 0;
+  if (!c->pool_reserve)
+    return client_fail(c, KVC_E_PROTO, "lease page at %llu lies outside the pool",
+                       (unsigned long long)(need ? need - 1 : 0));
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Empty empty = KVCACHE__V1__EMPTY__INIT;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_POOL_MAP;
+  req.pool_map = &empty;
+  Kvcache__V1__Response *r = NULL;
+  int fds[CLIENT_POOL_SEGMENTS], nfds = 0;
+  int rc = client_call_fds(c, &req, &r, fds, CLIENT_POOL_SEGMENTS, &nfds);
+  if (rc) return rc;
+  const Kvcache__V1__PoolMapReply *pm =
+      r->body_case == KVCACHE__V1__RESPONSE__BODY_POOL_MAP ? r->pool_map : NULL;
+  uint64_t at = 0;
+  bool ok = pm && pm->n_segments == (size_t)nfds && pm->n_segments >= 1 &&
+            pm->reserve_bytes == c->pool_reserve;
+  for (size_t i = 0; ok && i < pm->n_segments; i++) {
+    ok = pm->segments[i]->offset == at && pm->segments[i]->bytes > 0 &&
+         pm->segments[i]->bytes <= c->pool_reserve - at;
+    at += ok ? pm->segments[i]->bytes : 0;
+  }
+  if (!ok) rc = client_fail(c, KVC_E_PROTO, "the pool's segments do not fit its range");
+  uint8_t *base = (uint8_t *)(uintptr_t)c->pool;
+  if (pm && !c->pool_seg[0].id && c->pool_seg[0].bytes == (ok ? pm->segments[0]->bytes : 0))
+    c->pool_seg[0].id = pm->segments[0]->id; /* the first segment: the one mapped at open */
+  for (size_t i = 0; rc == 0 && i < pm->n_segments; i++) {
+    const Kvcache__V1__PoolSegment *s = pm->segments[i];
+    bool have = i < c->pool_nseg && c->pool_seg[i].id == s->id && c->pool_seg[i].bytes == s->bytes;
+    if (!have && mmap(base + s->offset, s->bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fds[i], 0) ==
+                     MAP_FAILED)
+      rc = client_fail(c, KVC_E_NOMEM, "mmap pool segment: %s", strerror(errno));
+    c->pool_seg[i] = (struct pool_seg){s->offset, s->bytes, s->id};
+  }
+  /* What the pool released reads as zeros here: its memory goes back once
+   * no client maps it, and a stale pointer still reads without a fault. */
+  if (rc == 0 && at < c->pool_bytes)
+    (void)mmap(base + at, c->pool_bytes - at, PROT_READ,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  if (rc == 0) {
+    c->pool_nseg = (uint32_t)pm->n_segments;
+    c->pool_bytes = at;
+    c->pool_gen = pm->gen;
+  }
+  for (int i = 0; i < nfds; i++) close(fds[i]);
+  kvcache__v1__response__free_unpacked(r, NULL);
+  return rc;
 }
 
 static void take_info(kvc_client_t *c, const Kvcache__V1__HelloReply *h) {
@@ -406,8 +514,8 @@ static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
   /* A refused peer may find the socket closed already; its reply still
    * waits to be read, so a failed send is not yet an answer. */
   (void)send_all(c, c->wbuf, len);
-  int fds[3] = {-1, -1, -1};
-  int64_t n = recv_frame(c, fds, 0);
+  int fds[3] = {-1, -1, -1}, nfds = 0;
+  int64_t n = recv_frame(c, fds, 3, &nfds, 0);
   Kvcache__V1__Response *r =
       n < 0 ? NULL : kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER_BYTES);
   if (n >= 0 && !r) rc = client_fail(c, KVC_E_PROTO, "handshake reply does not decode");
@@ -421,7 +529,7 @@ static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
   }
   if (rc == 0 && r->hello->pool_fd) {
     if (fds[1] < 0) rc = client_fail(c, KVC_E_PROTO, "handshake reply without the pool fd");
-    else rc = map_pool(c, fds[1], r->hello->pool_bytes);
+    else rc = map_pool(c, fds[1], r->hello);
   }
   /* The doorbell comes last: after the pool's descriptor when there is one. */
   int bell = rc == 0 && r->hello->ring_sq_bytes ? 1 + (r->hello->pool_fd ? 1 : 0) : -1;
@@ -482,7 +590,7 @@ KVC_API void kvc_client_close(kvc_client_t *c) {
   if (c->fd >= 0) close(c->fd);
   if (c->shm) munmap(c->shm, c->shm_bytes);
   prefault_stop(c->prefault); /* before its mapping goes */
-  if (c->pool) munmap((void *)c->pool, c->pool_bytes);
+  if (c->pool) munmap((void *)c->pool, c->pool_reserve ? c->pool_reserve : c->pool_bytes);
   free(c->wbuf);
   free(c->rbuf);
   free(c->io_wire);

@@ -18,6 +18,7 @@
 #include "ring.h"
 
 #define CLIENT_MAX_REPLY_BYTES (256u << 20) /* a larger reply is a protocol error */
+#define CLIENT_POOL_SEGMENTS 64               /* the daemon's POOLMAP_SEGMENTS_MAX */
 
 struct kvc_client {
   int fd;                    /* the connected socket; -1 when closed */
@@ -38,8 +39,14 @@ struct kvc_client {
   size_t wcap, rcap;
   size_t rnext_off, rnext_len; /* bytes received past the last reply, in rbuf */
   kvc_cache_t *caches;       /* open handles, freed by kvc_client_close */
-  const uint8_t *pool;       /* the daemon's pool, mapped read-only; NULL if not passed */
-  uint64_t pool_bytes;
+  const uint8_t *pool;       /* the daemon's pool: an address range reserved for its
+                                segments, each mapped read-only at its offset; NULL if
+                                not passed */
+  uint64_t pool_bytes;       /* mapped from pool: the segments known, contiguous from 0 */
+  uint64_t pool_reserve;     /* bytes of the range (0: one mapping, an older daemon) */
+  uint64_t pool_gen;         /* the daemon's segment generation this client mapped */
+  struct pool_seg { uint64_t off, bytes, id; } pool_seg[CLIENT_POOL_SEGMENTS];
+  uint32_t pool_nseg;
   prefault_t *prefault;      /* populating the pool mapping in the background */
   bool prefault_tried;       /* started it once (or could not) */
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
@@ -74,6 +81,16 @@ int client_fail(kvc_client_t *c, int code, const char *fmt, ...)
  * new (free with kvcache__v1__response__free_unpacked) unless resp is NULL.
  * A non-OK status returns its code, with the daemon's message in c->err. */
 int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp);
+/* client_call for a reply that passes descriptors: up to maxfds of them into
+ * fds (*nfds; returns new descriptors, closed here unless the call is 0). */
+int client_call_fds(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp,
+                    int *fds, int maxfds, int *nfds);
+/* Maps the pool's segments again (PoolMap) when gen is not the generation
+ * mapped (an older daemon's 0 never is) or `need` bytes from the pool's
+ * start are not mapped: segments new at an offset are mapped over what was
+ * there, released ones become zeros (a stale pointer reads zeros, never
+ * faults). 0, or KVC_E_PROTO and the like, recorded. */
+int client_pool_sync(kvc_client_t *c, uint64_t gen, uint64_t need);
 
 /* Waits up to timeout_ms (-1: no bound) for one frame the daemon sends on
  * its own and decodes it: 0 and new *resp, KVC_E_TIMEOUT, or the codes of

@@ -55,6 +55,8 @@ static int cmd_drop(kvc_client_t *c, const opts_t *o);
 static int cmd_remove(kvc_client_t *c, const opts_t *o);
 static int cmd_unpin(kvc_client_t *c, const opts_t *o);
 static int cmd_disconnect(kvc_client_t *c, const opts_t *o);
+static int cmd_tier(kvc_client_t *c, const opts_t *o);
+static int cmd_pool(kvc_client_t *c, const opts_t *o);
 static int cmd_events(kvc_client_t *c, const opts_t *o);
 
 static const struct command {
@@ -84,6 +86,10 @@ static const struct command {
      "a live view refreshing in place: request rates, hit rate, free pages,\n"
      "evictions per second, the busiest operations, caches and clients (clients\n"
      "for admins). q or Ctrl-C quits. Not a terminal: one frame, then exit"},
+    {"tier", cmd_tier, O_JSON, 0, 0, "[--json]",
+     "the cluster tier behind the pool (doc/cluster.md): whether its map is\n"
+     "whole, each node's role, state and slots, lookups and hits, bytes, the\n"
+     "write-behind queue, errors by kind and values discarded by reason"},
     {"tenants", cmd_tenants, O_JSON, 0, 0, "[--json]",
      "connected clients and what the caches of each tenant hold (an admin sees every\n"
      "tenant, others their own)"},
@@ -98,6 +104,10 @@ static const struct command {
      "release every pin of a sequence, whoever holds it (admins only)"},
     {"disconnect", cmd_disconnect, 0, 1, 1, "CONN_ID",
      "close a client's connection; its pins and leases go with it (admins only)"},
+    {"pool", cmd_pool, 0, 2, 2, "resize SIZE",
+     "resize the pool online (admins only; doc/tiers.md): a grow adds a segment, a\n"
+     "shrink releases whole segments from the end, evicting and moving what lives\n"
+     "there, and is refused when pinned data would be lost. SIZE like 8GiB"},
     {"events", cmd_events, O_CACHE | O_COUNT | O_RAW, 0, 0, "[--cache NAME] [--count N] [--raw]",
      "follow the changes of the prefix indexes as they happen, one line each:\n"
      "pages stored and removed, caches cleared and dropped (your tenant's caches;\n"
@@ -691,6 +701,110 @@ static int cmd_stats(kvc_client_t *c, const opts_t *o) {
   return rc;
 }
 
+/* ---- tiers ----------------------------------------------------------------------- */
+
+/* A tier's figure (tier_NAME with its tier label; 0 when absent). */
+static double tierv(const figs_t *f, const char *tier, const char *name) {
+  const kvc_stat_t *st = fig(f, name, NULL, "tier", tier);
+  return st ? (double)st->value : 0;
+}
+
+/* The samples of a labelled tier family, "key=value ..." (non-zero ones,
+ * or all with json), into buf. */
+static void tier_by(const figs_t *f, const char *tier, const char *name, const char *key,
+                    bool json, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < f->n && used < len; i++) {
+    const kvc_stat_t *st = &f->st[i];
+    const char *t = kvc_stat_label(st, "tier"), *k = kvc_stat_label(st, key);
+    if (strcmp(st->name, name) != 0 || !t || strcmp(t, tier) != 0 || !k || (!json && !st->value))
+      continue;
+    int w = json ? snprintf(buf + used, len - used, "%s\"%s\": %" PRIu64, used ? ", " : "", k,
+                            st->value)
+                 : snprintf(buf + used, len - used, "%s%s %" PRIu64, used ? "  " : "", k, st->value);
+    if (w > 0) used += (size_t)w;
+  }
+  if (!json && !buf[0]) snprintf(buf, len, "none");
+}
+
+static void tier_show(const figs_t *f, const char *t, bool json) {
+  char a[32], b[32], errs[512], disc[512], red[128];
+  tier_by(f, t, "tier_errors_total", "kind", json, errs, sizeof errs);
+  tier_by(f, t, "tier_discarded_total", "reason", json, disc, sizeof disc);
+  tier_by(f, t, "tier_redirects_total", "kind", json, red, sizeof red);
+  const kvc_stat_t *lat = fig(f, "tier_lookup_duration_seconds", NULL, "tier", t);
+  double asked = tierv(f, t, "tier_lookup_pages_total"), hit = tierv(f, t, "tier_hit_pages_total");
+  if (json) {
+    printf("  \"%s\": {\"up\": %.0f, \"slots_covered\": %.0f, \"nodes\": [", t,
+           tierv(f, t, "tier_up"), tierv(f, t, "tier_slots_covered"));
+  } else {
+    printf("tier %s: %s, %.0f of 16384 slots mapped, %.0f nodes connected, %.0f breakers open\n",
+           t, tierv(f, t, "tier_up") ? "up" : "DOWN", tierv(f, t, "tier_slots_covered"),
+           tierv(f, t, "tier_nodes_connected"), tierv(f, t, "tier_breakers_open"));
+    printf("  %-24s %-8s %-13s %s\n", "NODE", "ROLE", "STATE", "SLOTS");
+  }
+  bool first = true;
+  for (size_t i = 0; i < f->n; i++) {
+    const kvc_stat_t *st = &f->st[i];
+    const char *tt = kvc_stat_label(st, "tier");
+    if (strcmp(st->name, "tier_node_slots") != 0 || !tt || strcmp(tt, t) != 0) continue;
+    const char *node = kvc_stat_label(st, "node"), *role = kvc_stat_label(st, "role"),
+               *state = kvc_stat_label(st, "state");
+    if (json)
+      printf("%s{\"node\": \"%s\", \"role\": \"%s\", \"state\": \"%s\", \"slots\": %" PRIu64 "}",
+             first ? "" : ", ", node, role, state, st->value);
+    else
+      printf("  %-24s %-8s %-13s %" PRIu64 "\n", node, role, state, st->value);
+    first = false;
+  }
+  if (json) {
+    printf("], \"lookups\": %.0f, \"lookup_pages\": %.0f, \"hit_pages\": %.0f, "
+           "\"hit_tokens\": %.0f, \"read_bytes\": %.0f, \"writes\": %.0f, "
+           "\"written_bytes\": %.0f, \"write_retries\": %.0f, \"queue_pages\": %.0f, "
+           "\"queue_drops\": %.0f, \"lookup_p50_seconds\": %.9g, \"lookup_p99_seconds\": %.9g, "
+           "\"errors\": {%s}, \"discarded\": {%s}, \"redirects\": {%s}}",
+           tierv(f, t, "tier_lookups_total"), asked, hit, tierv(f, t, "tier_hit_tokens_total"),
+           tierv(f, t, "tier_read_bytes_total"), tierv(f, t, "tier_writes_total"),
+           tierv(f, t, "tier_written_bytes_total"), tierv(f, t, "tier_write_retries_total"),
+           tierv(f, t, "tier_queue_pages"), tierv(f, t, "tier_queue_drops_total"),
+           hist_quantile(lat, 0.5), hist_quantile(lat, 0.99), errs, disc, red);
+    return;
+  }
+  printf("  lookups %.0f: %.0f pages asked, %.0f hit (%.1f%%), %.0f tokens; latency p50 %s p99 %s\n",
+         tierv(f, t, "tier_lookups_total"), asked, hit, asked ? 100.0 * hit / asked : 0.0,
+         tierv(f, t, "tier_hit_tokens_total"), human_seconds(hist_quantile(lat, 0.5), a, sizeof a),
+         human_seconds(hist_quantile(lat, 0.99), b, sizeof b));
+  printf("  read %s; written %s in %.0f pages (%.0f retries)\n",
+         human_bytes(tierv(f, t, "tier_read_bytes_total"), a, sizeof a),
+         human_bytes(tierv(f, t, "tier_written_bytes_total"), b, sizeof b),
+         tierv(f, t, "tier_writes_total"), tierv(f, t, "tier_write_retries_total"));
+  printf("  write-behind queue: %.0f pages, %.0f dropped\n", tierv(f, t, "tier_queue_pages"),
+         tierv(f, t, "tier_queue_drops_total"));
+  printf("  errors: %s\n  discarded: %s\n  redirects: %s\n", errs, disc, red);
+}
+
+static int cmd_tier(kvc_client_t *c, const opts_t *o) {
+  figs_t f;
+  if (fetch(c, &f)) return 1;
+  const char *tiers[8];
+  size_t nt = 0;
+  for (size_t i = 0; i < f.n; i++) { /* the tiers: the labels of tier_up */
+    const char *t = strcmp(f.st[i].name, "tier_up") == 0 ? kvc_stat_label(&f.st[i], "tier") : NULL;
+    if (t && nt < 8) tiers[nt++] = t;
+  }
+  if (o->json) printf("{\"tiers\": {");
+  else if (!nt) printf("no cluster tier (cluster_nodes is empty); the disk tier's figures are "
+                       "the tier_disk_* of kvcachectl stats\n");
+  for (size_t i = 0; i < nt; i++) {
+    if (o->json) printf("%s\n", i ? "," : "");
+    tier_show(&f, tiers[i], o->json);
+  }
+  if (o->json) printf("%s}}\n", nt ? "\n" : "");
+  kvc_stats_free(f.st);
+  return 0;
+}
+
 /* ---- caches and sequences -------------------------------------------------- */
 
 static const char *dtype_name(kvc_dtype_t d) {
@@ -1159,6 +1273,48 @@ static int cmd_unpin(kvc_client_t *c, const opts_t *o) {
 }
 static int cmd_disconnect(kvc_client_t *c, const opts_t *o) {
   return admin_write(c, o, KVC_ADMIN_DISCONNECT, "disconnect");
+}
+
+/* A size with binary units, as the daemon's options read it: 8GiB, 512M. */
+static bool parse_size(const char *s, uint64_t *out) {
+  static const struct { const char *u; uint64_t mul; } units[] = {
+      {"", 1}, {"B", 1}, {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"M", 1ull << 20},
+      {"MiB", 1ull << 20}, {"G", 1ull << 30}, {"GiB", 1ull << 30}, {"T", 1ull << 40},
+      {"TiB", 1ull << 40}};
+  if (!s || *s < '0' || *s > '9') return false;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno) return false;
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (strcmp(end, units[i].u) == 0 && v <= UINT64_MAX / units[i].mul) {
+      *out = (uint64_t)v * units[i].mul;
+      return true;
+    }
+  return false;
+}
+
+static int cmd_pool(kvc_client_t *c, const opts_t *o) {
+  uint64_t bytes;
+  if (strcmp(o->pos[0], "resize") != 0) {
+    fprintf(stderr, "%s: pool: unknown subcommand '%s'\n", prog, o->pos[0]);
+    command_usage(stderr, find_command("pool"), false);
+    return 2;
+  }
+  if (!parse_size(o->pos[1], &bytes)) {
+    fprintf(stderr, "%s: pool resize: SIZE must be a size like 8GiB, got '%s'\n", prog,
+            o->pos[1]);
+    command_usage(stderr, find_command("pool"), false);
+    return 2;
+  }
+  kvc_pool_resize_t r;
+  int rc = kvc_pool_resize(c, bytes, &r);
+  if (rc) return fail(c, rc, "pool resize");
+  printf("pool: %" PRIu64 " bytes in %u segment%s (moved %" PRIu64 " pages, evicted %" PRIu64
+         ", %.1f ms, the daemon's loop held %.1f ms)\n", r.bytes, r.segments,
+         r.segments == 1 ? "" : "s", r.moved_pages, r.evicted_pages,
+         (double)r.elapsed_us / 1000, (double)r.loop_us / 1000);
+  return 0;
 }
 
 /* ---- events ------------------------------------------------------------------- */

@@ -30,10 +30,13 @@ enum opt_type {
   OPT_HASH,  /* sha256 or xxh3 */
   OPT_BOOL,  /* true/false, yes/no, on/off, 1/0 */
   OPT_LISTEN,/* HOST:PORT, [V6]:PORT, :PORT (loopback); empty: off */
+  OPT_DIR,   /* an absolute directory path; empty: off */
   OPT_TEXT,  /* text of at most max - 1 bytes, no quote or newline */
   OPT_ENUM,  /* one of the option's names; stored as its index (u32) */
   OPT_ENDPOINT, /* a ZeroMQ endpoint: tcp://HOST:PORT or ipc://PATH; empty: off */
   OPT_EVTENANT, /* a tenant name, "*" (every tenant) or empty */
+  OPT_NODES, /* HOST:PORT,HOST:PORT,...; empty allowed */
+  OPT_FILE,  /* a file path; empty allowed */
 };
 
 typedef struct option {
@@ -48,6 +51,7 @@ typedef struct option {
 } option_t;
 
 static const char *const events_formats[] = {"array", "map", NULL};
+static const char *const cluster_writes[] = {"indexed", "evicted", "off", NULL};
 static const char *const events_hashes[] = {"chain", "vllm", NULL};
 
 #define KiB 1024ull
@@ -63,10 +67,18 @@ static const option_t options[] = {
    "ignored when systemd passes the socket"},
   {"socket_mode", OPT_MODE, "0660", 0, 0777, false, F(socket_mode),
    "permission bits of the socket file (set through the umask at bind)"},
-  {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, false, F(pool_bytes),
-   "bytes of the shared page pool, backed at start"},
+  {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, true, F(pool_bytes),
+   "bytes of the shared page pool, backed at start; a reload resizes it online (a grow adds "
+   "a segment, a shrink releases whole segments from the end: doc/tiers.md)"},
   {"page_bytes", OPT_SIZE, "2MiB", 64, 1 * GiB, false, F(page_bytes),
    "bytes of one pool page (a multiple of 64)"},
+  {"pool_reserve_bytes", OPT_SIZE, "0", 0, 64 * TiB, false, F(pool_reserve_bytes),
+   "address space reserved for the pool: the most it may grow to online (0: the machine's "
+   "memory)"},
+  {"pool_huge_pages", OPT_BOOL, "true", 0, 0, false, F(pool_huge_pages),
+   "back the pool with huge pages where the host offers them: hugetlbfs pages if reserved "
+   "(vm.nr_hugepages), else transparent huge pages if shmem takes them; the figure "
+   "pool_huge_pages says which"},
   {"max_caches", OPT_U32, "64", 1, 65536, false, F(max_caches),
    "caches the daemon may hold"},
   {"max_seqs", OPT_U64, "0", 0, UINT64_MAX, false, F(max_seqs),
@@ -172,6 +184,13 @@ static const option_t options[] = {
    "shared-buffer bytes the connections of one uid may hold together (QUOTA_SHM)"},
   {"shm_bytes_total", OPT_SIZE, "8GiB", 1 * MiB, 64 * TiB, true, F(shm_bytes_total),
    "shared-buffer bytes all connections may hold together (QUOTA_SHM)"},
+  {"tier_dir", OPT_DIR, "", 0, 0, false, F(tier_dir),
+   "directory of the disk tier: prefix pages evicted from memory are written here and read "
+   "back by a match, and a clean stop keeps the prefix index here for the next start "
+   "(created mode 0700; it must be the daemon's own); empty: no disk tier"},
+  {"tier_bytes", OPT_SIZE, "4GiB", 1 * MiB, 64 * TiB, true, F(tier_bytes),
+   "bytes of page files the disk tier keeps, least recently used out first (a reload also "
+   "lifts the lower bound a full file system set)"},
   {"events_endpoint", OPT_ENDPOINT, "", 0, 0, false, F(events_endpoint),
    "publish every change of the prefix index as vLLM's KV events (ZeroMQ PUB, msgpack; "
    "doc/events.md) on this endpoint, bound: tcp://127.0.0.1:5557 or ipc:///run/kvcached/"
@@ -211,6 +230,60 @@ static const option_t options[] = {
   {"events_log_bytes", OPT_SIZE, "4MiB", 4 * KiB, 1 * GiB, false, F(events_log_bytes),
    "the engine's log of changes between two loop turns; changes past it are lost and the "
    "stream says so (AllBlocksCleared)"},
+  {"cluster_nodes", OPT_NODES, "", 0, 0, false, F(cluster_nodes),
+   "the cluster tier (doc/cluster.md): seed nodes of a Redis Cluster, HOST:PORT,HOST:PORT "
+   "(the others are learned from CLUSTER SLOTS); empty: no cluster tier"},
+  {"cluster_write", OPT_ENUM, "indexed", 0, 0, false, F(cluster_write),
+   "when a page of the prefix index is written to the cluster: indexed (as soon as it is "
+   "indexed), evicted (when the pool reclaims it) or off (read only)", cluster_writes},
+  {"cluster_auth_file", OPT_FILE, "", 0, 0, false, F(cluster_auth_file),
+   "a file holding the cluster's ACL user and password (\"USER PASSWORD\", or a password "
+   "alone for the default user), owned by the daemon's user and readable by nobody else; "
+   "empty: no AUTH"},
+  {"cluster_secret_file", OPT_FILE, "", 0, 0, false, F(cluster_secret_file),
+   "a file holding the secret every node of the fleet shares (16 bytes or more), owned by "
+   "the daemon's user and readable by nobody else: values are authenticated with it, so a "
+   "value planted by someone without it never verifies; empty: values are only "
+   "checksummed (logged as a warning)"},
+  {"cluster_tls", OPT_BOOL, "false", 0, 0, false, F(cluster_tls),
+   "TLS to the cluster: not available (Debian 12's hiredis 0.14 has none); keep the cluster "
+   "on a private network or behind a TLS tunnel"},
+  {"cluster_read_replicas", OPT_BOOL, "false", 0, 0, false, F(cluster_read_replicas),
+   "lookups read from a replica of the slot when one is up (READONLY), else from its master"},
+  {"cluster_lookup_timeout_ms", OPT_U32, "200", 1, 60000, false, F(cluster_lookup_timeout_ms),
+   "the longest a match or attach waits for the cluster; what has arrived by then is used "
+   "and the request runs with it"},
+  {"cluster_lookup_max_pages", OPT_U32, "4096", 1, 65536, false, F(cluster_lookup_max_pages),
+   "pages one match or attach looks up in the cluster past what the pool holds"},
+  {"cluster_lookup_bytes", OPT_SIZE, "256MiB", 1 * MiB, 64 * GiB, false, F(cluster_lookup_bytes),
+   "value bytes the lookups in flight may hold at once (what came, until it is imported); a "
+   "lookup past it asks for fewer pages, or none"},
+  {"cluster_connect_timeout_ms", OPT_U32, "1000", 1, 60000, false,
+   F(cluster_connect_timeout_ms), "ms for a connection to a node to be made"},
+  {"cluster_command_timeout_ms", OPT_U32, "2000", 1, 600000, false,
+   F(cluster_command_timeout_ms),
+   "a node that leaves a command unanswered this long is dropped (its breaker counts it)"},
+  {"cluster_refresh_ms", OPT_U32, "10000", 100, 3600000, false, F(cluster_refresh_ms),
+   "the slot map is read again this often (and at once after a redirection or a failure)"},
+  {"cluster_breaker_failures", OPT_U32, "3", 1, 1000, false, F(cluster_breaker_failures),
+   "failures in a row (refused, lost, silent) that open a node's circuit breaker: nothing is "
+   "sent to it until it has been open cluster_breaker_ms"},
+  {"cluster_breaker_ms", OPT_U32, "1000", 10, 600000, false, F(cluster_breaker_ms),
+   "how long a node's breaker stays open the first time; doubling while the node fails, to "
+   "64 times"},
+  {"cluster_queue_pages", OPT_U32, "4096", 1, 1u << 20, false, F(cluster_queue_pages),
+   "pages the write-behind queue holds (with cluster_write = evicted each holds a copy of "
+   "its page); more are dropped and counted"},
+  {"cluster_inflight_bytes", OPT_SIZE, "16MiB", 64 * KiB, 1 * GiB, false,
+   F(cluster_inflight_bytes), "value bytes being written to the cluster at once (at most a "
+   "sixteenth of pool_bytes: the pages being written are held in the pool meanwhile)"},
+  {"cluster_retries", OPT_U32, "3", 0, 16, false, F(cluster_retries),
+   "times a failed write is tried again before it is dropped"},
+  {"cluster_backoff_ms", OPT_U32, "100", 1, 600000, false, F(cluster_backoff_ms),
+   "wait before the first retry of a write, doubling for each"},
+  {"cluster_ttl_s", OPT_U32, "86400", 0, 315360000, false, F(cluster_ttl_s),
+   "values expire from the cluster this many seconds after they are written; 0: never "
+   "(then only the cluster's maxmemory-policy removes them)"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -295,6 +368,27 @@ int config_parse_listen(const char *s, char *host, size_t hostlen, unsigned *por
   unsigned char tmp[16];
   if (inet_pton(strchr(host, ':') ? AF_INET6 : AF_INET, host, tmp) != 1) return -1;
   *port = (unsigned)p;
+  return 0;
+}
+
+int config_parse_nodes(const char *s, size_t *n) {
+  size_t count = 0;
+  for (const char *p = s; *p;) {
+    size_t len = strcspn(p, ","), hl = 0;
+    for (size_t i = 0; i < len; i++) /* the last ':' ends the host ([v6]:port) */
+      if (p[i] == ':') hl = i;
+    size_t pl = hl ? len - hl - 1 : 0;
+    unsigned long port = 0;
+    for (size_t i = 0; i < pl && port <= 65535; i++)
+      port = p[hl + 1 + i] >= '0' && p[hl + 1 + i] <= '9'
+                 ? port * 10 + (unsigned long)(p[hl + 1 + i] - '0') : 65536;
+    if (hl == 0 || hl > 63 || pl == 0 || port == 0 || port > 65535 || memchr(p, ' ', len))
+      return -1;
+    count++;
+    p += len;
+    if (*p == ',') p++;
+  }
+  if (n) *n = count;
   return 0;
 }
 
@@ -495,6 +589,31 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     snprintf(field, sizeof cfg->metrics_listen, "%s", value);
     return 0;
   }
+  case OPT_NODES:
+    if (strlen(value) >= sizeof cfg->cluster_nodes || config_parse_nodes(value, NULL) != 0) {
+      fail(err, errlen, "%s: expected HOST:PORT,HOST:PORT (or empty: off), got '%s'", o->name,
+           value);
+      return -1;
+    }
+    snprintf(field, sizeof cfg->cluster_nodes, "%s", value);
+    return 0;
+  case OPT_FILE:
+    if (strlen(value) >= sizeof cfg->cluster_auth_file || strpbrk(value, "\"\n")) {
+      fail(err, errlen, "%s: a path of at most %zu bytes without '\"' or a newline", o->name,
+           sizeof cfg->cluster_auth_file - 1);
+      return -1;
+    }
+    snprintf(field, sizeof cfg->cluster_auth_file, "%s", value);
+    return 0;
+  case OPT_DIR:
+    if (*value && (*value != '/' || strlen(value) >= sizeof cfg->tier_dir ||
+                   strpbrk(value, "\"\n"))) {
+      fail(err, errlen, "%s: expected an absolute path of at most %zu bytes without '\"' or "
+           "a newline (or empty: off), got '%s'", o->name, sizeof cfg->tier_dir - 1, value);
+      return -1;
+    }
+    snprintf(field, sizeof cfg->tier_dir, "%s", value);
+    return 0;
   case OPT_TEXT:
     if (strlen(value) >= o->max || strpbrk(value, "\"\n")) {
       fail(err, errlen, "%s: at most %llu bytes, without '\"' or a newline", o->name,
@@ -509,9 +628,14 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
         *(uint32_t *)(void *)field = i;
         return 0;
       }
-    fail(err, errlen, "%s: expected %s or %s, got '%s'", o->name, o->names[0], o->names[1],
-         value);
+  {
+    char all[160] = "";
+    for (uint32_t i = 0; o->names[i]; i++) /* "a, b or c" */
+      snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s",
+               !i ? "" : o->names[i + 1] ? ", " : " or ", o->names[i]);
+    fail(err, errlen, "%s: expected %s, got '%s'", o->name, all, value);
     return -1;
+  }
   case OPT_ENDPOINT:
     if (*value && (strlen(value) >= CONFIG_EVENTS_TEXT || strpbrk(value, "\" \n") ||
                    (strncmp(value, "tcp://", 6) != 0 && strncmp(value, "ipc://", 6) != 0) ||
@@ -596,6 +720,11 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
          (unsigned long long)cfg->page_bytes, (unsigned long long)cfg->pool_bytes);
     return -1;
   }
+  if (cfg->pool_reserve_bytes && cfg->pool_reserve_bytes < cfg->pool_bytes) {
+    fail(err, errlen, "pool_reserve_bytes: %llu is less than pool_bytes %llu",
+         (unsigned long long)cfg->pool_reserve_bytes, (unsigned long long)cfg->pool_bytes);
+    return -1;
+  }
   if (cfg->shm_default_bytes > cfg->shm_max_bytes) {
     fail(err, errlen, "shm_default_bytes exceeds shm_max_bytes");
     return -1;
@@ -629,6 +758,12 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
   }
   if (cfg->zero_copy_tenant[0] && cfg->n_shared_rules) {
     fail(err, errlen, "zero_copy_tenant makes a single-tenant node: it has no shared_caches");
+    return -1;
+  }
+  if (cfg->cluster_tls) {
+    fail(err, errlen, "cluster_tls: TLS to the cluster is not available: Debian 12's hiredis "
+         "0.14 has no TLS; keep the cluster on a private network or behind a TLS tunnel "
+         "(doc/cluster.md)");
     return -1;
   }
   if (cfg->events_endpoint[0] && !cfg->events_tenant[0]) {
@@ -676,6 +811,9 @@ static void print_value(const config_t *cfg, const option_t *o, char *buf, size_
   size_t used = 0;
   switch (o->type) {
   case OPT_PATH:
+  case OPT_NODES:
+  case OPT_FILE:
+  case OPT_DIR:
   case OPT_LISTEN: snprintf(buf, len, "%s", field); return;
   case OPT_MODE: snprintf(buf, len, "%04o", *(const uint32_t *)(const void *)field); return;
   case OPT_U32: snprintf(buf, len, "%u", *(const uint32_t *)(const void *)field); return;

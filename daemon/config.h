@@ -41,6 +41,8 @@ typedef struct config {
   char socket_path[108];     /* Unix socket to listen on */
   uint32_t socket_mode;      /* permission bits of the socket file */
   uint64_t pool_bytes;       /* bytes of the page pool */
+  uint64_t pool_reserve_bytes; /* address space for the pool to grow in; 0: MemTotal */
+  bool pool_huge_pages;      /* try huge pages for the pool */
   uint64_t page_bytes;       /* bytes of one pool page */
   uint32_t max_caches;       /* caches the engine may hold */
   uint64_t max_seqs;         /* sequences the engine may hold, 0: unlimited */
@@ -90,6 +92,9 @@ typedef struct config {
   uint32_t idle_timeout_ms;       /* a connection silent this long is closed; 0: never */
   uint64_t shm_bytes_per_uid;     /* shared-buffer bytes the connections of one uid hold */
   uint64_t shm_bytes_total;       /* shared-buffer bytes all connections hold */
+  /* The disk tier (doc/tiers.md). */
+  char tier_dir[256];        /* directory of the disk tier; "": no disk tier */
+  uint64_t tier_bytes;       /* bytes of page files the tier keeps at most */
   /* The KV event stream (doc/events.md); off while events_endpoint is "". */
   char events_endpoint[CONFIG_EVENTS_TEXT];        /* ZeroMQ PUB endpoint */
   char events_replay_endpoint[CONFIG_EVENTS_TEXT]; /* ZeroMQ ROUTER endpoint; "": none */
@@ -104,10 +109,32 @@ typedef struct config {
   bool events_hash_int;           /* as a 64-bit int instead of bytes */
   char events_hash_seed[CONFIG_EVENTS_TEXT]; /* vllm hashes: PYTHONHASHSEED's value */
   uint64_t events_log_bytes;      /* the engine's event log between loop turns */
+  /* The cluster tier (doc/cluster.md); off while cluster_nodes is empty. */
+  char cluster_nodes[1024];       /* seed nodes, "host:port,host:port" */
+  uint32_t cluster_write;         /* CLUSTER_WRITE_*: when pages are written */
+  char cluster_auth_file[256];    /* "user password" or "password"; "": no AUTH */
+  char cluster_secret_file[256];  /* the values' MAC secret; "": checksums only */
+  bool cluster_tls;               /* refused: hiredis 0.14 has no TLS */
+  bool cluster_read_replicas;     /* lookups read from replicas */
+  uint32_t cluster_lookup_timeout_ms; /* the longest a request waits for the cluster */
+  uint32_t cluster_lookup_max_pages;  /* pages one request looks up */
+  uint64_t cluster_lookup_bytes;      /* value bytes all lookups may hold at once */
+  uint32_t cluster_connect_timeout_ms;
+  uint32_t cluster_command_timeout_ms; /* a node silent this long is dropped */
+  uint32_t cluster_refresh_ms;    /* the slot map is read again this often */
+  uint32_t cluster_breaker_failures; /* failures in a row that open a node's breaker */
+  uint32_t cluster_breaker_ms;    /* its first open period */
+  uint32_t cluster_queue_pages;   /* pages the write-behind queue holds */
+  uint64_t cluster_inflight_bytes;/* value bytes being written at once */
+  uint32_t cluster_retries;       /* tries again of a failed write */
+  uint32_t cluster_backoff_ms;    /* before the first, doubling */
+  uint32_t cluster_ttl_s;         /* values expire after this; 0: never */
 } config_t;
 
 enum { EVENTS_FORMAT_ARRAY = 0, EVENTS_FORMAT_MAP = 1 };
 enum { EVENTS_HASH_CHAIN = 0, EVENTS_HASH_VLLM = 1 };
+
+enum cluster_write { CLUSTER_WRITE_INDEXED = 0, CLUSTER_WRITE_EVICTED = 1, CLUSTER_WRITE_OFF = 2 };
 
 /* ---- the option table (config.c) ----------------------------------------- */
 
@@ -151,6 +178,9 @@ void config_print_options_help(FILE *f);
  * port. 0 or -1. */
 int config_parse_listen(const char *s, char *host, size_t hostlen, unsigned *port);
 
+/* Checks "host:port,host:port" (n: how many, may be NULL): 0 or -1. */
+int config_parse_nodes(const char *s, size_t *n);
+
 /* Parses "4GiB", "512MiB", "65536". Returns 0 or -1 (bad text, overflow). */
 int config_parse_size(const char *s, uint64_t *out);
 
@@ -170,7 +200,7 @@ int config_file_apply(config_t *cfg, const char *path, char *err, size_t errlen)
 
 /* ---- the command line (config_cmdline.c) ------------------------------------ */
 
-#define CONFIG_MAX_FLAGS 64
+#define CONFIG_MAX_FLAGS 128
 
 enum config_action {
   CONFIG_RUN = 0,       /* start the daemon */

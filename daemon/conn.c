@@ -15,6 +15,7 @@
 #include "log.h"
 #include "quotas.h"
 #include "ring.h"
+#include "remote.h"
 
 typedef struct wreq {
   uv_write_t req;
@@ -82,6 +83,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
       conn_enter(c, CONN_CLOSED, reason);
     break;
   case CONN_CLOSED:
+    if (c->rwait) remote_forget(c);
     if (c->greeted) {
       size_t n = engine_unpin_all(srv->eng, c->id);
       size_t nl = engine_lease_release_all(srv->eng, c->id);
@@ -159,16 +161,30 @@ static size_t drop_owned(conn_t *c) {
 void conn_park(conn_t *c) {
   c->parked = true;
   c->srv->nparked++;
-  c->srv->stats.parked_requests++;
+  if (!c->tier_wait) c->srv->stats.parked_requests++; /* a busy sequence, not a read */
+}
+
+void conn_unpark(conn_t *c) {
+  if (!c->parked) return;
+  c->parked = false;
+  c->srv->nparked--;
+  schedule(c);
+}
+
+void conn_park_remote(conn_t *c) {
+  c->parked = c->remote_parked = true;
+  c->srv->nparked++;
+}
+
+void conn_unpark_remote(conn_t *c) {
+  if (!c->remote_parked) return;
+  c->remote_parked = false;
+  conn_unpark(c);
 }
 
 void conn_unpark_all(server_t *srv) {
-  for (conn_t *c = srv->conns; c && srv->nparked; c = c->next) {
-    if (!c->parked) continue;
-    c->parked = false;
-    srv->nparked--;
-    schedule(c);
-  }
+  for (conn_t *c = srv->conns; c && srv->nparked; c = c->next)
+    if (c->parked && !c->tier_wait && !c->remote_parked) conn_unpark(c);
 }
 
 bool conn_offload_end(conn_t *c) {
@@ -361,6 +377,15 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
 }
 
 int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds) {
+  /* Descriptors travel on the socket only: a request that came through the
+   * ring gets its marker there. */
+  if (c->via_ring && c->ring) {
+    c->via_ring = false;
+    if (ring_reply(c->ring, NULL) < 0) {
+      conn_close(c, "the client broke its completion ring");
+      return KVC_E_IO;
+    }
+  }
   uv_os_fd_t sock;
   if (c->state == CONN_CLOSED || uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) != 0 ||
       uv_fileno((uv_handle_t *)&c->pipe, &sock) != 0)
@@ -369,9 +394,9 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
   if (!w) return KVC_E_NOMEM;
   union {
     struct cmsghdr h;
-    char buf[CMSG_SPACE(3 * sizeof(int))];
+    char buf[CMSG_SPACE(POOLMAP_SEGMENTS_MAX * sizeof(int))];
   } ctl;
-  if (nfds < 1 || nfds > 3) {
+  if (nfds < 1 || nfds > (int)POOLMAP_SEGMENTS_MAX) {
     free(w);
     return KVC_E_INTERNAL;
   }
@@ -749,7 +774,7 @@ void conn_accept(server_t *srv) {
   char tname[TENANT_NAME_MAX];
   tenant_of_peer(cfg->tenant_rules, cfg->n_tenant_rules, cred.uid, cred.gid, groups, ngroups,
                  tname);
-  c->tenant = tenants_id(&srv->tenants, tname);
+  c->tenant = server_tenant(srv, tname);
   c->admin = cred.uid == 0 || cred.uid == geteuid() || /* root, the service's own user */
              peer_in(&cfg->admin_uids, &cfg->admin_gids, cred.uid, cred.gid, groups, ngroups);
   c->pool_mapped = c->admin || (cfg->zero_copy_tenant[0] && strcmp(tname, cfg->zero_copy_tenant) == 0);

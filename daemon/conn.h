@@ -106,6 +106,12 @@ struct conn {
   bool parked;               /* its next request needs a sequence another
                                 connection's put holds busy: it runs again,
                                 from the start, when a put ends */
+  bool tier_wait;            /* parked until pages its match reached on the
+                                disk tier are read back (disk.c) */
+  bool tier_tried;           /* its current request looked at the disk tier
+                                already: when it runs again, it does not */
+  bool remote_parked;        /* parked until its cluster lookup ends (rwait) */
+  struct rlookup *rwait;     /* the cluster lookup of its next request (rlookup.c) */
   bool greeted;              /* said Hello (stays set through FLUSHING, CLOSED) */
   bool counted;              /* counted in connections_current */
   bool eof;                  /* the peer closed its side; never read again */
@@ -140,9 +146,10 @@ void conn_accept(server_t *srv);
  * connection is then closed). */
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
 
-/* Sends resp with nfds (1 to 3) descriptors passed along (one SCM_RIGHTS
- * message) on the raw socket; only while the write queue is empty (the
- * handshake). Returns 0 or a negative code. */
+/* Sends resp with nfds (1 to POOLMAP_SEGMENTS_MAX) descriptors passed along
+ * (one SCM_RIGHTS message) on the raw socket; only while the write queue is
+ * empty (the handshake; a synchronous client's PoolMap). Returns 0 or a
+ * negative code. */
 int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds);
 
 /* Sequences owned by c (SeqCreate with owned): room for n more (0, or -1
@@ -153,8 +160,14 @@ void conn_own(conn_t *c, uint32_t cache_id, uint64_t seq_id);
 /* Parks c: the frame at the head of its buffer stays there, and nothing
  * runs until conn_unpark_all. */
 void conn_park(conn_t *c);
-/* Runs the parked connections of srv again (a put ended). */
+/* Runs the parked connections of srv again (a put ended); those waiting
+ * for the disk tier or the cluster stay parked. */
 void conn_unpark_all(server_t *srv);
+/* Runs c again (its disk tier reads are in). */
+void conn_unpark(conn_t *c);
+/* Parks c until its cluster lookup ends (remote.c), then runs it again. */
+void conn_park_remote(conn_t *c);
+void conn_unpark_remote(conn_t *c);
 
 /* READY: the Hello was accepted (dispatch). */
 void conn_greeted(conn_t *c);

@@ -9,15 +9,18 @@
 
 #include "admin.h"
 #include "codec.h"
+#include "disk.h"
 #include "events.h"
 #include "kvcache/kvcache.h"
 #include "layout.h"
 #include "log.h"
 #include "quotas.h"
+#include "remote.h"
 #include "offload.h"
 #include "ring.h"
 #include "ringbuf.h"
 #include "optable.h"
+#include "poolresize.h"
 #include "tenant.h"
 #include "testhook.h"
 
@@ -39,6 +42,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define SEQ_LIST_MAX 4096u
 #define LEASES_PER_CONN 4096u /* leases one connection may hold at once */
 #define DEFERRED 1            /* a handler's "the reply comes later" */
+#define CLUSTER_WAIT 2        /* a handler's "run me again once the cluster answered" */
 #define TOP_DEFAULT 10u
 #define TOP_MAX 1000u
 
@@ -49,6 +53,9 @@ typedef struct reply {
   int fd;            /* sent with the reply (SCM_RIGHTS) when >= 0 */
   int fd2;           /* a second one in the same message, when >= 0 */
   int fd3;           /* a third, when >= 0 */
+  int fdv[POOLMAP_SEGMENTS_MAX]; /* else these nfdv (the pool's segments) */
+  int nfdv;
+  bool no_park;      /* a BUSY is the answer, not a reason to park and run again */
   bool close_after;  /* close the connection once the reply is flushed */
   uint64_t t0_ns;    /* when decoding began */
   char err[256];     /* the one-line reason of a failure */
@@ -225,11 +232,14 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   hr->max_frame_bytes = c->max_frame;
   hr->conn_id = c->id;
   hr->pool_bytes = srv->pool.bytes;
+  hr->pool_reserve_bytes = srv->pool.reserve;
+  hr->pool_gen = srv->pool.gen;
   hr->page_bytes = srv->cfg.page_bytes;
   hr->server_version = (char *)KVC_VERSION_STRING;
   hr->max_entries = srv->cfg.max_entries;
   hr->max_decode_bytes = srv->cfg.max_decode_bytes;
-  hr->pool_fd = srv->pool_ro_fd >= 0 && c->pool_mapped;
+  int pool_fd = srv->pool.nseg ? srv->pool.seg[0].ro_fd : -1; /* the others: PoolMap */
+  hr->pool_fd = pool_fd >= 0 && c->pool_mapped;
   if (c->ring) {
     hr->ring_off = bytes;
     hr->ring_sq_bytes = sq_bytes;
@@ -239,7 +249,7 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HELLO;
   r->resp->hello = hr;
   r->fd = c->shm.fd;
-  r->fd2 = c->pool_mapped ? srv->pool_ro_fd : -1;
+  r->fd2 = c->pool_mapped ? pool_fd : -1;
   conn_greeted(c);
   LOG_DEBUG("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
            (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name,
@@ -786,7 +796,8 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   kvcache__v1__stats_reply__init(sr);
   metrics_refusals_t *ref = NULL;
   size_t nref = quotas_refusals(srv, c->tenant, c->admin, r->a, &ref);
-  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, cache_view, c, ref, nref, sr);
+  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, cache_view, c, ref, nref,
+                          remote_view(srv, r->a), sr);
   if (rc) return reject(r, rc, "cannot render stats: %s", kvc_strerror(rc));
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STATS;
   r->resp->stats = sr;
@@ -836,6 +847,7 @@ static int lease_take(conn_t *c, reply_t *r, uint32_t cache_id, uint64_t seq_id,
   lr->v_row_bytes = l.v_row_bytes;
   lr->k_scale_offset = l.k_scale_offset;
   lr->v_scale_offset = l.v_scale_offset;
+  lr->pool_gen = c->srv->pool.gen;
   *out = lr;
   return 0;
 }
@@ -1074,6 +1086,18 @@ static int match_reply(conn_t *c, reply_t *r, const engine_match_t *m) {
   return 0;
 }
 
+/* A match or attach that is past what the pool holds goes on in the
+ * cluster tier first: the request waits (CLUSTER_WAIT), then runs again
+ * and takes in what came before its own engine call (remote.h). */
+static int cluster_step(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                        const engine_pkey_t *key) {
+  if (c->rwait) {
+    remote_import(c, cache_id, tokens, n, key);
+    return 0;
+  }
+  return remote_lookup(c, cache_id, tokens, n, key) == REMOTE_WAIT ? CLUSTER_WAIT : 0;
+}
+
 static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Match *b = req->match;
   NEED_BODY(r, b, "match");
@@ -1084,6 +1108,8 @@ static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
       (rc = span_keys(r, b->span_keys, b->n_span_keys, &key.spans)))
     return rc;
   key.nspans = b->n_span_keys;
+  if ((rc = disk_fetch(c, b->cache_id, tokens, b->ntokens, &key))) return rc; /* BUSY: reading */
+  if ((rc = cluster_step(c, b->cache_id, tokens, b->ntokens, &key))) return rc;
   engine_match_t m;
   ENGINE_CALL(r, engine_match(c->srv->eng, b->cache_id, tokens, b->ntokens, &key, &m));
   return match_reply(c, r, &m);
@@ -1100,6 +1126,8 @@ static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
       (rc = refuse_replace(c, r, b->no_replace, b->cache_id, b->dst_seq)))
     return rc;
   key.nspans = b->n_span_keys;
+  if ((rc = disk_fetch(c, b->cache_id, tokens, b->ntokens, &key))) return rc; /* BUSY: reading */
+  if ((rc = cluster_step(c, b->cache_id, tokens, b->ntokens, &key))) return rc;
   engine_match_t m;
   ENGINE_CALL(r, engine_attach(c->srv->eng, b->cache_id, b->dst_seq, tokens, b->ntokens, &key,
                                b->pin ? c->id : 0, &m));
@@ -1233,6 +1261,50 @@ ADMIN_HANDLER_(config)
 ADMIN_HANDLER_(admin)
 #undef ADMIN_HANDLER_
 
+/* ---- the pool's segments (doc/tiers.md, online resize) -------------------- */
+
+/* The segments and their read-only descriptors, for a client that maps the
+ * pool: it asks when a lease names a generation or a page it has not
+ * mapped. */
+static int h_pool_map(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  (void)req;
+  const poolmap_t *pm = &c->srv->pool;
+  if (!c->pool_mapped)
+    return reject(r, KVC_E_PERM, "the pool mapping is for admins and the tenant of a "
+                  "single-tenant node (doc/security.md)");
+  Kvcache__V1__PoolMapReply *pr = arena_alloc(r->a, sizeof *pr);
+  Kvcache__V1__PoolSegment *segs = arena_alloc(r->a, (pm->nseg + 1) * sizeof *segs);
+  Kvcache__V1__PoolSegment **ptrs = arena_alloc(r->a, (pm->nseg + 1) * sizeof *ptrs);
+  if (!pr || !segs || !ptrs) return reject(r, KVC_E_NOMEM, "out of memory");
+  kvcache__v1__pool_map_reply__init(pr);
+  pr->gen = pm->gen;
+  pr->reserve_bytes = pm->reserve;
+  for (uint32_t i = 0; i < pm->nseg; i++) {
+    kvcache__v1__pool_segment__init(&segs[i]);
+    segs[i].offset = pm->seg[i].off;
+    segs[i].bytes = pm->seg[i].bytes;
+    segs[i].id = pm->seg[i].id;
+    ptrs[i] = &segs[i];
+    r->fdv[i] = pm->seg[i].ro_fd;
+  }
+  pr->n_segments = pm->nseg;
+  pr->segments = ptrs;
+  r->nfdv = (int)pm->nseg;
+  r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_POOL_MAP;
+  r->resp->pool_map = pr;
+  return 0;
+}
+
+static int h_pool_resize(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__PoolResize *b = req->pool_resize;
+  NEED_BODY(r, b, "pool_resize");
+  if (!conn_is_admin(c)) return reject(r, KVC_E_PERM, "resizing the pool is for admins");
+  int rc = pool_resize_start(c->srv, c, b->bytes, req->id, r->t0_ns, r->err, sizeof r->err);
+  if (rc == 0) return DEFERRED; /* poolresize.c replies */
+  r->no_park = true;
+  return rc;
+}
+
 /* ---- the table ----------------------------------------------------------- */
 
 static const struct {
@@ -1309,7 +1381,16 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   c->last_ms = uv_now(srv->loop);
   int rc = run(c, req, &r, &op);
   TESTHOOK(after, srv->eng);
-  if (rc == DEFERRED || (rc == KVC_E_BUSY && !c->offloaded)) {
+  if (c->rwait && rc != CLUSTER_WAIT) remote_forget(c); /* refused before its import */
+  if (rc == CLUSTER_WAIT) {
+    /* Nothing ran: the frame runs again, whole, when the lookup ends. */
+    protobuf_c_message_free_unpacked(&req->base, &alloc);
+    arena_reset(&srv->arena);
+    c->requests--;
+    conn_park_remote(c);
+    return false;
+  }
+  if (rc == DEFERRED || (rc == KVC_E_BUSY && !c->offloaded && !r.no_park)) {
     /* Offloaded: offload.c replies and counts it. Busy: a sequence it needs
      * has a put of another connection in flight; the engine changed
      * nothing, so the frame runs again, whole, when a put ends. */
@@ -1320,6 +1401,7 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     conn_park(c);
     return false;
   }
+  c->tier_tried = false; /* answered: the next request may read the disk tier */
   resp.id = req->id;
   resp.status = dispatch_status(rc);
   resp.error = rc ? r.err : (char *)"";
@@ -1337,6 +1419,8 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     if (r.fd3 >= 0) fds[nfds++] = r.fd3;
     sent = conn_send_fds(c, &resp, fds, nfds);
     shm_close_fd(&c->shm);
+  } else if (r.nfdv && !rc) {
+    sent = conn_send_fds(c, &resp, r.fdv, r.nfdv);
   } else {
     sent = conn_send(c, &resp);
   }

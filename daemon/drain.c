@@ -11,6 +11,7 @@
  */
 #include "conn.h"
 #include "log.h"
+#include "remote.h"
 #include "server.h"
 
 static void on_drain_timeout(uv_timer_t *t) {
@@ -30,6 +31,7 @@ void server_drain(server_t *srv) {
     LOG_WARN("notify", "state=STOPPING error=\"send failed\"");
   server_unlisten(srv);
   uv_timer_stop(&srv->status_timer);
+  remote_drain(srv); /* requests waiting for the cluster run with what came */
   /* A connection closes in a later callback, so the list stays walkable. */
   for (conn_t *c = srv->conns; c; c = c->next) conn_drain(c);
   if (!srv->conns) {

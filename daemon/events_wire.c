@@ -7,9 +7,11 @@
 
 const char *wire_medium(uint32_t medium) {
   /* The memory pool is host memory: vLLM's CPU offloading says "CPU" for
-   * it. The disk and remote tiers, when they exist, will be "DISK" and
-   * "REMOTE" (doc/events.md). */
-  return medium == ENGINE_MEDIUM_POOL ? "CPU" : "UNKNOWN";
+   * it; the disk tier is "DISK", the cluster tier "REMOTE" (doc/events.md). */
+  return medium == ENGINE_MEDIUM_POOL   ? "CPU"
+         : medium == ENGINE_MEDIUM_DISK ? "DISK"
+         : medium == ENGINE_MEDIUM_REMOTE ? "REMOTE"
+                                          : "UNKNOWN";
 }
 
 /* How many events of evs[i..n) one published event covers. */

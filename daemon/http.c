@@ -21,6 +21,7 @@
 
 #include "codec.h"
 #include "log.h"
+#include "remote.h"
 #include "promtext.h"
 #include "quotas.h"
 
@@ -122,7 +123,7 @@ static int render(server_t *srv, char **out, size_t *len) {
   metrics_refusals_t *ref = NULL; /* the operator's view: every tenant refused */
   size_t nref = quotas_refusals(srv, UINT32_MAX, true, &srv->arena, &ref);
   int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), &srv->arena, operator_view, srv,
-                          ref, nref, &sr);
+                          ref, nref, remote_view(srv, &srv->arena), &sr);
   if (rc == 0) {
     size_t nlab = 0;
     for (size_t i = 0; i < sr.n_stats; i++) nlab += sr.stats[i]->n_labels;

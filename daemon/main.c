@@ -1,5 +1,5 @@
 /* main.c: kvcached's entry point: the command line, startup in order (pool,
- * engine, socket, signals, then READY=1), the loop, and the exit. */
+ * engine, signals, socket, then READY=1), the loop, and the exit. */
 #include <errno.h>
 #include <libgen.h>
 #include <signal.h>
@@ -10,14 +10,17 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "disk.h"
 #include "http.h"
 #include "conn.h"
 #include "events.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
 #include "offload.h"
+#include "poolresize.h"
 #include "quotas.h"
 #include "ring.h"
+#include "remote.h"
 #include "server.h"
 #include "testhook.h"
 
@@ -33,6 +36,7 @@ static void on_expire(uv_timer_t *t) {
   if (n) LOG_DEBUG("pins_lapsed", "count=%zu", n);
   if ((n = engine_keys_collect(srv->eng))) LOG_DEBUG("keys_freed", "count=%zu", n);
   quotas_idle_sweep(srv);
+  disk_tick(srv);
 }
 
 void server_stop(server_t *srv) {
@@ -46,14 +50,19 @@ void server_stop(server_t *srv) {
   uv_close((uv_handle_t *)&srv->expire_timer, NULL);
   uv_close((uv_handle_t *)&srv->accept_timer, NULL);
   http_stop(srv);
+  remote_stop(srv);
+  pool_resize_stop(srv);
   events_stop(srv);
 }
 
 /* Everything that can fail at start, in order; READY=1 comes after. */
 static int start(server_t *srv, char *err, size_t errlen) {
   if (notify_open(&srv->notify, err, errlen) != 0) return -1;
-  if (shm_pool_open(srv->cfg.pool_bytes, &srv->pool, err, errlen) != 0) return -1;
-  if ((srv->pool_ro_fd = shm_open_readonly(&srv->pool, err, errlen)) < 0) return -1;
+  uint64_t reserve = srv->cfg.pool_reserve_bytes ? srv->cfg.pool_reserve_bytes
+                                                 : poolmap_default_reserve(srv->cfg.pool_bytes);
+  if (poolmap_open(&srv->pool, srv->cfg.pool_bytes, reserve,
+                   srv->cfg.pool_huge_pages ? POOL_HUGE_AUTO : POOL_HUGE_OFF, err, errlen) != 0)
+    return -1;
   /* Every tenant's bytes live in this process: no process of our uid may
    * ptrace it, read its memory or reopen its descriptors through /proc. */
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
@@ -72,11 +81,25 @@ static int start(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
     return -1;
   }
+  /* The shared caches' identity, then the registry the disk tier kept
+   * (it gives each tenant back its number, and server_tenant its identity),
+   * before quotas_apply registers any tenant. */
+  if ((rc = server_tenant_shared(srv)) != 0) {
+    snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
+    return -1;
+  }
+  if (disk_open(srv, err, errlen) != 0) return -1;
   if ((rc = quotas_apply(srv)) != 0) {
     snprintf(err, errlen, "engine quotas: %s", kvc_strerror(rc));
     return -1;
   }
   if (offload_start(srv, srv->cfg.offload_threads, err, errlen) != 0) return -1;
+  pool_resize_init(srv);
+  /* Signals before the socket: a SIGTERM sent once the socket accepts (a
+   * supervisor, a test) drains; it must not find the default action. They
+   * are handled from the loop, so not before the start is done. */
+  signals_start(srv);
+  if (remote_start(srv, err, errlen) != 0) return -1;
   if (ring_poller_start(srv, conn_run_ring) != 0) {
     snprintf(err, errlen, "ring poller: out of memory");
     return -1;
@@ -84,7 +107,6 @@ static int start(server_t *srv, char *err, size_t errlen) {
   if (server_listen(srv, err, errlen) != 0) return -1;
   if (http_start(srv, err, errlen) != 0) return -1;
   if (events_init(srv, err, errlen) != 0) return -1;
-  signals_start(srv);
   uv_timer_init(srv->loop, &srv->status_timer);
   uv_timer_init(srv->loop, &srv->drain_timer);
   srv->drain_timer.data = srv;
@@ -102,9 +124,12 @@ static void announce(server_t *srv, const char *argv0) {
   LOG_INFO("start", "version=%s pid=%d config_file=\"%s\"", KVC_VERSION_STRING,
            (int)getpid(), srv->config_file);
   LOG_INFO("config", "%s", opts);
-  LOG_INFO("pool", "bytes=%llu page_bytes=%llu pages=%llu prefaulted=yes sealed=yes",
+  static const char *const huge[] = {"none", "transparent", "hugetlb"};
+  LOG_INFO("pool", "bytes=%llu page_bytes=%llu pages=%llu prefaulted=yes sealed=yes "
+           "reserve_bytes=%llu huge_pages=%s",
            (unsigned long long)srv->pool.bytes, (unsigned long long)srv->cfg.page_bytes,
-           (unsigned long long)(srv->pool.bytes / srv->cfg.page_bytes));
+           (unsigned long long)(srv->pool.bytes / srv->cfg.page_bytes),
+           (unsigned long long)srv->pool.reserve, huge[poolmap_huge(&srv->pool)]);
   if (srv->activated)
     LOG_INFO("listen", "socket=%s source=systemd", srv->listen_path);
   else
@@ -175,9 +200,7 @@ int main(int argc, char **argv) {
   uv_loop_init(&loop);
   srv.loop = &loop;
   srv.next_conn_id = 1;
-  srv.pool.fd = -1;
   srv.notify.fd = -1;
-  srv.pool_ro_fd = -1;
   srv.listen_spare = -1;
   arena_init(&srv.arena);
   metrics_init(&srv.stats, uv_hrtime());
@@ -189,7 +212,9 @@ int main(int argc, char **argv) {
     status = 1;
     server_unlisten(&srv);
     http_stop(&srv);
+    remote_stop(&srv);
     events_stop(&srv);
+    signals_stop(&srv);
   } else {
     announce(&srv, argv[0]);
     testhook_init();
@@ -197,15 +222,15 @@ int main(int argc, char **argv) {
     LOG_INFO("exit", "status=0 connections_total=%llu",
              (unsigned long long)srv.stats.connections_total);
   }
+  disk_close(&srv, status == 0 && srv.draining); /* a clean stop persists the index */
   offload_stop(&srv); /* every copy ended: the loop ran out of work */
   ring_poller_stop(&srv);
   uv_run(&loop, UV_RUN_NOWAIT); /* let closed handles finish */
   uv_loop_close(&loop);
   events_free(&srv);
   engine_free(srv.eng);
-  shm_close(&srv.pool);
+  poolmap_close(&srv.pool);
   notify_close(&srv.notify);
-  if (srv.pool_ro_fd >= 0) close(srv.pool_ro_fd);
   arena_deinit(&srv.arena);
   tenants_free(&srv.tenants);
   return status;

@@ -161,12 +161,14 @@ static Kvcache__V1__StatKind wire_kind(int kind) {
                             : KVCACHE__V1__STAT_KIND__STAT_COUNTER;
 }
 
-/* o as the histogram name (in seconds), with the op label unless op is NULL. */
-static void render_histogram(builder_t *b, const op_stats_t *o, const char *name,
-                             const char *help, const char *op) {
+/* A latency histogram of count samples over the log buckets hist, summing
+ * sum_ns, labelled key=value. */
+static void render_histogram(builder_t *b, const char *name, const char *help,
+                             const uint64_t *hist, uint64_t count, uint64_t sum_ns,
+                             const char *key, const char *value) {
   Kvcache__V1__Stat *st =
-      add(b, name, o->requests, KVCACHE__V1__STAT_KIND__STAT_HISTOGRAM, "seconds", help, "");
-  if (op) labels(b, st, 1, (const char *const[]){"op", op});
+      add(b, name, count, KVCACHE__V1__STAT_KIND__STAT_HISTOGRAM, "seconds", help, "");
+  labels(b, st, 1, (const char *const[]){key, value});
   if (!st) return;
   double *le = arena_alloc(b->a, METRICS_EXPORT_BUCKETS * sizeof *le);
   uint64_t *cnt = arena_alloc(b->a, METRICS_EXPORT_BUCKETS * sizeof *cnt);
@@ -179,7 +181,7 @@ static void render_histogram(builder_t *b, const op_stats_t *o, const char *name
   for (unsigned k = METRICS_EXPORT_MIN_POW; k <= METRICS_EXPORT_MAX_POW; k++) {
     /* Internal bucket (k - 2) * 4 + 3 ends at 2^k - 1 ns. */
     unsigned last = (k - 2u) * 4u + 3u;
-    for (; next <= last && next < STATS_HIST_BUCKETS; next++) seen += o->hist[next];
+    for (; next <= last && next < STATS_HIST_BUCKETS; next++) seen += hist[next];
     unsigned i = k - METRICS_EXPORT_MIN_POW;
     le[i] = (double)(((uint64_t)1 << k) - 1u) / 1e9;
     cnt[i] = seen;
@@ -187,7 +189,7 @@ static void render_histogram(builder_t *b, const op_stats_t *o, const char *name
   st->n_bucket_le = st->n_bucket_count = METRICS_EXPORT_BUCKETS;
   st->bucket_le = le;
   st->bucket_count = cnt;
-  st->sum = (double)o->sum_ns / 1e9;
+  st->sum = (double)sum_ns / 1e9;
 }
 
 static void render_ops(builder_t *b, const daemon_stats_t *s) {
@@ -212,8 +214,9 @@ static void render_ops(builder_t *b, const daemon_stats_t *s) {
   /* Histograms of the operations that ran: 28 series each. */
   for (int op = 0; op < OP_COUNT_; op++)
     if (s->ops[op].requests)
-      render_histogram(b, &s->ops[op], "request_duration_seconds",
+      render_histogram(b, "request_duration_seconds",
                        "service time of requests, from decoding to the reply queued",
+                       s->ops[op].hist, s->ops[op].requests, s->ops[op].sum_ns, "op",
                        op_names[op]);
 }
 
@@ -237,6 +240,53 @@ static void render_caches(builder_t *b, engine_t *eng, const kvc_cache_info_t *i
   }
 }
 
+const char *const tier_err_names[TIER_ERR_COUNT_] = {
+#define TIER_ERR_NAME_(name) #name,
+    TIER_ERRORS(TIER_ERR_NAME_)
+#undef TIER_ERR_NAME_
+};
+
+/* A tier's figure: tier_NAME (a counter with _total), labelled tier=t and
+ * the pairs kv. */
+static void tier_add(builder_t *b, const char *t, const char *name, uint64_t v, int kind,
+                     const char *unit, const char *help, size_t npairs, const char *const *kv) {
+  const char *full = export_name(b, "tier_", name, kind);
+  Kvcache__V1__Stat *st = add(b, full, v, wire_kind(kind), unit, help, "");
+  const char *pairs[8] = {"tier", t};
+  for (size_t i = 0; i < 2 * npairs && i < 6; i++) pairs[2 + i] = kv[i];
+  labels(b, st, 1 + npairs, pairs);
+}
+
+static void render_tier(builder_t *b, const tier_view_t *v) {
+  const tier_stats_t *s = v->st;
+  const char *t = v->tier;
+#define TIER_ADD_(name, kind, unit, help) tier_add(b, t, #name, s->name, kind, unit, help, 0, NULL);
+  TIER_STATS(TIER_ADD_)
+#undef TIER_ADD_
+  for (int k = 0; k < TIER_ERR_COUNT_; k++)
+    tier_add(b, t, "errors", s->errors[k], STAT_COUNTER, "errors",
+             "tier operations that failed, by kind", 1,
+             (const char *const[]){"kind", tier_err_names[k]});
+  for (size_t k = 0; k < v->ndiscards && k < TIER_DISCARDS_MAX; k++)
+    tier_add(b, t, "discarded", s->discarded[k], STAT_COUNTER, "pages",
+             "values fetched and refused by verification, by reason", 1,
+             (const char *const[]){"reason", v->discard_names[k]});
+  tier_add(b, t, "redirects", s->moved, STAT_COUNTER, "redirects",
+           "redirections followed, by kind (MOVED, ASK)", 1, (const char *const[]){"kind", "moved"});
+  tier_add(b, t, "redirects", s->ask, STAT_COUNTER, "redirects",
+           "redirections followed, by kind (MOVED, ASK)", 1, (const char *const[]){"kind", "ask"});
+  for (size_t i = 0; i < v->nnodes; i++)
+    tier_add(b, t, "node_slots", v->nodes[i].slots, STAT_GAUGE, "slots",
+             "a node of the tier: the slots it serves as a master, its role and state", 3,
+             (const char *const[]){"node", v->nodes[i].addr, "role", v->nodes[i].role, "state",
+                                   v->nodes[i].state});
+  uint64_t count = 0;
+  for (unsigned i = 0; i < STATS_HIST_BUCKETS; i++) count += s->lookup_hist[i];
+  render_histogram(b, "tier_lookup_duration_seconds",
+                   "time a request waited for the tier, from the lookup sent to its end",
+                   s->lookup_hist, count, s->lookup_ns, "tier", t);
+}
+
 const char *const metrics_limit_names[METRICS_LIMITS] = {
     "pages", "pins", "sequences", "caches", "keys", "connections", "shm"};
 
@@ -253,7 +303,7 @@ static void render_refusals(builder_t *b, const metrics_refusals_t *ref, size_t 
 
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
                    metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
-                   size_t nref, Kvcache__V1__StatsReply *out) {
+                   size_t nref, const tier_view_t *tier, Kvcache__V1__StatsReply *out) {
   size_t ncaches = 0;
   engine_cache_list(eng, NULL, 0, &ncaches);
   kvc_cache_info_t *infos = NULL;
@@ -285,11 +335,13 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
   add(&b, export_name(&b, "", #name, kind), s->name, wire_kind(kind), unit, help, "");
   DAEMON_STATS(DAEMON_ADD_)
 #undef DAEMON_ADD_
-  render_histogram(&b, &s->ring_poll, "ring_poll_seconds",
+  render_histogram(&b, "ring_poll_seconds",
                    "stretches the event loop polled shared-memory rings without finding a "
-                   "request; the sum is the CPU time polling cost", NULL);
+                   "request; the sum is the CPU time polling cost",
+                   s->ring_poll.hist, s->ring_poll.requests, s->ring_poll.sum_ns, NULL, NULL);
   render_ops(&b, s);
   render_refusals(&b, ref, nref);
+  if (tier) render_tier(&b, tier);
   render_caches(&b, eng, infos, ncaches, view, view_ctx);
   if (b.rc) return b.rc;
   out->n_stats = b.n;

@@ -48,6 +48,28 @@
   X(config_reload_failures, STAT_COUNTER, "reloads", "SIGHUP reloads refused (invalid configuration kept out)") \
   X(metrics_scrapes, STAT_COUNTER, "requests", "GET /metrics answered by the metrics_listen endpoint") \
   X(metrics_http_errors, STAT_COUNTER, "requests", "HTTP requests of the metrics endpoint refused (bad, too large, slow, not GET /metrics)") \
+  X(pool_segments, STAT_GAUGE, "segments", "memfd segments the pool is made of (one, and one more a grow)") \
+  X(pool_reserve_bytes, STAT_GAUGE, "bytes", "address space reserved for the pool: the most it may grow to") \
+  X(pool_huge_pages, STAT_GAUGE, "kind", "huge pages backing the pool: 2 hugetlbfs (MFD_HUGETLB), 1 transparent (MADV_HUGEPAGE on shmem), 0 none") \
+  X(pool_resizes, STAT_COUNTER, "resizes", "online resizes of the pool done (kvcachectl pool resize, reloads)") \
+  X(pool_resize_failures, STAT_COUNTER, "resizes", "online resizes refused (pinned data would be lost, leases, not a segment boundary, no memory)") \
+  X(pool_resize_moved_pages, STAT_COUNTER, "pages", "pages a shrink copied below the pool's new end") \
+  X(pool_resize_evicted_pages, STAT_COUNTER, "pages", "pages a shrink freed by eviction") \
+  X(tier_disk_bytes, STAT_GAUGE, "bytes", "bytes of page files in the disk tier (writes in flight included)") \
+  X(tier_disk_pages, STAT_GAUGE, "pages", "pages in the disk tier") \
+  X(tier_disk_bound_bytes, STAT_GAUGE, "bytes", "the disk tier's bound in force: tier_bytes, or less after the file system was full") \
+  X(tier_disk_loading, STAT_GAUGE, "scans", "1 while the start-up scan indexes the disk tier's files (the daemon serves meanwhile)") \
+  X(tier_disk_scanned, STAT_GAUGE, "files", "page files the start-up scan has looked at") \
+  X(tier_disk_loaded, STAT_GAUGE, "pages", "pages the start-up scan indexed (what a restart kept)") \
+  X(tier_disk_writes, STAT_COUNTER, "pages", "pages written to the disk tier (evicted from memory, or kept by a clean stop)") \
+  X(tier_disk_write_bytes, STAT_COUNTER, "bytes", "bytes written to the disk tier") \
+  X(tier_disk_write_errors, STAT_COUNTER, "pages", "pages the disk tier failed to write (a full file system included)") \
+  X(tier_disk_spill_dropped, STAT_COUNTER, "pages", "evicted prefix pages not written: the write queue was full, or a page larger than the tier") \
+  X(tier_disk_reads, STAT_COUNTER, "pages", "pages read back from the disk tier") \
+  X(tier_disk_read_bytes, STAT_COUNTER, "bytes", "bytes read back from the disk tier") \
+  X(tier_disk_hits, STAT_COUNTER, "pages", "pages of the disk tier a match made resident again") \
+  X(tier_disk_evicted, STAT_COUNTER, "pages", "pages the disk tier dropped, least recently used first") \
+  X(tier_disk_discarded, STAT_COUNTER, "pages", "page files that did not verify (torn, corrupt, another version, tenant or layout): removed, never served") \
   X(events_batches, STAT_COUNTER, "batches", "batches published on the ZeroMQ event stream (events_endpoint)") \
   X(events_published, STAT_COUNTER, "events", "events in those batches (runs of one chain's stored pages, or of one cache's removed pages, are one event)") \
   X(events_log_dropped, STAT_COUNTER, "records", "changes of the prefix index lost because the engine's event log was full (events_log_bytes); each loss is followed by AllBlocksCleared") \
@@ -104,6 +126,77 @@ uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q);
 unsigned metrics_bucket(uint64_t v);
 uint64_t metrics_bucket_max(unsigned idx);
 
+/* ---- the tiers behind the pool (remote.c: the cluster) ----------------------
+ * Each tier's figures are rendered with a tier label ("cluster"), as
+ * tier_NAME (counters tier_NAME_total); doc/stats.md, The cluster tier. */
+#define TIER_STATS(X)                                                          \
+  X(lookups, STAT_COUNTER, "requests", "match and attach requests that looked in the tier") \
+  X(lookup_pages, STAT_COUNTER, "pages", "pages looked up in the tier")       \
+  X(hit_pages, STAT_COUNTER, "pages", "pages found, verified and brought into the pool") \
+  X(hit_tokens, STAT_COUNTER, "tokens", "tokens of the pages brought into the pool") \
+  X(read_bytes, STAT_COUNTER, "bytes", "value bytes read from the tier")      \
+  X(writes, STAT_COUNTER, "pages", "pages written to the tier")               \
+  X(written_bytes, STAT_COUNTER, "bytes", "value bytes written to the tier")  \
+  X(write_retries, STAT_COUNTER, "pages", "page writes tried again after a failure") \
+  X(queue_pages, STAT_GAUGE, "pages", "pages waiting to be written (the write-behind queue)") \
+  X(queue_drops, STAT_COUNTER, "pages", "pages never written: the queue was full, retries ran out, or the page was gone") \
+  X(up, STAT_GAUGE, "", "1 when the tier's map covers all of it and no master of it is failing, else 0") \
+  X(slots_covered, STAT_GAUGE, "slots", "cluster slots the slot map covers (16384: all)") \
+  X(nodes_connected, STAT_GAUGE, "nodes", "nodes the daemon is connected to")   \
+  X(breakers_open, STAT_GAUGE, "nodes", "nodes whose circuit breaker is open") \
+  X(map_refreshes, STAT_COUNTER, "refreshes", "slot maps read (CLUSTER SLOTS)")
+
+/* Why a tier operation failed: the kind label of tier_errors_total. */
+#define TIER_ERRORS(X)                                                         \
+  X(timeout)    /* no answer in time (a lookup past its bound, a silent node) */ \
+  X(connection) /* a connection refused or lost */                           \
+  X(breaker)    /* not tried: the node's circuit breaker is open */           \
+  X(noroute)    /* no node serves the slot (no slot map) */                  \
+  X(redirects)  /* too many MOVED/ASK in a row */                            \
+  X(server)     /* an error reply (CLUSTERDOWN, TRYAGAIN, LOADING, ...) */   \
+  X(oom)        /* the cluster is full and evicts nothing (maxmemory-policy noeviction) */ \
+  X(import)     /* verified pages the pool had no room for */              \
+  X(budget)     /* lookups not made: cluster_lookup_bytes held by others */
+
+enum tier_err {
+#define TIER_ERR_ENUM_(name) TIER_ERR_##name,
+  TIER_ERRORS(TIER_ERR_ENUM_)
+#undef TIER_ERR_ENUM_
+  TIER_ERR_COUNT_
+};
+extern const char *const tier_err_names[TIER_ERR_COUNT_];
+
+#define TIER_DISCARDS_MAX 16
+
+typedef struct tier_stats {
+#define TSTAT_FIELD_(name, kind, unit, help) uint64_t name;
+  TIER_STATS(TSTAT_FIELD_)
+#undef TSTAT_FIELD_
+  uint64_t errors[TIER_ERR_COUNT_];
+  uint64_t discarded[TIER_DISCARDS_MAX];  /* values refused, by reason (tier_view_t) */
+  uint64_t moved, ask;                    /* redirections followed */
+  uint64_t lookup_hist[STATS_HIST_BUCKETS]; /* lookup latency, log buckets of ns */
+  uint64_t lookup_ns;                     /* its sum */
+} tier_stats_t;
+
+/* One node of a tier, for kvcachectl. */
+typedef struct tier_node {
+  const char *addr;
+  const char *role;   /* master, replica, seed */
+  const char *state;  /* connected, down, breaker_open */
+  uint32_t slots;     /* slots it serves as a master */
+} tier_node_t;
+
+/* What metrics_render shows of a tier. */
+typedef struct tier_view {
+  const char *tier;                 /* its label: "cluster" */
+  const tier_stats_t *st;
+  const char *const *discard_names; /* the reason of discarded[i] */
+  size_t ndiscards;
+  const tier_node_t *nodes;
+  size_t nnodes;
+} tier_view_t;
+
 /* Which caches a viewer may see: the tenant name to label one it may with,
  * NULL for one it may not (doc/security.md). */
 typedef const char *(*metrics_cache_view_fn)(void *ctx, const kvc_cache_info_t *ci);
@@ -121,10 +214,10 @@ extern const char *const metrics_limit_names[METRICS_LIMITS];
 const char *metrics_op_name(enum op op);
 
 /* Fills out with every figure: engine, per cache (those view shows, with
- * their tenant label), daemon, per operation. Strings and arrays come from
+ * their tenant label), daemon, per operation, the tier (NULL: none). Strings and arrays come from
  * a (freed with the reply). Returns 0 or KVC_E_NOMEM. */
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
                    metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
-                   size_t nref, Kvcache__V1__StatsReply *out);
+                   size_t nref, const tier_view_t *tier, Kvcache__V1__StatsReply *out);
 
 #endif

@@ -47,6 +47,8 @@
   X(clients, CLIENTS)                                                          \
   X(config, CONFIG)                                                            \
   X(admin, ADMIN)                                                              \
+  X(pool_map, POOL_MAP)                                                        \
+  X(pool_resize, POOL_RESIZE)                                                  \
   X(subscribe, SUBSCRIBE)
 
 enum op {

@@ -33,7 +33,7 @@ int quotas_apply(server_t *srv) {
     rc = engine_tenant_limits_set(srv->eng, srv->floored[i], NULL);
   srv->nfloored = 0;
   for (uint32_t i = 0; rc == 0 && i < cfg->n_floors; i++) {
-    uint32_t id = tenants_id(&srv->tenants, cfg->floors[i].tenant);
+    uint32_t id = server_tenant(srv, cfg->floors[i].tenant);
     if (!id) return KVC_E_NOMEM;
     engine_tenant_limits_t own = lim;
     own.min_pages = st.pool_pages * cfg->floors[i].pct / 100;

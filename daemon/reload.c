@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "disk.h"
 #include "log.h"
+#include "poolresize.h"
 #include "quotas.h"
 #include "server.h"
 
@@ -33,7 +35,19 @@ int server_reload(server_t *srv) {
   }
   srv->cfg = merged;
   snprintf(srv->config_file, sizeof srv->config_file, "%s", path);
+  if (srv->cfg.pool_bytes != srv->pool.bytes) { /* an online resize: logged when done */
+    char why[256];
+    uint64_t want = srv->cfg.pool_bytes;
+    int rc = pool_resize_start(srv, NULL, want, 0, uv_hrtime(), why, sizeof why);
+    if (rc != 0) {
+      srv->cfg.pool_bytes = srv->pool.bytes; /* the configuration in force says what is */
+      LOG_ERROR("reload_pool", "pool_bytes=%llu status=%s error=\"%s\" action=\"kept %llu\"",
+                (unsigned long long)want, kvc_err_name(rc), why,
+                (unsigned long long)srv->pool.bytes);
+    }
+  }
   log_level = srv->cfg.log_level;
+  disk_reload(srv);
   if (quotas_apply(srv) != 0)
     LOG_ERROR("reload_quotas", "error=\"out of memory\" action=\"kept the previous tenant limits\"");
   status_reschedule(srv);

@@ -383,9 +383,9 @@ int ring_reply(ring_t *r, const Kvcache__V1__Response *resp) {
   ring_hdr_t *h = r->hdr;
   int64_t room = ringbuf_room(&r->cq, atomic_load_explicit(&h->cq_head, memory_order_acquire));
   if (room < FRAME_HEADER_BYTES) return -1; /* ring_next saw the room: it was taken back */
-  size_t n = kvcache__v1__response__get_packed_size(resp);
+  size_t n = resp ? kvcache__v1__response__get_packed_size(resp) : SIZE_MAX;
   int rc = 0;
-  if (n + FRAME_HEADER_BYTES <= (uint64_t)room && n <= CQ_BYTES) {
+  if (resp && n + FRAME_HEADER_BYTES <= (uint64_t)room && n <= CQ_BYTES) {
     kvcache__v1__response__pack(resp, r->p->rep);
     ringbuf_put(&r->cq, r->p->rep, (uint32_t)n);
   } else {

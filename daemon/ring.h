@@ -91,9 +91,9 @@ int ring_next(ring_t *r, const uint8_t **payload, uint32_t *len, bool this_turn)
 void ring_consume(ring_t *r, uint32_t len);
 
 /* Puts resp into the CQ and wakes the client if it sleeps: 0; or 1 when it
- * does not fit (a RING_ON_SOCKET marker takes its place: the caller sends it
- * on the socket); -1 if the client broke the ring. Starts polling the SQ for
- * the connection's budget. */
+ * does not fit, or is NULL (a reply with descriptors), and a RING_ON_SOCKET
+ * marker takes its place (the caller sends it on the socket); -1 if the
+ * client broke the ring. Starts polling the SQ for the connection's budget. */
 int ring_reply(ring_t *r, const Kvcache__V1__Response *resp);
 
 /* c may run requests again (it was parked, offloaded or paused): polls its

@@ -18,12 +18,15 @@
 #include "notify.h"
 #include "shm.h"
 #include "metrics.h"
+#include "poolmap.h"
 #include "tenant.h"
 
 typedef struct conn conn_t;
 
 typedef struct offload offload_t; /* offload.c */
 typedef struct ring_poller ring_poller_t; /* ring.c */
+typedef struct remote remote_t;   /* remote.c: the cluster tier */
+typedef struct disk disk_t;       /* disk.c */
 typedef struct events events_t;   /* events.c */
 
 typedef struct server {
@@ -35,11 +38,13 @@ typedef struct server {
   offload_t *offload;      /* the copy threads of large gets and puts */
   ring_poller_t *rings;    /* polls the shared-memory rings of active connections */
   uint32_t nrings;         /* connections with rings (a doorbell descriptor each) */
+  remote_t *remote;        /* the cluster tier; NULL: none (cluster_nodes empty) */
+  disk_t *disk;            /* the disk tier (tier_dir), or NULL */
   events_t *events;        /* the stream of prefix-index changes (events.c) */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;
-  shm_region_t pool;       /* the page pool memfd */
-  int pool_ro_fd;          /* read-only reopening of it, passed at each Hello */
+  poolmap_t pool;          /* the page pool: segments of sealed memfds */
+  struct resize *resize;   /* an online resize (poolresize.c) */
   daemon_stats_t stats;
   uv_pipe_t listener;
   char listen_path[108];   /* the socket actually served (systemd's, or cfg's) */
@@ -96,6 +101,8 @@ void server_conn_gone(server_t *srv);
 /* signals.c. Starts SIGTERM/SIGINT (drain, a second one exits at once) and
  * SIGHUP (reload). */
 void signals_start(server_t *srv);
+/* Closes the signal handles of a start that failed (the loop never ran). */
+void signals_stop(server_t *srv);
 
 /* reload.c. Reads the configuration again (file and flags) into a fresh
  * struct and swaps in its reloadable options; an invalid one keeps the
@@ -120,6 +127,13 @@ bool fdbudget_full(const server_t *srv);
 /* Whether the doorbell of one more connection's rings fits beside them (else
  * that connection gets no rings and uses its socket). */
 bool fdbudget_ring_fits(const server_t *srv);
+
+/* tenantid.c. The engine tenant of a tenant name, registered (0: the
+ * registry is full) with the identity every node gives that name, so its
+ * prompts hash alike on every node (engine_tenant_identity). */
+uint32_t server_tenant(server_t *srv, const char *name);
+/* At start: the shared caches' namespace gets its identity. */
+int server_tenant_shared(server_t *srv);
 
 /* main.c. Closes the signal handlers and timers so the loop can end. */
 void server_stop(server_t *srv);

@@ -21,10 +21,6 @@ uint64_t shm_mem_available(void) {
   return (uint64_t)kib * 1024u;
 }
 
-#ifndef F_SEAL_FUTURE_WRITE
-#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
-#endif
-
 /* backed: reserve the memory now with fallocate. seals: added at once. */
 static int create(const char *name, uint64_t bytes, bool backed, int seals,
                   shm_region_t *out, char *err, size_t errlen) {
@@ -63,37 +59,6 @@ fail:
   return -1;
 }
 
-int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen) {
-  uint64_t avail = shm_mem_available();
-  if (avail != 0 && bytes > avail) {
-    snprintf(err, errlen,
-             "pool_bytes %llu exceeds MemAvailable %llu: lower --pool-bytes",
-             (unsigned long long)bytes, (unsigned long long)avail);
-    return -1;
-  }
-  if (create("kvcached-pool", bytes, true, F_SEAL_SHRINK | F_SEAL_GROW, out, err, errlen) != 0)
-    return -1;
-  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, out->fd, 0);
-  if (p == MAP_FAILED) {
-    snprintf(err, errlen, "mmap pool of %llu bytes: %s", (unsigned long long)bytes,
-             strerror(errno));
-    shm_close(out);
-    return -1;
-  }
-  out->base = p;
-  /* From now on the daemon's mapping is the only writable one there will
-   * ever be: no new writable mapping, write() or hole punch, through any
-   * descriptor (even one a client reopens through /proc), and the mode
-   * refuses a read-write reopening to anyone but root. */
-  if (fcntl(out->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0 ||
-      fchmod(out->fd, 0400) != 0) {
-    snprintf(err, errlen, "sealing the pool against writes: %s", strerror(errno));
-    shm_close(out);
-    return -1;
-  }
-  return 0;
-}
-
 int shm_buffer_open(uint64_t bytes, uint64_t extra, shm_region_t *out, char *err,
                     size_t errlen) {
   /* Not fallocated: zeroing tens of MiB here would stall every client's
@@ -113,14 +78,6 @@ int shm_buffer_open(uint64_t bytes, uint64_t extra, shm_region_t *out, char *err
   }
   out->base = p;
   return 0;
-}
-
-int shm_open_readonly(const shm_region_t *r, char *err, size_t errlen) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/fd/%d", r->fd);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) snprintf(err, errlen, "reopening the pool read-only (%s): %s", path, strerror(errno));
-  return fd;
 }
 
 void shm_close_fd(shm_region_t *r) {

@@ -1,11 +1,5 @@
-/* shm.h: the sealed memfds kvcached maps: the page pool and per-connection buffers.
- *
- * The pool is created, backed (fallocate) and pre-faulted at start, so a pool
- * the machine cannot hold fails at start instead of raising SIGBUS later. It
- * is sealed against shrinking and growing, and once the daemon has mapped it
- * read-write, against any future write (F_SEAL_FUTURE_WRITE: no new writable
- * mapping, write() or hole punch through any descriptor). Clients get only a
- * read-only reopening of it (shm_open_readonly), for zero-copy reads.
+/* shm.h: the per-connection buffers kvcached maps (the pool's segments are
+ * poolmap.c's).
  *
  * A connection's buffer is a memfd of its own, sealed (SHRINK, GROW, SEAL) so
  * the client cannot truncate it under the daemon, and mapped read-write by
@@ -29,11 +23,6 @@ typedef struct shm_region {
 /* Bytes of MemAvailable in /proc/meminfo, or 0 if it cannot be read. */
 uint64_t shm_mem_available(void);
 
-/* Creates the pool: memfd "kvcached-pool", fallocate, mmap with MAP_POPULATE,
- * seals. Fills *out. Returns 0 or -1 with a one-line reason in err (more than
- * MemAvailable, cannot be backed, mmap failed). Nothing is left on failure. */
-int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
-
 #define SHM_E_NOFD (-2) /* out of file descriptors (EMFILE, ENFILE) */
 
 /* Creates a connection buffer of `bytes` (page-rounded by the caller), sealed,
@@ -44,13 +33,6 @@ int shm_pool_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
  * in *out until shm_close_fd (after it has been sent). */
 int shm_buffer_open(uint64_t bytes, uint64_t extra, shm_region_t *out, char *err,
                     size_t errlen);
-
-/* A new read-only descriptor of r's memfd (reopened O_RDONLY through
- * /proc/self/fd), for clients' zero-copy reads: a mapping of it cannot be
- * made writable (mmap PROT_WRITE MAP_SHARED and mprotect fail with EACCES),
- * nor can it truncate, seal or punch the file. Returns the fd or -1 with
- * the reason in err. */
-int shm_open_readonly(const shm_region_t *r, char *err, size_t errlen);
 
 /* Closes the fd, keeping the mapping. */
 void shm_close_fd(shm_region_t *r);

@@ -40,3 +40,10 @@ void signals_start(server_t *srv) {
   uv_signal_start(&srv->sig_int, on_stop_signal, SIGINT);
   uv_signal_start(&srv->sig_hup, on_hup, SIGHUP);
 }
+
+void signals_stop(server_t *srv) {
+  if (!srv->sig_term.loop) return; /* never started */
+  uv_close((uv_handle_t *)&srv->sig_term, NULL);
+  uv_close((uv_handle_t *)&srv->sig_int, NULL);
+  uv_close((uv_handle_t *)&srv->sig_hup, NULL);
+}

@@ -79,6 +79,7 @@ static inline const uint32_t *ipage_tags_c(const ipage_t *ip, uint32_t T) {
 }
 
 typedef struct lease lease_t; /* lease.h */
+struct engine_tier_meta;      /* engine_tier.h */
 
 /* A span key resolved for a call (put.c, a match): positions [begin, end)
  * of the sequence carry the interned key id (SPAN_UNKNOWN: a query's key
@@ -95,6 +96,9 @@ typedef struct span_tag {
 typedef struct quota {
   uint32_t tenant;             /* the engine's tenant number */
   uint32_t idx;                /* in eng->quotas, as page_quota names it */
+  uint8_t ident[32];           /* stands for the tenant in chain seeds and key
+                                  digests: the same on every node that names it
+                                  alike (engine_tenant_identity), else its number */
   bool own;                    /* lim is this tenant's; else the default applies */
   bool over;                   /* eviction: over its page share when the call began */
   uint64_t plan_freed;         /* eviction planning: its pages the plan frees */
@@ -220,7 +224,14 @@ struct engine {
   uint32_t *lease_ref; /* per page: leases of connections holding it (not internal ones);
                           NULL until the first (most pools never lease: 4 B a page less) */
   engine_stats_t st;   /* counters (gauges are computed by engine_stats) */
+  engine_tier_hooks_t tier; /* pages a tier may want: indexed, reclaimed (pageio.c) */
   engine_err_t err;
+  /* The disk tier's callback for a cached page leaving memory (tier.c),
+   * and the hook prefix_reclaim calls to reach it (set with it: prefix.c
+   * never calls tier.c, which calls prefix.c). */
+  void (*spill)(void *ctx, const struct engine_tier_meta *m, const void *bytes);
+  void *spill_ctx;
+  void (*reclaim_hook)(struct engine *eng, const ipage_t *ip);
 };
 
 /* A cache id is its slot in eng->caches and the slot's generation, bumped

@@ -320,6 +320,102 @@ typedef struct engine_prefix_top {
 int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out, size_t cap,
                       size_t *n);
 
+/* ---- tiers: indexed pages out of and back into the index (pageio.c) ------
+ * A tier behind the pool (the cluster of doc/cluster.md, a disk) keeps pages
+ * of the prefix index elsewhere and brings them back as indexed pages. The
+ * engine says which pages it indexes and which it is about to reclaim
+ * (hooks), hands out an indexed page's bytes and identity (export), names
+ * the pages of a query past what it holds (hashes), and takes pages back
+ * (import) only once it has recomputed each one's chain hash from the query
+ * itself: a tier can withhold pages, never plant them. */
+
+/* An indexed page as a tier stores it. Borrowed from the engine (its pool
+ * page and metadata) until the next call that may change the index. */
+typedef struct engine_page {
+  uint32_t cache_id;
+  uint32_t tenant;
+  uint8_t hash[32];       /* its chain hash (xxh3: 16 bytes, then zeros) */
+  uint8_t parent[32];     /* the page before it in its chain (zeros: a head) */
+  bool has_parent;
+  uint32_t page_tokens;
+  const uint32_t *tokens; /* its page_tokens token ids */
+  const void *bytes;      /* the layout's page bytes (K, V, scales of every layer) */
+  uint64_t nbytes;
+} engine_page_t;
+
+/* Called back from inside the engine: neither may call the engine. */
+typedef struct engine_tier_hooks {
+  void *ctx;
+  /* A page of cache_id entered the index under hash (a put, not an import). */
+  void (*indexed)(void *ctx, uint32_t cache_id, const uint8_t hash[32]);
+  /* A cached page is being reclaimed under pressure: page is valid only
+   * during the call (copy what is kept). */
+  void (*reclaimed)(void *ctx, const engine_page_t *page);
+} engine_tier_hooks_t;
+
+/* Sets the hooks (NULL members: none); borrows h->ctx. */
+void engine_set_tier_hooks(engine_t *eng, const engine_tier_hooks_t *h);
+
+/* Names tenant with 32 bytes that stand for it in chain seeds and key
+ * digests instead of its number, so that two engines that name a tenant
+ * alike hash its prompts alike. Only before the tenant holds a cache or a
+ * key (KVC_E_BUSY after: its hashes would change under it); KVC_E_EXISTS
+ * if another tenant has that identity; KVC_E_NOMEM. Borrows id. */
+int engine_tenant_identity(engine_t *eng, uint32_t tenant, const uint8_t id[32]);
+
+/* The pages of a query past what the cache holds: *local gets the pages a
+ * match would find (nothing counted or touched), out[0..*nout) the chain
+ * hashes of pages local, local + 1, ... (at most cap), stopping at a page
+ * with a span key never interned here; before (may be NULL) the hash of
+ * page local - 1 when local > 0. NOCACHE, INVAL, RANGE. */
+int engine_prefix_hashes(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                         const engine_pkey_t *key, uint64_t *local, uint8_t before[32],
+                         uint8_t (*out)[32], size_t cap, size_t *nout);
+
+/* The indexed page of cache_id with chain hash `hash` into *out (borrowed,
+ * see engine_page_t). KVC_E_NOCACHE; KVC_E_NOSEQ when no such page is
+ * indexed (reclaimed meanwhile). */
+int engine_page_export(engine_t *eng, uint32_t cache_id, const uint8_t hash[32],
+                       engine_page_t *out);
+
+/* engine_page_export, and the page held until engine_page_release: its
+ * bytes stay as they are (whatever the index and the sequences do
+ * meanwhile) while a thread outside the engine reads them, as a lease
+ * keeps a page. The codes of export, and KVC_E_NOMEM. */
+typedef struct engine_hold engine_hold_t;
+int engine_page_hold(engine_t *eng, uint32_t cache_id, const uint8_t hash[32],
+                     engine_page_t *out, engine_hold_t **hold);
+/* Lets a held page go (freed if nothing else holds it). NULL is a no-op. */
+void engine_page_release(engine_t *eng, engine_hold_t *hold);
+
+/* One page a tier gives back: the chain hash it was stored under and the
+ * layout's page bytes (exactly the cache's page of bytes). Borrowed. */
+typedef struct engine_page_in {
+  const uint8_t *hash;
+  const void *bytes;
+  /* Or, fill set: called (on the engine's thread, inside the import) with
+   * the pool page the page goes to; writes its n bytes there and returns
+   * true, or false to refuse it (a check of the bytes failed): the import
+   * stops at that page, which is freed. It may not call the engine. */
+  bool (*fill)(void *arg, void *dst, uint64_t n);
+  void *arg;
+} engine_page_in_t;
+
+/* Takes pages [first, first + n) of a query back into the index as cached
+ * pages (matchable, held by the index alone, the most recent of the default
+ * priority). Pages [0, first) must be indexed; each page's chain hash is
+ * recomputed from the query (tokens, key, span keys) under the one before
+ * it and must equal in[i].hash, else the import stops there (counted in
+ * hash_verify_failed). A page indexed meanwhile is kept, not replaced. Room
+ * is made by eviction as for a put (the query's indexed pages are held
+ * meanwhile); when all of them do not fit, as many leading pages as do.
+ * *imported gets how many pages were taken (0 is no error). The key is
+ * interned (QUOTA_KEYS). NOCACHE, INVAL, RANGE, NOMEM, QUOTA_KEYS; FULL or
+ * QUOTA_PAGES when not even one page fits. */
+int engine_prefix_import(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                         const engine_pkey_t *key, uint64_t first, const engine_page_in_t *in,
+                         size_t nin, size_t *imported);
+
 /* ---- attention (attn.c, batch.c, shift.c; doc/attention.md) ---------------
  * Positions are slots: token p of a sequence is slot p. Slots a reservation
  * skips or a shift vacates are holes: gets return zeros for them, history
@@ -535,8 +631,11 @@ typedef enum engine_ev_kind {
   ENGINE_EV_DROPPED = 4, /* a cache was dropped (engine_cache_drop) */
 } engine_ev_kind_t;
 
-/* Where a page lives: the memory pool is the only tier so far. */
+/* Where a page lives: the memory pool, or a tier below it the daemon keeps
+ * (engine_events_tier). */
 #define ENGINE_MEDIUM_POOL 0u
+#define ENGINE_MEDIUM_DISK 1u
+#define ENGINE_MEDIUM_REMOTE 2u
 
 typedef struct engine_event {
   engine_ev_kind_t kind;
@@ -551,7 +650,8 @@ typedef struct engine_event {
   uint32_t ntokens;       /* STORED: page_tokens */
   const uint32_t *tokens; /* STORED: the page's token ids; borrowed from the log
                              until engine_events_reset or the next enable */
-  const char *cache_name; /* CLEARED, DROPPED: the cache's name; borrowed likewise */
+  const char *cache_name; /* CLEARED, DROPPED, and a lower tier's STORED and
+                             REMOVED: the cache's name; borrowed likewise */
 } engine_event_t;
 
 /* Turns the log on with room for log_bytes of records (a stored page takes
@@ -570,6 +670,15 @@ uint64_t engine_events_dropped(const engine_t *eng);
 /* Empties the log. Returns how many records were dropped since the last
  * reset because the log was full (0 when everything was kept). */
 uint64_t engine_events_reset(engine_t *eng);
+/* Records, in order with the engine's own, a page that entered (kind
+ * STORED: parent NULL for a chain head, page_tokens ids) or left (REMOVED)
+ * a tier below the pool (medium DISK or REMOTE), of the cache `cache`
+ * (a name) of tenant: the cache need not be open (a warm restart's pages).
+ * Its record's cache_id is UINT32_MAX. Nothing when the log is off; a
+ * full log drops it as any record. */
+void engine_events_tier(engine_t *eng, engine_ev_kind_t kind, uint32_t medium, uint32_t tenant,
+                        const char *cache, uint32_t page_tokens, const uint8_t hash[32],
+                        const uint8_t *parent, const uint32_t *tokens);
 
 /* Test hook: make the k-th heap allocation from now fail (-1 disables). */
 void engine_fail_alloc_after(engine_t *eng, int64_t k);

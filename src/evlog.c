@@ -22,7 +22,7 @@ typedef struct rec {
   uint8_t kind;        /* engine_ev_kind_t */
   uint8_t has_parent;
   uint8_t medium;
-  uint8_t pad;
+  uint8_t named;       /* a lower tier's: the cache's name ends the body */
   uint32_t cache_id;
   uint32_t tenant;
   uint32_t page_tokens;
@@ -41,7 +41,7 @@ struct engine_events {
 static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }
 
 /* Room for a record of `body` bytes after its fixed part, or NULL (counted). */
-static rec_t *append(engine_t *eng, const cache_t *c, engine_ev_kind_t kind, size_t body) {
+static rec_t *append_raw(engine_t *eng, engine_ev_kind_t kind, size_t body) {
   struct engine_events *ev = eng->ev;
   size_t need = align8(sizeof(rec_t) + body);
   if (ev->full || need > ev->cap - ev->used) {
@@ -54,11 +54,46 @@ static rec_t *append(engine_t *eng, const cache_t *c, engine_ev_kind_t kind, siz
   memset(r, 0, sizeof *r);
   r->kind = (uint8_t)kind;
   r->medium = ENGINE_MEDIUM_POOL;
+  r->nbytes = (uint32_t)body;
+  return r;
+}
+
+static rec_t *append(engine_t *eng, const cache_t *c, engine_ev_kind_t kind, size_t body) {
+  rec_t *r = append_raw(eng, kind, body);
+  if (!r) return NULL;
   r->cache_id = c->id;
   r->tenant = c->tenant;
   r->page_tokens = c->g.T;
-  r->nbytes = (uint32_t)body;
   return r;
+}
+
+void engine_events_tier(engine_t *eng, engine_ev_kind_t kind, uint32_t medium, uint32_t tenant,
+                        const char *cache, uint32_t page_tokens, const uint8_t hash[32],
+                        const uint8_t *parent, const uint32_t *tokens) {
+  if (!eng || !eng->ev || !cache || !hash || (kind != ENGINE_EV_STORED && kind != ENGINE_EV_REMOVED))
+    return;
+  bool stored = kind == ENGINE_EV_STORED;
+  if (stored && !tokens) return;
+  size_t name = strnlen(cache, KVC_MAX_NAME) + 1;
+  size_t ids = stored ? (size_t)page_tokens * sizeof *tokens : 0;
+  rec_t *r = append_raw(eng, kind, (stored ? 32 + ids : 0) + name);
+  if (!r) return;
+  uint8_t *body = (uint8_t *)(r + 1);
+  r->medium = (uint8_t)medium;
+  r->named = 1;
+  r->cache_id = UINT32_MAX;
+  r->tenant = tenant;
+  r->page_tokens = page_tokens;
+  memcpy(r->hash, hash, 32);
+  if (stored) {
+    r->has_parent = parent != NULL;
+    if (parent) memcpy(body, parent, 32);
+    else memset(body, 0, 32);
+    memcpy(body + 32, tokens, ids);
+    body += 32 + ids;
+  }
+  memcpy(body, cache, name - 1);
+  body[name - 1] = '\0';
 }
 
 void evlog_stored(engine_t *eng, const cache_t *c, const ipage_t *ip, const uint8_t *parent) {
@@ -131,9 +166,10 @@ bool engine_events_next(const engine_t *eng, size_t *cursor, engine_event_t *out
   if (r->kind == ENGINE_EV_STORED) {
     out->has_parent = r->has_parent;
     memcpy(out->parent, body, 32);
-    out->ntokens = (r->nbytes - 32) / sizeof(uint32_t);
+    out->ntokens = r->page_tokens;
     out->tokens = (const uint32_t *)(const void *)(body + 32);
-  } else if (r->kind == ENGINE_EV_CLEARED || r->kind == ENGINE_EV_DROPPED) {
+    if (r->named) out->cache_name = (const char *)(body + 32 + 4ull * r->page_tokens);
+  } else if (r->kind == ENGINE_EV_CLEARED || r->kind == ENGINE_EV_DROPPED || r->named) {
     out->cache_name = (const char *)body;
   }
   *cursor += align8(sizeof *r + r->nbytes);

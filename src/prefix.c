@@ -27,6 +27,7 @@
 #include "evlog.h"
 #include "lru.h"
 #include "page.h"
+#include "pageio.h"
 #include "quota.h"
 #include "seq.h"
 
@@ -147,8 +148,8 @@ int prefix_cache_init(engine_t *eng, cache_t *c) {
   EVP_MD_CTX *ctx = eng->md_ctx;
   unsigned len = 32;
   EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-  EVP_DigestUpdate(ctx, "kvcached-prefix-v2", 18);
-  EVP_DigestUpdate(ctx, &c->tenant, sizeof c->tenant);
+  EVP_DigestUpdate(ctx, "kvcached-prefix-v3", 18);
+  EVP_DigestUpdate(ctx, c->q->ident, sizeof c->q->ident);
   EVP_DigestUpdate(ctx, c->name, strlen(c->name));
   EVP_DigestUpdate(ctx, &c->layout, offsetof(kvc_layout_t, attn));
   EVP_DigestFinal_ex(ctx, c->seed, &len);
@@ -170,7 +171,7 @@ static int key_digest(engine_t *eng, const quota_t *q, const engine_pkey_t *key,
   unsigned len = 32;
   EVP_MD_CTX *ctx = eng->md_ctx;
   EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-  EVP_DigestUpdate(ctx, &q->tenant, sizeof q->tenant);
+  EVP_DigestUpdate(ctx, q->ident, sizeof q->ident);
   EVP_DigestUpdate(ctx, &sl, sizeof sl);
   EVP_DigestUpdate(ctx, key->salt, key->salt_len);
   EVP_DigestUpdate(ctx, &xl, sizeof xl);
@@ -420,11 +421,13 @@ static void unindex(engine_t *eng, ipage_t *ip) {
 
 void prefix_reclaim(engine_t *eng, ipage_t *ip) {
   cache_t *c = ip->cache;
+  if (eng->tier.reclaimed) pageio_reclaimed(eng, ip); /* its last chance to be kept */
   lru_unlink(&ip->node);
   page_cached_count(eng, c, -1);
   unindex(eng, ip);
   eng->st.cached_reclaimed++;
   c->st.cached_reclaimed++;
+  if (eng->reclaim_hook) eng->reclaim_hook(eng, ip); /* the disk tier may keep it (tier.c) */
   page_unref(eng, c, ip->page, 0); /* the index's reference was the last */
 }
 
@@ -541,6 +544,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   if (iparent != NOPAGE) page_meta(eng, iparent)->nchildren++;
   eng->st.pages_indexed++;
   c->st.pages_indexed++;
+  if (eng->tier.indexed) eng->tier.indexed(eng->tier.ctx, c->id, ip->hash);
   if (eng->ev) evlog_stored(eng, c, ip, parent_page != NOPAGE ? parent : NULL);
   return true;
 }
@@ -642,21 +646,14 @@ uint64_t prefix_match_pages(engine_t *eng, cache_t *c, const uint32_t *tokens, u
   if (!pages) pages = eng->scratch;
   if (key_id == 0) return 0;
   uint32_t T = c->g.T, parent = NOPAGE;
-  uint32_t *ids = eng->page_ids, *tags = eng->page_tags; /* prefix_match_args: T each */
   uint8_t h[32], prev[32];
   uint64_t m = 0;
   chain_root(eng, c, key, prev);
   for (; (m + 1) * T <= n; m++) {
-    memcpy(ids, tokens + m * T, (size_t)T * sizeof *ids);
-    tags_fill(eng->qtags, eng->nqtags, m * T, T, tags);
-    bool unknown = false; /* a span key no page holds: nothing further matches */
-    for (uint32_t t = 0; t < T; t++) unknown |= tags[t] == SPAN_UNKNOWN;
-    if (unknown || !page_hash(eng, prev, ids, tags, T, key, h)) break;
+    if (!prefix_query_hash(eng, c, tokens, m, key, prev, h)) break;
     ipage_t *ip = hmap_get(&c->index, hash_key64(h));
     if (!ip) break;
-    if (memcmp(ip->hash, h, 32) != 0 || ip->parent != parent || ip->key != key_id ||
-        memcmp(ip->tokens, ids, (size_t)T * sizeof *ids) != 0 ||
-        memcmp(ipage_tags(ip, T), tags, (size_t)T * sizeof *tags) != 0) {
+    if (!prefix_verify(eng, ip, h, parent, key_id)) {
       eng->st.hash_verify_failed++;
       c->st.hash_verify_failed++;
       break;
@@ -666,6 +663,42 @@ uint64_t prefix_match_pages(engine_t *eng, cache_t *c, const uint32_t *tokens, u
     memcpy(prev, h, 32);
   }
   return m;
+}
+
+void prefix_root(engine_t *eng, const cache_t *c, const engine_pkey_t *key, uint8_t out[32]) {
+  chain_root(eng, c, key, out);
+}
+
+bool prefix_query_hash(engine_t *eng, const cache_t *c, const uint32_t *tokens, uint64_t m,
+                       const engine_pkey_t *key, const uint8_t prev[32], uint8_t out[32]) {
+  uint32_t T = c->g.T, *ids = eng->page_ids, *tags = eng->page_tags;
+  memcpy(ids, tokens + m * T, (size_t)T * sizeof *ids);
+  tags_fill(eng->qtags, eng->nqtags, m * T, T, tags);
+  bool unknown = false; /* a span key no page holds: nothing further matches */
+  for (uint32_t t = 0; t < T; t++) unknown |= tags[t] == SPAN_UNKNOWN;
+  return !unknown && page_hash(eng, prev, ids, tags, T, key, out);
+}
+
+bool prefix_verify(const engine_t *eng, const ipage_t *ip, const uint8_t h[32], uint32_t parent,
+                   uint32_t key_id) {
+  uint32_t T = ip->cache->g.T;
+  return memcmp(ip->hash, h, 32) == 0 && ip->parent == parent && ip->key == key_id &&
+         memcmp(ip->tokens, eng->page_ids, (size_t)T * sizeof *ip->tokens) == 0 &&
+         memcmp(ipage_tags_c(ip, T), eng->page_tags, (size_t)T * sizeof *ip->tokens) == 0;
+}
+
+ipage_t *prefix_find(const cache_t *c, const uint8_t h[32]) {
+  return hmap_get(&c->index, hash_key64(h));
+}
+
+void prefix_insert(engine_t *eng, cache_t *c, ipage_t *ip) {
+  hmap_insert(&c->index, hash_key64(ip->hash), ip); /* room reserved by the caller */
+  ip->indexed = true;
+  const ipage_t *parent = ip->parent != NOPAGE ? page_meta(eng, ip->parent) : NULL;
+  if (parent) page_meta(eng, ip->parent)->nchildren++;
+  eng->st.pages_indexed++;
+  c->st.pages_indexed++;
+  if (eng->ev) evlog_stored(eng, c, ip, parent ? parent->hash : NULL); /* a page back from a tier */
 }
 
 /* A hit touches its pages, deepest first so the chain head ends most recent. */
@@ -802,4 +835,23 @@ int prefix_expect(engine_t *eng, const ipage_t *ip, const uint8_t *ph, uint8_t o
   uint32_t T = ip->cache->g.T;
   return page_hash(eng, ph, ip->tokens, ipage_tags_c(ip, T), T, &key, out) ? 0
                                                                           : KVC_E_INTERNAL;
+}
+
+/* ---- for the disk tier (tier.c) --------------------------------------------------- */
+
+void prefix_root_hash(engine_t *eng, const cache_t *c, const engine_pkey_t *key,
+                      uint8_t out[32]) {
+  chain_root(eng, c, key, out);
+}
+
+void prefix_page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *tokens,
+                      uint32_t T, const engine_pkey_t *key, uint8_t out[32]) {
+  (void)page_hash(eng, parent, tokens, NULL, T, key, out); /* no tags: cannot fail */
+}
+
+bool prefix_key_get(const engine_t *eng, uint32_t id, engine_pkey_t *out) {
+  const pkey_t *k = key_by_id(eng, id);
+  if (!k) return false;
+  *out = (engine_pkey_t){k->salt, k->salt_len, k->extra, k->extra_len, NULL, 0};
+  return true;
 }

@@ -65,8 +65,35 @@ uint64_t prefix_match_pages(engine_t *eng, cache_t *c, const uint32_t *tokens, u
 /* Counts a match of n tokens that hit m pages and touches those pages. */
 void prefix_match_done(engine_t *eng, cache_t *c, const uint32_t *pages, uint64_t m,
                        uint64_t n, engine_match_t *out);
+/* The chain root of c under key (H(-1) of doc/prefix.md). */
+void prefix_root(engine_t *eng, const cache_t *c, const engine_pkey_t *key, uint8_t out[32]);
+/* The hash of page m of a query (tokens, and the span keys prefix_match_args
+ * resolved) under prev into out, its ids and tags left in eng->page_ids and
+ * eng->page_tags; false when the page holds a span key never interned here
+ * (no indexed page can have it). */
+bool prefix_query_hash(engine_t *eng, const cache_t *c, const uint32_t *tokens, uint64_t m,
+                       const engine_pkey_t *key, const uint8_t prev[32], uint8_t out[32]);
+/* What a match checks of an index hit ip for the page prefix_query_hash just
+ * hashed to h: full hash, parent page, key, ids and tags. */
+bool prefix_verify(const engine_t *eng, const ipage_t *ip, const uint8_t h[32], uint32_t parent,
+                   uint32_t key_id);
+/* The index entry of c under h's first 8 bytes, or NULL: its full hash may
+ * differ (a collision), compare it. */
+ipage_t *prefix_find(const cache_t *c, const uint8_t h[32]);
+/* Enters ip (hash, parent, key, ids and tags set; its reference held by
+ * the caller for the index) into c's index, whose room is reserved. */
+void prefix_insert(engine_t *eng, cache_t *c, ipage_t *ip);
 /* The hash ip must have under parent hash ph (NULL: a chain head) with its
  * ids and its key: for the audit. KVC_E_INTERNAL if its key is unknown. */
 int prefix_expect(engine_t *eng, const ipage_t *ip, const uint8_t *ph, uint8_t out[32]);
+
+/* For the disk tier (tier.c): the chain root of c under key, the hash of a
+ * page without span keys under parent, and the bytes of an interned key
+ * (borrowed from the engine; false for an unknown id). */
+void prefix_root_hash(engine_t *eng, const cache_t *c, const engine_pkey_t *key,
+                      uint8_t out[32]);
+void prefix_page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *tokens,
+                      uint32_t T, const engine_pkey_t *key, uint8_t out[32]);
+bool prefix_key_get(const engine_t *eng, uint32_t id, engine_pkey_t *out);
 
 #endif

@@ -11,6 +11,8 @@
  */
 #include "quota.h"
 
+#include <string.h>
+
 quota_t *quota_find(const engine_t *eng, uint32_t tenant) {
   return hmap_get(&eng->quota_map, tenant);
 }
@@ -33,6 +35,7 @@ int quota_open(engine_t *eng, uint32_t tenant, quota_t **out) {
     eng->quotas_cap = cap;
   }
   q->tenant = tenant;
+  memcpy(q->ident, &tenant, sizeof tenant); /* until engine_tenant_identity */
   q->idx = eng->nquotas;
   eng->quotas[eng->nquotas++] = q;
   hmap_insert(&eng->quota_map, tenant, q);

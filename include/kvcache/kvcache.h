@@ -759,6 +759,28 @@ typedef enum kvc_admin_action {
 KVC_API int kvc_admin(kvc_client_t *client, kvc_admin_action_t action, const char *cache,
                       uint64_t seq_id, uint64_t conn_id, uint64_t *count);
 
+/* What an online resize of the pool did (kvc_pool_resize). */
+typedef struct kvc_pool_resize {
+  uint64_t bytes;         /* the pool now */
+  uint32_t segments;      /* memfd segments it is made of */
+  uint64_t evicted_pages; /* a shrink: pages eviction freed */
+  uint64_t moved_pages;   /* a shrink: pages copied below the new end */
+  uint64_t elapsed_us;    /* the daemon's time for it */
+  uint64_t loop_us;       /* of it, the time its event loop was held (a shrink's
+                             evictions and copies); the rest ran on a thread */
+} kvc_pool_resize_t;
+
+/* Resizes the running daemon's pool to bytes (admins only; doc/tiers.md):
+ * a grow adds a segment (backed and pre-faulted before it is used; clients
+ * that map the pool map it at their next lease), a shrink releases whole
+ * segments from the end, evicting least recently used data and moving what
+ * stays below the new end. KVC_E_FULL: what cannot be evicted (pinned
+ * sequences, leases, tenant floors) would be lost, nothing changed;
+ * KVC_E_BUSY: a lease or a copy holds a page there, or a resize is running;
+ * KVC_E_INVAL: not a size the pool can take (the message lists the sizes it
+ * can shrink to); KVC_E_PERM. out may be NULL. */
+KVC_API int kvc_pool_resize(kvc_client_t *client, uint64_t bytes, kvc_pool_resize_t *out);
+
 /* ---- tenants (doc/security.md) -------------------------------------------- */
 
 /* A tenant's connected clients and what its caches hold now. */

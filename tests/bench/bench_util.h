@@ -451,6 +451,9 @@ static BU_UNUSED bool wait_socket(const char *path, pid_t pid, int timeout_ms) {
   return false;
 }
 
+/* Set: the next servers spawned may run on every CPU (not only the last). */
+static bool spawn_any_cpu;
+
 /* Lets this process run on every CPU again (undoes place_on). */
 static BU_UNUSED void place_free(void) {
   cpu_set_t set;
@@ -460,14 +463,14 @@ static BU_UNUSED void place_free(void) {
 }
 
 /* Starts argv[0] (a path) with stdout/stderr to log, on the servers' CPU
- * (pinned) or on any; returns its pid. */
+ * (pinned, unless spawn_any_cpu) or on any; returns its pid. */
 static BU_UNUSED pid_t spawn_on(const char *const *argv, const char *log, bool pinned) {
   fflush(NULL);
   pid_t pid = fork();
   if (pid < 0) die("fork: %s", strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the bench */
-    if (pinned) place_on(true);
+    if (pinned && !spawn_any_cpu) place_on(true);
     else place_free();
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {

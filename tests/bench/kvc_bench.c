@@ -15,6 +15,7 @@
  * tokens a page (a 2 MiB page). One token of one layer, K and V, is 4 KiB;
  * one token of every layer is 128 KiB.
  */
+#include <dirent.h>
 #include <libgen.h>
 #include <msgpack.h>
 #include <poll.h>
@@ -56,7 +57,8 @@ static meas_t rtt_start;
  * of the words (unset or empty: every group). */
 static const char *const groups[] = {"ping", "copy", "direct", "lease", "held", "servers",
                                      "spin", "nopoll", "stall", "multi", "decode", "step",
-                                     "idle", "prefix", "eviction", "scale", "events"};
+                                     "idle", "prefix", "eviction", "scale", "tier", "events",
+                                     "cluster"};
 #define NGROUPS (sizeof groups / sizeof groups[0])
 static const char *rows_filter;
 
@@ -1697,6 +1699,252 @@ static void bench_scale(void) {
   stop(d.pid);
 }
 
+/* ---- the disk tier (doc/tiers.md) ---------------------------------------------------- */
+
+#define TIER_PAGES 64                  /* a prompt read back: 64 pages, 128 MiB */
+#define TIER_TOKENS (TIER_PAGES * 16)
+#define TIER_POOL_PAGES 128            /* a 256 MiB pool */
+#define TIER_RESTART_PROMPTS 32        /* 32 prompts of 128 MiB: 4 GiB on disk */
+
+static uint32_t *tier_ids(uint32_t seed) {
+  uint32_t *t = malloc(TIER_TOKENS * sizeof *t);
+  if (!t) die("out of memory");
+  for (uint32_t i = 0; i < TIER_TOKENS; i++) t[i] = seed * 1000003u + i;
+  return t;
+}
+
+/* Tokens [from, ntok) of seq with ids (NULL: none), through the shared
+ * buffer, at most `chunk` tokens a request. */
+static void tier_put(kvc_client_t *c, kvc_cache_t *h, uint64_t seq, uint64_t from,
+                     uint64_t ntok, const uint32_t *ids, uint64_t chunk) {
+  void *base;
+  uint64_t cap;
+  kvc_client_shm(c, &base, &cap);
+  uint64_t per = (cap - 64 * KiB) / TOKEN_BYTES;
+  if (per > chunk) per = chunk;
+  fill_bytes(base, per * TOKEN_BYTES, (unsigned)seq);
+  for (uint64_t pos = from; pos < ntok; pos += per) {
+    uint64_t n = ntok - pos < per ? ntok - pos : per;
+    kvc_shm_io_t e = {.seq_id = seq, .pos = pos, .ntokens = n, .k_off = 0,
+                      .v_off = n * TOKEN_BYTES / 2};
+    if (ids) {
+      e.tok_off = per * TOKEN_BYTES;
+      e.tok_len = 4 * n;
+      memcpy((uint8_t *)base + e.tok_off, ids + pos, 4 * n);
+    }
+    must(c, kvc_put_shm(h, NULL, &e, 1), "tier put");
+  }
+}
+
+/* Waits until the tier has written `want` pages (60 s at most). */
+static void tier_wait_writes(kvc_client_t *c, uint64_t want) {
+  for (int i = 0; i < 60000 && stat_of(c, "tier_disk_writes_total") < want; i++) {
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  if (stat_of(c, "tier_disk_writes_total") < want) die("the disk tier did not write its pages");
+}
+
+/* Sends SIGTERM and waits for the exit, however long a clean stop takes. */
+static void stop_slow(pid_t pid) {
+  unwatch_pid(pid);
+  kill(pid, SIGTERM);
+  int st;
+  waitpid(pid, &st, 0);
+}
+
+/* Reads every page file of dir in turn, whole, with plain read(2), each
+ * into its own slot of a region (as the tier reads each into its own pool
+ * page). */
+typedef struct plain_read {
+  const char *dir;
+  uint8_t *buf;    /* slots of `slot` bytes */
+  size_t slot, nslots;
+  uint64_t bytes;
+} plain_read_t;
+
+static int op_plain_read(void *p) {
+  plain_read_t *pr = p;
+  DIR *d = opendir(pr->dir);
+  if (!d) return -1;
+  pr->bytes = 0;
+  struct dirent *de;
+  for (size_t i = 0; (de = readdir(d)) && i < pr->nslots;) {
+    size_t len = strlen(de->d_name);
+    if (len < 5 || strcmp(de->d_name + len - 4, ".kvp") != 0) continue;
+    int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ssize_t n;
+    uint8_t *p0 = pr->buf + i++ * pr->slot;
+    for (size_t off = 0; (n = read(fd, p0 + off, pr->slot - off)) > 0; off += (size_t)n)
+      pr->bytes += (uint64_t)n;
+    close(fd);
+  }
+  closedir(d);
+  return 0;
+}
+
+static void bench_tier(void) {
+  section("tier");
+  char dir[128], pool[32], log[160];
+  snprintf(dir, sizeof dir, "%s/tier", tmpdir);
+  snprintf(pool, sizeof pool, "%llu", TIER_POOL_PAGES * 2 * MiB);
+  const char *args[] = {"--pool-bytes", pool, "--page-bytes", "2MiB", "--tier-dir", dir,
+                        "--tier-bytes", "5GiB", NULL};
+  kd_t d;
+  /* Every CPU: the tier reads with a thread a CPU (two here); the client
+   * only waits meanwhile. */
+  spawn_any_cpu = true;
+  kd_start(&d, "tier", args);
+  kvc_client_t *c = kc_open(&d, 64 * MiB);
+  kvc_cache_t *h = kc_cache(c, "llama", &llama);
+  /* A prompt on disk: written with its ids, pushed out of memory by a
+   * sequence of the whole pool without ids (16 pages a request: the
+   * evicted pages wait for the write threads within 64 MiB). */
+  uint32_t *ids = tier_ids(1);
+  tier_put(c, h, 1, 0, TIER_TOKENS, ids, 256);
+  must(c, kvc_seq_remove(h, 1, 0, UINT64_MAX), "remove");
+  for (uint64_t pos = 0; pos < TIER_POOL_PAGES * 16; pos += 256) {
+    tier_put(c, h, 2, pos, pos + 256, NULL, 256);
+    uint64_t filled = (pos + 256) / 16, free0 = TIER_POOL_PAGES - TIER_PAGES;
+    if (filled > free0) tier_wait_writes(c, filled - free0); /* what it evicted */
+  }
+  must(c, kvc_seq_remove(h, 2, 0, UINT64_MAX), "remove");
+  /* Alternating trials: a match that reads the 64 pages back (then the
+   * filler pushes them out again, untimed: they are on disk already), and a
+   * plain read of the same files. */
+  plain_read_t pr = {.dir = dir, .slot = 2 * MiB + 4 * KiB, .nslots = TIER_PAGES};
+  pr.buf = mmap(NULL, pr.slot * pr.nslots, PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (pr.buf == MAP_FAILED) die("out of memory");
+  madvise(pr.buf, pr.slot * pr.nslots, MADV_DONTFORK);
+  meas_t fig = {.ok = true}, ref = {.ok = true};
+  uint64_t file_bytes = TIER_PAGES * (2 * MiB + 4 * KiB);
+  /* The CPU wait of these trials is the bench's own: the daemon's I/O
+   * threads and its loop take both CPUs by design and wait for each other,
+   * which says nothing of other load; other load shows in the reference's
+   * trials, alternating with the tier's. */
+  unwatch_pid(d.pid);
+  for (int t = 0; t < TRIALS; t++) {
+    kvc_match_t m;
+    double w0 = run_delay_ns(), t0 = now_ns();
+    must(c, kvc_match(h, ids, TIER_TOKENS, &m), "match");
+    fig.tr[t] = now_ns() - t0;
+    fig.wait[t] = (run_delay_ns() - w0) / fig.tr[t];
+    if (m.pages != TIER_PAGES) die("tier: the match read %llu pages back, not %d",
+                                   (unsigned long long)m.pages, TIER_PAGES);
+    tier_put(c, h, 2, 0, TIER_POOL_PAGES * 16, NULL, 256);
+    must(c, kvc_seq_remove(h, 2, 0, UINT64_MAX), "remove");
+    w0 = run_delay_ns();
+    t0 = now_ns();
+    if (op_plain_read(&pr) != 0 || pr.bytes != file_bytes) die("tier: plain read of %s", dir);
+    ref.tr[t] = now_ns() - t0;
+    ref.wait[t] = (run_delay_ns() - w0) / ref.tr[t];
+  }
+  watch_pid(d.pid);
+  row_t *r = row_add("disk tier: a match reading 64 x 2 MiB back vs read(2)", BV_GOAL_MIN, 0.8);
+  row_fig(r, &fig, FMT_GBS, (double)file_bytes);
+  row_part(r, &ref, 1, 0, NULL);
+  snprintf(r->ref, sizeof r->ref, "read(2)");
+  snprintf(r->note, sizeof r->note, "page cache, 2 CPUs; ref: 1 thread, a slot a file");
+  munmap(pr.buf, pr.slot * pr.nslots);
+  /* 4 GiB of prompts on disk: 32 of 64 pages (the pool, empty now, holds
+   * two), each pushing out the oldest (16 pages a request, waiting for the
+   * writes), then a clean stop writes the last two. */
+  uint64_t w = stat_of(c, "tier_disk_writes_total");
+  for (uint32_t p = 0; p < TIER_RESTART_PROMPTS; p++) {
+    uint32_t *pi = tier_ids(100 + p);
+    for (uint64_t pos = 0; pos < TIER_TOKENS; pos += 256) {
+      tier_put(c, h, 10 + p, pos, pos + 256, pi, 256);
+      if (p >= 2) tier_wait_writes(c, w += 16);
+    }
+    must(c, kvc_seq_remove(h, 10 + p, 0, UINT64_MAX), "remove");
+    free(pi);
+  }
+  kvc_client_close(c);
+  double s0 = now_ns();
+  stop_slow(d.pid);
+  double stop_ms = (now_ns() - s0) / 1e6;
+  /* The restart: from spawn to the first match that hits (the oldest
+   * prompt, asked again and again until the start-up scan has indexed it). */
+  uint32_t *first = tier_ids(100);
+  double t0 = now_ns();
+  kd_start(&d, "tier2", args);
+  c = kc_open(&d, 64 * MiB);
+  h = kc_cache(c, "llama", &llama);
+  kvc_match_t m = {0, 0, 0};
+  int tries = 0;
+  for (; m.pages == 0 && tries < 100000; tries++) must(c, kvc_match(h, first, TIER_TOKENS, &m), "match");
+  double hit_ms = (now_ns() - t0) / 1e6;
+  uint64_t loaded = stat_of(c, "tier_disk_loaded"), scanned = stat_of(c, "tier_disk_scanned");
+  r = row_add("restart: start to first hit, 4 GiB on disk", BV_GOAL_NONE, 0);
+  r->measured = m.pages == TIER_PAGES;
+  snprintf(r->fig, sizeof r->fig, "%.0f ms", hit_ms);
+  snprintf(r->ref, sizeof r->ref, "socket up %.0f ms", d.start_ms);
+  snprintf(r->note, sizeof r->note, "%.1f GiB, %llu/%llu files, %d matches",
+           (double)loaded * (2 * MiB + 4 * KiB) / GiB, (unsigned long long)loaded,
+           (unsigned long long)scanned, tries);
+  r = row_add("clean stop persisting the index", BV_GOAL_NONE, 0);
+  r->measured = true;
+  snprintf(r->fig, sizeof r->fig, "%.0f ms", stop_ms);
+  snprintf(r->ref, sizeof r->ref, "syncfs included");
+  snprintf(log, sizeof log, "%s/tier.log", tmpdir);
+  snprintf(r->note, sizeof r->note, "see event=tier_persisted in tier.log");
+  free(first);
+  free(ids);
+  kvc_client_close(c);
+  stop_slow(d.pid);
+  spawn_any_cpu = false;
+}
+
+/* Online resize, per GiB: a grow of 1 GiB (a segment made, backed and
+ * pre-faulted on a thread, then mapped into the engine), and a shrink of
+ * 1 GiB that moves 1 GiB of pages in use below the new end. */
+static void bench_resize(void) {
+  kd_t d;
+  const char *args[] = {"--pool-bytes", "1GiB", "--page-bytes", "2MiB", NULL};
+  kd_start(&d, "resize", args);
+  kvc_client_t *c = kc_open(&d, 64 * MiB);
+  kvc_cache_t *h = kc_cache(c, "llama", &llama);
+  double grow[3], shrink[3], loop[3];
+  uint64_t moved = 0;
+  for (int t = 0; t < 3; t++) {
+    kvc_pool_resize_t r;
+    double t0 = now_ns();
+    must(c, kvc_pool_resize(c, 2 * GiB, &r), "grow");
+    grow[t] = now_ns() - t0;
+    /* Every page in use, then the first half freed: the second half (the
+     * grown segment) moves down. */
+    kc_fill(h, c, 1, 8192);       /* 1 GiB: the first segment */
+    kc_fill(h, c, 2, 8192);       /* 1 GiB: the grown one */
+    must(c, kvc_seq_remove(h, 1, 0, UINT64_MAX), "remove");
+    t0 = now_ns();
+    must(c, kvc_pool_resize(c, 1 * GiB, &r), "shrink");
+    shrink[t] = now_ns() - t0;
+    loop[t] = (double)r.loop_us * 1e3;
+    moved = r.moved_pages;
+    must(c, kvc_seq_remove(h, 2, 0, UINT64_MAX), "remove");
+  }
+  qsort(grow, 3, sizeof grow[0], cmp_double);
+  qsort(shrink, 3, sizeof shrink[0], cmp_double);
+  qsort(loop, 3, sizeof loop[0], cmp_double);
+  row_t *r = row_add("pool resize: grow by 1 GiB", BV_GOAL_NONE, 0);
+  r->measured = true;
+  snprintf(r->fig, sizeof r->fig, "%.0f ms/GiB", grow[1] / 1e6);
+  snprintf(r->ref, sizeof r->ref, "%.0f-%.0f ms", grow[0] / 1e6, grow[2] / 1e6);
+  snprintf(r->note, sizeof r->note, "backed, pre-faulted on a thread; median of 3");
+  r = row_add("pool resize: shrink by 1 GiB, 1 GiB moved", BV_GOAL_NONE, 0);
+  r->measured = true;
+  snprintf(r->fig, sizeof r->fig, "%.0f ms/GiB", shrink[1] / 1e6);
+  snprintf(r->ref, sizeof r->ref, "%.0f-%.0f ms", shrink[0] / 1e6, shrink[2] / 1e6);
+  snprintf(r->note, sizeof r->note, "%llu pages moved; the loop held %.0f ms; median of 3",
+           (unsigned long long)moved, loop[1] / 1e6);
+  kvc_client_close(c);
+  stop(d.pid);
+}
+
+#include "bench_cluster.h"
+
 /* ---- main ------------------------------------------------------------------------- */
 
 static void machine(FILE *f) {
@@ -1761,6 +2009,11 @@ int main(int argc, char **argv) {
   if (want("prefix")) bench_copy_prefix();
   if (want("eviction")) bench_full_pool();
   if (want("scale")) bench_scale();
+  if (want("tier")) {
+    bench_tier();
+    bench_resize();
+  }
+  if (want("cluster")) bench_cluster();
   if (want("events")) bench_events();
 
   table_judge();

@@ -39,8 +39,7 @@ void fz_server_init(server_t *srv, uint64_t npages, uint64_t page_bytes) {
   log_level = -1; /* quiet */
   srv->loop = &fake_loop;
   srv->next_conn_id = 1;
-  srv->pool.fd = -1;
-  srv->pool_ro_fd = -1; /* no pool to pass: the fuzzers never map it */
+  /* srv->pool stays empty: no pool to pass, the fuzzers never map it */
   srv->cfg.offload_bytes = 0; /* no thread pool here: every get copies inline */
   arena_init(&srv->arena);
   metrics_init(&srv->stats, 0);
@@ -206,6 +205,10 @@ bool conn_offload_end(conn_t *c) {
 void conn_resume(conn_t *c) { FZ_FAIL("conn %llu resumed", (unsigned long long)c->id); }
 void conn_park(conn_t *c) { FZ_FAIL("conn %llu parked", (unsigned long long)c->id); }
 void conn_unpark_all(server_t *srv) { (void)srv; }
+void conn_unpark(conn_t *c) { FZ_FAIL("conn %llu unparked", (unsigned long long)c->id); }
+/* No cluster tier here (srv->remote NULL): nothing waits for one. */
+void conn_park_remote(conn_t *c) { FZ_FAIL("conn %llu waits for the cluster", (unsigned long long)c->id); }
+void conn_unpark_remote(conn_t *c) { FZ_FAIL("conn %llu resumed", (unsigned long long)c->id); }
 
 void conn_close(conn_t *c, const char *reason) {
   (void)reason;

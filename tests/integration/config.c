@@ -55,6 +55,10 @@ static const struct {
     {"idle_timeout_ms", "60000", "60000", "70000", "70000"},
     {"shm_bytes_per_uid", "2GiB", "2GiB", "4GiB", "4GiB"},
     {"shm_bytes_total", "16GiB", "16GiB", "32GiB", "32GiB"},
+    {"tier_dir", "/var/lib/kvcached/tier", "/var/lib/kvcached/tier", "", "\"\""},
+    {"pool_reserve_bytes", "64GiB", "64GiB", "0", "0"},
+    {"pool_huge_pages", "no", "false", "true", "true"},
+    {"tier_bytes", "2GiB", "2GiB", "1T", "1TiB"},
     {"events_endpoint", "ipc:///tmp/kvc-ev", "ipc:///tmp/kvc-ev", "tcp://127.0.0.1:5557",
      "tcp://127.0.0.1:5557"},
     {"events_replay_endpoint", "", "\"\"", "tcp://127.0.0.1:5558", "tcp://127.0.0.1:5558"},
@@ -69,6 +73,26 @@ static const struct {
     {"events_hash_int", "yes", "true", "false", "false"},
     {"events_hash_seed", "0", "0", "", "\"\""},
     {"events_log_bytes", "8MiB", "8MiB", "1MiB", "1MiB"},
+    {"cluster_nodes", "127.0.0.1:7000", "127.0.0.1:7000", "[::1]:7001,10.0.0.2:7002",
+     "[::1]:7001,10.0.0.2:7002"},
+    {"cluster_write", "evicted", "evicted", "off", "off"},
+    {"cluster_auth_file", "/etc/kvcached/auth", "/etc/kvcached/auth", "/run/a", "/run/a"},
+    {"cluster_secret_file", "/etc/kvcached/secret", "/etc/kvcached/secret", "", "\"\""},
+    {"cluster_tls", "no", "false", "0", "false"},
+    {"cluster_read_replicas", "yes", "true", "on", "true"},
+    {"cluster_lookup_timeout_ms", "50", "50", "60", "60"},
+    {"cluster_lookup_max_pages", "100", "100", "200", "200"},
+    {"cluster_lookup_bytes", "64MiB", "64MiB", "1GiB", "1GiB"},
+    {"cluster_connect_timeout_ms", "300", "300", "400", "400"},
+    {"cluster_command_timeout_ms", "700", "700", "800", "800"},
+    {"cluster_refresh_ms", "5000", "5000", "6000", "6000"},
+    {"cluster_breaker_failures", "5", "5", "6", "6"},
+    {"cluster_breaker_ms", "2000", "2000", "3000", "3000"},
+    {"cluster_queue_pages", "100", "100", "200", "200"},
+    {"cluster_inflight_bytes", "1MiB", "1MiB", "2MiB", "2MiB"},
+    {"cluster_retries", "1", "1", "2", "2"},
+    {"cluster_backoff_ms", "10", "10", "20", "20"},
+    {"cluster_ttl_s", "3600", "3600", "0", "0"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -96,7 +120,7 @@ static void rmdir_all(const char *dir) {
 }
 
 TEST(config_every_option_from_file_and_flag) {
-  static char out[16384], text[8192], example[16384];
+  static char out[32768], text[16384], example[32768];
   char dir[64], path[128], v[256];
   tmpdir(dir, sizeof dir);
   /* The table above covers every option of the daemon. */
@@ -123,7 +147,7 @@ TEST(config_every_option_from_file_and_flag) {
   for (size_t i = 0; i < NOPTS; i++)
     ASSERT_STR_EQ(shown(out, opts[i].name, v, sizeof v), opts[i].file_shown);
   /* Each flag overrides the file, given before or after --config. */
-  char args[4096];
+  char args[8192];
   used = 0;
   for (size_t i = 0; i < NOPTS; i++) {
     char flag[64];
@@ -180,6 +204,9 @@ TEST(config_bad_lines_name_file_line_and_option) {
       {"socket = \"/tmp/x\" y", "socket: text after the closing quote"},
       {"socket = /tmp/\"x", "socket: stray quote in the value"},
       {"max_entries =", "max_entries: expected a number, got ''"},
+      {"cluster_nodes = localhost", "cluster_nodes: expected HOST:PORT,HOST:PORT (or empty: off), got 'localhost'"},
+      {"cluster_nodes = a:1,b:70000", "cluster_nodes: expected HOST:PORT"},
+      {"cluster_write = always", "cluster_write: expected indexed, evicted or off, got 'always'"},
   };
   char dir[64];
   tmpdir(dir, sizeof dir);
@@ -193,6 +220,9 @@ TEST(config_bad_lines_name_file_line_and_option) {
   it_write_file(path, "page_bytes = 100\n");
   ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --config %s", it_build(), path), 2);
   ASSERT(strstr(out, path) && strstr(out, "page_bytes: 100 is not a multiple of 64"));
+  /* TLS to the cluster is in the table, and refused: hiredis 0.14 has none. */
+  ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --cluster-tls true --check-config", it_build()), 2);
+  ASSERT(strstr(out, "cluster_tls: TLS to the cluster is not available") != NULL);
   /* --config must exist; a bad flag says it came from the command line. */
   ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --config %s/missing.conf", it_build(), dir), 2);
   ASSERT(strstr(out, "missing.conf: cannot read: No such file or directory") != NULL);
@@ -243,7 +273,7 @@ TEST(config_print_config_round_trips) {
 }
 
 TEST(config_example_file_help_and_man_page_follow_the_table) {
-  static char out[32768], gen[16384], man[32768], help[16384];
+  static char out[65536], gen[65536], man[65536], help[65536];
   char dir[64], path[128];
   tmpdir(dir, sizeof dir);
   /* systemd/kvcached.conf is exactly what the table generates... */

@@ -99,24 +99,30 @@ static void sub_stop(pysub_t *s) {
 
 /* One batch as the subscriber printed it: its kind ('B' live, 'P'
  * replayed), its sequence number and its event lines. */
-#define MAXEV 16
+#define MAXEV 512 /* a turn that spills 50 pages: a removal and a store each */
 typedef struct batch {
   char kind;
   uint64_t seq;
   int n;
-  char ev[MAXEV][LINE / 4];
+  char *ev[MAXEV]; /* its lines, until the next batch_read */
 } batch_t;
 
 static batch_t *batch_read(pysub_t *s) {
   static batch_t b;
-  char line[LINE];
+  static char line[LINE];
+  for (int i = 0; i < b.n; i++) free(b.ev[i]);
+  b.n = 0;
   sub_read(s, line, sizeof line);
   unsigned long long seq;
-  if (sscanf(line, "%c %llu %d", &b.kind, &seq, &b.n) != 3 || (b.kind != 'B' && b.kind != 'P'))
+  int n;
+  if (sscanf(line, "%c %llu %d", &b.kind, &seq, &n) != 3 || (b.kind != 'B' && b.kind != 'P'))
     TEST_FAIL_("expected a batch, the subscriber said: %s", line);
-  ASSERT(b.n <= MAXEV);
+  ASSERT(n <= MAXEV);
   b.seq = seq;
-  for (int i = 0; i < b.n; i++) sub_read(s, b.ev[i], sizeof b.ev[i]);
+  for (; b.n < n; b.n++) {
+    sub_read(s, line, sizeof line);
+    ASSERT((b.ev[b.n] = strdup(line)) != NULL);
+  }
   return &b;
 }
 
@@ -154,7 +160,8 @@ typedef struct stored {
   char tokens[LINE / 4];
 } stored_t;
 
-static stored_t stored_parse(const char *line) {
+/* A BlockStored line of medium want. */
+static stored_t stored_parse_in(const char *line, const char *want) {
   stored_t st;
   char hashes[LINE / 4], medium[32];
   unsigned bs;
@@ -162,13 +169,15 @@ static stored_t stored_parse(const char *line) {
   if (sscanf(line, "S %79s %16383s %u %31s %16383s", st.parent, hashes, &bs, medium, st.tokens) != 5)
     TEST_FAIL_("not a BlockStored line: %s", line);
   ASSERT_EQ(bs, T);
-  ASSERT_STR_EQ(medium, "CPU");
+  ASSERT_STR_EQ(medium, want);
   for (char *save = NULL, *h = strtok_r(hashes, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
     ASSERT(st.nh < 64);
     snprintf(st.hs[st.nh++], sizeof st.hs[0], "%s", h);
   }
   return st;
 }
+
+static stored_t stored_parse(const char *line) { return stored_parse_in(line, "CPU"); }
 
 /* A BlockRemoved line of exactly these hashes, in any order. */
 static void removed_set_expect(const char *line, const char *const *hashes, int n) {
@@ -812,6 +821,151 @@ TEST(events_lost_changes_end_with_all_blocks_cleared) {
   ASSERT_OK(kvc_events_next(w, 10000, &ev));
   ASSERT_EQ(ev.kind, KVC_EVENT_STORED);
   kvc_client_close(w);
+  kvc_client_close(c);
+  sub_stop(&s);
+  daemon_stop(&d);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT(system(cmd) == 0);
+}
+
+/* ---- the disk tier's moves ---------------------------------------------------------- */
+
+/* The events of batches read until the pages hs[0..n) each have both a line
+ * starting with `a` and one starting with `b` naming them (the batch
+ * boundaries are the daemon's turns); returns the lines, in order. */
+typedef struct evlines {
+  char line[1024][8192];
+  int n;
+} evlines_t;
+
+static bool names(const char *line, const char *prefix, const char *h) {
+  return strncmp(line, prefix, strlen(prefix)) == 0 && strstr(line, h) != NULL;
+}
+
+static void read_until(pysub_t *s, evlines_t *out, const char *a, const char *b,
+                       char (*hs)[80], int n) {
+  out->n = 0;
+  for (;;) {
+    bool all = true;
+    for (int i = 0; i < n; i++) {
+      bool sa = false, sb = false;
+      for (int j = 0; j < out->n; j++) {
+        sa |= names(out->line[j], a, hs[i]);
+        sb |= names(out->line[j], b, hs[i]);
+      }
+      all &= sa && sb;
+    }
+    if (all) return;
+    batch_t *bt = batch_read(s);
+    for (int i = 0; i < bt->n; i++) {
+      ASSERT(out->n < 1024);
+      snprintf(out->line[out->n++], sizeof out->line[0], "%s", bt->ev[i]);
+    }
+  }
+}
+
+/* The disk tier on the stream, as vLLM's medium field says it: a page
+ * pushed out of memory is removed from "CPU" and stored on "DISK" (under
+ * its parent); read back, it is stored on "CPU" again; a warm restart says
+ * AllBlocksCleared, then stores on "DISK" what it kept, parents first; a
+ * page the disk tier's bound pushes out is removed from "DISK". */
+TEST_TIMEOUT(events_disk_tier_moves_and_warm_restart, 120) {
+  char dir[64], ep[128], rp[128], tier[128];
+  endpoints(dir, ep, rp);
+  snprintf(tier, sizeof tier, "%s/tier", dir);
+  ASSERT(mkdir(tier, 0700) == 0);
+  /* tier_bytes: 51 page files (16 KiB and a 4 KiB header each) */
+  const char *args[] = {SMALL_POOL, "--events-endpoint", ep, "--events-replay-endpoint", rp,
+                        "--events-tenant", "*", "--tier-dir", tier, "--tier-bytes", "1MiB",
+                        NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  pysub_t s;
+  sub_start(&s, (const char *[]){"--endpoint", ep, "--replay", rp, NULL});
+  sub_expect(&s, "ready");
+  kvc_client_t *c = client_open(&d);
+  stat_wait(c, "events_subscriptions", 1);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+
+  /* 1. Prompt 1's three pages are stored in memory. */
+  put(h, 1, 0, 3 * T, 1);
+  batch_t *b = batch_read(&s);
+  ASSERT_EQ(b->n, 2);
+  ASSERT_STR_EQ(b->ev[0], "C");
+  stored_t a = stored_parse(b->ev[1]);
+  ASSERT_EQ(a.nh, 3);
+
+  /* 2. Pushed out of memory by a put of the whole pool: each page removed
+   * from CPU and stored on DISK under its parent. */
+  ASSERT_OK(kvc_seq_remove(h, 1, 0, UINT64_MAX));
+  put(h, 2, 0, 64 * T, 0);
+  ASSERT_OK(kvc_seq_remove(h, 2, 0, UINT64_MAX));
+  static evlines_t ev;
+  read_until(&s, &ev, "R CPU", "S ", a.hs, 3);
+  for (int i = 0; i < 3; i++) {
+    const char *want_parent = i ? a.hs[i - 1] : "-";
+    bool found = false;
+    for (int j = 0; j < ev.n; j++) {
+      if (ev.line[j][0] != 'S') continue;
+      stored_t st = stored_parse_in(ev.line[j], "DISK");
+      ASSERT_EQ(st.nh, 1);
+      if (strcmp(st.hs[0], a.hs[i]) != 0) continue;
+      ASSERT_STR_EQ(st.parent, want_parent);
+      char toks[LINE / 4];
+      tokens_text(1, (uint64_t)i, (uint64_t)i + 1, toks, sizeof toks);
+      ASSERT_STR_EQ(st.tokens, toks);
+      found = true;
+    }
+    ASSERT(found);
+  }
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_pages", NULL), 3);
+
+  /* 3. Attached back from disk: stored on CPU again, as one chain. */
+  uint32_t ids[3 * T];
+  for (uint32_t i = 0; i < 3 * T; i++) ids[i] = tok(1, i);
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach(h, 3, ids, 3 * T, false, &m));
+  ASSERT_U64_EQ(m.tokens, 3 * T);
+  b = batch_read(&s);
+  ASSERT_EQ(b->n, 1);
+  stored_t back = stored_parse(b->ev[0]);
+  ASSERT_EQ(back.nh, 3);
+  for (int i = 0; i < 3; i++) ASSERT_STR_EQ(back.hs[i], a.hs[i]);
+  kvc_client_close(c);
+
+  /* 4. A clean stop and a start on the same directory: AllBlocksCleared,
+   * then what the disk tier kept, stored on DISK, parents first. The new
+   * daemon publishes that as its start-up scan ends, perhaps before the
+   * subscriber is back: it asks the replay socket from 0, as a vLLM
+   * subscriber that reconnects does. */
+  daemon_stop(&d);
+  daemon_start_args(&d, args);
+  c = client_open(&d);
+  stat_wait(c, "events_subscriptions", 1);
+  stat_wait(c, "tier_disk_loading", 0);
+  stat_wait(c, "events_batches_total", 1);
+  sub_cmd(&s, "replay 0");
+  b = batch_read(&s);
+  ASSERT_EQ(b->kind, 'P');
+  ASSERT_U64_EQ(b->seq, 0);
+  ASSERT_EQ(b->n, 2);
+  ASSERT_STR_EQ(b->ev[0], "C");
+  stored_t kept = stored_parse_in(b->ev[1], "DISK");
+  ASSERT_STR_EQ(kept.parent, "-");
+  ASSERT_EQ(kept.nh, 3);
+  for (int i = 0; i < 3; i++) ASSERT_STR_EQ(kept.hs[i], a.hs[i]);
+  sub_expect(&s, "P end");
+
+  /* 5. The bound: prompt 2's 55 pages pushed to disk push prompt 1's out of
+   * it, each removed from DISK. */
+  ASSERT_OK(kvc_cache_open(c, "m", &l, &h));
+  put(h, 4, 0, 55 * T, 2);
+  ASSERT_OK(kvc_seq_remove(h, 4, 0, UINT64_MAX));
+  put(h, 5, 0, 64 * T, 0);
+  read_until(&s, &ev, "R DISK", "R DISK", a.hs, 3);
   kvc_client_close(c);
   sub_stop(&s);
   daemon_stop(&d);

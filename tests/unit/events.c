@@ -253,3 +253,37 @@ TEST(events_replayed_log_is_the_index) {
   FX_AUDIT(f.eng);
   fx_close(&f);
 }
+
+TEST(events_tier_records_come_in_order_with_their_cache_name) {
+  fx_t f;
+  open_small(&f, 16);
+  engine_events_tier(f.eng, ENGINE_EV_STORED, ENGINE_MEDIUM_DISK, 3, "c", T, (uint8_t[32]){1},
+                     NULL, (uint32_t[T]){1, 2, 3, 4}); /* off: nothing */
+  ASSERT_OK(engine_events_enable(f.eng, 1 << 16));
+  ASSERT_OK(put_prompt(&f, 1, T, 1));
+  uint8_t h[32] = {7}, parent[32] = {6};
+  uint32_t ids[T] = {9, 8, 7, 6};
+  engine_events_tier(f.eng, ENGINE_EV_STORED, ENGINE_MEDIUM_DISK, 3, "kept-cache", T, h, parent,
+                     ids);
+  engine_events_tier(f.eng, ENGINE_EV_REMOVED, ENGINE_MEDIUM_REMOTE, 3, "kept-cache", 0, h, NULL,
+                     NULL);
+  engine_events_tier(f.eng, ENGINE_EV_CLEARED, ENGINE_MEDIUM_DISK, 3, "x", 0, h, NULL, NULL);
+  engine_event_t ev[8];
+  size_t n = drain(&f, ev, 8);
+  ASSERT_EQ(n, 3); /* the put's page, then the two tier records (a CLEARED is refused) */
+  ASSERT_EQ(ev[0].medium, ENGINE_MEDIUM_POOL);
+  ASSERT(ev[0].cache_name == NULL);
+  ASSERT_EQ(ev[1].kind, ENGINE_EV_STORED);
+  ASSERT_EQ(ev[1].medium, ENGINE_MEDIUM_DISK);
+  ASSERT_EQ(ev[1].cache_id, UINT32_MAX);
+  ASSERT_EQ(ev[1].tenant, 3);
+  ASSERT_STR_EQ(ev[1].cache_name, "kept-cache");
+  ASSERT(ev[1].has_parent && memcmp(ev[1].parent, parent, 32) == 0);
+  ASSERT(memcmp(ev[1].hash, h, 32) == 0);
+  ASSERT_EQ(ev[1].ntokens, T);
+  ASSERT_MEM_EQ(ev[1].tokens, ids, sizeof ids);
+  ASSERT_EQ(ev[2].kind, ENGINE_EV_REMOVED);
+  ASSERT_EQ(ev[2].medium, ENGINE_MEDIUM_REMOTE);
+  ASSERT_STR_EQ(ev[2].cache_name, "kept-cache");
+  fx_close(&f);
+}

@@ -1,0 +1,248 @@
+/* poolmap.c: the pool's segments in one reserved address range (poolmap.h). */
+#include "poolmap.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shm.h"
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+#define HUGE_BYTES (2ull << 20)
+
+/* The range [p, p + n) of the reservation is reserved again: no memory, no
+ * access, still ours. */
+static void unreserve(uint8_t *p, uint64_t n) {
+  (void)mmap(p, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+/* Whether shmem (memfds) takes transparent huge pages when advised. */
+static bool shmem_thp(void) {
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+  char line[256] = "";
+  if (!f) return false;
+  if (!fgets(line, sizeof line, f)) line[0] = '\0';
+  fclose(f);
+  return strstr(line, "[always]") || strstr(line, "[within_size]") || strstr(line, "[advise]") ||
+         strstr(line, "[force]");
+}
+
+uint64_t poolmap_default_reserve(uint64_t bytes) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  unsigned long long kib = 0;
+  char line[256];
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "MemTotal: %llu kB", &kib) == 1) break;
+  if (f) fclose(f);
+  uint64_t total = (uint64_t)kib * 1024u;
+  return total > bytes ? total : bytes;
+}
+
+/* A memfd of bytes, backed: hugetlb (true in *huge) if asked and possible. */
+static int backed_memfd(uint64_t bytes, bool hugetlb, char *err, size_t errlen) {
+  int fd = memfd_create("kvcached-pool",
+                        MFD_CLOEXEC | MFD_ALLOW_SEALING | (hugetlb ? MFD_HUGETLB : 0));
+  if (fd < 0) {
+    snprintf(err, errlen, "memfd_create: %s", strerror(errno));
+    return -1;
+  }
+  if (ftruncate(fd, (off_t)bytes) != 0) {
+    snprintf(err, errlen, "ftruncate %llu bytes: %s", (unsigned long long)bytes, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  /* Reserve the memory now: without it a later page fault could SIGBUS. */
+  int rc;
+  while ((rc = fallocate(fd, 0, 0, (off_t)bytes)) != 0 && errno == EINTR) {}
+  if (rc != 0) {
+    snprintf(err, errlen, "cannot back %llu bytes (fallocate: %s)", (unsigned long long)bytes,
+             strerror(errno));
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Maps fd at p, faults every page in (so the loop never does), and seals
+ * it against every writable mapping but this one. */
+static int map_seal(int fd, uint8_t *p, uint64_t bytes, bool advise_thp, bool *thp, char *err,
+                    size_t errlen) {
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    snprintf(err, errlen, "sealing: %s", strerror(errno));
+    return -1;
+  }
+  if (mmap(p, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    snprintf(err, errlen, "mmap pool segment of %llu bytes: %s", (unsigned long long)bytes,
+             strerror(errno));
+    unreserve(p, bytes);
+    return -1;
+  }
+  /* Advised before the pages fault in, so they fault in huge. */
+  *thp = advise_thp && madvise(p, bytes, MADV_HUGEPAGE) == 0;
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0) /* before 5.14: one write a page */
+    for (uint64_t i = 0; i < bytes; i += 4096) ((volatile uint8_t *)p)[i] = 0;
+  /* From now on this mapping is the only writable one there will ever be:
+   * no new writable mapping, write() or hole punch, through any descriptor,
+   * and the mode refuses a read-write reopening to anyone but root. */
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0 || fchmod(fd, 0400) != 0) {
+    snprintf(err, errlen, "sealing the pool against writes: %s", strerror(errno));
+    unreserve(p, bytes);
+    return -1;
+  }
+  return 0;
+}
+
+int poolmap_make(const poolmap_t *pm, uint64_t off, uint64_t bytes, poolseg_t *out, char *err,
+                 size_t errlen) {
+  memset(out, 0, sizeof *out);
+  out->fd = out->ro_fd = -1;
+  if (off + bytes > pm->reserve || bytes == 0) {
+    snprintf(err, errlen, "a pool of %llu bytes: more than the %llu reserved at start "
+             "(pool_reserve_bytes)", (unsigned long long)(off + bytes),
+             (unsigned long long)pm->reserve);
+    return -1;
+  }
+  uint64_t avail = shm_mem_available();
+  if (avail != 0 && bytes > avail) {
+    snprintf(err, errlen, "%llu more pool bytes exceed MemAvailable %llu",
+             (unsigned long long)bytes, (unsigned long long)avail);
+    return -1;
+  }
+  uint8_t *p = pm->base + off;
+  bool huge_ok = pm->mode != POOL_HUGE_OFF && off % HUGE_BYTES == 0 && bytes % HUGE_BYTES == 0;
+  char why[256];
+  bool thp = false;
+  int fd = huge_ok ? backed_memfd(bytes, true, why, sizeof why) : -1;
+  if (fd >= 0 && map_seal(fd, p, bytes, false, &thp, why, sizeof why) == 0) {
+    out->huge = POOL_HUGE_HUGETLB;
+  } else { /* no huge pages reserved on this host (or they do not seal): plain */
+    if (fd >= 0) close(fd);
+    if ((fd = backed_memfd(bytes, false, err, errlen)) < 0) return -1;
+    if (map_seal(fd, p, bytes, pm->mode != POOL_HUGE_OFF && shmem_thp(), &thp, err, errlen) != 0) {
+      close(fd);
+      return -1;
+    }
+    out->huge = thp ? POOL_HUGE_THP : POOL_HUGE_NONE;
+  }
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  out->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (out->ro_fd < 0) {
+    snprintf(err, errlen, "reopening the pool read-only (%s): %s", path, strerror(errno));
+    unreserve(p, bytes);
+    close(fd);
+    return -1;
+  }
+  out->fd = fd;
+  out->off = off;
+  out->bytes = bytes;
+  return 0;
+}
+
+void poolmap_add(poolmap_t *pm, const poolseg_t *s) {
+  pm->seg[pm->nseg] = *s;
+  pm->seg[pm->nseg++].id = ++pm->next_id;
+  pm->bytes += s->bytes;
+  pm->gen++;
+}
+
+void poolmap_discard(const poolmap_t *pm, poolseg_t *s) {
+  unreserve(pm->base + s->off, s->bytes);
+  if (s->fd >= 0) close(s->fd);
+  if (s->ro_fd >= 0) close(s->ro_fd);
+  s->fd = s->ro_fd = -1;
+}
+
+int poolmap_open(poolmap_t *pm, uint64_t bytes, uint64_t reserve, int mode, char *err,
+                 size_t errlen) {
+  memset(pm, 0, sizeof *pm);
+  pm->mode = mode;
+  if (reserve < bytes) reserve = bytes;
+  reserve = (reserve + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
+  /* One more huge page, to align the start of the range to one. */
+  uint8_t *r = mmap(NULL, reserve + HUGE_BYTES, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) {
+    snprintf(err, errlen, "reserving %llu bytes of address space for the pool: %s",
+             (unsigned long long)reserve, strerror(errno));
+    return -1;
+  }
+  uint8_t *base = (uint8_t *)(((uintptr_t)r + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
+  if (base > r) munmap(r, (size_t)(base - r));
+  munmap(base + reserve, (size_t)(r + reserve + HUGE_BYTES - (base + reserve)));
+  pm->base = base;
+  pm->reserve = reserve;
+  poolseg_t s;
+  if (poolmap_make(pm, 0, bytes, &s, err, errlen) != 0) {
+    munmap(base, reserve);
+    pm->base = NULL;
+    return -1;
+  }
+  poolmap_add(pm, &s);
+  return 0;
+}
+
+bool poolmap_is_boundary(const poolmap_t *pm, uint64_t bytes) {
+  uint64_t at = 0;
+  for (uint32_t i = 0; i < pm->nseg; i++)
+    if ((at += pm->seg[i].bytes) == bytes) return true;
+  return false;
+}
+
+void poolmap_detach_to(poolmap_t *pm, uint64_t bytes, poolseg_t *out, uint32_t *n) {
+  *n = 0;
+  while (pm->nseg > 1 && pm->bytes > bytes) {
+    poolseg_t *s = &pm->seg[--pm->nseg];
+    out[(*n)++] = *s;
+    pm->bytes -= s->bytes;
+  }
+  pm->gen++;
+}
+
+/* A size in the largest binary unit that keeps it short: 1GiB, 1.5GiB. */
+static void size_text(uint64_t v, char *buf, size_t len) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double x = (double)v;
+  int u = 0;
+  while (x >= 1024 && u < 4) x /= 1024, u++;
+  snprintf(buf, len, "%.4g%s", x, units[u]);
+}
+
+void poolmap_boundaries(const poolmap_t *pm, char *buf, size_t len) {
+  size_t used = 0;
+  uint64_t at = 0;
+  buf[0] = '\0';
+  for (uint32_t i = 0; i + 1 < pm->nseg && used < len; i++) {
+    char s[32];
+    size_text(at += pm->seg[i].bytes, s, sizeof s);
+    int w = snprintf(buf + used, len - used, "%s%s", i ? ", " : "", s);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+}
+
+int poolmap_huge(const poolmap_t *pm) {
+  int h = POOL_HUGE_HUGETLB;
+  for (uint32_t i = 0; i < pm->nseg; i++)
+    if (pm->seg[i].huge < h) h = pm->seg[i].huge;
+  return pm->nseg ? h : POOL_HUGE_NONE;
+}
+
+void poolmap_close(poolmap_t *pm) {
+  for (uint32_t i = 0; i < pm->nseg; i++) {
+    if (pm->seg[i].fd >= 0) close(pm->seg[i].fd);
+    if (pm->seg[i].ro_fd >= 0) close(pm->seg[i].ro_fd);
+  }
+  if (pm->base) munmap(pm->base, pm->reserve);
+  memset(pm, 0, sizeof *pm);
+}

@@ -1,0 +1,390 @@
+/* rlookup.c: a match or attach continued in the cluster (remote.h draws the
+ * path). One lookup per request: the pages past the local match, one GET
+ * each, pipelined on each node's connection (a node receives its share of
+ * the keys in one write and answers them in a stream); the connection is
+ * parked meanwhile.
+ *
+ *   pages   first  first+1  first+2  first+3 ...
+ *   state   GOOD   GOOD     MISS     GOOD        good = 2: decided, the lookup
+ *                                                ends without waiting for more
+ *
+ * Pages are a chain: only the run of verified pages from the first counts,
+ * so the lookup ends as soon as that run is decided (every page answered,
+ * or one in it missed or failed verification), or at
+ * cluster_lookup_timeout_ms with whatever run it has. What a value claims
+ * is checked as it arrives (rvalue_check), against the hash this node
+ * computed for the page from the request's own tokens; its MAC as it is
+ * copied into the pool (rvalue_copy_verified, in one pass).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "rslot.h"
+#include "rtier.h"
+
+enum pstate { P_PENDING, P_GOOD, P_MISS, P_BAD };
+
+typedef struct rpage {
+  rlookup_t *l;
+  rcmd_t *cmd;          /* in flight */
+  char *val;            /* a value whose claims checked (owned) */
+  size_t len;
+  const uint8_t *bytes; /* its page bytes, inside val */
+  uint32_t i;
+  uint8_t state;        /* enum pstate */
+} rpage_t;
+
+struct rlookup {
+  remote_t *r;
+  conn_t *c;            /* the connection whose request waits */
+  rlookup_t *prev, *next; /* r->lookups, oldest first */
+  uint32_t cache_id;
+  rvalue_cache_t rc;    /* a copy: the memo may move on */
+  uint64_t first;       /* pages the pool held */
+  bool has_before;      /* first > 0: before is page first - 1's hash */
+  uint8_t before[32];
+  size_t n;             /* pages looked up */
+  uint64_t held;        /* of r->lookup_bytes: n values */
+  size_t good;          /* the verified run from page first */
+  uint8_t (*hash)[32];  /* of each page looked up */
+  uint32_t *query;      /* the request's ids, pages [0, first + n) */
+  uint32_t *tokens;     /* in query: those of the pages looked up */
+  engine_pkey_t key;    /* the request's key, copied: salt and extra below */
+  uint8_t salt[KVC_MAX_KEY_BYTES], extra[KVC_MAX_KEY_BYTES];
+  bool early;           /* verified pages are imported as they come (no span keys) */
+  size_t imported;      /* of the run, pages imported (or given up on) */
+  bool import_over;     /* an import fell short: the rest is not imported */
+  rpage_t *pg;
+  uint64_t t0_ns, deadline_ms;
+  bool ended;
+};
+
+/* ---- the deadline: one timer for all, at the earliest ----------------------------- */
+
+static void end(rlookup_t *l, bool timed_out);
+
+static void on_deadline(uv_timer_t *t) {
+  remote_t *r = t->data;
+  uint64_t now = uv_now(r->srv->loop), next = UINT64_MAX;
+  for (rlookup_t *l = r->lookups, *nx; l; l = nx) {
+    nx = l->next;
+    if (l->ended) continue;
+    if (l->deadline_ms <= now) end(l, true);
+    else if (l->deadline_ms < next) next = l->deadline_ms;
+  }
+  if (next != UINT64_MAX) uv_timer_start(t, on_deadline, next - now, 0);
+}
+
+static void arm(remote_t *r, uint64_t deadline_ms) {
+  uv_timer_t *t = &r->deadline;
+  uint64_t now = uv_now(r->srv->loop), in = deadline_ms > now ? deadline_ms - now : 0;
+  if (!uv_is_active((uv_handle_t *)t) || uv_timer_get_due_in(t) > in)
+    uv_timer_start(t, on_deadline, in, 0);
+}
+
+/* ---- one lookup -------------------------------------------------------------------- */
+
+static void lookup_free(rlookup_t *l) {
+  remote_t *r = l->r;
+  if (l->prev) l->prev->next = l->next;
+  else r->lookups = l->next;
+  if (l->next) l->next->prev = l->prev;
+  r->lookup_bytes -= l->held;
+  for (size_t i = 0; i < l->n; i++) {
+    rcmd_cancel(l->pg[i].cmd);
+    free(l->pg[i].val);
+  }
+  free(l->hash);
+  free(l->query);
+  free(l->pg);
+  free(l);
+}
+
+/* The engine's fill of an imported page: the value's page bytes copied
+ * into the pool page with its MAC computed on the way; a value that fails
+ * it is refused there (counted), and the import stops. */
+static bool mac_fill(void *arg, void *dst, uint64_t n) {
+  rpage_t *p = arg;
+  (void)n; /* rvalue_check held the value to the cache's page bytes */
+  if (rvalue_copy_verified(p->l->r->sec, (const uint8_t *)p->val, p->len, dst)) return true;
+  p->l->r->st.discarded[RV_MAC - 1]++;
+  LOG_DEBUG("cluster_discarded", "cache=%u page=%llu reason=mac", p->l->cache_id,
+            (unsigned long long)(p->l->first + p->i));
+  return false;
+}
+
+/* Imports pages [imported, upto) of the run, frees their values. The
+ * engine recomputes every hash from the request's own ids (copied at the
+ * lookup); what does not fit, or fails its MAC, ends the importing. */
+static void import_run(rlookup_t *l, const uint32_t *query, uint64_t n, const engine_pkey_t *key,
+                       size_t upto) {
+  remote_t *r = l->r;
+  size_t k = upto > l->imported ? upto - l->imported : 0;
+  engine_page_in_t in[64];
+  while (k && !l->import_over) {
+    size_t b = k < 64 ? k : 64, got = 0;
+    for (size_t i = 0; i < b; i++) {
+      rpage_t *p = &l->pg[l->imported + i];
+      in[i] = (engine_page_in_t){l->hash[l->imported + i], NULL, mac_fill, p};
+    }
+    int rc = engine_prefix_import(r->srv->eng, l->cache_id, query, n, key, l->first + l->imported,
+                                  in, b, &got);
+    r->st.hit_pages += got;
+    r->st.hit_tokens += got * l->rc.page_tokens;
+    for (size_t i = 0; i < b; i++) {
+      free(l->pg[l->imported + i].val);
+      l->pg[l->imported + i].val = NULL;
+    }
+    if (rc || got < b) { /* the pool is full, or the request's ids moved: the rest waits no more */
+      r->st.errors[TIER_ERR_import] += rc != 0;
+      LOG_DEBUG("cluster_import", "cache=%u verified=%zu imported=%zu error=%s", l->cache_id,
+                l->good, l->imported + got, rc ? kvc_err_name(rc) : "-");
+      l->imported += b;
+      l->import_over = true; /* nothing more of this run will do */
+      return;
+    }
+    l->imported += b;
+    k -= b;
+  }
+}
+
+/* Early import: once the run has grown by a batch (a quarter of what is
+ * in, at least 8 pages: a few engine calls a lookup), or is decided. */
+static void import_early(rlookup_t *l, bool all) {
+  size_t ready = l->good - l->imported, batch = l->imported / 4 > 8 ? l->imported / 4 : 8;
+  if (l->early && !l->import_over && ready && (all || ready >= batch))
+    import_run(l, l->query, (l->first + l->n) * l->rc.page_tokens, &l->key, l->good);
+}
+
+/* The lookup is over: what is in flight is dropped, the pages past the
+ * verified run freed, the request runs again. */
+static void end(rlookup_t *l, bool timed_out) {
+  remote_t *r = l->r;
+  l->ended = true;
+  for (size_t i = 0; i < l->n; i++) {
+    rcmd_cancel(l->pg[i].cmd);
+    l->pg[i].cmd = NULL;
+    if (i >= l->good) {
+      free(l->pg[i].val);
+      l->pg[i].val = NULL;
+    }
+  }
+  if (timed_out) r->st.errors[TIER_ERR_timeout]++;
+  uint64_t ns = uv_hrtime() - l->t0_ns;
+  r->st.lookup_hist[metrics_bucket(ns)]++;
+  r->st.lookup_ns += ns;
+  conn_unpark_remote(l->c);
+}
+
+/* Has the run of verified pages from the first been decided? */
+static bool decided(rlookup_t *l) {
+  while (l->good < l->n && l->pg[l->good].state == P_GOOD) l->good++;
+  return l->good == l->n || l->pg[l->good].state != P_PENDING;
+}
+
+static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
+  rpage_t *p = arg;
+  rlookup_t *l = p->l;
+  remote_t *r = l->r;
+  p->cmd = NULL;
+  p->state = P_MISS;
+  if (st != RC_OK || reply->type == REDIS_REPLY_ERROR) {
+    remote_error(r, st, reply);
+  } else if (reply->type == REDIS_REPLY_STRING) {
+    size_t len;
+    char *v = rcluster_take_str(reply, &len);
+    uint32_t T = l->rc.page_tokens;
+    const uint8_t *parent = p->i ? l->hash[p->i - 1] : l->has_before ? l->before : NULL;
+    /* Its claims now; its MAC as it is copied into the pool (mac_fill). */
+    enum rvalue_verdict why = rvalue_check(&l->rc, (const uint8_t *)v, len, l->hash[p->i],
+                                           parent, l->tokens + (size_t)p->i * T, &p->bytes);
+    r->st.read_bytes += len;
+    if (why == RV_OK) {
+      p->val = v;
+      p->len = len;
+      p->state = P_GOOD;
+    } else {
+      r->st.discarded[why - 1]++;
+      p->state = P_BAD;
+      LOG_DEBUG("cluster_discarded", "cache=%u page=%llu reason=%s", l->cache_id,
+                (unsigned long long)(l->first + p->i), rvalue_verdict_name(why));
+      free(v);
+    }
+  } /* nil: not in the cluster */
+  if (l->ended) return;
+  bool done = decided(l);
+  import_early(l, done);
+  if (done) end(l, false);
+}
+
+/* The GET of a key, as RESP bytes (new). */
+static char *get_cmd(const char *key, size_t klen, size_t *len) {
+  char *cmd = malloc(32 + klen);
+  if (!cmd) return NULL;
+  int h = snprintf(cmd, 32, "*2\r\n$3\r\nGET\r\n$%zu\r\n", klen);
+  memcpy(cmd + h, key, klen);
+  memcpy(cmd + h + klen, "\r\n", 2);
+  *len = (size_t)h + klen + 2;
+  return cmd;
+}
+
+/* A lookup of pages [first, first + n) of the request, their hashes taken
+ * (new; nothing sent yet). */
+static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
+                             const rvalue_cache_t *rc, const uint32_t *tokens,
+                             const engine_pkey_t *key, uint64_t first, const uint8_t *before,
+                             uint8_t (*hash)[32], size_t n) {
+  rlookup_t *l = calloc(1, sizeof *l);
+  size_t T = rc->page_tokens;
+  if (!l || !(l->pg = calloc(n, sizeof *l->pg)) || !(l->query = malloc((first + n) * T * 4))) {
+    if (l) free(l->pg);
+    free(l);
+    return NULL;
+  }
+  memcpy(l->query, tokens, (first + n) * T * 4);
+  l->tokens = l->query + first * T;
+  if (key) {
+    l->key = (engine_pkey_t){l->salt, key->salt_len, l->extra, key->extra_len, NULL, 0};
+    if (key->salt_len) memcpy(l->salt, key->salt, key->salt_len);
+    if (key->extra_len) memcpy(l->extra, key->extra, key->extra_len);
+  }
+  l->early = !key || !key->nspans; /* span keys: at the request's own run, with its spans */
+  l->r = r;
+  l->c = c;
+  l->cache_id = cache_id;
+  l->rc = *rc;
+  l->first = first;
+  l->has_before = before != NULL;
+  if (before) memcpy(l->before, before, 32);
+  l->hash = hash;
+  l->n = n;
+  for (size_t i = 0; i < n; i++)
+    l->pg[i] = (rpage_t){.l = l, .i = (uint32_t)i, .state = P_PENDING};
+  return l;
+}
+
+/* A page's key and its slot. */
+typedef struct pkey {
+  char s[RVALUE_KEY_MAX];
+  size_t len;
+  uint16_t slot;
+} pkey_t;
+
+/* Sends the GETs; the pages past the first that cannot be sent are not
+ * looked up (nothing after them could be used). Returns how many went. */
+static size_t lookup_send(rlookup_t *l, const pkey_t *keys) {
+  remote_t *r = l->r;
+  for (size_t i = 0; i < l->n; i++) {
+    size_t len;
+    char *cmd = get_cmd(keys[i].s, keys[i].len, &len);
+    enum rc_status st = RC_CONN;
+    rcmd_t *c = cmd ? rcluster_send(r->cl, keys[i].slot, true, cmd, len, on_value, &l->pg[i], &st)
+                    : NULL;
+    if (!c) {
+      remote_error(r, st, NULL);
+      l->n = i;
+      break;
+    }
+    l->pg[i].cmd = c;
+  }
+  return l->n;
+}
+
+int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                  const engine_pkey_t *key) {
+  server_t *srv = c->srv;
+  remote_t *r = srv->remote;
+  if (!r || r->stopping || srv->draining || c->rwait) return REMOTE_RUN;
+  const rvalue_cache_t *rc = remote_cache(r, cache_id);
+  uint64_t whole = rc ? n / rc->page_tokens : 0;
+  size_t cap = whole < srv->cfg.cluster_lookup_max_pages ? (size_t)whole
+                                                          : srv->cfg.cluster_lookup_max_pages;
+  /* What came is held until imported: the lookups share a byte budget. */
+  uint64_t vsize = rc ? rvalue_size(rc) : 1, room = srv->cfg.cluster_lookup_bytes - r->lookup_bytes;
+  if (cap && cap > room / vsize && !(cap = (size_t)(room / vsize))) {
+    r->st.errors[TIER_ERR_budget]++;
+    return REMOTE_RUN;
+  }
+  if (!cap) return REMOTE_RUN;
+  uint8_t(*hash)[32] = malloc(cap * 32), before[32];
+  pkey_t *keys = malloc(cap * sizeof *keys);
+  uint64_t first;
+  size_t nh = 0, k = 0;
+  rlookup_t *l = NULL;
+  if (!hash || !keys ||
+      engine_prefix_hashes(srv->eng, cache_id, tokens, n, key, &first, before, hash, cap, &nh) ||
+      !nh)
+    goto run;
+  /* Only a run from the first page can be used: stop at the first page
+   * whose node would not be tried (its breaker open, no map). */
+  for (; k < nh; k++) {
+    keys[k].len = rvalue_key(rc, r->sec, hash[k], keys[k].s);
+    keys[k].slot = rslot_of(keys[k].s, keys[k].len);
+    if (!rcluster_routable(r->cl, keys[k].slot, true)) break;
+  }
+  if (k == 0) {
+    remote_error(r, rcluster_ready(r->cl) ? RC_BREAKER : RC_NOROUTE, NULL);
+    goto run;
+  }
+  if (!(l = lookup_new(r, c, cache_id, rc, tokens, key, first, first ? before : NULL, hash, k)))
+    goto run;
+  hash = NULL; /* the lookup's now */
+  rlookup_t **tail = &r->lookups; /* oldest first: deadlines in order */
+  while (*tail) {
+    l->prev = *tail;
+    tail = &(*tail)->next;
+  }
+  *tail = l;
+  l->held = (uint64_t)k * vsize;
+  r->lookup_bytes += l->held;
+  l->t0_ns = uv_hrtime();
+  if (lookup_send(l, keys) == 0) {
+    lookup_free(l);
+    goto run;
+  }
+  free(keys);
+  l->deadline_ms = uv_now(srv->loop) + srv->cfg.cluster_lookup_timeout_ms;
+  arm(r, l->deadline_ms);
+  r->st.lookups++;
+  r->st.lookup_pages += l->n;
+  c->rwait = l;
+  return REMOTE_WAIT;
+run:
+  free(hash);
+  free(keys);
+  return REMOTE_RUN;
+}
+
+void remote_import(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                   const engine_pkey_t *key) {
+  rlookup_t *l = c->rwait;
+  c->rwait = NULL;
+  if (!l) return;
+  if (!l->ended) end(l, false);
+  /* What was not imported as it came (span keys), with the request's own
+   * ids and key as they are now. */
+  if (l->cache_id == cache_id && l->good > l->imported) {
+    uint64_t before = l->r->st.hit_pages;
+    import_run(l, tokens, n, key, l->good);
+    c->turn_bytes += (l->r->st.hit_pages - before) * l->rc.page_bytes; /* copied on the loop */
+  }
+  lookup_free(l);
+}
+
+void remote_forget(conn_t *c) {
+  rlookup_t *l = c->rwait;
+  c->rwait = NULL;
+  if (l) lookup_free(l);
+}
+
+void rlookup_end_all(remote_t *r) {
+  for (rlookup_t *l = r->lookups, *nx; l; l = nx) {
+    nx = l->next;
+    if (!l->ended) end(l, false);
+    if (r->stopping) { /* the connections' requests run without them */
+      l->c->rwait = NULL;
+      lookup_free(l);
+    }
+  }
+}

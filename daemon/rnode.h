@@ -1,0 +1,87 @@
+/* rnode.h: one Redis node of the cluster client: its hiredis connection on
+ * the loop, the commands in flight on it, their timeout and the node's
+ * circuit breaker (rnode.c). rcluster.c routes; nothing else uses this.
+ *
+ *   DOWN --send--> CONNECTING --connected--> READY --lost, silent--> DOWN
+ *                      \--refused, connect_timeout_ms--/
+ *
+ *   breaker: `fails` consecutive failures (a connection refused, lost or
+ *   timed out) >= breaker_failures open it for breaker_ms << trips; while
+ *   open nothing is sent to the node; after it, the next command tries
+ *   again (one more failure reopens it, for twice as long); any reply
+ *   closes it.
+ *
+ * Replies come back in the order commands were sent, so the commands in
+ * flight are a FIFO and the oldest is its head: the node is silent when
+ * the head has waited command_timeout_ms.
+ */
+#ifndef KVCD_RNODE_H
+#define KVCD_RNODE_H
+
+#include <hiredis/async.h>
+
+#include "rcluster.h"
+
+typedef struct rnode rnode_t;
+
+/* A command: its bytes, where it goes, what to call with the reply. */
+struct rcmd {
+  char *cmd;            /* RESP bytes (owned) */
+  size_t len;
+  uint16_t slot;
+  bool read;
+  bool asking;          /* sent after ASKING (an ASK redirection) */
+  bool cancelled;       /* fn never runs; freed when its reply comes */
+  bool internal;        /* AUTH, READONLY, CLUSTER SLOTS: the client's own */
+  uint8_t redirects;
+  rcmd_fn fn;
+  void *arg;
+  uint64_t sent_ms;     /* uv_now when sent to its node */
+  rnode_t *node;        /* where it is in flight */
+  rcmd_t *next;         /* the node's FIFO */
+};
+
+enum rnode_state { RN_DOWN, RN_CONNECTING, RN_READY };
+
+struct rnode {
+  rcluster_t *cl;
+  char host[64];
+  int port;
+  char addr[72];        /* host:port */
+  uint16_t idx;         /* in cl->nodes */
+  bool replica;         /* READONLY on connect: serves reads of its master's slots */
+  bool in_map;          /* named by the last slot map */
+  bool dropping;        /* its connection is being freed for silence */
+  enum rnode_state st;
+  redisAsyncContext *ac;
+  rcmd_t *head, *tail;  /* in flight, oldest first */
+  uint32_t pending;
+  uint32_t fails;       /* consecutive failures */
+  uint32_t trips;       /* times the breaker opened since the last reply */
+  uint64_t open_until;  /* uv_now before which nothing is sent */
+  uv_timer_t timer;     /* connect_timeout_ms, or the head's command_timeout_ms */
+};
+
+/* What rnode.c needs of the cluster (rcluster.c). */
+uv_loop_t *rcluster_loop(const rcluster_t *cl);
+const rcluster_opts_t *rcluster_opts(const rcluster_t *cl);
+rcluster_counts_t *rcluster_counts_rw(rcluster_t *cl);
+/* A reply (NULL: none, with why) to c, which is no longer in flight. */
+void rcluster_reply(rcluster_t *cl, rcmd_t *c, struct redisReply *r, enum rc_status why);
+/* The node failed: the map may be stale. */
+void rcluster_node_failed(rcluster_t *cl, rnode_t *n);
+
+/* Initializes n (its timer on the loop). */
+void rnode_init(rnode_t *n, rcluster_t *cl, const char *host, int port, uint16_t idx);
+/* Whether a command would be tried now (breaker closed). */
+bool rnode_usable(const rnode_t *n);
+/* Sends c (after ASKING when c->asking), connecting first if need be: 0,
+ * or a status when it cannot (c untouched). */
+enum rc_status rnode_send(rnode_t *n, rcmd_t *c);
+/* Closes the connection (commands in flight end with RC_CONN) and the
+ * timer; close_cb runs once the timer is closed. */
+void rnode_close(rnode_t *n, uv_close_cb close_cb);
+/* Frees a command. */
+void rcmd_free(rcmd_t *c);
+
+#endif

@@ -1,0 +1,475 @@
+/* tiers.c: the disk tier and the warm restart on a real daemon (doc/tiers.md):
+ * a prompt evicted to disk and attached again byte for byte, the tier's
+ * bound and LRU, a full file system (a small tmpfs) that never fails a put,
+ * a restart whose first match hits, and files that must never be served: a
+ * SIGKILL during writes, torn and corrupted files, another tenant's or
+ * layout's page, another format version. */
+#include <grp.h>
+#include <sched.h>
+#include <sys/mount.h>
+
+#include "../../daemon/diskfmt.h"
+#include "harness.h"
+
+#define T 16u        /* page_tokens of it_layout */
+#define PAGE 16384u  /* its page bytes: one 16 KiB pool page */
+#define FILE_BYTES (4096u + PAGE) /* a page file: header and data */
+#define UID_OTHER 64011u
+
+/* A pool of 64 pages of 16 KiB. */
+#define POOL "--pool-bytes", "1MiB", "--page-bytes", "16KiB"
+
+static uint32_t *prompt(size_t n, uint32_t seed) {
+  uint32_t *t = malloc(n * sizeof *t);
+  ASSERT(t != NULL);
+  uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t[i] = (uint32_t)(x % 128256u);
+  }
+  return t;
+}
+
+/* Writes [0, n) of seq with the bytes of `bytes_of` and, unless ids is
+ * NULL, the ids. */
+static void put_bytes(kvc_cache_t *h, uint64_t seq, uint64_t n, const uint32_t *ids,
+                      uint64_t bytes_of) {
+  const kvc_layout_t *l = kvc_cache_layout(h);
+  float *k = calloc(it_tok_floats(l, false) * n, 4), *v = calloc(it_tok_floats(l, true) * n, 4);
+  ASSERT(k && v);
+  it_fill_f32(k, v, l, bytes_of, 0, n, 0);
+  if (ids) ASSERT_OK(kvc_put_tokens(h, seq, 0, n, k, v, ids));
+  else ASSERT_OK(kvc_put(h, seq, 0, n, k, v));
+  free(k);
+  free(v);
+}
+
+/* [0, n) of seq holds exactly the bytes of `bytes_of`. */
+static void check_bytes(kvc_cache_t *h, uint64_t seq, uint64_t n, uint64_t bytes_of) {
+  const kvc_layout_t *l = kvc_cache_layout(h);
+  size_t kn = it_tok_floats(l, false) * n, vn = it_tok_floats(l, true) * n;
+  float *k = calloc(kn, 4), *v = calloc(vn, 4), *gk = calloc(kn, 4), *gv = calloc(vn, 4);
+  ASSERT(k && v && gk && gv);
+  it_fill_f32(k, v, l, bytes_of, 0, n, 0);
+  ASSERT_OK(kvc_get(h, seq, 0, n, gk, gv));
+  ASSERT_MEM_EQ(gk, k, kn * 4);
+  ASSERT_MEM_EQ(gv, v, vn * 4);
+  free(k), free(v), free(gk), free(gv);
+}
+
+/* Waits (10 s at most) until a figure reaches at least want. */
+static uint64_t wait_stat(kvc_client_t *c, const char *name, uint64_t want) {
+  uint64_t v = 0;
+  for (int i = 0; i < 1000; i++) {
+    if ((v = stat_get(c, name, NULL)) >= want) return v;
+    it_sleep_ms(10);
+  }
+  TEST_FAIL_("%s stayed at %" PRIu64 ", below %" PRIu64, name, v, want);
+}
+
+/* Waits until the start-up scan is done. */
+static void wait_loaded(kvc_client_t *c) {
+  for (int i = 0; i < 1000; i++) {
+    if (stat_get(c, "tier_disk_loading", NULL) == 0) return;
+    it_sleep_ms(10);
+  }
+  TEST_FAIL_("the disk tier's start-up scan did not end");
+}
+
+static kvc_cache_t *open_cache(kvc_client_t *c, const char *name, kvc_dtype_t dt) {
+  kvc_layout_t l = it_layout(dt);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, name, &l, &h));
+  return h;
+}
+
+/* A tier directory outside the daemon's own (which its stop removes). */
+static void tier_mkdir(char *dir, size_t len) {
+  snprintf(dir, len, "/tmp/kvctier-XXXXXX");
+  ASSERT(mkdtemp(dir) != NULL);
+}
+
+static void rm_rf(const char *dir) {
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT(system(cmd) == 0);
+}
+
+static void start_tier(daemon_t *d, const char *dir, const char *bytes) {
+  const char *args[] = {POOL, "--tier-dir", dir, "--tier-bytes", bytes, NULL};
+  daemon_start_args(d, args);
+}
+
+/* Prompt p (n tokens, bytes of seq 1) written, left cached, then pushed out
+ * of memory by 64 pages without ids; waits for the pages' files. */
+static void spill(kvc_client_t *c, kvc_cache_t *h, const uint32_t *p, uint64_t n,
+                  uint64_t bytes_of) {
+  uint64_t writes = stat_get(c, "tier_disk_writes_total", NULL);
+  put_bytes(h, 1, n, p, bytes_of);
+  ASSERT_OK(kvc_seq_remove(h, 1, 0, UINT64_MAX));
+  put_bytes(h, 2, 64 * T, NULL, 99);
+  ASSERT_OK(kvc_seq_remove(h, 2, 0, UINT64_MAX));
+  wait_stat(c, "tier_disk_writes_total", writes + n / T);
+}
+
+static kvc_match_t match(kvc_cache_t *h, const uint32_t *p, uint64_t n) {
+  kvc_match_t m = {99, 99, 99};
+  ASSERT_OK(kvc_match(h, p, n, &m));
+  return m;
+}
+
+TEST(tier_prompt_evicted_to_disk_attached_byte_exact) {
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  start_tier(&d, dir, "64MiB");
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_cache(c, "chat", KVC_DTYPE_F32);
+  uint32_t *p = prompt(20 * T + 5, 1);
+  spill(c, h, p, 20 * T, 1);
+  ASSERT_U64_EQ(stat_get(c, "pages_indexed", NULL), 0); /* none left in memory */
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_pages", NULL), 20);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_bytes", NULL), 20 * FILE_BYTES);
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach(h, 3, p, 20 * T + 5, false, &m));
+  ASSERT_U64_EQ(m.pages, 20);
+  ASSERT_U64_EQ(m.tokens, 20 * T);
+  check_bytes(h, 3, 20 * T, 1);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_reads_total", NULL), 20);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_hits_total", NULL), 20);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_read_bytes_total", NULL), 20 * FILE_BYTES);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_discarded_total", NULL), 0);
+  /* Resident again: the next match reads nothing. */
+  ASSERT_U64_EQ(match(h, p, 20 * T).pages, 20);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_reads_total", NULL), 20);
+  /* Evicted once more, it is on disk already: nothing is written again. */
+  uint64_t w = stat_get(c, "tier_disk_writes_total", NULL);
+  ASSERT_OK(kvc_seq_remove(h, 3, 0, UINT64_MAX));
+  put_bytes(h, 2, 64 * T, NULL, 99);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_writes_total", NULL), w);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  rm_rf(dir);
+  free(p);
+}
+
+TEST(tier_disk_bounded_least_recent_out) {
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  start_tier(&d, dir, "1MiB"); /* 51 page files */
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_cache(c, "chat", KVC_DTYPE_F32);
+  uint32_t *a = prompt(24 * T, 2), *b = prompt(24 * T, 3), *x = prompt(24 * T, 4);
+  spill(c, h, a, 24 * T, 1);
+  spill(c, h, b, 24 * T, 1);
+  ASSERT_U64_EQ(match(h, a, 24 * T).pages, 24); /* a read back: used after b */
+  spill(c, h, x, 24 * T, 1);                    /* a goes out again, already on disk */
+  uint64_t bytes = stat_get(c, "tier_disk_bytes", NULL);
+  ASSERT(bytes <= 1024 * 1024);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_pages", NULL), bytes / FILE_BYTES);
+  ASSERT(stat_get(c, "tier_disk_evicted_total", NULL) >= 72 - 51);
+  /* The least recently used prompt (b) lost its tail; a and x are whole. */
+  ASSERT_U64_EQ(match(h, x, 24 * T).pages, 24);
+  ASSERT_U64_EQ(match(h, a, 24 * T).pages, 24);
+  uint64_t got = match(h, b, 24 * T).pages;
+  ASSERT(got > 0 && got < 24);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  char out[256];
+  ASSERT_EQ(it_sh(out, sizeof out, "ls '%s' | grep -c kvp", dir), 0);
+  ASSERT(strtoull(out, NULL, 10) <= 51); /* the files too */
+  rm_rf(dir);
+  free(a), free(b), free(x);
+}
+
+TEST(tier_disk_full_never_fails_a_put) {
+  if (geteuid() != 0) TEST_SKIP("mounting a tmpfs needs root");
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  /* 256 KiB hold 12 page files; the tier is told 64 MiB. The mount lives
+   * in this test's own mount namespace (the daemon it forks shares it), so
+   * it goes with the test however the test ends. */
+  if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("tmpfs", dir, "tmpfs", 0, "size=256k,mode=0700") != 0)
+    TEST_SKIP("cannot mount a tmpfs here");
+  daemon_t d;
+  start_tier(&d, dir, "64MiB");
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_cache(c, "chat", KVC_DTYPE_F32);
+  uint32_t *a = prompt(30 * T, 5), *b = prompt(8 * T, 6);
+  uint64_t w0 = stat_get(c, "tier_disk_writes_total", NULL);
+  put_bytes(h, 1, 30 * T, a, 1);
+  ASSERT_OK(kvc_seq_remove(h, 1, 0, UINT64_MAX));
+  put_bytes(h, 2, 64 * T, NULL, 99); /* every put succeeds, whatever the disk holds */
+  ASSERT_OK(kvc_seq_remove(h, 2, 0, UINT64_MAX));
+  /* Every one of a's 30 pages was written or failed; some failed. */
+  uint64_t errs = 0;
+  for (int i = 0; i < 1000; i++) {
+    errs = stat_get(c, "tier_disk_write_errors_total", NULL);
+    if (stat_get(c, "tier_disk_writes_total", NULL) - w0 + errs == 30) break;
+    it_sleep_ms(10);
+  }
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_writes_total", NULL) - w0 + errs, 30);
+  ASSERT(errs > 0);
+  ASSERT(stat_get(c, "tier_disk_bound_bytes", NULL) < 256 * 1024);
+  /* The tier goes on within what the file system holds: b goes out and
+   * comes back whole. */
+  spill(c, h, b, 8 * T, 2);
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach(h, 3, b, 8 * T, false, &m));
+  ASSERT_U64_EQ(m.pages, 8);
+  check_bytes(h, 3, 8 * T, 2);
+  ASSERT(stat_get(c, "tier_disk_bytes", NULL) <= 256 * 1024);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  ASSERT_EQ(umount(dir), 0);
+  rm_rf(dir);
+  free(a), free(b);
+}
+
+TEST(tier_warm_restart_first_match_hits) {
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  uint32_t *p = prompt(12 * T, 7);
+  start_tier(&d, dir, "64MiB");
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_cache(c, "chat", KVC_DTYPE_F32);
+  put_bytes(h, 1, 12 * T, p, 3); /* resident, held by seq 1: nothing spilled */
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_writes_total", NULL), 0);
+  kvc_client_close(c);
+  daemon_stop(&d); /* the drain persists the index */
+  start_tier(&d, dir, "64MiB");
+  c = client_open(&d);
+  wait_loaded(c);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_loaded", NULL), 12);
+  h = open_cache(c, "chat", KVC_DTYPE_F32);
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach(h, 5, p, 12 * T, false, &m)); /* the first request that looks */
+  ASSERT_U64_EQ(m.pages, 12);
+  check_bytes(h, 5, 12 * T, 3);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  rm_rf(dir);
+  free(p);
+}
+
+/* ---- files that must never be served ----------------------------------------- */
+
+static void read_file(const char *path, uint8_t **buf, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  ASSERT(f != NULL);
+  ASSERT(fseek(f, 0, SEEK_END) == 0);
+  long n = ftell(f);
+  ASSERT(n > 0);
+  rewind(f);
+  *buf = malloc((size_t)n);
+  ASSERT(*buf && fread(*buf, 1, (size_t)n, f) == (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+}
+
+static void write_bytes(const char *path, const uint8_t *buf, size_t len) {
+  FILE *f = fopen(path, "wb");
+  ASSERT(f != NULL);
+  ASSERT(fwrite(buf, 1, len, f) == len);
+  ASSERT(fclose(f) == 0);
+}
+
+/* The page files of dir's chain whose head holds the ids head_ids, in chain
+ * order, by the hashes their headers name. */
+static size_t chain_files(const char *dir, const uint32_t *head_ids, char names[][160],
+                          size_t cap) {
+  char out[65536];
+  ASSERT_EQ(it_sh(out, sizeof out, "ls '%s' | grep 'kvp$'", dir), 0);
+  size_t n = 0;
+  uint8_t hashes[64][32], parents[64][32];
+  bool head[64];
+  char all[64][160];
+  for (char *save = NULL, *l = strtok_r(out, "\n", &save); l && n < 64; l = strtok_r(NULL, "\n", &save)) {
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s", dir, l);
+    uint8_t *buf;
+    size_t len;
+    read_file(path, &buf, &len);
+    diskfmt_info_t info;
+    const char *why;
+    ASSERT_EQ(diskfmt_decode(buf, len, &info, &why), 0);
+    memcpy(hashes[n], info.m.hash, 32);
+    memcpy(parents[n], info.m.parent, 32);
+    head[n] = info.m.head && memcmp(info.m.tokens, head_ids, T * 4) == 0;
+    snprintf(all[n], sizeof all[n], "%s", path);
+    free(buf);
+    n++;
+  }
+  size_t k = 0;
+  const uint8_t *want = NULL;
+  while (k < cap) {
+    size_t i = 0;
+    while (i < n && !(want ? memcmp(parents[i], want, 32) == 0 : head[i])) i++;
+    if (i == n) break;
+    snprintf(names[k++], 160, "%s", all[i]);
+    want = hashes[i];
+  }
+  return k;
+}
+
+/* Rewrites a file's header through fn, with a valid header checksum: only
+ * what fn changed is wrong. */
+static void forge(const char *path, void (*fn)(diskfmt_info_t *, char *tenant)) {
+  uint8_t *buf;
+  size_t len;
+  read_file(path, &buf, &len);
+  diskfmt_info_t info;
+  const char *why;
+  ASSERT_EQ(diskfmt_decode(buf, len, &info, &why), 0);
+  uint32_t ids[T];
+  memcpy(ids, info.m.tokens, sizeof ids);
+  info.m.tokens = ids;
+  char tenant[DISKFMT_TENANT_MAX];
+  memcpy(tenant, info.tenant, sizeof tenant);
+  fn(&info, tenant);
+  uint8_t *data = buf + info.header_bytes;
+  diskfmt_encode(&info.m, tenant, data, buf);
+  write_bytes(path, buf, len);
+  free(buf);
+}
+
+static void other_tenant_name(diskfmt_info_t *i, char *tenant) {
+  (void)i;
+  snprintf(tenant, DISKFMT_TENANT_MAX, "uid:%u", UID_OTHER);
+}
+
+static void other_layout(diskfmt_info_t *i, char *tenant) {
+  (void)tenant;
+  i->m.layout.head_dim_v = 16; /* a page of another layout, same sizes */
+}
+
+TEST(tier_restart_keeps_what_verifies_and_serves_nothing_else) {
+  char dir[64], files[24][160], path[160];
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  uint32_t *p = prompt(16 * T, 8), *q = prompt(8 * T, 9);
+  start_tier(&d, dir, "64MiB");
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_cache(c, "chat", KVC_DTYPE_F32);
+  spill(c, h, p, 16 * T, 4);
+  /* SIGKILL while q's pages are being written: whatever is on disk after
+   * it must verify or go. */
+  put_bytes(h, 1, 8 * T, q, 5);
+  ASSERT_OK(kvc_seq_remove(h, 1, 0, UINT64_MAX));
+  put_bytes(h, 2, 64 * T, NULL, 99);
+  ASSERT(kill(d.pid, SIGKILL) == 0);
+  int st;
+  ASSERT(waitpid(d.pid, &st, 0) == d.pid);
+  kvc_client_close(c);
+  rm_rf(d.dir);
+  ASSERT_EQ(chain_files(dir, p, files, 24), 16);
+  /* Damage p's chain at pages 10..15, one way each. */
+  ASSERT(truncate(files[15], FILE_BYTES - 100) == 0);  /* torn: cut short */
+  uint8_t *buf;
+  size_t len;
+  read_file(files[14], &buf, &len);
+  buf[len - 7] ^= 0x40;                                /* corrupt data */
+  write_bytes(files[14], buf, len);
+  free(buf);
+  read_file(files[13], &buf, &len);
+  buf[520] ^= 1;                                       /* corrupt header (an id) */
+  write_bytes(files[13], buf, len);
+  free(buf);
+  read_file(files[12], &buf, &len);
+  buf[8] = 2;                                          /* another format version */
+  write_bytes(files[12], buf, len);
+  free(buf);
+  forge(files[11], other_layout);
+  forge(files[10], other_tenant_name);
+  snprintf(path, sizeof path, "%s/tmp/leftover.kvp", dir); /* a write a crash cut short */
+  write_bytes(path, (const uint8_t *)"x", 1);
+  start_tier(&d, dir, "64MiB");
+  c = client_open(&d);
+  wait_loaded(c);
+  ASSERT(stat_get(c, "tier_disk_discarded_total", NULL) >= 3); /* torn, header, version */
+  ASSERT_EQ(access(path, F_OK), -1);
+  h = open_cache(c, "chat", KVC_DTYPE_F32);
+  /* Pages 0..9 verify; page 10 names another tenant, 11 another layout,
+   * 14 has bad data: none of them, nor anything after them, is served. */
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach(h, 3, p, 16 * T, false, &m));
+  ASSERT_U64_EQ(m.pages, 10);
+  check_bytes(h, 3, 10 * T, 4);
+  ASSERT_U64_EQ(match(h, p, 16 * T).pages, 10); /* and asking again changes nothing */
+  ASSERT(stat_get(c, "tier_disk_discarded_total", NULL) >= 4);
+  /* Whatever of q survived the SIGKILL is q's, byte for byte. */
+  ASSERT_OK(kvc_attach(h, 4, q, 8 * T, false, &m));
+  if (m.pages) check_bytes(h, 4, m.pages * T, 5);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  rm_rf(dir);
+  free(p), free(q);
+}
+
+/* The registry lost, the next new tenant gets the number another tenant's
+ * pages were hashed under (the same chain seed for the same cache name and
+ * layout): the pages name their tenant, so they are refused, never served. */
+#define UID_OTHER2 64012u
+
+static void as_uid(uid_t uid) {
+  if (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0)
+    _exit(90);
+}
+
+/* In a child as uid: writes (seq 1) or attaches (seq 2) prompt p; exits 0
+ * when the attach found want pages (writing: always). */
+static int tenant_run(const daemon_t *d, uid_t uid, bool write, uint64_t want) {
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    as_uid(uid);
+    uint32_t *p = prompt(6 * T, 10);
+    kvc_client_t *c = client_open(d);
+    kvc_cache_t *h = open_cache(c, "chat", KVC_DTYPE_F32);
+    kvc_match_t m = {0, 0, 0};
+    if (write) put_bytes(h, 1, 6 * T, p, 6);
+    else if (kvc_attach(h, 2, p, 6 * T, false, &m) != 0) _exit(3);
+    kvc_client_close(c);
+    _exit(write || m.pages == want ? 0 : 4);
+  }
+  int st;
+  ASSERT(waitpid(pid, &st, 0) == pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void start_shared(daemon_t *d, const char *dir) {
+  const char *args[] = {POOL, "--tier-dir", dir, "--allow-uids", "self,root,64011,64012",
+                        "--socket-mode", "0666", NULL};
+  daemon_start_args(d, args);
+  ASSERT_EQ(chmod(d->dir, 0755), 0);
+}
+
+TEST(tier_page_of_another_tenant_never_served) {
+  if (geteuid() != 0) TEST_SKIP("other uids need root");
+  char dir[64], path[160];
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  start_shared(&d, dir); /* root is tenant 1 (the harness connects first) */
+  ASSERT_EQ(tenant_run(&d, UID_OTHER, true, 0), 0); /* tenant 2 writes */
+  ASSERT_EQ(tenant_run(&d, UID_OTHER, false, 6), 0);
+  daemon_stop(&d); /* persisted */
+  snprintf(path, sizeof path, "%s/tenants", dir);
+  ASSERT_EQ(unlink(path), 0);
+  start_shared(&d, dir);
+  kvc_client_t *c = client_open(&d);
+  wait_loaded(c);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_loaded", NULL), 6);
+  ASSERT_EQ(tenant_run(&d, UID_OTHER2, false, 0), 0); /* now tenant 2: nothing */
+  /* Its prompts hash under its own identity (its name, doc/prefix.md), not
+   * its number: the files of the tenant that had that number are not even
+   * read (were one read, its name would not be this tenant's: discarded). */
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_reads_total", NULL), 0);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_hits_total", NULL), 0);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  rm_rf(dir);
+}
