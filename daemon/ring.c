@@ -179,8 +179,10 @@ static void on_idle(uv_idle_t *h) {
     if (ran || !p->active) break; /* back to the loop: sockets, timers, completions */
     /* Copies that could keep every CPU the daemon may use busy: a CPU this
      * loop spins on is one the copy threads (at nice 10) do not get. Sleep;
-     * the doorbells and the threads' eventfd wake the loop. */
-    if (offload_shares(p->srv) >= p->ncpus) {
+     * the doorbells and the threads' eventfd wake the loop. Not on one CPU:
+     * there the loop and the copies share it anyway, and the small requests
+     * of the loop come first (why the copy threads run at nice 10). */
+    if (p->ncpus > 1 && offload_shares(p->srv) >= p->ncpus) {
       for (ring_t *r = p->active, *next; r; r = next) {
         next = r->next;
         deactivate(r);

@@ -23,7 +23,7 @@
  *   the poll loop was preempted (> 50 us     every budget / 2, and the loop sleeps:
  *   between two looks: the CPU is wanted)    the daemon never spins against its clients
  *   copies in flight could fill every CPU    the loop sleeps: it would spin on a CPU
- *   the daemon may use                       its own copy threads need
+ *   the daemon may use (two or more)         its own copy threads need
  *
  * so a client whose next request comes within the cap after each reply is
  * served without wakeups, one that thinks longer costs no polling at all
