@@ -228,6 +228,8 @@ $(B)/tests/unit_%: $(B)/tests/unit/%.o $(TEST_MAIN_OBJ) $(B)/libkvcengine.a
 $(B)/tests/unit_codec: $(CODEC_OBJ) $(PROTO_OBJ)
 $(B)/tests/unit_codec: UNIT_LIBS := $(PB_LIBS)
 $(B)/tests/unit/codec.o: | $(B)/gen/kvcache.pb-c.h
+# The byte ring both sides link (proto/ringbuf.c), with the frame header.
+$(B)/tests/unit_ringbuf: $(B)/proto/ringbuf.o $(B)/proto/frame.o
 # The cluster tier's pure parts (slots, keys and values) are the daemon's.
 $(B)/tests/unit_rvalue: $(B)/daemon/rvalue.o $(B)/daemon/rslot.o
 $(B)/tests/unit/%.o: tests/unit/%.c

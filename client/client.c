@@ -40,6 +40,8 @@ static int broken(kvc_client_t *c, int code, const char *what, int err) {
   c->broken = true;
   c->broken_code = code == KVC_E_SHUTDOWN ? KVC_E_SHUTDOWN : KVC_E_IO;
   if (err == EAGAIN || err == EWOULDBLOCK) code = KVC_E_TIMEOUT;
+  if (what == c->err) /* the reason is written already */
+    return code;
   if (err)
     snprintf(c->err, sizeof c->err, "%s: %s", what, strerror(err));
   else
@@ -102,7 +104,7 @@ static ssize_t recv_spin(kvc_client_t *c, uint8_t *buf, size_t len) {
   return recv(c->fd, buf, len, 0);
 }
 
-/* Receives one reply frame into rbuf; fds[0..2) get passed descriptors, if
+/* Receives one reply frame into rbuf; fds[0..3) get passed descriptors, if
  * any (fds NULL: none expected). flags go to recv (MSG_DONTWAIT). Bytes that
  * arrived past the frame (the daemon's goodbye can follow a reply at once)
  * are kept for the next call. Returns the payload length or a negative code. */
@@ -217,18 +219,31 @@ int client_call_fds(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Res
   size_t len;
   int rc = pack_request(c, req, &len);
   if (rc) return rc;
-  rc = send_all(c, c->wbuf, len);
-  if (rc && goodbye_waiting(c))
-    return broken(c, KVC_E_SHUTDOWN, "kvcached is shutting down (request not sent)", 0);
-  if (rc) return broken(c, KVC_E_IO, "sending to kvcached", -rc);
+  /* Through the ring when there is one and the frame fits, else the socket;
+   * a reply that brings descriptors comes on the socket, so its request goes
+   * there too. */
+  int via_ring = ring_usable(&c->ring) && !maxfds ? ring_submit(c, c->wbuf, len) : 1;
+  if (via_ring < 0) return broken(c, KVC_E_PROTO, c->err, 0);
+  if (via_ring == 1) {
+    rc = send_all(c, c->wbuf, len);
+    if (rc && goodbye_waiting(c))
+      return broken(c, KVC_E_SHUTDOWN, "kvcached is shutting down (request not sent)", 0);
+    if (rc) return broken(c, KVC_E_IO, "sending to kvcached", -rc);
+  }
   c->nrelease = 0; /* sent: the daemon releases them before the body runs */
-  int64_t n = recv_frame(c, fds, maxfds, nfds, 0);
+  const uint8_t *payload = c->rbuf + FRAME_HEADER_BYTES;
+  int64_t n = via_ring == 0 ? ring_wait(c, &payload) : RING_WAIT_SOCKET;
+  if (n == RING_WAIT_SOCKET) {
+    n = recv_frame(c, fds, maxfds, nfds, 0);
+    payload = c->rbuf + FRAME_HEADER_BYTES;
+  } else if (n < 0) {
+    return broken(c, (int)n, c->err, 0); /* the reply stream is out of step */
+  }
   if (n < 0) {
     close_fds(fds, nfds);
     return (int)n;
   }
-  Kvcache__V1__Response *r =
-      kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER_BYTES);
+  Kvcache__V1__Response *r = kvcache__v1__response__unpack(NULL, (size_t)n, payload);
   if (!r) {
     close_fds(fds, nfds);
     return broken(c, KVC_E_PROTO, "reply does not decode", 0);
@@ -489,6 +504,7 @@ static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
   hello.protocol_version = KVC_PROTOCOL_VERSION;
   hello.shm_bytes = o->shm_bytes;
   hello.client_name = (char *)(o->client_name ? o->client_name : "libkvcache");
+  hello.rings = !(c->flags & KVC_CLIENT_NO_RINGS);
   req.body_case = KVCACHE__V1__REQUEST__BODY_HELLO;
   req.hello = &hello;
   req.id = ++c->next_id;
@@ -498,8 +514,8 @@ static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
   /* A refused peer may find the socket closed already; its reply still
    * waits to be read, so a failed send is not yet an answer. */
   (void)send_all(c, c->wbuf, len);
-  int fds[2] = {-1, -1}, nfds = 0;
-  int64_t n = recv_frame(c, fds, 2, &nfds, 0);
+  int fds[3] = {-1, -1, -1}, nfds = 0;
+  int64_t n = recv_frame(c, fds, 3, &nfds, 0);
   Kvcache__V1__Response *r =
       n < 0 ? NULL : kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER_BYTES);
   if (n >= 0 && !r) rc = client_fail(c, KVC_E_PROTO, "handshake reply does not decode");
@@ -515,7 +531,14 @@ static int handshake(kvc_client_t *c, const kvc_client_opts_t *o) {
     if (fds[1] < 0) rc = client_fail(c, KVC_E_PROTO, "handshake reply without the pool fd");
     else rc = map_pool(c, fds[1], r->hello);
   }
-  for (int i = 0; i < 2; i++)
+  /* The doorbell comes last: after the pool's descriptor when there is one. */
+  int bell = rc == 0 && r->hello->ring_sq_bytes ? 1 + (r->hello->pool_fd ? 1 : 0) : -1;
+  if (bell >= 0 && fds[bell] >= 0) {
+    /* Rings that do not add up are not used: the socket still works. */
+    if (ring_attach(c, fds[0], fds[bell], r->hello) != 0) c->err[0] = '\0';
+    fds[bell] = -1; /* taken */
+  }
+  for (int i = 0; i < 3; i++)
     if (fds[i] >= 0) close(fds[i]);
   if (!r) return rc;
   kvcache__v1__response__free_unpacked(r, NULL);
@@ -536,9 +559,17 @@ KVC_API int kvc_client_open(const kvc_client_opts_t *opts, kvc_client_t **out) {
     return KVC_E_NOMEM;
   }
   c->fd = -1;
-  c->spin_ns = opts ? (uint64_t)opts->spin_us * 1000u : 0;
-  int rc = connect_socket(c, opts ? opts : &defaults);
-  if (rc == 0) rc = handshake(c, opts ? opts : &defaults);
+  c->ring.bell = -1;
+  const kvc_client_opts_t *o = opts ? opts : &defaults;
+  c->flags = o->flags;
+  c->timeout_ms = o->timeout_ms;
+  int rc = connect_socket(c, o);
+  if (rc == 0) rc = handshake(c, o);
+  /* Polling a ring costs a few loads; polling the socket, a system call a
+   * look: the default spins only on the ring. */
+  uint32_t spin_us = o->spin_us ? o->spin_us : c->ring.hdr ? KVC_SPIN_US_DEFAULT : 0;
+  c->spin_ns = c->flags & KVC_CLIENT_NO_SPIN ? 0 : (uint64_t)spin_us * 1000u;
+  c->ring.spin_ns = c->spin_ns;
   if (rc != 0) {
     snprintf(open_err, sizeof open_err, "%s", c->err);
     kvc_client_close(c);
@@ -554,9 +585,11 @@ KVC_API void kvc_client_close(kvc_client_t *c) {
   if (!c) return;
   while (c->caches) kvc_cache_close(c->caches);
   client_leases_free(c);
+  ring_detach(&c->ring);
   if (c->ev_batch) kvcache__v1__response__free_unpacked(c->ev_batch, NULL);
   if (c->fd >= 0) close(c->fd);
   if (c->shm) munmap(c->shm, c->shm_bytes);
+  prefault_stop(c->prefault); /* before its mapping goes */
   if (c->pool) munmap((void *)c->pool, c->pool_reserve ? c->pool_reserve : c->pool_bytes);
   free(c->wbuf);
   free(c->rbuf);
@@ -585,6 +618,21 @@ KVC_API void kvc_client_shm(const kvc_client_t *c, void **base, uint64_t *bytes)
 KVC_API void kvc_client_pool(const kvc_client_t *c, const void **base, uint64_t *bytes) {
   if (base) *base = c ? c->pool : NULL;
   if (bytes) *bytes = c ? c->pool_bytes : 0;
+}
+
+/* Started at the first lease, not at the Hello: a client that never reads
+ * in place (most put and get only) starts no thread, and one created in a
+ * fork child of a threaded process runs none before it needs one. */
+void client_pool_read(kvc_client_t *c) {
+  if (c->pool && !c->prefault && !c->prefault_tried && !(c->flags & KVC_CLIENT_NO_PREFAULT)) {
+    c->prefault_tried = true;
+    c->prefault = prefault_start(c->pool, c->pool_bytes);
+  }
+}
+
+KVC_API uint64_t kvc_client_pool_prefaulted(const kvc_client_t *c, uint64_t *total) {
+  if (total) *total = c ? prefault_total(c->prefault) : 0;
+  return c ? prefault_done(c->prefault) : 0;
 }
 
 KVC_API int kvc_ping(kvc_client_t *c) {

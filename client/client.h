@@ -1,8 +1,10 @@
 /* client.h: libkvcache's internals shared by its files (not installed).
  *
- * A client is a blocking Unix socket plus the mapped shared buffer. Every
- * call builds one Request, client_call sends it as one frame and waits for
- * the one Response (the daemon answers in order, one reply per request).
+ * A client is a blocking Unix socket plus the mapped shared buffer (and,
+ * when the daemon grants them, the rings in it: ring.h). Every call builds
+ * one Request, client_call sends it as one frame, through the submission
+ * ring or the socket, and waits for the one Response (the daemon answers in
+ * order, one reply per request, the way the request came).
  */
 #ifndef KVC_CLIENT_INTERNAL_H
 #define KVC_CLIENT_INTERNAL_H
@@ -12,6 +14,8 @@
 
 #include "kvcache.pb-c.h"
 #include "kvcache/kvcache.h"
+#include "prefault.h"
+#include "ring.h"
 
 #define CLIENT_MAX_REPLY_BYTES (256u << 20) /* a larger reply is a protocol error */
 #define CLIENT_POOL_SEGMENTS 64               /* the daemon's POOLMAP_SEGMENTS_MAX */
@@ -24,6 +28,9 @@ struct kvc_client {
   uint32_t max_io_entries;   /* entries per Io request: max_entries, frame-bounded */
   uint64_t next_id;          /* request id */
   uint64_t spin_ns;          /* poll this long for a reply before blocking */
+  uint32_t timeout_ms;       /* per request; 0: wait forever */
+  uint32_t flags;            /* KVC_CLIENT_* */
+  client_ring_t ring;        /* the shared-memory rings, if granted (ring.h) */
   bool broken;               /* an I/O or protocol error ended the connection */
   int broken_code;           /* what later calls return: KVC_E_IO or KVC_E_SHUTDOWN */
   char err[256];             /* last error, one line */
@@ -40,6 +47,8 @@ struct kvc_client {
   uint64_t pool_gen;         /* the daemon's segment generation this client mapped */
   struct pool_seg { uint64_t off, bytes, id; } pool_seg[CLIENT_POOL_SEGMENTS];
   uint32_t pool_nseg;
+  prefault_t *prefault;      /* populating the pool mapping in the background */
+  bool prefault_tried;       /* started it once (or could not) */
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
   void *io_wire, *io_ptrs, *io_parts; /* transfer scratch, max_io_entries each,
                                          allocated at the first transfer */
@@ -91,6 +100,10 @@ int client_recv(kvc_client_t *c, int timeout_ms, Kvcache__V1__Response **resp);
 /* Frees every lease handle (the daemon releases them when the connection
  * closes). */
 void client_leases_free(kvc_client_t *c);
+/* The client reads the pool in place (a lease): from the first time, its
+ * mapping is populated in the background (prefault.c), unless
+ * KVC_CLIENT_NO_PREFAULT. */
+void client_pool_read(kvc_client_t *c);
 /* KVC_E_PERM for a zero-copy read without the pool mapping; instead says
  * what to use. */
 int client_need_pool(kvc_client_t *c, const char *instead);

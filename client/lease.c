@@ -45,6 +45,7 @@ int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_
       need = lr->page_offsets[i] + pb;
   int rc = client_pool_sync(c, lr->pool_gen, need);
   if (rc) return rc;
+  client_pool_read(c);
   kvc_lease_t *l = calloc(1, sizeof *l + lr->n_page_offsets * sizeof l->pages[0]);
   if (!l) return client_fail(c, KVC_E_NOMEM, "out of memory");
   for (size_t i = 0; i < lr->n_page_offsets; i++) {

@@ -112,6 +112,14 @@ static const option_t options[] = {
   {"offload_threads", OPT_U32, "0", 0, 256, false, F(offload_threads),
    "threads that copy large gets and puts; 0: as many as the CPUs the daemon may use "
    "(its affinity, capped by a cgroup cpu.max quota)"},
+  {"rings", OPT_BOOL, "true", 0, 0, true, F(rings),
+   "grant a client that asks shared-memory rings in its buffer for requests and replies "
+   "(the socket stays for the handshake and as the fallback); new connections only"},
+  {"ring_poll_us", OPT_U32, "100", 0, 100000, true, F(ring_poll_us),
+   "most microseconds the event loop polls a connection's submission ring after a reply "
+   "before it sleeps (each connection's time adapts below it: longer when its client "
+   "came just after, shorter when it came much later or the loop was preempted); 0: never "
+   "poll, clients wake the loop through their doorbell"},
   {"frame_timeout_ms", OPT_U32, "5000", 0, 3600000, true, F(frame_timeout_ms),
    "ms for a started request frame (or the Hello) to arrive whole; 0: no deadline"},
   {"allow_uids", OPT_UIDS, "self,root", 0, 0, true, F(allow_uids),

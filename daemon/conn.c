@@ -14,6 +14,7 @@
 #include "frame.h"
 #include "log.h"
 #include "quotas.h"
+#include "ring.h"
 #include "remote.h"
 
 typedef struct wreq {
@@ -102,6 +103,8 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
                 (int)c->pid, reason);
     }
     if (c->sub) events_unsubscribe(c);
+    ring_close(c->ring); /* the client hears it at once, not at its next call */
+    c->ring = NULL;
     if (c->shm.base) srv->stats.shm_bytes -= c->shm.bytes;
     /* Unmap now: the pins are gone and nothing may use the buffer again,
      * unless a pool thread still copies into it (then when it is done). */
@@ -332,6 +335,18 @@ static int write_rest(conn_t *c, const uint8_t *frame, size_t len, size_t sent) 
 
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
   if (c->state == CONN_CLOSED) return KVC_E_IO;
+  if (c->via_ring && c->ring) {
+    c->via_ring = false;
+    int rc = ring_reply(c->ring, resp);
+    if (rc == 0) return 0;
+    if (rc < 0) {
+      c->srv->stats.connections_dropped++;
+      conn_close(c, "the client broke its completion ring");
+      return KVC_E_IO;
+    }
+    /* Too large for the ring: its marker holds the place, the frame follows
+     * on the socket. */
+  }
   size_t n = kvcache__v1__response__get_packed_size(resp);
   if (n + FRAME_HEADER_BYTES <= SMALL_REPLY && c->nwrites) { /* the socket is full */
     _Alignas(8) uint8_t frame[SMALL_REPLY];
@@ -365,6 +380,15 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
 }
 
 int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds) {
+  /* Descriptors travel on the socket only: a request that came through the
+   * ring gets its marker there. */
+  if (c->via_ring && c->ring) {
+    c->via_ring = false;
+    if (ring_reply(c->ring, NULL) < 0) {
+      conn_close(c, "the client broke its completion ring");
+      return KVC_E_IO;
+    }
+  }
   uv_os_fd_t sock;
   if (c->state == CONN_CLOSED || uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) != 0 ||
       uv_fileno((uv_handle_t *)&c->pipe, &sock) != 0)
@@ -471,6 +495,7 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
       srv->stats.deferred_turns++;
       break;
     }
+    c->via_ring = false;
     if (!dispatch_frame(c, c->rbuf + off + FRAME_HEADER_BYTES, plen)) break; /* parked */
     srv->stats.frames_in++;
     c->turn_bytes += FRAME_HEADER_BYTES + plen;
@@ -488,7 +513,56 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
   schedule(c);
 }
 
-void conn_run_all(conn_t *c) { run_frames(c, UINT32_MAX, false); }
+/* run_frames for the submission ring: the same budgets, the same dispatch;
+ * a frame leaves the ring once it ran (a parked one stays for its rerun). */
+static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
+  server_t *srv = c->srv;
+  ring_t *r = c->ring;
+  unsigned n = 0;
+  uint64_t t0 = budgeted ? uv_hrtime() : 0;
+  if (budgeted && c->nwrites) limit = 1;
+  c->turn_bytes = 0;
+  if (budgeted) ring_turn_begin(r);
+  while (r && c->state == CONN_READY && !c->offloaded && !c->parked &&
+         c->after_offload == AFTER_OFFLOAD_RESUME) {
+    const uint8_t *payload;
+    uint32_t len;
+    int st = ring_next(r, &payload, &len, budgeted);
+    if (st < 0) {
+      LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",
+                  "conn=%llu pid=%d reason=\"submission ring counters or frame length out of "
+                  "bounds\"", (unsigned long long)c->id, (int)c->pid);
+      srv->stats.connections_dropped++;
+      conn_close(c, "the client broke its submission ring");
+      return true;
+    }
+    if (st == 0) break;
+    if (n == limit || (budgeted && n > 0 && turn_spent(c, t0))) {
+      srv->stats.deferred_turns++;
+      break;
+    }
+    c->via_ring = true;
+    if (!dispatch_frame(c, payload, len)) break; /* parked: it stays in the ring */
+    ring_consume(r, len);
+    if (c->state == CONN_CLOSED) return true;
+    srv->stats.frames_in++;
+    c->turn_bytes += FRAME_HEADER_BYTES + len;
+    n++;
+    if (c->wq_bytes > srv->cfg.write_queue_bytes) break;
+  }
+  return n > 0;
+}
+
+bool conn_run_ring(conn_t *c) {
+  bool ran = run_ring(c, c->srv->cfg.frames_per_turn, true);
+  if (c->state != CONN_CLOSED) schedule(c);
+  return ran;
+}
+
+void conn_run_all(conn_t *c) {
+  run_frames(c, UINT32_MAX, false);
+  if (c->state != CONN_CLOSED) run_ring(c, UINT32_MAX, false);
+}
 
 void conn_drain(conn_t *c) {
   if (stopping(c)) return;
@@ -519,6 +593,7 @@ void conn_drain(conn_t *c) {
     break; /* EAGAIN: nothing more was sent; an error: the goodbye will fail */
   }
   Kvcache__V1__Response bye = KVCACHE__V1__RESPONSE__INIT;
+  c->via_ring = false; /* the goodbye goes on the socket; the ring says closed */
   bye.id = 0;
   bye.status = KVCACHE__V1__STATUS__SHUTDOWN;
   bye.error = (char *)"kvcached is shutting down";
@@ -617,6 +692,7 @@ static void schedule(conn_t *c) {
     c->reading = want_read;
   }
   set_backlog(c, want_idle);
+  if (c->ring && !pressure && !c->offloaded && !c->parked) ring_kick(c->ring);
   /* Waiting for the rest of a frame the client started (or for its Hello):
    * that wait is bounded. Not while we are the ones not reading. */
   bool want_deadline = srv->cfg.frame_timeout_ms && want_read &&

@@ -26,6 +26,12 @@
  *   CLOSED    uv_close called, pins and leases released; freed once its three
  *             handles are closed and no pool thread copies into its buffer
  *
+ * Requests arrive through the socket or, once it asked for them in its
+ * Hello, through the submission ring in its buffer (ring.h); both run here,
+ * through the same dispatch and budgets, one at a time, each in its own order
+ * (the order between the two is the client's to keep: libkvcache has one
+ * request in flight). A reply goes back the way its request came.
+ *
  * Beside the state, a few orthogonal facts: offloaded (a get of it copies on
  * the thread pool; what is asked meanwhile waits in after_offload), greeted
  * (it said Hello: its close releases and logs pins and leases), counted (in
@@ -95,6 +101,9 @@ struct conn {
   enum conn_after_offload after_offload; /* asked while offloaded */
   char flush_reason[64];     /* the reason of AFTER_OFFLOAD_FLUSH */
   shm_region_t shm;          /* the shared buffer (after Hello) */
+  struct ring *ring;         /* its shared-memory rings (ring.h), if it asked for them */
+  bool via_ring;             /* the request running (or offloaded, or parked) came
+                                through the ring: its reply goes into the CQ */
   bool offloaded;            /* a get or put copies on the thread pool: no
                                 other request runs, the buffer stays mapped */
   bool parked;               /* its next request needs a sequence another
@@ -183,8 +192,13 @@ bool conn_offload_end(conn_t *c);
  * close after flush). */
 void conn_resume(conn_t *c);
 
-/* Runs every complete buffered frame, ignoring the per-turn bound (drain). */
+/* Runs every complete buffered frame and every request waiting in the
+ * submission ring, ignoring the per-turn bound (drain). */
 void conn_run_all(conn_t *c);
+
+/* Runs the requests waiting in c's submission ring, one turn's budget;
+ * returns whether it ran any (the ring poller's ring_run_fn). */
+bool conn_run_ring(conn_t *c);
 
 /* The drain of one connection: answers every complete request the client has
  * sent (what is buffered and what is still in the socket, up to write

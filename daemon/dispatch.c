@@ -17,6 +17,8 @@
 #include "quotas.h"
 #include "remote.h"
 #include "offload.h"
+#include "ring.h"
+#include "ringbuf.h"
 #include "optable.h"
 #include "poolresize.h"
 #include "tenant.h"
@@ -50,6 +52,7 @@ typedef struct reply {
   arena_t *a;
   int fd;            /* sent with the reply (SCM_RIGHTS) when >= 0 */
   int fd2;           /* a second one in the same message, when >= 0 */
+  int fd3;           /* a third, when >= 0 */
   int fdv[POOLMAP_SEGMENTS_MAX]; /* else these nfdv (the pool's segments) */
   int nfdv;
   bool no_park;      /* a BUSY is the answer, not a reason to park and run again */
@@ -189,7 +192,11 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     r->close_after = true;
     return reject(r, KVC_E_QUOTA_SHM, "%s", why);
   }
-  int rc = shm_buffer_open(bytes, &c->shm, why, sizeof why);
+  uint32_t sq_bytes = 0, cq_bytes = 0;
+  if (h->rings && srv->cfg.rings && srv->rings && fdbudget_ring_fits(srv))
+    ring_sizes(srv, &sq_bytes, &cq_bytes);
+  uint64_t ring_bytes = sq_bytes ? ringbuf_area_bytes(sq_bytes, cq_bytes) : 0;
+  int rc = shm_buffer_open(bytes, ring_bytes, &c->shm, why, sizeof why);
   if (rc == SHM_E_NOFD) {
     /* Out of descriptors is a connection limit: the client may retry later. */
     r->close_after = true;
@@ -208,6 +215,14 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     r->close_after = true;
     return reject(r, KVC_E_NOMEM, "out of memory");
   }
+  /* The rings follow the buffer in its memfd. Without them (no descriptor
+   * for the doorbell, say) the client simply uses the socket. */
+  if (ring_bytes && ring_open(c, c->shm.fd, bytes, sq_bytes, cq_bytes, &c->ring, why,
+                              sizeof why) != 0) {
+    LOG_WARN("ring", "conn=%llu error=\"%s\" action=\"socket only\"",
+             (unsigned long long)c->id, why);
+    sq_bytes = 0;
+  }
   srv->stats.shm_bytes += bytes;
   /* Escaped once here: the name goes into log lines (no forged lines). */
   tenant_log_escape(h->client_name ? h->client_name : "", c->name, sizeof c->name);
@@ -225,6 +240,12 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   hr->max_decode_bytes = srv->cfg.max_decode_bytes;
   int pool_fd = srv->pool.nseg ? srv->pool.seg[0].ro_fd : -1; /* the others: PoolMap */
   hr->pool_fd = pool_fd >= 0 && c->pool_mapped;
+  if (c->ring) {
+    hr->ring_off = bytes;
+    hr->ring_sq_bytes = sq_bytes;
+    hr->ring_cq_bytes = cq_bytes;
+    r->fd3 = ring_doorbell(c->ring);
+  }
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HELLO;
   r->resp->hello = hr;
   r->fd = c->shm.fd;
@@ -490,7 +511,8 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     engine_put_job_t *job;
     ENGINE_CALL(r, engine_put_begin(c->srv->eng, req->put->cache_id, &x, e,
                                     req->put->n_entries, &job));
-    return offload_put(c, job, req->id, r->t0_ns) ? DEFERRED : 0;
+    return offload_put(c, job, io_bytes(e, req->put->n_entries), req->id, r->t0_ns) ? DEFERRED
+                                                                                    : 0;
   }
   c->turn_bytes += io_bytes(e, req->put->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_put(c->srv->eng, req->put->cache_id, &x, e, req->put->n_entries));
@@ -507,7 +529,8 @@ static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     engine_get_job_t *job;
     ENGINE_CALL(r, engine_get_begin(c->srv->eng, req->get->cache_id, &x, e,
                                     req->get->n_entries, &job));
-    return offload_get(c, job, req->id, r->t0_ns) ? DEFERRED : 0;
+    return offload_get(c, job, io_bytes(e, req->get->n_entries), req->id, r->t0_ns) ? DEFERRED
+                                                                                    : 0;
   }
   c->turn_bytes += io_bytes(e, req->get->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_get(c->srv->eng, req->get->cache_id, &x, e, req->get->n_entries));
@@ -1349,7 +1372,8 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   }
   engine_set_now(srv->eng, uv_now(srv->loop));
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
-  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1, .t0_ns = t0};
+  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1, .fd3 = -1,
+               .t0_ns = t0};
   int op;
   TESTHOOK(before, srv->eng);
   if (c->greeted) release_deferred(c, req);
@@ -1389,8 +1413,11 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   protobuf_c_message_free_unpacked(&req->base, &alloc);
   int sent;
   if (r.fd >= 0) {
-    int fds[2] = {r.fd, r.fd2};
-    sent = conn_send_fds(c, &resp, fds, r.fd2 >= 0 ? 2 : 1);
+    int fds[3], nfds = 0;
+    fds[nfds++] = r.fd;
+    if (r.fd2 >= 0) fds[nfds++] = r.fd2;
+    if (r.fd3 >= 0) fds[nfds++] = r.fd3;
+    sent = conn_send_fds(c, &resp, fds, nfds);
     shm_close_fd(&c->shm);
   } else if (r.nfdv && !rc) {
     sent = conn_send_fds(c, &resp, r.fdv, r.nfdv);

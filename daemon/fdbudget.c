@@ -1,8 +1,9 @@
 /* fdbudget.c: the descriptor budget, how many connections RLIMIT_NOFILE lets
  * the daemon hold.
  *
- * A connection holds one descriptor (its socket) and, while its Hello is
- * answered, one more (the shared buffer's memfd, closed once passed). The
+ * A connection holds one descriptor (its socket), one more if it has rings
+ * (their doorbell, an eventfd), and while its Hello is answered one more
+ * (the shared buffer's memfd, closed once passed). The
  * descriptors the daemon holds without clients (stdio, the pool, the loop,
  * the listener, libuv's EMFILE reserve) are counted once listening. At start
  * and on reload the soft limit is raised (up to the hard limit) so that
@@ -40,11 +41,14 @@ static uint64_t soft_limit(void) {
 void fdbudget_adjust(server_t *srv) {
   if (!srv->fd_base) srv->fd_base = open_fds();
   uint64_t want = srv->fd_base + srv->cfg.max_connections + FD_SPARE;
+  /* Doorbells too if the hard limit allows; else some connections go
+   * without rings, never without their socket (fdbudget_ring_fits). */
+  uint64_t wish = want + (srv->cfg.rings ? srv->cfg.max_connections : 0);
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
-  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < wish) {
     rlim_t old = rl.rlim_cur;
-    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? (rlim_t)want : rl.rlim_max;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > wish ? (rlim_t)wish : rl.rlim_max;
     if (rl.rlim_cur > old && setrlimit(RLIMIT_NOFILE, &rl) == 0)
       LOG_INFO("fd_limit", "rlimit_nofile=%llu previous=%llu",
                (unsigned long long)rl.rlim_cur, (unsigned long long)old);
@@ -61,5 +65,11 @@ void fdbudget_adjust(server_t *srv) {
 bool fdbudget_full(const server_t *srv) {
   /* Read each time: an operator may change it with prlimit. */
   uint64_t lim = soft_limit();
-  return srv->fd_base + srv->nconns + FD_SPARE > lim;
+  return srv->fd_base + srv->nconns + srv->nrings + FD_SPARE > lim;
+}
+
+bool fdbudget_ring_fits(const server_t *srv) {
+  /* A doorbell never takes the descriptor a socket of max_connections needs. */
+  uint64_t conns = srv->nconns > srv->cfg.max_connections ? srv->nconns : srv->cfg.max_connections;
+  return srv->fd_base + conns + srv->nrings + 1 + FD_SPARE <= soft_limit();
 }

@@ -19,6 +19,7 @@
 #include "offload.h"
 #include "poolresize.h"
 #include "quotas.h"
+#include "ring.h"
 #include "remote.h"
 #include "server.h"
 #include "testhook.h"
@@ -99,6 +100,10 @@ static int start(server_t *srv, char *err, size_t errlen) {
    * are handled from the loop, so not before the start is done. */
   signals_start(srv);
   if (remote_start(srv, err, errlen) != 0) return -1;
+  if (ring_poller_start(srv, conn_run_ring) != 0) {
+    snprintf(err, errlen, "ring poller: out of memory");
+    return -1;
+  }
   if (server_listen(srv, err, errlen) != 0) return -1;
   if (http_start(srv, err, errlen) != 0) return -1;
   if (events_init(srv, err, errlen) != 0) return -1;
@@ -219,6 +224,7 @@ int main(int argc, char **argv) {
   }
   disk_close(&srv, status == 0 && srv.draining); /* a clean stop persists the index */
   offload_stop(&srv); /* every copy ended: the loop ran out of work */
+  ring_poller_stop(&srv);
   uv_run(&loop, UV_RUN_NOWAIT); /* let closed handles finish */
   uv_loop_close(&loop);
   events_free(&srv);

@@ -52,6 +52,12 @@ void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int code
   o->hist[metrics_bucket(elapsed_ns)]++;
 }
 
+void metrics_observe(op_stats_t *o, uint64_t ns) {
+  o->requests++;
+  o->sum_ns += ns;
+  o->hist[metrics_bucket(ns)]++;
+}
+
 uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q) {
   const op_stats_t *o = &s->ops[op];
   uint64_t total = 0;
@@ -329,6 +335,10 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
   add(&b, export_name(&b, "", #name, kind), s->name, wire_kind(kind), unit, help, "");
   DAEMON_STATS(DAEMON_ADD_)
 #undef DAEMON_ADD_
+  render_histogram(&b, "ring_poll_seconds",
+                   "stretches the event loop polled shared-memory rings without finding a "
+                   "request; the sum is the CPU time polling cost",
+                   s->ring_poll.hist, s->ring_poll.requests, s->ring_poll.sum_ns, NULL, NULL);
   render_ops(&b, s);
   render_refusals(&b, ref, nref);
   if (tier) render_tier(&b, tier);

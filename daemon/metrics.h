@@ -38,7 +38,12 @@
   X(write_pauses, STAT_COUNTER, "pauses", "times reading paused for write backpressure") \
   X(offloaded_gets, STAT_COUNTER, "requests", "gets copied on a copy thread (offload_bytes)") \
   X(offloaded_puts, STAT_COUNTER, "requests", "puts copied on a copy thread (offload_bytes)") \
+  X(offloaded_shares, STAT_COUNTER, "shares", "shares the offloaded copies were split in, one a copy thread (a copy of 256 KiB or more a share)") \
   X(parked_requests, STAT_COUNTER, "requests", "times a request waited for a sequence another connection's put held busy") \
+  X(ring_connections, STAT_GAUGE, "connections", "connections with shared-memory rings now") \
+  X(ring_requests, STAT_COUNTER, "requests", "requests received through a submission ring") \
+  X(ring_doorbells, STAT_COUNTER, "wakeups", "times a client woke the daemon through its ring's doorbell (the daemon was not polling)") \
+  X(ring_client_wakeups, STAT_COUNTER, "wakeups", "times the daemon woke a client sleeping on its completion ring") \
   X(config_reloads, STAT_COUNTER, "reloads", "SIGHUP reloads applied")        \
   X(config_reload_failures, STAT_COUNTER, "reloads", "SIGHUP reloads refused (invalid configuration kept out)") \
   X(metrics_scrapes, STAT_COUNTER, "requests", "GET /metrics answered by the metrics_listen endpoint") \
@@ -101,6 +106,8 @@ typedef struct daemon_stats {
   uint64_t start_ns;        /* uv_hrtime() at start, for uptime */
   uint64_t start_unix;      /* time(NULL) at start: process_start_time_seconds */
   op_stats_t ops[OP_COUNT_];
+  op_stats_t ring_poll;     /* the ring poller's stretches without work (ring.c):
+                               ring_poll_seconds, the CPU it spent polling */
 } daemon_stats_t;
 
 void metrics_init(daemon_stats_t *s, uint64_t now_ns);
@@ -108,6 +115,9 @@ void metrics_init(daemon_stats_t *s, uint64_t now_ns);
 /* Counts one request of op that took elapsed_ns and answered code (0: OK,
  * else a KVC_E_* code). */
 void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int code);
+
+/* Counts one observation of ns in o's histogram (not a request's). */
+void metrics_observe(op_stats_t *o, uint64_t ns);
 
 /* The value at quantile q (0..1) of op's latency, in ns (0 with no data). */
 uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q);

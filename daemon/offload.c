@@ -9,7 +9,13 @@
  * bench` stall group, 2.0 s of waiting). Here the hand-off takes no lock the
  * loop can wait on for long: jobs go to the threads through a mutex held
  * only to link or unlink one job, and come back through a lock-free stack
- * and an eventfd the loop polls. */
+ * and an eventfd the loop polls.
+ *
+ * A large copy is split in shares, one a thread (its layers split: no two
+ * shares write the same bytes): the job stays at the head of the queue
+ * until every share is taken, and the thread that finishes the last one
+ * sends it back. So one client's 4 MiB put moves at the speed of every CPU
+ * the daemon may use, not one. */
 #include "offload.h"
 
 #include <errno.h>
@@ -27,6 +33,8 @@
 
 #include "log.h"
 #include "optable.h"
+
+#define SHARE_BYTES (256u << 10)
 #include "testhook.h"
 
 typedef struct job {
@@ -36,6 +44,9 @@ typedef struct job {
   engine_put_job_t *put;
   uint64_t id;           /* the request's id, echoed in the reply */
   uint64_t t0_ns;        /* decode start, for the latency figure */
+  unsigned nparts;       /* shares of the copy (its layers split), one a thread */
+  unsigned taken;        /* shares a thread took (under mu) */
+  atomic_uint left;      /* shares not yet copied: the last one done sends it back */
 } job_t;
 
 struct offload {
@@ -49,6 +60,8 @@ struct offload {
   uv_poll_t poll;        /* on efd, started while jobs are in flight */
   bool polled;           /* poll initialized: closed at the stop */
   uint64_t inflight;     /* queued or copying or done, not yet ended (loop only) */
+  uint64_t shares;       /* their shares (loop only) */
+  daemon_stats_t *stats; /* the loop's figures (offloaded_shares) */
   unsigned nthreads;
   pthread_t threads[];
 };
@@ -64,12 +77,19 @@ static void *copier(void *arg) {
     while (!o->head && !o->stop) pthread_cond_wait(&o->cv, &o->mu);
     job_t *j = o->head;
     if (!j) break; /* stopping, nothing left */
-    o->head = j->next;
-    if (!o->head) o->tail = NULL;
+    unsigned part = j->taken++;
+    if (j->taken == j->nparts) { /* its last share: off the queue */
+      o->head = j->next;
+      if (!o->head) o->tail = NULL;
+    }
     pthread_mutex_unlock(&o->mu);
     TESTHOOK(offload, NULL);
-    if (j->get) engine_get_run(j->get);
-    else engine_put_run(j->put);
+    if (j->get) engine_get_run_part(j->get, part, j->nparts);
+    else engine_put_run_part(j->put, part, j->nparts);
+    if (atomic_fetch_sub(&j->left, 1) != 1) { /* another share is still copying */
+      pthread_mutex_lock(&o->mu);
+      continue;
+    }
     job_t *top = atomic_load(&o->done);
     do j->next = top;
     while (!atomic_compare_exchange_weak(&o->done, &top, j));
@@ -97,6 +117,7 @@ static void finish(server_t *srv, job_t *j) {
 static void end(offload_t *o, job_t *j) {
   conn_t *c = j->c;
   server_t *srv = o->srv;
+  o->shares -= j->nparts;
   if (--o->inflight == 0) uv_poll_stop(&o->poll); /* an idle daemon polls nothing */
   finish(srv, j);
   metrics_record(&srv->stats, j->get ? OP_GET : OP_PUT, uv_hrtime() - j->t0_ns, 0);
@@ -111,10 +132,8 @@ static void end(offload_t *o, job_t *j) {
   conn_resume(c);
 }
 
-static void on_done(uv_poll_t *h, int status, int events) {
-  offload_t *o = h->data;
-  (void)status;
-  (void)events;
+/* Ends every job the threads sent back, oldest first. */
+static void reap(offload_t *o) {
   uint64_t n;
   /* Read, then take: a push after the take writes the eventfd again. */
   if (read(o->efd, &n, sizeof n) < 0 && errno != EAGAIN) LOG_WARN("offload", "read: %s", strerror(errno));
@@ -130,6 +149,21 @@ static void on_done(uv_poll_t *h, int status, int events) {
     end(o, fifo);
     fifo = next;
   }
+}
+
+static void on_done(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  reap(h->data);
+}
+
+uint64_t offload_shares(const server_t *srv) { return srv->offload ? srv->offload->shares : 0; }
+
+bool offload_reap(server_t *srv) {
+  offload_t *o = srv->offload;
+  if (!o || !atomic_load_explicit(&o->done, memory_order_relaxed)) return false;
+  reap(o);
+  return true;
 }
 
 /* CPUs this process may run on: its affinity, capped by a cgroup v2 quota. */
@@ -159,6 +193,7 @@ int offload_start(server_t *srv, unsigned nthreads, char *err, size_t errlen) {
     return -1;
   }
   o->srv = srv;
+  o->stats = &srv->stats;
   o->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   pthread_mutex_init(&o->mu, NULL);
   pthread_cond_init(&o->cv, NULL);
@@ -200,7 +235,15 @@ void offload_stop(server_t *srv) {
 
 unsigned offload_threads(const server_t *srv) { return srv->offload ? srv->offload->nthreads : 0; }
 
-static bool queue(conn_t *c, const job_t *proto) {
+/* Shares of a copy of bytes: one a copy thread, each at least SHARE_BYTES
+ * (a smaller one costs more in hand-offs than it saves). */
+static unsigned shares(const offload_t *o, uint64_t bytes) {
+  uint64_t n = bytes / SHARE_BYTES;
+  if (n > o->nthreads) n = o->nthreads;
+  return n ? (unsigned)n : 1u;
+}
+
+static bool queue(conn_t *c, const job_t *proto, uint64_t bytes) {
   offload_t *o = c->srv->offload;
   job_t *j = o && o->nthreads ? malloc(sizeof *j) : NULL;
   if (!j) { /* copy here, as an inline request would */
@@ -212,21 +255,30 @@ static bool queue(conn_t *c, const job_t *proto) {
   }
   *j = *proto;
   j->next = NULL;
+  j->nparts = shares(o, bytes);
+  j->taken = 0;
+  atomic_init(&j->left, j->nparts);
+  o->stats->offloaded_shares += j->nparts;
+  o->shares += j->nparts;
   if (o->inflight++ == 0) uv_poll_start(&o->poll, UV_READABLE, on_done);
   pthread_mutex_lock(&o->mu);
   if (o->tail) o->tail->next = j;
   else o->head = j;
   o->tail = j;
-  pthread_cond_signal(&o->cv);
+  if (j->nparts > 1) pthread_cond_broadcast(&o->cv);
+  else pthread_cond_signal(&o->cv);
   pthread_mutex_unlock(&o->mu);
   conn_offload_begin(c);
   return true;
 }
 
-bool offload_get(conn_t *c, engine_get_job_t *get, uint64_t request_id, uint64_t t0_ns) {
-  return queue(c, &(job_t){.c = c, .get = get, .id = request_id, .t0_ns = t0_ns});
+bool offload_get(conn_t *c, engine_get_job_t *get, uint64_t bytes, uint64_t request_id,
+                 uint64_t t0_ns) {
+  return queue(c, &(job_t){.c = c, .get = get, .id = request_id, .t0_ns = t0_ns}, bytes);
 }
 
-bool offload_put(conn_t *c, engine_put_job_t *put, uint64_t request_id, uint64_t t0_ns) {
-  return queue(c, &(job_t){.c = c, .put = put, .id = request_id, .t0_ns = t0_ns});
+bool offload_put(conn_t *c, engine_put_job_t *put, uint64_t bytes, uint64_t request_id,
+                 uint64_t t0_ns) {
+  return queue(c, &(job_t){.c = c, .put = put, .id = request_id, .t0_ns = t0_ns}, bytes);
 }
+

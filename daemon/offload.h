@@ -10,7 +10,7 @@
  * if it closes; other connections go on.
  *
  *   loop:   decode -> check -> engine_*_begin -> queue --.
- *   thread:                            engine_*_run <--' -> done stack, eventfd
+ *   threads:                 engine_*_run_part (a share each) <--' -> done stack, eventfd
  *   loop:   on_done: engine_*_end -> reply -> next request of the connection
  */
 #ifndef KVCD_OFFLOAD_H
@@ -36,11 +36,21 @@ unsigned offload_threads(const server_t *srv);
 /* Takes job (begun for request id of c) and queues its copy: returns true,
  * and the reply is sent when the copy is done. If it cannot be queued, the
  * copy runs here and it returns false: the caller replies as for any get. */
-bool offload_get(conn_t *c, engine_get_job_t *job, uint64_t request_id, uint64_t t0_ns);
+bool offload_get(conn_t *c, engine_get_job_t *job, uint64_t bytes, uint64_t request_id,
+                 uint64_t t0_ns);
 
 /* The same for a put begun with engine_put_begin: its sequences are busy
  * until the copy is done; requests of other connections that need them are
  * parked meanwhile (dispatch_unpark runs them again at the end). */
-bool offload_put(conn_t *c, engine_put_job_t *job, uint64_t request_id, uint64_t t0_ns);
+bool offload_put(conn_t *c, engine_put_job_t *job, uint64_t bytes, uint64_t request_id,
+                 uint64_t t0_ns);
+
+/* Ends the copies the threads finished, if any (returns whether there were):
+ * the ring poller looks here on each pass, so a copy's reply does not wait
+ * for the loop's next look at the threads' eventfd. */
+bool offload_reap(server_t *srv);
+
+/* Shares of copies handed to the threads and not yet ended. */
+uint64_t offload_shares(const server_t *srv);
 
 #endif

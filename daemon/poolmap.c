@@ -169,6 +169,15 @@ int poolmap_open(poolmap_t *pm, uint64_t bytes, uint64_t reserve, int mode, char
   pm->mode = mode;
   if (reserve < bytes) reserve = bytes;
   reserve = (reserve + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
+  /* A pool the memory cannot hold is refused as such before the address
+   * space is reserved, which may fail first where it is scarce (under
+   * ThreadSanitizer, 64 TiB cannot be). */
+  uint64_t avail = shm_mem_available();
+  if (avail != 0 && bytes > avail) {
+    snprintf(err, errlen, "%llu more pool bytes exceed MemAvailable %llu",
+             (unsigned long long)bytes, (unsigned long long)avail);
+    return -1;
+  }
   /* One more huge page, to align the start of the range to one. */
   uint8_t *r = mmap(NULL, reserve + HUGE_BYTES, PROT_NONE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -24,6 +24,7 @@
 typedef struct conn conn_t;
 
 typedef struct offload offload_t; /* offload.c */
+typedef struct ring_poller ring_poller_t; /* ring.c */
 typedef struct remote remote_t;   /* remote.c: the cluster tier */
 typedef struct disk disk_t;       /* disk.c */
 typedef struct events events_t;   /* events.c */
@@ -35,6 +36,8 @@ typedef struct server {
   char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
   offload_t *offload;      /* the copy threads of large gets and puts */
+  ring_poller_t *rings;    /* polls the shared-memory rings of active connections */
+  uint32_t nrings;         /* connections with rings (a doorbell descriptor each) */
   remote_t *remote;        /* the cluster tier; NULL: none (cluster_nodes empty) */
   disk_t *disk;            /* the disk tier (tier_dir), or NULL */
   events_t *events;        /* the stream of prefix-index changes (events.c) */
@@ -122,6 +125,9 @@ void fdbudget_adjust(server_t *srv);
 /* Whether one more connection would leave too few descriptors (its socket is
  * counted in nconns already): it is then refused with CONNLIMIT. */
 bool fdbudget_full(const server_t *srv);
+/* Whether the doorbell of one more connection's rings fits beside them (else
+ * that connection gets no rings and uses its socket). */
+bool fdbudget_ring_fits(const server_t *srv);
 
 /* tenantid.c. The engine tenant of a tenant name, registered (0: the
  * registry is full) with the identity every node gives that name, so its

@@ -59,15 +59,17 @@ fail:
   return -1;
 }
 
-int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen) {
+int shm_buffer_open(uint64_t bytes, uint64_t extra, shm_region_t *out, char *err,
+                    size_t errlen) {
   /* Not fallocated: zeroing tens of MiB here would stall every client's
    * event loop turn. The client populates its mapping at open (in its own
    * time); an unsized internal memfd cannot run out of space, so a later
    * fault cannot SIGBUS (memory pressure is the OOM killer's, as for any
    * anonymous memory). */
-  int rc = create("kvcached-conn", bytes, false, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, out,
-                  err, errlen);
+  int rc = create("kvcached-conn", bytes + extra, false,
+                  F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, out, err, errlen);
   if (rc != 0) return rc;
+  out->bytes = bytes;
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, out->fd, 0);
   if (p == MAP_FAILED) {
     snprintf(err, errlen, "mmap buffer: %s", strerror(errno));

@@ -27,9 +27,12 @@ uint64_t shm_mem_available(void);
 
 /* Creates a connection buffer of `bytes` (page-rounded by the caller), sealed,
  * mapped read-write (neither backed nor populated: the client touches it).
+ * The memfd holds extra bytes more past them (the rings, which ring.c maps
+ * itself; 0: none); *out maps and counts only `bytes`.
  * Returns 0, SHM_E_NOFD, or -1; a reason in err either way. The fd stays open
  * in *out until shm_close_fd (after it has been sent). */
-int shm_buffer_open(uint64_t bytes, shm_region_t *out, char *err, size_t errlen);
+int shm_buffer_open(uint64_t bytes, uint64_t extra, shm_region_t *out, char *err,
+                    size_t errlen);
 
 /* Closes the fd, keeping the mapping. */
 void shm_close_fd(shm_region_t *r);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "ntcopy.h"
 
 void copy_plan_init(copy_plan_t *plan, const geom_t *g, kvc_dtype_t stored, uint32_t l0,
                     uint32_t nl, uint32_t h0, uint32_t nh, kvc_dtype_t bt, uint64_t n) {
@@ -19,6 +20,21 @@ void copy_plan_init(copy_plan_t *plan, const geom_t *g, kvc_dtype_t stored, uint
   plan->bk_row = (uint64_t)nh * g->dk * plan->bes;
   plan->bv_row = (uint64_t)nh * g->dv * plan->bes;
   plan->plain = nh == g->H && bt == stored && !g->int8;
+}
+
+bool copy_plan_slice(const copy_plan_t *x, unsigned part, unsigned nparts, copy_plan_t *out,
+                     const void **k, const void **v, const void **ks, const void **vs) {
+  uint32_t a = (uint32_t)((uint64_t)x->nl * part / nparts);
+  uint32_t b = (uint32_t)((uint64_t)x->nl * (part + 1) / nparts);
+  *out = *x;
+  out->l0 = x->l0 + a;
+  out->nl = b - a;
+  uint64_t rows = (uint64_t)a * x->n; /* the buffers are [layer][token][...] */
+  if (*k) *k = (const unsigned char *)*k + rows * x->bk_row;
+  if (*v) *v = (const unsigned char *)*v + rows * x->bv_row;
+  if (ks && *ks) *ks = (const float *)*ks + rows * x->nh;
+  if (vs && *vs) *vs = (const float *)*vs + rows * x->nh;
+  return b > a;
 }
 
 /* Quantizes nh heads of one token's rows into the page (int8 caches). */
@@ -40,8 +56,9 @@ void copy_in(const copy_plan_t *x, unsigned char *page, uint64_t pt0, uint64_t b
     const unsigned char *ksrc = kb + (li * x->n + bt0) * x->bk_row;
     const unsigned char *vsrc = vb + (li * x->n + bt0) * x->bv_row;
     if (x->plain) {
-      memcpy(lay + pt0 * g->k_row, ksrc, cnt * g->k_row);
-      memcpy(lay + g->k_off_v + pt0 * g->v_row, vsrc, cnt * g->v_row);
+      /* Into pool pages nobody reads soon: past the caches (ntcopy.h). */
+      ntcopy(lay + pt0 * g->k_row, ksrc, cnt * g->k_row);
+      ntcopy(lay + g->k_off_v + pt0 * g->v_row, vsrc, cnt * g->v_row);
       continue;
     }
     for (uint64_t t = 0; t < cnt; t++) {

@@ -30,7 +30,17 @@ typedef struct copy_plan {
 void copy_plan_init(copy_plan_t *plan, const geom_t *g, kvc_dtype_t stored, uint32_t l0,
                     uint32_t nl, uint32_t h0, uint32_t nh, kvc_dtype_t bt, uint64_t n);
 
-/* Page tokens [pt0, pt0 + cnt) <- buffer tokens [bt0, bt0 + cnt). */
+/* The share part of nparts of a transfer's layers: *out is x over layers
+ * [l0 + nl * part / nparts, l0 + nl * (part + 1) / nparts), and *k, *v, *ks,
+ * *vs (NULL ones stay NULL) move to where that range starts in the buffers.
+ * Returns false if the share is empty. Running every share is running x:
+ * how a copy splits across threads (no two shares touch the same bytes). */
+bool copy_plan_slice(const copy_plan_t *x, unsigned part, unsigned nparts, copy_plan_t *out,
+                     const void **k, const void **v, const void **ks, const void **vs);
+
+/* Page tokens [pt0, pt0 + cnt) <- buffer tokens [bt0, bt0 + cnt). Whole
+ * runs go past the caches (ntcopy): ntcopy_fence before the bytes are handed
+ * on. */
 void copy_in(const copy_plan_t *x, unsigned char *page, uint64_t pt0, uint64_t bt0,
              uint64_t cnt, const void *k, const void *v);
 /* Buffer tokens [bt0, bt0 + cnt) <- page tokens [pt0, pt0 + cnt). ks/vs are

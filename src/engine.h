@@ -190,6 +190,10 @@ typedef struct engine_put_job engine_put_job_t;
 int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                      const engine_io_t *entries, size_t n, engine_put_job_t **job);
 void engine_put_run(const engine_put_job_t *job);
+/* The part-th of nparts shares of engine_put_run (its layers split in
+ * nparts ranges; no two shares write the same bytes): nparts copy threads
+ * may run them at once, and the job is copied once all have run. */
+void engine_put_run_part(const engine_put_job_t *job, unsigned part, unsigned nparts);
 void engine_put_end(engine_t *eng, engine_put_job_t *job);
 
 /* Reads n entries; each range must lie in [start, written length of every
@@ -545,6 +549,8 @@ typedef struct engine_get_job engine_get_job_t;
 int engine_get_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
                      const engine_io_t *entries, size_t n, engine_get_job_t **job);
 void engine_get_run(const engine_get_job_t *job);
+/* The part-th of nparts shares of engine_get_run, as for puts. */
+void engine_get_run_part(const engine_get_job_t *job, unsigned part, unsigned nparts);
 void engine_get_end(engine_t *eng, engine_get_job_t *job);
 
 /* Page bytes for zero-copy readers: the pool offset of a sequence's page

@@ -195,19 +195,32 @@ nomem:
   return engine_fail(eng, KVC_E_NOMEM, "out of memory");
 }
 
-void engine_get_run(const engine_get_job_t *j) {
-  for (size_t k = 0; k < j->nchunks; k++) {
-    const chunk_t *ch = &j->chunks[k];
-    const engine_io_t *e = &j->io[ch->entry];
-    copy_out(&j->plans[ch->entry], ch->page, ch->pt0, ch->bt0, ch->cnt, e->k, e->v, e->k_scale,
-             e->v_scale);
+/* Entry e's share part of nparts: its plan and buffers sliced by layers. */
+static bool get_share(const engine_get_job_t *j, uint32_t entry, unsigned part, unsigned nparts,
+                      copy_plan_t *sub, void **k, void **v, void **ks, void **vs) {
+  const engine_io_t *e = &j->io[entry];
+  const void *kb = e->k, *vb = e->v, *ksb = e->k_scale, *vsb = e->v_scale;
+  bool mine = copy_plan_slice(&j->plans[entry], part, nparts, sub, &kb, &vb, &ksb, &vsb);
+  *k = (void *)kb, *v = (void *)vb, *ks = (void *)ksb, *vs = (void *)vsb;
+  return mine;
+}
+
+void engine_get_run_part(const engine_get_job_t *j, unsigned part, unsigned nparts) {
+  copy_plan_t sub;
+  void *k, *v, *ks, *vs;
+  for (size_t c = 0; c < j->nchunks; c++) {
+    const chunk_t *ch = &j->chunks[c];
+    if (get_share(j, ch->entry, part, nparts, &sub, &k, &v, &ks, &vs))
+      copy_out(&sub, ch->page, ch->pt0, ch->bt0, ch->cnt, k, v, ks, vs);
   }
-  for (size_t k = 0; k < j->nzeros; k++) {
-    const zero_run_t *z = &j->zeros[k];
-    const engine_io_t *e = &j->io[z->entry];
-    copy_zero(&j->plans[z->entry], z->bt0, z->cnt, e->k, e->v, e->k_scale, e->v_scale);
+  for (size_t z = 0; z < j->nzeros; z++) {
+    const zero_run_t *zr = &j->zeros[z];
+    if (get_share(j, zr->entry, part, nparts, &sub, &k, &v, &ks, &vs))
+      copy_zero(&sub, zr->bt0, zr->cnt, k, v, ks, vs);
   }
 }
+
+void engine_get_run(const engine_get_job_t *j) { engine_get_run_part(j, 0, 1); }
 
 void engine_get_end(engine_t *eng, engine_get_job_t *j) {
   if (!j) return;

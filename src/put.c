@@ -8,6 +8,7 @@
 #include "copy.h"
 #include "holes.h"
 #include "lru.h"
+#include "ntcopy.h"
 #include "page.h"
 #include "prefix.h"
 #include "room.h"
@@ -224,15 +225,21 @@ const span_tag_t *put_job_tags(const struct engine_put_job *j, size_t *n) {
   return j->tags;
 }
 
-void engine_put_run(const engine_put_job_t *j) {
+void engine_put_run_part(const engine_put_job_t *j, unsigned part, unsigned nparts) {
   const geom_t *g = &j->c->g;
   size_t k = 0;
   for (size_t i = 0; i < j->n; i++) {
     const engine_io_t *e = &j->io[i];
-    for (seq_run_t run = seq_run(g, e->pos, e->pos + e->ntokens); seq_run_next(&run);)
-      copy_in(&j->plans[i], j->pages[k++], run.off, run.done, run.n, e->k, e->v);
+    copy_plan_t sub;
+    const void *kb = e->k, *vb = e->v;
+    bool mine = copy_plan_slice(&j->plans[i], part, nparts, &sub, &kb, &vb, NULL, NULL);
+    for (seq_run_t run = seq_run(g, e->pos, e->pos + e->ntokens); seq_run_next(&run); k++)
+      if (mine) copy_in(&sub, j->pages[k], run.off, run.done, run.n, kb, vb);
   }
+  ntcopy_fence(); /* the streamed bytes before the hand-off (copy.h) */
 }
+
+void engine_put_run(const engine_put_job_t *j) { engine_put_run_part(j, 0, 1); }
 
 /* The metadata of a written entry: token ids and chain, lengths, holes,
  * the attention's trim, LRU, counters. */

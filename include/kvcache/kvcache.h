@@ -78,16 +78,35 @@ typedef struct kvc_client_opts {
                               The daemon clamps it to its bounds. */
   uint32_t timeout_ms;     /* per send/receive; 0: wait forever */
   const char *client_name; /* shown in the daemon's logs; borrowed; may be NULL */
-  uint32_t spin_us;        /* 0: block for each reply. Else poll for a reply up to
-                              this long before blocking: a reply within it costs
-                              no wakeup (on a VM most of a round trip) but the
-                              thread spins while it waits. */
+  uint32_t spin_us;        /* poll for a reply up to this long before sleeping: a
+                              reply within it costs no wakeup of this thread (on a
+                              VM most of a round trip), but the thread spins while
+                              it waits. 0: the default, KVC_SPIN_US_DEFAULT through
+                              the rings (none on the socket); KVC_CLIENT_NO_SPIN
+                              in flags: never. */
   uint32_t server_uid;     /* the uid the daemon must run as, besides root, this
                               process's uid, the user kvcached and
                               $KVCACHE_SERVER_UID (a number or a user name);
                               0: none besides those. Any other server is
                               refused with KVC_E_PEER before a byte is sent. */
+  uint32_t flags;          /* KVC_CLIENT_* bits; 0: the defaults */
 } kvc_client_opts_t;
+
+/* kvc_client_opts_t.flags. By default a client asks the daemon for
+ * shared-memory rings and sends its requests through them (the socket stays
+ * for the handshake and as the fallback; doc/protocol.md, "Rings"). */
+#define KVC_CLIENT_NO_RINGS 0x1u  /* requests and replies on the socket only */
+#define KVC_CLIENT_NO_SPIN 0x2u   /* never poll for a reply: sleep at once */
+#define KVC_CLIENT_NO_PREFAULT 0x4u /* leave the pool's read-only mapping (zero-copy
+                                     reads) to fault page by page on first read,
+                                     instead of populating it in the background
+                                     from the first lease on */
+#define KVC_SPIN_US_DEFAULT 50u   /* the poll for a reply through the rings, spin_us 0 */
+/* A client given the pool's read-only mapping populates at most this much
+ * of it in the background from its first lease on, on an idle-priority
+ * thread (each GiB costs 2 MiB of page tables with 4 KiB pages); reads past
+ * it fault as they come. */
+#define KVC_PREFAULT_MAX_BYTES (16ull << 30)
 
 /* What the handshake told the client. */
 typedef struct kvc_client_info {
@@ -148,6 +167,10 @@ KVC_API void kvc_client_shm(const kvc_client_t *client, void **base, uint64_t *b
  * read-only descriptor: it cannot be made writable), for the client's
  * lifetime. *base is NULL if the daemon passed no pool. */
 KVC_API void kvc_client_pool(const kvc_client_t *client, const void **base, uint64_t *bytes);
+/* Bytes of the pool mapping the background prefault has populated so far,
+ * and (*total, if not NULL) of how many it will: 0 and 0 without the mapping
+ * or with KVC_CLIENT_NO_PREFAULT. */
+KVC_API uint64_t kvc_client_pool_prefaulted(const kvc_client_t *client, uint64_t *total);
 
 /* One round trip with no effect. KVC_E_IO if the connection is broken,
  * KVC_E_SHUTDOWN if the daemon is draining. */

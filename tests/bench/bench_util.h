@@ -454,20 +454,24 @@ static BU_UNUSED bool wait_socket(const char *path, pid_t pid, int timeout_ms) {
 /* Set: the next servers spawned may run on every CPU (not only the last). */
 static bool spawn_any_cpu;
 
-/* Starts argv[0] (a path) with stdout/stderr to log; returns its pid. */
-static BU_UNUSED pid_t spawn(const char *const *argv, const char *log) {
+/* Lets this process run on every CPU again (undoes place_on). */
+static BU_UNUSED void place_free(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (long i = 0; i < sysconf(_SC_NPROCESSORS_ONLN) && i < CPU_SETSIZE; i++) CPU_SET(i, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) perror("sched_setaffinity");
+}
+
+/* Starts argv[0] (a path) with stdout/stderr to log, on the servers' CPU
+ * (pinned, unless spawn_any_cpu) or on any; returns its pid. */
+static BU_UNUSED pid_t spawn_on(const char *const *argv, const char *log, bool pinned) {
   fflush(NULL);
   pid_t pid = fork();
   if (pid < 0) die("fork: %s", strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the bench */
-    if (!spawn_any_cpu) place_on(true);
-    else {
-      cpu_set_t all;
-      CPU_ZERO(&all);
-      for (long i = 0; i < sysconf(_SC_NPROCESSORS_ONLN) && i < CPU_SETSIZE; i++) CPU_SET(i, &all);
-      (void)sched_setaffinity(0, sizeof all, &all);
-    }
+    if (pinned && !spawn_any_cpu) place_on(true);
+    else place_free();
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
@@ -478,6 +482,10 @@ static BU_UNUSED pid_t spawn(const char *const *argv, const char *log) {
   }
   watch_pid(pid);
   return pid;
+}
+
+static BU_UNUSED pid_t spawn(const char *const *argv, const char *log) {
+  return spawn_on(argv, log, true);
 }
 
 static BU_UNUSED void stop(pid_t pid) {

@@ -37,6 +37,8 @@ static const struct {
     {"frame_timeout_ms", "700", "700", "800", "800"},
     {"offload_bytes", "1MiB", "1MiB", "0", "0"},
     {"offload_threads", "2", "2", "3", "3"},
+    {"rings", "no", "false", "yes", "true"},
+    {"ring_poll_us", "50", "50", "0", "0"},
     {"status_interval_ms", "1000", "1000", "2000", "2000"},
     {"log_level", "warn", "warn", "error", "error"},
     {"prefix_hash", "xxh3", "xxh3", "sha256", "sha256"},

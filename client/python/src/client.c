@@ -354,8 +354,9 @@ PyTypeObject pykvc_client_type = {
     .tp_doc = "Client(socket=None, shm_bytes=0, timeout=None, spin_us=0, name=None)\n\n"
               "One connection to kvcached (socket None: $KVCACHED_SOCKET, else the default "
               "path). shm_bytes: the shared buffer wanted (0: the daemon's default); timeout: "
-              "seconds per send/receive (None: forever); spin_us: poll for a reply that long "
-              "before blocking. A context manager; one Client per thread (a second thread "
+              "seconds per send/receive (None: forever); spin_us: poll for a reply at most that "
+              "long before sleeping (0: libkvcache's default, 50 us through the shared-memory "
+              "rings). A context manager; one Client per thread (a second thread "
               "using it during a call gets RuntimeError). NotrunningError if no daemon answers.",
     .tp_methods = client_methods,
     .tp_getset = client_getset,
