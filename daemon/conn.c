@@ -450,6 +450,20 @@ static void rbuf_settle(conn_t *c) {
   }
 }
 
+/* c's share of a turn: one frame while its replies wait in the write queue
+ * (its client is not reading them); and with k connections waiting for a
+ * turn (pipelining clients), 1/k of frames_per_turn and of turn_us (at
+ * least one frame), so a client that sends a request at a time waits about
+ * one turn's budget behind them, not k of them. Alone, one runs them whole. */
+static void turn_share(const conn_t *c, unsigned *limit, uint64_t *us) {
+  if (c->nwrites) *limit = 1;
+  uint32_t share = c->srv->backlogged + !c->backlog;
+  if (share > 1) {
+    *limit = *limit / share ? *limit / share : 1;
+    *us = *us / share ? *us / share : 1;
+  }
+}
+
 /* Whether c has spent its turn's bytes or time (t0_ns: when it began; us:
  * its share of turn_us). */
 static bool turn_spent(const conn_t *c, uint64_t t0_ns, uint64_t us) {
@@ -468,16 +482,7 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
   size_t off = c->roff, start = c->roff;
   unsigned n = 0;
   uint64_t t0 = budgeted ? uv_hrtime() : 0, us = srv->cfg.turn_us;
-  if (budgeted && c->nwrites) limit = 1;
-  /* The turn is shared: with k connections waiting for theirs (pipelining
-   * clients), each runs 1/k of frames_per_turn and of turn_us (at least one
-   * frame), so a client that sends a request at a time waits about one
-   * turn's budget behind them, not k of them. Alone, one runs them whole. */
-  uint32_t share = srv->backlogged + !c->backlog;
-  if (budgeted && share > 1) {
-    limit = limit / share ? limit / share : 1;
-    us = us / share ? us / share : 1;
-  }
+  if (budgeted) turn_share(c, &limit, &us);
   c->turn_bytes = 0;
   while (c->state < CONN_FLUSHING && !c->offloaded && !c->parked) {
     uint32_t plen = 0;
@@ -519,8 +524,8 @@ static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
   server_t *srv = c->srv;
   ring_t *r = c->ring;
   unsigned n = 0;
-  uint64_t t0 = budgeted ? uv_hrtime() : 0;
-  if (budgeted && c->nwrites) limit = 1;
+  uint64_t t0 = budgeted ? uv_hrtime() : 0, us = srv->cfg.turn_us;
+  if (budgeted) turn_share(c, &limit, &us);
   c->turn_bytes = 0;
   if (budgeted) ring_turn_begin(r);
   while (r && c->state == CONN_READY && !c->offloaded && !c->parked &&
@@ -537,7 +542,7 @@ static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
       return true;
     }
     if (st == 0) break;
-    if (n == limit || (budgeted && n > 0 && turn_spent(c, t0))) {
+    if (n == limit || (budgeted && n > 0 && turn_spent(c, t0, us))) {
       srv->stats.deferred_turns++;
       break;
     }
