@@ -491,12 +491,16 @@ static uint64_t io_bytes(const engine_io_t *e, size_t n) {
   return bytes;
 }
 
-/* A put or get large enough, while other clients are connected, copies on
- * the thread pool (offload.c); its reply is sent when the copy is done. */
-static bool offload_wanted(conn_t *c, const engine_io_t *e, size_t n) {
+/* Where a put or get copies (offload.c): on the loop (small ones); on the
+ * copy threads while other clients are connected, the reply sent when the
+ * copy is done; or, for a client alone, split between the loop and the
+ * copy threads within the request. */
+typedef enum { COPY_LOOP, COPY_THREADS, COPY_HERE } copy_where_t;
+
+static copy_where_t copy_where(conn_t *c, const engine_io_t *e, size_t n) {
   server_t *srv = c->srv;
-  if (!srv->cfg.offload_bytes || srv->stats.connections_current < 2) return false;
-  return io_bytes(e, n) >= srv->cfg.offload_bytes;
+  if (!srv->cfg.offload_bytes || io_bytes(e, n) < srv->cfg.offload_bytes) return COPY_LOOP;
+  return srv->stats.connections_current < 2 ? COPY_HERE : COPY_THREADS;
 }
 
 static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
@@ -507,12 +511,17 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   int rc = check_io(c, req->put, true, r, &x, &e);
   if (rc || (rc = check_key(r, req->put->salt, req->put->extra, &key))) return rc;
   x.pkey = &key;
-  if (offload_wanted(c, e, req->put->n_entries)) {
+  copy_where_t where = copy_where(c, e, req->put->n_entries);
+  if (where != COPY_LOOP) {
     engine_put_job_t *job;
+    uint64_t bytes = io_bytes(e, req->put->n_entries);
     ENGINE_CALL(r, engine_put_begin(c->srv->eng, req->put->cache_id, &x, e,
                                     req->put->n_entries, &job));
-    return offload_put(c, job, io_bytes(e, req->put->n_entries), req->id, r->t0_ns) ? DEFERRED
-                                                                                    : 0;
+    if (where == COPY_THREADS) return offload_put(c, job, bytes, req->id, r->t0_ns) ? DEFERRED : 0;
+    c->turn_bytes += bytes;
+    if (!offload_run_here(c->srv, NULL, job, bytes)) engine_put_run(job);
+    engine_put_end(c->srv->eng, job);
+    return 0;
   }
   c->turn_bytes += io_bytes(e, req->put->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_put(c->srv->eng, req->put->cache_id, &x, e, req->put->n_entries));
@@ -525,12 +534,17 @@ static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   engine_io_t *e;
   int rc = check_io(c, req->get, false, r, &x, &e);
   if (rc) return rc;
-  if (offload_wanted(c, e, req->get->n_entries)) {
+  copy_where_t where = copy_where(c, e, req->get->n_entries);
+  if (where != COPY_LOOP) {
     engine_get_job_t *job;
+    uint64_t bytes = io_bytes(e, req->get->n_entries);
     ENGINE_CALL(r, engine_get_begin(c->srv->eng, req->get->cache_id, &x, e,
                                     req->get->n_entries, &job));
-    return offload_get(c, job, io_bytes(e, req->get->n_entries), req->id, r->t0_ns) ? DEFERRED
-                                                                                    : 0;
+    if (where == COPY_THREADS) return offload_get(c, job, bytes, req->id, r->t0_ns) ? DEFERRED : 0;
+    c->turn_bytes += bytes;
+    if (!offload_run_here(c->srv, job, NULL, bytes)) engine_get_run(job);
+    engine_get_end(c->srv->eng, job);
+    return 0;
   }
   c->turn_bytes += io_bytes(e, req->get->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_get(c->srv->eng, req->get->cache_id, &x, e, req->get->n_entries));
