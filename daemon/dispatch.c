@@ -57,6 +57,7 @@ typedef struct reply {
   int nfdv;
   bool no_park;      /* a BUSY is the answer, not a reason to park and run again */
   bool close_after;  /* close the connection once the reply is flushed */
+  bool large;        /* a get or put of at least offload_bytes (copy_where) */
   uint64_t t0_ns;    /* when decoding began */
   char err[256];     /* the one-line reason of a failure */
 } reply_t;
@@ -497,10 +498,17 @@ static uint64_t io_bytes(const engine_io_t *e, size_t n) {
  * copy threads within the request. */
 typedef enum { COPY_LOOP, COPY_THREADS, COPY_HERE } copy_where_t;
 
-static copy_where_t copy_where(conn_t *c, const engine_io_t *e, size_t n) {
+static copy_where_t copy_where(conn_t *c, const engine_io_t *e, size_t n, reply_t *r) {
   server_t *srv = c->srv;
   if (!srv->cfg.offload_bytes || io_bytes(e, n) < srv->cfg.offload_bytes) return COPY_LOOP;
-  return srv->stats.connections_current < 2 ? COPY_HERE : COPY_THREADS;
+  r->large = true;
+  /* Nobody to stall (a client alone, or no request but large copies within
+   * offload_quiet_us: small requests' clients keep coming sooner): the loop
+   * copies a share itself and saves the hand-offs of both ways. */
+  uint64_t quiet_ns = (uint64_t)srv->cfg.offload_quiet_us * 1000u;
+  if (srv->stats.connections_current < 2 || (quiet_ns && r->t0_ns - srv->small_ns > quiet_ns))
+    return COPY_HERE;
+  return COPY_THREADS;
 }
 
 static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
@@ -511,7 +519,7 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   int rc = check_io(c, req->put, true, r, &x, &e);
   if (rc || (rc = check_key(r, req->put->salt, req->put->extra, &key))) return rc;
   x.pkey = &key;
-  copy_where_t where = copy_where(c, e, req->put->n_entries);
+  copy_where_t where = copy_where(c, e, req->put->n_entries, r);
   if (where != COPY_LOOP) {
     engine_put_job_t *job;
     uint64_t bytes = io_bytes(e, req->put->n_entries);
@@ -534,7 +542,7 @@ static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   engine_io_t *e;
   int rc = check_io(c, req->get, false, r, &x, &e);
   if (rc) return rc;
-  copy_where_t where = copy_where(c, e, req->get->n_entries);
+  copy_where_t where = copy_where(c, e, req->get->n_entries, r);
   if (where != COPY_LOOP) {
     engine_get_job_t *job;
     uint64_t bytes = io_bytes(e, req->get->n_entries);
@@ -1394,6 +1402,7 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   c->requests++;
   c->last_ms = uv_now(srv->loop);
   int rc = run(c, req, &r, &op);
+  if (!r.large && rc != CLUSTER_WAIT) srv->small_ns = t0;
   TESTHOOK(after, srv->eng);
   if (c->rwait && rc != CLUSTER_WAIT) remote_forget(c); /* refused before its import */
   if (rc == CLUSTER_WAIT) {

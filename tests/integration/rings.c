@@ -365,7 +365,7 @@ TEST(rings_sleeping_client_woken_by_the_futex) {
   ASSERT(mkfifo(path, 0600) == 0);
   snprintf(genv, sizeof genv, "KVCACHED_TEST_OFFLOAD_GATE=%s", gdir);
   const char *env[] = {genv, NULL};
-  static const char *const args[] = {"--offload-bytes", "16KiB", NULL};
+  static const char *const args[] = {"--offload-bytes", "16KiB", "--offload-quiet-us", "0", NULL};
   daemon_t d;
   daemon_start_full(&d, NULL, args, env);
   /* On the socket: the only futex wake is the one this test waits for. */
