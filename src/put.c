@@ -247,7 +247,10 @@ static void put_commit(engine_t *eng, const engine_put_job_t *j, seq_t *s, const
   const engine_pkey_t *key = &j->key;
   uint64_t end = e->pos + e->ntokens;
   size_t i = (size_t)(e - j->io);
-  if (e->tokens)
+  /* Ids chain tokens at their own slots' positions only: a sequence whose
+   * positions moved below end (a seq_div, a shift of its own positions)
+   * writes them as untokened (doc/attention.md). */
+  if (e->tokens && !(s->pos && seq_pos_first_moved(s) < end))
     prefix_put_tokens(eng, s, e, j->r.l0, j->r.l1, key, j->key_id, j->tags + j->tag0[i],
                       j->tag0[i + 1] - j->tag0[i]);
   else if (e->ntokens) prefix_put_untokened(eng, s, e->pos, end);
