@@ -345,3 +345,105 @@ TEST(copies_and_removes_of_a_divided_sequence) {
   FX_AUDIT(f.eng);
   fx_close(&f);
 }
+
+/* Random seq_div / shift / append / remove / truncate / copy_prefix calls on
+ * sequences with positions of their own, against the reference (llama.cpp's
+ * rules for div and add; doc/attention.md's for the others); positions,
+ * pos_range and the audit checked after every call. KVC_LONG=1 runs long. */
+#define RSEQ 4
+typedef struct pref {
+  int64_t pos[MAXP];
+  uint64_t n;
+} pref_t;
+
+static uint64_t prng(uint64_t *s) {
+  *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+  return *s;
+}
+
+TEST_TIMEOUT(positions_random_ops_match_reference, 600) {
+  const char *lng = getenv("KVC_LONG");
+  uint64_t nops = lng && *lng && *lng != '0' ? 40000 : 1500, seed = 0x9e3779b97f4a7c15ull;
+  fx_t f;
+  open_rope(&f, true, 256);
+  pref_t r[RSEQ];
+  for (int i = 0; i < RSEQ; i++) {
+    r[i].n = 16;
+    for (uint64_t q = 0; q < 16; q++) r[i].pos[q] = (int64_t)q;
+    ASSERT_OK(fx_put(&f, (uint64_t)i, 0, 16, 1));
+    ASSERT_OK(engine_seq_div(f.eng, f.cid, (uint64_t)i, 4, 12, 2));
+    ref_div(r[i].pos, 16, 4, 12, 2);
+  }
+  for (uint64_t op = 0; op < nops; op++) {
+    int i = (int)(prng(&seed) % RSEQ);
+    pref_t *x = &r[i];
+    uint64_t sid = (uint64_t)i, kind = prng(&seed) % 6;
+    int64_t top = x->pos[x->n - 1] + 4;
+    int64_t p0 = (int64_t)(prng(&seed) % (uint64_t)(top + 1)) - 1;
+    int64_t p1 = p0 < 0 ? -1 : p0 + (int64_t)(prng(&seed) % 8) - 1;
+    if (p1 >= 0 && p1 < p0) p1 = p0;
+    if (kind == 0) { /* seq_div */
+      int64_t d = 1 + (int64_t)(prng(&seed) % 4);
+      ASSERT_OK(engine_seq_div(f.eng, f.cid, sid, p0, p1, d));
+      ref_div(x->pos, x->n, p0, p1, d);
+    } else if (kind == 1) { /* seq_add on own positions: RANGE below 0 */
+      int64_t delta = (int64_t)(prng(&seed) % 9) - 4, lo = p0 < 0 ? 0 : p0;
+      int64_t hi = p1 < 0 ? INT64_MAX : p1;
+      bool neg = false;
+      for (uint64_t q = 0; q < x->n; q++)
+        if (x->pos[q] >= lo && x->pos[q] < hi && x->pos[q] + delta < 0) neg = true;
+      if (neg) {
+        ASSERT_ERR(engine_shift(f.eng, f.cid, sid, p0, p1, delta), KVC_E_RANGE);
+      } else {
+        ASSERT_OK(engine_shift(f.eng, f.cid, sid, p0, p1, delta));
+        ref_add(x->pos, x->n, p0, p1, delta);
+      }
+    } else if (kind == 2 && x->n < MAXP - 8) { /* append 1..4 */
+      uint64_t k = 1 + prng(&seed) % 4;
+      ASSERT_OK(fx_put(&f, sid, x->n, k, 2));
+      for (uint64_t q = 0; q < k; q++) x->pos[x->n + q] = x->pos[x->n - 1] + 1 + (int64_t)q;
+      x->n += k;
+    } else if (kind == 3 && x->n > 4) { /* remove a middle range */
+      uint64_t b = 1 + prng(&seed) % (x->n - 3), e = b + 1 + prng(&seed) % (x->n - 1 - b);
+      int64_t rd = x->pos[b] - x->pos[e];
+      bool neg = false;
+      for (uint64_t q = e; q < x->n; q++) neg |= x->pos[q] + rd < 0;
+      if (neg) {
+        ASSERT_ERR(engine_remove(f.eng, f.cid, sid, b, e), KVC_E_RANGE);
+      } else {
+        ASSERT_OK(engine_remove(f.eng, f.cid, sid, b, e));
+        for (uint64_t q = e; q < x->n; q++) x->pos[q - (e - b)] = x->pos[q] + rd;
+        x->n -= e - b;
+      }
+    } else if (kind == 4 && x->n > 2) { /* truncate (punch to the end) */
+      uint64_t b = 1 + prng(&seed) % (x->n - 1);
+      ASSERT_OK(engine_punch(f.eng, f.cid, sid, (int64_t)b, -1));
+      x->n = b;
+    } else if (kind == 5) { /* copy a prefix onto another sequence */
+      int j = (int)(prng(&seed) % RSEQ);
+      uint64_t n = 1 + prng(&seed) % x->n;
+      if (j == i) continue;
+      ASSERT_OK(engine_copy_prefix(f.eng, f.cid, sid, (uint64_t)j, n));
+      memcpy(r[j].pos, x->pos, n * sizeof *x->pos);
+      r[j].n = n;
+    }
+    for (int s = 0; s < RSEQ; s++) {
+      int64_t got[MAXP];
+      bool own;
+      uint64_t k = positions(&f, (uint64_t)s, got, &own);
+      if (k != r[s].n) TEST_FAIL_("op %" PRIu64 ": seq %d holds %" PRIu64 ", expected %" PRIu64, op, s, k, r[s].n);
+      int64_t lo = INT64_MAX, hi = -1, elo, ehi;
+      for (uint64_t q = 0; q < k; q++) {
+        if (got[q] != r[s].pos[q])
+          TEST_FAIL_("op %" PRIu64 " (kind %" PRIu64 "): seq %d slot %" PRIu64 " at %" PRId64
+                     ", expected %" PRId64, op, kind, s, q, got[q], r[s].pos[q]);
+        lo = got[q] < lo ? got[q] : lo, hi = got[q] > hi ? got[q] : hi;
+      }
+      ASSERT_OK(engine_pos_range(f.eng, f.cid, (uint64_t)s, &elo, &ehi));
+      ASSERT_EQ(elo, lo);
+      ASSERT_EQ(ehi, hi);
+    }
+    FX_AUDIT(f.eng);
+  }
+  fx_close(&f);
+}
