@@ -20,6 +20,7 @@
 typedef struct target {
   seq_t *s;
   uint32_t old_cap;  /* table capacity before, to undo growth */
+  uint64_t old_pcap; /* entries of its own positions before, likewise */
   bool created;      /* new sequence, in the map but not yet enlisted */
   bool new_layers;   /* layer_len allocated by this call */
   bool new_chain;    /* layer_chain allocated by this call */
@@ -42,6 +43,7 @@ static void put_rollback(engine_t *eng, target_t *t, size_t n) {
       mem_free(&eng->mem, s->layer_chain);
       s->layer_chain = NULL;
     }
+    seq_pos_shrink(eng, s, t[i].old_pcap);
     if (s->cap > t[i].old_cap) {
       if (t[i].old_cap == 0) {
         mem_free(&eng->mem, s->table);
@@ -83,6 +85,7 @@ static int put_target(engine_t *eng, cache_t *c, const layout_xfer_t *r, const e
   }
   t->s = s;
   t->old_cap = s->cap;
+  t->old_pcap = s->pcap;
   s->mark = eng->epoch;
   uint64_t have = seq_range_len(s, r->l0, r->l1);
   if (e->pos < s->start || e->pos > have)

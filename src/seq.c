@@ -35,9 +35,13 @@ int seq_reserve(engine_t *eng, seq_t *s, uint64_t n) {
   if (cap < n) cap = n;
   /* positions of its own grow first: a table grown alone keeps cap (and
    * pcap >= cap * T) as they were */
+  uint64_t pcap = s->pcap;
   if (s->pos && seq_pos_reserve(eng, s, cap << s->cache->g.tshift)) return KVC_E_NOMEM;
   uint32_t *t = mem_realloc(&eng->mem, s->table, cap * sizeof *t);
-  if (!t) return KVC_E_NOMEM;
+  if (!t) {
+    seq_pos_shrink(eng, s, pcap);
+    return KVC_E_NOMEM;
+  }
   s->table = t;
   s->cap = (uint32_t)cap;
   return 0;
@@ -50,6 +54,14 @@ int seq_pos_reserve(engine_t *eng, seq_t *s, uint64_t n) {
   s->pos = p;
   s->pcap = n;
   return 0;
+}
+
+void seq_pos_shrink(engine_t *eng, seq_t *s, uint64_t n) {
+  if (!s->pos || n >= s->pcap || n == 0) return;
+  uint32_t *p = mem_realloc(&eng->mem, s->pos, n * sizeof *p);
+  if (!p) return; /* keeps the larger array: still right, only larger */
+  s->pos = p;
+  s->pcap = n;
 }
 
 int seq_pos_own(engine_t *eng, seq_t *s) {

@@ -103,6 +103,9 @@ static inline uint64_t seq_pos_first_moved(const seq_t *s) {
 seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id);
 /* Makes s->pos hold at least n entries: 0 or KVC_E_NOMEM (no change). */
 int seq_pos_reserve(engine_t *eng, seq_t *s, uint64_t n);
+/* Gives back what seq_pos_reserve grew past n entries (a failed call's
+ * undo). */
+void seq_pos_shrink(engine_t *eng, seq_t *s, uint64_t n);
 /* Gives s positions of its own, each slot's its own number (cap * T of
  * them): 0 or KVC_E_NOMEM (no change). */
 int seq_pos_own(engine_t *eng, seq_t *s);
