@@ -675,8 +675,24 @@ static int history_reply(reply_t *r, const engine_hist_t *h, uint64_t kb, uint64
   }
   hr->spans = sp;
   hr->n_spans = h->spans ? h->nspans : 0;
+  if (h->positions && h->own_positions) {
+    hr->positions = h->positions;
+    hr->n_positions = h->nentries;
+  }
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HISTORY;
   r->resp->history = hr;
+  return 0;
+}
+
+/* The reply's per-entry positions, when the sizes call said a sequence of
+ * the view has positions of its own. */
+static int hist_positions_room(reply_t *r, engine_hist_t *h) {
+  if (!h->own_positions) return 0;
+  uint64_t bytes;
+  if (__builtin_mul_overflow(h->nentries + 1, (uint64_t)sizeof *h->positions, &bytes) ||
+      !(h->positions = arena_alloc(r->a, bytes)))
+    return reject(r, KVC_E_NOMEM, "out of memory");
+  h->positions_cap = h->nentries;
   return 0;
 }
 
@@ -714,8 +730,9 @@ static int h_history(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   h.k_bytes = kb;
   h.v_bytes = vb;
   h.spans_cap = h.nspans;
-  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)))
-    return reject(r, KVC_E_NOMEM, "out of memory");
+  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)) ||
+      (rc = hist_positions_room(r, &h)))
+    return rc ? rc : reject(r, KVC_E_NOMEM, "out of memory");
   ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, n, &h));
   return history_reply(r, &h, kb, vb);
 }
@@ -724,6 +741,13 @@ static int h_shift(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Shift *b = req->shift;
   NEED_BODY(r, b, "shift");
   ENGINE_CALL(r, engine_shift(c->srv->eng, b->cache_id, b->seq_id, b->p0, b->p1, b->delta));
+  return 0;
+}
+
+static int h_seq_div(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqDiv *b = req->seq_div;
+  NEED_BODY(r, b, "seq_div");
+  ENGINE_CALL(r, engine_seq_div(c->srv->eng, b->cache_id, b->seq_id, b->p0, b->p1, b->d));
   return 0;
 }
 
@@ -1052,8 +1076,9 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
                        sizes)))
     return rc;
   h.spans_cap = h.nspans;
-  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)))
-    return reject(r, KVC_E_NOMEM, "out of memory");
+  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)) ||
+      (rc = hist_positions_room(r, &h)))
+    return rc ? rc : reject(r, KVC_E_NOMEM, "out of memory");
   if (gather) {
     h.k = c->shm.base + place[0];
     h.v = c->shm.base + place[1];
