@@ -36,6 +36,7 @@ static const struct {
     {"drain_timeout_ms", "500", "500", "600", "600"},
     {"frame_timeout_ms", "700", "700", "800", "800"},
     {"offload_bytes", "1MiB", "1MiB", "0", "0"},
+    {"offload_quiet_us", "500", "500", "0", "0"},
     {"offload_threads", "2", "2", "3", "3"},
     {"rings", "no", "false", "yes", "true"},
     {"ring_poll_us", "50", "50", "0", "0"},
