@@ -48,14 +48,44 @@ void seq_enlist(engine_t *eng, seq_t *s) {
 }
 
 void seq_page_add(engine_t *eng, seq_t *s, uint32_t page) {
+  if (page == POOL_NOPAGE) return;
   if (s->npins) page_pin(eng, page);
+  s->npages++;
   s->cache->st.pages++;
 }
 
 void seq_page_release(engine_t *eng, seq_t *s, uint32_t page) {
+  if (page == POOL_NOPAGE) return;
   if (s->npins) page_unpin(eng, page);
+  s->npages--;
   s->cache->st.pages--;
   page_unref(eng, s->cache, page, s->node.prio);
+}
+
+bool seq_page_is_hole(const seq_t *s, uint64_t idx) {
+  uint64_t T = s->cache->g.T, b = idx * T, e = b + T, end = seq_table_end(s);
+  if (b < s->start) b = s->start;
+  if (e > end) e = end;
+  /* holes are sorted and apart: [b, e) is covered by one or none */
+  for (uint32_t i = 0; i < s->nholes && b < e; i++) {
+    if (s->holes[i].e <= b) continue;
+    if (s->holes[i].b > b) return false;
+    b = s->holes[i].e;
+  }
+  return b >= e;
+}
+
+void seq_release_holes(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
+  if (!s->nholes || b >= e) return;
+  uint32_t sh = s->cache->g.tshift;
+  uint64_t idx = b >> sh, last = (e - 1) >> sh;
+  if (idx < s->base) idx = s->base;
+  for (; idx <= last && idx - s->base < s->ntable; idx++) {
+    uint32_t *t = &s->table[idx - s->base];
+    if (*t == POOL_NOPAGE || !seq_page_is_hole(s, idx)) continue;
+    seq_page_release(eng, s, *t);
+    *t = POOL_NOPAGE;
+  }
 }
 
 /* Recomputes len and extent from layer_len; frees it once all are equal. */
@@ -145,9 +175,11 @@ void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out) {
   out->start = s->start;
   out->length = s->len;
   out->extent = s->extent;
-  out->pages = s->ntable;
+  out->pages = s->npages;
   for (uint32_t i = 0; i < s->ntable; i++) {
-    uint32_t page = s->table[i], holders = eng->pool.refcnt[page];
+    uint32_t page = s->table[i];
+    if (page == POOL_NOPAGE) continue;
+    uint32_t holders = eng->pool.refcnt[page];
     if (page_meta(eng, page) && page_meta(eng, page)->indexed) holders--; /* the index is no sharer */
     if (holders > 1) out->shared_pages++;
   }

@@ -57,6 +57,7 @@ int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
   if (holes_reserve(eng, s, 1)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   holes_add(s, b, e);
   seq_chain_cut(s, b);
+  seq_release_holes(eng, s, b, e); /* a page left all holes goes back to the pool */
   lru_touch(eng, s);
   eng->st.removes++;
   return 0;
@@ -68,8 +69,8 @@ static void share_pages(engine_t *eng, seq_t *dst, const uint32_t *pages, uint32
                         uint32_t ntable, uint32_t cap, uint32_t base, uint64_t start,
                         uint64_t n, hole_t *holes, uint32_t nholes) {
   for (uint32_t i = 0; i < ntable; i++) {
-    table[i] = pages[i];
-    page_ref(eng, table[i]);
+    table[i] = pages[i]; /* an entry with no page is copied as none */
+    if (table[i] != POOL_NOPAGE) page_ref(eng, table[i]);
     seq_page_add(eng, dst, table[i]);
   }
   for (uint32_t i = 0; i < dst->ntable; i++) seq_page_release(eng, dst, dst->table[i]);
@@ -281,6 +282,9 @@ int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64
   if (pos < s->start || pos >= s->extent)
     return engine_fail(eng, KVC_E_RANGE, "pos %llu not held", (unsigned long long)pos);
   uint32_t page = s->table[(pos >> s->cache->g.tshift) - s->base];
+  if (page == POOL_NOPAGE)
+    return engine_fail(eng, KVC_E_RANGE, "pos %llu is in a hole of whole pages: no page holds it",
+                       (unsigned long long)pos);
   *offset = (uint64_t)page * eng->pool.page_bytes;
   return 0;
 }

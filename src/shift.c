@@ -76,7 +76,7 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
   }
   eng->epoch++;
   s->mark = eng->epoch; /* never evicted to make room for itself */
-  span_t sp = {s, dlo < tend ? dlo : tend, dhi};
+  span_t sp = {s, dlo, dhi}; /* pages between the table's end and dlo: holes, none */
   if ((rc = room_make(eng, &sp, 1))) {
     if (rc == KVC_E_FULL) s->cache->st.full_errors++;
     goto out;
@@ -105,6 +105,8 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
     if (dlo > len) holes_add(s, len, dlo);
     if (dhi > len) seq_set_lengths(eng, s, 0, c->g.L, dhi);
   }
+  /* Pages the move left all holes (vacated, or holes moved in) go back. */
+  seq_release_holes(eng, s, dlo < p0 ? dlo : p0, dhi > p1 ? dhi : p1);
   lru_touch(eng, s);
 out:
   move_mem_free(eng, &m);
