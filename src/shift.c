@@ -57,9 +57,11 @@ static void move_mem_free(engine_t *eng, move_mem_t *m) {
 }
 
 /* Moves slots [p0, p1) (p1 <= len) of s by delta, all or nothing. The target
- * may overlap held tokens only where the caller allows it. */
+ * may overlap held tokens only where the caller allows it. remove: the slots
+ * between the target and p0 are a removed range (shift_remove), dropped
+ * with the tail they precede; else they keep their tokens. */
 static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t delta,
-                    bool rotate) {
+                    bool rotate, bool remove) {
   const cache_t *c = s->cache;
   uint64_t dlo = p0 + (uint64_t)delta, dhi = p1 + (uint64_t)delta, tend = seq_table_end(s);
   move_mem_t m = {0};
@@ -97,13 +99,17 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
   seq_chain_cut(s, p0); /* moved up, the slots they left are holes */
   uint64_t len = s->len;
   holes_move(s, p0, p1, delta, m.tmp);
-  if (delta < 0 && p1 == len) {
-    seq_truncate(eng, s, dhi); /* the tail moved down: nothing above it */
+  if (delta < 0 && p1 == len && remove) {
+    seq_truncate(eng, s, dhi); /* the tail moved down over the range removed */
   } else {
     if (delta < 0) holes_add(s, dhi > p0 ? dhi : p0, p1); /* vacated */
     else holes_add(s, p0, dlo < p1 ? dlo : p1);
     if (dlo > len) holes_add(s, len, dlo);
     if (dhi > len) seq_set_lengths(eng, s, 0, c->g.L, dhi);
+    /* The tail moved down: the length ends at the last token (the slots
+     * between the target and p0 keep theirs). */
+    if (delta < 0 && p1 == len && s->nholes && s->holes[s->nholes - 1].e == len)
+      seq_truncate(eng, s, s->holes[s->nholes - 1].b);
   }
   /* Pages the move left all holes (vacated, or holes moved in) go back. */
   seq_release_holes(eng, s, dlo < p0 ? dlo : p0, dhi > p1 ? dhi : p1);
@@ -146,7 +152,7 @@ int shift_remove(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
   int rc = movable(eng, s, false);
   if (rc) return rc;
   if (b < s->start) b = s->start;
-  rc = relocate(eng, s, e, s->len, -(int64_t)(e - b), s->cache->layout.rope_dims > 0);
+  rc = relocate(eng, s, e, s->len, -(int64_t)(e - b), s->cache->layout.rope_dims > 0, true);
   if (rc == 0) eng->st.removes++;
   return rc;
 }
@@ -178,7 +184,7 @@ int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
     return engine_fail(eng, KVC_E_RANGE, "shifting [%llu, %llu) by %lld would overwrite "
                        "tokens; remove them first", (unsigned long long)b,
                        (unsigned long long)e, (long long)delta);
-  return relocate(eng, s, b, e, delta, s->cache->layout.rope_dims > 0);
+  return relocate(eng, s, b, e, delta, s->cache->layout.rope_dims > 0, false);
 }
 
 
