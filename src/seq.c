@@ -64,15 +64,7 @@ void seq_page_release(engine_t *eng, seq_t *s, uint32_t page) {
 
 bool seq_page_is_hole(const seq_t *s, uint64_t idx) {
   uint64_t T = s->cache->g.T, b = idx * T, e = b + T, end = seq_table_end(s);
-  if (b < s->start) b = s->start;
-  if (e > end) e = end;
-  /* holes are sorted and apart: [b, e) is covered by one or none */
-  for (uint32_t i = 0; i < s->nholes && b < e; i++) {
-    if (s->holes[i].e <= b) continue;
-    if (s->holes[i].b > b) return false;
-    b = s->holes[i].e;
-  }
-  return b >= e;
+  return holes_cover(s->holes, s->nholes, b > s->start ? b : s->start, e < end ? e : end);
 }
 
 void seq_release_holes(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
@@ -134,6 +126,10 @@ void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
   }
   uint64_t keep = seq_pages_for(s, s->extent);
   while (s->ntable > keep) seq_page_release(eng, s, s->table[--s->ntable]);
+  if (s->ntable) { /* the last page may hold only holes below the new end */
+    uint64_t last = (uint64_t)(s->base + s->ntable - 1) << s->cache->g.tshift;
+    seq_release_holes(eng, s, last, last + 1);
+  }
 }
 
 void seq_trim(engine_t *eng, seq_t *s, uint64_t n) {
@@ -144,6 +140,7 @@ void seq_trim(engine_t *eng, seq_t *s, uint64_t n) {
   s->base = nbase;
   s->start = n;
   holes_cut(s, 0, n);
+  seq_release_holes(eng, s, n, n + 1); /* its first page may hold only holes from n */
 }
 
 void seq_drop(engine_t *eng, seq_t *s) {

@@ -158,11 +158,6 @@ int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_
   bool created;
   size_t map_cap;
   if ((rc = dst_prepare(eng, c, dst_id, &dst, &created, &map_cap))) return rc;
-  /* A pinned dst pins what it receives: the pin limit and quota apply. */
-  if (dst->npins && (rc = pin_limit_check(eng, c, pages, ntable))) {
-    dst_abandon(eng, c, dst, created, map_cap);
-    return rc;
-  }
   uint32_t cap = ntable ? (uint32_t)ntable : 1;
   uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table), nh = 0, h0 = 0;
   while (h0 < src->nholes && src->holes[h0].e <= start) h0++; /* the gaps in [start, n) */
@@ -178,8 +173,22 @@ int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_
     if (holes[i].b < start) holes[i].b = start;
     if (holes[i].e > n) holes[i].e = n;
   }
+  /* A page whose slots in [start, n) are all holes for dst is none of dst's
+   * (src may still hold tokens in it, past n): dst takes no page for it. */
+  for (uint64_t i = 0; i < ntable; i++) {
+    uint64_t b = (base + i) << sh, e = b + c->g.T;
+    table[i] = holes_cover(holes, nh, b > start ? b : start, e < n ? e : n) ? POOL_NOPAGE
+                                                                           : pages[i];
+  }
+  /* A pinned dst pins what it receives: the pin limit and quota apply. */
+  if (dst->npins && (rc = pin_limit_check(eng, c, table, ntable))) {
+    mem_free(&eng->mem, table);
+    mem_free(&eng->mem, holes);
+    dst_abandon(eng, c, dst, created, map_cap);
+    return rc;
+  }
   dst_commit(eng, c, dst, created);
-  share_pages(eng, dst, pages, table, (uint32_t)ntable, cap, base, start, n, holes, nh);
+  share_pages(eng, dst, table, table, (uint32_t)ntable, cap, base, start, n, holes, nh);
   /* dst holds src's chain as far as it copied it; a range from p0 > 0 holds
    * none (a chain starts at position 0) */
   if (start == 0) {
