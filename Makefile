@@ -463,6 +463,7 @@ install: $(B)/kvcached $(B)/kvcachectl $(B)/libkvcache.so $(B)/libkvcache.a
 	$(INSTALL) -m 0644 systemd/kvcached.socket $(DESTDIR)$(UNITDIR)/
 	$(INSTALL) -m 0644 systemd/kvcached.sysusers $(DESTDIR)$(SYSUSERSDIR)/kvcached.conf
 	$(INSTALL) -m 0644 systemd/kvcached.conf $(DESTDIR)$(DOCDIR)/kvcached.conf.example
+	$(INSTALL) -m 0644 systemd/kvcached-network.conf $(DESTDIR)$(DOCDIR)/kvcached-network.conf
 	$(INSTALL) -m 0644 doc/kvcached-alerts.yml doc/kvcached-dashboard.json $(DESTDIR)$(DOCDIR)/
 	[ -e $(DESTDIR)$(SYSCONFDIR)/kvcached/kvcached.conf ] || \
 	  $(INSTALL) -m 0644 systemd/kvcached.conf $(DESTDIR)$(SYSCONFDIR)/kvcached/kvcached.conf
@@ -476,7 +477,8 @@ uninstall:
 	  $(DESTDIR)$(LIBDIR)/libkvcache.so* $(DESTDIR)$(LIBDIR)/libkvcache.a \
 	  $(DESTDIR)$(PKGCONFIGDIR)/kvcache.pc $(DESTDIR)$(UNITDIR)/kvcached.service \
 	  $(DESTDIR)$(UNITDIR)/kvcached.socket $(DESTDIR)$(SYSUSERSDIR)/kvcached.conf \
-	  $(DESTDIR)$(DOCDIR)/kvcached.conf.example $(DESTDIR)$(MANDIR)/man1/kvcachectl.1 \
+	  $(DESTDIR)$(DOCDIR)/kvcached.conf.example $(DESTDIR)$(DOCDIR)/kvcached-network.conf \
+	  $(DESTDIR)$(MANDIR)/man1/kvcachectl.1 \
 	  $(DESTDIR)$(DOCDIR)/kvcached-alerts.yml $(DESTDIR)$(DOCDIR)/kvcached-dashboard.json \
 	  $(DESTDIR)$(MANDIR)/man8/kvcached.8
 	rm -rf $(DESTDIR)$(INCLUDEDIR)/kvcache

@@ -420,11 +420,42 @@ KVC_API int kvc_history(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_tok_t *to
   out->nspans = hr->n_spans;
   for (size_t i = 0; spans && i < hr->n_spans && i < spans_cap; i++)
     codec_hist_span_from_wire(hr->spans[i], &spans[i]);
+  rc = client_hist_positions(c, hr, &out->positions);
   kvcache__v1__response__free_unpacked(r, NULL);
 out:
   free(b.seq_ids);
   free(b.positions);
   return rc;
+}
+
+int client_hist_positions(kvc_client_t *c, const Kvcache__V1__HistoryReply *hr,
+                          const int64_t **out) {
+  *out = NULL;
+  if (hr->n_positions == 0) return 0;
+  if (hr->n_positions != hr->entries)
+    return client_fail(c, KVC_E_PROTO, "history reply: %zu positions for %llu entries",
+                       hr->n_positions, (unsigned long long)hr->entries);
+  if (hr->n_positions > c->hist_pos_cap) {
+    int64_t *p = realloc(c->hist_pos, hr->n_positions * sizeof *p);
+    if (!p) return client_fail(c, KVC_E_NOMEM, "out of memory");
+    c->hist_pos = p;
+    c->hist_pos_cap = hr->n_positions;
+  }
+  memcpy(c->hist_pos, hr->positions, hr->n_positions * sizeof *c->hist_pos);
+  *out = c->hist_pos;
+  return 0;
+}
+
+KVC_API int kvc_seq_div(kvc_cache_t *h, uint64_t seq_id, int64_t p0, int64_t p1, int64_t d) {
+  if (!h) return KVC_E_INVAL;
+  Kvcache__V1__SeqDiv b = KVCACHE__V1__SEQ_DIV__INIT;
+  b.cache_id = h->id;
+  b.seq_id = seq_id;
+  b.p0 = p0;
+  b.p1 = p1;
+  b.d = d;
+  REQ(seq_div, SEQ_DIV, &b);
+  return client_call(h->client, &req, NULL);
 }
 
 static int shift_call(kvc_cache_t *h, bool punch, uint64_t seq_id, int64_t p0, int64_t p1,

@@ -591,6 +591,7 @@ KVC_API void kvc_client_close(kvc_client_t *c) {
   if (c->shm) munmap(c->shm, c->shm_bytes);
   prefault_stop(c->prefault); /* before its mapping goes */
   if (c->pool) munmap((void *)c->pool, c->pool_reserve ? c->pool_reserve : c->pool_bytes);
+  free(c->hist_pos);
   free(c->wbuf);
   free(c->rbuf);
   free(c->io_wire);

@@ -52,6 +52,8 @@ struct kvc_client {
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
   void *io_wire, *io_ptrs, *io_parts; /* transfer scratch, max_io_entries each,
                                          allocated at the first transfer */
+  int64_t *hist_pos;         /* the last history view's positions (kvc_hist_t.positions) */
+  size_t hist_pos_cap;
   uint64_t release_q[64];    /* deferred lease releases, sent with the next request */
   size_t nrelease;
   /* The event stream (events.c): set once kvc_events_subscribe succeeded. */
@@ -118,5 +120,10 @@ int client_code(Kvcache__V1__Status s);
 /* The handle's prefix key as wire bytes (borrowing the handle's arrays). */
 ProtobufCBinaryData client_salt(const kvc_cache_t *h);
 ProtobufCBinaryData client_extra(const kvc_cache_t *h);
+
+/* Copies a history reply's per-entry positions into c->hist_pos and points
+ * *out at them (NULL when the reply has none): 0 or KVC_E_NOMEM/PROTO. */
+int client_hist_positions(kvc_client_t *c, const Kvcache__V1__HistoryReply *hr,
+                          const int64_t **out);
 
 #endif

@@ -462,6 +462,8 @@ static int step_done(kvc_cache_t *h, const Kvcache__V1__StepReply *sr, kvc_step_
                          hr->mask_len, hr->n_spans};
   for (size_t i = 0; s->spans && i < hr->n_spans && i < s->spans_cap; i++)
     codec_hist_span_from_wire(hr->spans[i], &s->spans[i]);
+  int prc = client_hist_positions(c, hr, &s->hist.positions);
+  if (prc) return prc; /* (a lease view's leases are not taken: nothing to release) */
   if (s->view != KVC_VIEW_LEASE) return 0;
   if (sr->n_leases != hr->n_spans) return client_fail(c, KVC_E_PROTO, "step reply: a lease per span");
   int rc = 0;

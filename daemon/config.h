@@ -59,6 +59,7 @@ typedef struct config {
   uint32_t frame_timeout_ms; /* a started frame must be whole within it; 0: none */
   uint64_t offload_bytes;    /* gets and puts this large copy on a copy thread; 0: never */
   uint32_t offload_threads;  /* copy threads; 0: the CPUs the daemon may use */
+  uint32_t offload_quiet_us; /* threads only if a small request came within this long */
   bool rings;                /* grant shared-memory rings to clients that ask */
   uint32_t ring_poll_us;     /* cap of the poll after a ring reply; 0: never poll */
   id_list_t allow_uids;      /* peers allowed by uid */

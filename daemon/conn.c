@@ -500,6 +500,11 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
       srv->stats.deferred_turns++;
       break;
     }
+    if (budgeted) { /* requests through rings go before each of this turn's frames */
+      c->roff = off;
+      ring_preempt(srv);
+      if (c->state >= CONN_FLUSHING || c->offloaded || c->parked) break;
+    }
     c->via_ring = false;
     if (!dispatch_frame(c, c->rbuf + off + FRAME_HEADER_BYTES, plen)) break; /* parked */
     srv->stats.frames_in++;

@@ -57,6 +57,7 @@ typedef struct reply {
   int nfdv;
   bool no_park;      /* a BUSY is the answer, not a reason to park and run again */
   bool close_after;  /* close the connection once the reply is flushed */
+  bool large;        /* a get or put of at least offload_bytes (copy_where) */
   uint64_t t0_ns;    /* when decoding began */
   char err[256];     /* the one-line reason of a failure */
 } reply_t;
@@ -491,12 +492,23 @@ static uint64_t io_bytes(const engine_io_t *e, size_t n) {
   return bytes;
 }
 
-/* A put or get large enough, while other clients are connected, copies on
- * the thread pool (offload.c); its reply is sent when the copy is done. */
-static bool offload_wanted(conn_t *c, const engine_io_t *e, size_t n) {
+/* Where a put or get copies (offload.c): on the loop (small ones); on the
+ * copy threads while other clients are connected, the reply sent when the
+ * copy is done; or, for a client alone, split between the loop and the
+ * copy threads within the request. */
+typedef enum { COPY_LOOP, COPY_THREADS, COPY_HERE } copy_where_t;
+
+static copy_where_t copy_where(conn_t *c, const engine_io_t *e, size_t n, reply_t *r) {
   server_t *srv = c->srv;
-  if (!srv->cfg.offload_bytes || srv->stats.connections_current < 2) return false;
-  return io_bytes(e, n) >= srv->cfg.offload_bytes;
+  if (!srv->cfg.offload_bytes || io_bytes(e, n) < srv->cfg.offload_bytes) return COPY_LOOP;
+  r->large = true;
+  /* Nobody to stall (a client alone, or no request but large copies within
+   * offload_quiet_us: small requests' clients keep coming sooner): the loop
+   * copies a share itself and saves the hand-offs of both ways. */
+  uint64_t quiet_ns = (uint64_t)srv->cfg.offload_quiet_us * 1000u;
+  if (srv->stats.connections_current < 2 || (quiet_ns && r->t0_ns - srv->small_ns > quiet_ns))
+    return COPY_HERE;
+  return COPY_THREADS;
 }
 
 static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
@@ -507,12 +519,17 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   int rc = check_io(c, req->put, true, r, &x, &e);
   if (rc || (rc = check_key(r, req->put->salt, req->put->extra, &key))) return rc;
   x.pkey = &key;
-  if (offload_wanted(c, e, req->put->n_entries)) {
+  copy_where_t where = copy_where(c, e, req->put->n_entries, r);
+  if (where != COPY_LOOP) {
     engine_put_job_t *job;
+    uint64_t bytes = io_bytes(e, req->put->n_entries);
     ENGINE_CALL(r, engine_put_begin(c->srv->eng, req->put->cache_id, &x, e,
                                     req->put->n_entries, &job));
-    return offload_put(c, job, io_bytes(e, req->put->n_entries), req->id, r->t0_ns) ? DEFERRED
-                                                                                    : 0;
+    if (where == COPY_THREADS) return offload_put(c, job, bytes, req->id, r->t0_ns) ? DEFERRED : 0;
+    c->turn_bytes += bytes;
+    if (!offload_run_here(c->srv, NULL, job, bytes)) engine_put_run(job);
+    engine_put_end(c->srv->eng, job);
+    return 0;
   }
   c->turn_bytes += io_bytes(e, req->put->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_put(c->srv->eng, req->put->cache_id, &x, e, req->put->n_entries));
@@ -525,12 +542,17 @@ static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   engine_io_t *e;
   int rc = check_io(c, req->get, false, r, &x, &e);
   if (rc) return rc;
-  if (offload_wanted(c, e, req->get->n_entries)) {
+  copy_where_t where = copy_where(c, e, req->get->n_entries, r);
+  if (where != COPY_LOOP) {
     engine_get_job_t *job;
+    uint64_t bytes = io_bytes(e, req->get->n_entries);
     ENGINE_CALL(r, engine_get_begin(c->srv->eng, req->get->cache_id, &x, e,
                                     req->get->n_entries, &job));
-    return offload_get(c, job, io_bytes(e, req->get->n_entries), req->id, r->t0_ns) ? DEFERRED
-                                                                                    : 0;
+    if (where == COPY_THREADS) return offload_get(c, job, bytes, req->id, r->t0_ns) ? DEFERRED : 0;
+    c->turn_bytes += bytes;
+    if (!offload_run_here(c->srv, job, NULL, bytes)) engine_get_run(job);
+    engine_get_end(c->srv->eng, job);
+    return 0;
   }
   c->turn_bytes += io_bytes(e, req->get->n_entries); /* copied on the loop */
   ENGINE_CALL(r, engine_get(c->srv->eng, req->get->cache_id, &x, e, req->get->n_entries));
@@ -653,8 +675,24 @@ static int history_reply(reply_t *r, const engine_hist_t *h, uint64_t kb, uint64
   }
   hr->spans = sp;
   hr->n_spans = h->spans ? h->nspans : 0;
+  if (h->positions && h->own_positions) {
+    hr->positions = h->positions;
+    hr->n_positions = h->nentries;
+  }
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HISTORY;
   r->resp->history = hr;
+  return 0;
+}
+
+/* The reply's per-entry positions, when the sizes call said a sequence of
+ * the view has positions of its own. */
+static int hist_positions_room(reply_t *r, engine_hist_t *h) {
+  if (!h->own_positions) return 0;
+  uint64_t bytes;
+  if (__builtin_mul_overflow(h->nentries + 1, (uint64_t)sizeof *h->positions, &bytes) ||
+      !(h->positions = arena_alloc(r->a, bytes)))
+    return reject(r, KVC_E_NOMEM, "out of memory");
+  h->positions_cap = h->nentries;
   return 0;
 }
 
@@ -692,8 +730,9 @@ static int h_history(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   h.k_bytes = kb;
   h.v_bytes = vb;
   h.spans_cap = h.nspans;
-  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)))
-    return reject(r, KVC_E_NOMEM, "out of memory");
+  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)) ||
+      (rc = hist_positions_room(r, &h)))
+    return rc ? rc : reject(r, KVC_E_NOMEM, "out of memory");
   ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, n, &h));
   return history_reply(r, &h, kb, vb);
 }
@@ -702,6 +741,13 @@ static int h_shift(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Shift *b = req->shift;
   NEED_BODY(r, b, "shift");
   ENGINE_CALL(r, engine_shift(c->srv->eng, b->cache_id, b->seq_id, b->p0, b->p1, b->delta));
+  return 0;
+}
+
+static int h_seq_div(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
+  const Kvcache__V1__SeqDiv *b = req->seq_div;
+  NEED_BODY(r, b, "seq_div");
+  ENGINE_CALL(r, engine_seq_div(c->srv->eng, b->cache_id, b->seq_id, b->p0, b->p1, b->d));
   return 0;
 }
 
@@ -1030,8 +1076,9 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
                        sizes)))
     return rc;
   h.spans_cap = h.nspans;
-  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)))
-    return reject(r, KVC_E_NOMEM, "out of memory");
+  if (!(h.spans = arena_alloc(r->a, (h.nspans + 1) * sizeof *h.spans)) ||
+      (rc = hist_positions_room(r, &h)))
+    return rc ? rc : reject(r, KVC_E_NOMEM, "out of memory");
   if (gather) {
     h.k = c->shm.base + place[0];
     h.v = c->shm.base + place[1];
@@ -1380,6 +1427,7 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   c->requests++;
   c->last_ms = uv_now(srv->loop);
   int rc = run(c, req, &r, &op);
+  if (!r.large && rc != CLUSTER_WAIT) srv->small_ns = t0;
   TESTHOOK(after, srv->eng);
   if (c->rwait && rc != CLUSTER_WAIT) remote_forget(c); /* refused before its import */
   if (rc == CLUSTER_WAIT) {

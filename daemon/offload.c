@@ -47,6 +47,7 @@ typedef struct job {
   unsigned nparts;       /* shares of the copy (its layers split), one a thread */
   unsigned taken;        /* shares a thread took (under mu) */
   atomic_uint left;      /* shares not yet copied: the last one done sends it back */
+  bool here;             /* offload_run_here's: the loop waits for it; nothing is sent back */
 } job_t;
 
 struct offload {
@@ -86,7 +87,10 @@ static void *copier(void *arg) {
     TESTHOOK(offload, NULL);
     if (j->get) engine_get_run_part(j->get, part, j->nparts);
     else engine_put_run_part(j->put, part, j->nparts);
-    if (atomic_fetch_sub(&j->left, 1) != 1) { /* another share is still copying */
+    /* The loop owns a job of offload_run_here and frees it once left is 0:
+     * read here first, touch nothing after the decrement. */
+    bool here = j->here;
+    if (atomic_fetch_sub(&j->left, 1) != 1 || here) { /* another share is still copying */
       pthread_mutex_lock(&o->mu);
       continue;
     }
@@ -269,6 +273,49 @@ static bool queue(conn_t *c, const job_t *proto, uint64_t bytes) {
   else pthread_cond_signal(&o->cv);
   pthread_mutex_unlock(&o->mu);
   conn_offload_begin(c);
+  return true;
+}
+
+/* A lone client's large copy: split between the loop and the copy threads
+ * and done within the turn (begun, copied and ended in one request, as an
+ * inline copy is: the event stream and the other requests see no
+ * difference). The loop takes shares as a thread does; the job goes first
+ * in the queue (the loop waits for it) and the loop copies every share no
+ * thread has taken by the time it is free, so it waits only for shares
+ * already being copied. */
+bool offload_run_here(server_t *srv, engine_get_job_t *get, engine_put_job_t *put,
+                      uint64_t bytes) {
+  offload_t *o = srv->offload;
+  if (!o || o->nthreads < 2 || shares(o, bytes) < 2) return false;
+  job_t j = {.get = get, .put = put, .nparts = shares(o, bytes), .here = true};
+  atomic_init(&j.left, j.nparts);
+  o->stats->split_copies++;
+  pthread_mutex_lock(&o->mu);
+  j.next = o->head;
+  o->head = &j;
+  if (!o->tail) o->tail = &j;
+  if (j.nparts > 2) pthread_cond_broadcast(&o->cv);
+  else pthread_cond_signal(&o->cv);
+  for (;;) {
+    if (j.taken == j.nparts) break;
+    unsigned part = j.taken++;
+    if (j.taken == j.nparts) { /* still the head: only the loop queues */
+      o->head = j.next;
+      if (!o->head) o->tail = NULL;
+    }
+    pthread_mutex_unlock(&o->mu);
+    if (get) engine_get_run_part(get, part, j.nparts);
+    else engine_put_run_part(put, part, j.nparts);
+    atomic_fetch_sub(&j.left, 1);
+    pthread_mutex_lock(&o->mu);
+  }
+  pthread_mutex_unlock(&o->mu);
+  for (unsigned i = 0; atomic_load(&j.left); i++) { /* a thread's share, being copied */
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if ((i & 1023) == 1023) sched_yield();
+  }
   return true;
 }
 

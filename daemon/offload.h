@@ -45,6 +45,13 @@ bool offload_get(conn_t *c, engine_get_job_t *job, uint64_t bytes, uint64_t requ
 bool offload_put(conn_t *c, engine_put_job_t *job, uint64_t bytes, uint64_t request_id,
                  uint64_t t0_ns);
 
+/* Copies a job begun for a client alone (get or put) now, its shares on
+ * the loop and the copy threads at once, and returns true once every byte
+ * is copied (the caller ends it); false, having copied nothing, where
+ * splitting gains nothing (fewer than two copy threads, a small copy). */
+bool offload_run_here(server_t *srv, engine_get_job_t *get, engine_put_job_t *put,
+                      uint64_t bytes);
+
 /* Ends the copies the threads finished, if any (returns whether there were):
  * the ring poller looks here on each pass, so a copy's reply does not wait
  * for the loop's next look at the threads' eventfd. */

@@ -43,6 +43,7 @@
   X(step, STEP)                                                                \
   X(lease_batch, LEASE_BATCH)                                                  \
   X(seq_create, SEQ_CREATE)                                                    \
+  X(seq_div, SEQ_DIV)                                                          \
   X(tenants, TENANTS)                                                          \
   X(clients, CLIENTS)                                                          \
   X(config, CONFIG)                                                            \

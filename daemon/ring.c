@@ -44,6 +44,7 @@ typedef struct ring_poller {
   bool one_cpu;            /* the machine has one CPU: spinning on it only delays
                               the client it waits for, so it never polls */
   unsigned ncpus;          /* CPUs the daemon may use (offload_cpus) */
+  bool in_pass;            /* running rings (on_idle, ring_preempt): no second pass inside */
 } ring_poller_t;
 
 struct ring {
@@ -153,6 +154,7 @@ static void on_idle(uv_idle_t *h) {
   ring_poller_t *p = h->data;
   daemon_stats_t *st = &p->srv->stats;
   uint64_t t0 = uv_hrtime(), last = t0, worked_ns = 0;
+  p->in_pass = true;
   for (;;) {
     bool ran = false;
     uint64_t now = uv_hrtime();
@@ -198,9 +200,26 @@ static void on_idle(uv_idle_t *h) {
     if (now - t0 >= SLICE_NS) break;
     cpu_relax();
   }
+  p->in_pass = false;
   uint64_t spent = uv_hrtime() - t0;
   if (spent > worked_ns) metrics_observe(&st->ring_poll, spent - worked_ns);
   if (!p->active) uv_idle_stop(&p->idle);
+}
+
+bool ring_preempt(server_t *srv) {
+  ring_poller_t *p = srv->rings;
+  if (!p || p->in_pass || !p->active) return false;
+  bool ran = false;
+  p->in_pass = true;
+  for (ring_t *r = p->active, *next; r; r = next) {
+    next = r->next;
+    if (!runnable(r->c) || !sq_pending(r)) continue; /* on_idle sorts those out */
+    r->long_gaps = 0;
+    ran |= p->run(r->c);
+  }
+  p->in_pass = false;
+  if (ran) srv->stats.ring_preempts++;
+  return ran;
 }
 
 int ring_poller_start(server_t *srv, ring_run_fn run) {

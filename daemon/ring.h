@@ -56,6 +56,13 @@ int ring_poller_start(server_t *srv, ring_run_fn run);
  * once more to finish closing it) and frees the poller. */
 void ring_poller_stop(server_t *srv);
 
+/* Runs the requests waiting in polled rings now, from inside a socket
+ * connection's turn (conn.c, between two of its frames): a request through a
+ * ring then waits for at most one socket frame, not for the loop's pass over
+ * every readable socket (a pipelining flood's share of each turn). Does
+ * nothing inside a pass over the rings. Whether any ran. */
+bool ring_preempt(server_t *srv);
+
 /* The ring sizes this daemon grants: an SQ holding two of the largest
  * request frames (one in flight and the next), a CQ of 64 KiB. */
 void ring_sizes(const server_t *srv, uint32_t *sq_bytes, uint32_t *cq_bytes);

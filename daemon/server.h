@@ -71,6 +71,7 @@ typedef struct server {
   log_limit_t limit_accept;/* budget of "accept" error lines */
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */
   uint32_t backlogged;     /* connections with frames waiting for a turn */
+  uint64_t small_ns;       /* when the last request that was not a large copy began */
   arena_t arena;           /* scratch for building the current reply */
   tenants_t tenants;       /* tenant names seen, by id */
   uv_tcp_t http;           /* metrics_listen (http.c), when http_on */

@@ -145,6 +145,18 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
                  (unsigned long long)h->b, (unsigned long long)h->e,
                  (unsigned long long)s->start, (unsigned long long)s->extent);
   }
+  if (s->pos) { /* positions of its own (doc/attention.md) */
+    if (s->cache->layout.attn != KVC_ATTN_CAUSAL || s->pcap < ((uint64_t)s->cap << g->tshift) ||
+        s->extent <= s->start)
+      return bad(why, len, "seq %llu: positions of its own (%llu) in a kind-%u cache, cap %u, "
+                 "[%llu, %llu) held", id, (unsigned long long)s->pcap, s->cache->layout.attn,
+                 s->cap, (unsigned long long)s->start, (unsigned long long)s->extent);
+    /* what relabels a token cuts the chain there: a chain's positions are its slots */
+    for (uint64_t q = s->start; q < s->chain_tok; q++)
+      if (seq_pos(s, q) != q)
+        return bad(why, len, "seq %llu: slot %llu of its chain at position %llu", id,
+                   (unsigned long long)q, (unsigned long long)seq_pos(s, q));
+  }
   if (s->layer_len) {
     uint64_t lo = UINT64_MAX, hi = 0;
     for (uint32_t l = 0; l < g->L; l++) {

@@ -224,6 +224,9 @@ static void hist_gather(engine_t *eng, const cache_t *c, const copy_plan_t *plan
   }
 }
 
+/* The mask goes by positions (the slots' unless a sequence has its own): a
+ * token at position p sees an entry at position q where the kind allows it,
+ * as llama.cpp masks its cells. */
 static void hist_mask(const cache_t *c, const engine_tok_t *toks, size_t n, const rec_t *r,
                       uint64_t nentries, float *mask) {
   for (size_t i = 0; i < n; i++) {
@@ -231,8 +234,20 @@ static void hist_mask(const cache_t *c, const engine_tok_t *toks, size_t n, cons
     for (uint64_t j = 0; j < nentries; j++) row[j] = -INFINITY;
     const seq_t *s = hmap_get(&c->seqs, toks[i].seq_id);
     const rec_t *x = &r[s->slot];
+    uint64_t p = seq_pos(s, toks[i].pos);
     for (uint64_t q = x->lo; q < x->hi; q++)
-      if (attn_allows(c, toks[i].pos, q) && !holes_has(s, q)) row[x->first + q - x->lo] = 0;
+      if (attn_allows(c, p, seq_pos(s, q)) && !holes_has(s, q)) row[x->first + q - x->lo] = 0;
+  }
+}
+
+/* Each entry's position, and whether any sequence has positions of its own. */
+static void hist_positions(const rec_t *r, size_t nr, engine_hist_t *h) {
+  h->own_positions = false;
+  for (size_t i = 0; i < nr; i++) {
+    if (r[i].s->pos) h->own_positions = true;
+    if (h->positions)
+      for (uint64_t q = r[i].lo; q < r[i].hi; q++)
+        h->positions[r[i].first + q - r[i].lo] = (int64_t)seq_pos(r[i].s, q);
   }
 }
 
@@ -272,6 +287,12 @@ int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   eng->epoch++;
   if ((rc = hist_group(eng, c, &xr, toks, n, r, &nr, &h->nentries))) goto out;
   h->nspans = nr;
+  if (h->positions && h->positions_cap < h->nentries) {
+    rc = engine_fail(eng, KVC_E_SIZE, "positions of %llu entries need room for as many",
+                     (unsigned long long)h->nentries);
+    goto out;
+  }
+  if (!h->positions) hist_positions(r, nr, h); /* own_positions: even for the sizes */
   if (!h->k && !h->v && !h->mask && !h->spans) goto out; /* sizes only */
   if (!h->k && !h->v) { /* the mask (if asked) and the spans only: a zero-copy view */
     uint64_t mb;
@@ -285,6 +306,7 @@ int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
       if (h->spans) h->spans[i] = (engine_span_t){r[i].s->id, r[i].lo, r[i].first,
                                                   r[i].hi - r[i].lo};
     if (h->mask) hist_mask(c, toks, n, r, h->nentries, h->mask);
+    hist_positions(r, nr, h);
     goto out;
   }
   if ((rc = hist_sizes(eng, &xr, n, nr, h))) goto out;
@@ -298,6 +320,7 @@ int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     lru_touch(eng, r[i].s);
   }
   hist_mask(c, toks, n, r, h->nentries, h->mask);
+  hist_positions(r, nr, h);
   eng->st.gets++;
   eng->st.get_tokens += h->nentries;
   eng->st.bytes_out += h->k_bytes + h->v_bytes + h->mask_bytes;

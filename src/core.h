@@ -162,6 +162,12 @@ struct seq {
   hole_t *holes;       /* sorted, disjoint slots in [start, extent) never written */
   uint32_t nholes, hcap;
   uint32_t slot;       /* per-call scratch: index of its record in the call */
+  /* Positions of its own (doc/attention.md, "Positions are labels"): the
+   * position of slot base * T + i is pos[i], for the cap * T slots the
+   * table can cover (pcap >= cap * T); NULL (the common case): every
+   * slot's position is the slot. A seq_div gives a sequence one. */
+  uint32_t *pos;
+  uint64_t pcap;       /* entries of pos */
   /* The prefix chain (doc/prefix.md): tokens [0, chain_tok) have known ids
    * and were written in order, each under the ids before it, with key
    * chain_key; the first chain_pages pages of them are hashed. Any write

@@ -417,9 +417,12 @@ int engine_prefix_import(engine_t *eng, uint32_t cache_id, const uint32_t *token
                          size_t nin, size_t *imported);
 
 /* ---- attention (attn.c, batch.c, shift.c; doc/attention.md) ---------------
- * Positions are slots: token p of a sequence is slot p. Slots a reservation
- * skips or a shift vacates are holes: gets return zeros for them, history
- * masks them. */
+ * Token p of a sequence lives in slot p, and its position is p until a
+ * seq_div gives the sequence positions of its own (labels: several tokens
+ * may share one). Puts, gets, reservations, leases, remove, punch, trim and
+ * copies address slots; shift and seq_div address positions, the history
+ * view reports them and masks by them. Slots a reservation skips or a shift
+ * vacates are holes: gets return zeros for them, history masks them. */
 
 /* One token of a batch. */
 typedef struct engine_tok {
@@ -460,8 +463,13 @@ typedef struct engine_hist {
   uint64_t mask_bytes;
   engine_span_t *spans;
   size_t spans_cap;
+  int64_t *positions;     /* NULL, or each entry's position (positions_cap of
+                             them, at least nentries: else SIZE) */
+  uint64_t positions_cap;
   uint64_t nentries;
   size_t nspans;
+  bool own_positions;     /* out: a sequence of the view has positions of its
+                             own (else entry first + i of a span is at pos + i) */
 } engine_hist_t;
 
 /* With k and v NULL and the mask or the spans set, only those are written
@@ -478,10 +486,21 @@ int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
 /* llama.cpp's seq_add: moves positions [p0, p1) by delta, re-rotating their
  * keys. Negative p0 or p1 means open (from start, to the end). Slots it
  * vacates become holes; it never overwrites another token (RANGE) nor moves
- * below start (RANGE). NOROPE without a RoPE description, KIND for an
+ * below start (RANGE). On a sequence with positions of its own it changes
+ * the positions in [p0, p1) and moves no slot (RANGE for one below 0). NOROPE without a RoPE description, KIND for an
  * encoder cache; FULL like a put when pages must be copied or added. */
 int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1,
                  int64_t delta);
+
+/* llama.cpp's seq_div: every token of seq_id whose position is in [p0, p1)
+ * (open ends as for shift) gets position pos / d, its key turned by
+ * pos / d - pos; no slot moves (the sequence gets positions of its own).
+ * d 1 changes nothing. INVAL for d < 1, RANGE for p0 > p1, KIND for any
+ * cache but a causal one, NOROPE without a RoPE description (rope_style
+ * NONE: positions change, bytes do not), BUSY, FULL like a put when shared
+ * pages must be copied (all or nothing). */
+int engine_seq_div(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1,
+                   int64_t d);
 
 /* llama.cpp's seq_rm without a shift: positions [p0, p1) stop holding
  * tokens (holes); a range reaching the length truncates as engine_remove.

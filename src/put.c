@@ -20,6 +20,7 @@
 typedef struct target {
   seq_t *s;
   uint32_t old_cap;  /* table capacity before, to undo growth */
+  uint64_t old_pcap; /* entries of its own positions before, likewise */
   bool created;      /* new sequence, in the map but not yet enlisted */
   bool new_layers;   /* layer_len allocated by this call */
   bool new_chain;    /* layer_chain allocated by this call */
@@ -42,6 +43,7 @@ static void put_rollback(engine_t *eng, target_t *t, size_t n) {
       mem_free(&eng->mem, s->layer_chain);
       s->layer_chain = NULL;
     }
+    seq_pos_shrink(eng, s, t[i].old_pcap);
     if (s->cap > t[i].old_cap) {
       if (t[i].old_cap == 0) {
         mem_free(&eng->mem, s->table);
@@ -83,6 +85,7 @@ static int put_target(engine_t *eng, cache_t *c, const layout_xfer_t *r, const e
   }
   t->s = s;
   t->old_cap = s->cap;
+  t->old_pcap = s->pcap;
   s->mark = eng->epoch;
   uint64_t have = seq_range_len(s, r->l0, r->l1);
   if (e->pos < s->start || e->pos > have)
@@ -247,7 +250,10 @@ static void put_commit(engine_t *eng, const engine_put_job_t *j, seq_t *s, const
   const engine_pkey_t *key = &j->key;
   uint64_t end = e->pos + e->ntokens;
   size_t i = (size_t)(e - j->io);
-  if (e->tokens)
+  /* Ids chain tokens at their own slots' positions only: a sequence whose
+   * positions moved below end (a seq_div, a shift of its own positions)
+   * writes them as untokened (doc/attention.md). */
+  if (e->tokens && !(s->pos && seq_pos_first_moved(s) < end))
     prefix_put_tokens(eng, s, e, j->r.l0, j->r.l1, key, j->key_id, j->tags + j->tag0[i],
                       j->tag0[i + 1] - j->tag0[i]);
   else if (e->ntokens) prefix_put_untokened(eng, s, e->pos, end);

@@ -23,6 +23,7 @@ void seq_free(engine_t *eng, seq_t *s) {
   mem_free(&eng->mem, s->layer_len);
   mem_free(&eng->mem, s->layer_chain);
   mem_free(&eng->mem, s->holes);
+  mem_free(&eng->mem, s->pos);
   mem_free(&eng->mem, s);
 }
 
@@ -32,11 +33,58 @@ int seq_reserve(engine_t *eng, seq_t *s, uint64_t n) {
    * written once, whole); a growing one doubles, for appends. */
   uint64_t cap = s->cap ? s->cap * 2 : n;
   if (cap < n) cap = n;
+  /* positions of its own grow first: a table grown alone keeps cap (and
+   * pcap >= cap * T) as they were */
+  uint64_t pcap = s->pcap;
+  if (s->pos && seq_pos_reserve(eng, s, cap << s->cache->g.tshift)) return KVC_E_NOMEM;
   uint32_t *t = mem_realloc(&eng->mem, s->table, cap * sizeof *t);
-  if (!t) return KVC_E_NOMEM;
+  if (!t) {
+    seq_pos_shrink(eng, s, pcap);
+    return KVC_E_NOMEM;
+  }
   s->table = t;
   s->cap = (uint32_t)cap;
   return 0;
+}
+
+int seq_pos_reserve(engine_t *eng, seq_t *s, uint64_t n) {
+  if (n <= s->pcap) return 0;
+  uint32_t *p = mem_realloc(&eng->mem, s->pos, n * sizeof *p);
+  if (!p) return KVC_E_NOMEM;
+  s->pos = p;
+  s->pcap = n;
+  return 0;
+}
+
+void seq_pos_shrink(engine_t *eng, seq_t *s, uint64_t n) {
+  if (!s->pos || n >= s->pcap || n == 0) return;
+  uint32_t *p = mem_realloc(&eng->mem, s->pos, n * sizeof *p);
+  if (!p) return; /* keeps the larger array: still right, only larger */
+  s->pos = p;
+  s->pcap = n;
+}
+
+int seq_pos_own(engine_t *eng, seq_t *s) {
+  if (s->pos) return 0;
+  uint64_t T = s->cache->g.T, n = (uint64_t)(s->cap ? s->cap : 1) * T, b = (uint64_t)s->base * T;
+  if (seq_pos_reserve(eng, s, n)) return KVC_E_NOMEM;
+  for (uint64_t i = 0; i < n; i++) s->pos[i] = (uint32_t)(b + i);
+  return 0;
+}
+
+void seq_pos_drop(engine_t *eng, seq_t *s) {
+  mem_free(&eng->mem, s->pos);
+  s->pos = NULL;
+  s->pcap = 0;
+}
+
+/* Slots [from, to) just became part of the sequence: their positions follow
+ * the last slot's, one a slot (where llama.cpp decodes next: n_past). */
+static void pos_extend(seq_t *s, uint64_t from, uint64_t to) {
+  if (!s->pos || to <= from) return;
+  uint64_t b = (uint64_t)s->base << s->cache->g.tshift;
+  uint64_t next = from > b ? (uint64_t)s->pos[from - 1 - b] + 1 : from;
+  for (uint64_t i = from; i < to; i++) s->pos[i - b] = (uint32_t)(next + (i - from));
 }
 
 void seq_enlist(engine_t *eng, seq_t *s) {
@@ -82,7 +130,7 @@ void seq_release_holes(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
 
 /* Recomputes len and extent from layer_len; frees it once all are equal. */
 static void lengths_settle(engine_t *eng, seq_t *s) {
-  uint64_t lo = UINT64_MAX, hi = 0;
+  uint64_t lo = UINT64_MAX, hi = 0, old = s->extent;
   for (uint32_t l = 0; l < s->cache->g.L; l++) {
     if (s->layer_len[l] < lo) lo = s->layer_len[l];
     if (s->layer_len[l] > hi) hi = s->layer_len[l];
@@ -91,6 +139,7 @@ static void lengths_settle(engine_t *eng, seq_t *s) {
   s->cache->st.tokens = s->cache->st.tokens - s->len + lo;
   s->len = lo;
   s->extent = hi;
+  pos_extend(s, old, hi);
   if (lo == hi) {
     mem_free(&eng->mem, s->layer_len);
     s->layer_len = NULL;
@@ -102,6 +151,7 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
     if (end > s->len) {
       eng->ntokens += end - s->len;
       s->cache->st.tokens += end - s->len;
+      pos_extend(s, s->extent, end);
       s->len = s->extent = end;
     }
     return;
@@ -130,12 +180,18 @@ void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
     uint64_t last = (uint64_t)(s->base + s->ntable - 1) << s->cache->g.tshift;
     seq_release_holes(eng, s, last, last + 1);
   }
+  if (s->extent <= s->start) seq_pos_drop(eng, s); /* empty: slots are positions again */
 }
 
 void seq_trim(engine_t *eng, seq_t *s, uint64_t n) {
   uint32_t nbase = (uint32_t)(n >> s->cache->g.tshift), drop = nbase - s->base;
   for (uint32_t i = 0; i < drop; i++) seq_page_release(eng, s, s->table[i]);
   memmove(s->table, s->table + drop, (s->ntable - drop) * sizeof *s->table);
+  if (s->pos) { /* pos mirrors the table, T entries a page */
+    uint32_t sh = s->cache->g.tshift;
+    memmove(s->pos, s->pos + ((uint64_t)drop << sh),
+            ((uint64_t)(s->ntable - drop) << sh) * sizeof *s->pos);
+  }
   s->ntable -= drop;
   s->base = nbase;
   s->start = n;

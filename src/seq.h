@@ -95,7 +95,31 @@ static inline bool seq_run_next(seq_run_t *r) {
   return true;
 }
 
+/* The position of slot q (doc/attention.md, "Positions are labels"): the
+ * slot itself unless the sequence has positions of its own. */
+static inline uint64_t seq_pos(const seq_t *s, uint64_t q) {
+  return s->pos ? s->pos[q - ((uint64_t)s->base << s->cache->g.tshift)] : q;
+}
+
+/* The first slot of [start, extent) whose position is not the slot, or the
+ * extent. */
+static inline uint64_t seq_pos_first_moved(const seq_t *s) {
+  uint64_t q = s->start;
+  while (q < s->extent && seq_pos(s, q) == q) q++;
+  return q;
+}
+
 seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id);
+/* Makes s->pos hold at least n entries: 0 or KVC_E_NOMEM (no change). */
+int seq_pos_reserve(engine_t *eng, seq_t *s, uint64_t n);
+/* Gives back what seq_pos_reserve grew past n entries (a failed call's
+ * undo). */
+void seq_pos_shrink(engine_t *eng, seq_t *s, uint64_t n);
+/* Gives s positions of its own, each slot's its own number (cap * T of
+ * them): 0 or KVC_E_NOMEM (no change). */
+int seq_pos_own(engine_t *eng, seq_t *s);
+/* Drops s's own positions: slots are positions again. */
+void seq_pos_drop(engine_t *eng, seq_t *s);
 void seq_free(engine_t *eng, seq_t *s);
 /* Makes the table hold at least n entries; 0 or KVC_E_NOMEM (no change). */
 int seq_reserve(engine_t *eng, seq_t *s, uint64_t n);

@@ -67,7 +67,8 @@ int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
  * start and lengths; the table array is dst's from now on. */
 static void share_pages(engine_t *eng, seq_t *dst, const uint32_t *pages, uint32_t *table,
                         uint32_t ntable, uint32_t cap, uint32_t base, uint64_t start,
-                        uint64_t n, hole_t *holes, uint32_t nholes) {
+                        uint64_t n, hole_t *holes, uint32_t nholes, uint32_t *pos,
+                        uint64_t pcap) {
   for (uint32_t i = 0; i < ntable; i++) {
     table[i] = pages[i]; /* an entry with no page is copied as none */
     if (table[i] != POOL_NOPAGE) page_ref(eng, table[i]);
@@ -81,6 +82,9 @@ static void share_pages(engine_t *eng, seq_t *dst, const uint32_t *pages, uint32
   mem_free(&eng->mem, dst->holes);
   dst->holes = holes;
   dst->nholes = dst->hcap = nholes;
+  seq_pos_drop(eng, dst);
+  dst->pos = pos;
+  dst->pcap = pcap;
   dst->rsv_end = 0;
   dst->layer_len = NULL;
   dst->table = table;
@@ -163,8 +167,13 @@ int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_
   while (h0 < src->nholes && src->holes[h0].e <= start) h0++; /* the gaps in [start, n) */
   while (h0 + nh < src->nholes && src->holes[h0 + nh].b < n) nh++;
   hole_t *holes = nh ? mem_alloc(&eng->mem, nh * sizeof *holes) : NULL;
-  if (!table || (nh && !holes)) {
+  /* src's positions of its own come along (the slots' below n) */
+  uint64_t pcap = src->pos && n > start ? (uint64_t)cap << sh : 0, pb = (uint64_t)base << sh;
+  uint32_t *pos = pcap ? mem_alloc(&eng->mem, pcap * sizeof *pos) : NULL;
+  if (!table || (nh && !holes) || (pcap && !pos)) {
     mem_free(&eng->mem, table);
+    mem_free(&eng->mem, holes);
+    mem_free(&eng->mem, pos);
     dst_abandon(eng, c, dst, created, map_cap);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
@@ -173,6 +182,8 @@ int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_
     if (holes[i].b < start) holes[i].b = start;
     if (holes[i].e > n) holes[i].e = n;
   }
+  if (pos)
+    memcpy(pos, src->pos + (pb - ((uint64_t)src->base << sh)), (n - pb) * sizeof *pos);
   /* A page whose slots in [start, n) are all holes for dst is none of dst's
    * (src may still hold tokens in it, past n): dst takes no page for it. */
   for (uint64_t i = 0; i < ntable; i++) {
@@ -184,11 +195,13 @@ int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_
   if (dst->npins && (rc = pin_limit_check(eng, c, table, ntable))) {
     mem_free(&eng->mem, table);
     mem_free(&eng->mem, holes);
+    mem_free(&eng->mem, pos);
     dst_abandon(eng, c, dst, created, map_cap);
     return rc;
   }
   dst_commit(eng, c, dst, created);
-  share_pages(eng, dst, table, table, (uint32_t)ntable, cap, base, start, n, holes, nh);
+  share_pages(eng, dst, table, table, (uint32_t)ntable, cap, base, start, n, holes, nh, pos,
+              pcap);
   /* dst holds src's chain as far as it copied it; a range from p0 > 0 holds
    * none (a chain starts at position 0) */
   if (start == 0) {
@@ -239,7 +252,7 @@ static int attach_pages(engine_t *eng, cache_t *c, uint64_t dst_id, const uint32
     goto fail;
   }
   dst_commit(eng, c, dst, created);
-  share_pages(eng, dst, pages, table, (uint32_t)m, cap, 0, 0, m * c->g.T, NULL, 0);
+  share_pages(eng, dst, pages, table, (uint32_t)m, cap, 0, 0, m * c->g.T, NULL, 0, NULL, 0);
   dst->chain_key = key_id; /* the matched chain, every page of it hashed */
   dst->chain_tok = m * c->g.T;
   dst->chain_pages = (uint32_t)m;

@@ -56,12 +56,14 @@ static void move_mem_free(engine_t *eng, move_mem_t *m) {
   mem_free(&eng->mem, m->f);
 }
 
-/* Moves slots [p0, p1) (p1 <= len) of s by delta, all or nothing. The target
- * may overlap held tokens only where the caller allows it. remove: the slots
- * between the target and p0 are a removed range (shift_remove), dropped
- * with the tail they precede; else they keep their tokens. */
+/* Moves slots [p0, p1) (p1 <= len) of s by delta, all or nothing; their
+ * positions (and keys, when rotate) move by rdelta: delta itself unless s has
+ * positions of its own. The target may overlap held tokens only where the
+ * caller allows it. remove: the slots between the target and p0 are a
+ * removed range (shift_remove), dropped with the tail they precede; else
+ * they keep their tokens. */
 static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t delta,
-                    bool rotate, bool remove) {
+                    int64_t rdelta, bool rotate, bool remove) {
   const cache_t *c = s->cache;
   uint64_t dlo = p0 + (uint64_t)delta, dhi = p1 + (uint64_t)delta, tend = seq_table_end(s);
   move_mem_t m = {0};
@@ -84,7 +86,7 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
     goto out;
   }
   rope_t rp = {0, false, m.cs, m.x, m.f};
-  if (rotate) rope_init(&rp, &c->layout, delta);
+  if (rotate) rope_init(&rp, &c->layout, rdelta);
   room_writable(eng, s, sp.pos, sp.end);
   room_done(eng);
   if (delta < 0)
@@ -95,6 +97,15 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
     for (uint64_t q = p1; q-- > p0;) {
       if (!holes_has(s, q)) slot_copy(eng, s, q, q + (uint64_t)delta, rotate ? &rp : NULL);
     }
+  if (s->pos) { /* the labels move with their slots, by rdelta */
+    uint64_t b = (uint64_t)s->base << c->g.tshift;
+    if (delta < 0)
+      for (uint64_t q = p0; q < p1; q++)
+        s->pos[q + (uint64_t)delta - b] = (uint32_t)((int64_t)s->pos[q - b] + rdelta);
+    else
+      for (uint64_t q = p1; q-- > p0;)
+        s->pos[q + (uint64_t)delta - b] = (uint32_t)((int64_t)s->pos[q - b] + rdelta);
+  }
   prefix_put_untokened(eng, s, dlo, dhi);
   seq_chain_cut(s, p0); /* moved up, the slots they left are holes */
   uint64_t len = s->len;
@@ -152,9 +163,140 @@ int shift_remove(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
   int rc = movable(eng, s, false);
   if (rc) return rc;
   if (b < s->start) b = s->start;
-  rc = relocate(eng, s, e, s->len, -(int64_t)(e - b), s->cache->layout.rope_dims > 0, true);
+  /* With positions of their own, the later tokens take the removed range's
+   * place in positions too: they go down by pos(e) - pos(b), which is
+   * e - b while positions are the slots. */
+  int64_t rdelta = -(int64_t)(e - b);
+  if (s->pos) {
+    rdelta = (int64_t)seq_pos(s, b) - (int64_t)seq_pos(s, e);
+    for (uint64_t q = e; q < s->len; q++) {
+      int64_t np = (int64_t)seq_pos(s, q) + rdelta;
+      if (!holes_has(s, q) && (np < 0 || np >= (int64_t)KVC_MAX_SEQ_TOKENS))
+        return engine_fail(eng, KVC_E_RANGE, "removing [%llu, %llu) of sequence %llu moves "
+                           "the token in slot %llu to position %lld",
+                           (unsigned long long)b, (unsigned long long)e,
+                           (unsigned long long)s->id, (unsigned long long)q, (long long)np);
+    }
+  }
+  rc = relocate(eng, s, e, s->len, -(int64_t)(e - b), rdelta, s->cache->layout.rope_dims > 0,
+                true);
   if (rc == 0) eng->st.removes++;
   return rc;
+}
+
+/* Turns the key of slot q by the rope's delta in every layer. */
+static void slot_rotate(engine_t *eng, const seq_t *s, uint64_t q, const rope_t *rp) {
+  const geom_t *g = &s->cache->g;
+  uint64_t tq = q & (g->T - 1), sr = (uint64_t)g->H * 4;
+  unsigned char *p = pool_page(&eng->pool, s->table[(q >> g->tshift) - s->base]);
+  for (uint32_t l = 0; l < g->L; l++, p += g->layer_bytes)
+    rope_rotate_row(rp, g, s->cache->layout.dtype, p + tq * g->k_row,
+                    g->int8 ? p + g->ks_off + tq * sr : NULL);
+}
+
+/* A token's new position: pos + delta (d 1, a shift) or pos / d (seq_div). */
+static int64_t relabelled(uint64_t pos, int64_t delta, int64_t d) {
+  return d > 1 ? (int64_t)pos / d : (int64_t)pos + delta;
+}
+
+/* Relabels the tokens of s whose positions are in [b, e) (llama.cpp's
+ * seq_add with d 1, its seq_div with d > 1) without moving a slot: each key
+ * turns by its own position change. All or nothing: the pages rewritten are
+ * made unshared first (KVC_E_FULL with figures); a new position outside
+ * [0, KVC_MAX_SEQ_TOKENS) is KVC_E_RANGE. */
+static int relabel(engine_t *eng, seq_t *s, uint64_t b, uint64_t e, int64_t delta, int64_t d) {
+  const cache_t *c = s->cache;
+  uint64_t first = UINT64_MAX, last = 0;
+  for (uint64_t q = s->start; q < s->len; q++) {
+    uint64_t p = seq_pos(s, q);
+    if (p < b || p >= e || holes_has(s, q)) continue;
+    int64_t np = relabelled(p, delta, d);
+    if (np < 0 || np >= (int64_t)KVC_MAX_SEQ_TOKENS)
+      return engine_fail(eng, KVC_E_RANGE, "the token in slot %llu of sequence %llu would "
+                         "move from position %llu to %lld", (unsigned long long)q,
+                         (unsigned long long)s->id, (unsigned long long)p, (long long)np);
+    if (first == UINT64_MAX) first = q;
+    last = q;
+  }
+  if (first == UINT64_MAX || (d == 1 && delta == 0)) return 0;
+  bool rotate = c->layout.rope_dims > 0, made = !s->pos;
+  move_mem_t m = {0};
+  uint32_t dk = c->g.dk;
+  int rc = 0;
+  if (seq_pos_own(eng, s) ||
+      (rotate && (!(m.cs = mem_alloc(&eng->mem, (c->layout.rope_dims + 2) * sizeof *m.cs)) ||
+                  !(m.x = mem_alloc(&eng->mem, dk * sizeof *m.x)) ||
+                  !(m.f = mem_alloc(&eng->mem, dk * sizeof *m.f))))) {
+    rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    goto out;
+  }
+  if (rotate) {
+    eng->epoch++;
+    s->mark = eng->epoch; /* never evicted to make room for itself */
+    span_t sp = {s, first, last + 1};
+    if ((rc = room_make(eng, &sp, 1))) {
+      if (rc == KVC_E_FULL) s->cache->st.full_errors++;
+      goto out;
+    }
+    room_writable(eng, s, first, last + 1);
+    room_done(eng);
+  }
+  rope_t rp = {0, false, m.cs, m.x, m.f};
+  uint64_t pb = (uint64_t)s->base << c->g.tshift;
+  for (uint64_t q = first; q <= last; q++) {
+    uint64_t p = s->pos[q - pb];
+    if (p < b || p >= e || holes_has(s, q)) continue;
+    int64_t np = relabelled(p, delta, d);
+    if (rotate && np != (int64_t)p) {
+      rope_init(&rp, &c->layout, np - (int64_t)p);
+      slot_rotate(eng, s, q, &rp);
+    }
+    s->pos[q - pb] = (uint32_t)np;
+  }
+  /* the bytes (or, without RoPE, what attended to them) are no longer the
+   * prompt's from the first token relabelled */
+  if (rotate) prefix_put_untokened(eng, s, first, last + 1);
+  else seq_chain_cut(s, first);
+  /* pages of holes between first and last were made writable with the
+   * rest: they go back (the plan counted them all the same) */
+  if (rotate) seq_release_holes(eng, s, first, last + 1);
+  lru_touch(eng, s);
+out:
+  if (rc && made) seq_pos_drop(eng, s);
+  move_mem_free(eng, &m);
+  return rc;
+}
+
+/* Checks that s's positions can be divided: a causal cache (window and
+ * chunked caches free and mask by slot ranges), keys described. */
+static int dividable(engine_t *eng, const seq_t *s) {
+  const kvc_layout_t *l = &s->cache->layout;
+  if (l->attn != KVC_ATTN_CAUSAL)
+    return engine_fail(eng, KVC_E_KIND, "seq_div needs a causal cache: cache '%s' is %s, "
+                       "whose freeing and masks go by slot ranges (doc/attention.md)",
+                       s->cache->name, l->attn == KVC_ATTN_ENCODER ? "an encoder cache"
+                       : l->attn == KVC_ATTN_WINDOW ? "a sliding-window cache"
+                                                    : "a chunked cache");
+  return movable(eng, s, true);
+}
+
+int engine_seq_div(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1,
+                   int64_t d) {
+  if (!eng) return KVC_E_INVAL;
+  seq_t *s;
+  uint64_t b, e;
+  int rc = engine_use_seq(eng, cache_id, seq_id, &s);
+  if (rc) return rc;
+  if (d < 1)
+    return engine_fail(eng, KVC_E_INVAL, "divisor %lld: positions divide by 1 or more",
+                       (long long)d);
+  seq_open_range(p0, p1, &b, &e);
+  if (b > e)
+    return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)b,
+                       (unsigned long long)e);
+  if ((rc = dividable(eng, s))) return rc;
+  if (d == 1 || b == e) return 0;
+  return relabel(eng, s, b, e, 0, d);
 }
 
 int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, int64_t p1,
@@ -168,6 +310,7 @@ int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
   if (b > e)
     return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)b,
                        (unsigned long long)e);
+  if (s->pos) return relabel(eng, s, b, e, delta, 1);
   if (b < s->start) b = s->start;
   if (e > s->len) e = s->len;
   if (b >= e || delta == 0) return 0;
@@ -184,7 +327,7 @@ int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
     return engine_fail(eng, KVC_E_RANGE, "shifting [%llu, %llu) by %lld would overwrite "
                        "tokens; remove them first", (unsigned long long)b,
                        (unsigned long long)e, (long long)delta);
-  return relocate(eng, s, b, e, delta, s->cache->layout.rope_dims > 0, false);
+  return relocate(eng, s, b, e, delta, delta, s->cache->layout.rope_dims > 0, false);
 }
 
 
@@ -218,6 +361,15 @@ int engine_pos_range(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t 
   const seq_t *s = hmap_get(&c->seqs, seq_id);
   *pmin = *pmax = -1;
   if (!s) return 0;
+  if (s->pos) {
+    for (uint64_t q = s->start; q < s->len; q++) {
+      if (holes_has(s, q)) continue;
+      int64_t p = (int64_t)seq_pos(s, q);
+      if (*pmin < 0 || p < *pmin) *pmin = p;
+      if (p > *pmax) *pmax = p;
+    }
+    return 0;
+  }
   uint64_t lo = s->start, hi = s->len;
   for (uint32_t i = 0; i < s->nholes && s->holes[i].b <= lo; i++)
     if (s->holes[i].e > lo) lo = s->holes[i].e;

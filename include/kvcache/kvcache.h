@@ -484,7 +484,8 @@ typedef struct kvc_tok {
 KVC_API int kvc_reserve(kvc_cache_t *cache, const kvc_tok_t *toks, size_t n);
 
 /* One sequence's entries of a history: entries [first, first + n) are its
- * positions pos, pos + 1, ... */
+ * slots pos, pos + 1, ... (a lease view's range), and their positions too
+ * unless kvc_hist_t.positions says otherwise (after kvc_seq_div). */
 typedef struct kvc_hist_span {
   uint64_t seq_id;
   uint64_t pos;
@@ -499,6 +500,10 @@ typedef struct kvc_hist {
   uint64_t v_off, v_bytes; /* V likewise */
   uint64_t mask_off, mask_bytes; /* f32 [token][entry]: 0 attend, -inf masked */
   size_t nspans;           /* sequences of the batch (spans filled: min(cap, nspans)) */
+  const int64_t *positions; /* NULL while every sequence's positions are its
+                               slots; else each entry's position (entries of
+                               them), owned by the client, valid until its
+                               next kvc_history or kvc_step */
 } kvc_hist_t;
 
 /* The history the batch toks[0..n) attends to, per layer of x (NULL: all,
@@ -559,10 +564,28 @@ KVC_API int kvc_step(kvc_cache_t *cache, const kvc_xfer_t *x, const kvc_shm_io_t
 
 /* llama.cpp's seq_add: moves positions [p0, p1) by delta, re-rotating their
  * keys; a negative p0 or p1 is open. Vacated slots become holes; it never
- * overwrites a token or moves below the start (KVC_E_RANGE). KVC_E_NOROPE,
+ * overwrites a token or moves below the start (KVC_E_RANGE). After a
+ * kvc_seq_div it changes the positions in [p0, p1) and moves no slot
+ * (KVC_E_RANGE for a position below 0). KVC_E_NOROPE,
  * KVC_E_KIND (encoder caches), KVC_E_FULL. */
 KVC_API int kvc_seq_shift(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1,
                           int64_t delta);
+/* llama.cpp's seq_div (self-extend / group attention): every token of
+ * seq_id whose position is in [p0, p1) (negative = open) gets position
+ * pos / d, its key re-rotated by pos / d - pos; no token moves, so several
+ * may share a position and the next token is decoded below the length:
+ * puts, gets, reservations and leases still address slots (the next token
+ * goes in slot length, at the last token's position + 1), kvc_seq_shift
+ * and kvc_seq_div address positions, kvc_history reports and masks by them
+ * (doc/attention.md, "Positions are labels"). d 1 changes nothing.
+ * KVC_E_INVAL for d < 1, KVC_E_RANGE for p0 > p1 (or a shift that would
+ * leave [0, 2^31)), KVC_E_KIND for any cache but a causal one (window and
+ * chunked caches free and mask by slot ranges; encoder entries have no
+ * positions), KVC_E_NOROPE without a RoPE description (rope_style NONE:
+ * positions change, bytes do not), KVC_E_NOSEQ, KVC_E_FULL
+ * (kvc_client_last_full) when shared pages must be copied first and cannot:
+ * nothing changed. */
+KVC_API int kvc_seq_div(kvc_cache_t *cache, uint64_t seq_id, int64_t p0, int64_t p1, int64_t d);
 /* Punches [p0, p1) out of seq_id (llama.cpp's seq_rm; the wire's Punch, the
  * engine's engine_punch): those positions stop holding tokens and later ones
  * stay where they are, as holes (a range reaching the length truncates).

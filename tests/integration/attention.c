@@ -206,3 +206,108 @@ TEST(attention_reserve_past_a_gap_fits_the_pool_through_the_daemon) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+/* llama.cpp's seq_div through the daemon: a causal RoPE cache (one rotary
+ * pair, frequency 1: a key at position p is (v cos p, v sin p)); the keys
+ * read back are the ones computed at the divided positions; the next token
+ * goes in slot 8 at position 4 (n_past); kvc_history and a step's gathered
+ * and lease views report the positions and mask by them; the errors. */
+TEST(seq_div_through_the_daemon) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = client_open(&d);
+  kvc_layout_t l = win_layout();
+  l.attn = KVC_ATTN_CAUSAL, l.attn_window = l.attn_memory = 0;
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "ga", &l, &h));
+  float k[18], v[9];
+  for (int p = 0; p < 8; p++)
+    k[2 * p] = (float)((p + 1) * cos(p)), k[2 * p + 1] = (float)((p + 1) * sin(p)),
+    v[p] = (float)(p + 1);
+  ASSERT_OK(kvc_put(h, 1, 0, 8, k, v));
+  ASSERT_ERR(kvc_seq_div(h, 1, 2, 8, 0), KVC_E_INVAL);
+  ASSERT_ERR(kvc_seq_div(h, 1, 2, 8, -3), KVC_E_INVAL);
+  ASSERT_ERR(kvc_seq_div(h, 1, 8, 2, 2), KVC_E_RANGE);
+  ASSERT_ERR(kvc_seq_div(h, 9, 2, 8, 2), KVC_E_NOSEQ);
+  ASSERT_ERR(kvc_seq_div(NULL, 1, 2, 8, 2), KVC_E_INVAL);
+  ASSERT_OK(kvc_seq_div(h, 1, 2, 8, 1)); /* nothing */
+  /* self-extend's three calls, ga_n 2 and ga_w 4 at ga_i 2 (ib 0) */
+  ASSERT_OK(kvc_seq_shift(h, 1, 2, 8, 0));
+  ASSERT_OK(kvc_seq_div(h, 1, 2, 6, 2));      /* 2 3 4 5 -> 1 1 2 2 */
+  ASSERT_OK(kvc_seq_shift(h, 1, 6, 8, -2));   /* 6 7 -> 4 5 */
+  const int64_t want[9] = {0, 1, 1, 1, 2, 2, 4, 5, 6};
+  int64_t lo, hi;
+  ASSERT_OK(kvc_seq_pos_range(h, 1, &lo, &hi));
+  ASSERT_EQ(lo, 0);
+  ASSERT_EQ(hi, 5);
+  float gk[16], gv[8];
+  ASSERT_OK(kvc_get(h, 1, 0, 8, gk, gv));
+  for (int q = 0; q < 8; q++) {
+    double p = (double)want[q], a = q + 1;
+    if (fabs(gk[2 * q] - a * cos(p)) > 1e-4 * a || fabs(gk[2 * q + 1] - a * sin(p)) > 1e-4 * a ||
+        gv[q] != v[q])
+      TEST_FAIL_("slot %d: K (%g, %g) V %g, expected the key at position %g", q,
+                 (double)gk[2 * q], (double)gk[2 * q + 1], (double)gv[q], p);
+  }
+  /* the next token: slot 8 (the length), at position 6 (the last + 1) */
+  kvc_tok_t t = {1, 8};
+  ASSERT_OK(kvc_reserve(h, &t, 1));
+  ASSERT_OK(kvc_put(h, 1, 8, 1, (const float[]){9, 0}, (const float[]){9}));
+  kvc_tok_t bt[2] = {{1, 3}, {1, 8}};
+  kvc_hist_t hv;
+  kvc_hist_span_t sp[1];
+  ASSERT_OK(kvc_history(h, NULL, bt, 2, &hv, sp, 1));
+  ASSERT_U64_EQ(hv.entries, 9);
+  ASSERT_U64_EQ(sp[0].pos, 0);
+  ASSERT(hv.positions != NULL);
+  void *base;
+  uint64_t bytes;
+  kvc_client_shm(c, &base, &bytes);
+  const float *m = (const float *)((char *)base + hv.mask_off);
+  for (int j = 0; j < 9; j++) {
+    ASSERT_EQ(hv.positions[j], want[j]);
+    ASSERT(m[j] == (want[j] <= 1 ? 0 : X));     /* slot 3, position 1: slots 0..3 */
+    ASSERT(m[9 + j] == 0);                      /* slot 8, position 6: all */
+  }
+  /* a step writes the next token (slot 9, position 7) and returns the view */
+  float *sk = (float *)base, *svv = sk + 2;
+  sk[0] = 10, sk[1] = 0, svv[0] = 10;
+  kvc_shm_io_t e = {.seq_id = 1, .pos = 9, .ntokens = 1, .k_off = 0, .v_off = 8};
+  kvc_hist_span_t ssp[1];
+  kvc_lease_t *ls[1];
+  kvc_step_t st = {.view = KVC_VIEW_GATHER, .out_off = bytes / 2, .out_len = bytes / 2,
+                   .spans = ssp, .spans_cap = 1};
+  ASSERT_OK(kvc_step(h, NULL, &e, 1, &st));
+  ASSERT_U64_EQ(st.hist.entries, 10);
+  ASSERT(st.hist.positions != NULL);
+  for (int j = 0; j < 9; j++) ASSERT_EQ(st.hist.positions[j], want[j]);
+  ASSERT_EQ(st.hist.positions[9], 7);
+  e.pos = 10, sk[0] = 11;
+  st = (kvc_step_t){.view = KVC_VIEW_LEASE, .out_off = bytes / 2, .out_len = bytes / 2,
+                    .spans = ssp, .spans_cap = 1, .leases = ls, .leases_cap = 1};
+  ASSERT_OK(kvc_step(h, NULL, &e, 1, &st));
+  ASSERT_U64_EQ(st.hist.entries, 11);
+  ASSERT(st.hist.positions != NULL);
+  ASSERT_EQ(st.hist.positions[10], 8);
+  ASSERT_EQ(st.hist.positions[5], 2);
+  ASSERT_OK(kvc_lease_release(ls[0]));
+  /* an undivided sequence's view has no positions list */
+  ASSERT_OK(kvc_put(h, 2, 0, 2, k, v));
+  kvc_tok_t t2 = {2, 1};
+  ASSERT_OK(kvc_history(h, NULL, &t2, 1, &hv, NULL, 0));
+  ASSERT(hv.positions == NULL);
+  /* kinds: a window cache refuses, a cache without RoPE cannot turn keys */
+  kvc_layout_t wl = win_layout(), pl = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *w, *p;
+  ASSERT_OK(kvc_cache_open(c, "win", &wl, &w));
+  ASSERT_OK(kvc_put(w, 1, 0, 2, k, v));
+  ASSERT_ERR(kvc_seq_div(w, 1, 0, 2, 2), KVC_E_KIND);
+  ASSERT_OK(kvc_cache_open(c, "plain", &pl, &p));
+  float pk[4 * 64 * 2] = {0}, pv[4 * 64 * 2] = {0};
+  ASSERT_OK(kvc_put(p, 1, 0, 4, pk, pv));
+  ASSERT_ERR(kvc_seq_div(p, 1, 0, 4, 2), KVC_E_NOROPE);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=seq_div}", NULL), 8);
+  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=seq_div}", NULL), 6);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}

@@ -10,7 +10,10 @@
 
 #define NTOK 64 /* 4 pages; 64 tokens x 2 layers x 2 heads x 64 floats x 4 B = 64 KiB */
 
-static const char *const offload_args[] = {"--offload-bytes", "16KiB", NULL};
+/* Offloaded beside another client whatever the gaps between requests (the
+ * default sends a large copy to the threads only while small requests come). */
+static const char *const offload_args[] = {"--offload-bytes", "16KiB", "--offload-quiet-us", "0",
+                                           NULL};
 
 static void put_seq(kvc_cache_t *h, uint64_t seq, uint64_t n, uint32_t salt) {
   kvc_layout_t l = it_layout(KVC_DTYPE_F32);
@@ -190,6 +193,97 @@ TEST(offload_put_stores_the_same_bytes) {
   kvc_client_close(b);
   kvc_client_close(a);
   daemon_stop(&d);
+}
+
+/* A client alone: a get or put of 512 KiB or more is split between the loop
+ * and the copy threads within its request; the bytes are the same, a
+ * failing one changes nothing, and beside a second client it goes to the
+ * threads instead. */
+TEST(offload_client_alone_splits_within_its_request) {
+  static const char *const args[] = {"--offload-threads", "2", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  kvc_client_t *a = client_open(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(a, "split", &l, &h));
+  const uint64_t n = 1024; /* 1 MiB: two shares, a layer each */
+  size_t nk = it_tok_floats(&l, false) * n, nv = it_tok_floats(&l, true) * n;
+  float *k = malloc(nk * 4), *v = malloc(nv * 4), *gk = malloc(nk * 4), *gv = malloc(nv * 4);
+  for (uint32_t round = 0; round < 6; round++) {
+    uint64_t s = 1 + round % 2;
+    it_fill_f32(k, v, &l, s, 0, n, round);
+    ASSERT_OK(kvc_put(h, s, 0, n, k, v));
+    memset(gk, 0, nk * 4), memset(gv, 0, nv * 4);
+    ASSERT_OK(kvc_get(h, s, 0, n, gk, gv));
+    ASSERT_MEM_EQ(gk, k, nk * 4);
+    ASSERT_MEM_EQ(gv, v, nv * 4);
+  }
+  ASSERT_U64_EQ(stat_get(a, "split_copies_total", NULL), 12);
+  ASSERT_U64_EQ(stat_get(a, "offloaded_puts_total", NULL), 0);
+  ASSERT_U64_EQ(stat_get(a, "offloaded_gets_total", NULL), 0);
+  /* Refused before anything is copied: not split, nothing changed. */
+  ASSERT_ERR(kvc_put(h, 9, 5, n, k, v), KVC_E_RANGE);
+  ASSERT_ERR(kvc_get(h, 1, 0, n + 1, gk, gv), KVC_E_RANGE);
+  ASSERT_U64_EQ(stat_get(a, "split_copies_total", NULL), 12);
+  ASSERT_U64_EQ(stat_get(a, "sequences", NULL), 2);
+  /* Beside another client the copy goes to the threads. */
+  kvc_client_t *b = client_open(&d);
+  ASSERT_OK(kvc_get(h, 2, 0, n, gk, gv));
+  ASSERT_MEM_EQ(gk, k, nk * 4);
+  ASSERT_U64_EQ(stat_get(a, "offloaded_gets_total", NULL), 1);
+  ASSERT_U64_EQ(stat_get(a, "split_copies_total", NULL), 12);
+  free(k), free(v), free(gk), free(gv);
+  kvc_client_close(b);
+  kvc_client_close(a);
+  daemon_stop(&d);
+}
+
+/* Beside other clients, a large copy goes to the copy threads only while
+ * small requests keep coming (within offload_quiet_us): with a window of
+ * 1 us, two clients putting and getting 1 MiB and nothing else have theirs
+ * split by the loop and the threads; with one of a minute, after a ping,
+ * they go to the threads; 0 keeps them on the threads. */
+static void quiet_run(const char *quiet_us, uint64_t *split, uint64_t *threads) {
+  const char *const args[] = {"--offload-threads", "2", "--offload-quiet-us", quiet_us, NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  kvc_client_t *a = client_open(&d), *b = client_open(&d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *ha, *hb;
+  ASSERT_OK(kvc_cache_open(a, "quiet", &l, &ha));
+  ASSERT_OK(kvc_cache_open(b, "quiet", &l, &hb));
+  const uint64_t n = 1024; /* 1 MiB */
+  size_t nk = it_tok_floats(&l, false) * n, nv = it_tok_floats(&l, true) * n;
+  float *k = malloc(nk * 4), *v = malloc(nv * 4), *gk = malloc(nk * 4), *gv = malloc(nv * 4);
+  ASSERT_OK(kvc_ping(b));
+  for (uint32_t i = 0; i < 4; i++) {
+    kvc_cache_t *h = i % 2 ? hb : ha;
+    it_fill_f32(k, v, &l, 1 + i, 0, n, i);
+    ASSERT_OK(kvc_put(h, 1 + i, 0, n, k, v));
+    ASSERT_OK(kvc_get(h, 1 + i, 0, n, gk, gv));
+    ASSERT_MEM_EQ(gk, k, nk * 4);
+    ASSERT_MEM_EQ(gv, v, nv * 4);
+  }
+  *split = stat_get(a, "split_copies_total", NULL);
+  *threads = stat_get(a, "offloaded_puts_total", NULL) + stat_get(a, "offloaded_gets_total", NULL);
+  free(k), free(v), free(gk), free(gv);
+  kvc_client_close(b);
+  kvc_client_close(a);
+  daemon_stop(&d);
+}
+
+TEST(offload_beside_others_threads_only_while_small_requests_come) {
+  uint64_t split, threads;
+  quiet_run("1", &split, &threads);
+  ASSERT_U64_EQ(split, 8);
+  ASSERT_U64_EQ(threads, 0);
+  quiet_run("60000000", &split, &threads);
+  ASSERT_U64_EQ(split, 0);
+  ASSERT_U64_EQ(threads, 8);
+  quiet_run("0", &split, &threads);
+  ASSERT_U64_EQ(split, 0);
+  ASSERT_U64_EQ(threads, 8);
 }
 
 /* A client of its own in a thread: one call that may park. */

@@ -266,6 +266,53 @@ TEST(rings_ring_and_socket_mixed_on_one_connection) {
   daemon_stop(&d);
 }
 
+/* A request through a polled ring runs between two frames of a socket
+ * connection's turn (ring_preempt), not after the turn: a socket client
+ * pipelines 4,000 pings, run in one turn here (no frame or time budget);
+ * once its first reply is back, a ring client pings. The pass can miss the
+ * turn (the ring client's thread comes late, or the poll loop backed off and
+ * the ping came through the doorbell): tried up to 30 times, it must happen. */
+TEST(rings_request_runs_between_a_socket_turns_frames) {
+  static const char *const args[] = {"--frames-per-turn", "65536", "--turn-us", "0",
+                                     "--turn-bytes", "1GiB", "--ring-poll-us", "100000", NULL};
+  enum { NPINGS = 4000 };
+  daemon_t d;
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  int fd = it_connect_raw(d.sock);
+  raw_hello(fd, KVC_PROTOCOL_VERSION);
+  Kvcache__V1__Response *resp = raw_reply(fd);
+  ASSERT(resp && resp->status == KVCACHE__V1__STATUS__OK);
+  kvcache__v1__response__free_unpacked(resp, NULL);
+  static uint8_t pings[NPINGS * 8];
+  for (int i = 0; i < NPINGS; i++)
+    memcpy(pings + 8 * i, (uint8_t[]){4, 0, 0, 0, 0x08, 0x02, 0x1a, 0x00}, 8);
+  uint64_t preempts = 0;
+  int tries = 0;
+  while (tries < 30 && preempts == 0) {
+    tries++;
+    ASSERT_OK(kvc_ping(c)); /* the ring is polled from its reply on */
+    raw_send(fd, pings, sizeof pings);
+    resp = raw_reply(fd);
+    ASSERT(resp && resp->status == KVCACHE__V1__STATUS__OK);
+    kvcache__v1__response__free_unpacked(resp, NULL);
+    ASSERT_OK(kvc_ping(c));
+    for (int i = 1; i < NPINGS; i++) { /* every ping is answered, in order */
+      resp = raw_reply(fd);
+      ASSERT(resp && resp->status == KVCACHE__V1__STATUS__OK && resp->id == 2);
+      kvcache__v1__response__free_unpacked(resp, NULL);
+    }
+    preempts = stat_get(c, "ring_preempts_total", NULL);
+  }
+  fprintf(stderr, "ring passes inside a socket turn after %d tries: %llu\n", tries,
+          (unsigned long long)preempts);
+  ASSERT(preempts > 0);
+  ASSERT_U64_EQ(stat_get(c, "requests_total{op=ping}", NULL), (uint64_t)tries * (NPINGS + 2));
+  close(fd);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
+
 /* Once the daemon stops polling a ring (it says so: sq_wakeup), a request
  * there wakes it through the doorbell; with ring_poll_us 0 every request
  * does. */
@@ -318,7 +365,7 @@ TEST(rings_sleeping_client_woken_by_the_futex) {
   ASSERT(mkfifo(path, 0600) == 0);
   snprintf(genv, sizeof genv, "KVCACHED_TEST_OFFLOAD_GATE=%s", gdir);
   const char *env[] = {genv, NULL};
-  static const char *const args[] = {"--offload-bytes", "16KiB", NULL};
+  static const char *const args[] = {"--offload-bytes", "16KiB", "--offload-quiet-us", "0", NULL};
   daemon_t d;
   daemon_start_full(&d, NULL, args, env);
   /* On the socket: the only futex wake is the one this test waits for. */

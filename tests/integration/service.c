@@ -65,6 +65,39 @@ TEST(service_units_pass_systemd_analyze_verify) {
   rmdir_all(dir);
 }
 
+/* The network drop-in (systemd/kvcached-network.conf, for the cluster tier,
+ * a tcp:// event endpoint or a metrics port): the unit with it verifies, it
+ * gives the network back (systemd-analyze security reads drop-ins beside the
+ * unit), keeps an IP allow list, and the exposure stays at most 2.0. */
+TEST(service_network_drop_in_lifts_the_network_only) {
+  if (!have_tool("systemd-analyze")) TEST_SKIP("systemd-analyze not installed (make deps)");
+  static char out[32768];
+  char dir[64];
+  tmpdir(dir, sizeof dir);
+  install_prefix(dir);
+  ASSERT_EQ(it_sh(out, sizeof out,
+                  "mkdir -p %s/u/kvcached.service.d && cp %s/usr/lib/systemd/system/kvcached.* %s/u/ "
+                  "&& cp %s/usr/share/doc/kvcached/kvcached-network.conf "
+                  "%s/u/kvcached.service.d/network.conf",
+                  dir, dir, dir, dir, dir), 0);
+  ASSERT_EQ(it_sh(out, sizeof out, "systemd-analyze verify --man=no '%s/u/kvcached.socket' "
+                                   "'%s/u/kvcached.service'", dir, dir), 0);
+  for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
+    if (strstr(line, "kvcached") && !strstr(line, "user") && !strstr(line, "User"))
+      TEST_FAIL_("systemd-analyze verify with the drop-in: %s", line);
+  ASSERT_EQ(it_sh(out, sizeof out, "systemd-analyze security --offline=true --no-pager "
+                                   "'%s/u/kvcached.service'", dir), 0);
+  ASSERT(strstr(out, "Service has access to the host's network") != NULL);
+  ASSERT(strstr(out, "Service may allocate Internet sockets") != NULL);
+  ASSERT(strstr(out, "Service blocks all IP address ranges") == NULL);
+  ASSERT(strstr(out, "Service cannot allocate packet sockets") != NULL); /* the rest stays */
+  const char *p = strstr(out, "Overall exposure level for kvcached.service: ");
+  if (!p) TEST_FAIL_("no overall exposure in: %s", out);
+  double exposure = atof(p + strlen("Overall exposure level for kvcached.service: "));
+  if (exposure > 2.0) TEST_FAIL_("exposure with the drop-in %.1f > 2.0:\n%s", exposure, out);
+  rmdir_all(dir);
+}
+
 TEST(service_security_exposure_at_most_2) {
   if (!have_tool("systemd-analyze")) TEST_SKIP("systemd-analyze not installed (make deps)");
   static char out[32768];

@@ -418,3 +418,43 @@ TEST(allocfail_attach_pin_new_owner_frees_the_pin_once) {
   ASSERT_EQ(engine_unpin_all(w.f.eng, 77), 1);
   sweep_close(&w);
 }
+
+/* ---- positions of a sequence's own (seq_div) ------------------------------------------ */
+
+/* sweep_open's sequences in a RoPE cache; seq 2 shares 1's first pages. */
+static void sweep_open_rope(sweep_t *w, uint64_t npages) {
+  kvc_layout_t l = fx_small_layout();
+  l.rope_dims = 4;
+  l.rope_theta = 10000;
+  fx_open(&w->f, &l, npages);
+  ASSERT_OK(fx_put(&w->f, 1, 0, 10, 0));
+  ASSERT_OK(engine_copy_prefix(w->f.eng, w->f.cid, 1, 2, 6));
+  ASSERT_OK(fx_put(&w->f, 3, 0, 5, 0));
+  uint64_t ids[] = {1, 2, 3, 4, 5, 6, 7};
+  memcpy(w->seqs, ids, sizeof ids);
+  w->nseqs = 7;
+}
+
+static int op_div_shared(sweep_t *w) { return engine_seq_div(w->f.eng, w->f.cid, 2, 1, -1, 2); }
+static int op_copy_divided(sweep_t *w) { return engine_copy_prefix(w->f.eng, w->f.cid, 3, 6, 5); }
+static int op_put_divided(sweep_t *w) { return fx_put(&w->f, 3, 5, 9, 2); }
+
+/* A div that copies shared pages and makes its positions, a copy of a
+ * divided sequence, an append that grows one's table: every failure leaves
+ * everything as it was (heap bytes included). */
+TEST(allocfail_seq_div_copy_and_append) {
+  sweep_t w;
+  sweep_open_rope(&w, 16);
+  ASSERT(sweep_run(&w, op_div_shared) >= 3);
+  int64_t lo, hi;
+  ASSERT_OK(engine_pos_range(w.f.eng, w.f.cid, 2, &lo, &hi));
+  ASSERT_EQ(hi, 2); /* 5 / 2 */
+  ASSERT_OK(engine_seq_div(w.f.eng, w.f.cid, 3, 0, -1, 2));
+  ASSERT(sweep_run(&w, op_copy_divided) >= 1);
+  ASSERT_OK(engine_pos_range(w.f.eng, w.f.cid, 6, &lo, &hi));
+  ASSERT_EQ(hi, 2);
+  ASSERT(sweep_run(&w, op_put_divided) >= 1);
+  ASSERT_OK(engine_pos_range(w.f.eng, w.f.cid, 3, &lo, &hi));
+  ASSERT_EQ(hi, 11); /* 2, then 3 .. 11 */
+  sweep_close(&w);
+}

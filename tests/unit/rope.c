@@ -189,3 +189,72 @@ TEST(rope_llama3_and_yarn_scaling_shift_equals_direct_rotation) {
   ASSERT_ERR(engine_cache_open(f.eng, "bad", &l, &id), KVC_E_ROPE);
   fx_close(&f);
 }
+
+/* The key in slot q (token q of put_keys) must be the key computed at
+ * position want[q]. */
+static void expect_slot_keys(fx_t *f, const rcase_t *rc, uint64_t seq, const uint64_t *want) {
+  static float k[NL][NTOK][NH][DK], v[NL][NTOK][NH][DV];
+  engine_io_t io = {.seq_id = seq, .pos = 0, .ntokens = NTOK, .k = k, .v = v,
+                    .k_bytes = sizeof k, .v_bytes = sizeof v};
+  engine_xfer_t x = {0, 0, 0, 0, KVC_DTYPE_F32, NULL};
+  ASSERT_OK(engine_get(f->eng, f->cid, &x, &io, 1));
+  for (uint32_t l = 0; l < NL; l++)
+    for (uint64_t q = 0; q < NTOK; q++)
+      for (uint32_t h = 0; h < NH; h++) {
+        double w[DK], mx = 0;
+        base_key(l, q, h, w);
+        ref_rotate(rc, (double)want[q], w);
+        for (uint32_t d = 0; d < DK; d++) mx = fmax(mx, fabs(w[d]));
+        for (uint32_t d = 0; d < DK; d++)
+          if (fabs(k[l][q][h][d] - w[d]) > rc->tol * mx)
+            TEST_FAIL_("dtype %d style %d: layer %u slot %" PRIu64 " at position %" PRIu64
+                       " dim %u: K %.9g, expected %.9g", (int)rc->dt, (int)rc->style, l, q,
+                       want[q], d, (double)k[l][q][h][d], w[d]);
+        for (uint32_t d = 0; d < DV; d++)
+          if (v[l][q][h][d] != fx_val(9, l, q, h, d, 1, 1) / 64 && rc->dt == KVC_DTYPE_F32)
+            TEST_FAIL_("V of slot %" PRIu64 " changed", q);
+      }
+}
+
+/* seq_div(4, -1, 3) then seq_add(7, -1, 2): every key equals the key
+ * computed directly at its new position (pos / d, then + 2), each token
+ * turned by its own delta, in every dtype and both styles. */
+static void run_div_case(const rcase_t *rc) {
+  kvc_layout_t l = fx_layout(NL, NH, DK, DV, rc->dt, 4);
+  l.rope_dims = DIMS;
+  l.rope_style = rc->style;
+  l.rope_theta = rc->theta ? (float)rc->theta : 10000;
+  l.rope_scale = rc->scale;
+  l.rope_scaling = rc->scaling;
+  l.rope_lo = rc->lo;
+  l.rope_hi = rc->hi;
+  l.rope_orig_ctx = rc->ctx;
+  fx_t f;
+  fx_open(&f, &l, 32);
+  put_keys(&f, rc, 0);
+  ASSERT_OK(engine_seq_div(f.eng, f.cid, 0, 4, -1, 3));
+  uint64_t want[NTOK];
+  for (uint64_t q = 0; q < NTOK; q++) want[q] = q < 4 ? q : q / 3;
+  expect_slot_keys(&f, rc, 0, want);
+  FX_AUDIT(f.eng);
+  /* positions 7.. are none now (the highest is 11 / 3 = 3): nothing moves */
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 7, -1, 2));
+  expect_slot_keys(&f, rc, 0, want);
+  /* [3, 4) are slots 3, 9, 10, 11 */
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 3, 4, 2));
+  for (uint64_t q = 0; q < NTOK; q++) want[q] += want[q] == 3 ? 2 : 0;
+  expect_slot_keys(&f, rc, 0, want);
+  fx_close(&f);
+}
+
+TEST(rope_seq_div_equals_direct_rotation_all_dtypes_both_styles) {
+  const rcase_t cases[] = {
+      {KVC_DTYPE_F32, KVC_ROPE_NEOX, 0, 1e-5},   {KVC_DTYPE_F32, KVC_ROPE_GPTJ, 0, 1e-5},
+      {KVC_DTYPE_F64, KVC_ROPE_NEOX, 0, 1e-6},   {KVC_DTYPE_F64, KVC_ROPE_GPTJ, 2, 1e-6},
+      {KVC_DTYPE_F16, KVC_ROPE_NEOX, 0, 4e-3},   {KVC_DTYPE_F16, KVC_ROPE_GPTJ, 0, 4e-3},
+      {KVC_DTYPE_BF16, KVC_ROPE_NEOX, 0, 3e-2},  {KVC_DTYPE_BF16, KVC_ROPE_GPTJ, 4, 3e-2},
+      {KVC_DTYPE_INT8, KVC_ROPE_NEOX, 0, 3.0 / 127}, {KVC_DTYPE_INT8, KVC_ROPE_GPTJ, 0, 3.0 / 127},
+      {KVC_DTYPE_F32, KVC_ROPE_NEOX, 16, 1e-5, KVC_ROPE_SCALE_YARN, 10000, 1, 32, 64},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_div_case(&cases[i]);
+}

@@ -154,7 +154,7 @@ class Cache(_kvcache.Cache):
         """The cache's Layout (page_tokens filled in)."""
         return Layout._fromtuple(self._layout)
 
-    def history(self, toks, dtype=None, layers=None, copy=True):
+    def history(self, toks, dtype=None, layers=None, copy=True, positions=False):
         """The history the batch toks attends to: (K, V, mask, spans).
 
         toks: a sequence of (seq, pos) (or an [n, 2] int64 array), the tokens
@@ -162,12 +162,14 @@ class Cache(_kvcache.Cache):
         (V likewise) in the cache's float dtype or f32 (int8 caches: f32;
         bf16 as uint16 bits), gathered in position order per sequence; mask
         is f32 [len(toks), entries] (0 attend, -inf masked) for the cache's
-        attention kind; spans lists (seq, pos, first, n) per sequence. With
-        copy=False the arrays are views of client.shm, valid until the
-        client's next call.
+        attention kind; spans lists (seq, pos, first, n) per sequence (pos:
+        its first slot). With copy=False the arrays are views of client.shm,
+        valid until the client's next call. With positions=True a fifth
+        element: each entry's position (int64 array), which after seq_div
+        differs from its slot (the mask goes by positions).
         """
         (entries, k_off, k_bytes, v_off, v_bytes, m_off, m_bytes, dname,
-         spans) = self._history(toks, dtype=dtype, layers=layers)
+         spans, pos) = self._history(toks, dtype=dtype, layers=layers)
         np = _np()
         lay = self._layout
         nl = (layers[1] - layers[0]) if layers else lay[0]
@@ -182,10 +184,12 @@ class Cache(_kvcache.Cache):
         v = arr(v_off, v_bytes, (nl, entries, lay[1], lay[3]), dt)
         n = m_bytes // 4 // entries if entries else 0
         mask = arr(m_off, m_bytes, (n, entries), np.dtype("float32"))
+        if positions:
+            return k, v, mask, spans, _entry_positions(entries, spans, pos)
         return k, v, mask, spans
 
     def step(self, entries, view="lease", out=None, no_mask=False, dtype=None, layers=None,
-             copy=False):
+             copy=False, positions=False):
         """One decode (or prefill) step in one round trip, all or nothing.
 
         entries: as put_shm's, (seq, pos, n, k_off, v_off, ...), the batch's
@@ -199,7 +203,8 @@ class Cache(_kvcache.Cache):
         out: (offset, length) of client.shm where the view lands; default
         from the end of the last entry's region to the end of the buffer.
         With copy=False (the default) gathered arrays are views of
-        client.shm, valid until the client's next call.
+        client.shm, valid until the client's next call. With positions=True
+        the tuple ends with each entry's position (as history's).
         """
         views = {None: 0, "none": 0, "lease": 1, "gather": 2}
         if view not in views:
@@ -217,7 +222,8 @@ class Cache(_kvcache.Cache):
         if raw is None:
             return None
         (n_entries, k_off, k_bytes, v_off, v_bytes, m_off, m_bytes, dname, spans,
-         leases) = raw
+         leases, pos) = raw
+        extra = (_entry_positions(n_entries, spans, pos),) if positions else ()
         np = _np()
         shm = self.client.shm
 
@@ -228,13 +234,24 @@ class Cache(_kvcache.Cache):
         ntok = m_bytes // 4 // n_entries if n_entries else 0
         mask = arr(m_off, m_bytes, (ntok, n_entries), np.dtype("float32")) if m_bytes else None
         if view == "lease":
-            return leases, mask, spans
+            return (leases, mask, spans) + extra
         lay = self._layout
         nl = (layers[1] - layers[0]) if layers else lay[0]
         dt = np.dtype(_NP_DTYPES[dname])
         k = arr(k_off, k_bytes, (nl, n_entries, lay[1], lay[2]), dt)
         v = arr(v_off, v_bytes, (nl, n_entries, lay[1], lay[3]), dt)
-        return k, v, mask, spans
+        return (k, v, mask, spans) + extra
+
+
+def _entry_positions(entries, spans, raw):
+    """Each entry's position: the reply's, or each span's slots."""
+    np = _np()
+    if raw is not None:
+        return np.frombuffer(raw, np.int64).copy()
+    out = np.empty(entries, np.int64)
+    for (_seq, pos, first, n) in spans:
+        out[first:first + n] = np.arange(pos, pos + n, dtype=np.int64)
+    return out
 
 
 class Lease(_kvcache.Lease):

@@ -760,6 +760,14 @@ static PyObject *cache_reserve(cache_t *ca, PyObject *args) {
 /* The raw history: (entries, k_off, k_bytes, v_off, v_bytes, mask_off,
  * mask_bytes, dtype, [(seq, pos, first, n)]); kvcache.Cache.history makes
  * the arrays. */
+/* A view's per-entry positions as bytes of int64, or None when they are
+ * the spans' slots (no sequence of the view has positions of its own). */
+static PyObject *positions_obj(const kvc_hist_t *h) {
+  if (!h->positions) Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize((const char *)h->positions,
+                                   (Py_ssize_t)(h->entries * sizeof *h->positions));
+}
+
 static PyObject *cache_history_raw(cache_t *ca, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"toks", "dtype", "layers", NULL};
   PyObject *o, *dtype = Py_None, *layers = Py_None;
@@ -793,9 +801,13 @@ static PyObject *cache_history_raw(cache_t *ca, PyObject *args, PyObject *kw) {
         if (!s || PyList_Append(sl, s) < 0) Py_CLEAR(sl);
         Py_XDECREF(s);
       }
-      if (sl)
-        ret = Py_BuildValue("(KKKKKKKsN)", h.entries, h.k_off, h.k_bytes, h.v_off, h.v_bytes,
-                            h.mask_off, h.mask_bytes, dtype_name(get_dtype(ca, x.dtype)), sl);
+      PyObject *pos = sl ? positions_obj(&h) : NULL;
+      if (sl && pos)
+        ret = Py_BuildValue("(KKKKKKKsNN)", h.entries, h.k_off, h.k_bytes, h.v_off, h.v_bytes,
+                            h.mask_off, h.mask_bytes, dtype_name(get_dtype(ca, x.dtype)), sl,
+                            pos);
+      else
+        Py_XDECREF(sl);
     }
   }
   PyMem_Free(spans);
@@ -859,10 +871,11 @@ static PyObject *cache_step_raw(cache_t *ca, PyObject *args, PyObject *kw) {
     if (!l || PyList_Append(ll, l) < 0) Py_CLEAR(ll);
     Py_XDECREF(l);
   }
-  if (sl && ll)
-    ret = Py_BuildValue("(KKKKKKKsOO)", st.hist.entries, st.hist.k_off, st.hist.k_bytes,
+  PyObject *pos = sl && ll ? positions_obj(&st.hist) : NULL;
+  if (pos)
+    ret = Py_BuildValue("(KKKKKKKsOON)", st.hist.entries, st.hist.k_off, st.hist.k_bytes,
                         st.hist.v_off, st.hist.v_bytes, st.hist.mask_off, st.hist.mask_bytes,
-                        dtype_name(get_dtype(ca, x.dtype)), sl, ll);
+                        dtype_name(get_dtype(ca, x.dtype)), sl, ll, pos);
 out:
   for (size_t i = 0; view == KVC_VIEW_LEASE && leases && i < cap; i++)
     if (leases[i]) kvc_lease_release_later(leases[i]);
@@ -933,6 +946,14 @@ static PyObject *cache_shift(cache_t *ca, PyObject *args) {
   long long p0, p1, delta;
   if (!PyArg_ParseTuple(args, "O&LLL:shift", pykvc_u64, &seq, &p0, &p1, &delta)) return NULL;
   CALL_(kvc_seq_shift(ca->h, seq, p0, p1, delta));
+  Py_RETURN_NONE;
+}
+
+static PyObject *cache_seq_div(cache_t *ca, PyObject *args) {
+  unsigned long long seq;
+  long long p0, p1, d;
+  if (!PyArg_ParseTuple(args, "O&LLL:seq_div", pykvc_u64, &seq, &p0, &p1, &d)) return NULL;
+  CALL_(kvc_seq_div(ca->h, seq, p0, p1, d));
   Py_RETURN_NONE;
 }
 
@@ -1352,6 +1373,9 @@ static PyMethodDef cache_methods[] = {
     M_("shift", cache_shift, METH_VARARGS,
        "shift(seq, p0, p1, delta)\n\nMoves positions [p0, p1) by delta, keys re-rotated "
        "(negative p0/p1: open)."),
+    M_("seq_div", cache_seq_div, METH_VARARGS,
+       "seq_div(seq, p0, p1, d)\n\nllama.cpp's seq_div: positions in [p0, p1) (negative: open) "
+       "become pos // d, keys re-rotated; no token moves (self-extend). d >= 1."),
     M_("punch", cache_punch, METH_VARARGS,
        "punch(seq, p0, p1)\n\nPunches [p0, p1) out as holes; never moves a token."),
     M_("keep", cache_keep, METH_VARARGS, "keep(seq)\n\nDrops every other sequence of the cache."),

@@ -600,3 +600,53 @@ def test_stubs_and_docstrings_cover_everything_public():
               conn.KVConnector.save_layer, conn.KVConnector.load_layer,
               conn.KVConnector.num_cached_tokens, conn.KVConnector.finish):
         assert f.__doc__
+
+
+def _neox(k, pos, theta=10000.0):
+    """k [L, n, H, D] turned to positions pos (NeoX pairs i, i + D/2)."""
+    half = D // 2
+    freq = theta ** (-2.0 * np.arange(half) / D)
+    ang = np.asarray(pos, np.float64)[None, :, None, None] * freq
+    a, b = k[..., :half].astype(np.float64), k[..., half:].astype(np.float64)
+    return np.concatenate([a * np.cos(ang) - b * np.sin(ang),
+                           a * np.sin(ang) + b * np.cos(ang)], axis=-1)
+
+
+def test_seq_div_self_extend_positions_and_keys(client):
+    """llama.cpp's seq_div: positions in [p0, p1) become pos // d, each key
+    turned to its new position; the next token goes in the next slot at the
+    last position + 1; history reports the positions and masks by them."""
+    c = client.open_cache("div", layout(rope_dims=D))
+    base, v = kv(12, 7)
+    c.put(1, 0, _neox(base, np.arange(12)).astype(np.float32), v)
+    with pytest.raises(kvcache.InvalError):
+        c.seq_div(1, 0, 12, 0)
+    with pytest.raises(kvcache.RangeError):
+        c.seq_div(1, 8, 4, 2)
+    with pytest.raises(kvcache.NoseqError):
+        c.seq_div(9, 0, 4, 2)
+    # self-extend, ga_n 2, ga_w 8 at ga_i 0: seq_add(0, 12, 0), seq_div(0, 8, 2),
+    # seq_add(8, 12, -4)
+    c.shift(1, 0, 12, 0)
+    c.seq_div(1, 0, 8, 2)
+    c.shift(1, 8, 12, -4)
+    want = [q // 2 for q in range(8)] + [4, 5, 6, 7]
+    assert c.pos_range(1) == (0, 7)
+    gk, gv = c.get(1, 0, 12)
+    assert np.allclose(gk, _neox(base, want), atol=1e-4) and np.array_equal(gv, v)
+    k1, v1 = kv(1, 8)
+    c.reserve([(1, 12)])
+    c.put(1, 12, k1, v1)
+    want.append(8)
+    _, _, mask, spans, pos = c.history([(1, 5), (1, 12)], positions=True)
+    assert list(pos) == want and spans == [(1, 0, 0, 13)]
+    assert [m == 0 for m in mask[0]] == [p <= want[5] for p in want]  # slot 5 at 2: 0..5
+    assert (mask[1] == 0).all()
+    # an undivided sequence: the positions are its slots
+    c.put(2, 0, *kv(3, 9))
+    *_, pos2 = c.history([(2, 2)], positions=True)
+    assert list(pos2) == [0, 1, 2]
+    w = client.open_cache("divwin", layout(rope_dims=D, attn="window", window=4))
+    w.put(1, 0, *kv(4))
+    with pytest.raises(kvcache.KindError):
+        w.seq_div(1, 0, 4, 2)
