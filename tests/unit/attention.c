@@ -844,3 +844,21 @@ TEST(audit_checks_entries_with_no_page) {
   FX_AUDIT(f.eng);
   fx_close(&f);
 }
+
+/* seq_div relabels the tokens around a page of holes: it rewrites the
+ * pages holding them and gives back the one it made writable in between. */
+TEST(seq_div_over_pages_of_holes_keeps_them_pageless) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 2, 8);
+  sc_step(&f, 2, A(0, 0), A(0, 1), F(1, 2));
+  sc_step(&f, 2, A(0, 0), A(6, 7), F(7, 8)); /* pages 1, 2: holes only */
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  ASSERT_OK(engine_seq_div(f.eng, f.cid, 0, 0, -1, 2));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  int64_t lo, hi;
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 0, &lo, &hi));
+  ASSERT_EQ(lo, 0);
+  ASSERT_EQ(hi, 3); /* 7 / 2 */
+  fx_close(&f);
+}
