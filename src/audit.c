@@ -178,12 +178,22 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
   if (!s->npins && (!s->node.next || !s->node.prev))
     return bad(why, len, "seq %llu: unpinned but not on the LRU", id);
   if (s->npins && s->node.next) return bad(why, len, "seq %llu: pinned but on the LRU", id);
+  uint32_t held = 0;
   for (uint32_t i = 0; i < s->ntable; i++) {
     uint32_t page = s->table[i];
+    if (page == POOL_NOPAGE) { /* no page: only where every slot is a hole */
+      if (!seq_page_is_hole(s, s->base + i))
+        return bad(why, len, "seq %llu: page %llu has no page but holds tokens", id,
+                   (unsigned long long)(s->base + i));
+      continue;
+    }
     if (page >= eng->pool.npages) return bad(why, len, "seq %llu: page %u out of pool", id, page);
     refs[page]++;
+    held++;
     if (s->npins) pins[page]++;
   }
+  if (held != s->npages)
+    return bad(why, len, "seq %llu: %u pages in its table, %u counted", id, held, s->npages);
   return 0;
 }
 
@@ -310,7 +320,7 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
       if (rc == 0) rc = audit_chain(eng, s, why, why_len);
       cseqs++;
       ctokens += s->len;
-      cpages += s->ntable;
+      cpages += s->npages;
       npinned += s->npins > 0;
     }
     if (rc == 0 && (cseqs != c->st.sequences || ctokens != c->st.tokens || cpages != c->st.pages))

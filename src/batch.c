@@ -108,11 +108,13 @@ static void rsv_apply(engine_t *eng, rec_t *x, const span_t *sp) {
   seq_t *s = x->s;
   if (x->created) seq_enlist(eng, s);
   room_writable(eng, s, sp->pos, sp->end);
-  if (x->lo > s->len) { /* the slots skipped are holes */
-    holes_add(s, s->len, x->lo);
-    seq_set_lengths(eng, s, 0, s->cache->g.L, x->lo);
-  }
   if (x->hi > s->rsv_end) s->rsv_end = x->hi;
+  if (x->lo > s->len) { /* the slots skipped are holes: whole pages of them hold none */
+    uint64_t len = s->len;
+    holes_add(s, len, x->lo);
+    seq_set_lengths(eng, s, 0, s->cache->g.L, x->lo);
+    seq_release_holes(eng, s, len, x->lo);
+  }
   lru_touch(eng, s);
 }
 
@@ -141,7 +143,9 @@ int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, s
   rc = rsv_group(eng, c, toks, n, r, &nr);
   for (size_t i = 0; rc == 0 && i < nr; i++) {
     seq_t *s = r[i].s;
-    sp[i] = (span_t){s, r[i].lo < s->len ? r[i].lo : s->len, r[i].hi};
+    /* Only the batch's slots need pages: a gap before them (lo past the
+     * length) becomes holes, its whole pages table entries with none. */
+    sp[i] = (span_t){s, r[i].lo, r[i].hi};
     if (seq_reserve(eng, s, seq_pages_for(s, r[i].hi)) || holes_reserve(eng, s, 1))
       rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
@@ -208,8 +212,10 @@ static void hist_gather(engine_t *eng, const cache_t *c, const copy_plan_t *plan
   for (uint64_t pos = x->lo; pos < x->hi;) {
     uint64_t idx = pos >> g->tshift, pstart = idx << g->tshift;
     uint64_t cnt = (pstart + g->T < x->hi ? pstart + g->T : x->hi) - pos;
-    const unsigned char *page = pool_page(&eng->pool, s->table[idx - s->base]);
-    copy_out(plan, page, pos - pstart, x->first + pos - x->lo, cnt, h->k, h->v, NULL, NULL);
+    uint32_t page = s->table[idx - s->base];
+    if (page != POOL_NOPAGE) /* else all holes: zeroed below */
+      copy_out(plan, pool_page(&eng->pool, page), pos - pstart, x->first + pos - x->lo, cnt,
+               h->k, h->v, NULL, NULL);
     pos += cnt;
   }
   for (uint32_t i = 0; i < s->nholes; i++) {

@@ -16,7 +16,8 @@
  *                       page_quota[page] = i of the tenant it counts against
  *
  *   seq: start, len, extent, table[0..ntable) = pages of logical pages
- *        base .. base+ntable-1 (base = start / T after trim_front)
+ *        base .. base+ntable-1 (base = start / T after trim_front); an
+ *        entry is POOL_NOPAGE where every slot of its page is a hole
  */
 #ifndef KVC_CORE_H
 #define KVC_CORE_H
@@ -145,9 +146,11 @@ struct seq {
   uint64_t len;        /* tokens written for every layer */
   uint64_t extent;     /* largest written length of any layer */
   uint32_t *layer_len; /* per-layer written length, NULL: all equal len */
-  uint32_t *table;     /* block table: pages of logical pages base.. */
+  uint32_t *table;     /* block table: pages of logical pages base..; POOL_NOPAGE
+                          for a page every slot of which is a hole (seq.h) */
   uint32_t base;       /* logical page of table[0] */
   uint32_t ntable;     /* entries used */
+  uint32_t npages;     /* entries that hold a page (not POOL_NOPAGE) */
   uint32_t cap;        /* entries allocated */
   uint32_t npins;      /* owners pinning it (hard and soft) */
   pin_t *pins;

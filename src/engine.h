@@ -573,7 +573,9 @@ void engine_get_run_part(const engine_get_job_t *job, unsigned part, unsigned np
 void engine_get_end(engine_t *eng, engine_get_job_t *job);
 
 /* Page bytes for zero-copy readers: the pool offset of a sequence's page
- * holding position pos. For the daemon's lease path. */
+ * holding position pos. For the daemon's lease path. KVC_E_RANGE outside
+ * [start, extent), or for a slot of a page that is all holes (it has no
+ * page: doc/attention.md). */
 int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t pos,
                        uint64_t *offset);
 

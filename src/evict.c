@@ -111,7 +111,7 @@ static bool under_floor(const engine_t *eng, const plan_t *pl, const lru_node_t 
   if (q == pl->by) return false;
   uint64_t floor = quota_lim(eng, q)->min_pages;
   if (!floor) return false;
-  uint64_t victim = n->kind == LRU_SEQ ? SEQ_OF(n)->ntable : 1;
+  uint64_t victim = n->kind == LRU_SEQ ? SEQ_OF(n)->npages : 1;
   return q->use.pages < floor + q->plan_freed + victim;
 }
 
@@ -134,6 +134,7 @@ static void plan_seq(engine_t *eng, plan_t *pl, const evict_need_t *nd, seq_t *s
   pool_t *p = &eng->pool;
   s->planned = true;
   for (uint32_t i = 0; i < s->ntable; i++) {
+    if (s->table[i] == POOL_NOPAGE) continue; /* all holes: nothing to free */
     uint32_t page = s->table[i], v = ++p->plan[page], held = v & PLAN_MASK;
     if (v & PLAN_COW) {
       if (held == p->refcnt[page] - writers_of(nd, page)) pl->need--; /* copy lapses */
@@ -175,7 +176,8 @@ static void plan_clear(engine_t *eng, plan_t *pl) {
       if (n->kind == LRU_SEQ && SEQ_OF(n)->planned) {
         seq_t *s = SEQ_OF(n);
         s->planned = false;
-        for (uint32_t i = 0; i < s->ntable; i++) eng->pool.plan[s->table[i]] &= PLAN_COW;
+        for (uint32_t i = 0; i < s->ntable; i++)
+          if (s->table[i] != POOL_NOPAGE) eng->pool.plan[s->table[i]] &= PLAN_COW;
       }
       if (n == pl->last && !pl->two_walks) break; /* two walks: each list whole */
     }

@@ -71,8 +71,10 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     copy_plan_init(&plan, g, c->layout.dtype, r.l0, r.l1 - r.l0, r.h0, r.h1 - r.h0, r.bt,
                    e->ntokens);
     for (seq_run_t run = seq_run(g, e->pos, e->pos + e->ntokens); seq_run_next(&run);) {
-      const unsigned char *page = pool_page(&eng->pool, s->table[run.idx - s->base]);
-      copy_out(&plan, page, run.off, run.done, run.n, e->k, e->v, e->k_scale, e->v_scale);
+      uint32_t page = s->table[run.idx - s->base];
+      if (page != POOL_NOPAGE) /* else all holes: zeroed below */
+        copy_out(&plan, pool_page(&eng->pool, page), run.off, run.done, run.n, e->k, e->v,
+                 e->k_scale, e->v_scale);
     }
     zero_ctx_t z = {&plan, e};
     holes_within(s, e->pos, e->pos + e->ntokens, zero_now, &z);
@@ -174,14 +176,17 @@ int engine_get_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     io[i] = *e;
     copy_plan_init(&plans[i], &j->g, c->layout.dtype, r.l0, r.l1 - r.l0, r.h0, r.h1 - r.h0,
                    r.bt, e->ntokens);
-    for (seq_run_t run = seq_run(g, e->pos, e->pos + e->ntokens); seq_run_next(&run); k++) {
-      pages[k] = s->table[run.idx - s->base];
-      j->chunks[k] = (chunk_t){pool_page(&eng->pool, pages[k]), run.off, run.done, run.n,
-                               (uint32_t)i};
+    for (seq_run_t run = seq_run(g, e->pos, e->pos + e->ntokens); seq_run_next(&run);) {
+      uint32_t page = s->table[run.idx - s->base];
+      if (page == POOL_NOPAGE) continue; /* all holes: a zero run covers it */
+      pages[k] = page;
+      j->chunks[k++] = (chunk_t){pool_page(&eng->pool, page), run.off, run.done, run.n,
+                                 (uint32_t)i};
     }
   }
+  j->nchunks = k;
   if (get_job_holes(eng, c, j, entries)) goto nomem;
-  if (!(j->lease = lease_pages(eng, pages, (uint32_t)nchunks, g->page_bytes))) goto nomem;
+  if (!(j->lease = lease_pages(eng, pages, (uint32_t)k, g->page_bytes))) goto nomem;
   mem_free(&eng->mem, pages);
   for (size_t i = 0; i < n; i++) get_count(eng, c, hmap_get(&c->seqs, entries[i].seq_id), &entries[i]);
   *job = j;

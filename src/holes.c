@@ -30,6 +30,15 @@ bool holes_has(const seq_t *s, uint64_t pos) {
   return false;
 }
 
+bool holes_cover(const hole_t *h, uint32_t n, uint64_t b, uint64_t e) {
+  for (uint32_t i = 0; i < n && b < e; i++) { /* apart: one range covers [b, e) or none */
+    if (h[i].e <= b) continue;
+    if (h[i].b > b) return false;
+    b = h[i].e;
+  }
+  return b >= e;
+}
+
 void holes_cut(seq_t *s, uint64_t b, uint64_t e) {
   if (b >= e) return;
   for (uint32_t i = 0; i < s->nholes; i++) {

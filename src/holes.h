@@ -12,6 +12,8 @@ int holes_reserve(engine_t *eng, seq_t *s, uint32_t k);
 void holes_add(seq_t *s, uint64_t b, uint64_t e);
 void holes_cut(seq_t *s, uint64_t b, uint64_t e);
 bool holes_has(const seq_t *s, uint64_t pos);
+/* Whether ranges h[0..n) (sorted, apart) cover every slot of [b, e). */
+bool holes_cover(const hole_t *h, uint32_t n, uint64_t b, uint64_t e);
 /* Slots [b, e) move by delta: the target range's holes are replaced by the
  * moved ones (tmp: room for nholes ranges; reserve nholes + 2 first). */
 void holes_move(seq_t *s, uint64_t b, uint64_t e, int64_t delta, hole_t *tmp);

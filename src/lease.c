@@ -67,6 +67,13 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
   uint64_t first = begin >> g->tshift, last = (end - 1) >> g->tshift;
   uint32_t n = (uint32_t)(last - first + 1);
   const uint32_t *pages = s->table + (first - s->base);
+  /* So each page of the range holds a token: none is an entry without a
+   * page (all holes, seq.h); checked all the same, before anything changes. */
+  for (uint32_t i = 0; i < n; i++)
+    if (pages[i] == POOL_NOPAGE)
+      return engine_fail(eng, KVC_E_RANGE, "lease of [%llu, %llu): page %llu holds no token",
+                         (unsigned long long)begin, (unsigned long long)end,
+                         (unsigned long long)(first + i));
   bool fresh = !eng->lease_ref; /* made by this call: a failed one keeps nothing */
   if (fresh && !(eng->lease_ref = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->lease_ref)))
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");

@@ -6,9 +6,10 @@
 #include "core.h"
 
 /* The token metadata of page, or NULL (also before any put carried ids: the
- * per-page arrays are allocated on first use). */
+ * per-page arrays are allocated on first use, and for POOL_NOPAGE, a table
+ * entry with no page). */
 static inline ipage_t *page_meta(const engine_t *eng, uint32_t page) {
-  return eng->ip ? eng->ip[page] : NULL;
+  return eng->ip && page != POOL_NOPAGE ? eng->ip[page] : NULL;
 }
 /* Allocates the per-page metadata arrays if not yet; 0 or NOMEM. */
 int page_meta_arrays(engine_t *eng);

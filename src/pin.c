@@ -42,17 +42,19 @@ void pin_release(engine_t *eng, pin_t *p) {
   seq_t *s = p->seq;
   pin_unlink(eng, p);
   if (--s->npins == 0) {
-    for (uint32_t i = 0; i < s->ntable; i++) page_unpin(eng, s->table[i]);
+    for (uint32_t i = 0; i < s->ntable; i++)
+      if (s->table[i] != POOL_NOPAGE) page_unpin(eng, s->table[i]);
     eng->nseqs_pinned--;
     lru_insert(eng, s); /* unpinned: the most recently used */
   }
   s->last_use_ms = eng->now_ms;
 }
 
-/* Pages of s not yet pinned by anyone: what pinning s adds to the pool's. */
+/* Pages of s not yet pinned by anyone: what pinning s adds to the pool's
+ * (an entry with no page adds none). */
 static uint64_t unpinned_pages(const engine_t *eng, const uint32_t *pages, uint64_t n) {
   uint64_t k = 0;
-  for (uint64_t i = 0; i < n; i++) k += eng->pool.pinref[pages[i]] == 0;
+  for (uint64_t i = 0; i < n; i++) k += pages[i] != POOL_NOPAGE && eng->pool.pinref[pages[i]] == 0;
   return k;
 }
 
@@ -103,7 +105,8 @@ void pin_commit(engine_t *eng, seq_t *s, pin_prep_t *pp, uint64_t ttl_ms) {
   if (s->npins++ == 0) {
     lru_remove(s);
     eng->nseqs_pinned++;
-    for (uint32_t i = 0; i < s->ntable; i++) page_pin(eng, s->table[i]);
+    for (uint32_t i = 0; i < s->ntable; i++)
+      if (s->table[i] != POOL_NOPAGE) page_pin(eng, s->table[i]);
   }
   s->last_use_ms = eng->now_ms;
   eng->st.pins++;

@@ -477,7 +477,8 @@ static void pages_dirty(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
   if (pos < (uint64_t)s->base << g->tshift) pos = (uint64_t)s->base << g->tshift;
   for (uint64_t idx = pos >> g->tshift; (idx << g->tshift) < end && idx - s->base < s->ntable;
        idx++) {
-    ipage_t *ip = page_meta(eng, s->table[idx - s->base]);
+    uint32_t page = s->table[idx - s->base];
+    ipage_t *ip = page == NOPAGE ? NULL : page_meta(eng, page); /* NOPAGE: all holes */
     if (ip && !ip->indexed) ip->hashed = false; /* an indexed page is never written */
   }
 }
@@ -494,7 +495,7 @@ static bool hash_one(engine_t *eng, seq_t *s, uint64_t idx, const engine_pkey_t 
   cache_t *c = s->cache;
   if (idx < s->base || (idx > 0 && idx - 1 < s->base)) return false; /* trimmed */
   uint32_t page = s->table[idx - s->base];
-  ipage_t *ip = page_meta(eng, page);
+  ipage_t *ip = page == NOPAGE ? NULL : page_meta(eng, page);
   if (!ip) return false;
   uint8_t parent[32], h[32];
   uint32_t parent_page = NOPAGE, iparent = NOPAGE; /* the parent in the index */

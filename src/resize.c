@@ -135,7 +135,7 @@ int engine_pool_shrink(engine_t *eng, uint64_t pool_bytes, engine_shrink_t *out)
     seq_t *s;
     while (c && (s = hmap_next(&c->seqs, &pos, NULL)))
       for (uint32_t i = 0; i < s->ntable; i++)
-        if (s->table[i] >= m) s->table[i] = map[s->table[i] - m];
+        if (s->table[i] >= m && s->table[i] != NOPAGE) s->table[i] = map[s->table[i] - m];
   }
   for (uint64_t q = 0; eng->ip && q < m; q++)
     if (eng->ip[q] && eng->ip[q]->parent != NOPAGE && eng->ip[q]->parent >= m)

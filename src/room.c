@@ -11,19 +11,21 @@
 #include "seq.h"
 
 /* Calls fn(eng, page, arg) for every page of s's table that slots
- * [pos, end) of the span fall in; returns how many pages they need past it. */
+ * [pos, end) of the span fall in; returns how many new pages they need: past
+ * the table, or at an entry with no page (all holes until now). */
 uint64_t room_pages(engine_t *eng, const span_t *sp, void (*fn)(engine_t *, uint32_t, void *),
                     void *arg) {
   if (sp->end <= sp->pos) return 0;
   const seq_t *s = sp->s;
   uint32_t sh = s->cache->g.tshift;
-  uint64_t past = 0;
+  uint64_t fresh = 0;
   for (uint64_t idx = sp->pos >> sh; idx <= (sp->end - 1) >> sh; idx++) {
     uint64_t rel = idx - s->base;
-    if (rel < s->ntable) fn(eng, s->table[rel], arg);
-    else past++;
+    uint32_t page = rel < s->ntable ? s->table[rel] : POOL_NOPAGE;
+    if (page != POOL_NOPAGE) fn(eng, page, arg);
+    else fresh++;
   }
-  return past;
+  return fresh;
 }
 
 /* Notes a shared page the call writes (one more writer). */
@@ -49,18 +51,22 @@ static void clear_note(engine_t *eng, uint32_t page, void *arg) {
   eng->pool.plan[page] = 0;
 }
 
-/* The page for logical page idx of s, allocated or copied so s owns it. */
+/* The page for logical page idx of s, allocated or copied so s owns it. A
+ * page allocated for an entry that had none holds stale bytes in its other
+ * slots: those are holes (or past the length), which nothing reads. */
 uint32_t room_page_for_write(engine_t *eng, seq_t *s, uint64_t idx) {
   pool_t *p = &eng->pool;
   uint64_t rel = idx - s->base;
   const geom_t *g = &s->cache->g;
-  if (rel == s->ntable) {
-    uint32_t page = page_alloc(eng, s->cache);
-    s->table[s->ntable++] = page;
+  /* Past the table: the pages in between hold only holes (a gap). */
+  while (s->ntable <= rel) s->table[s->ntable++] = POOL_NOPAGE;
+  uint32_t page = s->table[rel];
+  if (page == POOL_NOPAGE) {
+    page = page_alloc(eng, s->cache);
+    s->table[rel] = page;
     seq_page_add(eng, s, page);
     return page;
   }
-  uint32_t page = s->table[rel];
   if (p->refcnt[page] == 1) return page;
   uint32_t copy = page_alloc(eng, s->cache); /* copy on write: the other holders keep page */
   memcpy(pool_page(p, copy), pool_page(p, page), g->page_bytes);

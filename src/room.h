@@ -11,7 +11,8 @@ typedef struct span {
   uint64_t pos, end;
 } span_t;
 
-/* Calls fn for every page of the span's table; returns the pages past it. */
+/* Calls fn for every page of the span's table; returns the new pages the
+ * span needs (past the table, or entries with no page: POOL_NOPAGE). */
 uint64_t room_pages(engine_t *eng, const span_t *sp, void (*fn)(engine_t *, uint32_t, void *),
                     void *arg);
 /* Plans the new pages and copies on write the spans (of one cache) need and
@@ -20,7 +21,8 @@ uint64_t room_pages(engine_t *eng, const span_t *sp, void (*fn)(engine_t *, uint
  * room_done. */
 int room_make(engine_t *eng, const span_t *sp, size_t n);
 void room_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
-/* The page for logical page idx of s, allocated or copied so s owns it. */
+/* The page for logical page idx of s, allocated or copied so s owns it;
+ * entries between the table's end and idx become POOL_NOPAGE (a gap). */
 uint32_t room_page_for_write(engine_t *eng, seq_t *s, uint64_t idx);
 void room_done(engine_t *eng);
 

@@ -96,14 +96,36 @@ void seq_enlist(engine_t *eng, seq_t *s) {
 }
 
 void seq_page_add(engine_t *eng, seq_t *s, uint32_t page) {
+  if (page == POOL_NOPAGE) return;
   if (s->npins) page_pin(eng, page);
+  s->npages++;
   s->cache->st.pages++;
 }
 
 void seq_page_release(engine_t *eng, seq_t *s, uint32_t page) {
+  if (page == POOL_NOPAGE) return;
   if (s->npins) page_unpin(eng, page);
+  s->npages--;
   s->cache->st.pages--;
   page_unref(eng, s->cache, page, s->node.prio);
+}
+
+bool seq_page_is_hole(const seq_t *s, uint64_t idx) {
+  uint64_t T = s->cache->g.T, b = idx * T, e = b + T, end = seq_table_end(s);
+  return holes_cover(s->holes, s->nholes, b > s->start ? b : s->start, e < end ? e : end);
+}
+
+void seq_release_holes(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
+  if (!s->nholes || b >= e) return;
+  uint32_t sh = s->cache->g.tshift;
+  uint64_t idx = b >> sh, last = (e - 1) >> sh;
+  if (idx < s->base) idx = s->base;
+  for (; idx <= last && idx - s->base < s->ntable; idx++) {
+    uint32_t *t = &s->table[idx - s->base];
+    if (*t == POOL_NOPAGE || !seq_page_is_hole(s, idx)) continue;
+    seq_page_release(eng, s, *t);
+    *t = POOL_NOPAGE;
+  }
 }
 
 /* Recomputes len and extent from layer_len; frees it once all are equal. */
@@ -154,6 +176,10 @@ void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
   }
   uint64_t keep = seq_pages_for(s, s->extent);
   while (s->ntable > keep) seq_page_release(eng, s, s->table[--s->ntable]);
+  if (s->ntable) { /* the last page may hold only holes below the new end */
+    uint64_t last = (uint64_t)(s->base + s->ntable - 1) << s->cache->g.tshift;
+    seq_release_holes(eng, s, last, last + 1);
+  }
   if (s->extent <= s->start) seq_pos_drop(eng, s); /* empty: slots are positions again */
 }
 
@@ -170,6 +196,7 @@ void seq_trim(engine_t *eng, seq_t *s, uint64_t n) {
   s->base = nbase;
   s->start = n;
   holes_cut(s, 0, n);
+  seq_release_holes(eng, s, n, n + 1); /* its first page may hold only holes from n */
 }
 
 void seq_drop(engine_t *eng, seq_t *s) {
@@ -201,9 +228,11 @@ void seq_info_fill(const engine_t *eng, const seq_t *s, kvc_seq_info_t *out) {
   out->start = s->start;
   out->length = s->len;
   out->extent = s->extent;
-  out->pages = s->ntable;
+  out->pages = s->npages;
   for (uint32_t i = 0; i < s->ntable; i++) {
-    uint32_t page = s->table[i], holders = eng->pool.refcnt[page];
+    uint32_t page = s->table[i];
+    if (page == POOL_NOPAGE) continue;
+    uint32_t holders = eng->pool.refcnt[page];
     if (page_meta(eng, page) && page_meta(eng, page)->indexed) holders--; /* the index is no sharer */
     if (holders > 1) out->shared_pages++;
   }

@@ -1,5 +1,14 @@
 /* seq.h: a sequence's block table, lengths and page references (seq.c),
- * and the walks over its pages every transfer shares. */
+ * and the walks over its pages every transfer shares.
+ *
+ * An entry of the table is POOL_NOPAGE when every slot of its page is a
+ * hole (doc/attention.md): a gap of whole pages costs no pool page.
+ *
+ *   T = 4, len 14, holes {[2, 11)}       slots 0..3  4..7  8..11 12..15
+ *   table [p3, NOPAGE, p5, p8]                 t t . . . . . .  . . . t  t t
+ *
+ * A walker of the table skips such entries: they hold no reference, no
+ * pin, and nothing to read (a hole reads as zeros). */
 #ifndef KVC_SEQ_H
 #define KVC_SEQ_H
 
@@ -118,9 +127,17 @@ int seq_reserve(engine_t *eng, seq_t *s, uint64_t n);
 void seq_enlist(engine_t *eng, seq_t *s);
 /* Unlinks and frees a sequence: pages unreferenced, pins released. */
 void seq_drop(engine_t *eng, seq_t *s);
-/* Adds / removes a page reference of s, keeping pins and gauges right. */
+/* Adds / removes a page reference of s, keeping pins and gauges right;
+ * POOL_NOPAGE (an entry with no page) is no reference: nothing happens. */
 void seq_page_add(engine_t *eng, seq_t *s, uint32_t page);
 void seq_page_release(engine_t *eng, seq_t *s, uint32_t page);
+/* Whether every slot of logical page idx that s spans ([start, table end))
+ * is a hole: the only pages whose entry may be POOL_NOPAGE. */
+bool seq_page_is_hole(const seq_t *s, uint64_t idx);
+/* Releases the pages among those overlapping slots [b, e) that have become
+ * all holes (seq_page_is_hole): their entries become POOL_NOPAGE. A write
+ * there later allocates the page again, through room.c like any new page. */
+void seq_release_holes(engine_t *eng, seq_t *s, uint64_t b, uint64_t e);
 /* Sets per-layer lengths for layers [l0, l1) to at least end; layer_len must
  * already exist when the range is not every layer or lengths differ. */
 void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t end);

@@ -57,6 +57,7 @@ int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
   if (holes_reserve(eng, s, 1)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   holes_add(s, b, e);
   seq_chain_cut(s, b);
+  seq_release_holes(eng, s, b, e); /* a page left all holes goes back to the pool */
   lru_touch(eng, s);
   eng->st.removes++;
   return 0;
@@ -69,8 +70,8 @@ static void share_pages(engine_t *eng, seq_t *dst, const uint32_t *pages, uint32
                         uint64_t n, hole_t *holes, uint32_t nholes, uint32_t *pos,
                         uint64_t pcap) {
   for (uint32_t i = 0; i < ntable; i++) {
-    table[i] = pages[i];
-    page_ref(eng, table[i]);
+    table[i] = pages[i]; /* an entry with no page is copied as none */
+    if (table[i] != POOL_NOPAGE) page_ref(eng, table[i]);
     seq_page_add(eng, dst, table[i]);
   }
   for (uint32_t i = 0; i < dst->ntable; i++) seq_page_release(eng, dst, dst->table[i]);
@@ -161,11 +162,6 @@ int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_
   bool created;
   size_t map_cap;
   if ((rc = dst_prepare(eng, c, dst_id, &dst, &created, &map_cap))) return rc;
-  /* A pinned dst pins what it receives: the pin limit and quota apply. */
-  if (dst->npins && (rc = pin_limit_check(eng, c, pages, ntable))) {
-    dst_abandon(eng, c, dst, created, map_cap);
-    return rc;
-  }
   uint32_t cap = ntable ? (uint32_t)ntable : 1;
   uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table), nh = 0, h0 = 0;
   while (h0 < src->nholes && src->holes[h0].e <= start) h0++; /* the gaps in [start, n) */
@@ -188,8 +184,23 @@ int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_
   }
   if (pos)
     memcpy(pos, src->pos + (pb - ((uint64_t)src->base << sh)), (n - pb) * sizeof *pos);
+  /* A page whose slots in [start, n) are all holes for dst is none of dst's
+   * (src may still hold tokens in it, past n): dst takes no page for it. */
+  for (uint64_t i = 0; i < ntable; i++) {
+    uint64_t b = (base + i) << sh, e = b + c->g.T;
+    table[i] = holes_cover(holes, nh, b > start ? b : start, e < n ? e : n) ? POOL_NOPAGE
+                                                                           : pages[i];
+  }
+  /* A pinned dst pins what it receives: the pin limit and quota apply. */
+  if (dst->npins && (rc = pin_limit_check(eng, c, table, ntable))) {
+    mem_free(&eng->mem, table);
+    mem_free(&eng->mem, holes);
+    mem_free(&eng->mem, pos);
+    dst_abandon(eng, c, dst, created, map_cap);
+    return rc;
+  }
   dst_commit(eng, c, dst, created);
-  share_pages(eng, dst, pages, table, (uint32_t)ntable, cap, base, start, n, holes, nh, pos,
+  share_pages(eng, dst, table, table, (uint32_t)ntable, cap, base, start, n, holes, nh, pos,
               pcap);
   /* dst holds src's chain as far as it copied it; a range from p0 > 0 holds
    * none (a chain starts at position 0) */
@@ -293,6 +304,9 @@ int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64
   if (pos < s->start || pos >= s->extent)
     return engine_fail(eng, KVC_E_RANGE, "pos %llu not held", (unsigned long long)pos);
   uint32_t page = s->table[(pos >> s->cache->g.tshift) - s->base];
+  if (page == POOL_NOPAGE)
+    return engine_fail(eng, KVC_E_RANGE, "pos %llu is in a hole of whole pages: no page holds it",
+                       (unsigned long long)pos);
   *offset = (uint64_t)page * eng->pool.page_bytes;
   return 0;
 }

@@ -59,9 +59,11 @@ static void move_mem_free(engine_t *eng, move_mem_t *m) {
 /* Moves slots [p0, p1) (p1 <= len) of s by delta, all or nothing; their
  * positions (and keys, when rotate) move by rdelta: delta itself unless s has
  * positions of its own. The target may overlap held tokens only where the
- * caller allows it. */
+ * caller allows it. remove: the slots between the target and p0 are a
+ * removed range (shift_remove), dropped with the tail they precede; else
+ * they keep their tokens. */
 static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t delta,
-                    int64_t rdelta, bool rotate) {
+                    int64_t rdelta, bool rotate, bool remove) {
   const cache_t *c = s->cache;
   uint64_t dlo = p0 + (uint64_t)delta, dhi = p1 + (uint64_t)delta, tend = seq_table_end(s);
   move_mem_t m = {0};
@@ -78,7 +80,7 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
   }
   eng->epoch++;
   s->mark = eng->epoch; /* never evicted to make room for itself */
-  span_t sp = {s, dlo < tend ? dlo : tend, dhi};
+  span_t sp = {s, dlo, dhi}; /* pages between the table's end and dlo: holes, none */
   if ((rc = room_make(eng, &sp, 1))) {
     if (rc == KVC_E_FULL) s->cache->st.full_errors++;
     goto out;
@@ -108,14 +110,20 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
   seq_chain_cut(s, p0); /* moved up, the slots they left are holes */
   uint64_t len = s->len;
   holes_move(s, p0, p1, delta, m.tmp);
-  if (delta < 0 && p1 == len) {
-    seq_truncate(eng, s, dhi); /* the tail moved down: nothing above it */
+  if (delta < 0 && p1 == len && remove) {
+    seq_truncate(eng, s, dhi); /* the tail moved down over the range removed */
   } else {
     if (delta < 0) holes_add(s, dhi > p0 ? dhi : p0, p1); /* vacated */
     else holes_add(s, p0, dlo < p1 ? dlo : p1);
     if (dlo > len) holes_add(s, len, dlo);
     if (dhi > len) seq_set_lengths(eng, s, 0, c->g.L, dhi);
+    /* The tail moved down: the length ends at the last token (the slots
+     * between the target and p0 keep theirs). */
+    if (delta < 0 && p1 == len && s->nholes && s->holes[s->nholes - 1].e == len)
+      seq_truncate(eng, s, s->holes[s->nholes - 1].b);
   }
+  /* Pages the move left all holes (vacated, or holes moved in) go back. */
+  seq_release_holes(eng, s, dlo < p0 ? dlo : p0, dhi > p1 ? dhi : p1);
   lru_touch(eng, s);
 out:
   move_mem_free(eng, &m);
@@ -170,7 +178,8 @@ int shift_remove(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
                            (unsigned long long)s->id, (unsigned long long)q, (long long)np);
     }
   }
-  rc = relocate(eng, s, e, s->len, -(int64_t)(e - b), rdelta, s->cache->layout.rope_dims > 0);
+  rc = relocate(eng, s, e, s->len, -(int64_t)(e - b), rdelta, s->cache->layout.rope_dims > 0,
+                true);
   if (rc == 0) eng->st.removes++;
   return rc;
 }
@@ -248,6 +257,9 @@ static int relabel(engine_t *eng, seq_t *s, uint64_t b, uint64_t e, int64_t delt
    * prompt's from the first token relabelled */
   if (rotate) prefix_put_untokened(eng, s, first, last + 1);
   else seq_chain_cut(s, first);
+  /* pages of holes between first and last were made writable with the
+   * rest: they go back (the plan counted them all the same) */
+  if (rotate) seq_release_holes(eng, s, first, last + 1);
   lru_touch(eng, s);
 out:
   if (rc && made) seq_pos_drop(eng, s);
@@ -315,7 +327,7 @@ int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
     return engine_fail(eng, KVC_E_RANGE, "shifting [%llu, %llu) by %lld would overwrite "
                        "tokens; remove them first", (unsigned long long)b,
                        (unsigned long long)e, (long long)delta);
-  return relocate(eng, s, b, e, delta, delta, s->cache->layout.rope_dims > 0);
+  return relocate(eng, s, b, e, delta, delta, s->cache->layout.rope_dims > 0, false);
 }
 
 

@@ -813,7 +813,7 @@ typedef struct kvc_tenant_info {
   uint32_t caches;
   uint64_t sequences;
   uint64_t tokens;
-  uint64_t pages;        /* block-table entries of its caches */
+  uint64_t pages;        /* pool pages the block tables of its caches hold */
   /* Quotas: usage against each limit (0: unlimited), and the refusals of
    * each since the daemon started (doc/security.md). */
   uint64_t pool_pages;   /* pool pages it holds, each once */

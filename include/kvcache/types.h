@@ -112,7 +112,8 @@ typedef struct kvc_seq_info {
   uint64_t start;        /* first position still held (trim_front moves it) */
   uint64_t length;       /* tokens written for every layer */
   uint64_t extent;       /* highest written length of any layer (>= length) */
-  uint32_t pages;        /* pages in the block table */
+  uint32_t pages;        /* pool pages its block table holds (a page whose
+                            slots are all holes holds none: doc/attention.md) */
   uint32_t shared_pages; /* of those, pages also referenced elsewhere */
   uint32_t pins;         /* owners pinning it; 0 means evictable */
   uint32_t pad_;
@@ -127,7 +128,8 @@ typedef struct kvc_cache_info {
   uint64_t page_bytes;   /* bytes of one page of this layout (<= pool page) */
   uint64_t sequences;
   uint64_t tokens;       /* sum of sequence lengths */
-  uint64_t pages;        /* block-table entries (shared pages counted per use) */
+  uint64_t pages;        /* pool pages its block tables hold (shared pages
+                            counted per use; pages of holes hold none) */
   char tenant[48];       /* whose it is: a tenant name, or "shared" */
 } kvc_cache_info_t;
 

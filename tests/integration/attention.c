@@ -22,7 +22,7 @@ static kvc_layout_t win_layout(void) {
 
 /* Puts one batch: entries per sequence, K = (v, -v), V = v. */
 static void put_batch(kvc_cache_t *h, const kvc_tok_t *t, const float *vals, size_t n) {
-  float k[2][16], v[2][8];
+  float k[2][64], v[2][32]; /* up to 32 tokens a sequence */
   kvc_io_t io[2];
   size_t nio = 0;
   for (size_t i = 0; i < n; i++) {
@@ -162,6 +162,47 @@ TEST(attention_window_rope_through_the_daemon) {
   ASSERT_ERR(kvc_seq_shift(p, 1, 1, -1, 1), KVC_E_NOROPE);
   ASSERT_ERR(kvc_seq_remove(p, 1, 1, 2), KVC_E_NOROPE);
   ASSERT_U64_EQ(stat_get(c, "requests_total{op=history}", NULL), 7); /* 3 views x 2 round trips + 1 */
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
+
+/* ollama's case through the daemon: a pool of 16 pages of one token each
+ * (ollama's 16 cells). Sequence 0 holds 14 tokens, sequence 1 a copy of its
+ * first 5 and continues at 8: the 3-token gap costs no page, so the batch
+ * (0, 14) (1, 8) fits in the last 2 pages; the next one is FULL. */
+TEST(attention_reserve_past_a_gap_fits_the_pool_through_the_daemon) {
+  static const char *const pool16[] = {"--pool-bytes", "1MiB", "--page-bytes", "64KiB", NULL};
+  daemon_t d;
+  daemon_start_args(&d, pool16);
+  kvc_client_t *c = client_open(&d);
+  kvc_layout_t l = {.num_layers = 1, .num_kv_heads = 1, .head_dim_k = 2, .head_dim_v = 1,
+                    .dtype = KVC_DTYPE_F32, .page_tokens = 1};
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "cells", &l, &h));
+  kvc_tok_t pre[14];
+  float vals[14];
+  for (int i = 0; i < 14; i++) pre[i] = (kvc_tok_t){0, (uint64_t)i}, vals[i] = (float)(i + 1);
+  ASSERT_OK(kvc_reserve(h, pre, 14));
+  put_batch(h, pre, vals, 14);
+  ASSERT_OK(kvc_seq_copy_prefix(h, 0, 1, 5));
+  ASSERT_U64_EQ(stat_get(c, "pages_free", NULL), 2);
+  kvc_tok_t b[2] = {{0, 14}, {1, 8}};
+  ASSERT_OK(kvc_reserve(h, b, 2));
+  put_batch(h, b, (const float[]){15, 21}, 2);
+  ASSERT_U64_EQ(stat_get(c, "pages_free", NULL), 0);
+  kvc_seq_info_t si;
+  ASSERT_OK(kvc_seq_info(h, 1, &si));
+  ASSERT_U64_EQ(si.length, 9);
+  ASSERT_U64_EQ(si.pages, 6);
+  kvc_tok_t one[1] = {{1, 8}};
+  expect_history(c, h, one, 1, 9, (const float[]){1, 2, 3, 4, 5, 0, 0, 0, 21},
+                 (const float[]){0, 0, 0, 0, 0, X, X, X, 0});
+  kvc_tok_t next[2] = {{0, 15}, {1, 9}};
+  ASSERT_ERR(kvc_reserve(h, next, 2), KVC_E_FULL);
+  uint64_t needed = 0, freeable = 0;
+  kvc_client_last_full(c, &needed, &freeable);
+  ASSERT_U64_EQ(needed, 2);
+  ASSERT_U64_EQ(freeable, 0);
   kvc_client_close(c);
   daemon_stop(&d);
 }

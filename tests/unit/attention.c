@@ -10,6 +10,8 @@
 #include <math.h>
 
 #include "engine_fixture.h"
+#include "core.h"
+#include "engine_resize.h"
 
 #define X (-INFINITY)
 #define MAXH 64
@@ -565,4 +567,298 @@ TEST(chunked_with_memory_keeps_history_below_the_chunk) {
   uint32_t id;
   ASSERT_ERR(engine_cache_open(g.eng, "w", &l, &id), KVC_E_WINDOW);
   fx_close(&g);
+}
+
+/* ---- gaps of whole pages cost no pool page (issue 15, parity) --------------- */
+
+/* Reads [pos, pos + n) of seq as the scenario's values (K is (v, -v)),
+ * on the engine's thread and off it, into buffers full of junk first: both
+ * must read the same, holes as zeros. */
+static void sc_get_(fx_t *f, uint64_t seq, uint64_t pos, uint64_t n, const float *want,
+                    const char *file, int line) {
+  float k[2][MAXH * 2], v[2][MAXH];
+  memset(k, 0x7f, sizeof k);
+  memset(v, 0x7f, sizeof v);
+  engine_io_t io[2];
+  for (int j = 0; j < 2; j++)
+    io[j] = (engine_io_t){.seq_id = seq, .pos = pos, .ntokens = n, .k = k[j], .v = v[j],
+                          .k_bytes = n * 8, .v_bytes = n * 4};
+  ASSERT_OK(engine_get(f->eng, f->cid, NULL, &io[0], 1));
+  engine_get_job_t *job = NULL;
+  ASSERT_OK(engine_get_begin(f->eng, f->cid, NULL, &io[1], 1, &job));
+  engine_get_run(job);
+  engine_get_end(f->eng, job);
+  for (int j = 0; j < 2; j++)
+    for (uint64_t t = 0; t < n; t++)
+      if (k[j][2 * t] != want[t] || k[j][2 * t + 1] != -want[t] || v[j][t] != want[t])
+        TEST_FAIL_("%s:%d: %s get, position %llu: K (%g, %g) V %g, expected %g", file, line,
+                   j ? "an off-thread" : "a", (unsigned long long)(pos + t),
+                   (double)k[j][2 * t], (double)k[j][2 * t + 1], (double)v[j][t],
+                   (double)want[t]);
+}
+#define SC_GET(f, seq, pos, n, want) sc_get_((f), (seq), (pos), (n), (want), __FILE__, __LINE__)
+
+/* ollama's case: a pool that holds exactly the pages a batch needs. After a
+ * copy_prefix, sequence 1 continues 3 positions past its length (slots 5..7
+ * are a gap): with one token a page (ollama's cells) the gap is 3 whole
+ * pages of holes, which cost nothing, so the batch fits in the pool's last 2
+ * pages. It was KVC_E_FULL while each slot of the gap took a page. */
+TEST(reserve_with_a_gap_of_whole_pages_fits_the_pages_the_batch_needs) {
+  fx_t f;
+  kvc_layout_t l = fx_layout(1, 1, 2, 1, KVC_DTYPE_F32, 1);
+  fx_open(&f, &l, 12);
+  sc_step(&f, 10, A(0, 0, 0, 0, 0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5, 6, 7, 8, 9),
+          F(1, 2, 3, 4, 5, 6, 7, 8, 9, 10));
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 0, 1, 5));
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 2);
+  sc_step(&f, 2, A(0, 1), A(10, 8), F(11, 21));
+  engine_stats_t st = fx_stats(&f);
+  ASSERT_U64_EQ(st.pages_free, 0);
+  ASSERT_U64_EQ(st.pages_used, 12);
+  ASSERT_U64_EQ(st.evicted_sequences, 0);
+  kvc_seq_info_t in = FX_INFO(&f, 1);
+  ASSERT_U64_EQ(in.length, 9);
+  ASSERT_U64_EQ(in.pages, 6); /* 0..4 shared, 8 its own; 5..7 none */
+  ASSERT_U64_EQ(in.shared_pages, 5);
+  /* the holes read as zeros and are masked, gathered or as a zero-copy view */
+  SC_GET(&f, 1, 0, 9, F(1, 2, 3, 4, 5, 0, 0, 0, 21));
+  SC_EXPECT(&f, 2, A(1, 0), A(8, 10), 20, F(1, 2, 3, 4, 5, 0, 0, 0, 21, 1, 2, 3, 4, 5, 6, 7,
+                                           8, 9, 10, 11),
+            F(0, 0, 0, 0, 0, X, X, X, 0, X, X, X, X, X, X, X, X, X, X, X,
+              X, X, X, X, X, X, X, X, X, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+  engine_tok_t tok = {1, 8};
+  float mask[9];
+  engine_span_t span;
+  engine_hist_t h = {.mask = mask, .mask_bytes = sizeof mask, .spans = &span, .spans_cap = 1};
+  ASSERT_OK(engine_history(f.eng, f.cid, NULL, &tok, 1, &h));
+  ASSERT_U64_EQ(h.nentries, 9);
+  ASSERT_U64_EQ(span.n, 9);
+  for (int j = 0; j < 9; j++) ASSERT(mask[j] == (j >= 5 && j < 8 ? X : 0));
+  /* a zero-copy reader gets no page for a hole: a lease refuses one */
+  engine_lease_t ls;
+  ASSERT_ERR(engine_lease(f.eng, f.cid, 1, 0, 9, 7, &ls), KVC_E_RANGE);
+  ASSERT_OK(engine_lease(f.eng, f.cid, 1, 8, 9, 7, &ls));
+  ASSERT_U64_EQ(ls.npages, 1);
+  ASSERT_OK(engine_lease_release(f.eng, 7, ls.id));
+  /* the pool is full now: the next step of both is FULL, and changes nothing */
+  engine_tok_t next[2] = {{0, 11}, {1, 9}};
+  ASSERT_ERR(engine_reserve(f.eng, f.cid, next, 2), KVC_E_FULL);
+  ASSERT_U64_EQ(engine_last_error(f.eng)->needed, 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 0);
+  ASSERT_U64_EQ(FX_INFO(&f, 1).length, 9);
+  SC_GET(&f, 1, 0, 9, F(1, 2, 3, 4, 5, 0, 0, 0, 21));
+  fx_close(&f);
+}
+
+/* Two tokens a page: sequence 0 holds 0, 1 and 6, 7; slots 2..5 are holes
+ * and their pages (1 and 2) have none. Reads, leases, copies and page
+ * offsets over them. */
+static void gap_open(fx_t *f, kvc_rope_style_t style, uint64_t npages) {
+  kvc_layout_t l = fx_layout(1, 1, 2, 1, KVC_DTYPE_F32, 2);
+  l.rope_style = style;
+  fx_open(f, &l, npages);
+  sc_step(f, 2, A(0, 0), A(0, 1), F(1, 2));
+  sc_step(f, 2, A(0, 0), A(6, 7), F(7, 8));
+  ASSERT_U64_EQ(FX_INFO(f, 0).pages, 2);
+  ASSERT_U64_EQ(fx_stats(f).pages_used, 2);
+}
+
+TEST(pages_of_holes_read_as_zeros_and_copy_as_none) {
+  fx_t f;
+  gap_open(&f, KVC_ROPE_NEOX, 8);
+  SC_GET(&f, 0, 0, 8, F(1, 2, 0, 0, 0, 0, 7, 8));
+  SC_GET(&f, 0, 3, 4, F(0, 0, 0, 7)); /* a read that starts inside them */
+  SC_EXPECT(&f, 1, A(0), A(7), 8, F(1, 2, 0, 0, 0, 0, 7, 8), F(0, 0, X, X, X, X, 0, 0));
+  uint64_t off;
+  ASSERT_ERR(engine_page_offset(f.eng, f.cid, 0, 3, &off), KVC_E_RANGE);
+  ASSERT_OK(engine_page_offset(f.eng, f.cid, 0, 6, &off));
+  /* copies share what has a page and copy the rest as none */
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 0, 1, 8));
+  ASSERT_OK(engine_copy_range(f.eng, f.cid, 0, 2, 4, 8));
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 0, 3, 5)); /* ends in the holes */
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  kvc_seq_info_t a = FX_INFO(&f, 1), b = FX_INFO(&f, 2), c = FX_INFO(&f, 3);
+  ASSERT_U64_EQ(a.pages, 2);
+  ASSERT_U64_EQ(a.shared_pages, 2);
+  ASSERT_U64_EQ(b.start, 4);
+  ASSERT_U64_EQ(b.pages, 1);
+  ASSERT_U64_EQ(c.pages, 1);
+  SC_GET(&f, 1, 0, 8, F(1, 2, 0, 0, 0, 0, 7, 8));
+  SC_GET(&f, 2, 4, 4, F(0, 0, 7, 8));
+  SC_GET(&f, 3, 0, 5, F(1, 2, 0, 0, 0));
+  SC_EXPECT(&f, 1, A(2), A(7), 4, F(0, 0, 7, 8), F(X, X, 0, 0));
+  /* a write into a copy's page of holes allocates its own page, not the source's */
+  sc_step(&f, 2, A(1, 1), A(2, 3), F(30, 40));
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 3);
+  ASSERT_U64_EQ(FX_INFO(&f, 1).pages, 3);
+  SC_GET(&f, 1, 0, 8, F(1, 2, 30, 40, 0, 0, 7, 8));
+  SC_GET(&f, 0, 0, 8, F(1, 2, 0, 0, 0, 0, 7, 8));
+  fx_close(&f);
+}
+
+/* A move into a page of holes allocates it (planned like any new page);
+ * pages a move leaves all holes go back to the pool. */
+TEST(shift_into_and_out_of_pages_of_holes) {
+  fx_t f;
+  gap_open(&f, KVC_ROPE_NONE, 3);
+  /* 7, 8 move from 6, 7 down to 4, 5: page 2 gets one, page 3 goes (the tail) */
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 6, 8, -2));
+  kvc_seq_info_t in = FX_INFO(&f, 0);
+  ASSERT_U64_EQ(in.length, 6);
+  ASSERT_U64_EQ(in.pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  SC_GET(&f, 0, 0, 6, F(1, 2, 0, 0, 7, 8));
+  /* up by 6, past the length: 4..9 become holes, pages 2..4 have none */
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 4, 6, 6));
+  in = FX_INFO(&f, 0);
+  ASSERT_U64_EQ(in.length, 12);
+  ASSERT_U64_EQ(in.pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  SC_EXPECT(&f, 1, A(0), A(11), 12, F(1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 7, 8),
+            F(0, 0, X, X, X, X, X, X, X, X, 0, 0));
+  /* 8 from 11 down to 3: page 1 gets a page, the pool's last; 7 stays at 10 */
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 11, 12, -8));
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 0);
+  ASSERT_U64_EQ(FX_INFO(&f, 0).length, 11);
+  SC_GET(&f, 0, 0, 11, F(1, 2, 0, 8, 0, 0, 0, 0, 0, 0, 7));
+  /* 7 to 5 needs page 2 first: FULL (the page the move would free does not
+   * count, nor can the sequence evict itself), and nothing changed */
+  engine_stats_t before = fx_stats(&f);
+  ASSERT_ERR(engine_shift(f.eng, f.cid, 0, 10, 11, -5), KVC_E_FULL);
+  engine_stats_t after = fx_stats(&f);
+  FX_STATS_SAME_BUT_HEAP(&before, &after);
+  ASSERT_U64_EQ(engine_last_error(f.eng)->needed, 1);
+  SC_GET(&f, 0, 0, 11, F(1, 2, 0, 8, 0, 0, 0, 0, 0, 0, 7));
+  /* 7 to 2 instead: page 1 holds it, page 5 goes, the length ends at 4 */
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 10, 11, -8));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).length, 4);
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 1);
+  SC_GET(&f, 0, 0, 4, F(1, 2, 7, 8));
+  fx_close(&f);
+}
+
+/* A punch that leaves whole pages of holes frees them; a put refills one. */
+TEST(punch_frees_pages_it_leaves_all_holes) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 0, 8);
+  sc_step(&f, 8, A(0, 0, 0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5, 6, 7), F(1, 2, 3, 4, 5, 6, 7, 8));
+  ASSERT_OK(engine_copy_prefix(f.eng, f.cid, 0, 1, 8)); /* shared: a punch drops a reference */
+  ASSERT_OK(engine_punch(f.eng, f.cid, 0, 1, 3)); /* no page all holes yet */
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 4);
+  ASSERT_OK(engine_punch(f.eng, f.cid, 0, 3, 6)); /* [1, 6): pages 1 and 2 */
+  kvc_seq_info_t in = FX_INFO(&f, 0);
+  ASSERT_U64_EQ(in.pages, 2);
+  ASSERT_U64_EQ(in.length, 8);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 4); /* seq 1 still holds them */
+  ASSERT_OK(engine_punch(f.eng, f.cid, 1, 2, 6));
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  SC_GET(&f, 0, 0, 8, F(1, 0, 0, 0, 0, 0, 7, 8));
+  SC_GET(&f, 1, 0, 8, F(1, 2, 0, 0, 0, 0, 7, 8));
+  sc_step(&f, 2, A(0, 0), A(2, 3), F(30, 40)); /* into the holes: page 1 again */
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 3);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 3);
+  SC_EXPECT(&f, 1, A(0), A(7), 8, F(1, 0, 30, 40, 0, 0, 7, 8), F(0, X, 0, 0, X, X, 0, 0));
+  fx_close(&f);
+}
+
+/* Pins, the pin limit, eviction, trim, shrink and remove count and free
+ * only the pages a table holds. */
+TEST(pins_eviction_trim_and_remove_over_pages_of_holes) {
+  fx_t f;
+  gap_open(&f, KVC_ROPE_NEOX, 4);
+  /* a pin limit of half the pool: 2 pages, what seq 0 holds (not its 4 entries) */
+  ASSERT_OK(engine_set_pin_limit(f.eng, 50));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 0, 9));
+  ASSERT_U64_EQ(fx_stats(&f).pages_pinned, 2);
+  ASSERT_OK(engine_unpin(f.eng, f.cid, 0, 9));
+  ASSERT_U64_EQ(fx_stats(&f).pages_pinned, 0);
+  /* 4 pages for seq 1: seq 0 is evicted, its 2 pages freed */
+  sc_step(&f, 8, A(1, 1, 1, 1, 1, 1, 1, 1), A(0, 1, 2, 3, 4, 5, 6, 7), F(1, 2, 3, 4, 5, 6, 7, 8));
+  engine_stats_t st = fx_stats(&f);
+  ASSERT_U64_EQ(st.evicted_sequences, 1);
+  ASSERT_U64_EQ(st.evicted_pages, 2);
+  ASSERT_U64_EQ(st.pages_free, 0);
+  fx_close(&f);
+  /* trim past a page of holes, shrink the pool under it, remove it */
+  gap_open(&f, KVC_ROPE_NEOX, 8);
+  sc_step(&f, 2, A(0, 0), A(12, 13), F(13, 14)); /* holes 8..11: pages 4, 5 none */
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 3);
+  ASSERT_OK(engine_trim_front(f.eng, f.cid, 0, 4)); /* pages 0 (held) and 1 (none) go */
+  kvc_seq_info_t in = FX_INFO(&f, 0);
+  ASSERT_U64_EQ(in.start, 4);
+  ASSERT_U64_EQ(in.pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  engine_shrink_t sh;
+  ASSERT_OK(engine_pool_shrink(f.eng, 2 * f.page_bytes, &sh));
+  FX_AUDIT(f.eng);
+  SC_GET(&f, 0, 4, 10, F(0, 0, 7, 8, 0, 0, 0, 0, 13, 14));
+  ASSERT_OK(engine_remove(f.eng, f.cid, 0, 10, 14)); /* truncated in its holes */
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 1);
+  ASSERT_OK(engine_remove(f.eng, f.cid, 0, 0, 10));
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 0);
+  fx_close(&f);
+}
+
+/* Regression: a shift moving a sequence's last tokens down (llama.cpp's
+ * seq_add with p1 at the length) truncated it at the target's end, as a
+ * remove of a middle range does, losing the tokens between the target and
+ * the range moved. */
+TEST(shift_of_the_tail_down_keeps_the_tokens_below_it) {
+  fx_t f;
+  kvc_layout_t l = fx_layout(1, 1, 2, 1, KVC_DTYPE_F32, 2);
+  l.rope_style = KVC_ROPE_NONE;
+  fx_open(&f, &l, 8);
+  sc_step(&f, 8, A(0, 0, 0, 0, 0, 0, 0, 0), A(0, 1, 2, 3, 4, 5, 6, 7), F(1, 2, 3, 4, 5, 6, 7, 8));
+  ASSERT_OK(engine_punch(f.eng, f.cid, 0, 2, 4));
+  ASSERT_OK(engine_punch(f.eng, f.cid, 0, 5, 7)); /* tokens 0, 1, 4, 7 */
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 7, 8, -5)); /* 8 to slot 2; 5 stays at 4 */
+  ASSERT_U64_EQ(FX_INFO(&f, 0).length, 5);
+  SC_GET(&f, 0, 0, 5, F(1, 2, 8, 0, 5));
+  int64_t lo, hi;
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 0, &lo, &hi));
+  ASSERT_EQ(hi, 4);
+  /* a remove of a middle range still drops the range: 4.. move down to 1 */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 0, 1, 4));
+  SC_GET(&f, 0, 0, 2, F(1, 5));
+  fx_close(&f);
+}
+
+/* The audit accepts an entry with no page only where every slot is a hole,
+ * and counts a sequence's pages without them. */
+TEST(audit_checks_entries_with_no_page) {
+  fx_t f;
+  gap_open(&f, KVC_ROPE_NEOX, 8);
+  FX_AUDIT(f.eng);
+  seq_t *s = hmap_get(&engine_cache(f.eng, f.cid)->seqs, 0);
+  ASSERT(s && s->ntable == 4 && s->table[1] == POOL_NOPAGE && s->table[2] == POOL_NOPAGE);
+  uint32_t held = s->table[0];
+  s->table[0] = POOL_NOPAGE; /* slots 0, 1 hold tokens */
+  char why[256] = "";
+  ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
+  ASSERT(strstr(why, "has no page but holds tokens") != NULL);
+  s->table[0] = held;
+  s->npages--; /* a count that disagrees with the table */
+  ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
+  ASSERT(strstr(why, "2 pages in its table, 1 counted") != NULL);
+  s->npages++;
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}
+
+/* seq_div relabels the tokens around a page of holes: it rewrites the
+ * pages holding them and gives back the one it made writable in between. */
+TEST(seq_div_over_pages_of_holes_keeps_them_pageless) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 2, 8);
+  sc_step(&f, 2, A(0, 0), A(0, 1), F(1, 2));
+  sc_step(&f, 2, A(0, 0), A(6, 7), F(7, 8)); /* pages 1, 2: holes only */
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  ASSERT_OK(engine_seq_div(f.eng, f.cid, 0, 0, -1, 2));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 2);
+  int64_t lo, hi;
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 0, &lo, &hi));
+  ASSERT_EQ(lo, 0);
+  ASSERT_EQ(hi, 3); /* 7 / 2 */
+  fx_close(&f);
 }

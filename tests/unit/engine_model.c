@@ -36,6 +36,7 @@ typedef struct rseq {
   uint64_t llen[MAXL];    /* written length per layer (a position) */
   uint64_t lu_lo, lu_hi;  /* use clock at the last certain / possible use */
   uint8_t *k, *v;         /* [pos][layer][head][dim], cache dtype */
+  bool hole[MAXTOK];      /* slots a reservation skipped (rows kept zero) */
 } rseq_t;
 
 typedef struct model {
@@ -49,7 +50,7 @@ typedef struct model {
   uint64_t rng, seed, op;
   uint64_t clock; /* ticks at every call naming a sequence */
   bool trace;
-  uint64_t nops, nfull, nevicted, ncow_seen, nlru_checked, nfull_decided, mismatches;
+  uint64_t nops, nfull, nevicted, ncow_seen, nlru_checked, nfull_decided, mismatches, ngaps;
 } model_t;
 
 static uint64_t rnd(model_t *m) {
@@ -103,6 +104,17 @@ static void use(model_t *m, int i, bool certain) {
 static void ref_drop(model_t *m, int i) {
   m->seq[i].live = false;
   m->seq[i].pins = 0;
+  memset(m->seq[i].hole, 0, sizeof m->seq[i].hole);
+}
+
+/* Whether logical page idx of live seq i holds no token (every slot of it
+ * in [start, extent) a hole): the engine keeps no page for it. */
+static bool page_none(const model_t *m, int i, uint64_t idx) {
+  const rseq_t *r = &m->seq[i];
+  uint64_t pt = m->lay[cache_of(i)].page_tokens, b = idx * pt, e = b + pt, ext = ref_extent(m, i);
+  for (uint64_t t = b > r->start ? b : r->start; t < e && t < ext; t++)
+    if (!r->hole[t]) return false;
+  return true;
 }
 
 static void audit(model_t *m) {
@@ -171,6 +183,7 @@ static void rebuild(model_t *m, pages_t *p, const bool *protect) {
     if (!m->seq[i].live) continue;
     uint64_t pt = m->lay[cache_of(i)].page_tokens, st = m->seq[i].start;
     for (uint64_t idx = st / pt; idx < (ref_extent(m, i) + pt - 1) / pt; idx++) {
+      if (page_none(m, i, idx)) continue;
       uint64_t pg = page_of(m, i, idx * pt > st ? idx * pt : st);
       p->ref[pg]++;
       if (m->seq[i].pins || (protect && protect[i])) p->evictable_only[pg] = false;
@@ -268,9 +281,12 @@ static void verify_seq(model_t *m, int i, const pages_t *p) {
   if (!r->live) return;
   uint32_t L = m->lay[c].num_layers, pt = m->lay[c].page_tokens;
   uint64_t len = ref_len(m, i, 0, L), ext = ref_extent(m, i);
-  uint64_t pages = (ext + pt - 1) / pt - r->start / pt, shared = 0;
-  for (uint64_t idx = r->start / pt; idx < (ext + pt - 1) / pt; idx++)
+  uint64_t pages = 0, shared = 0;
+  for (uint64_t idx = r->start / pt; idx < (ext + pt - 1) / pt; idx++) {
+    if (page_none(m, i, idx)) continue; /* a page of holes: none held */
+    pages++;
     shared += p->ref[page_of(m, i, idx * pt > r->start ? idx * pt : r->start)] > 1;
+  }
   if (si.start != r->start || si.length != len || si.extent != ext || si.pages != pages ||
       si.shared_pages != shared || si.pins != (uint32_t)__builtin_popcount(r->pins))
     MISMATCH(m, "seq %d info: start %" PRIu64 "/%" PRIu64 " length %" PRIu64 "/%" PRIu64
@@ -387,6 +403,7 @@ static void apply_entry(model_t *m, const pcall_t *pc, const pent_t *e, const ui
   }
   for (uint32_t ly = pc->lb; ly < pc->le; ly++)
     if (e->pos + e->n > r->llen[ly]) r->llen[ly] = e->pos + e->n;
+  memset(r->hole + e->pos, 0, e->n * sizeof *r->hole); /* written: tokens again */
   use(m, e->i, true);
 }
 
@@ -402,8 +419,10 @@ static void need_pages(model_t *m, pcall_t *pc, const pages_t *p) {
     uint64_t held = r->live ? (ref_extent(m, e->i) + pt - 1) / pt : 0;
     if (held < first) held = first;
     pc->lb_need += end > held ? end - held : 0;
-    for (uint64_t idx = first; r->live && idx < end && idx < held; idx++)
-      pc->ub_need += p->ref[page_of(m, e->i, idx * pt > r->start ? idx * pt : r->start)] > 1;
+    for (uint64_t idx = first; r->live && idx < end && idx < held; idx++) {
+      if (page_none(m, e->i, idx)) pc->lb_need++; /* a page of holes gets one */
+      else pc->ub_need += p->ref[page_of(m, e->i, idx * pt > r->start ? idx * pt : r->start)] > 1;
+    }
   }
   pc->ub_need += pc->lb_need;
 }
@@ -495,6 +514,11 @@ static void op_put(model_t *m) {
     pick_entry(m, &pc, &pc.e[pc.n++], i);
   }
   if (pc.n == 0) return;
+  /* A layer range written into holes would make the other layers' slots
+   * tokens with whatever their page held (not modelled): not generated. */
+  for (int j = 0; j < pc.n && (pc.lb != 0 || pc.le != l->num_layers); j++)
+    for (uint64_t t = pc.e[j].pos; t < pc.e[j].pos + pc.e[j].n; t++)
+      if (m->seq[pc.e[j].i].live && m->seq[pc.e[j].i].hole[t]) return;
   uint8_t *rk[3], *rv[3];
   engine_io_t io[3];
   for (int j = 0; j < pc.n; j++) {
@@ -615,6 +639,7 @@ static void op_remove(model_t *m) {
   expect_rc(m, "remove", i, rc, want);
   if (drop) ref_drop(m, i);
   for (uint32_t l = 0; cut && l < MAXL; l++) r->llen[l] = r->llen[l] < b ? r->llen[l] : b;
+  if (cut && b < MAXTOK) memset(r->hole + b, 0, (MAXTOK - b) * sizeof *r->hole);
 }
 
 static void op_copy(model_t *m) {
@@ -639,6 +664,8 @@ static void op_copy(model_t *m) {
   d->live = true;
   d->start = s->start;
   for (uint32_t l = 0; l < MAXL; l++) d->llen[l] = l < L ? n : 0;
+  memset(d->hole, 0, sizeof d->hole);
+  memcpy(d->hole + s->start, s->hole + s->start, (n - s->start) * sizeof *d->hole);
   for (uint64_t t = s->start; t < n; t++)
     for (uint32_t ly = 0; ly < L; ly++)
       for (int is_v = 0; is_v < 2; is_v++)
@@ -698,11 +725,88 @@ static void op_clear(model_t *m) {
     if (cache_of(i) == c) ref_drop(m, i);
 }
 
+/* A forward pass that continues seq i past its length (ollama's reserve
+ * after a copy_prefix): the slots skipped become holes (read as zeros;
+ * their whole pages take no pool page), then the batch's tokens are put. */
+static void op_gap(model_t *m) {
+  int i = pick_seq(m);
+  pcall_t pc;
+  memset(&pc, 0, sizeof pc);
+  pc.c = cache_of(i);
+  const kvc_layout_t *l = &m->lay[pc.c];
+  rseq_t *r = &m->seq[i];
+  pc.lb = 0, pc.le = l->num_layers;
+  pc.dt = pc.c ? KVC_DTYPE_BF16 : KVC_DTYPE_F32;
+  uint64_t len = r->live ? ref_len(m, i, 0, l->num_layers) : 0;
+  uint64_t lo = len + 1 + below(m, 3 * l->page_tokens), n = 1 + below(m, 4);
+  if (lo + n > MAXTOK) return;
+  pent_t *e = &pc.e[pc.n++];
+  *e = (pent_t){.i = i, .pos = lo, .n = n};
+  pc.in_call[i] = true;
+  engine_tok_t toks[4];
+  for (uint64_t k = 0; k < n; k++) toks[k] = (engine_tok_t){id_of(i), lo + k};
+  pages_t p;
+  rebuild(m, &p, pc.in_call);
+  need_pages(m, &pc, &p);
+  uint64_t can_free = freeable(m, &p);
+  engine_stats_t s0;
+  engine_stats(m->eng, &s0);
+  int rc = engine_reserve(m->eng, m->cid[pc.c], toks, n);
+  TRACE(m, "reserve seq %d [%" PRIu64 ", +%" PRIu64 ") after length %" PRIu64 " -> %s", i, lo,
+        n, len, kvc_err_name(rc));
+  use(m, i, false);
+  if (r->live && ref_extent(m, i) != len) { /* layers of different lengths */
+    if (rc != KVC_E_RANGE) MISMATCH(m, "reserve with uneven layers: %s, want RANGE", kvc_err_name(rc));
+    return expect_unchanged(m, &s0);
+  }
+  if (rc == KVC_E_FULL) {
+    check_full(m, &pc, can_free);
+    return expect_unchanged(m, &s0);
+  }
+  if (rc) {
+    MISMATCH(m, "reserve: %s (%s)", kvc_err_name(rc), engine_last_error(m->eng)->msg);
+    return;
+  }
+  if (pc.lb_need > can_free)
+    MISMATCH(m, "reserve fit %" PRIu64 " new pages with only %" PRIu64 " freeable", pc.lb_need,
+             can_free);
+  if (!r->live) {
+    memset(r->llen, 0, sizeof r->llen);
+    r->start = 0, r->pins = 0, r->live = true;
+  }
+  for (uint64_t t = len; t < lo; t++) { /* the gap: holes, read as zeros */
+    r->hole[t] = true;
+    for (uint32_t ly = 0; ly < l->num_layers; ly++) {
+      memset(ref_row(m, i, 0, t, ly), 0, row_bytes(m, pc.c, 0));
+      memset(ref_row(m, i, 1, t, ly), 0, row_bytes(m, pc.c, 1));
+    }
+  }
+  for (uint32_t ly = 0; ly < l->num_layers; ly++) r->llen[ly] = lo;
+  learn_evictions(m, &pc, s0.pages_free, s0.evicted_sequences);
+  /* the put of the reserved slots needs no page: it cannot fail */
+  uint8_t *rk, *rv;
+  fill_entry(m, &pc, e, &rk, &rv);
+  engine_io_t io = {id_of(i), lo, n, e->k, e->v, e->kb, e->vb, NULL, NULL, 0, 0};
+  engine_xfer_t x = {.layer_begin = 0, .layer_end = 0, .head_begin = 0, .head_end = 0, .dtype = pc.dt};
+  engine_stats(m->eng, &s0);
+  rc = engine_put(m->eng, m->cid[pc.c], &x, &io, 1);
+  if (rc) MISMATCH(m, "put of reserved slots: %s (%s)", kvc_err_name(rc), engine_last_error(m->eng)->msg);
+  else apply_entry(m, &pc, e, rk, rv);
+  engine_stats_t s1;
+  engine_stats(m->eng, &s1);
+  if (s1.pages_free != s0.pages_free || s1.evicted_sequences != s0.evicted_sequences)
+    MISMATCH(m, "the put of reserved slots took pages: free %" PRIu64 " -> %" PRIu64,
+             s0.pages_free, s1.pages_free);
+  free(e->k), free(e->v), free(rk), free(rv);
+  m->ngaps++;
+}
+
 static void step(model_t *m) {
   uint64_t r = below(m, 1000);
 
   engine_set_now(m->eng, m->op);
-  if (r < 380) op_put(m);
+  if (r < 340) op_put(m);
+  else if (r < 380) op_gap(m);
   else if (r < 580) op_get(m);
   else if (r < 660) op_remove(m);
   else if (r < 760) op_copy(m);
@@ -728,6 +832,7 @@ static void run_seed(uint64_t seed, uint64_t nops, uint64_t *total, uint64_t *co
   *cow += s.cow_copies;
   sum->nfull += m->nfull, sum->nevicted += m->nevicted, sum->mismatches += m->mismatches;
   sum->nlru_checked += m->nlru_checked, sum->nfull_decided += m->nfull_decided;
+  sum->ngaps += m->ngaps;
   model_close(m);
   free(m);
 }
@@ -746,10 +851,10 @@ TEST_TIMEOUT(model_random_ops_match_reference, 170) {
   fprintf(stderr,
           "model: %" PRIu64 " ops, %" PRIu64 " mismatches, %" PRIu64 " evictions, %" PRIu64
           " FULL (%" PRIu64 " with exact figures), %" PRIu64 " COW copies, %" PRIu64
-          " LRU pairs checked\n",
+          " LRU pairs checked, %" PRIu64 " reservations past a gap\n",
           total, sum.mismatches, sum.nevicted, sum.nfull, sum.nfull_decided, cow,
-          sum.nlru_checked);
+          sum.nlru_checked, sum.ngaps);
   ASSERT_U64_EQ(sum.mismatches, 0);
   ASSERT(total >= 4 * per);
-  ASSERT(sum.nevicted > 0 && sum.nfull > 0 && cow > 0); /* the scenario happened */
+  ASSERT(sum.nevicted > 0 && sum.nfull > 0 && cow > 0 && sum.ngaps > 0); /* the scenario happened */
 }
