@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "holes.h"
+#include "pool.h"
 
 int holes_reserve(engine_t *eng, seq_t *s, uint32_t k) {
   if (s->nholes + k <= s->hcap) return 0;
@@ -105,5 +106,33 @@ void holes_within(const seq_t *s, uint64_t b, uint64_t e,
     uint64_t lo = s->holes[i].b > b ? s->holes[i].b : b;
     uint64_t hi = s->holes[i].e < e ? s->holes[i].e : e;
     if (lo < hi) fn(lo - b, hi - lo, arg);
+  }
+}
+
+/* Zeroes every layer's rows of slots [b, e), in pages the sequence holds. */
+static void zero_slots(engine_t *eng, const seq_t *s, uint64_t b, uint64_t e) {
+  const geom_t *g = &s->cache->g;
+  uint64_t T1 = g->T - 1, sr = (uint64_t)g->H * 4;
+  for (uint64_t q = b; q < e; q++) {
+    uint32_t page = s->table[(q >> g->tshift) - s->base];
+    if (page == POOL_NOPAGE) continue;
+    unsigned char *p = pool_page(&eng->pool, page);
+    uint64_t t = q & T1;
+    for (uint32_t l = 0; l < g->L; l++, p += g->layer_bytes) {
+      memset(p + t * g->k_row, 0, g->k_row);
+      memset(p + g->k_off_v + t * g->v_row, 0, g->v_row);
+      if (g->int8) {
+        memset(p + g->ks_off + t * sr, 0, sr);
+        memset(p + g->vs_off + t * sr, 0, sr);
+      }
+    }
+  }
+}
+
+void holes_zero(engine_t *eng, const seq_t *s, uint64_t b, uint64_t e) {
+  for (uint32_t i = 0; i < s->nholes; i++) {
+    uint64_t lo = s->holes[i].b > b ? s->holes[i].b : b;
+    uint64_t hi = s->holes[i].e < e ? s->holes[i].e : e;
+    if (lo < hi) zero_slots(eng, s, lo, hi);
   }
 }

@@ -20,5 +20,10 @@ void holes_move(seq_t *s, uint64_t b, uint64_t e, int64_t delta, hole_t *tmp);
 /* Calls fn for each hole's part inside [b, e), as an offset from b. */
 void holes_within(const seq_t *s, uint64_t b, uint64_t e,
                   void (*fn)(uint64_t off, uint64_t n, void *arg), void *arg);
+/* Zeroes, in every layer and head, the slots of the holes inside [b, e):
+ * a put about to write some layers or heads of them (its pages its own)
+ * makes them tokens for all, and the rest must read as the hole did, not as
+ * whatever the page held before (pool pages are not cleared when freed). */
+void holes_zero(engine_t *eng, const seq_t *s, uint64_t b, uint64_t e);
 
 #endif

@@ -387,7 +387,10 @@ int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   }
   c->index_pending += j->index_need;
   job_key(j, key);
-  job_stage(eng, j);
+  job_stage(eng, j); /* the pages it writes are its own from here */
+  for (size_t i = 0; i < n; i++)
+    if (j->seqs[i]->nholes)
+      holes_zero(eng, j->seqs[i], entries[i].pos, entries[i].pos + entries[i].ntokens);
   *job = j;
   j = NULL;
 out:

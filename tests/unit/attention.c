@@ -862,3 +862,44 @@ TEST(seq_div_over_pages_of_holes_keeps_them_pageless) {
   ASSERT_EQ(hi, 3); /* 7 / 2 */
   fx_close(&f);
 }
+
+/* A put of some layers into a hole makes its slots tokens for every layer:
+ * the other layers' rows there read as zeros, as the hole did, never the
+ * bytes the page held before (another sequence's, another tenant's: pool
+ * pages are not cleared when they are freed). Both ways a hole arises: a
+ * reservation past the length, and a punch. */
+static void expect_zero_rows(fx_t *f, uint64_t seq, uint64_t pos, uint32_t lb, uint32_t le) {
+  fx_rng_t r = fx_rng(&f->lay, lb, le, 0, 0);
+  fx_buf_t b = fx_buf_new(&f->lay, r, 1);
+  memset(b.k, 0x5A, b.kb);
+  memset(b.v, 0x5A, b.vb);
+  engine_io_t io = fx_io(seq, pos, 1, &b);
+  engine_xfer_t x = fx_xfer(r, KVC_DTYPE_F32);
+  ASSERT_OK(engine_get(f->eng, f->cid, &x, &io, 1));
+  for (uint64_t i = 0; i < b.kb / 4; i++) ASSERT(((float *)b.k)[i] == 0.0f);
+  for (uint64_t i = 0; i < b.vb / 4; i++) ASSERT(((float *)b.v)[i] == 0.0f);
+  fx_buf_free(&b);
+}
+
+TEST(layer_range_put_into_a_hole_leaves_the_other_layers_zero) {
+  fx_t f;
+  kvc_layout_t l = fx_layout(4, 2, 8, 4, KVC_DTYPE_F32, 4);
+  fx_open(&f, &l, 4); /* the pool's bytes are 0xA5: what a freed page holds */
+  ASSERT_OK(fx_put(&f, 1, 0, 1, 3));
+  engine_tok_t t[2] = {{1, 6}, {1, 7}}; /* holes [1, 6) */
+  ASSERT_OK(engine_reserve(f.eng, f.cid, t, 2));
+  ASSERT_OK(fx_put(&f, 1, 6, 2, 3));
+  ASSERT_OK(fx_put_layers(&f, 1, 2, 1, 0, 1, 3)); /* layer 0 only, into the hole */
+  FX_EXPECT_RNG(&f, 1, 2, 1, fx_rng(&f.lay, 0, 1, 0, 0), 1, 3);
+  expect_zero_rows(&f, 1, 2, 1, 4);
+  expect_zero_rows(&f, 1, 1, 0, 4); /* still a hole */
+  /* a punched slot held the sequence's own bytes: they do not come back */
+  ASSERT_OK(fx_put(&f, 2, 0, 8, 7));
+  ASSERT_OK(engine_punch(f.eng, f.cid, 2, 3, 5));
+  ASSERT_OK(fx_put_layers(&f, 2, 3, 2, 2, 4, 7));
+  FX_EXPECT_RNG(&f, 2, 3, 2, fx_rng(&f.lay, 2, 4, 0, 0), 2, 7);
+  expect_zero_rows(&f, 2, 3, 0, 2);
+  expect_zero_rows(&f, 2, 4, 0, 2);
+  FX_EXPECT(&f, 2, 5, 3, 7);
+  fx_close(&f);
+}

@@ -514,11 +514,8 @@ static void op_put(model_t *m) {
     pick_entry(m, &pc, &pc.e[pc.n++], i);
   }
   if (pc.n == 0) return;
-  /* A layer range written into holes would make the other layers' slots
-   * tokens with whatever their page held (not modelled): not generated. */
-  for (int j = 0; j < pc.n && (pc.lb != 0 || pc.le != l->num_layers); j++)
-    for (uint64_t t = pc.e[j].pos; t < pc.e[j].pos + pc.e[j].n; t++)
-      if (m->seq[pc.e[j].i].live && m->seq[pc.e[j].i].hole[t]) return;
+  /* A layer range written into holes makes the other layers' slots tokens
+   * that read as zeros, as the holes did (their rows stay zero here). */
   uint8_t *rk[3], *rv[3];
   engine_io_t io[3];
   for (int j = 0; j < pc.n; j++) {
