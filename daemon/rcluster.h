@@ -100,6 +100,18 @@ rcmd_t *rcluster_send(rcluster_t *cl, uint16_t slot, bool read, char *cmd, size_
 /* The command's fn will not run (its reply is dropped when it comes). */
 void rcmd_cancel(rcmd_t *c);
 
+/* Where a command's bulk string reply may go straight from the socket:
+ * called once its length is known, returns len bytes to read it into
+ * (borrowed: the callee keeps them; nothing is written there once the
+ * command is cancelled), or NULL to refuse it (its bytes are read and
+ * dropped). fn then gets RC_OK with a string reply whose str is that
+ * buffer (NULL when refused) and len the length; not for
+ * rcluster_take_str. Any other reply (nil, an error, a redirection) comes
+ * as it would without a sink. */
+typedef void *(*rcmd_sink_fn)(void *arg, size_t len);
+/* Gives c (just sent, its reply not yet read) a sink; arg is fn's. */
+void rcmd_sink(rcmd_t *c, rcmd_sink_fn sink);
+
 /* Takes reply->str of a string reply: the caller frees it with free(). */
 char *rcluster_take_str(struct redisReply *reply, size_t *len);
 

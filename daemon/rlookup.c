@@ -83,6 +83,44 @@ static void arm(remote_t *r, uint64_t deadline_ms) {
     uv_timer_start(t, on_deadline, in, 0);
 }
 
+/* ---- value buffers ------------------------------------------------------------------
+ * A value is read into a buffer of its size (its sink, rnode.c) and copied
+ * into the pool at import; buffers are kept for the next values (up to a
+ * quarter of cluster_lookup_bytes), so that a lookup writes into memory
+ * already mapped instead of faulting fresh pages in at every value. */
+
+static void *spare_get(remote_t *r, size_t len) {
+  if (r->spare.n && r->spare.bytes == len) return r->spare.v[--r->spare.n];
+  return malloc(len);
+}
+
+/* Takes v, a value buffer of len bytes (a value's size). */
+static void spare_put(remote_t *r, void *v, size_t len) {
+  if (!v) return;
+  if (len != r->spare.bytes) { /* another layout's: the old ones go */
+    rlookup_spare_free(r);
+    r->spare.bytes = len;
+  }
+  size_t cap = len ? (size_t)(r->srv->cfg.cluster_lookup_bytes / 4 / len) : 0;
+  if (r->spare.n < cap && r->spare.n == r->spare.cap) {
+    size_t nc = r->spare.cap ? 2 * r->spare.cap : 16;
+    void **nv = realloc(r->spare.v, (nc < cap ? nc : cap) * sizeof *nv);
+    if (nv) {
+      r->spare.v = nv;
+      r->spare.cap = nc < cap ? nc : cap;
+    }
+  }
+  if (r->spare.n < r->spare.cap) r->spare.v[r->spare.n++] = v;
+  else free(v);
+}
+
+void rlookup_spare_free(remote_t *r) {
+  while (r->spare.n) free(r->spare.v[--r->spare.n]);
+  free(r->spare.v);
+  r->spare.v = NULL;
+  r->spare.cap = 0;
+}
+
 /* ---- one lookup -------------------------------------------------------------------- */
 
 static void lookup_free(rlookup_t *l) {
@@ -92,8 +130,8 @@ static void lookup_free(rlookup_t *l) {
   if (l->next) l->next->prev = l->prev;
   r->lookup_bytes -= l->held;
   for (size_t i = 0; i < l->n; i++) {
-    rcmd_cancel(l->pg[i].cmd);
-    free(l->pg[i].val);
+    rcmd_cancel(l->pg[i].cmd); /* its sink's buffer is written no more */
+    spare_put(r, l->pg[i].val, l->pg[i].len);
   }
   free(l->hash);
   free(l->query);
@@ -133,7 +171,7 @@ static void import_run(rlookup_t *l, const uint32_t *query, uint64_t n, const en
     r->st.hit_pages += got;
     r->st.hit_tokens += got * l->rc.page_tokens;
     for (size_t i = 0; i < b; i++) {
-      free(l->pg[l->imported + i].val);
+      spare_put(r, l->pg[l->imported + i].val, l->pg[l->imported + i].len);
       l->pg[l->imported + i].val = NULL;
     }
     if (rc || got < b) { /* the pool is full, or the request's ids moved: the rest waits no more */
@@ -166,7 +204,7 @@ static void end(rlookup_t *l, bool timed_out) {
     rcmd_cancel(l->pg[i].cmd);
     l->pg[i].cmd = NULL;
     if (i >= l->good) {
-      free(l->pg[i].val);
+      spare_put(r, l->pg[i].val, l->pg[i].len);
       l->pg[i].val = NULL;
     }
   }
@@ -183,6 +221,20 @@ static bool decided(rlookup_t *l) {
   return l->good == l->n || l->pg[l->good].state != P_PENDING;
 }
 
+/* A GET's sink (rcmd_sink): the value is read straight into a buffer of
+ * the page's value size, which the page holds from now on (a shorter one
+ * too, so that its check says what it is); a longer one cannot verify and
+ * is refused (read and dropped, counted as truncated). */
+static void *on_sink(void *arg, size_t len) {
+  rpage_t *p = arg;
+  rlookup_t *l = p->l;
+  size_t vsize = rvalue_size(&l->rc);
+  if (l->ended || len > vsize || p->val) return NULL;
+  p->val = spare_get(l->r, vsize);
+  p->len = p->val ? vsize : 0; /* the buffer's size, until on_value */
+  return p->val;
+}
+
 static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
   rpage_t *p = arg;
   rlookup_t *l = p->l;
@@ -192,13 +244,19 @@ static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
   if (st != RC_OK || reply->type == REDIS_REPLY_ERROR) {
     remote_error(r, st, reply);
   } else if (reply->type == REDIS_REPLY_STRING) {
-    size_t len;
-    char *v = rcluster_take_str(reply, &len);
+    /* Read into its sink (p->val; reply->str NULL when refused), or a
+     * reply of hiredis's own. */
+    size_t len = reply->len, cap = p->len; /* a sink's buffer is the value size */
+    bool sunk = p->val != NULL;
+    char *v = sunk ? p->val : reply->str ? rcluster_take_str(reply, &len) : NULL;
+    p->val = NULL;
     uint32_t T = l->rc.page_tokens;
     const uint8_t *parent = p->i ? l->hash[p->i - 1] : l->has_before ? l->before : NULL;
     /* Its claims now; its MAC as it is copied into the pool (mac_fill). */
-    enum rvalue_verdict why = rvalue_check(&l->rc, (const uint8_t *)v, len, l->hash[p->i],
-                                           parent, l->tokens + (size_t)p->i * T, &p->bytes);
+    enum rvalue_verdict why =
+        v ? rvalue_check(&l->rc, (const uint8_t *)v, len, l->hash[p->i], parent,
+                         l->tokens + (size_t)p->i * T, &p->bytes)
+          : RV_TRUNCATED;
     r->st.read_bytes += len;
     if (why == RV_OK) {
       p->val = v;
@@ -209,7 +267,8 @@ static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
       p->state = P_BAD;
       LOG_DEBUG("cluster_discarded", "cache=%u page=%llu reason=%s", l->cache_id,
                 (unsigned long long)(l->first + p->i), rvalue_verdict_name(why));
-      free(v);
+      if (sunk) spare_put(r, v, cap);
+      else free(v);
     }
   } /* nil: not in the cluster */
   if (l->ended) return;
@@ -286,6 +345,7 @@ static size_t lookup_send(rlookup_t *l, const pkey_t *keys) {
       l->n = i;
       break;
     }
+    rcmd_sink(c, on_sink);
     l->pg[i].cmd = c;
   }
   return l->n;
