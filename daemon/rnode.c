@@ -207,8 +207,9 @@ static bool from_stash(rpoll_t *p, rnode_t *n) {
   rcmd_t *c = !n->in.items ? sink_next(p->ac) : NULL;
   if (c && b[0] == '$' && (len < 2 || b[1] != '-')) {
     if (!(h = sink_header(b, len, &vlen))) {
-      if (memchr(b, '\n', len) || len >= PEEK_BYTES) protocol_error(n, "a bad bulk length");
-      return false;
+      if (!memchr(b, '\n', len) && len < PEEK_BYTES) return false; /* more to come */
+      protocol_error(n, "a bad bulk length");
+      return true; /* the connection is gone */
     }
     sink_start(n, c, vlen);
     n->in.head += h + sink_take(n, b + h, len - h);
