@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine_tier.h"
 #include "log.h"
 #include "rslot.h"
 #include "rtier.h"
@@ -28,9 +29,11 @@ enum pstate { P_PENDING, P_GOOD, P_MISS, P_BAD };
 typedef struct rpage {
   rlookup_t *l;
   rcmd_t *cmd;          /* in flight */
-  char *val;            /* a value whose claims checked (owned) */
+  char *val;            /* the value (owned: a spare, len bytes); with job, its head and tag */
   size_t len;
-  const uint8_t *bytes; /* its page bytes, inside val */
+  engine_tier_job_t *job; /* the pool page its page bytes are read into (owned), or NULL */
+  uint8_t *page;        /* that page's bytes */
+  const uint8_t *bytes; /* its page bytes, inside val (no job) */
   uint32_t i;
   uint8_t state;        /* enum pstate */
 } rpage_t;
@@ -121,6 +124,18 @@ void rlookup_spare_free(remote_t *r) {
   r->spare.cap = 0;
 }
 
+/* Lets go of what page p holds: its value, its pool page if not imported. */
+static void page_drop(remote_t *r, rpage_t *p) {
+  if (p->job) {
+    engine_tier_import_abort(r->srv->eng, p->job);
+    free(p->val);
+  } else {
+    spare_put(r, p->val, p->len);
+  }
+  p->job = NULL;
+  p->val = NULL;
+}
+
 /* ---- one lookup -------------------------------------------------------------------- */
 
 static void lookup_free(rlookup_t *l) {
@@ -130,8 +145,8 @@ static void lookup_free(rlookup_t *l) {
   if (l->next) l->next->prev = l->prev;
   r->lookup_bytes -= l->held;
   for (size_t i = 0; i < l->n; i++) {
-    rcmd_cancel(l->pg[i].cmd); /* its sink's buffer is written no more */
-    spare_put(r, l->pg[i].val, l->pg[i].len);
+    rcmd_cancel(l->pg[i].cmd); /* its sink's buffers are written no more */
+    page_drop(r, &l->pg[i]);
   }
   free(l->hash);
   free(l->query);
@@ -154,25 +169,31 @@ static bool mac_fill(void *arg, void *dst, uint64_t n) {
 
 /* Imports pages [imported, upto) of the run, frees their values. The
  * engine recomputes every hash from the request's own ids (copied at the
- * lookup); what does not fit, or fails its MAC, ends the importing. */
+ * lookup); what does not fit, or fails its MAC, ends the importing. A page
+ * read into the pool (a job, its MAC checked as it came) is indexed where
+ * it is; one read into a spare buffer is copied in, its MAC computed on
+ * the way (mac_fill). One engine call takes pages of one kind. */
 static void import_run(rlookup_t *l, const uint32_t *query, uint64_t n, const engine_pkey_t *key,
                        size_t upto) {
   remote_t *r = l->r;
   size_t k = upto > l->imported ? upto - l->imported : 0;
   engine_page_in_t in[64];
   while (k && !l->import_over) {
-    size_t b = k < 64 ? k : 64, got = 0;
-    for (size_t i = 0; i < b; i++) {
-      rpage_t *p = &l->pg[l->imported + i];
-      in[i] = (engine_page_in_t){l->hash[l->imported + i], NULL, mac_fill, p};
+    size_t b = 0, got = 0;
+    bool jobs = l->pg[l->imported].job != NULL;
+    for (; b < k && b < 64 && (l->pg[l->imported + b].job != NULL) == jobs; b++) {
+      rpage_t *p = &l->pg[l->imported + b];
+      in[b] = jobs ? (engine_page_in_t){.hash = l->hash[l->imported + b], .job = p->job}
+                   : (engine_page_in_t){l->hash[l->imported + b], NULL, mac_fill, p, NULL};
     }
     int rc = engine_prefix_import(r->srv->eng, l->cache_id, query, n, key, l->first + l->imported,
                                   in, b, &got);
     r->st.hit_pages += got;
     r->st.hit_tokens += got * l->rc.page_tokens;
     for (size_t i = 0; i < b; i++) {
-      spare_put(r, l->pg[l->imported + i].val, l->pg[l->imported + i].len);
-      l->pg[l->imported + i].val = NULL;
+      rpage_t *p = &l->pg[l->imported + i];
+      if (i < got) p->job = NULL; /* the engine's now */
+      page_drop(r, p);
     }
     if (rc || got < b) { /* the pool is full, or the request's ids moved: the rest waits no more */
       r->st.errors[TIER_ERR_import] += rc != 0;
@@ -203,10 +224,7 @@ static void end(rlookup_t *l, bool timed_out) {
   for (size_t i = 0; i < l->n; i++) {
     rcmd_cancel(l->pg[i].cmd);
     l->pg[i].cmd = NULL;
-    if (i >= l->good) {
-      spare_put(r, l->pg[i].val, l->pg[i].len);
-      l->pg[i].val = NULL;
-    }
+    if (i >= l->good) page_drop(r, &l->pg[i]);
   }
   if (timed_out) r->st.errors[TIER_ERR_timeout]++;
   uint64_t ns = uv_hrtime() - l->t0_ns;
@@ -221,18 +239,53 @@ static bool decided(rlookup_t *l) {
   return l->good == l->n || l->pg[l->good].state != P_PENDING;
 }
 
-/* A GET's sink (rcmd_sink): the value is read straight into a buffer of
- * the page's value size, which the page holds from now on (a shorter one
- * too, so that its check says what it is); a longer one cannot verify and
- * is refused (read and dropped, counted as truncated). */
-static void *on_sink(void *arg, size_t len) {
+/* A GET's sink (rcmd_sink): a value of the cache's value size is read
+ * straight into place, its head and tag into a buffer of the page's, its
+ * page bytes into a pool page taken for it now (engine_tier_import_begin:
+ * held by the page until imported or let go); when no pool page can be
+ * had, or the value is shorter (so that its check says what it is), into
+ * a spare buffer whole. A longer one cannot verify: refused (read and
+ * dropped, counted as truncated). */
+static int on_sink(void *arg, size_t len, struct iovec iov[RCMD_SINK_IOV]) {
   rpage_t *p = arg;
   rlookup_t *l = p->l;
-  size_t vsize = rvalue_size(&l->rc);
-  if (l->ended || len > vsize || p->val) return NULL;
-  p->val = spare_get(l->r, vsize);
-  p->len = p->val ? vsize : 0; /* the buffer's size, until on_value */
-  return p->val;
+  remote_t *r = l->r;
+  size_t vsize = rvalue_size(&l->rc), head = rvalue_head_size(&l->rc);
+  if (l->ended || len > vsize || p->val) return 0;
+  void *page;
+  if (len == vsize && (p->val = malloc(head + RVALUE_TAG_BYTES)) &&
+      engine_tier_import_begin(r->srv->eng, l->cache_id, &p->job, &page) == 0) {
+    p->len = head + RVALUE_TAG_BYTES;
+    p->page = page;
+    iov[0] = (struct iovec){p->val, head};
+    iov[1] = (struct iovec){page, l->rc.page_bytes};
+    iov[2] = (struct iovec){p->val + head, RVALUE_TAG_BYTES};
+    return 3;
+  }
+  free(p->val);
+  p->job = NULL;
+  p->val = spare_get(r, vsize);
+  p->len = p->val ? vsize : 0;
+  iov[0] = (struct iovec){p->val, len};
+  return p->val ? 1 : 0;
+}
+
+/* The claims of a value read into its sink or handed over by hiredis, and,
+ * read into the pool, its MAC (while its bytes are warm). */
+static enum rvalue_verdict value_check(rlookup_t *l, rpage_t *p, const char *v, size_t len) {
+  uint32_t T = l->rc.page_tokens;
+  const uint8_t *parent = p->i ? l->hash[p->i - 1] : l->has_before ? l->before : NULL;
+  const uint32_t *tokens = l->tokens + (size_t)p->i * T;
+  if (!v) return RV_TRUNCATED; /* refused unread: longer than a value */
+  if (!p->job) /* its MAC as it is copied into the pool (mac_fill) */
+    return rvalue_check(&l->rc, (const uint8_t *)v, len, l->hash[p->i], parent, tokens, &p->bytes);
+  size_t head = rvalue_head_size(&l->rc);
+  enum rvalue_verdict why = rvalue_check_head(&l->rc, (const uint8_t *)v, len, l->hash[p->i],
+                                              parent, tokens);
+  if (why == RV_OK && !rvalue_mac_parts(l->r->sec, (const uint8_t *)v, head, p->page,
+                                        l->rc.page_bytes, (const uint8_t *)v + head))
+    why = RV_MAC;
+  return why;
 }
 
 static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
@@ -245,30 +298,22 @@ static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
     remote_error(r, st, reply);
   } else if (reply->type == REDIS_REPLY_STRING) {
     /* Read into its sink (p->val; reply->str NULL when refused), or a
-     * reply of hiredis's own. */
-    size_t len = reply->len, cap = p->len; /* a sink's buffer is the value size */
-    bool sunk = p->val != NULL;
-    char *v = sunk ? p->val : reply->str ? rcluster_take_str(reply, &len) : NULL;
-    p->val = NULL;
-    uint32_t T = l->rc.page_tokens;
-    const uint8_t *parent = p->i ? l->hash[p->i - 1] : l->has_before ? l->before : NULL;
-    /* Its claims now; its MAC as it is copied into the pool (mac_fill). */
-    enum rvalue_verdict why =
-        v ? rvalue_check(&l->rc, (const uint8_t *)v, len, l->hash[p->i], parent,
-                         l->tokens + (size_t)p->i * T, &p->bytes)
-          : RV_TRUNCATED;
+     * reply of hiredis's own (taken). */
+    size_t len = reply->len;
+    if (!p->val && reply->str) {
+      p->val = rcluster_take_str(reply, &len);
+      p->len = len; /* (allocated len + 1) */
+    }
+    enum rvalue_verdict why = value_check(l, p, p->val, len);
     r->st.read_bytes += len;
     if (why == RV_OK) {
-      p->val = v;
-      p->len = len;
       p->state = P_GOOD;
     } else {
       r->st.discarded[why - 1]++;
       p->state = P_BAD;
       LOG_DEBUG("cluster_discarded", "cache=%u page=%llu reason=%s", l->cache_id,
                 (unsigned long long)(l->first + p->i), rvalue_verdict_name(why));
-      if (sunk) spare_put(r, v, cap);
-      else free(v);
+      page_drop(r, p);
     }
   } /* nil: not in the cluster */
   if (l->ended) return;

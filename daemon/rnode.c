@@ -145,7 +145,27 @@ static void sink_start(rnode_t *n, rcmd_t *c, size_t len) {
   n->in.c = c;
   n->in.len = len;
   n->in.got = 0;
-  n->in.dst = c->sink(c->arg, len);
+  int k = c->sink(c->arg, len, n->in.iov);
+  size_t sum = 0;
+  for (int i = 0; i < k && i < RCMD_SINK_IOV; i++) sum += n->in.iov[i].iov_len;
+  n->in.niov = k > 0 && k <= RCMD_SINK_IOV && sum == len ? k : 0; /* else dropped */
+}
+
+/* Where the value's bytes from offset off go (the sink's parts past it)
+ * into out: how many parts. */
+static int sink_parts(const rnode_t *n, size_t off, struct iovec *out) {
+  int k = 0;
+  for (int i = 0; i < n->in.niov; i++) {
+    size_t l = n->in.iov[i].iov_len;
+    if (off >= l) {
+      off -= l;
+      continue;
+    }
+    out[k].iov_base = (uint8_t *)n->in.iov[i].iov_base + off;
+    out[k++].iov_len = l - off;
+    off = 0;
+  }
+  return k;
 }
 
 /* Bytes b[0, k) of the value being read (and its CRLF): how many it took. */
@@ -153,7 +173,16 @@ static size_t sink_take(rnode_t *n, const char *b, size_t k) {
   size_t want = n->in.len + 2 - n->in.got, body = 0;
   if (k > want) k = want;
   if (n->in.got < n->in.len) body = k < n->in.len - n->in.got ? k : n->in.len - n->in.got;
-  if (body && n->in.dst && !n->in.c->cancelled) memcpy(n->in.dst + n->in.got, b, body);
+  if (body && !n->in.c->cancelled) {
+    struct iovec part[RCMD_SINK_IOV];
+    int np = sink_parts(n, n->in.got, part);
+    size_t off = 0;
+    for (int i = 0; i < np && off < body; i++) {
+      size_t l = part[i].iov_len < body - off ? part[i].iov_len : body - off;
+      memcpy(part[i].iov_base, b + off, l);
+      off += l;
+    }
+  }
   for (size_t i = body; i < k; i++) n->in.crlf[n->in.got + i - n->in.len] = b[i];
   n->in.got += k;
   return k;
@@ -169,7 +198,7 @@ static void sink_done(rpoll_t *p, rnode_t *n) {
   }
   c->landed = true;
   c->landed_len = n->in.len;
-  c->landed_buf = n->in.dst;
+  c->landed_buf = n->in.niov ? n->in.iov[0].iov_base : NULL;
   feed(p->ac, "+\r\n", 3);
 }
 
@@ -177,20 +206,22 @@ static void sink_done(rpoll_t *p, rnode_t *n) {
  * more, SR_AGAIN when it has none. */
 static enum sread sink_body(rpoll_t *p, rnode_t *n) {
   static uint8_t dropped[DROP_BYTES]; /* the loop's thread alone */
-  struct iovec iov[2];
+  struct iovec iov[RCMD_SINK_IOV + 1];
   int k = 0;
-  bool keep = n->in.dst && !n->in.c->cancelled;
-  size_t body = n->in.len > n->in.got ? n->in.len - n->in.got : 0;
-  if (body) {
-    iov[k].iov_base = keep ? n->in.dst + n->in.got : dropped;
-    iov[k++].iov_len = keep || body < DROP_BYTES ? body : DROP_BYTES;
+  size_t body = n->in.len > n->in.got ? n->in.len - n->in.got : 0, want = 0;
+  if (body && n->in.niov && !n->in.c->cancelled) {
+    k = sink_parts(n, n->in.got, iov);
+    want = body;
+  } else if (body) {
+    iov[k].iov_base = dropped;
+    iov[k++].iov_len = want = body < DROP_BYTES ? body : DROP_BYTES;
   }
-  if (k == 0 || iov[0].iov_len == body) { /* the closing CRLF */
+  if (want == body) { /* the closing CRLF */
     size_t had = n->in.got > n->in.len ? n->in.got - n->in.len : 0;
     iov[k].iov_base = n->in.crlf + had;
     iov[k++].iov_len = 2 - had;
+    want += 2 - had;
   }
-  size_t want = iov[0].iov_len + (k > 1 ? iov[1].iov_len : 0);
   ssize_t got = readv(p->ac->c.fd, iov, k);
   if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return SR_AGAIN;
   if (got <= 0) return SR_HIREDIS; /* lost: hiredis meets it, the commands fail */

@@ -72,7 +72,8 @@ struct rnode {
     uint64_t items;     /* items of the reply under way still to come (0: between replies) */
     uint64_t bulk;      /* bytes of a bulk string under way, its CRLF counted */
     rcmd_t *c;          /* a value being read into its sink (NULL: none) */
-    uint8_t *dst;       /* its sink's buffer (NULL: refused, its bytes dropped) */
+    struct iovec iov[RCMD_SINK_IOV]; /* where its sink puts it */
+    int niov;           /* 0: refused, its bytes dropped */
     size_t len, got;    /* the value's bytes; read so far, its closing CRLF counted */
     char crlf[2];
   } in;
