@@ -122,11 +122,12 @@ static int frame(rnode_t *n, const char *b, size_t len, size_t *used) {
   }
 }
 
-/* The command whose reply comes next, when it has a sink. */
+/* The command whose reply comes next, when it has a sink (a cancelled one
+ * too: its value is read and dropped, never handed to hiredis whole). */
 static rcmd_t *sink_next(const redisAsyncContext *ac) {
   const redisCallback *cb = ac->replies.head;
   rcmd_t *c = cb && cb->fn == on_reply ? cb->privdata : NULL;
-  return c && c->sink && !c->cancelled ? c : NULL;
+  return c && c->sink ? c : NULL; /* cancelled: its value is read and dropped */
 }
 
 /* The header b[0, len) ("$<len>\r\n" at the front), if whole: its bytes
@@ -145,7 +146,7 @@ static void sink_start(rnode_t *n, rcmd_t *c, size_t len) {
   n->in.c = c;
   n->in.len = len;
   n->in.got = 0;
-  int k = c->sink(c->arg, len, n->in.iov);
+  int k = c->cancelled ? 0 : c->sink(c->arg, len, n->in.iov); /* (arg may be gone) */
   size_t sum = 0;
   for (int i = 0; i < k && i < RCMD_SINK_IOV; i++) sum += n->in.iov[i].iov_len;
   n->in.niov = k > 0 && k <= RCMD_SINK_IOV && sum == len ? k : 0; /* else dropped */
