@@ -1,8 +1,8 @@
 /* rlookup.c: a match or attach continued in the cluster (remote.h draws the
  * path). One lookup per request: the pages past the local match, one GET
- * each, pipelined on each node's connection (a node receives its share of
- * the keys in one write and answers them in a stream); the connection is
- * parked meanwhile.
+ * each, pipelined on the nodes' connections in page order, at most
+ * LOOKUP_WINDOW_BYTES of values asked for and not yet read (for small
+ * pages, the whole prompt at once); the connection is parked meanwhile.
  *
  *   pages   first  first+1  first+2  first+3 ...
  *   state   GOOD   GOOD     MISS     GOOD        good = 2: decided, the lookup
@@ -11,10 +11,11 @@
  * Pages are a chain: only the run of verified pages from the first counts,
  * so the lookup ends as soon as that run is decided (every page answered,
  * or one in it missed or failed verification), or at
- * cluster_lookup_timeout_ms with whatever run it has. What a value claims
- * is checked as it arrives (rvalue_check), against the hash this node
- * computed for the page from the request's own tokens; its MAC as it is
- * copied into the pool (rvalue_copy_verified, in one pass).
+ * cluster_lookup_timeout_ms with whatever run it has. A value is read
+ * straight into place (on_sink: its page bytes into the pool page it will
+ * be imported as); what it claims is checked as it arrives, against the
+ * hash this node computed for the page from the request's own tokens, and
+ * its MAC over the page where it landed (value_check).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,8 @@
 #include "rtier.h"
 
 enum pstate { P_PENDING, P_GOOD, P_MISS, P_BAD };
+
+#define LOOKUP_WINDOW_BYTES (8ull << 20) /* of values a lookup has asked for and not read */
 
 typedef struct rpage {
   rlookup_t *l;
@@ -37,6 +40,13 @@ typedef struct rpage {
   uint32_t i;
   uint8_t state;        /* enum pstate */
 } rpage_t;
+
+/* A page's key and its slot. */
+typedef struct pkey {
+  char s[RVALUE_KEY_MAX];
+  size_t len;
+  uint16_t slot;
+} pkey_t;
 
 struct rlookup {
   remote_t *r;
@@ -59,6 +69,10 @@ struct rlookup {
   size_t imported;      /* of the run, pages imported (or given up on) */
   bool import_over;     /* an import fell short: the rest is not imported */
   rpage_t *pg;
+  pkey_t *keys;         /* of each page looked up */
+  size_t sent;          /* pages whose GET went (in order) */
+  size_t inflight;      /* of those, not answered */
+  size_t window;        /* GETs in flight at most */
   uint64_t t0_ns, deadline_ms;
   bool ended;
 };
@@ -149,6 +163,7 @@ static void lookup_free(rlookup_t *l) {
     page_drop(r, &l->pg[i]);
   }
   free(l->hash);
+  free(l->keys);
   free(l->query);
   free(l->pg);
   free(l);
@@ -239,6 +254,49 @@ static bool decided(rlookup_t *l) {
   return l->good == l->n || l->pg[l->good].state != P_PENDING;
 }
 
+/* The GET of a key, as RESP bytes (new). */
+static char *get_cmd(const char *key, size_t klen, size_t *len) {
+  char *cmd = malloc(32 + klen);
+  if (!cmd) return NULL;
+  int h = snprintf(cmd, 32, "*2\r\n$3\r\nGET\r\n$%zu\r\n", klen);
+  memcpy(cmd + h, key, klen);
+  memcpy(cmd + h + klen, "\r\n", 2);
+  *len = (size_t)h + klen + 2;
+  return cmd;
+}
+
+static void on_value(void *arg, enum rc_status st, struct redisReply *reply);
+static int on_sink(void *arg, size_t len, struct iovec iov[RCMD_SINK_IOV]);
+
+/* Sends the next GETs, in page order, while fewer than the window are in
+ * flight: a node's replies then stay a few values ahead of what is read
+ * (Redis builds every reply of a pipeline in memory before it writes it:
+ * the whole prompt at once would cost it fresh memory and cold copies,
+ * and the window keeps them warm). A page that cannot be sent ends the
+ * lookup there (nothing after it could be used). Returns how many went. */
+static size_t lookup_send(rlookup_t *l) {
+  remote_t *r = l->r;
+  while (l->sent < l->n && l->inflight < l->window) {
+    size_t i = l->sent, len;
+    const pkey_t *k = &l->keys[i];
+    char *cmd = get_cmd(k->s, k->len, &len);
+    enum rc_status st = RC_CONN;
+    rcmd_t *c = cmd ? rcluster_send(r->cl, k->slot, true, cmd, len, on_value, &l->pg[i], &st)
+                    : NULL;
+    if (!c) {
+      remote_error(r, st, NULL);
+      l->n = i;
+      break;
+    }
+    rcmd_sink(c, on_sink);
+    l->pg[i].cmd = c;
+    l->sent++;
+    l->inflight++;
+    r->st.lookup_pages++;
+  }
+  return l->sent;
+}
+
 /* A GET's sink (rcmd_sink): a value of the cache's value size is read
  * straight into place, its head and tag into a buffer of the page's, its
  * page bytes into a pool page taken for it now (engine_tier_import_begin:
@@ -294,6 +352,7 @@ static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
   remote_t *r = l->r;
   p->cmd = NULL;
   p->state = P_MISS;
+  l->inflight--;
   if (st != RC_OK || reply->type == REDIS_REPLY_ERROR) {
     remote_error(r, st, reply);
   } else if (reply->type == REDIS_REPLY_STRING) {
@@ -317,20 +376,10 @@ static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
     }
   } /* nil: not in the cluster */
   if (l->ended) return;
+  lookup_send(l);
   bool done = decided(l);
   import_early(l, done);
   if (done) end(l, false);
-}
-
-/* The GET of a key, as RESP bytes (new). */
-static char *get_cmd(const char *key, size_t klen, size_t *len) {
-  char *cmd = malloc(32 + klen);
-  if (!cmd) return NULL;
-  int h = snprintf(cmd, 32, "*2\r\n$3\r\nGET\r\n$%zu\r\n", klen);
-  memcpy(cmd + h, key, klen);
-  memcpy(cmd + h + klen, "\r\n", 2);
-  *len = (size_t)h + klen + 2;
-  return cmd;
 }
 
 /* A lookup of pages [first, first + n) of the request, their hashes taken
@@ -366,34 +415,6 @@ static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
   for (size_t i = 0; i < n; i++)
     l->pg[i] = (rpage_t){.l = l, .i = (uint32_t)i, .state = P_PENDING};
   return l;
-}
-
-/* A page's key and its slot. */
-typedef struct pkey {
-  char s[RVALUE_KEY_MAX];
-  size_t len;
-  uint16_t slot;
-} pkey_t;
-
-/* Sends the GETs; the pages past the first that cannot be sent are not
- * looked up (nothing after them could be used). Returns how many went. */
-static size_t lookup_send(rlookup_t *l, const pkey_t *keys) {
-  remote_t *r = l->r;
-  for (size_t i = 0; i < l->n; i++) {
-    size_t len;
-    char *cmd = get_cmd(keys[i].s, keys[i].len, &len);
-    enum rc_status st = RC_CONN;
-    rcmd_t *c = cmd ? rcluster_send(r->cl, keys[i].slot, true, cmd, len, on_value, &l->pg[i], &st)
-                    : NULL;
-    if (!c) {
-      remote_error(r, st, NULL);
-      l->n = i;
-      break;
-    }
-    rcmd_sink(c, on_sink);
-    l->pg[i].cmd = c;
-  }
-  return l->n;
 }
 
 int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
@@ -444,15 +465,16 @@ int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t
   l->held = (uint64_t)k * vsize;
   r->lookup_bytes += l->held;
   l->t0_ns = uv_hrtime();
-  if (lookup_send(l, keys) == 0) {
+  l->keys = keys;
+  keys = NULL;
+  l->window = LOOKUP_WINDOW_BYTES / vsize > 4 ? (size_t)(LOOKUP_WINDOW_BYTES / vsize) : 4;
+  if (lookup_send(l) == 0) {
     lookup_free(l);
     goto run;
   }
-  free(keys);
   l->deadline_ms = uv_now(srv->loop) + srv->cfg.cluster_lookup_timeout_ms;
   arm(r, l->deadline_ms);
   r->st.lookups++;
-  r->st.lookup_pages += l->n;
   c->rwait = l;
   return REMOTE_WAIT;
 run:
