@@ -35,6 +35,7 @@ typedef struct rpage {
   char *val;            /* the value (owned: a spare, len bytes); with job, its head and tag */
   size_t len;
   engine_tier_job_t *job; /* the pool page its page bytes are read into (owned), or NULL */
+  bool spare;           /* val is a spare buffer (rlookup's), else malloc's own */
   uint8_t *page;        /* that page's bytes */
   const uint8_t *bytes; /* its page bytes, inside val (no job) */
   uint32_t i;
@@ -140,14 +141,12 @@ void rlookup_spare_free(remote_t *r) {
 
 /* Lets go of what page p holds: its value, its pool page if not imported. */
 static void page_drop(remote_t *r, rpage_t *p) {
-  if (p->job) {
-    engine_tier_import_abort(r->srv->eng, p->job);
-    free(p->val);
-  } else {
-    spare_put(r, p->val, p->len);
-  }
+  engine_tier_import_abort(r->srv->eng, p->job);
+  if (p->spare) spare_put(r, p->val, p->len);
+  else free(p->val);
   p->job = NULL;
   p->val = NULL;
+  p->spare = false;
 }
 
 /* ---- one lookup -------------------------------------------------------------------- */
@@ -207,7 +206,7 @@ static void import_run(rlookup_t *l, const uint32_t *query, uint64_t n, const en
     r->st.hit_tokens += got * l->rc.page_tokens;
     for (size_t i = 0; i < b; i++) {
       rpage_t *p = &l->pg[l->imported + i];
-      if (i < got) p->job = NULL; /* the engine's now */
+      if (i < got) p->job = NULL; /* its page is the engine's now */
       page_drop(r, p);
     }
     if (rc || got < b) { /* the pool is full, or the request's ids moved: the rest waits no more */
@@ -324,6 +323,7 @@ static int on_sink(void *arg, size_t len, struct iovec iov[RCMD_SINK_IOV]) {
   p->job = NULL;
   p->val = spare_get(r, vsize);
   p->len = p->val ? vsize : 0;
+  p->spare = p->val != NULL;
   iov[0] = (struct iovec){p->val, len};
   return p->val ? 1 : 0;
 }
