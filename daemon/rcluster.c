@@ -375,6 +375,10 @@ void rcmd_cancel(rcmd_t *c) {
   if (c) c->cancelled = true;
 }
 
+void rcmd_sink(rcmd_t *c, rcmd_sink_fn sink) {
+  if (c) c->sink = sink;
+}
+
 char *rcluster_take_str(struct redisReply *reply, size_t *len) {
   char *s = reply->str;
   *len = reply->len;

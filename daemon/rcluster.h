@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 #include <uv.h>
 
 struct redisReply;
@@ -99,6 +100,19 @@ rcmd_t *rcluster_send(rcluster_t *cl, uint16_t slot, bool read, char *cmd, size_
                       rcmd_fn fn, void *arg, enum rc_status *st);
 /* The command's fn will not run (its reply is dropped when it comes). */
 void rcmd_cancel(rcmd_t *c);
+
+/* Where a command's bulk string reply may go straight from the socket:
+ * called once its length is known, fills iov with where its len bytes go
+ * (at most RCMD_SINK_IOV parts, borrowed: the callee keeps them; nothing is
+ * written there once the command is cancelled) and returns how many parts,
+ * or 0 to refuse it (its bytes are read and dropped). fn then gets RC_OK
+ * with a string reply of that len whose str is iov[0]'s base (NULL when
+ * refused); not for rcluster_take_str. Any other reply (nil, an error, a
+ * redirection) comes as it would without a sink. */
+#define RCMD_SINK_IOV 3
+typedef int (*rcmd_sink_fn)(void *arg, size_t len, struct iovec iov[RCMD_SINK_IOV]);
+/* Gives c (just sent, its reply not yet read) a sink; arg is fn's. */
+void rcmd_sink(rcmd_t *c, rcmd_sink_fn sink);
 
 /* Takes reply->str of a string reply: the caller frees it with free(). */
 char *rcluster_take_str(struct redisReply *reply, size_t *len);

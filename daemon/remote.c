@@ -159,6 +159,7 @@ void remote_stop(server_t *srv) {
   r->stopping = true;
   engine_set_tier_hooks(srv->eng, NULL);
   rlookup_end_all(r);
+  rlookup_spare_free(r);
   rwrite_stop(r);        /* the sender's jobs come back, their pages released */
   rcluster_close(r->cl); /* no command calls back after this */
   r->cl = NULL;

@@ -5,13 +5,13 @@
  *   put indexes a page --hook--> write-behind queue --sender thread: SET--> cluster
  *   (or the pool reclaims it, with cluster_write = evicted)   (rwrite.c, rsend.c)
  *
- *   match/attach: pages past the local match --GET, pipelined per node-->
+ *   match/attach: pages past the local match --GET, pipelined, 8 MiB ahead-->
  *   the connection waits (parked, at most cluster_lookup_timeout_ms); each
- *   value's claims are checked as it comes (rvalue.c), and the run of
- *   pages from the first is imported as it grows (engine_prefix_import,
- *   which recomputes every hash from the query, each page's MAC computed
- *   as it is copied into the pool); then the request runs again and
- *   matches them as any cached pages                                    (rlookup.c)
+ *   value is read into the pool page it will be (rnode.c), its claims and
+ *   its MAC checked as it comes (rvalue.c), and the run of pages from the
+ *   first is imported as it grows (engine_prefix_import, which recomputes
+ *   every hash from the query and indexes the pages where they are); then
+ *   the request runs again and matches them as any cached pages (rlookup.c)
  *
  * Nothing of it can fail a request: a slow, partitioned or dead cluster
  * costs a request at most the lookup bound (nothing while breakers are

@@ -1,8 +1,8 @@
 /* rlookup.c: a match or attach continued in the cluster (remote.h draws the
  * path). One lookup per request: the pages past the local match, one GET
- * each, pipelined on each node's connection (a node receives its share of
- * the keys in one write and answers them in a stream); the connection is
- * parked meanwhile.
+ * each, pipelined on the nodes' connections in page order, at most
+ * LOOKUP_WINDOW_BYTES of values asked for and not yet read (for small
+ * pages, the whole prompt at once); the connection is parked meanwhile.
  *
  *   pages   first  first+1  first+2  first+3 ...
  *   state   GOOD   GOOD     MISS     GOOD        good = 2: decided, the lookup
@@ -11,29 +11,43 @@
  * Pages are a chain: only the run of verified pages from the first counts,
  * so the lookup ends as soon as that run is decided (every page answered,
  * or one in it missed or failed verification), or at
- * cluster_lookup_timeout_ms with whatever run it has. What a value claims
- * is checked as it arrives (rvalue_check), against the hash this node
- * computed for the page from the request's own tokens; its MAC as it is
- * copied into the pool (rvalue_copy_verified, in one pass).
+ * cluster_lookup_timeout_ms with whatever run it has. A value is read
+ * straight into place (on_sink: its page bytes into the pool page it will
+ * be imported as); what it claims is checked as it arrives, against the
+ * hash this node computed for the page from the request's own tokens, and
+ * its MAC over the page where it landed (value_check).
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine_tier.h"
 #include "log.h"
 #include "rslot.h"
 #include "rtier.h"
 
 enum pstate { P_PENDING, P_GOOD, P_MISS, P_BAD };
 
+#define LOOKUP_WINDOW_BYTES (8ull << 20) /* of values a lookup has asked for and not read */
+
 typedef struct rpage {
   rlookup_t *l;
   rcmd_t *cmd;          /* in flight */
-  char *val;            /* a value whose claims checked (owned) */
+  char *val;            /* the value (owned: a spare, len bytes); with job, its head and tag */
   size_t len;
-  const uint8_t *bytes; /* its page bytes, inside val */
+  engine_tier_job_t *job; /* the pool page its page bytes are read into (owned), or NULL */
+  bool spare;           /* val is a spare buffer (rlookup's), else malloc's own */
+  uint8_t *page;        /* that page's bytes */
+  const uint8_t *bytes; /* its page bytes, inside val (no job) */
   uint32_t i;
   uint8_t state;        /* enum pstate */
 } rpage_t;
+
+/* A page's key and its slot. */
+typedef struct pkey {
+  char s[RVALUE_KEY_MAX];
+  size_t len;
+  uint16_t slot;
+} pkey_t;
 
 struct rlookup {
   remote_t *r;
@@ -56,6 +70,10 @@ struct rlookup {
   size_t imported;      /* of the run, pages imported (or given up on) */
   bool import_over;     /* an import fell short: the rest is not imported */
   rpage_t *pg;
+  pkey_t *keys;         /* of each page looked up */
+  size_t sent;          /* pages whose GET went (in order) */
+  size_t inflight;      /* of those, not answered */
+  size_t window;        /* GETs in flight at most */
   uint64_t t0_ns, deadline_ms;
   bool ended;
 };
@@ -83,6 +101,54 @@ static void arm(remote_t *r, uint64_t deadline_ms) {
     uv_timer_start(t, on_deadline, in, 0);
 }
 
+/* ---- value buffers ------------------------------------------------------------------
+ * A value is read into a buffer of its size (its sink, rnode.c) and copied
+ * into the pool at import; buffers are kept for the next values (up to a
+ * quarter of cluster_lookup_bytes), so that a lookup writes into memory
+ * already mapped instead of faulting fresh pages in at every value. */
+
+static void *spare_get(remote_t *r, size_t len) {
+  if (r->spare.n && r->spare.bytes == len) return r->spare.v[--r->spare.n];
+  return malloc(len);
+}
+
+/* Takes v, a value buffer of len bytes (a value's size). */
+static void spare_put(remote_t *r, void *v, size_t len) {
+  if (!v) return;
+  if (len != r->spare.bytes) { /* another layout's: the old ones go */
+    rlookup_spare_free(r);
+    r->spare.bytes = len;
+  }
+  size_t cap = len ? (size_t)(r->srv->cfg.cluster_lookup_bytes / 4 / len) : 0;
+  if (r->spare.n < cap && r->spare.n == r->spare.cap) {
+    size_t nc = r->spare.cap ? 2 * r->spare.cap : 16;
+    void **nv = realloc(r->spare.v, (nc < cap ? nc : cap) * sizeof *nv);
+    if (nv) {
+      r->spare.v = nv;
+      r->spare.cap = nc < cap ? nc : cap;
+    }
+  }
+  if (r->spare.n < r->spare.cap) r->spare.v[r->spare.n++] = v;
+  else free(v);
+}
+
+void rlookup_spare_free(remote_t *r) {
+  while (r->spare.n) free(r->spare.v[--r->spare.n]);
+  free(r->spare.v);
+  r->spare.v = NULL;
+  r->spare.cap = 0;
+}
+
+/* Lets go of what page p holds: its value, its pool page if not imported. */
+static void page_drop(remote_t *r, rpage_t *p) {
+  engine_tier_import_abort(r->srv->eng, p->job);
+  if (p->spare) spare_put(r, p->val, p->len);
+  else free(p->val);
+  p->job = NULL;
+  p->val = NULL;
+  p->spare = false;
+}
+
 /* ---- one lookup -------------------------------------------------------------------- */
 
 static void lookup_free(rlookup_t *l) {
@@ -92,10 +158,11 @@ static void lookup_free(rlookup_t *l) {
   if (l->next) l->next->prev = l->prev;
   r->lookup_bytes -= l->held;
   for (size_t i = 0; i < l->n; i++) {
-    rcmd_cancel(l->pg[i].cmd);
-    free(l->pg[i].val);
+    rcmd_cancel(l->pg[i].cmd); /* its sink's buffers are written no more */
+    page_drop(r, &l->pg[i]);
   }
   free(l->hash);
+  free(l->keys);
   free(l->query);
   free(l->pg);
   free(l);
@@ -116,25 +183,31 @@ static bool mac_fill(void *arg, void *dst, uint64_t n) {
 
 /* Imports pages [imported, upto) of the run, frees their values. The
  * engine recomputes every hash from the request's own ids (copied at the
- * lookup); what does not fit, or fails its MAC, ends the importing. */
+ * lookup); what does not fit, or fails its MAC, ends the importing. A page
+ * read into the pool (a job, its MAC checked as it came) is indexed where
+ * it is; one read into a spare buffer is copied in, its MAC computed on
+ * the way (mac_fill). One engine call takes pages of one kind. */
 static void import_run(rlookup_t *l, const uint32_t *query, uint64_t n, const engine_pkey_t *key,
                        size_t upto) {
   remote_t *r = l->r;
   size_t k = upto > l->imported ? upto - l->imported : 0;
   engine_page_in_t in[64];
   while (k && !l->import_over) {
-    size_t b = k < 64 ? k : 64, got = 0;
-    for (size_t i = 0; i < b; i++) {
-      rpage_t *p = &l->pg[l->imported + i];
-      in[i] = (engine_page_in_t){l->hash[l->imported + i], NULL, mac_fill, p};
+    size_t b = 0, got = 0;
+    bool jobs = l->pg[l->imported].job != NULL;
+    for (; b < k && b < 64 && (l->pg[l->imported + b].job != NULL) == jobs; b++) {
+      rpage_t *p = &l->pg[l->imported + b];
+      in[b] = jobs ? (engine_page_in_t){.hash = l->hash[l->imported + b], .job = p->job}
+                   : (engine_page_in_t){l->hash[l->imported + b], NULL, mac_fill, p, NULL};
     }
     int rc = engine_prefix_import(r->srv->eng, l->cache_id, query, n, key, l->first + l->imported,
                                   in, b, &got);
     r->st.hit_pages += got;
     r->st.hit_tokens += got * l->rc.page_tokens;
     for (size_t i = 0; i < b; i++) {
-      free(l->pg[l->imported + i].val);
-      l->pg[l->imported + i].val = NULL;
+      rpage_t *p = &l->pg[l->imported + i];
+      if (i < got) p->job = NULL; /* its page is the engine's now */
+      page_drop(r, p);
     }
     if (rc || got < b) { /* the pool is full, or the request's ids moved: the rest waits no more */
       r->st.errors[TIER_ERR_import] += rc != 0;
@@ -165,10 +238,7 @@ static void end(rlookup_t *l, bool timed_out) {
   for (size_t i = 0; i < l->n; i++) {
     rcmd_cancel(l->pg[i].cmd);
     l->pg[i].cmd = NULL;
-    if (i >= l->good) {
-      free(l->pg[i].val);
-      l->pg[i].val = NULL;
-    }
+    if (i >= l->good) page_drop(r, &l->pg[i]);
   }
   if (timed_out) r->st.errors[TIER_ERR_timeout]++;
   uint64_t ns = uv_hrtime() - l->t0_ns;
@@ -183,41 +253,6 @@ static bool decided(rlookup_t *l) {
   return l->good == l->n || l->pg[l->good].state != P_PENDING;
 }
 
-static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
-  rpage_t *p = arg;
-  rlookup_t *l = p->l;
-  remote_t *r = l->r;
-  p->cmd = NULL;
-  p->state = P_MISS;
-  if (st != RC_OK || reply->type == REDIS_REPLY_ERROR) {
-    remote_error(r, st, reply);
-  } else if (reply->type == REDIS_REPLY_STRING) {
-    size_t len;
-    char *v = rcluster_take_str(reply, &len);
-    uint32_t T = l->rc.page_tokens;
-    const uint8_t *parent = p->i ? l->hash[p->i - 1] : l->has_before ? l->before : NULL;
-    /* Its claims now; its MAC as it is copied into the pool (mac_fill). */
-    enum rvalue_verdict why = rvalue_check(&l->rc, (const uint8_t *)v, len, l->hash[p->i],
-                                           parent, l->tokens + (size_t)p->i * T, &p->bytes);
-    r->st.read_bytes += len;
-    if (why == RV_OK) {
-      p->val = v;
-      p->len = len;
-      p->state = P_GOOD;
-    } else {
-      r->st.discarded[why - 1]++;
-      p->state = P_BAD;
-      LOG_DEBUG("cluster_discarded", "cache=%u page=%llu reason=%s", l->cache_id,
-                (unsigned long long)(l->first + p->i), rvalue_verdict_name(why));
-      free(v);
-    }
-  } /* nil: not in the cluster */
-  if (l->ended) return;
-  bool done = decided(l);
-  import_early(l, done);
-  if (done) end(l, false);
-}
-
 /* The GET of a key, as RESP bytes (new). */
 static char *get_cmd(const char *key, size_t klen, size_t *len) {
   char *cmd = malloc(32 + klen);
@@ -227,6 +262,124 @@ static char *get_cmd(const char *key, size_t klen, size_t *len) {
   memcpy(cmd + h + klen, "\r\n", 2);
   *len = (size_t)h + klen + 2;
   return cmd;
+}
+
+static void on_value(void *arg, enum rc_status st, struct redisReply *reply);
+static int on_sink(void *arg, size_t len, struct iovec iov[RCMD_SINK_IOV]);
+
+/* Sends the next GETs, in page order, while fewer than the window are in
+ * flight: a node's replies then stay a few values ahead of what is read
+ * (Redis builds every reply of a pipeline in memory before it writes it:
+ * the whole prompt at once would cost it fresh memory and cold copies,
+ * and the window keeps them warm). A page that cannot be sent ends the
+ * lookup there (nothing after it could be used). Returns how many went. */
+static size_t lookup_send(rlookup_t *l) {
+  remote_t *r = l->r;
+  while (l->sent < l->n && l->inflight < l->window) {
+    size_t i = l->sent, len;
+    const pkey_t *k = &l->keys[i];
+    char *cmd = get_cmd(k->s, k->len, &len);
+    enum rc_status st = RC_CONN;
+    rcmd_t *c = cmd ? rcluster_send(r->cl, k->slot, true, cmd, len, on_value, &l->pg[i], &st)
+                    : NULL;
+    if (!c) {
+      remote_error(r, st, NULL);
+      l->n = i;
+      break;
+    }
+    rcmd_sink(c, on_sink);
+    l->pg[i].cmd = c;
+    l->sent++;
+    l->inflight++;
+    r->st.lookup_pages++;
+  }
+  return l->sent;
+}
+
+/* A GET's sink (rcmd_sink): a value of the cache's value size is read
+ * straight into place, its head and tag into a buffer of the page's, its
+ * page bytes into a pool page taken for it now (engine_tier_import_begin:
+ * held by the page until imported or let go); when no pool page can be
+ * had, or the value is shorter (so that its check says what it is), into
+ * a spare buffer whole. A longer one cannot verify: refused (read and
+ * dropped, counted as truncated). */
+static int on_sink(void *arg, size_t len, struct iovec iov[RCMD_SINK_IOV]) {
+  rpage_t *p = arg;
+  rlookup_t *l = p->l;
+  remote_t *r = l->r;
+  size_t vsize = rvalue_size(&l->rc), head = rvalue_head_size(&l->rc);
+  if (l->ended || len > vsize || p->val) return 0;
+  void *page;
+  if (len == vsize && (p->val = malloc(head + RVALUE_TAG_BYTES)) &&
+      engine_tier_import_begin(r->srv->eng, l->cache_id, &p->job, &page) == 0) {
+    p->len = head + RVALUE_TAG_BYTES;
+    p->page = page;
+    iov[0] = (struct iovec){p->val, head};
+    iov[1] = (struct iovec){page, l->rc.page_bytes};
+    iov[2] = (struct iovec){p->val + head, RVALUE_TAG_BYTES};
+    return 3;
+  }
+  free(p->val);
+  p->job = NULL;
+  p->val = spare_get(r, vsize);
+  p->len = p->val ? vsize : 0;
+  p->spare = p->val != NULL;
+  iov[0] = (struct iovec){p->val, len};
+  return p->val ? 1 : 0;
+}
+
+/* The claims of a value read into its sink or handed over by hiredis, and,
+ * read into the pool, its MAC (while its bytes are warm). */
+static enum rvalue_verdict value_check(rlookup_t *l, rpage_t *p, const char *v, size_t len) {
+  uint32_t T = l->rc.page_tokens;
+  const uint8_t *parent = p->i ? l->hash[p->i - 1] : l->has_before ? l->before : NULL;
+  const uint32_t *tokens = l->tokens + (size_t)p->i * T;
+  if (!v) return RV_TRUNCATED; /* refused unread: longer than a value */
+  if (!p->job) /* its MAC as it is copied into the pool (mac_fill) */
+    return rvalue_check(&l->rc, (const uint8_t *)v, len, l->hash[p->i], parent, tokens, &p->bytes);
+  size_t head = rvalue_head_size(&l->rc);
+  enum rvalue_verdict why = rvalue_check_head(&l->rc, (const uint8_t *)v, len, l->hash[p->i],
+                                              parent, tokens);
+  if (why == RV_OK && !rvalue_mac_parts(l->r->sec, (const uint8_t *)v, head, p->page,
+                                        l->rc.page_bytes, (const uint8_t *)v + head))
+    why = RV_MAC;
+  return why;
+}
+
+static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
+  rpage_t *p = arg;
+  rlookup_t *l = p->l;
+  remote_t *r = l->r;
+  p->cmd = NULL;
+  p->state = P_MISS;
+  l->inflight--;
+  if (st != RC_OK || reply->type == REDIS_REPLY_ERROR) {
+    remote_error(r, st, reply);
+  } else if (reply->type == REDIS_REPLY_STRING) {
+    /* Read into its sink (p->val; reply->str NULL when refused), or a
+     * reply of hiredis's own (taken). */
+    size_t len = reply->len;
+    if (!p->val && reply->str) {
+      p->val = rcluster_take_str(reply, &len);
+      p->len = len; /* (allocated len + 1) */
+    }
+    enum rvalue_verdict why = value_check(l, p, p->val, len);
+    r->st.read_bytes += len;
+    if (why == RV_OK) {
+      p->state = P_GOOD;
+    } else {
+      r->st.discarded[why - 1]++;
+      p->state = P_BAD;
+      LOG_DEBUG("cluster_discarded", "cache=%u page=%llu reason=%s", l->cache_id,
+                (unsigned long long)(l->first + p->i), rvalue_verdict_name(why));
+      page_drop(r, p);
+    }
+  } /* nil: not in the cluster */
+  if (l->ended) return;
+  lookup_send(l);
+  bool done = decided(l);
+  import_early(l, done);
+  if (done) end(l, false);
 }
 
 /* A lookup of pages [first, first + n) of the request, their hashes taken
@@ -262,33 +415,6 @@ static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
   for (size_t i = 0; i < n; i++)
     l->pg[i] = (rpage_t){.l = l, .i = (uint32_t)i, .state = P_PENDING};
   return l;
-}
-
-/* A page's key and its slot. */
-typedef struct pkey {
-  char s[RVALUE_KEY_MAX];
-  size_t len;
-  uint16_t slot;
-} pkey_t;
-
-/* Sends the GETs; the pages past the first that cannot be sent are not
- * looked up (nothing after them could be used). Returns how many went. */
-static size_t lookup_send(rlookup_t *l, const pkey_t *keys) {
-  remote_t *r = l->r;
-  for (size_t i = 0; i < l->n; i++) {
-    size_t len;
-    char *cmd = get_cmd(keys[i].s, keys[i].len, &len);
-    enum rc_status st = RC_CONN;
-    rcmd_t *c = cmd ? rcluster_send(r->cl, keys[i].slot, true, cmd, len, on_value, &l->pg[i], &st)
-                    : NULL;
-    if (!c) {
-      remote_error(r, st, NULL);
-      l->n = i;
-      break;
-    }
-    l->pg[i].cmd = c;
-  }
-  return l->n;
 }
 
 int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
@@ -339,15 +465,16 @@ int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t
   l->held = (uint64_t)k * vsize;
   r->lookup_bytes += l->held;
   l->t0_ns = uv_hrtime();
-  if (lookup_send(l, keys) == 0) {
+  l->keys = keys;
+  keys = NULL;
+  l->window = LOOKUP_WINDOW_BYTES / vsize > 4 ? (size_t)(LOOKUP_WINDOW_BYTES / vsize) : 4;
+  if (lookup_send(l) == 0) {
     lookup_free(l);
     goto run;
   }
-  free(keys);
   l->deadline_ms = uv_now(srv->loop) + srv->cfg.cluster_lookup_timeout_ms;
   arm(r, l->deadline_ms);
   r->st.lookups++;
-  r->st.lookup_pages += l->n;
   c->rwait = l;
   return REMOTE_WAIT;
 run:

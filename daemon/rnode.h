@@ -24,6 +24,8 @@
 
 typedef struct rnode rnode_t;
 
+#define RNODE_STASH (16u << 10) /* bytes of replies read ahead of hiredis */
+
 /* A command: its bytes, where it goes, what to call with the reply. */
 struct rcmd {
   char *cmd;            /* RESP bytes (owned) */
@@ -34,6 +36,10 @@ struct rcmd {
   bool cancelled;       /* fn never runs; freed when its reply comes */
   bool internal;        /* AUTH, READONLY, CLUSTER SLOTS: the client's own */
   uint8_t redirects;
+  bool landed;          /* its value was read into its sink (rnode.c), or dropped */
+  size_t landed_len;    /* that value's length */
+  void *landed_buf;     /* where it went (NULL: refused, dropped) */
+  rcmd_sink_fn sink;    /* NULL: the reply is hiredis's to read */
   rcmd_fn fn;
   void *arg;
   uint64_t sent_ms;     /* uv_now when sent to its node */
@@ -60,6 +66,17 @@ struct rnode {
   uint32_t trips;       /* times the breaker opened since the last reply */
   uint64_t open_until;  /* uv_now before which nothing is sent */
   uv_timer_t timer;     /* connect_timeout_ms, or the head's command_timeout_ms */
+  struct {              /* the replies as they are read (rnode.c) */
+    char buf[RNODE_STASH]; /* read, not yet handed on: buf[head, tail) */
+    size_t head, tail;
+    uint64_t items;     /* items of the reply under way still to come (0: between replies) */
+    uint64_t bulk;      /* bytes of a bulk string under way, its CRLF counted */
+    rcmd_t *c;          /* a value being read into its sink (NULL: none) */
+    struct iovec iov[RCMD_SINK_IOV]; /* where its sink puts it */
+    int niov;           /* 0: refused, its bytes dropped */
+    size_t len, got;    /* the value's bytes; read so far, its closing CRLF counted */
+    char crlf[2];
+  } in;
 };
 
 /* What rnode.c needs of the cluster (rcluster.c). */

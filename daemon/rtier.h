@@ -27,6 +27,11 @@ typedef struct remote {
   } memo[RTIER_MEMO];
   rlookup_t *lookups;          /* in flight, and ended ones not yet imported */
   uint64_t lookup_bytes;       /* value bytes they may hold (cluster_lookup_bytes) */
+  struct {                     /* value buffers kept for the next values (rlookup.c) */
+    void **v;
+    size_t n, cap;             /* kept, and at most */
+    size_t bytes;              /* each one's size (that of the last value kept) */
+  } spare;
   /* The write-behind queue: a ring of cluster_queue_pages entries. */
   wentry_t *q;
   uint32_t qcap, qhead, qlen;
@@ -62,5 +67,7 @@ void rwrite_reclaimed(void *ctx, const engine_page_t *page);
 /* rlookup.c */
 /* Ends every lookup now (drain, stop). */
 void rlookup_end_all(remote_t *r);
+/* Frees the value buffers kept for later lookups. */
+void rlookup_spare_free(remote_t *r);
 
 #endif

@@ -187,9 +187,13 @@ int rvalue_encode(const rvalue_cache_t *rc, rvalue_secret_t *s, const engine_pag
   return tag_of(s, h.nonce, out, body, out + body) ? 0 : -1;
 }
 
-enum rvalue_verdict rvalue_check(const rvalue_cache_t *rc, const uint8_t *v, size_t len,
-                                 const uint8_t hash[32], const uint8_t *parent,
-                                 const uint32_t *tokens, const uint8_t **bytes) {
+size_t rvalue_head_size(const rvalue_cache_t *rc) {
+  return sizeof(hdr_t) + (size_t)rc->page_tokens * 4;
+}
+
+enum rvalue_verdict rvalue_check_head(const rvalue_cache_t *rc, const uint8_t *v, size_t len,
+                                      const uint8_t hash[32], const uint8_t *parent,
+                                      const uint32_t *tokens) {
   hdr_t h;
   if (len < sizeof h) return len >= 4 && memcmp(v, MAGIC, 4) == 0 ? RV_TRUNCATED : RV_FORMAT;
   memcpy(&h, v, sizeof h);
@@ -208,43 +212,57 @@ enum rvalue_verdict rvalue_check(const rvalue_cache_t *rc, const uint8_t *v, siz
       memcmp(h.parent, parent ? parent : none, 32) != 0)
     return RV_CHAIN;
   if (memcmp(v + sizeof h, tokens, (size_t)rc->page_tokens * 4) != 0) return RV_TOKENS;
-  *bytes = v + sizeof h + (size_t)rc->page_tokens * 4;
   return RV_OK;
 }
 
-/* The MAC of a checked value, its page bytes read from page (v's own, or
- * where they were just copied): whether its tag verifies. */
-static bool mac_ok(rvalue_secret_t *s, const uint8_t *v, size_t len, const uint8_t *page,
-                   uint8_t *copy_to) {
+enum rvalue_verdict rvalue_check(const rvalue_cache_t *rc, const uint8_t *v, size_t len,
+                                 const uint8_t hash[32], const uint8_t *parent,
+                                 const uint32_t *tokens, const uint8_t **bytes) {
+  enum rvalue_verdict why = rvalue_check_head(rc, v, len, hash, parent, tokens);
+  if (why == RV_OK) *bytes = v + rvalue_head_size(rc);
+  return why;
+}
+
+/* The MAC of a checked value in parts (head: header and ids; its page
+ * bytes read from page, or copied from it to copy_to and read there; tag):
+ * whether it verifies. */
+static bool mac_ok(rvalue_secret_t *s, const uint8_t *head, size_t head_len, const uint8_t *page,
+                   size_t page_bytes, const uint8_t *tag, uint8_t *copy_to) {
   hdr_t h;
-  memcpy(&h, v, sizeof h);
-  size_t head = sizeof h + (size_t)h.page_tokens * 4, body = len - TAG_BYTES;
-  uint8_t otk[32], tag[TAG_BYTES];
+  memcpy(&h, head, sizeof h);
+  uint8_t otk[32], got[TAG_BYTES];
   size_t tl = 0;
   EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(s->poly);
   bool ok = ctx && hmac2(s->otk, "otk", 3, h.nonce, NONCE_BYTES, otk) &&
-            EVP_MAC_init(ctx, otk, sizeof otk, NULL) == 1 && EVP_MAC_update(ctx, v, head) == 1;
+            EVP_MAC_init(ctx, otk, sizeof otk, NULL) == 1 &&
+            EVP_MAC_update(ctx, head, head_len) == 1;
   /* A chunk at a time: copied, then hashed while it is in the cache. */
-  for (size_t off = head; ok && off < body; off += COPY_CHUNK) {
-    size_t n = body - off < COPY_CHUNK ? body - off : COPY_CHUNK;
-    const uint8_t *src = page + (off - head);
+  for (size_t off = 0; ok && off < page_bytes; off += COPY_CHUNK) {
+    size_t n = page_bytes - off < COPY_CHUNK ? page_bytes - off : COPY_CHUNK;
+    const uint8_t *src = page + off;
     if (copy_to) {
-      memcpy(copy_to + (off - head), src, n);
-      src = copy_to + (off - head);
+      memcpy(copy_to + off, src, n);
+      src = copy_to + off;
     }
     ok = EVP_MAC_update(ctx, src, n) == 1;
   }
-  ok = ok && EVP_MAC_final(ctx, tag, &tl, TAG_BYTES) == 1 && tl == TAG_BYTES &&
-       CRYPTO_memcmp(tag, v + body, TAG_BYTES) == 0;
+  ok = ok && EVP_MAC_final(ctx, got, &tl, TAG_BYTES) == 1 && tl == TAG_BYTES &&
+       CRYPTO_memcmp(got, tag, TAG_BYTES) == 0;
   EVP_MAC_CTX_free(ctx);
   OPENSSL_cleanse(otk, sizeof otk);
   return ok;
 }
 
+bool rvalue_mac_parts(rvalue_secret_t *s, const uint8_t *head, size_t head_len,
+                      const uint8_t *page, size_t page_bytes, const uint8_t *tag) {
+  return mac_ok(s, head, head_len, page, page_bytes, tag, NULL);
+}
+
 bool rvalue_copy_verified(rvalue_secret_t *s, const uint8_t *v, size_t len, void *dst) {
   hdr_t h;
   memcpy(&h, v, sizeof h);
-  return mac_ok(s, v, len, v + sizeof h + (size_t)h.page_tokens * 4, dst);
+  size_t head = sizeof h + (size_t)h.page_tokens * 4, body = len - TAG_BYTES;
+  return mac_ok(s, v, head, v + head, body - head, v + body, dst);
 }
 
 enum rvalue_verdict rvalue_verify(const rvalue_cache_t *rc, rvalue_secret_t *s, const uint8_t *v,
@@ -253,7 +271,8 @@ enum rvalue_verdict rvalue_verify(const rvalue_cache_t *rc, rvalue_secret_t *s, 
   const uint8_t *b;
   enum rvalue_verdict why = rvalue_check(rc, v, len, hash, parent, tokens, &b);
   if (why != RV_OK) return why;
-  if (!mac_ok(s, v, len, b, NULL)) return RV_MAC;
+  size_t head = (size_t)(b - v), body = len - TAG_BYTES;
+  if (!mac_ok(s, v, head, b, body - head, v + body, NULL)) return RV_MAC;
   *bytes = b;
   return RV_OK;
 }

@@ -92,6 +92,21 @@ int rvalue_encode(const rvalue_cache_t *rc, rvalue_secret_t *s, const engine_pag
 enum rvalue_verdict rvalue_check(const rvalue_cache_t *rc, const uint8_t *v, size_t len,
                                  const uint8_t hash[32], const uint8_t *parent,
                                  const uint32_t *tokens, const uint8_t **bytes);
+/* Bytes of a value before its page bytes (header and token ids); the tag
+ * (RVALUE_TAG_BYTES) follows the page bytes. */
+size_t rvalue_head_size(const rvalue_cache_t *rc);
+#define RVALUE_TAG_BYTES 16
+/* rvalue_check of a value of len bytes held in parts: its head
+ * (rvalue_head_size bytes; the caller holds that many when len is
+ * rvalue_size) apart from its page bytes. */
+enum rvalue_verdict rvalue_check_head(const rvalue_cache_t *rc, const uint8_t *head, size_t len,
+                                      const uint8_t hash[32], const uint8_t *parent,
+                                      const uint32_t *tokens);
+/* The MAC of a value held in parts, rvalue_check_head passed: head, the
+ * page bytes (page_bytes of them) wherever they are, and the tag: whether
+ * it verifies. */
+bool rvalue_mac_parts(rvalue_secret_t *s, const uint8_t *head, size_t head_len,
+                      const uint8_t *page, size_t page_bytes, const uint8_t *tag);
 /* Copies the page bytes of a value rvalue_check passed into dst, computing
  * its MAC on the way (a chunk at a time while it is in the cache: one pass
  * over the bytes, not two): whether the MAC verifies. When it does not,

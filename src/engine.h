@@ -399,11 +399,18 @@ typedef struct engine_page_in {
    * stops at that page, which is freed. It may not call the engine. */
   bool (*fill)(void *arg, void *dst, uint64_t n);
   void *arg;
+  /* Or, job set: the page is in the pool already, taken for this cache by
+   * engine_tier_import_begin (engine_tier.h) and filled: the import indexes
+   * that very page, with no copy and no room to make. Every page of one
+   * import has a job, or none. */
+  struct engine_tier_job *job;
 } engine_page_in_t;
 
 /* Takes pages [first, first + n) of a query back into the index as cached
  * pages (matchable, held by the index alone, the most recent of the default
- * priority). Pages [0, first) must be indexed; each page's chain hash is
+ * priority). Of pages given as jobs, those imported (the first *imported)
+ * are taken: their jobs end; the others stay the caller's
+ * (engine_tier_import_end with ok false frees them). Pages [0, first) must be indexed; each page's chain hash is
  * recomputed from the query (tokens, key, span keys) under the one before
  * it and must equal in[i].hash, else the import stops there (counted in
  * hash_verify_failed). A page indexed meanwhile is kept, not replaced. Room

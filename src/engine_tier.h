@@ -79,6 +79,10 @@ typedef struct engine_tier_job engine_tier_job_t;
 int engine_tier_import_begin(engine_t *eng, uint32_t cache_id, engine_tier_job_t **job,
                              void **bytes);
 
+/* Gives the job's page back unused (freed, unless something took it
+ * meanwhile), the job freed; no error. NULL is a no-op. */
+void engine_tier_import_abort(engine_t *eng, engine_tier_job_t *job);
+
 /* Ends the job (frees it). With ok (the bytes were read and checked), m is
  * verified against the cache: its tenant, name, layout, hash kind, page
  * geometry; its parent is an indexed page of the cache with hash m->parent

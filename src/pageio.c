@@ -221,8 +221,10 @@ static size_t import_pages(engine_t *eng, cache_t *c, const uint32_t *tokens,
     uint64_t m = w->start + i;
     ipage_t *ip;
     const engine_page_in_t *pin = &in[m - first];
-    uint32_t page = page_alloc(eng, c);
-    if (!pin->fill) {
+    uint32_t cache_id, page = pin->job ? tier_job_page(pin->job, &cache_id) : page_alloc(eng, c);
+    if (pin->job) {
+      /* filled already */
+    } else if (!pin->fill) {
       memcpy(pool_page(&eng->pool, page), pin->bytes, c->g.page_bytes);
     } else if (!pin->fill(pin->arg, pool_page(&eng->pool, page), c->g.page_bytes)) {
       page_unref(eng, c, page, 0); /* refused: freed, nothing points at it */
@@ -235,10 +237,15 @@ static size_t import_pages(engine_t *eng, cache_t *c, const uint32_t *tokens,
     ip->hashed = true;
     ip->key = key_id;
     ip->parent = parent;
-    prefix_insert(eng, c, ip); /* the page's one reference is the index's */
-    ip->node.prio = PRIO_DEFAULT;
-    lru_link(eng, &ip->node, false);
-    page_cached_count(eng, c, +1);
+    if (pin->job) {
+      prefix_insert(eng, c, ip);
+      tier_job_indexed(eng, pin->job); /* the index's reference, then the job's dropped */
+    } else {
+      prefix_insert(eng, c, ip); /* the page's one reference is the index's */
+      ip->node.prio = PRIO_DEFAULT;
+      lru_link(eng, &ip->node, false);
+      page_cached_count(eng, c, +1);
+    }
     parent = page;
     memcpy(prev, ip->hash, 32);
   }
@@ -251,9 +258,14 @@ int engine_prefix_import(engine_t *eng, uint32_t cache_id, const uint32_t *token
   if (!eng) return KVC_E_INVAL;
   if (!imported || (nin && !in)) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   *imported = 0;
-  for (size_t i = 0; i < nin; i++)
-    if (!in[i].hash || (!in[i].bytes && !in[i].fill))
+  for (size_t i = 0; i < nin; i++) {
+    uint32_t job_cache = cache_id;
+    if (!in[i].hash || (!in[i].bytes && !in[i].fill && !in[i].job))
       return engine_fail(eng, KVC_E_INVAL, "page %zu: NULL", i);
+    if (!in[i].job != !in[0].job || (in[i].job && (tier_job_page(in[i].job, &job_cache),
+                                                   job_cache != cache_id)))
+      return engine_fail(eng, KVC_E_INVAL, "page %zu: a job of another cache, or mixed", i);
+  }
   cache_t *c;
   uint32_t key_id;
   int rc = prefix_match_args(eng, cache_id, tokens, n, key, &c, &key_id);
@@ -286,7 +298,7 @@ int engine_prefix_import(engine_t *eng, uint32_t cache_id, const uint32_t *token
    * its list (a held page is no victim), and goes back the most recent. */
   for (size_t i = 0; i < w.nheld; i++) page_ref(eng, w.held[i]);
   eng->epoch++;
-  rc = import_room(eng, c, &k);
+  rc = nin && in[0].job ? 0 : import_room(eng, c, &k); /* jobs hold their pages */
   if (k) k = import_pages(eng, c, tokens, key, key_id, first, in, &w, k);
   for (size_t i = w.nheld; i-- > 0;)
     page_unref(eng, c, w.held[i], page_meta(eng, w.held[i])->node.prio);

@@ -21,6 +21,7 @@
 #include "lease.h"
 #include "lru.h"
 #include "page.h"
+#include "pageio.h"
 #include "prefix.h"
 
 #define NOPAGE POOL_NOPAGE
@@ -180,6 +181,27 @@ int engine_tier_import_begin(engine_t *eng, uint32_t cache_id, engine_tier_job_t
   *job = j;
   *bytes = pool_page(&eng->pool, page);
   return 0;
+}
+
+void engine_tier_import_abort(engine_t *eng, engine_tier_job_t *job) {
+  if (!eng || !job) return;
+  lease_t *hold = job->hold;
+  mem_free(&eng->mem, job);
+  lease_drop(eng, hold); /* frees the page */
+}
+
+uint32_t tier_job_page(const engine_tier_job_t *job, uint32_t *cache_id) {
+  *cache_id = job->cache_id;
+  return job->page;
+}
+
+void tier_job_indexed(engine_t *eng, engine_tier_job_t *job) {
+  uint32_t page = job->page;
+  lease_t *hold = job->hold;
+  mem_free(&eng->mem, job);
+  pool_ref(&eng->pool, page); /* the index's */
+  page_index_sole(eng, page, 0, eng->pool.refcnt[page]);
+  lease_drop(eng, hold); /* only the index holds it now: cached, most recent */
 }
 
 /* Whether m describes a page of c as this engine would write it. */

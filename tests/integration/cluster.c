@@ -6,8 +6,13 @@
  * slot migrated and a master killed while clients run cost no wrong byte
  * and no failed request; with the whole cluster stopped local service goes
  * on. Every wait polls a figure of the daemon or of Redis. */
+#include <arpa/inet.h>
 #include <grp.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <strings.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 
 #include "../../daemon/rvalue.h"
 #include "json.h"
@@ -672,6 +677,191 @@ TEST_TIMEOUT(cluster_stopped_local_service_goes_on, 120) {
   kvc_cache_close(h1), kvc_cache_close(h2);
   kvc_client_close(c1), kvc_client_close(c2);
   fleet_stop(&f);
+}
+
+/* ---- a node that does not speak RESP well ----------------------------------------- */
+
+/* A fake Redis node on a loopback port (a thread): it serves the whole slot
+ * map itself, answers +OK to anything but CLUSTER SLOTS and GET, and every
+ * GET with the bytes of `reply` (then closes the connection when `hangup`).
+ * The daemon reads these replies itself (daemon/rnode.c): a malformed,
+ * short, cut or oversized one must fail its lookup alone. */
+typedef struct fake {
+  int lfd, port;
+  pthread_t th;
+  pthread_mutex_t mu;
+  char *reply;          /* under mu */
+  size_t len;
+  bool hangup;
+  uint64_t gets;        /* answered */
+} fake_t;
+
+static void fake_send(int fd, const char *b, size_t n) {
+  while (n) {
+    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+    if (w <= 0) return;
+    b += w, n -= (size_t)w;
+  }
+}
+
+/* One command (an array of bulk strings) at the front of b[0, n): its
+ * length, 0 when not all here; argv[0..1] point into b. */
+static size_t fake_command(const char *b, size_t n, const char **argv, size_t *alen, int *argc) {
+  const char *p = b, *end = b + n, *eol;
+  if (!(eol = memchr(p, '\n', (size_t)(end - p))) || *p != '*') return 0;
+  int k = atoi(p + 1);
+  p = eol + 1;
+  *argc = k;
+  for (int i = 0; i < k; i++) {
+    if (p >= end || !(eol = memchr(p, '\n', (size_t)(end - p)))) return 0;
+    size_t l = (size_t)atol(p + 1);
+    p = eol + 1;
+    if ((size_t)(end - p) < l + 2) return 0;
+    if (i < 2) argv[i] = p, alen[i] = l;
+    p += l + 2;
+  }
+  return (size_t)(p - b);
+}
+
+static void *fake_main(void *arg) {
+  fake_t *f = arg;
+  for (;;) {
+    int fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0) return NULL;
+    static char buf[1 << 16];
+    size_t have = 0;
+    bool open = true;
+    while (open) {
+      ssize_t r = recv(fd, buf + have, sizeof buf - have, 0);
+      if (r <= 0) break;
+      have += (size_t)r;
+      const char *argv[2];
+      size_t alen[2], used;
+      int argc;
+      while (open && (used = fake_command(buf, have, argv, alen, &argc))) {
+        if (argc >= 2 && alen[0] == 7 && strncasecmp(argv[0], "CLUSTER", 7) == 0) {
+          char m[160];
+          int ml = snprintf(m, sizeof m, "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n",
+                            f->port);
+          fake_send(fd, m, (size_t)ml);
+        } else if (argc == 2 && alen[0] == 3 && strncasecmp(argv[0], "GET", 3) == 0) {
+          pthread_mutex_lock(&f->mu);
+          fake_send(fd, f->reply, f->len);
+          f->gets++;
+          if (f->hangup) open = false;
+          pthread_mutex_unlock(&f->mu);
+        } else {
+          fake_send(fd, "+OK\r\n", 5);
+        }
+        memmove(buf, buf + used, have - used);
+        have -= used;
+      }
+    }
+    close(fd);
+  }
+}
+
+static void fake_start(fake_t *f) {
+  memset(f, 0, sizeof *f);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t alen = sizeof a;
+  f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT(f->lfd >= 0);
+  ASSERT_EQ(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
+  ASSERT_EQ(listen(f->lfd, 16), 0);
+  ASSERT_EQ(getsockname(f->lfd, (struct sockaddr *)&a, &alen), 0);
+  f->port = ntohs(a.sin_port);
+  pthread_mutex_init(&f->mu, NULL);
+  ASSERT_EQ(pthread_create(&f->th, NULL, fake_main, f), 0);
+}
+
+/* What every GET gets from now on (copied). */
+static void fake_reply(fake_t *f, const char *head, size_t body, const char *tail, bool hangup) {
+  size_t hl = strlen(head), tl = strlen(tail);
+  char *b = malloc(hl + body + tl);
+  memcpy(b, head, hl);
+  memset(b + hl, 'x', body);
+  memcpy(b + hl + body, tail, tl);
+  pthread_mutex_lock(&f->mu);
+  free(f->reply);
+  f->reply = b;
+  f->len = hl + body + tl;
+  f->hangup = hangup;
+  pthread_mutex_unlock(&f->mu);
+}
+
+TEST_TIMEOUT(cluster_malformed_short_or_oversized_replies_fail_their_lookup_alone, 120) {
+  fake_t f;
+  fake_start(&f);
+  char seeds[32], big[32], huge[32];
+  snprintf(seeds, sizeof seeds, "127.0.0.1:%d", f.port);
+  const char *args[] = {"--cluster-nodes", seeds, "--cluster-write", "off",
+                        "--cluster-lookup-timeout-ms", "30000", "--cluster-command-timeout-ms",
+                        "30000", "--cluster-breaker-failures", "1000", NULL};
+  daemon_t d;
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_cache(c, "llama");
+  /* A value is 168 + 64 + 16 KiB + 16 bytes here: 8 MiB is more than one. */
+  snprintf(big, sizeof big, "$%d\r\n", 8 << 20);
+  snprintf(huge, sizeof huge, "$%llu\r\n", 1ull << 40);
+  static const struct {
+    const char *what, *head;
+    size_t body;
+    const char *tail;
+    bool hangup;
+    const char *counted; /* the figure it adds to (NULL: a plain miss) */
+  } cases[] = {
+      {"nil", "$-1\r\n", 0, "", false, NULL},
+      {"oversized", NULL, 8 << 20, "\r\n", false, "tier_discarded_total{reason=truncated}"},
+      {"short", "$10\r\n", 10, "\r\n", false, "tier_discarded_total{reason=format}"},
+      {"empty", "$0\r\n", 0, "\r\n", false, "tier_discarded_total{reason=format}"},
+      {"a length past any bulk", NULL, 0, "", false, "tier_errors_total{kind=connection}"},
+      {"a length not a number", "$12x4\r\n", 12, "\r\n", false, "tier_errors_total{kind=connection}"},
+      {"a value not ended by CRLF", "$5\r\n", 5, "XY", false, "tier_errors_total{kind=connection}"},
+      {"cut short", "$9000\r\n", 100, "", true, "tier_errors_total{kind=connection}"},
+      {"not RESP", "hello\r\n", 0, "", false, "tier_errors_total{kind=connection}"},
+      {"an unknown type", "%2\r\n", 0, "", false, "tier_errors_total{kind=connection}"},
+      {"nil again", "$-1\r\n", 0, "", false, NULL},
+  };
+  uint64_t seq = 1;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *head = cases[i].head ? cases[i].head : cases[i].body ? big : huge;
+    fake_reply(&f, head, cases[i].body, cases[i].tail, cases[i].hangup);
+    uint64_t before = cases[i].counted ? stat_get(c, cases[i].counted, NULL) : 0;
+    uint64_t discarded = stat_get(c, "tier_discarded_total", NULL);
+    uint64_t errors = stat_get(c, "tier_errors_total{kind=connection}", NULL);
+    uint64_t gets = f.gets;
+    /* 4 pages past the pool: a lookup, and a miss whatever came back */
+    if (attach(h, seq++, 7, 64) != 0) TEST_FAIL_("%s: a page attached", cases[i].what);
+    pthread_mutex_lock(&f.mu);
+    bool asked = f.gets > gets;
+    pthread_mutex_unlock(&f.mu);
+    if (!asked) TEST_FAIL_("%s: no GET reached the node", cases[i].what);
+    if (cases[i].counted) {
+      uint64_t now = stat_get(c, cases[i].counted, NULL);
+      if (now <= before) TEST_FAIL_("%s: %s stayed at %llu", cases[i].what, cases[i].counted,
+                                    (unsigned long long)now);
+    } else { /* a plain miss: nothing discarded, the connection kept (after a lost one,
+              * the node's breaker lets one GET through first: those not sent count) */
+      ASSERT_EQ(stat_get(c, "tier_discarded_total", NULL), discarded);
+      ASSERT_EQ(stat_get(c, "tier_errors_total{kind=connection}", NULL), errors);
+    }
+    /* The node goes on serving: a put, a get, an attach of its own. */
+    prefill(h, 1000 + i, 100 + (uint32_t)i, 32);
+    ASSERT_EQ(attach(h, 2000 + i, 100 + (uint32_t)i, 32), 32);
+    ASSERT(holds(h, 2000 + i, 100 + (uint32_t)i, 32));
+  }
+  ASSERT_EQ(stat_get(c, "tier_errors_total{kind=timeout}", NULL), 0);
+  ASSERT_EQ(stat_get(c, "tier_hit_pages_total", NULL), 0);
+  ASSERT_EQ(stat_get(c, "request_errors_total", NULL), 0);
+  kvc_cache_close(h);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  shutdown(f.lfd, SHUT_RDWR);
+  close(f.lfd);
+  pthread_join(f.th, NULL);
+  free(f.reply);
 }
 
 /* ---- the options ------------------------------------------------------------------ */

@@ -2,6 +2,7 @@
  * between two nodes): tenant identities, the hooks, export, the hashes past
  * a local match, and imports that verify every page against the query. */
 #include "engine_fixture.h"
+#include "engine_tier.h"
 
 #define T 4u /* tokens a page of fx_small_layout */
 
@@ -375,6 +376,71 @@ TEST(pageio_import_fill_writes_in_place_and_a_refusal_stops_there) {
   ASSERT_OK(engine_prefix_import(a.eng, a.cid, ids, 4 * T, &KEY, 0, in, 4, &got));
   ASSERT_EQ(got, 0);
   ASSERT_EQ(fx_stats(&a).pages_used, 0);
+  free(ids);
+  fx_close(&a);
+  fx_close(&b);
+}
+
+/* Pages read straight into the pool (a cluster lookup: each value into a
+ * page taken by engine_tier_import_begin) are indexed as they are: the
+ * import takes the jobs of the pages it imports, the rest stay the
+ * caller's; a job of another cache, or jobs mixed with bytes, are refused. */
+TEST(pageio_import_of_pages_filled_in_the_pool_takes_their_jobs) {
+  fx_t a, b;
+  tier_t t;
+  prefill_a(&a, &t);
+  node_open(&b, 16, 9, ID_A);
+  uint32_t other;
+  kvc_layout_t lay = fx_small_layout();
+  ASSERT_OK(engine_cache_open_in(b.eng, 9, "other", &lay, &other));
+  uint32_t *ids = ids_of(1, 4 * T);
+  engine_tier_job_t *job[4], *stray;
+  engine_page_in_t in[4];
+  void *dst;
+  for (size_t i = 0; i < 4; i++) {
+    ASSERT_OK(engine_tier_import_begin(b.eng, b.cid, &job[i], &dst));
+    memcpy(dst, t.bytes[i], 1536);
+    in[i] = (engine_page_in_t){.hash = t.hash[i], .job = job[i]};
+  }
+  ASSERT_EQ(fx_stats(&b).pages_used, 4); /* taken, held by the jobs */
+  size_t got = 99;
+  /* jobs mixed with bytes; a job of another cache */
+  engine_page_in_t mixed[2] = {in[0], {.hash = t.hash[1], .bytes = t.bytes[1]}};
+  ASSERT_ERR(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, mixed, 2, &got), KVC_E_INVAL);
+  ASSERT_OK(engine_tier_import_begin(b.eng, other, &stray, &dst));
+  engine_page_in_t wrong[2] = {in[0], {.hash = t.hash[1], .job = stray}};
+  ASSERT_ERR(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, wrong, 2, &got), KVC_E_INVAL);
+  engine_tier_import_abort(b.eng, stray); /* freed */
+  engine_tier_import_abort(b.eng, NULL);
+  /* the run stops at page 2, whose hash is not the query's: pages 0, 1 taken */
+  uint8_t bad[32];
+  memcpy(bad, t.hash[2], 32);
+  bad[0] ^= 1;
+  in[2].hash = bad;
+  engine_stats_t before = fx_stats(&b);
+  ASSERT_OK(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, in, 4, &got));
+  ASSERT_EQ(got, 2);
+  engine_stats_t after = fx_stats(&b);
+  ASSERT_EQ(after.pages_indexed, before.pages_indexed + 2);
+  ASSERT_EQ(after.pages_used, before.pages_used); /* no page taken, none copied */
+  FX_AUDIT(b.eng);
+  /* the others are still the caller's: page 2 filled in place, imported after */
+  in[2].hash = t.hash[2];
+  ASSERT_OK(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &KEY, 2, in + 2, 2, &got));
+  ASSERT_EQ(got, 2);
+  ASSERT_EQ(fx_stats(&b).pages_used, 4);
+  FX_AUDIT(b.eng);
+  ASSERT_EQ(attach(&b, 5, 1, 4 * T).pages, 4);
+  FX_EXPECT_RNG(&b, 5, 0, 4 * T, fx_all(&b.lay), 1, 0);
+  FX_AUDIT(b.eng);
+  /* a job given back: its page freed, no error counted */
+  ASSERT_OK(engine_tier_import_begin(b.eng, b.cid, &stray, &dst));
+  ASSERT_EQ(fx_stats(&b).pages_used, 5);
+  uint64_t errors = fx_stats(&b).errors;
+  engine_tier_import_abort(b.eng, stray);
+  ASSERT_EQ(fx_stats(&b).pages_used, 4);
+  ASSERT_EQ(fx_stats(&b).errors, errors);
+  FX_AUDIT(b.eng);
   free(ids);
   fx_close(&a);
   fx_close(&b);
