@@ -128,6 +128,26 @@ static double run_delay_of(const char *path) {
   return (double)delay;
 }
 
+/* The nice value of a task (field 19 of its stat file; 0 if unreadable). A
+ * daemon's background threads run below its loop (copy threads and the
+ * cluster tier's writer at nice 10): their waits for a CPU are the design,
+ * not other load, and are not counted. */
+static int nice_of(const char *path) {
+  char buf[1024];
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')'); /* the name may hold spaces */
+  if (!p) return 0;
+  int field = 2, nice = 0;
+  for (; *p && field < 19; p++)
+    if (*p == ' ') field++;
+  if (field == 19) nice = atoi(p);
+  return nice;
+}
+
 /* How long this thread and every thread of the watched processes have
  * waited for a CPU while runnable, ns, summed (/proc/.../schedstat). Other
  * work on the machine shows here only when it delays the measurement. */
@@ -140,6 +160,8 @@ static double run_delay_ns(void) {
     if (!d) continue;
     for (struct dirent *e; (e = readdir(d));) {
       if (e->d_name[0] == '.') continue;
+      snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
+      if (nice_of(path) > 0) continue; /* waits for the others by design */
       snprintf(path, sizeof path, "%s/%s/schedstat", dir, e->d_name);
       sum += run_delay_of(path);
     }
