@@ -225,9 +225,13 @@ int pool_resize_start(server_t *srv, conn_t *c, uint64_t bytes, uint64_t request
   resize_t *z = srv->resize;
   poolmap_t *pm = &srv->pool;
   uint64_t pb = srv->cfg.page_bytes, unit = pb / gcd(pb, 4096) * 4096;
-  if (!z || !pm->nseg) {
-    snprintf(err, errlen, "this daemon cannot resize its pool");
-    return KVC_E_INTERNAL;
+  if (!z) { /* pool_resize_init ran out of memory at start */
+    snprintf(err, errlen, "this daemon cannot resize its pool: out of memory at start");
+    return KVC_E_NOMEM;
+  }
+  if (!pm->nseg) { /* a pool not mapped in segments (only a test harness's) */
+    snprintf(err, errlen, "this pool is not mapped in segments: it cannot be resized");
+    return KVC_E_INVAL;
   }
   if (z->running) {
     snprintf(err, errlen, "a resize of the pool is running; ask again when it is done");
