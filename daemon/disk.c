@@ -1044,11 +1044,29 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
 typedef struct persist {
   disk_t *d;
   uint64_t written, touched, skipped;
+  uint64_t told_ns; /* when systemd was last told the stop goes on */
 } persist_t;
+
+/* A clean stop of a large pool writes for longer than a unit's
+ * TimeoutStopSec: tell systemd (Type=notify) that it makes progress, each
+ * second, so it waits 30 s more from then instead of killing it (and a
+ * daemon that stops making progress is still killed 30 s later). */
+#define PERSIST_EXTEND_USEC 30000000ull
+static void persist_tell(persist_t *p, uint64_t now_ns) {
+  p->told_ns = now_ns;
+  notify_send(&p->d->srv->notify,
+              "EXTEND_TIMEOUT_USEC=%llu\nSTATUS=stopping: writing the disk tier, %llu pages "
+              "written, %llu kept", PERSIST_EXTEND_USEC, (unsigned long long)p->written,
+              (unsigned long long)p->touched);
+}
 
 static void persist_one(void *ctx, const engine_tier_meta_t *m, const void *bytes) {
   persist_t *p = ctx;
   disk_t *d = p->d;
+  if (((p->written + p->touched + p->skipped) & 63) == 63) {
+    uint64_t now = uv_hrtime();
+    if (now - p->told_ns >= 1000000000ull) persist_tell(p, now);
+  }
   char name[DISKFMT_NAME_MAX];
   diskfmt_name(m->hash, name);
   dent_t *e = find(d, m->hash);
@@ -1092,7 +1110,8 @@ static void persist_one(void *ctx, const engine_tier_meta_t *m, const void *byte
 
 static void persist(disk_t *d) {
   uint64_t t0 = uv_hrtime();
-  persist_t p = {d, 0, 0, 0};
+  persist_t p = {d, 0, 0, 0, 0};
+  persist_tell(&p, t0);
   engine_tier_each(d->srv->eng, persist_one, &p);
   sjob_t *s = registry_text(&d->srv->tenants);
   int err = s ? registry_write(d->dirfd, s) : ENOMEM;

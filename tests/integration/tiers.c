@@ -255,6 +255,53 @@ TEST(tier_warm_restart_first_match_hits) {
   free(p);
 }
 
+/* Under systemd (Type=notify) a clean stop that writes the tier tells
+ * systemd it goes on (EXTEND_TIMEOUT_USEC, with the figures in STATUS=),
+ * so TimeoutStopSec bounds a stop that hangs, not one that writes a large
+ * pool. A datagram socket stands in for systemd's. */
+TEST(tier_clean_stop_extends_systemd_stop_timeout) {
+  char dir[64], addr[100], env[200], buf[1024];
+  tier_mkdir(dir, sizeof dir);
+  snprintf(addr, sizeof addr, "%s-notify", dir);
+  int nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT(nfd >= 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", addr);
+  ASSERT_EQ(bind(nfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  struct timeval tv = {20, 0};
+  setsockopt(nfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  snprintf(env, sizeof env, "NOTIFY_SOCKET=%s", addr);
+  const char *const envs[] = {env, NULL};
+  const char *const args[] = {POOL, "--tier-dir", dir, "--tier-bytes", "64MiB", NULL};
+  daemon_t d;
+  daemon_start_full(&d, NULL, args, envs);
+  uint32_t *p = prompt(12 * T, 9);
+  kvc_client_t *c = client_open(&d);
+  put_bytes(open_cache(c, "chat", KVC_DTYPE_F32), 1, 12 * T, p, 3); /* 12 pages to write */
+  kvc_client_close(c);
+  ASSERT_EQ(kill(d.pid, SIGTERM), 0);
+  bool stopping = false, extended = false;
+  while (!extended) {
+    ssize_t n = recv(nfd, buf, sizeof buf - 1, 0);
+    if (n < 0) TEST_FAIL_("no EXTEND_TIMEOUT_USEC= from the stop (stopping: %d)", stopping);
+    buf[n] = '\0';
+    stopping |= strncmp(buf, "STOPPING=1", 10) == 0;
+    extended = strncmp(buf, "EXTEND_TIMEOUT_USEC=", 20) == 0;
+  }
+  ASSERT(stopping); /* the drain first, then the tier */
+  ASSERT(strtoull(buf + 20, NULL, 10) >= 10000000u);
+  ASSERT(strstr(buf, "\nSTATUS=stopping: writing the disk tier") != NULL);
+  int st;
+  ASSERT_EQ(waitpid(d.pid, &st, 0), d.pid);
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ASSERT(it_log_has(&d, "tier_persisted") && it_log_has(&d, "pages_written=12"));
+  close(nfd);
+  unlink(addr);
+  rm_rf(d.dir);
+  rm_rf(dir);
+  free(p);
+}
+
 /* ---- files that must never be served ----------------------------------------- */
 
 static void read_file(const char *path, uint8_t **buf, size_t *len) {
