@@ -240,7 +240,7 @@ enum fmt {
 
 typedef struct row {
   char section[24];
-  char name[64];
+  char name[96];
   char note[64];
   char fig[32];        /* FMT_TEXT: the figure as printed */
   char ref[48];        /* FMT_TEXT: the reference; else its label ("limit") */
