@@ -204,17 +204,27 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
   for (uint32_t i = 0; i < p->npages; i++) {
     if (refs[i] != p->refcnt[i])
       return bad(why, len, "page %u: refcnt %u, %u table references", i, p->refcnt[i], refs[i]);
-    if (pins[i] != p->pinref[i])
+    if (refs[i] && pins[i] != p->pinref[i]) /* a free page's pinref is its link */
       return bad(why, len, "page %u: pinref %u, %u pinned holders", i, p->pinref[i], pins[i]);
     if (p->plan[i]) return bad(why, len, "page %u: eviction scratch left at %u", i, p->plan[i]);
     used += refs[i] > 0;
     shared += refs[i] > 1;
     pinned += pins[i] > 0;
   }
-  for (uint32_t i = 0; i < p->nfree; i++)
-    if (p->refcnt[p->free_stack[i]] != 0)
-      return bad(why, len, "free page %u has refcnt %u", p->free_stack[i],
-                 p->refcnt[p->free_stack[i]]);
+  /* The free list: nfree pages in the pool, each with refcnt 0, then its
+   * end. A walk that ends where it should visits no page twice (a repeat
+   * would loop), so with used + nfree == npages below it holds exactly
+   * the free pages. */
+  uint32_t q = p->free_head;
+  for (uint32_t i = 0; i < p->nfree; i++) {
+    if (q >= p->npages)
+      return bad(why, len, "free list: entry %u of %u is page %u, of a pool of %u", i, p->nfree,
+                 q, p->npages);
+    if (p->refcnt[q] != 0) return bad(why, len, "free page %u has refcnt %u", q, p->refcnt[q]);
+    q = p->pinref[q];
+  }
+  if (q != POOL_NOPAGE)
+    return bad(why, len, "free list: goes on past its %u pages (to page %u)", p->nfree, q);
   if (used + p->nfree != p->npages || shared != p->nshared || pinned != p->npinned)
     return bad(why, len, "pages: used %u free %u total %u shared %u/%u pinned %u/%u", used,
                p->nfree, p->npages, shared, p->nshared, pinned, p->npinned);
