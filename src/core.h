@@ -4,7 +4,8 @@
  * all share.
  *
  *   engine
- *    +- pool            pages + refcnt/pinref arrays        (pool.h)
+ *    +- pool            pages + refcnt/pinref/plan arrays,  (pool.h)
+ *                       free list through pinref
  *    +- caches[id]      name, layout, geometry, seqs map    (u64 seq_id -> seq)
  *    +- lru[prio]       unpinned sequences and cached pages, most recent first,
  *                       one list per retention priority     (lru.h)
@@ -18,6 +19,8 @@
  *   seq: start, len, extent, table[0..ntable) = pages of logical pages
  *        base .. base+ntable-1 (base = start / T after trim_front); an
  *        entry is POOL_NOPAGE where every slot of its page is a hole
+ *     +- x              lengths and chains per layer, holes, positions:
+ *                       &seq_ext_none (empty, read-only) until used
  */
 #ifndef KVC_CORE_H
 #define KVC_CORE_H

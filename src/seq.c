@@ -18,6 +18,11 @@ seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id) {
   return s;
 }
 
+/* 100,000 sequences are the largest part of the metadata of a pool of 4 KiB
+ * pages (doc/design.md, "Metadata"): a field more moves seq_t to jemalloc's
+ * next class, 192 bytes. */
+_Static_assert(sizeof(seq_t) <= 160, "seq_t outgrows its 160-byte size class");
+
 /* Read-only (a write faults): the parts of every sequence that has none. */
 const seq_ext_t seq_ext_none = {0};
 
