@@ -69,22 +69,22 @@ static int audit_chain(engine_t *eng, const seq_t *s, char *why, size_t len) {
   if (s->chain_tok > s->len || s->chain_pages > (s->chain_tok >> g->tshift))
     return bad(why, len, "seq %llu: chain of %llu tokens, %u pages, length %llu", id,
                (unsigned long long)s->chain_tok, s->chain_pages, (unsigned long long)s->len);
-  if (s->layer_chain) { /* per layer: within its length; the least is chain_tok */
+  if (s->x->layer_chain) { /* per layer: within its length; the least is chain_tok */
     uint32_t lo = UINT32_MAX, hi = 0;
     for (uint32_t l = 0; l < g->L; l++) {
-      if (s->layer_chain[l] > seq_layer_len(s, l))
+      if (s->x->layer_chain[l] > seq_layer_len(s, l))
         return bad(why, len, "seq %llu: layer %u chain %u past its length %u", id, l,
-                   s->layer_chain[l], seq_layer_len(s, l));
-      lo = s->layer_chain[l] < lo ? s->layer_chain[l] : lo;
-      hi = s->layer_chain[l] > hi ? s->layer_chain[l] : hi;
+                   s->x->layer_chain[l], seq_layer_len(s, l));
+      lo = s->x->layer_chain[l] < lo ? s->x->layer_chain[l] : lo;
+      hi = s->x->layer_chain[l] > hi ? s->x->layer_chain[l] : hi;
     }
     if (lo != s->chain_tok)
       return bad(why, len, "seq %llu: layer chains %u..%u, chain %llu", id, lo, hi,
                  (unsigned long long)s->chain_tok);
   }
-  if (s->nholes && s->holes[0].b < s->chain_tok)
+  if (s->x->nholes && s->x->holes[0].b < s->chain_tok)
     return bad(why, len, "seq %llu: a hole at %llu inside its chain", id,
-               (unsigned long long)s->holes[0].b);
+               (unsigned long long)s->x->holes[0].b);
   for (uint64_t idx = s->base; idx < s->chain_pages; idx++) {
     const ipage_t *ip = page_meta(eng, s->table[idx - s->base]);
     /* (its parent field may name a page the sequence has since copied on
@@ -137,19 +137,19 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
   if ((s->busy ? s->ntable < want : s->ntable != want) || s->ntable > s->cap)
     return bad(why, len, "seq %llu: %u table entries (cap %u) for extent %llu", id,
                s->ntable, s->cap, (unsigned long long)seq_table_end(s));
-  for (uint32_t i = 0; i < s->nholes; i++) { /* sorted, disjoint, apart, held */
-    const hole_t *h = &s->holes[i];
+  for (uint32_t i = 0; i < s->x->nholes; i++) { /* sorted, disjoint, apart, held */
+    const hole_t *h = &s->x->holes[i];
     if (h->b >= h->e || h->b < s->start || h->e > s->extent ||
-        (i && h->b <= s->holes[i - 1].e) || s->nholes > s->hcap)
+        (i && h->b <= s->x->holes[i - 1].e) || s->x->nholes > s->x->hcap)
       return bad(why, len, "seq %llu: hole %u [%llu, %llu) bad for [%llu, %llu)", id, i,
                  (unsigned long long)h->b, (unsigned long long)h->e,
                  (unsigned long long)s->start, (unsigned long long)s->extent);
   }
-  if (s->pos) { /* positions of its own (doc/attention.md) */
-    if (s->cache->layout.attn != KVC_ATTN_CAUSAL || s->pcap < ((uint64_t)s->cap << g->tshift) ||
+  if (s->x->pos) { /* positions of its own (doc/attention.md) */
+    if (s->cache->layout.attn != KVC_ATTN_CAUSAL || s->x->pcap < ((uint64_t)s->cap << g->tshift) ||
         s->extent <= s->start)
       return bad(why, len, "seq %llu: positions of its own (%llu) in a kind-%u cache, cap %u, "
-                 "[%llu, %llu) held", id, (unsigned long long)s->pcap, s->cache->layout.attn,
+                 "[%llu, %llu) held", id, (unsigned long long)s->x->pcap, s->cache->layout.attn,
                  s->cap, (unsigned long long)s->start, (unsigned long long)s->extent);
     /* what relabels a token cuts the chain there: a chain's positions are its slots */
     for (uint64_t q = s->start; q < s->chain_tok; q++)
@@ -157,17 +157,19 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
         return bad(why, len, "seq %llu: slot %llu of its chain at position %llu", id,
                    (unsigned long long)q, (unsigned long long)seq_pos(s, q));
   }
-  if (s->layer_len) {
+  if (s->x->layer_len) {
     uint64_t lo = UINT64_MAX, hi = 0;
     for (uint32_t l = 0; l < g->L; l++) {
-      lo = s->layer_len[l] < lo ? s->layer_len[l] : lo;
-      hi = s->layer_len[l] > hi ? s->layer_len[l] : hi;
+      lo = s->x->layer_len[l] < lo ? s->x->layer_len[l] : lo;
+      hi = s->x->layer_len[l] > hi ? s->x->layer_len[l] : hi;
     }
     if (lo != s->len || hi != s->extent)
       return bad(why, len, "seq %llu: layer lengths %llu..%llu vs len %llu extent %llu", id,
                  (unsigned long long)lo, (unsigned long long)hi,
                  (unsigned long long)s->len, (unsigned long long)s->extent);
   }
+  if (seq_ext_owned(s) && !s->x->layer_len && !s->x->layer_chain && !s->x->holes && !s->x->pos)
+    return bad(why, len, "seq %llu: rare parts of its own that hold nothing", id);
   uint32_t npins = 0;
   for (const pin_t *p = s->pins; p; p = p->s_next) {
     if (p->seq != s || hmap_get(&eng->owners, p->owner->id) != p->owner)
@@ -204,17 +206,27 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
   for (uint32_t i = 0; i < p->npages; i++) {
     if (refs[i] != p->refcnt[i])
       return bad(why, len, "page %u: refcnt %u, %u table references", i, p->refcnt[i], refs[i]);
-    if (pins[i] != p->pinref[i])
+    if (refs[i] && pins[i] != p->pinref[i]) /* a free page's pinref is its link */
       return bad(why, len, "page %u: pinref %u, %u pinned holders", i, p->pinref[i], pins[i]);
     if (p->plan[i]) return bad(why, len, "page %u: eviction scratch left at %u", i, p->plan[i]);
     used += refs[i] > 0;
     shared += refs[i] > 1;
     pinned += pins[i] > 0;
   }
-  for (uint32_t i = 0; i < p->nfree; i++)
-    if (p->refcnt[p->free_stack[i]] != 0)
-      return bad(why, len, "free page %u has refcnt %u", p->free_stack[i],
-                 p->refcnt[p->free_stack[i]]);
+  /* The free list: nfree pages in the pool, each with refcnt 0, then its
+   * end. A walk that ends where it should visits no page twice (a repeat
+   * would loop), so with used + nfree == npages below it holds exactly
+   * the free pages. */
+  uint32_t q = p->free_head;
+  for (uint32_t i = 0; i < p->nfree; i++) {
+    if (q >= p->npages)
+      return bad(why, len, "free list: entry %u of %u is page %u, of a pool of %u", i, p->nfree,
+                 q, p->npages);
+    if (p->refcnt[q] != 0) return bad(why, len, "free page %u has refcnt %u", q, p->refcnt[q]);
+    q = p->pinref[q];
+  }
+  if (q != POOL_NOPAGE)
+    return bad(why, len, "free list: goes on past its %u pages (to page %u)", p->nfree, q);
   if (used + p->nfree != p->npages || shared != p->nshared || pinned != p->npinned)
     return bad(why, len, "pages: used %u free %u total %u shared %u/%u pinned %u/%u", used,
                p->nfree, p->npages, shared, p->nshared, pinned, p->npinned);

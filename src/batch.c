@@ -84,7 +84,7 @@ static int rsv_group(engine_t *eng, cache_t *c, const engine_tok_t *toks, size_t
     s->mark = eng->epoch;
     s->slot = (uint32_t)*nr;
     r[(*nr)++] = (rec_t){s, t->pos, t->pos + 1, 0, made};
-    if (s->layer_len)
+    if (s->x->layer_len)
       return engine_fail(eng, KVC_E_RANGE, "token %zu: sequence %llu has layers of "
                          "different lengths; finish its put first", i,
                          (unsigned long long)t->seq_id);
@@ -146,7 +146,8 @@ int engine_reserve(engine_t *eng, uint32_t cache_id, const engine_tok_t *toks, s
     /* Only the batch's slots need pages: a gap before them (lo past the
      * length) becomes holes, its whole pages table entries with none. */
     sp[i] = (span_t){s, r[i].lo, r[i].hi};
-    if (seq_reserve(eng, s, seq_pages_for(s, r[i].hi)) || holes_reserve(eng, s, 1))
+    if (seq_reserve(eng, s, seq_pages_for(s, r[i].hi)) ||
+        (r[i].lo > s->len && holes_reserve(eng, s, 1))) /* rsv_apply's gap */
       rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
   /* What the batch makes unreachable goes first, so a window cache reuses its
@@ -218,8 +219,8 @@ static void hist_gather(engine_t *eng, const cache_t *c, const copy_plan_t *plan
                h->k, h->v, NULL, NULL);
     pos += cnt;
   }
-  for (uint32_t i = 0; i < s->nholes; i++) {
-    uint64_t b = s->holes[i].b, e = s->holes[i].e < x->hi ? s->holes[i].e : x->hi;
+  for (uint32_t i = 0; i < s->x->nholes; i++) {
+    uint64_t b = s->x->holes[i].b, e = s->x->holes[i].e < x->hi ? s->x->holes[i].e : x->hi;
     if (b < e) copy_zero(plan, x->first + b - x->lo, e - b, h->k, h->v, NULL, NULL);
   }
 }
@@ -244,7 +245,7 @@ static void hist_mask(const cache_t *c, const engine_tok_t *toks, size_t n, cons
 static void hist_positions(const rec_t *r, size_t nr, engine_hist_t *h) {
   h->own_positions = false;
   for (size_t i = 0; i < nr; i++) {
-    if (r[i].s->pos) h->own_positions = true;
+    if (r[i].s->x->pos) h->own_positions = true;
     if (h->positions)
       for (uint64_t q = r[i].lo; q < r[i].hi; q++)
         h->positions[r[i].first + q - r[i].lo] = (int64_t)seq_pos(r[i].s, q);

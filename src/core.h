@@ -4,7 +4,8 @@
  * all share.
  *
  *   engine
- *    +- pool            pages + refcnt/pinref arrays        (pool.h)
+ *    +- pool            pages + refcnt/pinref/plan arrays,  (pool.h)
+ *                       free list through pinref
  *    +- caches[id]      name, layout, geometry, seqs map    (u64 seq_id -> seq)
  *    +- lru[prio]       unpinned sequences and cached pages, most recent first,
  *                       one list per retention priority     (lru.h)
@@ -18,6 +19,8 @@
  *   seq: start, len, extent, table[0..ntable) = pages of logical pages
  *        base .. base+ntable-1 (base = start / T after trim_front); an
  *        entry is POOL_NOPAGE where every slot of its page is a hole
+ *     +- x              lengths and chains per layer, holes, positions:
+ *                       &seq_ext_none (empty, read-only) until used
  */
 #ifndef KVC_CORE_H
 #define KVC_CORE_H
@@ -138,6 +141,33 @@ struct cache {
   uint64_t index_pending; /* index entries the puts in flight will insert */
 };
 
+/* The parts of a sequence few sequences use: lengths and chains per layer,
+ * holes, positions of its own. A sequence that uses none of them points at
+ * seq_ext_none (empty and read-only: a write to it faults); seq_ext_own
+ * gives it one of its own before the first write, seq_ext_release takes it
+ * back once it holds nothing again (seq.h). */
+typedef struct seq_ext {
+  uint32_t *layer_len; /* per-layer written length, NULL: all equal len */
+  /* Layer-by-layer saves (a put of a layer range with ids): layer l's
+   * chain is [0, layer_chain[l]); chain_tok is their minimum, so a page
+   * enters the index once every layer of it is in the chain. NULL while
+   * every layer's chain is chain_tok (the common case). */
+  uint32_t *layer_chain;
+  hole_t *holes;       /* sorted, disjoint slots in [start, extent) never written */
+  uint32_t nholes, hcap;
+  /* Positions of its own (doc/attention.md, "Positions are labels"): the
+   * position of slot base * T + i is pos[i], for the cap * T slots the
+   * table can cover (pcap >= cap * T); NULL (the common case): every
+   * slot's position is the slot. A seq_div gives a sequence one. */
+  uint32_t *pos;
+  uint64_t pcap;       /* entries of pos */
+} seq_ext_t;
+
+extern const seq_ext_t seq_ext_none;
+
+/* 160 bytes (jemalloc's class of that size): at 100,000 sequences over a
+ * pool of 4 KiB pages the largest part of the engine's metadata (doc/design.md,
+ * "Metadata"). What few sequences use is in x. */
 struct seq {
   lru_node_t node;     /* first member; on eng->lru while npins == 0 */
   uint64_t id;
@@ -145,29 +175,13 @@ struct seq {
   uint64_t start;      /* first position held */
   uint64_t len;        /* tokens written for every layer */
   uint64_t extent;     /* largest written length of any layer */
-  uint32_t *layer_len; /* per-layer written length, NULL: all equal len */
   uint32_t *table;     /* block table: pages of logical pages base..; POOL_NOPAGE
                           for a page every slot of which is a hole (seq.h) */
-  uint32_t base;       /* logical page of table[0] */
-  uint32_t ntable;     /* entries used */
-  uint32_t npages;     /* entries that hold a page (not POOL_NOPAGE) */
-  uint32_t cap;        /* entries allocated */
-  uint32_t npins;      /* owners pinning it (hard and soft) */
+  seq_ext_t *x;        /* rarely used parts; &seq_ext_none while it has none */
   pin_t *pins;
   uint64_t last_use_ms;
   uint64_t mark;       /* == eng->epoch: taking part in the current call */
-  bool planned;        /* eviction planning: the plan counted its pages */
-  bool busy;           /* a put's copy into its pages is in flight (put.c) */
   uint64_t rsv_end;    /* slots reserved up to here (table covers them), or 0 */
-  hole_t *holes;       /* sorted, disjoint slots in [start, extent) never written */
-  uint32_t nholes, hcap;
-  uint32_t slot;       /* per-call scratch: index of its record in the call */
-  /* Positions of its own (doc/attention.md, "Positions are labels"): the
-   * position of slot base * T + i is pos[i], for the cap * T slots the
-   * table can cover (pcap >= cap * T); NULL (the common case): every
-   * slot's position is the slot. A seq_div gives a sequence one. */
-  uint32_t *pos;
-  uint64_t pcap;       /* entries of pos */
   /* The prefix chain (doc/prefix.md): tokens [0, chain_tok) have known ids
    * and were written in order, each under the ids before it, with key
    * chain_key; the first chain_pages pages of them are hashed. Any write
@@ -175,11 +189,14 @@ struct seq {
   uint64_t chain_tok;
   uint32_t chain_pages;
   uint32_t chain_key;
-  /* Layer-by-layer saves (a put of a layer range with ids): layer l's
-   * chain is [0, layer_chain[l]); chain_tok is their minimum, so a page
-   * enters the index once every layer of it is in the chain. NULL while
-   * every layer's chain is chain_tok (the common case). */
-  uint32_t *layer_chain;
+  uint32_t base;       /* logical page of table[0] */
+  uint32_t ntable;     /* entries used */
+  uint32_t npages;     /* entries that hold a page (not POOL_NOPAGE) */
+  uint32_t cap;        /* entries allocated */
+  uint32_t npins;      /* owners pinning it (hard and soft) */
+  uint32_t slot;       /* per-call scratch: index of its record in the call */
+  bool planned;        /* eviction planning: the plan counted its pages */
+  bool busy;           /* a put's copy into its pages is in flight (put.c) */
 };
 
 struct engine {

@@ -14,20 +14,25 @@
 
 #include "holes.h"
 #include "pool.h"
+#include "seq.h"
 
 int holes_reserve(engine_t *eng, seq_t *s, uint32_t k) {
-  if (s->nholes + k <= s->hcap) return 0;
-  uint32_t cap = s->nholes + k < 4 ? 4 : (s->nholes + k) * 2;
-  hole_t *h = mem_realloc(&eng->mem, s->holes, cap * sizeof *h);
-  if (!h) return KVC_E_NOMEM;
-  s->holes = h;
-  s->hcap = cap;
+  if (s->x->nholes + k <= s->x->hcap) return 0;
+  if (seq_ext_own(eng, s)) return KVC_E_NOMEM;
+  uint32_t cap = s->x->nholes + k < 4 ? 4 : (s->x->nholes + k) * 2;
+  hole_t *h = mem_realloc(&eng->mem, s->x->holes, cap * sizeof *h);
+  if (!h) {
+    seq_ext_release(eng, s); /* made for nothing */
+    return KVC_E_NOMEM;
+  }
+  s->x->holes = h;
+  s->x->hcap = cap;
   return 0;
 }
 
 bool holes_has(const seq_t *s, uint64_t pos) {
-  for (uint32_t i = 0; i < s->nholes; i++)
-    if (pos < s->holes[i].e) return pos >= s->holes[i].b;
+  for (uint32_t i = 0; i < s->x->nholes; i++)
+    if (pos < s->x->holes[i].e) return pos >= s->x->holes[i].b;
   return false;
 }
 
@@ -42,15 +47,15 @@ bool holes_cover(const hole_t *h, uint32_t n, uint64_t b, uint64_t e) {
 
 void holes_cut(seq_t *s, uint64_t b, uint64_t e) {
   if (b >= e) return;
-  for (uint32_t i = 0; i < s->nholes; i++) {
-    hole_t *h = &s->holes[i];
+  for (uint32_t i = 0; i < s->x->nholes; i++) {
+    hole_t *h = &s->x->holes[i];
     if (h->e <= b || h->b >= e) continue;
     if (h->b < b && h->e > e) { /* split: [h->b, b) and [e, h->e) */
-      memmove(h + 2, h + 1, (s->nholes - i - 1) * sizeof *h);
+      memmove(h + 2, h + 1, (s->x->nholes - i - 1) * sizeof *h);
       h[1].b = e;
       h[1].e = h->e;
       h->e = b;
-      s->nholes++;
+      s->x->nholes++;
       return;
     }
     if (h->b < b) {
@@ -58,8 +63,8 @@ void holes_cut(seq_t *s, uint64_t b, uint64_t e) {
     } else if (h->e > e) {
       h->b = e;
     } else { /* inside: goes */
-      memmove(h, h + 1, (s->nholes - i - 1) * sizeof *h);
-      s->nholes--;
+      memmove(h, h + 1, (s->x->nholes - i - 1) * sizeof *h);
+      s->x->nholes--;
       i--;
     }
   }
@@ -68,29 +73,29 @@ void holes_cut(seq_t *s, uint64_t b, uint64_t e) {
 void holes_add(seq_t *s, uint64_t b, uint64_t e) {
   if (b >= e) return;
   uint32_t i = 0;
-  while (i < s->nholes && s->holes[i].e < b) i++;
+  while (i < s->x->nholes && s->x->holes[i].e < b) i++;
   /* merge every range touching [b, e) into one at i */
   uint32_t j = i;
-  while (j < s->nholes && s->holes[j].b <= e) {
-    if (s->holes[j].b < b) b = s->holes[j].b;
-    if (s->holes[j].e > e) e = s->holes[j].e;
+  while (j < s->x->nholes && s->x->holes[j].b <= e) {
+    if (s->x->holes[j].b < b) b = s->x->holes[j].b;
+    if (s->x->holes[j].e > e) e = s->x->holes[j].e;
     j++;
   }
   if (j == i) { /* nothing merged: insert */
-    memmove(&s->holes[i + 1], &s->holes[i], (s->nholes - i) * sizeof *s->holes);
-    s->nholes++;
+    memmove(&s->x->holes[i + 1], &s->x->holes[i], (s->x->nholes - i) * sizeof *s->x->holes);
+    s->x->nholes++;
   } else if (j > i + 1) {
-    memmove(&s->holes[i + 1], &s->holes[j], (s->nholes - j) * sizeof *s->holes);
-    s->nholes -= j - i - 1;
+    memmove(&s->x->holes[i + 1], &s->x->holes[j], (s->x->nholes - j) * sizeof *s->x->holes);
+    s->x->nholes -= j - i - 1;
   }
-  s->holes[i].b = b;
-  s->holes[i].e = e;
+  s->x->holes[i].b = b;
+  s->x->holes[i].e = e;
 }
 
 void holes_move(seq_t *s, uint64_t b, uint64_t e, int64_t delta, hole_t *tmp) {
   uint32_t k = 0;
-  for (uint32_t i = 0; i < s->nholes; i++) {
-    hole_t h = s->holes[i];
+  for (uint32_t i = 0; i < s->x->nholes; i++) {
+    hole_t h = s->x->holes[i];
     if (h.e <= b || h.b >= e) continue;
     tmp[k].b = (h.b > b ? h.b : b) + (uint64_t)delta;
     tmp[k++].e = (h.e < e ? h.e : e) + (uint64_t)delta;
@@ -102,9 +107,9 @@ void holes_move(seq_t *s, uint64_t b, uint64_t e, int64_t delta, hole_t *tmp) {
 
 void holes_within(const seq_t *s, uint64_t b, uint64_t e,
                   void (*fn)(uint64_t off, uint64_t n, void *arg), void *arg) {
-  for (uint32_t i = 0; i < s->nholes; i++) {
-    uint64_t lo = s->holes[i].b > b ? s->holes[i].b : b;
-    uint64_t hi = s->holes[i].e < e ? s->holes[i].e : e;
+  for (uint32_t i = 0; i < s->x->nholes; i++) {
+    uint64_t lo = s->x->holes[i].b > b ? s->x->holes[i].b : b;
+    uint64_t hi = s->x->holes[i].e < e ? s->x->holes[i].e : e;
     if (lo < hi) fn(lo - b, hi - lo, arg);
   }
 }
@@ -130,9 +135,9 @@ static void zero_slots(engine_t *eng, const seq_t *s, uint64_t b, uint64_t e) {
 }
 
 void holes_zero(engine_t *eng, const seq_t *s, uint64_t b, uint64_t e) {
-  for (uint32_t i = 0; i < s->nholes; i++) {
-    uint64_t lo = s->holes[i].b > b ? s->holes[i].b : b;
-    uint64_t hi = s->holes[i].e < e ? s->holes[i].e : e;
+  for (uint32_t i = 0; i < s->x->nholes; i++) {
+    uint64_t lo = s->x->holes[i].b > b ? s->x->holes[i].b : b;
+    uint64_t hi = s->x->holes[i].e < e ? s->x->holes[i].e : e;
     if (lo < hi) zero_slots(eng, s, lo, hi);
   }
 }

@@ -57,12 +57,13 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
                        (unsigned long long)s->start, (unsigned long long)s->len);
   /* A hole's slots hold whatever the page held before: a get zeroes them,
    * a reader in place could not tell, so a lease never covers one. */
-  for (uint32_t h = 0; h < s->nholes; h++)
-    if (s->holes[h].b < end && s->holes[h].e > begin)
+  const hole_t *holes = s->x->holes;
+  for (uint32_t h = 0; h < s->x->nholes; h++)
+    if (holes[h].b < end && holes[h].e > begin)
       return engine_fail(eng, KVC_E_RANGE,
                          "lease of [%llu, %llu) covers unwritten slots [%llu, %llu)",
                          (unsigned long long)begin, (unsigned long long)end,
-                         (unsigned long long)s->holes[h].b, (unsigned long long)s->holes[h].e);
+                         (unsigned long long)holes[h].b, (unsigned long long)holes[h].e);
   const geom_t *g = &s->cache->g;
   uint64_t first = begin >> g->tshift, last = (end - 1) >> g->tshift;
   uint32_t n = (uint32_t)(last - first + 1);

@@ -1,4 +1,4 @@
-/* pool.c: O(1) page allocation from a free stack, with refcounts and pins. */
+/* pool.c: O(1) page allocation from a free list, with refcounts and pins. */
 #include "pool.h"
 
 #include "kvcache/errors.h"
@@ -14,14 +14,11 @@ int pool_init(pool_t *p, mem_t *m, void *base, uint64_t pool_bytes, uint64_t pag
   p->refcnt = mem_calloc(m, n, sizeof(uint32_t));
   p->pinref = mem_calloc(m, n, sizeof(uint32_t));
   p->plan = mem_calloc(m, n, sizeof(uint32_t));
-  p->free_stack = mem_calloc(m, n, sizeof(uint32_t));
-  if (!p->refcnt || !p->pinref || !p->plan || !p->free_stack) {
+  if (!p->refcnt || !p->pinref || !p->plan) {
     pool_deinit(p, m);
     return KVC_E_NOMEM;
   }
-  /* Lowest page on top, so a fresh pool hands out pages in address order. */
-  for (uint32_t i = 0; i < p->npages; i++) p->free_stack[i] = p->npages - 1 - i;
-  p->nfree = p->npages;
+  pool_free_rebuild(p); /* a fresh pool hands out pages in address order */
   return 0;
 }
 
@@ -29,13 +26,16 @@ void pool_deinit(pool_t *p, mem_t *m) {
   mem_free(m, p->refcnt);
   mem_free(m, p->pinref);
   mem_free(m, p->plan);
-  mem_free(m, p->free_stack);
-  p->refcnt = p->pinref = p->plan = p->free_stack = NULL;
+  p->refcnt = p->pinref = p->plan = NULL;
   p->npages = p->nfree = 0;
+  p->free_head = POOL_NOPAGE;
 }
 
 uint32_t pool_alloc(pool_t *p) {
-  uint32_t page = p->free_stack[--p->nfree];
+  uint32_t page = p->free_head;
+  p->free_head = p->pinref[page];
+  p->nfree--;
+  p->pinref[page] = 0; /* a link no more: no pins yet */
   p->refcnt[page] = 1;
   return page;
 }
@@ -48,7 +48,9 @@ bool pool_unref(pool_t *p, uint32_t page) {
   uint32_t r = --p->refcnt[page];
   if (r == 1) p->nshared--;
   if (r) return false;
-  p->free_stack[p->nfree++] = page;
+  p->pinref[page] = p->free_head; /* unpinned: the field is the link now */
+  p->free_head = page;
+  p->nfree++;
   return true;
 }
 
@@ -58,4 +60,15 @@ void pool_pin(pool_t *p, uint32_t page) {
 
 void pool_unpin(pool_t *p, uint32_t page) {
   if (--p->pinref[page] == 0) p->npinned--;
+}
+
+void pool_free_rebuild(pool_t *p) {
+  p->free_head = POOL_NOPAGE;
+  p->nfree = 0;
+  for (uint32_t q = p->npages; q-- > 0;) {
+    if (p->refcnt[q]) continue;
+    p->pinref[q] = p->free_head;
+    p->free_head = q;
+    p->nfree++;
+  }
 }

@@ -556,8 +556,8 @@ static uint64_t ids_differ(const engine_t *eng, const seq_t *s, const engine_io_
                            uint64_t end, const span_tag_t *tags, size_t ntags) {
   const geom_t *g = &s->cache->g;
   uint64_t hi = s->chain_tok;
-  if (s->layer_chain)
-    for (uint32_t l = 0; l < g->L; l++) hi = s->layer_chain[l] > hi ? s->layer_chain[l] : hi;
+  if (s->x->layer_chain)
+    for (uint32_t l = 0; l < g->L; l++) hi = s->x->layer_chain[l] > hi ? s->x->layer_chain[l] : hi;
   if (end > hi) end = hi;
   tag_walk_t w = {tags, ntags, 0};
   for (uint64_t p = e->pos; p < end; p++) {
@@ -573,14 +573,15 @@ static uint64_t ids_differ(const engine_t *eng, const seq_t *s, const engine_io_
 static void chain_settle(engine_t *eng, seq_t *s) {
   uint32_t lo = UINT32_MAX, hi = 0;
   for (uint32_t l = 0; l < s->cache->g.L; l++) {
-    lo = s->layer_chain[l] < lo ? s->layer_chain[l] : lo;
-    hi = s->layer_chain[l] > hi ? s->layer_chain[l] : hi;
+    lo = s->x->layer_chain[l] < lo ? s->x->layer_chain[l] : lo;
+    hi = s->x->layer_chain[l] > hi ? s->x->layer_chain[l] : hi;
   }
   if (lo < s->chain_tok) seq_chain_cut(s, lo);
   s->chain_tok = lo;
   if (lo == hi) {
-    mem_free(&eng->mem, s->layer_chain);
-    s->layer_chain = NULL;
+    mem_free(&eng->mem, s->x->layer_chain);
+    s->x->layer_chain = NULL;
+    seq_ext_release(eng, s);
   }
 }
 
@@ -603,8 +604,8 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, uint32_t l
   }
   bool all = l0 == 0 && l1 == g->L;
   /* (a layer range without layer_chain: its begin ran out of memory) */
-  bool extends = key_id == s->chain_key && s->start == 0 && (all || s->layer_chain);
-  if (!extends || (!s->layer_chain && e->pos <= s->chain_tok)) seq_chain_cut(s, e->pos);
+  bool extends = key_id == s->chain_key && s->start == 0 && (all || s->x->layer_chain);
+  if (!extends || (!s->x->layer_chain && e->pos <= s->chain_tok)) seq_chain_cut(s, e->pos);
   /* The ids, into the pages; a page of the chain keeps its hash (its ids are
    * the same: any that differ cut the chain above). */
   tag_walk_t w = {tags, ntags, 0};
@@ -621,9 +622,9 @@ void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, uint32_t l
     if (idx >= s->chain_pages) ip->hashed = false;
   }
   if (!extends) return;
-  if (s->layer_chain) { /* each written layer's chain, cut at pos, goes on to end */
+  if (s->x->layer_chain) { /* each written layer's chain, cut at pos, goes on to end */
     for (uint32_t l = l0; l < l1; l++)
-      if (s->layer_chain[l] >= e->pos) s->layer_chain[l] = (uint32_t)end;
+      if (s->x->layer_chain[l] >= e->pos) s->x->layer_chain[l] = (uint32_t)end;
     chain_settle(eng, s);
   } else if (e->pos <= s->chain_tok) {
     s->chain_tok = end;

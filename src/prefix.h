@@ -15,7 +15,7 @@ void prefix_reclaim(engine_t *eng, ipage_t *ip);
  * reserved by the put), continues or cuts the chain of those layers (and
  * of any layer whose chain held other ids there), and hashes and indexes
  * the pages every layer's chain now covers. A layer-range put needs
- * s->layer_chain (put_target makes it). */
+ * s->x->layer_chain (put_target makes it). */
 void prefix_put_tokens(engine_t *eng, seq_t *s, const engine_io_t *e, uint32_t l0, uint32_t l1,
                        const engine_pkey_t *key, uint32_t key_id, const span_tag_t *tags,
                        size_t ntags);

@@ -36,14 +36,15 @@ static void put_rollback(engine_t *eng, target_t *t, size_t n) {
       continue;
     }
     if (t[i].new_layers) {
-      mem_free(&eng->mem, s->layer_len);
-      s->layer_len = NULL;
+      mem_free(&eng->mem, s->x->layer_len);
+      s->x->layer_len = NULL;
     }
     if (t[i].new_chain) {
-      mem_free(&eng->mem, s->layer_chain);
-      s->layer_chain = NULL;
+      mem_free(&eng->mem, s->x->layer_chain);
+      s->x->layer_chain = NULL;
     }
     seq_pos_shrink(eng, s, t[i].old_pcap);
+    seq_ext_release(eng, s); /* made by this call and left empty */
     if (s->cap > t[i].old_cap) {
       if (t[i].old_cap == 0) {
         mem_free(&eng->mem, s->table);
@@ -85,7 +86,7 @@ static int put_target(engine_t *eng, cache_t *c, const layout_xfer_t *r, const e
   }
   t->s = s;
   t->old_cap = s->cap;
-  t->old_pcap = s->pcap;
+  t->old_pcap = s->x->pcap;
   s->mark = eng->epoch;
   uint64_t have = seq_range_len(s, r->l0, r->l1);
   if (e->pos < s->start || e->pos > have)
@@ -93,22 +94,24 @@ static int put_target(engine_t *eng, cache_t *c, const layout_xfer_t *r, const e
                        "entry %zu: pos %llu outside [start %llu, written length %llu]", i,
                        (unsigned long long)e->pos, (unsigned long long)s->start,
                        (unsigned long long)have);
-  if ((r->l0 != 0 || r->l1 != c->g.L) && !s->layer_len) {
-    s->layer_len = mem_calloc(&eng->mem, c->g.L, sizeof *s->layer_len);
-    if (!s->layer_len) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
-    for (uint32_t l = 0; l < c->g.L; l++) s->layer_len[l] = (uint32_t)s->len;
+  if ((r->l0 != 0 || r->l1 != c->g.L) && !s->x->layer_len) {
+    if (seq_ext_own(eng, s) ||
+        !(s->x->layer_len = mem_calloc(&eng->mem, c->g.L, sizeof *s->x->layer_len)))
+      return engine_fail(eng, KVC_E_NOMEM, "out of memory"); /* the rollback releases x */
+    for (uint32_t l = 0; l < c->g.L; l++) s->x->layer_len[l] = (uint32_t)s->len;
     t->new_layers = true;
   }
   /* A layer-range put with ids chains those layers alone (layer_chain). */
-  if (e->tokens && (r->l0 != 0 || r->l1 != c->g.L) && !s->layer_chain) {
-    s->layer_chain = mem_alloc(&eng->mem, c->g.L * sizeof *s->layer_chain);
-    if (!s->layer_chain) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
-    for (uint32_t l = 0; l < c->g.L; l++) s->layer_chain[l] = (uint32_t)s->chain_tok;
+  if (e->tokens && (r->l0 != 0 || r->l1 != c->g.L) && !s->x->layer_chain) {
+    if (seq_ext_own(eng, s) ||
+        !(s->x->layer_chain = mem_alloc(&eng->mem, c->g.L * sizeof *s->x->layer_chain)))
+      return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < c->g.L; l++) s->x->layer_chain[l] = (uint32_t)s->chain_tok;
     t->new_chain = true;
   }
   uint64_t end = e->pos + e->ntokens;
   if ((end > s->extent && seq_reserve(eng, s, seq_pages_for(s, end))) ||
-      (s->nholes && holes_reserve(eng, s, 1)))
+      (s->x->nholes && holes_reserve(eng, s, 1)))
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   return 0;
 }
@@ -253,7 +256,7 @@ static void put_commit(engine_t *eng, const engine_put_job_t *j, seq_t *s, const
   /* Ids chain tokens at their own slots' positions only: a sequence whose
    * positions moved below end (a seq_div, a shift of its own positions)
    * writes them as untokened (doc/attention.md). */
-  if (e->tokens && !(s->pos && seq_pos_first_moved(s) < end))
+  if (e->tokens && !(s->x->pos && seq_pos_first_moved(s) < end))
     prefix_put_tokens(eng, s, e, j->r.l0, j->r.l1, key, j->key_id, j->tags + j->tag0[i],
                       j->tag0[i + 1] - j->tag0[i]);
   else if (e->ntokens) prefix_put_untokened(eng, s, e->pos, end);
@@ -389,7 +392,7 @@ int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   job_key(j, key);
   job_stage(eng, j); /* the pages it writes are its own from here */
   for (size_t i = 0; i < n; i++)
-    if (j->seqs[i]->nholes)
+    if (j->seqs[i]->x->nholes)
       holes_zero(eng, j->seqs[i], entries[i].pos, entries[i].pos + entries[i].ntokens);
   *job = j;
   j = NULL;

@@ -8,7 +8,7 @@
  *     3. move each page in use >= n to a free page < n:
  *          bytes, refcnt, pinref, tenant, token metadata
  *          block tables and index parents: old -> new by one map
- *     4. the per-page arrays and the free stack end at n
+ *     4. the per-page arrays end at n; the free list is rebuilt
  *
  * Every page reference in the engine is a page number in a block table, in
  * a lease, in an ipage (its own and its parent's), or an index of the
@@ -42,7 +42,6 @@ static bool arrays_to(engine_t *eng, uint64_t n, uint64_t m) {
   return resize_array(eng, (void **)&p->refcnt, sizeof *p->refcnt, n, m) &&
          resize_array(eng, (void **)&p->pinref, sizeof *p->pinref, n, m) &&
          resize_array(eng, (void **)&p->plan, sizeof *p->plan, n, m) &&
-         resize_array(eng, (void **)&p->free_stack, sizeof *p->free_stack, n, m) &&
          resize_array(eng, (void **)&eng->ip, sizeof *eng->ip, n, m) &&
          resize_array(eng, (void **)&eng->scratch, 2 * sizeof *eng->scratch, n, m) &&
          resize_array(eng, (void **)&eng->page_quota, sizeof *eng->page_quota, n, m) &&
@@ -57,12 +56,10 @@ int engine_pool_grow(engine_t *eng, uint64_t pool_bytes) {
     return engine_fail(eng, KVC_E_INVAL, "grow to %llu pages: not more than %llu, or too many",
                        (unsigned long long)m, (unsigned long long)n);
   if (!arrays_to(eng, n, m)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
-  /* The new pages under the free ones: pages in use stay low, so a later
-   * shrink back has less to move. */
-  memmove(p->free_stack + (m - n), p->free_stack, (size_t)p->nfree * sizeof *p->free_stack);
-  for (uint64_t i = 0; i < m - n; i++) p->free_stack[i] = (uint32_t)(m - 1 - i);
-  p->nfree += (uint32_t)(m - n);
+  /* Lowest first, so the new pages go after the old free ones: pages in
+   * use stay low, and a later shrink back has less to move. */
   p->npages = (uint32_t)m;
+  pool_free_rebuild(p);
   return 0;
 }
 
@@ -117,7 +114,7 @@ int engine_pool_shrink(engine_t *eng, uint64_t pool_bytes, engine_shrink_t *out)
     while (p->refcnt[dst]) dst++;
     memcpy(pool_page(p, dst), pool_page(p, (uint32_t)old), p->page_bytes);
     p->refcnt[dst] = p->refcnt[old];
-    p->pinref[dst] = p->pinref[old];
+    p->pinref[dst] = p->pinref[old]; /* dst's link goes: the list is rebuilt below */
     p->refcnt[old] = p->pinref[old] = 0;
     eng->page_quota[dst] = eng->page_quota[old];
     if (eng->ip) {
@@ -141,11 +138,9 @@ int engine_pool_shrink(engine_t *eng, uint64_t pool_bytes, engine_shrink_t *out)
     if (eng->ip[q] && eng->ip[q]->parent != NOPAGE && eng->ip[q]->parent >= m)
       eng->ip[q]->parent = map[eng->ip[q]->parent - m];
   mem_free(&eng->mem, map);
-  /* The free stack holds the free pages below m, lowest on top. */
-  p->nfree = 0;
-  for (uint64_t q = m; q-- > 0;)
-    if (!p->refcnt[q]) p->free_stack[p->nfree++] = (uint32_t)q;
+  /* The free list holds the free pages below m, lowest first. */
   p->npages = (uint32_t)m;
+  pool_free_rebuild(p);
   (void)arrays_to(eng, n, m); /* smaller: only returns memory; a failure keeps more */
   if (out) *out = (engine_shrink_t){evicted, moved};
   return 0;

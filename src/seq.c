@@ -14,16 +14,43 @@ seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id) {
   s->cache = c;
   s->node.kind = LRU_SEQ;
   s->node.prio = PRIO_DEFAULT;
+  s->x = (seq_ext_t *)&seq_ext_none; /* never written: seq_ext_own first */
   return s;
+}
+
+/* 100,000 sequences are the largest part of the metadata of a pool of 4 KiB
+ * pages (doc/design.md, "Metadata"): a field more moves seq_t to jemalloc's
+ * next class, 192 bytes. */
+_Static_assert(sizeof(seq_t) <= 160, "seq_t outgrows its 160-byte size class");
+
+/* Read-only (a write faults): the parts of every sequence that has none. */
+const seq_ext_t seq_ext_none = {0};
+
+int seq_ext_own(engine_t *eng, seq_t *s) {
+  if (s->x != &seq_ext_none) return 0;
+  seq_ext_t *x = mem_calloc(&eng->mem, 1, sizeof *x);
+  if (!x) return KVC_E_NOMEM;
+  s->x = x;
+  return 0;
+}
+
+void seq_ext_release(engine_t *eng, seq_t *s) {
+  seq_ext_t *x = s->x;
+  if (x == &seq_ext_none || x->layer_len || x->layer_chain || x->holes || x->pos) return;
+  mem_free(&eng->mem, x);
+  s->x = (seq_ext_t *)&seq_ext_none;
 }
 
 void seq_free(engine_t *eng, seq_t *s) {
   if (!s) return;
   mem_free(&eng->mem, s->table);
-  mem_free(&eng->mem, s->layer_len);
-  mem_free(&eng->mem, s->layer_chain);
-  mem_free(&eng->mem, s->holes);
-  mem_free(&eng->mem, s->pos);
+  if (s->x != &seq_ext_none) {
+    mem_free(&eng->mem, s->x->layer_len);
+    mem_free(&eng->mem, s->x->layer_chain);
+    mem_free(&eng->mem, s->x->holes);
+    mem_free(&eng->mem, s->x->pos);
+    mem_free(&eng->mem, s->x);
+  }
   mem_free(&eng->mem, s);
 }
 
@@ -35,8 +62,8 @@ int seq_reserve(engine_t *eng, seq_t *s, uint64_t n) {
   if (cap < n) cap = n;
   /* positions of its own grow first: a table grown alone keeps cap (and
    * pcap >= cap * T) as they were */
-  uint64_t pcap = s->pcap;
-  if (s->pos && seq_pos_reserve(eng, s, cap << s->cache->g.tshift)) return KVC_E_NOMEM;
+  uint64_t pcap = s->x->pcap;
+  if (s->x->pos && seq_pos_reserve(eng, s, cap << s->cache->g.tshift)) return KVC_E_NOMEM;
   uint32_t *t = mem_realloc(&eng->mem, s->table, cap * sizeof *t);
   if (!t) {
     seq_pos_shrink(eng, s, pcap);
@@ -48,43 +75,49 @@ int seq_reserve(engine_t *eng, seq_t *s, uint64_t n) {
 }
 
 int seq_pos_reserve(engine_t *eng, seq_t *s, uint64_t n) {
-  if (n <= s->pcap) return 0;
-  uint32_t *p = mem_realloc(&eng->mem, s->pos, n * sizeof *p);
-  if (!p) return KVC_E_NOMEM;
-  s->pos = p;
-  s->pcap = n;
+  if (n <= s->x->pcap) return 0;
+  if (seq_ext_own(eng, s)) return KVC_E_NOMEM;
+  uint32_t *p = mem_realloc(&eng->mem, s->x->pos, n * sizeof *p);
+  if (!p) {
+    seq_ext_release(eng, s); /* made for nothing */
+    return KVC_E_NOMEM;
+  }
+  s->x->pos = p;
+  s->x->pcap = n;
   return 0;
 }
 
 void seq_pos_shrink(engine_t *eng, seq_t *s, uint64_t n) {
-  if (!s->pos || n >= s->pcap || n == 0) return;
-  uint32_t *p = mem_realloc(&eng->mem, s->pos, n * sizeof *p);
+  if (!s->x->pos || n >= s->x->pcap || n == 0) return;
+  uint32_t *p = mem_realloc(&eng->mem, s->x->pos, n * sizeof *p);
   if (!p) return; /* keeps the larger array: still right, only larger */
-  s->pos = p;
-  s->pcap = n;
+  s->x->pos = p;
+  s->x->pcap = n;
 }
 
 int seq_pos_own(engine_t *eng, seq_t *s) {
-  if (s->pos) return 0;
+  if (s->x->pos) return 0;
   uint64_t T = s->cache->g.T, n = (uint64_t)(s->cap ? s->cap : 1) * T, b = (uint64_t)s->base * T;
   if (seq_pos_reserve(eng, s, n)) return KVC_E_NOMEM;
-  for (uint64_t i = 0; i < n; i++) s->pos[i] = (uint32_t)(b + i);
+  for (uint64_t i = 0; i < n; i++) s->x->pos[i] = (uint32_t)(b + i);
   return 0;
 }
 
 void seq_pos_drop(engine_t *eng, seq_t *s) {
-  mem_free(&eng->mem, s->pos);
-  s->pos = NULL;
-  s->pcap = 0;
+  if (!s->x->pos) return;
+  mem_free(&eng->mem, s->x->pos);
+  s->x->pos = NULL;
+  s->x->pcap = 0;
+  seq_ext_release(eng, s);
 }
 
 /* Slots [from, to) just became part of the sequence: their positions follow
  * the last slot's, one a slot (where llama.cpp decodes next: n_past). */
 static void pos_extend(seq_t *s, uint64_t from, uint64_t to) {
-  if (!s->pos || to <= from) return;
+  if (!s->x->pos || to <= from) return;
   uint64_t b = (uint64_t)s->base << s->cache->g.tshift;
-  uint64_t next = from > b ? (uint64_t)s->pos[from - 1 - b] + 1 : from;
-  for (uint64_t i = from; i < to; i++) s->pos[i - b] = (uint32_t)(next + (i - from));
+  uint64_t next = from > b ? (uint64_t)s->x->pos[from - 1 - b] + 1 : from;
+  for (uint64_t i = from; i < to; i++) s->x->pos[i - b] = (uint32_t)(next + (i - from));
 }
 
 void seq_enlist(engine_t *eng, seq_t *s) {
@@ -112,11 +145,11 @@ void seq_page_release(engine_t *eng, seq_t *s, uint32_t page) {
 
 bool seq_page_is_hole(const seq_t *s, uint64_t idx) {
   uint64_t T = s->cache->g.T, b = idx * T, e = b + T, end = seq_table_end(s);
-  return holes_cover(s->holes, s->nholes, b > s->start ? b : s->start, e < end ? e : end);
+  return holes_cover(s->x->holes, s->x->nholes, b > s->start ? b : s->start, e < end ? e : end);
 }
 
 void seq_release_holes(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
-  if (!s->nholes || b >= e) return;
+  if (!s->x->nholes || b >= e) return;
   uint32_t sh = s->cache->g.tshift;
   uint64_t idx = b >> sh, last = (e - 1) >> sh;
   if (idx < s->base) idx = s->base;
@@ -132,8 +165,8 @@ void seq_release_holes(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
 static void lengths_settle(engine_t *eng, seq_t *s) {
   uint64_t lo = UINT64_MAX, hi = 0, old = s->extent;
   for (uint32_t l = 0; l < s->cache->g.L; l++) {
-    if (s->layer_len[l] < lo) lo = s->layer_len[l];
-    if (s->layer_len[l] > hi) hi = s->layer_len[l];
+    if (s->x->layer_len[l] < lo) lo = s->x->layer_len[l];
+    if (s->x->layer_len[l] > hi) hi = s->x->layer_len[l];
   }
   eng->ntokens = eng->ntokens - s->len + lo;
   s->cache->st.tokens = s->cache->st.tokens - s->len + lo;
@@ -141,13 +174,14 @@ static void lengths_settle(engine_t *eng, seq_t *s) {
   s->extent = hi;
   pos_extend(s, old, hi);
   if (lo == hi) {
-    mem_free(&eng->mem, s->layer_len);
-    s->layer_len = NULL;
+    mem_free(&eng->mem, s->x->layer_len);
+    s->x->layer_len = NULL;
+    seq_ext_release(eng, s);
   }
 }
 
 void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t end) {
-  if (!s->layer_len) { /* every layer, all at len: the common case */
+  if (!s->x->layer_len) { /* every layer, all at len: the common case */
     if (end > s->len) {
       eng->ntokens += end - s->len;
       s->cache->st.tokens += end - s->len;
@@ -157,7 +191,7 @@ void seq_set_lengths(engine_t *eng, seq_t *s, uint32_t l0, uint32_t l1, uint64_t
     return;
   }
   for (uint32_t l = l0; l < l1; l++)
-    if (s->layer_len[l] < end) s->layer_len[l] = (uint32_t)end;
+    if (s->x->layer_len[l] < end) s->x->layer_len[l] = (uint32_t)end;
   lengths_settle(eng, s);
 }
 
@@ -165,9 +199,9 @@ void seq_truncate(engine_t *eng, seq_t *s, uint64_t n) {
   s->rsv_end = 0; /* a reservation ends with the slots it reserved */
   seq_chain_cut(s, n);
   holes_cut(s, n, UINT64_MAX);
-  if (s->layer_len) {
+  if (s->x->layer_len) {
     for (uint32_t l = 0; l < s->cache->g.L; l++)
-      if (s->layer_len[l] > n) s->layer_len[l] = (uint32_t)n;
+      if (s->x->layer_len[l] > n) s->x->layer_len[l] = (uint32_t)n;
     lengths_settle(eng, s);
   } else if (s->len > n) {
     eng->ntokens -= s->len - n;
@@ -187,10 +221,10 @@ void seq_trim(engine_t *eng, seq_t *s, uint64_t n) {
   uint32_t nbase = (uint32_t)(n >> s->cache->g.tshift), drop = nbase - s->base;
   for (uint32_t i = 0; i < drop; i++) seq_page_release(eng, s, s->table[i]);
   memmove(s->table, s->table + drop, (s->ntable - drop) * sizeof *s->table);
-  if (s->pos) { /* pos mirrors the table, T entries a page */
+  if (s->x->pos) { /* pos mirrors the table, T entries a page */
     uint32_t sh = s->cache->g.tshift;
-    memmove(s->pos, s->pos + ((uint64_t)drop << sh),
-            ((uint64_t)(s->ntable - drop) << sh) * sizeof *s->pos);
+    memmove(s->x->pos, s->x->pos + ((uint64_t)drop << sh),
+            ((uint64_t)(s->ntable - drop) << sh) * sizeof *s->x->pos);
   }
   s->ntable -= drop;
   s->base = nbase;

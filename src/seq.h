@@ -23,14 +23,14 @@ static inline uint64_t seq_table_end(const seq_t *s) {
   return s->rsv_end > s->extent ? s->rsv_end : s->extent;
 }
 static inline uint32_t seq_layer_len(const seq_t *s, uint32_t l) {
-  return s->layer_len ? s->layer_len[l] : (uint32_t)s->len;
+  return s->x->layer_len ? s->x->layer_len[l] : (uint32_t)s->len;
 }
 /* The smallest written length over layers [l0, l1). */
 static inline uint64_t seq_range_len(const seq_t *s, uint32_t l0, uint32_t l1) {
-  if (!s->layer_len) return s->len;
+  if (!s->x->layer_len) return s->len;
   uint64_t m = UINT64_MAX;
   for (uint32_t l = l0; l < l1; l++)
-    if (s->layer_len[l] < m) m = s->layer_len[l];
+    if (s->x->layer_len[l] < m) m = s->x->layer_len[l];
   return m;
 }
 /* KVC_E_BUSY for a sequence whose put is still copying (put.c): every
@@ -48,9 +48,9 @@ static inline int cache_busy(engine_t *eng, const cache_t *c) {
 /* Whatever s holds from pos on no longer follows its prefix chain
  * (doc/prefix.md): the chain ends at pos. */
 static inline void seq_chain_cut(seq_t *s, uint64_t pos) {
-  if (s->layer_chain)
+  if (s->x->layer_chain)
     for (uint32_t l = 0; l < s->cache->g.L; l++)
-      if (s->layer_chain[l] > pos) s->layer_chain[l] = (uint32_t)pos;
+      if (s->x->layer_chain[l] > pos) s->x->layer_chain[l] = (uint32_t)pos;
   if (s->chain_tok <= pos) return;
   s->chain_tok = pos;
   uint64_t whole = pos >> s->cache->g.tshift;
@@ -98,7 +98,7 @@ static inline bool seq_run_next(seq_run_t *r) {
 /* The position of slot q (doc/attention.md, "Positions are labels"): the
  * slot itself unless the sequence has positions of its own. */
 static inline uint64_t seq_pos(const seq_t *s, uint64_t q) {
-  return s->pos ? s->pos[q - ((uint64_t)s->base << s->cache->g.tshift)] : q;
+  return s->x->pos ? s->x->pos[q - ((uint64_t)s->base << s->cache->g.tshift)] : q;
 }
 
 /* The first slot of [start, extent) whose position is not the slot, or the
@@ -110,7 +110,15 @@ static inline uint64_t seq_pos_first_moved(const seq_t *s) {
 }
 
 seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id);
-/* Makes s->pos hold at least n entries: 0 or KVC_E_NOMEM (no change). */
+/* Gives s parts of its own (s->x) if it points at seq_ext_none: 0 or
+ * KVC_E_NOMEM (no change). Every write to s->x comes after it. */
+int seq_ext_own(engine_t *eng, seq_t *s);
+/* Frees s's own parts once they hold nothing (no array allocated): s
+ * points at seq_ext_none again. Called wherever one of them is freed. */
+void seq_ext_release(engine_t *eng, seq_t *s);
+/* Whether s has parts of its own. */
+static inline bool seq_ext_owned(const seq_t *s) { return s->x != &seq_ext_none; }
+/* Makes s->x->pos hold at least n entries: 0 or KVC_E_NOMEM (no change). */
 int seq_pos_reserve(engine_t *eng, seq_t *s, uint64_t n);
 /* Gives back what seq_pos_reserve grew past n entries (a failed call's
  * undo). */

@@ -51,7 +51,7 @@ int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
   if (b < s->start) b = s->start;
   if (b >= s->extent || b >= e) return 0;
   if (e >= s->len) return engine_remove(eng, cache_id, seq_id, b, e);
-  if (s->layer_len)
+  if (s->x->layer_len)
     return engine_fail(eng, KVC_E_RANGE, "sequence %llu has layers of different lengths",
                        (unsigned long long)s->id);
   if (holes_reserve(eng, s, 1)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
@@ -64,7 +64,8 @@ int engine_punch(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
 }
 
 /* Points dst's table at pages[0..ntable) (logical pages base..) and sets
- * start and lengths; the table array is dst's from now on. */
+ * start and lengths; the table array is dst's from now on, and so are holes
+ * and pos (dst has parts of its own if either is not NULL). */
 static void share_pages(engine_t *eng, seq_t *dst, const uint32_t *pages, uint32_t *table,
                         uint32_t ntable, uint32_t cap, uint32_t base, uint64_t start,
                         uint64_t n, hole_t *holes, uint32_t nholes, uint32_t *pos,
@@ -76,17 +77,21 @@ static void share_pages(engine_t *eng, seq_t *dst, const uint32_t *pages, uint32
   }
   for (uint32_t i = 0; i < dst->ntable; i++) seq_page_release(eng, dst, dst->table[i]);
   mem_free(&eng->mem, dst->table);
-  mem_free(&eng->mem, dst->layer_len);
-  mem_free(&eng->mem, dst->layer_chain);
-  dst->layer_chain = NULL; /* a copy holds the chain every layer holds */
-  mem_free(&eng->mem, dst->holes);
-  dst->holes = holes;
-  dst->nholes = dst->hcap = nholes;
-  seq_pos_drop(eng, dst);
-  dst->pos = pos;
-  dst->pcap = pcap;
+  seq_ext_t *x = dst->x;
+  if (seq_ext_owned(dst)) {
+    mem_free(&eng->mem, x->layer_len);
+    x->layer_len = NULL;
+    mem_free(&eng->mem, x->layer_chain);
+    x->layer_chain = NULL; /* a copy holds the chain every layer holds */
+    mem_free(&eng->mem, x->holes);
+    x->holes = holes;
+    x->nholes = x->hcap = nholes;
+    mem_free(&eng->mem, x->pos);
+    x->pos = pos;
+    x->pcap = pcap;
+    seq_ext_release(eng, dst); /* none of them: no parts of its own */
+  }
   dst->rsv_end = 0;
-  dst->layer_len = NULL;
   dst->table = table;
   dst->ntable = ntable;
   dst->cap = cap;
@@ -119,7 +124,10 @@ static int dst_prepare(engine_t *eng, cache_t *c, uint64_t dst_id, seq_t **dst, 
 }
 
 static void dst_abandon(engine_t *eng, cache_t *c, seq_t *dst, bool created, size_t map_cap) {
-  if (created) seq_free(eng, dst);
+  if (created)
+    seq_free(eng, dst);
+  else
+    seq_ext_release(eng, dst); /* parts this call gave it for holes or positions */
   (void)hmap_resize(&c->seqs, &eng->mem, map_cap);
 }
 
@@ -164,13 +172,13 @@ int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_
   if ((rc = dst_prepare(eng, c, dst_id, &dst, &created, &map_cap))) return rc;
   uint32_t cap = ntable ? (uint32_t)ntable : 1;
   uint32_t *table = mem_alloc(&eng->mem, cap * sizeof *table), nh = 0, h0 = 0;
-  while (h0 < src->nholes && src->holes[h0].e <= start) h0++; /* the gaps in [start, n) */
-  while (h0 + nh < src->nholes && src->holes[h0 + nh].b < n) nh++;
+  while (h0 < src->x->nholes && src->x->holes[h0].e <= start) h0++; /* the gaps in [start, n) */
+  while (h0 + nh < src->x->nholes && src->x->holes[h0 + nh].b < n) nh++;
   hole_t *holes = nh ? mem_alloc(&eng->mem, nh * sizeof *holes) : NULL;
   /* src's positions of its own come along (the slots' below n) */
-  uint64_t pcap = src->pos && n > start ? (uint64_t)cap << sh : 0, pb = (uint64_t)base << sh;
+  uint64_t pcap = src->x->pos && n > start ? (uint64_t)cap << sh : 0, pb = (uint64_t)base << sh;
   uint32_t *pos = pcap ? mem_alloc(&eng->mem, pcap * sizeof *pos) : NULL;
-  if (!table || (nh && !holes) || (pcap && !pos)) {
+  if (!table || (nh && !holes) || (pcap && !pos) || ((nh || pcap) && seq_ext_own(eng, dst))) {
     mem_free(&eng->mem, table);
     mem_free(&eng->mem, holes);
     mem_free(&eng->mem, pos);
@@ -178,12 +186,12 @@ int engine_copy_range(engine_t *eng, uint32_t cache_id, uint64_t src_id, uint64_
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
   for (uint32_t i = 0; i < nh; i++) {
-    holes[i] = src->holes[h0 + i];
+    holes[i] = src->x->holes[h0 + i];
     if (holes[i].b < start) holes[i].b = start;
     if (holes[i].e > n) holes[i].e = n;
   }
   if (pos)
-    memcpy(pos, src->pos + (pb - ((uint64_t)src->base << sh)), (n - pb) * sizeof *pos);
+    memcpy(pos, src->x->pos + (pb - ((uint64_t)src->base << sh)), (n - pb) * sizeof *pos);
   /* A page whose slots in [start, n) are all holes for dst is none of dst's
    * (src may still hold tokens in it, past n): dst takes no page for it. */
   for (uint64_t i = 0; i < ntable; i++) {

@@ -70,8 +70,8 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
   uint32_t dk = c->g.dk;
   int rc = 0;
   if (seq_reserve(eng, s, seq_pages_for(s, dhi > tend ? dhi : tend)) ||
-      holes_reserve(eng, s, s->nholes + 4) ||
-      !(m.tmp = mem_alloc(&eng->mem, (s->nholes + 1) * sizeof *m.tmp)) ||
+      holes_reserve(eng, s, s->x->nholes + 4) ||
+      !(m.tmp = mem_alloc(&eng->mem, (s->x->nholes + 1) * sizeof *m.tmp)) ||
       (rotate && (!(m.cs = mem_alloc(&eng->mem, (c->layout.rope_dims + 2) * sizeof *m.cs)) ||
                   !(m.x = mem_alloc(&eng->mem, dk * sizeof *m.x)) ||
                   !(m.f = mem_alloc(&eng->mem, dk * sizeof *m.f))))) {
@@ -97,14 +97,14 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
     for (uint64_t q = p1; q-- > p0;) {
       if (!holes_has(s, q)) slot_copy(eng, s, q, q + (uint64_t)delta, rotate ? &rp : NULL);
     }
-  if (s->pos) { /* the labels move with their slots, by rdelta */
+  if (s->x->pos) { /* the labels move with their slots, by rdelta */
     uint64_t b = (uint64_t)s->base << c->g.tshift;
     if (delta < 0)
       for (uint64_t q = p0; q < p1; q++)
-        s->pos[q + (uint64_t)delta - b] = (uint32_t)((int64_t)s->pos[q - b] + rdelta);
+        s->x->pos[q + (uint64_t)delta - b] = (uint32_t)((int64_t)s->x->pos[q - b] + rdelta);
     else
       for (uint64_t q = p1; q-- > p0;)
-        s->pos[q + (uint64_t)delta - b] = (uint32_t)((int64_t)s->pos[q - b] + rdelta);
+        s->x->pos[q + (uint64_t)delta - b] = (uint32_t)((int64_t)s->x->pos[q - b] + rdelta);
   }
   prefix_put_untokened(eng, s, dlo, dhi);
   seq_chain_cut(s, p0); /* moved up, the slots they left are holes */
@@ -119,8 +119,8 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
     if (dhi > len) seq_set_lengths(eng, s, 0, c->g.L, dhi);
     /* The tail moved down: the length ends at the last token (the slots
      * between the target and p0 keep theirs). */
-    if (delta < 0 && p1 == len && s->nholes && s->holes[s->nholes - 1].e == len)
-      seq_truncate(eng, s, s->holes[s->nholes - 1].b);
+    if (delta < 0 && p1 == len && s->x->nholes && s->x->holes[s->x->nholes - 1].e == len)
+      seq_truncate(eng, s, s->x->holes[s->x->nholes - 1].b);
   }
   /* Pages the move left all holes (vacated, or holes moved in) go back. */
   seq_release_holes(eng, s, dlo < p0 ? dlo : p0, dhi > p1 ? dhi : p1);
@@ -135,9 +135,9 @@ static bool all_holes(const seq_t *s, uint64_t b, uint64_t e) {
   if (e > s->len) e = s->len;
   while (b < e) {
     uint32_t i = 0;
-    while (i < s->nholes && s->holes[i].e <= b) i++;
-    if (i == s->nholes || s->holes[i].b > b) return false;
-    b = s->holes[i].e;
+    while (i < s->x->nholes && s->x->holes[i].e <= b) i++;
+    if (i == s->x->nholes || s->x->holes[i].b > b) return false;
+    b = s->x->holes[i].e;
   }
   return true;
 }
@@ -153,7 +153,7 @@ static int movable(engine_t *eng, const seq_t *s, bool need_rope) {
                        "moving tokens of cache '%s' needs its keys re-rotated: the cache "
                        "has no RoPE description (rope_style NONE declares keys without "
                        "positions, NoPE or ALiBi)", s->cache->name);
-  if (s->layer_len)
+  if (s->x->layer_len)
     return engine_fail(eng, KVC_E_RANGE, "sequence %llu has layers of different lengths",
                        (unsigned long long)s->id);
   return 0;
@@ -167,7 +167,7 @@ int shift_remove(engine_t *eng, seq_t *s, uint64_t b, uint64_t e) {
    * place in positions too: they go down by pos(e) - pos(b), which is
    * e - b while positions are the slots. */
   int64_t rdelta = -(int64_t)(e - b);
-  if (s->pos) {
+  if (s->x->pos) {
     rdelta = (int64_t)seq_pos(s, b) - (int64_t)seq_pos(s, e);
     for (uint64_t q = e; q < s->len; q++) {
       int64_t np = (int64_t)seq_pos(s, q) + rdelta;
@@ -219,7 +219,7 @@ static int relabel(engine_t *eng, seq_t *s, uint64_t b, uint64_t e, int64_t delt
     last = q;
   }
   if (first == UINT64_MAX || (d == 1 && delta == 0)) return 0;
-  bool rotate = c->layout.rope_dims > 0, made = !s->pos;
+  bool rotate = c->layout.rope_dims > 0, made = !s->x->pos;
   move_mem_t m = {0};
   uint32_t dk = c->g.dk;
   int rc = 0;
@@ -244,14 +244,14 @@ static int relabel(engine_t *eng, seq_t *s, uint64_t b, uint64_t e, int64_t delt
   rope_t rp = {0, false, m.cs, m.x, m.f};
   uint64_t pb = (uint64_t)s->base << c->g.tshift;
   for (uint64_t q = first; q <= last; q++) {
-    uint64_t p = s->pos[q - pb];
+    uint64_t p = s->x->pos[q - pb];
     if (p < b || p >= e || holes_has(s, q)) continue;
     int64_t np = relabelled(p, delta, d);
     if (rotate && np != (int64_t)p) {
       rope_init(&rp, &c->layout, np - (int64_t)p);
       slot_rotate(eng, s, q, &rp);
     }
-    s->pos[q - pb] = (uint32_t)np;
+    s->x->pos[q - pb] = (uint32_t)np;
   }
   /* the bytes (or, without RoPE, what attended to them) are no longer the
    * prompt's from the first token relabelled */
@@ -310,7 +310,7 @@ int engine_shift(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t p0, 
   if (b > e)
     return engine_fail(eng, KVC_E_RANGE, "begin %llu > end %llu", (unsigned long long)b,
                        (unsigned long long)e);
-  if (s->pos) return relabel(eng, s, b, e, delta, 1);
+  if (s->x->pos) return relabel(eng, s, b, e, delta, 1);
   if (b < s->start) b = s->start;
   if (e > s->len) e = s->len;
   if (b >= e || delta == 0) return 0;
@@ -361,7 +361,7 @@ int engine_pos_range(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t 
   const seq_t *s = hmap_get(&c->seqs, seq_id);
   *pmin = *pmax = -1;
   if (!s) return 0;
-  if (s->pos) {
+  if (s->x->pos) {
     for (uint64_t q = s->start; q < s->len; q++) {
       if (holes_has(s, q)) continue;
       int64_t p = (int64_t)seq_pos(s, q);
@@ -371,10 +371,10 @@ int engine_pos_range(engine_t *eng, uint32_t cache_id, uint64_t seq_id, int64_t 
     return 0;
   }
   uint64_t lo = s->start, hi = s->len;
-  for (uint32_t i = 0; i < s->nholes && s->holes[i].b <= lo; i++)
-    if (s->holes[i].e > lo) lo = s->holes[i].e;
-  for (uint32_t i = s->nholes; i-- > 0 && s->holes[i].e >= hi;)
-    if (s->holes[i].b < hi) hi = s->holes[i].b;
+  for (uint32_t i = 0; i < s->x->nholes && s->x->holes[i].b <= lo; i++)
+    if (s->x->holes[i].e > lo) lo = s->x->holes[i].e;
+  for (uint32_t i = s->x->nholes; i-- > 0 && s->x->holes[i].e >= hi;)
+    if (s->x->holes[i].b < hi) hi = s->x->holes[i].b;
   if (lo < hi) {
     *pmin = (int64_t)lo;
     *pmax = (int64_t)hi - 1;

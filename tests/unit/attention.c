@@ -11,6 +11,7 @@
 
 #include "engine_fixture.h"
 #include "core.h"
+#include "seq.h"
 #include "engine_resize.h"
 
 #define X (-INFINITY)
@@ -841,6 +842,40 @@ TEST(audit_checks_entries_with_no_page) {
   ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
   ASSERT(strstr(why, "2 pages in its table, 1 counted") != NULL);
   s->npages++;
+  FX_AUDIT(f.eng);
+  fx_close(&f);
+}
+
+/* What few sequences use (lengths per layer, holes, positions) lives in
+ * parts of their own: made by the call that needs them, given back once
+ * they hold nothing, and the audit refuses an empty one kept. A
+ * reservation with no gap makes none. */
+TEST(seq_rare_parts_come_and_go) {
+  fx_t f;
+  kvc_layout_t l = fx_small_layout();
+  fx_open(&f, &l, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 4, 0));
+  seq_t *s = hmap_get(&engine_cache(f.eng, f.cid)->seqs, 1);
+  ASSERT(s && s->x == &seq_ext_none);
+  ASSERT_OK(fx_put_layers(&f, 1, 4, 4, 0, 1, 0)); /* layer 0 ahead: a length per layer */
+  ASSERT(seq_ext_owned(s) && s->x->layer_len != NULL);
+  FX_AUDIT(f.eng);
+  ASSERT_OK(fx_put_layers(&f, 1, 4, 4, 1, 0, 0)); /* the rest catch up: one length again */
+  ASSERT(s->x == &seq_ext_none);
+  FX_AUDIT(f.eng);
+  engine_tok_t tok = {1, 8};
+  ASSERT_OK(engine_reserve(f.eng, f.cid, &tok, 1)); /* at its length: no gap, no holes */
+  ASSERT(s->x == &seq_ext_none);
+  ASSERT_OK(seq_ext_own(f.eng, s)); /* parts kept with nothing in them */
+  char why[256] = "";
+  ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
+  ASSERT(strstr(why, "seq 1: rare parts of its own that hold nothing") != NULL);
+  seq_ext_release(f.eng, s);
+  ASSERT(s->x == &seq_ext_none);
+  FX_AUDIT(f.eng);
+  tok.pos = 12; /* past its length: [9, 12) are holes */
+  ASSERT_OK(engine_reserve(f.eng, f.cid, &tok, 1));
+  ASSERT(seq_ext_owned(s) && s->x->nholes == 1);
   FX_AUDIT(f.eng);
   fx_close(&f);
 }

@@ -1,7 +1,9 @@
 /* resize.c: the pool grows and shrinks under a live engine: grown pages are
  * used, a shrink evicts in LRU order and moves what stays, every byte and
  * the prefix index survive, and a shrink that would lose pinned or leased
- * data is refused with nothing changed. */
+ * data is refused with nothing changed. The free list (linked through the
+ * pin counts of free pages) after each, and the audit that checks it. */
+#include "core.h"
 #include "engine_fixture.h"
 #include "engine_resize.h"
 
@@ -144,5 +146,67 @@ TEST(resize_bad_arguments) {
   ASSERT_EQ(engine_pool_shrink(f.eng, 0, NULL), KVC_E_INVAL);
   ASSERT_EQ(engine_pool_shrink(NULL, 0, NULL), KVC_E_INVAL);
   ASSERT_U64_EQ(pages(&f), 8);
+  fx_close(&f);
+}
+
+/* The free list hands out the lowest free pages first, old free pages
+ * before grown ones, and after a shrink the lowest that stayed free. */
+TEST(resize_free_list_order_after_grow_and_shrink) {
+  fx_t f;
+  open_n(&f, 8);
+  pool_t *p = &f.eng->pool;
+  ASSERT_EQ(p->free_head, 0u);
+  ASSERT_OK(fx_put(&f, 1, 0, 2 * T, 1)); /* pages 0, 1 */
+  ASSERT_OK(fx_put(&f, 2, 0, 2 * T, 2)); /* pages 2, 3 */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX)); /* 0, 1 free again */
+  ASSERT_OK(engine_pool_grow(f.eng, 12 * f.page_bytes));
+  FX_AUDIT(f.eng);
+  uint32_t want[] = {0, 1, 4, 5, 6, 7, 8, 9, 10, 11}, q = p->free_head;
+  ASSERT_EQ(p->nfree, 10u);
+  for (uint32_t i = 0; i < 10; i++, q = p->pinref[q]) ASSERT_EQ(q, want[i]);
+  ASSERT_EQ(q, POOL_NOPAGE);
+  ASSERT_OK(fx_put(&f, 3, 0, 3 * T, 3)); /* 0, 1, 4 */
+  ASSERT_EQ(p->free_head, 5u);
+  ASSERT_OK(engine_pool_shrink(f.eng, 6 * f.page_bytes, NULL));
+  FX_AUDIT(f.eng);
+  ASSERT_EQ(p->nfree, 1u);
+  ASSERT_EQ(p->free_head, 5u);
+  ASSERT_EQ(p->pinref[5], POOL_NOPAGE);
+  FX_EXPECT(&f, 3, 0, 3 * T, 3);
+  fx_close(&f);
+}
+
+/* The audit walks the free list: a link to a page in use, out of the pool,
+ * into a cycle or cut short is each caught, and the pinref of a page in
+ * use is still checked against its pinned holders. */
+TEST(audit_checks_the_free_list) {
+  fx_t f;
+  open_n(&f, 8);
+  ASSERT_OK(fx_put(&f, 1, 0, 2 * T, 1)); /* pages 0, 1; free 2 -> 3 -> ... -> 7 */
+  pool_t *p = &f.eng->pool;
+  ASSERT_EQ(p->free_head, 2u);
+  ASSERT_EQ(p->pinref[4], 5u);
+  FX_AUDIT(f.eng);
+  char why[256] = "";
+  p->pinref[4] = 0; /* to a page in use */
+  ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
+  ASSERT(strstr(why, "free page 0 has refcnt 1") != NULL);
+  p->pinref[4] = 3; /* 2 3 4 3 4 ...: a cycle */
+  ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
+  ASSERT(strstr(why, "free list: goes on past its 6 pages") != NULL);
+  p->pinref[4] = 99; /* out of the pool */
+  ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
+  ASSERT(strstr(why, "free list: entry 3 of 6 is page 99") != NULL);
+  p->pinref[4] = POOL_NOPAGE; /* cut short: 5, 6, 7 lost */
+  ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
+  ASSERT(strstr(why, "free list: entry 3 of 6 is page 4294967295") != NULL);
+  p->pinref[4] = 5;
+  FX_AUDIT(f.eng);
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 7));
+  p->pinref[0] = 0; /* a pinned page in use that says it is not */
+  ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
+  ASSERT(strstr(why, "page 0: pinref 0, 1 pinned holders") != NULL);
+  p->pinref[0] = 1;
+  FX_AUDIT(f.eng);
   fx_close(&f);
 }
