@@ -118,7 +118,8 @@ static void expect_keys(fx_t *f, const rcase_t *rc, uint64_t seq, uint64_t pos, 
       }
 }
 
-static void run_case(const rcase_t *rc) {
+/* An engine of 32 pages and a cache whose keys carry rc's rotation. */
+static void open_case(fx_t *f, const rcase_t *rc) {
   kvc_layout_t l = fx_layout(NL, NH, DK, DV, rc->dt, 4);
   l.rope_dims = DIMS;
   l.rope_style = rc->style;
@@ -128,8 +129,12 @@ static void run_case(const rcase_t *rc) {
   l.rope_lo = rc->lo;
   l.rope_hi = rc->hi;
   l.rope_orig_ctx = rc->ctx;
+  fx_open(f, &l, 32);
+}
+
+static void run_case(const rcase_t *rc) {
   fx_t f;
-  fx_open(&f, &l, 32);
+  open_case(&f, rc);
   /* shift up: tokens 6..11 to 11..16 (holes at 6..10) */
   put_keys(&f, rc, 0);
   ASSERT_OK(engine_shift(f.eng, f.cid, 0, 6, -1, 5));
@@ -220,17 +225,8 @@ static void expect_slot_keys(fx_t *f, const rcase_t *rc, uint64_t seq, const uin
  * computed directly at its new position (pos / d, then + 2), each token
  * turned by its own delta, in every dtype and both styles. */
 static void run_div_case(const rcase_t *rc) {
-  kvc_layout_t l = fx_layout(NL, NH, DK, DV, rc->dt, 4);
-  l.rope_dims = DIMS;
-  l.rope_style = rc->style;
-  l.rope_theta = rc->theta ? (float)rc->theta : 10000;
-  l.rope_scale = rc->scale;
-  l.rope_scaling = rc->scaling;
-  l.rope_lo = rc->lo;
-  l.rope_hi = rc->hi;
-  l.rope_orig_ctx = rc->ctx;
   fx_t f;
-  fx_open(&f, &l, 32);
+  open_case(&f, rc);
   put_keys(&f, rc, 0);
   ASSERT_OK(engine_seq_div(f.eng, f.cid, 0, 4, -1, 3));
   uint64_t want[NTOK];
