@@ -23,7 +23,7 @@ uint64_t room_pages(engine_t *eng, const span_t *sp, void (*fn)(engine_t *, uint
     uint64_t rel = idx - s->base;
     uint32_t page = rel < s->ntable ? s->table[rel] : POOL_NOPAGE;
     if (page != POOL_NOPAGE) fn(eng, page, arg);
-    else fresh++;
+    else if (!sp->held_only) fresh++;
   }
   return fresh;
 }
@@ -83,6 +83,15 @@ void room_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
   uint32_t sh = s->cache->g.tshift;
   if (pos >= end) return;
   for (uint64_t idx = pos >> sh; idx <= (end - 1) >> sh; idx++) (void)room_page_for_write(eng, s, idx);
+}
+
+void room_writable_held(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
+  uint32_t sh = s->cache->g.tshift;
+  if (pos >= end) return;
+  for (uint64_t idx = pos >> sh; idx <= (end - 1) >> sh; idx++) {
+    uint64_t rel = idx - s->base;
+    if (rel < s->ntable && s->table[rel] != POOL_NOPAGE) (void)room_page_for_write(eng, s, idx);
+  }
 }
 
 static void count_shared(engine_t *eng, uint32_t page, void *arg) {

@@ -9,6 +9,8 @@
 typedef struct span {
   seq_t *s;
   uint64_t pos, end;
+  bool held_only; /* a rewrite in place of the tokens held: entries with no
+                     page (all holes) need none, and get none */
 } span_t;
 
 /* Calls fn for every page of the span's table; returns the new pages the
@@ -21,6 +23,9 @@ uint64_t room_pages(engine_t *eng, const span_t *sp, void (*fn)(engine_t *, uint
  * room_done. */
 int room_make(engine_t *eng, const span_t *sp, size_t n);
 void room_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
+/* room_writable for a held_only span: copies on write the pages held, and
+ * leaves entries with no page as they are. */
+void room_writable_held(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
 /* The page for logical page idx of s, allocated or copied so s owns it;
  * entries between the table's end and idx become POOL_NOPAGE (a gap). */
 uint32_t room_page_for_write(engine_t *eng, seq_t *s, uint64_t idx);

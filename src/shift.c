@@ -233,12 +233,12 @@ static int relabel(engine_t *eng, seq_t *s, uint64_t b, uint64_t e, int64_t delt
   if (rotate) {
     eng->epoch++;
     s->mark = eng->epoch; /* never evicted to make room for itself */
-    span_t sp = {s, first, last + 1};
+    span_t sp = {s, first, last + 1, true}; /* keys turned in place: no page of holes */
     if ((rc = room_make(eng, &sp, 1))) {
       if (rc == KVC_E_FULL) s->cache->st.full_errors++;
       goto out;
     }
-    room_writable(eng, s, first, last + 1);
+    room_writable_held(eng, s, first, last + 1);
     room_done(eng);
   }
   rope_t rp = {0, false, m.cs, m.x, m.f};
@@ -257,9 +257,6 @@ static int relabel(engine_t *eng, seq_t *s, uint64_t b, uint64_t e, int64_t delt
    * prompt's from the first token relabelled */
   if (rotate) prefix_put_untokened(eng, s, first, last + 1);
   else seq_chain_cut(s, first);
-  /* pages of holes between first and last were made writable with the
-   * rest: they go back (the plan counted them all the same) */
-  if (rotate) seq_release_holes(eng, s, first, last + 1);
   lru_touch(eng, s);
 out:
   if (rc && made) seq_pos_drop(eng, s);

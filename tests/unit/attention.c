@@ -898,6 +898,28 @@ TEST(seq_div_over_pages_of_holes_keeps_them_pageless) {
   fx_close(&f);
 }
 
+/* Keys turned in place need no page for pages of holes: on a pool with no
+ * page free and nothing evictable, a seq_div over them fits (it used to
+ * count them as new pages and return FULL). */
+TEST(seq_div_over_pages_of_holes_fits_a_full_pool) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 2, 8);
+  sc_step(&f, 2, A(0, 0), A(0, 1), F(1, 2));
+  sc_step(&f, 2, A(0, 0), A(6, 7), F(7, 8)); /* pages 1, 2: holes only */
+  ASSERT_OK(fx_put(&f, 1, 0, 12, 5));        /* the other 6 pages */
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 1));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 0, 1));
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 0);
+  ASSERT_OK(engine_seq_div(f.eng, f.cid, 0, 0, -1, 2));
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 8);
+  int64_t lo, hi;
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 0, &lo, &hi));
+  ASSERT_EQ(hi, 3);
+  FX_EXPECT(&f, 1, 0, 12, 5);
+  fx_close(&f);
+}
+
 /* A put of some layers into a hole makes its slots tokens for every layer:
  * the other layers' rows there read as zeros, as the hole did, never the
  * bytes the page held before (another sequence's, another tenant's: pool
