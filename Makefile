@@ -390,7 +390,7 @@ valgrind: deps
 # thread-pool copies of large gets are the daemon's only threads).
 tsan: deps
 	@$(MAKE) --no-print-directory SANITIZE=thread all
-	@TSAN_OPTIONS="$${TSAN_OPTIONS:-halt_on_error=1}" tests/run.sh --it-only build-tsan
+	@TSAN_OPTIONS="$${TSAN_OPTIONS:-halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp}" tests/run.sh --it-only build-tsan
 
 # One program prints the one table (tests/bench/kvc_bench.c); engine_bench
 # (the engine alone, no daemon) is built too and runs by hand. Then the
