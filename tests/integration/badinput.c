@@ -255,7 +255,7 @@ TEST(bad_frames_close_only_their_connection) {
 
   /* The daemon and the first client are fine. */
   ASSERT_OK(kvc_ping(c));
-  for (int i = 0; i < 1000 && stat_get(c, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
+  (void)it_wait_stat(c, "connections_current", 1, false);
   ASSERT_U64_EQ(stat_get(c, "connections_current", NULL), 1);
   ASSERT_U64_EQ(stat_get(c, "connections_dropped_total", NULL), 3);
   ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=hello}", NULL), 1);

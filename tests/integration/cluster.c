@@ -115,11 +115,8 @@ static uint64_t attach(kvc_cache_t *h, uint64_t seq, uint32_t p, uint64_t n) {
 /* Waits until the daemon's figure reaches at least want (20 s). */
 static uint64_t wait_stat(const daemon_t *d, const char *name, uint64_t want) {
   kvc_client_t *c = client_open(d);
-  uint64_t v = 0;
-  for (int i = 0; i < 2000 && (v = stat_get(c, name, NULL)) < want; i++) it_sleep_ms(10);
+  uint64_t v = it_wait_stat(c, name, want, true);
   kvc_client_close(c);
-  if (v < want) TEST_FAIL_("%s stayed at %llu, expected %llu", name, (unsigned long long)v,
-                           (unsigned long long)want);
   return v;
 }
 

@@ -206,12 +206,7 @@ static void removed_expect(const char *line, const char *const *hashes, int n) {
 
 /* Waits until the daemon's figure name is want (10 s at most). */
 static void stat_wait(kvc_client_t *c, const char *name, uint64_t want) {
-  uint64_t v = 0;
-  for (int i = 0; i < 1000; i++) {
-    if ((v = stat_get(c, name, NULL)) == want) return;
-    it_sleep_ms(10);
-  }
-  TEST_FAIL_("%s stayed %llu, expected %llu", name, (unsigned long long)v, (unsigned long long)want);
+  (void)it_wait_stat(c, name, want, false);
 }
 
 /* A directory for the ZeroMQ endpoints that outlives one daemon (restart). */

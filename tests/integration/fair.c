@@ -303,7 +303,7 @@ TEST(fair_never_read_pipelines_are_bounded) {
   }
   ASSERT(stat_get(c, "write_pauses_total", NULL) >= NEVER_READERS);
   for (int i = 0; i < NEVER_READERS; i++) close(fds[i]);
-  for (int i = 0; i < 1000 && stat_get(c, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
+  (void)it_wait_stat(c, "connections_current", 1, false);
   ASSERT_U64_EQ(stat_get(c, "connections_current", NULL), 1);
   kvc_client_close(c);
   daemon_stop(&d);

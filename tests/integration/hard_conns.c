@@ -101,7 +101,7 @@ TEST_TIMEOUT(hard_connection_churn_returns_fds_and_memory, 300) {
    * then take the baseline with no client connected. */
   churn(&d, 300, 0);
   kvc_client_t *m = client_open(&d);
-  while (stat_get(m, "connections_current", NULL) != 1) it_sleep_ms(10);
+  (void)it_wait_stat(m, "connections_current", 1, false);
   uint64_t shm0 = stat_get(m, "shm_bytes", NULL), seqs0 = stat_get(m, "sequences", NULL);
   kvc_client_close(m);
   int fds0 = hard_stable_fds(d.pid);

@@ -305,6 +305,33 @@ IT_UNUSED static uint64_t stat_get(kvc_client_t *c, const char *name, const char
   return v;
 }
 
+/* How long a test waits for the daemon to reach a state it polls for: the
+ * deadline for a daemon that never gets there, not a pace (it looks every
+ * 1-10 ms and goes on at once), long because a loaded 2-CPU machine running
+ * sanitizer builds is slow. */
+#define IT_WAIT_MS 60000
+
+IT_UNUSED static uint64_t it_mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Polls the daemon's figure name (as stat_get) until it equals want or,
+ * with at_least, reaches it; fails the test after IT_WAIT_MS. Returns it. */
+IT_UNUSED static uint64_t it_wait_stat(kvc_client_t *c, const char *name, uint64_t want,
+                                       bool at_least) {
+  uint64_t end = it_mono_ms() + IT_WAIT_MS;
+  for (long pace = 1;; pace = pace < 10 ? pace * 2 : 10) {
+    uint64_t v = stat_get(c, name, NULL);
+    if (at_least ? v >= want : v == want) return v;
+    if (it_mono_ms() > end)
+      TEST_FAIL_("%s stayed at %llu for %d s, expected %s%llu", name, (unsigned long long)v,
+                 IT_WAIT_MS / 1000, at_least ? "at least " : "", (unsigned long long)want);
+    it_sleep_ms(pace);
+  }
+}
+
 /* Runs `kvcachectl --socket SOCK ARGS` (ARGS a printf format), keeping its
  * stdout in out (and stderr when err_too). Returns its exit status. */
 IT_UNUSED static int ctl_run(const daemon_t *d, char *out, size_t cap, bool err_too,

@@ -226,7 +226,7 @@ TEST(lease_released_when_client_killed) {
   ASSERT_U64_EQ(stat_get(c, "leased_pages", NULL), 4);
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
-  for (int i = 0; i < 500 && stat_get(c, "leases", NULL) != 0; i++) it_sleep_ms(10);
+  (void)it_wait_stat(c, "leases", 0, false);
   ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
   ASSERT_U64_EQ(stat_get(c, "leased_pages", NULL), 0);
   kvc_cache_t *h = open_f32(c);
@@ -318,7 +318,7 @@ TEST_TIMEOUT(lease_limit_per_connection, 120) {
   ASSERT_U64_EQ(stat_get(c, "leases", NULL), 4096);
   kvc_client_close(c); /* frees the handles; the daemon releases the leases */
   c = client_open(&d);
-  for (int i = 0; i < 500 && stat_get(c, "leases", NULL) != 0; i++) it_sleep_ms(10);
+  (void)it_wait_stat(c, "leases", 0, false);
   ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
   kvc_client_close(c);
   daemon_stop(&d);

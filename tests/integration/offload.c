@@ -51,7 +51,7 @@ TEST(offload_large_get_returns_the_same_bytes) {
   ASSERT_U64_EQ(stat_get(a, "request_errors_total{op=get}", NULL), 1);
   ASSERT_U64_EQ(stat_get(a, "leases", NULL), 0); /* the copies' references are gone */
   kvc_client_close(b);
-  for (int i = 0; i < 1000 && stat_get(a, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
+  (void)it_wait_stat(a, "connections_current", 1, false);
   /* Alone, a client's gets are not offloaded (no one to stall). */
   ASSERT_OK(kvc_get(h, 2, 0, NTOK, gk, gv));
   ASSERT_U64_EQ(stat_get(a, "offloaded_gets_total", NULL), 20);
@@ -155,7 +155,7 @@ TEST(offload_client_killed_mid_copy) {
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
   }
-  for (int i = 0; i < 1000 && stat_get(c, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
+  (void)it_wait_stat(c, "connections_current", 1, false);
   ASSERT_U64_EQ(stat_get(c, "connections_current", NULL), 1);
   ASSERT_U64_EQ(stat_get(c, "leases", NULL), 0);
   ASSERT_U64_EQ(stat_get(c, "pages_used", NULL), used);
@@ -370,7 +370,7 @@ TEST(offload_put_in_flight_parks_others_and_escapes_eviction) {
   parked_call_start(&get, &d, 1, nk, nv);
   parked_call_start(&copy, &d, 2, nk, nv);
   /* Each parks (the stat is the daemon's word for it). */
-  for (int i = 0; i < 2000 && stat_get(c, "parked_requests_total", NULL) < 2; i++) it_sleep_ms(5);
+  (void)it_wait_stat(c, "parked_requests_total", 2, true);
   ASSERT_U64_EQ(stat_get(c, "parked_requests_total", NULL), 2);
   /* Fill the pool and a quarter more with small puts of other sequences (on the
    * loop): the least recent sequence, 1, is busy and stays. */
@@ -510,8 +510,7 @@ TEST(offload_busy_sequence_honoured_by_eviction_and_every_operation) {
     atomic_init(&calls[op].done, false);
     ASSERT(pthread_create(&calls[op].t, NULL, busy_call_run, &calls[op]) == 0);
   }
-  for (int i = 0; i < 4000 && stat_get(c, "parked_requests_total", NULL) < NBUSY_OPS; i++)
-    it_sleep_ms(5);
+  (void)it_wait_stat(c, "parked_requests_total", NBUSY_OPS, true);
   ASSERT_U64_EQ(stat_get(c, "parked_requests_total", NULL), NBUSY_OPS);
   /* The pool, and a quarter more, of other sequences: the least recent
    * ones are busy (or pinned) and stay. */

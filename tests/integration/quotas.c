@@ -438,7 +438,7 @@ TEST_TIMEOUT(quotas_floor_keeps_a_tenant_through_a_flood, 120) {
 
 /* Waits for the daemon to say (its reload counter) it applied n reloads. */
 static void wait_reloads(kvc_client_t *c, uint64_t n) {
-  for (int i = 0; i < 500 && stat_get(c, "config_reloads_total", NULL) < n; i++) it_sleep_ms(10);
+  (void)it_wait_stat(c, "config_reloads_total", n, true);
   ASSERT_U64_EQ(stat_get(c, "config_reloads_total", NULL), n);
 }
 

@@ -210,11 +210,7 @@ TEST(resize_shrink_refused_when_pinned_data_would_be_lost) {
 /* ---- reload and huge pages ------------------------------------------------------ */
 
 static void wait_pool(kvc_client_t *c, uint64_t bytes) {
-  for (int i = 0; i < 1000; i++) {
-    if (stat_get(c, "pool_bytes", NULL) == bytes) return;
-    it_sleep_ms(10);
-  }
-  TEST_FAIL_("the pool did not become %" PRIu64 " bytes", bytes);
+  (void)it_wait_stat(c, "pool_bytes", bytes, false);
 }
 
 /* kvcached with only a config file and a socket: the harness's own size

@@ -344,7 +344,7 @@ TEST(rings_sleeping_daemon_woken_by_the_doorbell) {
   for (int i = 0; i < 100; i++) ASSERT_OK(kvc_ping(c));
   /* Each ping rang (the daemon never polls); a ring it read late, having
    * run the ping in the same turn as the one before, it counts once read. */
-  for (int i = 0; i < 1000 && stat_get(s, "ring_doorbells_total", NULL) < 100; i++) it_sleep_ms(1);
+  (void)it_wait_stat(s, "ring_doorbells_total", 100, true);
   ASSERT_U64_EQ(stat_get(s, "ring_doorbells_total", NULL), 100);
   ASSERT_U64_EQ(stat_get(s, "ring_requests_total", NULL), 100);
   kvc_client_close(s);
@@ -505,7 +505,7 @@ TEST(rings_client_killed_mid_ring) {
   close(prog[0]);
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
-  for (int i = 0; i < 1000 && stat_get(c, "connections_current", NULL) != 1; i++) it_sleep_ms(10);
+  (void)it_wait_stat(c, "connections_current", 1, false);
   ASSERT_U64_EQ(stat_get(c, "connections_current", NULL), 1);
   ASSERT_U64_EQ(stat_get(c, "ring_connections", NULL), 1);
   ASSERT_U64_EQ(stat_get(c, "connections_dropped_total", NULL), 4); /* the liars */

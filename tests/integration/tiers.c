@@ -59,22 +59,11 @@ static void check_bytes(kvc_cache_t *h, uint64_t seq, uint64_t n, uint64_t bytes
 
 /* Waits (10 s at most) until a figure reaches at least want. */
 static uint64_t wait_stat(kvc_client_t *c, const char *name, uint64_t want) {
-  uint64_t v = 0;
-  for (int i = 0; i < 1000; i++) {
-    if ((v = stat_get(c, name, NULL)) >= want) return v;
-    it_sleep_ms(10);
-  }
-  TEST_FAIL_("%s stayed at %" PRIu64 ", below %" PRIu64, name, v, want);
+  return it_wait_stat(c, name, want, true);
 }
 
 /* Waits until the start-up scan is done. */
-static void wait_loaded(kvc_client_t *c) {
-  for (int i = 0; i < 1000; i++) {
-    if (stat_get(c, "tier_disk_loading", NULL) == 0) return;
-    it_sleep_ms(10);
-  }
-  TEST_FAIL_("the disk tier's start-up scan did not end");
-}
+static void wait_loaded(kvc_client_t *c) { it_wait_stat(c, "tier_disk_loading", 0, false); }
 
 static kvc_cache_t *open_cache(kvc_client_t *c, const char *name, kvc_dtype_t dt) {
   kvc_layout_t l = it_layout(dt);
