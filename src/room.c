@@ -79,6 +79,13 @@ uint32_t room_page_for_write(engine_t *eng, seq_t *s, uint64_t idx) {
   return copy;
 }
 
+void room_table_to(seq_t *s, uint64_t end) {
+  uint32_t sh = s->cache->g.tshift;
+  if (end == 0 || ((end - 1) >> sh) < s->base) return;
+  uint64_t rel = ((end - 1) >> sh) - s->base;
+  while (s->ntable <= rel) s->table[s->ntable++] = POOL_NOPAGE;
+}
+
 void room_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end) {
   uint32_t sh = s->cache->g.tshift;
   if (pos >= end) return;

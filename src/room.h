@@ -23,6 +23,9 @@ uint64_t room_pages(engine_t *eng, const span_t *sp, void (*fn)(engine_t *, uint
  * room_done. */
 int room_make(engine_t *eng, const span_t *sp, size_t n);
 void room_writable(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);
+/* Extends s's table to cover slot end - 1 with entries of no page (a gap:
+ * holes only), within the capacity seq_reserve made. */
+void room_table_to(seq_t *s, uint64_t end);
 /* room_writable for a held_only span: copies on write the pages held, and
  * leaves entries with no page as they are. */
 void room_writable_held(engine_t *eng, seq_t *s, uint64_t pos, uint64_t end);

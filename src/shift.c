@@ -47,13 +47,44 @@ typedef struct move_mem {
   hole_t *tmp;
   double *cs, *x;
   float *f;
+  span_t *spans; /* the target's pages that are written (target_spans) */
 } move_mem_t;
 
 static void move_mem_free(engine_t *eng, move_mem_t *m) {
+  mem_free(&eng->mem, m->spans);
   mem_free(&eng->mem, m->tmp);
   mem_free(&eng->mem, m->cs);
   mem_free(&eng->mem, m->x);
   mem_free(&eng->mem, m->f);
+}
+
+/* The pages of the target [p0 + delta, p1 + delta) that the move makes
+ * writable, as runs of slots in m->spans (*n of them): every page the
+ * sequence holds there (its slots change), and the pages with no page (all
+ * holes, or past the table) that receive a token. One that would receive
+ * only holes needs no page: counting it made a move over holes on a full
+ * pool FULL for nothing. */
+static int target_spans(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t delta,
+                        move_mem_t *m, size_t *n) {
+  uint32_t sh = s->cache->g.tshift;
+  uint64_t T = s->cache->g.T, dlo = p0 + (uint64_t)delta, dhi = p1 + (uint64_t)delta;
+  *n = 0;
+  if (dhi <= dlo) return 0;
+  uint64_t first = dlo >> sh, last = (dhi - 1) >> sh;
+  if (!(m->spans = mem_alloc(&eng->mem, (last - first + 1) * sizeof *m->spans)))
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  size_t k = 0;
+  for (uint64_t idx = first; idx <= last; idx++) {
+    uint64_t a = idx * T > dlo ? idx * T : dlo, b = (idx + 1) * T < dhi ? (idx + 1) * T : dhi;
+    uint64_t rel = idx - s->base;
+    bool held = rel < s->ntable && s->table[rel] != POOL_NOPAGE;
+    if (!held && holes_cover(s->x->holes, s->x->nholes, a - (uint64_t)delta, b - (uint64_t)delta))
+      continue;
+    if (k && m->spans[k - 1].end == a) m->spans[k - 1].end = b;
+    else m->spans[k++] = (span_t){s, a, b, false};
+  }
+  *n = k;
+  return 0;
 }
 
 /* Moves slots [p0, p1) (p1 <= len) of s by delta, all or nothing; their
@@ -78,17 +109,19 @@ static int relocate(engine_t *eng, seq_t *s, uint64_t p0, uint64_t p1, int64_t d
     rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
     goto out;
   }
+  size_t nsp;
+  if ((rc = target_spans(eng, s, p0, p1, delta, &m, &nsp))) goto out;
   eng->epoch++;
   s->mark = eng->epoch; /* never evicted to make room for itself */
-  span_t sp = {s, dlo, dhi}; /* pages between the table's end and dlo: holes, none */
-  if ((rc = room_make(eng, &sp, 1))) {
+  if ((rc = room_make(eng, m.spans, nsp))) {
     if (rc == KVC_E_FULL) s->cache->st.full_errors++;
     goto out;
   }
   rope_t rp = {0, false, m.cs, m.x, m.f};
   if (rotate) rope_init(&rp, &c->layout, rdelta);
-  room_writable(eng, s, sp.pos, sp.end);
+  for (size_t i = 0; i < nsp; i++) room_writable(eng, s, m.spans[i].pos, m.spans[i].end);
   room_done(eng);
+  room_table_to(s, dhi); /* past the last page written: entries of no page */
   if (delta < 0)
     for (uint64_t q = p0; q < p1; q++) {
       if (!holes_has(s, q)) slot_copy(eng, s, q, q + (uint64_t)delta, rotate ? &rp : NULL);

@@ -920,6 +920,41 @@ TEST(seq_div_over_pages_of_holes_fits_a_full_pool) {
   fx_close(&f);
 }
 
+/* shift over pages of holes: the target pages that would receive only
+ * holes need no page. On a pool with one page free and nothing evictable,
+ * moving [2, 8) (holes 2-5, tokens 6-7) up by 2 needs one new page (for
+ * slots 8-9), not two (it used to count slots 4-5's page, which receives
+ * only holes, as new, and return FULL). */
+TEST(shift_over_pages_of_holes_fits_a_full_pool) {
+  fx_t f;
+  sc_open(&f, KVC_ATTN_CAUSAL, 0, 0, 0, 2, 8);
+  sc_step(&f, 2, A(0, 0), A(0, 1), F(1, 2));
+  sc_step(&f, 2, A(0, 0), A(6, 7), F(7, 8)); /* pages 1, 2: holes only */
+  ASSERT_OK(fx_put(&f, 1, 0, 10, 5));        /* 5 of the other 6 pages */
+  ASSERT_OK(engine_pin(f.eng, f.cid, 1, 1));
+  ASSERT_OK(engine_pin(f.eng, f.cid, 0, 1));
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 1);
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 2, -1, 2));
+  FX_AUDIT(f.eng);
+  /* tokens at 0, 1 and 8, 9; 2-7 holes: pages 0 and 4, the one that held
+   * 6-7 given back */
+  ASSERT_U64_EQ(FX_INFO(&f, 0).length, 10);
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 2);
+  ASSERT_U64_EQ(fx_stats(&f).pages_used, 7);
+  int64_t lo, hi;
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 0, &lo, &hi));
+  ASSERT_EQ(lo, 0);
+  ASSERT_EQ(hi, 9);
+  FX_EXPECT(&f, 1, 0, 10, 5);
+  /* and the other way, down over the holes: back where they were */
+  ASSERT_OK(engine_shift(f.eng, f.cid, 0, 4, -1, -2));
+  FX_AUDIT(f.eng);
+  ASSERT_U64_EQ(FX_INFO(&f, 0).pages, 2);
+  ASSERT_OK(engine_pos_range(f.eng, f.cid, 0, &lo, &hi));
+  ASSERT_EQ(hi, 7);
+  fx_close(&f);
+}
+
 /* A put of some layers into a hole makes its slots tokens for every layer:
  * the other layers' rows there read as zeros, as the hole did, never the
  * bytes the page held before (another sequence's, another tenant's: pool
