@@ -269,6 +269,86 @@ static PyObject *client_stats(client_t *self, PyObject *noargs) {
   return d;
 }
 
+/* ---- the event stream (kvc_events_subscribe, kvc_events_next) ---- */
+
+static PyObject *client_subscribe(client_t *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"cache", "token_ids", NULL};
+  const char *cache = NULL;
+  int token_ids = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zp:subscribe", kwlist, &cache, &token_ids))
+    return NULL;
+  if (client_enter(self) < 0) return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = kvc_events_subscribe(self->c, cache, token_ids != 0);
+  Py_END_ALLOW_THREADS
+  client_leave(self);
+  if (rc) return pykvc_raise(self->c, rc);
+  Py_RETURN_NONE;
+}
+
+static const char *const event_kinds[] = {"stored", "removed", "cleared", "dropped", "reset"};
+
+static PyObject *event_dict(const kvc_event_t *e) {
+  const char *kind = (unsigned)e->kind < sizeof event_kinds / sizeof event_kinds[0]
+                         ? event_kinds[e->kind]
+                         : "unknown";
+  PyObject *ids = Py_None;
+  Py_INCREF(ids);
+  if (e->token_ids) {
+    Py_DECREF(ids);
+    if (!(ids = PyList_New(e->ntokens))) return NULL;
+    for (uint32_t i = 0; i < e->ntokens; i++) {
+      PyObject *v = PyLong_FromUnsignedLong(e->token_ids[i]);
+      if (!v) {
+        Py_DECREF(ids);
+        return NULL;
+      }
+      PyList_SET_ITEM(ids, i, v);
+    }
+  }
+  PyObject *parent = e->parent_len ? PyBytes_FromStringAndSize((const char *)e->parent,
+                                                               e->parent_len)
+                                   : (Py_INCREF(Py_None), Py_None);
+  if (!parent) {
+    Py_DECREF(ids);
+    return NULL;
+  }
+  PyObject *d = Py_BuildValue(
+      "{s:s,s:I,s:s,s:s,s:y#,s:O,s:I,s:s,s:O,s:K,s:K,s:d}", "kind", kind, "cache_id",
+      e->cache_id, "cache", e->cache, "tenant", e->tenant, "hash", (const char *)e->hash,
+      (Py_ssize_t)e->hash_len, "parent", parent, "block_size", e->block_size, "medium",
+      e->medium, "token_ids", ids, "seq", (unsigned long long)e->seq, "missed",
+      (unsigned long long)e->missed, "ts", e->ts);
+  Py_DECREF(parent);
+  Py_DECREF(ids);
+  return d;
+}
+
+static PyObject *client_next_event(client_t *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"timeout", NULL};
+  PyObject *timeout = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:next_event", kwlist, &timeout)) return NULL;
+  int ms = -1;
+  if (timeout != Py_None) {
+    double s = PyFloat_AsDouble(timeout);
+    if (s == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(s >= 0) || s > 2e6) {
+      PyErr_Format(PyExc_ValueError, "timeout must be seconds >= 0 (or None), got %R", timeout);
+      return NULL;
+    }
+    ms = (int)(s * 1000.0 + 0.5);
+  }
+  if (client_enter(self) < 0) return NULL;
+  kvc_event_t e;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = kvc_events_next(self->c, ms, &e);
+  Py_END_ALLOW_THREADS
+  client_leave(self);
+  if (rc == KVC_E_TIMEOUT) Py_RETURN_NONE;
+  if (rc) return pykvc_raise(self->c, rc);
+  return event_dict(&e);
+}
+
 static PyObject *client_get_info(client_t *self, void *closure) {
   (void)closure;
   if (!self->c) {
@@ -329,6 +409,23 @@ static PyMethodDef client_methods[] = {
     {"list_caches", (PyCFunction)client_list_caches, METH_NOARGS,
      "list_caches() -> list of dict\n\nEvery cache of the daemon: name, cache_id, page_bytes, "
      "sequences, tokens, pages."},
+    {"subscribe", (PyCFunction)(void (*)(void))client_subscribe, METH_VARARGS | METH_KEYWORDS,
+     "subscribe(cache=None, token_ids=False)\n\nSubscribes this connection to the changes of "
+     "the prefix indexes of the caches it may see (cache: one cache's only), as the C "
+     "kvc_events_subscribe does (doc/events.md): from then on it only receives them, through "
+     "next_event(), and any other call raises InvalError (use a second Client for requests). "
+     "token_ids: stored events carry their pages' token ids. Changes before the call are not "
+     "sent."},
+    {"next_event", (PyCFunction)(void (*)(void))client_next_event, METH_VARARGS | METH_KEYWORDS,
+     "next_event(timeout=None) -> dict or None\n\nThe next change after subscribe(), waiting "
+     "up to timeout seconds (None: no bound; 0: only what has arrived); None if none came. A "
+     "dict: kind ('stored', 'removed', 'cleared', 'dropped', or 'reset': changes were lost, "
+     "forget what the stream said so far), cache_id, cache, tenant, hash (bytes; empty for "
+     "cleared/dropped/reset), parent (bytes, None at a chain's head), block_size, medium "
+     "('CPU', 'DISK', 'REMOTE'), token_ids (a list, when subscribed with them, else None), seq "
+     "(the batch: 1, 2, ...), missed (batches dropped just before this one for reading too "
+     "slowly), ts (Unix seconds the daemon published it). ShutdownError when the daemon "
+     "drains, IoError when it went away."},
     {"stats", (PyCFunction)client_stats, METH_NOARGS,
      "stats() -> dict\n\nEvery figure of the daemon by name (doc/stats.md), a labelled one as "
      "'requests_total{op=put}'; the per-cache figures under stats()['caches'][name]."},

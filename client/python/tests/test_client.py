@@ -167,6 +167,51 @@ def test_tokens_match_attach_and_prefix(client):
         c.put(2, 0, k, v, tokens=[1, 2, 3])
 
 
+def test_subscribe_receives_the_prefix_index_changes(shared_daemon):
+    """A real subscriber: stored pages as they enter the index (one cache's,
+    with their ids, chained by parent hashes), then the removal and the
+    clear; nothing of another cache; no other call while subscribed."""
+    with kvcache.Client(socket=shared_daemon.sock, timeout=10) as sub, \
+            kvcache.Client(socket=shared_daemon.sock, timeout=10) as w:
+        c = w.open_cache("evs", layout())
+        other = w.open_cache("evs-other", layout())
+        sub.subscribe("evs", token_ids=True)
+        assert sub.next_event(timeout=0) is None  # nothing happened since
+        with pytest.raises(kvcache.InvalError):
+            sub.ping()
+        k, v = kv(40, 4)
+        ids = np.arange(100, 140, dtype=np.uint32)
+        other.put(1, 0, k, v, tokens=ids)  # another cache: not for this subscriber
+        c.put(1, 0, k, v, tokens=ids)  # two whole pages of 16 tokens
+        first, second = sub.next_event(timeout=10), sub.next_event(timeout=10)
+        for e in (first, second):
+            assert e is not None and e["kind"] == "stored" and e["cache"] == "evs"
+            assert e["block_size"] == 16 and e["medium"] == "CPU" and e["seq"] >= 1
+            assert len(e["hash"]) in (16, 32) and e["missed"] == 0 and e["ts"] > 0
+        assert first["parent"] is None and second["parent"] == first["hash"]
+        assert first["token_ids"] == list(range(100, 116))
+        assert second["token_ids"] == list(range(116, 132))
+        c.clear()
+        kinds = []
+        while not kinds or kinds[-1] != "cleared":
+            e = sub.next_event(timeout=10)
+            assert e is not None, f"no 'cleared' after {kinds}"
+            assert e["cache"] == "evs"
+            kinds.append(e["kind"])
+        assert kinds == ["removed", "removed", "cleared"]
+        assert sub.next_event(timeout=0) is None
+    with pytest.raises(ValueError):
+        sub.next_event()  # closed
+    with kvcache.Client(socket=shared_daemon.sock, timeout=10) as sub:
+        with pytest.raises(ValueError, match="timeout"):
+            sub.next_event(timeout=-1)
+        with pytest.raises(kvcache.InvalError):
+            sub.next_event(timeout=0)  # not subscribed
+        sub.subscribe()
+        with pytest.raises(kvcache.InvalError):
+            sub.subscribe()  # already
+
+
 def test_span_keys_keep_same_token_prompts_apart(client):
     c = client.open_cache("pfx-mm", layout())
     ids = np.arange(500, 548, dtype=np.uint32)  # 48 tokens: an image's placeholders at [4, 30)
