@@ -286,6 +286,8 @@ static PyObject *client_subscribe(client_t *self, PyObject *args, PyObject *kw) 
   Py_RETURN_NONE;
 }
 
+#define EVENT_SLICE_MS 200 /* next_event looks at signals this often while it waits */
+
 static const char *const event_kinds[] = {"stored", "removed", "cleared", "dropped", "reset"};
 
 static PyObject *event_dict(const kvc_event_t *e) {
@@ -328,7 +330,7 @@ static PyObject *client_next_event(client_t *self, PyObject *args, PyObject *kw)
   static char *kwlist[] = {"timeout", NULL};
   PyObject *timeout = Py_None;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:next_event", kwlist, &timeout)) return NULL;
-  int ms = -1;
+  long long ms = -1; /* -1: no bound */
   if (timeout != Py_None) {
     double s = PyFloat_AsDouble(timeout);
     if (s == -1.0 && PyErr_Occurred()) return NULL;
@@ -336,17 +338,32 @@ static PyObject *client_next_event(client_t *self, PyObject *args, PyObject *kw)
       PyErr_Format(PyExc_ValueError, "timeout must be seconds >= 0 (or None), got %R", timeout);
       return NULL;
     }
-    ms = (int)(s * 1000.0 + 0.5);
+    ms = (long long)(s * 1000.0 + 0.5);
+    if (ms == 0 && s > 0) ms = 1; /* a wait, however short: not only what has arrived */
   }
   if (client_enter(self) < 0) return NULL;
   kvc_event_t e;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = kvc_events_next(self->c, ms, &e);
-  Py_END_ALLOW_THREADS
+  /* Waits in slices, looking at signals between them: Ctrl-C (KeyboardInterrupt)
+   * ends a wait for a quiet stream. */
+  for (;;) {
+    int slice = ms < 0 || ms > EVENT_SLICE_MS ? EVENT_SLICE_MS : (int)ms;
+    Py_BEGIN_ALLOW_THREADS rc = kvc_events_next(self->c, slice, &e);
+    Py_END_ALLOW_THREADS
+    if (rc != KVC_E_TIMEOUT || ms == slice) break;
+    if (ms > 0) ms -= slice;
+    if (PyErr_CheckSignals() < 0) {
+      client_leave(self);
+      return NULL;
+    }
+  }
+  /* The dict first: the event's token ids are the client's until its next
+   * call, which another thread may make once this one has left. */
+  PyObject *d = rc ? NULL : event_dict(&e);
   client_leave(self);
   if (rc == KVC_E_TIMEOUT) Py_RETURN_NONE;
   if (rc) return pykvc_raise(self->c, rc);
-  return event_dict(&e);
+  return d;
 }
 
 static PyObject *client_get_info(client_t *self, void *closure) {

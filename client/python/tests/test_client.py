@@ -2,6 +2,7 @@
 values checked; bad input raises, never crashes."""
 import os
 import re
+import signal
 import threading
 import time
 
@@ -210,6 +211,21 @@ def test_subscribe_receives_the_prefix_index_changes(shared_daemon):
         sub.subscribe()
         with pytest.raises(kvcache.InvalError):
             sub.subscribe()  # already
+        # Ctrl-C ends a wait with no bound on a quiet stream: SIGINT once the
+        # call is inside the wait (in_call: the GIL released).
+        main = threading.get_ident()
+
+        def interrupt():
+            while not sub.in_call:
+                time.sleep(0.001)
+            signal.pthread_kill(main, signal.SIGINT)
+
+        t = threading.Thread(target=interrupt)
+        t.start()
+        with pytest.raises(KeyboardInterrupt):
+            sub.next_event()
+        t.join()
+        assert not sub.in_call and sub.next_event(timeout=0) is None
 
 
 def test_span_keys_keep_same_token_prompts_apart(client):
