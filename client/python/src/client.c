@@ -294,11 +294,9 @@ static PyObject *event_dict(const kvc_event_t *e) {
   const char *kind = (unsigned)e->kind < sizeof event_kinds / sizeof event_kinds[0]
                          ? event_kinds[e->kind]
                          : "unknown";
-  PyObject *ids = Py_None;
-  Py_INCREF(ids);
+  PyObject *ids = e->token_ids ? PyList_New(e->ntokens) : (Py_INCREF(Py_None), Py_None);
+  if (!ids) return NULL;
   if (e->token_ids) {
-    Py_DECREF(ids);
-    if (!(ids = PyList_New(e->ntokens))) return NULL;
     for (uint32_t i = 0; i < e->ntokens; i++) {
       PyObject *v = PyLong_FromUnsignedLong(e->token_ids[i]);
       if (!v) {
