@@ -45,7 +45,8 @@ struct rcluster {
   uv_timer_t refresh;             /* the next read of the map */
   bool refreshing;                /* a CLUSTER SLOTS is in flight */
   rnode_t *asked;                 /* the node it was sent to */
-  uint64_t last_refresh;          /* uv_now when the last one was sent */
+  uint64_t last_refresh;          /* uv_now when the last one was sent, or found
+                                     nobody to ask */
   uint32_t refresh_fails;         /* in a row: backs the retries off */
   uint32_t open_handles;          /* closing: handles not yet closed */
   bool closing;
@@ -235,19 +236,23 @@ static void refresh_now(rcluster_t *cl) {
       rcmd_free(c);
     }
   cl->refresh_fails++;
+  cl->last_refresh = uv_now(cl->loop); /* an attempt: the next one waits its gap */
   refresh_soon(cl); /* nobody to ask now: later */
 }
 
 static void on_refresh_timer(uv_timer_t *t) { refresh_now(t->data); }
 
-/* Reads the map again soon: at once unless one was read within the last
- * REFRESH_MIN_MS (doubling while reads fail, up to refresh_ms). */
+/* Reads the map again soon: at once (1 ms) unless one was tried within the
+ * last REFRESH_MIN_MS (doubling while reads fail, up to refresh_ms). Never
+ * at 0 ms: libuv 1.44 runs a timer started at 0 ms from its own callback
+ * again in the same pass (uv__run_timers), with the loop's time standing
+ * still, so a timer that re-arms itself so would keep the loop forever. */
 static void refresh_soon(rcluster_t *cl) {
   if (cl->refreshing || cl->closing) return;
   uint64_t gap = (uint64_t)REFRESH_MIN_MS << (cl->refresh_fails < 6 ? cl->refresh_fails : 6);
   if (gap > cl->o.refresh_ms) gap = cl->o.refresh_ms;
   uint64_t now = uv_now(cl->loop), due = cl->last_refresh + gap;
-  uint64_t wait = due > now ? due - now : 0;
+  uint64_t wait = due > now ? due - now : 1;
   if (uv_is_active((uv_handle_t *)&cl->refresh) && uv_timer_get_due_in(&cl->refresh) <= wait)
     return;
   uv_timer_start(&cl->refresh, on_refresh_timer, wait, 0);

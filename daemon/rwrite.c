@@ -254,8 +254,9 @@ static void pump(remote_t *r) {
       kick(r, head->not_before - now);
       return;
     }
-    if (!budget--) { /* the rest on the next turn */
-      kick(r, 0);
+    if (!budget--) { /* the rest on a later turn: 1 ms, as 0 ms from on_kick would run
+                        again in this same pass of the timers (libuv 1.44) */
+      kick(r, 1);
       return;
     }
     wentry_t e = *head;

@@ -676,6 +676,218 @@ TEST_TIMEOUT(cluster_stopped_local_service_goes_on, 120) {
   fleet_stop(&f);
 }
 
+/* ---- the whole cluster down: the loop keeps answering ----------------------------- */
+
+#define OUTAGE_MS 12000u   /* each outage */
+#define ANSWER_MS 3000u    /* a request of the outage is answered within this */
+#define LOOKUP_MS 200u     /* cluster_lookup_timeout_ms: the default */
+
+/* One daemon watched through an outage: every 500 ms an attach of a prompt
+ * no node holds (a lookup, a miss) on one connection and a ping on
+ * another, each answered within ANSWER_MS (the clients give up then). */
+typedef struct watch {
+  const char *name;
+  bool busy;             /* another client puts and gets meanwhile */
+  const daemon_t *d;
+  kvc_client_t *a, *p;
+  kvc_cache_t *h;
+  uint64_t cpu0_ms, wall0_ms, timeouts0;
+  uint32_t rounds, slow; /* attaches that took a lookup timeout or more */
+} watch_t;
+
+/* The CPU time the process has used, ms (utime + stime of /proc/PID/stat). */
+static uint64_t cpu_ms(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  ASSERT(f != NULL);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *s = strrchr(buf, ')'); /* fields after the command's name, from the 3rd */
+  unsigned long long ut = 0, st = 0;
+  ASSERT(s && sscanf(s + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                     &st) == 2);
+  return (ut + st) * 1000u / (uint64_t)sysconf(_SC_CLK_TCK);
+}
+
+static void watch_open(watch_t *w, const char *name, const daemon_t *d) {
+  kvc_client_opts_t o = {.socket_path = d->sock, .timeout_ms = ANSWER_MS, .client_name = "it"};
+  memset(w, 0, sizeof *w);
+  w->name = name;
+  w->d = d;
+  ASSERT_OK(kvc_client_open(&o, &w->a));
+  ASSERT_OK(kvc_client_open(&o, &w->p));
+  w->h = open_cache(w->a, "llama");
+}
+
+static void watch_close(watch_t *w) {
+  kvc_cache_close(w->h);
+  kvc_client_close(w->a);
+  kvc_client_close(w->p);
+}
+
+static void watch_begin(watch_t *w) {
+  w->cpu0_ms = cpu_ms(w->d->pid);
+  w->wall0_ms = it_mono_ms();
+  w->timeouts0 = stat_get(w->p, "tier_errors_total{kind=timeout}", NULL);
+  w->rounds = w->slow = 0;
+}
+
+static void watch_round(watch_t *w, const char *what) {
+  uint32_t *ids = prompt(900 + w->rounds % 7, 64);
+  kvc_match_t m = {99, 99, 99};
+  uint64_t t0 = it_mono_ms();
+  int rc = kvc_attach(w->h, 7, ids, 64, false, &m);
+  uint64_t t1 = it_mono_ms();
+  free(ids);
+  if (rc != 0 || t1 - t0 >= ANSWER_MS)
+    TEST_FAIL_("%s, %s, %.1f s in: an attach was not answered (%s after %llu ms)", what, w->name,
+               (double)(t0 - w->wall0_ms) / 1000, kvc_err_name(rc), (unsigned long long)(t1 - t0));
+  ASSERT_EQ(m.tokens, 0);
+  w->slow += t1 - t0 >= LOOKUP_MS;
+  rc = kvc_ping(w->p);
+  uint64_t t2 = it_mono_ms();
+  if (rc != 0 || t2 - t1 >= ANSWER_MS)
+    TEST_FAIL_("%s, %s, %.1f s in: a ping was not answered (%s after %llu ms)", what, w->name,
+               (double)(t1 - w->wall0_ms) / 1000, kvc_err_name(rc), (unsigned long long)(t2 - t1));
+  w->rounds++;
+}
+
+/* The outage is over for this daemon: it never spun (its CPU time grew by
+ * less than a tenth of the wall time on a quiet node, half on the busy
+ * one: a loop taken by a timer spins at a whole CPU). */
+static void watch_end(watch_t *w, const char *what) {
+  uint64_t cpu = cpu_ms(w->d->pid) - w->cpu0_ms, wall = it_mono_ms() - w->wall0_ms;
+  fprintf(stderr, "%s, %s: %u rounds, %u attaches of %u ms or more, %llu ms of CPU in %llu ms, "
+          "lookups timed out %llu\n", what, w->name, w->rounds, w->slow, LOOKUP_MS,
+          (unsigned long long)cpu, (unsigned long long)wall,
+          (unsigned long long)(stat_get(w->p, "tier_errors_total{kind=timeout}", NULL) -
+                               w->timeouts0));
+  if (cpu * (w->busy ? 2 : 10) >= wall)
+    TEST_FAIL_("%s, %s: the daemon used %llu ms of CPU in %llu ms", what, w->name,
+               (unsigned long long)cpu,
+               (unsigned long long)wall);
+}
+
+/* Every 500 ms for OUTAGE_MS: a round on each daemon. */
+static void ride_out(watch_t *w, size_t n, const char *what) {
+  for (size_t i = 0; i < n; i++) watch_begin(&w[i]);
+  uint64_t t0 = it_mono_ms();
+  for (uint64_t k = 1; it_mono_ms() - t0 < OUTAGE_MS; k++) {
+    for (size_t i = 0; i < n; i++) watch_round(&w[i], what);
+    while (it_mono_ms() - t0 < k * 500) it_sleep_ms(10); /* the pace of the rounds */
+  }
+  for (size_t i = 0; i < n; i++) watch_end(&w[i], what);
+}
+
+/* Node 1's busy client (another tenant): prompts put with ids (each
+ * written behind) and read back, one every few ms, until stopped. */
+static void busy_client(const daemon_t *d, const worker_t *w) {
+  kvc_client_t *c = client_open(d);
+  kvc_cache_t *h = open_cache(c, "busy");
+  for (uint32_t i = 0; !stopped(w); i++) {
+    prefill(h, 1 + i % 16, 5000 + i, 64);
+    if (!holds(h, 1 + i % 16, 5000 + i, 64)) _exit(93);
+    it_sleep_ms(20); /* steady, not flat out: the daemon's CPU stays a figure of its own */
+  }
+  _exit(0);
+}
+
+/* The cluster is used again: a prompt put on `from` after the outage is
+ * attached on `to` from the cluster, whole, byte for byte (30 s at most:
+ * the breakers that opened close once the nodes answer again). */
+static void used_again(const daemon_t *from, const daemon_t *to, uint32_t *next, const char *what) {
+  kvc_client_t *cf = client_open(from), *ct = client_open(to);
+  kvc_cache_t *hf = open_cache(cf, "llama"), *ht = open_cache(ct, "llama");
+  uint64_t t0 = it_mono_ms();
+  for (;;) {
+    uint32_t p = (*next)++;
+    uint64_t w = stat_get(cf, "tier_writes_total", NULL);
+    prefill(hf, 1, p, 64);
+    for (uint64_t e = it_mono_ms() + 2000;
+         stat_get(cf, "tier_writes_total", NULL) < w + 4 && it_mono_ms() < e;)
+      it_sleep_ms(10);
+    if (attach(ht, 1, p, 64) == 64) {
+      ASSERT(holds(ht, 1, p, 64));
+      break;
+    }
+    if (it_mono_ms() - t0 > 30000) TEST_FAIL_("%s: the cluster was not used again in 30 s", what);
+    it_sleep_ms(100);
+  }
+  fprintf(stderr, "%s: used again %.1f s after\n", what, (double)(it_mono_ms() - t0) / 1000);
+  kvc_cache_close(hf), kvc_cache_close(ht);
+  kvc_client_close(cf), kvc_client_close(ct);
+}
+
+/* The whole cluster stopped (SIGSTOP: connections made, nothing answered),
+ * then killed (SIGKILL: connections refused), with four daemons: node 1
+ * busy (a client putting and getting), nodes 3 and 4 quiet (4 reading from
+ * the replicas), all three reading the map every 100 ms and opening a
+ * breaker at the first failure (so that every breaker is open at a read of
+ * the map within seconds; under the defaults that took 16-37 s), and node 2
+ * quiet under the defaults. On each an attach and a ping every 500 ms are
+ * answered and the daemon does not spin; once the cluster is back every
+ * node uses it again. (A read of the map with every breaker
+ * open re-armed its timer at 0 ms from its own callback: libuv 1.44 runs it
+ * again in the same pass, and the loop never came back.) */
+TEST_TIMEOUT(cluster_down_loop_keeps_answering_quiet_and_busy, 240) {
+  fleet_t f;
+  const char *defaults[] = {"--cluster-lookup-timeout-ms", "200", NULL};
+  const char *eager[] = {"--cluster-lookup-timeout-ms", "200", "--cluster-refresh-ms", "100",
+                         "--cluster-breaker-failures", "1", NULL};
+  fleet_start(&f, defaults);
+  daemon_stop(&f.d1); /* node 1 again, eager */
+  node_start(&f, &f.d1, eager);
+  const char *replicas[] = {"--cluster-lookup-timeout-ms", "200", "--cluster-refresh-ms", "100",
+                            "--cluster-breaker-failures", "1", "--cluster-read-replicas", "true",
+                            NULL};
+  daemon_t d3, d4;
+  node_start(&f, &d3, eager);
+  node_start(&f, &d4, replicas);
+  uint32_t next = 10;
+  used_again(&f.d1, &f.d2, &next, "before");
+  used_again(&f.d2, &f.d1, &next, "before");
+  used_again(&f.d1, &d3, &next, "before");
+  used_again(&f.d1, &d4, &next, "before");
+  worker_t busy;
+  worker_start(&busy, f.rc.dir, 0, &f.d1, busy_client);
+  wait_stat(&f.d1, "tier_writes_total", stat_of(&f.d1, "tier_writes_total") + 16);
+  watch_t w[4];
+  watch_open(&w[0], "node 1 (busy, eager)", &f.d1);
+  w[0].busy = true;
+  watch_open(&w[1], "node 2 (quiet)", &f.d2);
+  watch_open(&w[2], "node 3 (quiet, eager)", &d3);
+  watch_open(&w[3], "node 4 (quiet, eager, replicas)", &d4);
+
+  rcl_signal_all(&f.rc, SIGSTOP);
+  ride_out(w, 4, "stopped");
+  rcl_signal_all(&f.rc, SIGCONT);
+  rcl_wait_ok(&f.rc);
+  used_again(&f.d1, &f.d2, &next, "stopped, then continued");
+  used_again(&f.d2, &f.d1, &next, "stopped, then continued");
+  used_again(&f.d1, &d3, &next, "stopped, then continued");
+  used_again(&f.d1, &d4, &next, "stopped, then continued");
+
+  for (int i = 0; i < RCL_NODES; i++) rcl_kill(&f.rc, i);
+  ride_out(w, 4, "killed");
+  for (int i = 0; i < RCL_NODES; i++) rcl_restart(&f.rc, i);
+  rcl_wait_ok(&f.rc);
+  used_again(&f.d1, &f.d2, &next, "killed, then restarted");
+  used_again(&f.d2, &f.d1, &next, "killed, then restarted");
+  used_again(&f.d1, &d3, &next, "killed, then restarted");
+  used_again(&f.d1, &d4, &next, "killed, then restarted");
+
+  worker_stop(&busy);
+  for (int i = 0; i < 4; i++) {
+    ASSERT_EQ(stat_get(w[i].p, "request_errors_total", NULL), 0);
+    watch_close(&w[i]);
+  }
+  daemon_stop(&d3);
+  daemon_stop(&d4);
+  fleet_stop(&f);
+}
+
 /* ---- a node that does not speak RESP well ----------------------------------------- */
 
 /* A fake Redis node on a loopback port (a thread): it serves the whole slot

@@ -25,6 +25,7 @@
 typedef struct rcl {
   char dir[64];
   int port[RCL_NODES];
+  int bus[RCL_NODES];   /* its cluster bus port */
   pid_t pid[RCL_NODES]; /* 0: stopped */
   char seeds[128];      /* "127.0.0.1:P1,127.0.0.1:P2" for cluster_nodes */
 } rcl_t;
@@ -116,6 +117,17 @@ IT_UNUSED static void rcl_spawn(rcl_t *c, int i, int bus) {
   c->pid[i] = pid;
 }
 
+/* Waits until node i answers PING (10 s at most). */
+IT_UNUSED static void rcl_wait_accepting(const rcl_t *c, int i) {
+  for (int tries = 0; !rcl_says(c, i, "PONG", "PING"); tries++) {
+    int st;
+    if (waitpid(c->pid[i], &st, WNOHANG) == c->pid[i])
+      TEST_FAIL_("redis-server :%d exited at start (status %d)", c->port[i], st);
+    ASSERT(tries < 1000);
+    it_sleep_ms(10);
+  }
+}
+
 /* Waits until every live node says cluster_state:ok (30 s at most). */
 IT_UNUSED static void rcl_wait_ok(const rcl_t *c) {
   for (int tries = 0; tries < 3000; tries++) {
@@ -176,17 +188,9 @@ IT_UNUSED static void rcl_start(rcl_t *c) {
   int ports[2 * RCL_NODES];
   rcl_free_ports(ports, 2 * RCL_NODES);
   for (int i = 0; i < RCL_NODES; i++) c->port[i] = ports[i];
-  for (int i = 0; i < RCL_NODES; i++) rcl_spawn(c, i, ports[RCL_NODES + i]);
-  for (int i = 0; i < RCL_NODES; i++) { /* each accepts */
-    int tries = 0;
-    while (!rcl_says(c, i, "PONG", "PING")) {
-      int st;
-      if (waitpid(c->pid[i], &st, WNOHANG) == c->pid[i])
-        TEST_FAIL_("redis-server :%d exited at start (status %d)", c->port[i], st);
-      ASSERT(++tries < 1000);
-      it_sleep_ms(10);
-    }
-  }
+  for (int i = 0; i < RCL_NODES; i++) c->bus[i] = ports[RCL_NODES + i];
+  for (int i = 0; i < RCL_NODES; i++) rcl_spawn(c, i, c->bus[i]);
+  for (int i = 0; i < RCL_NODES; i++) rcl_wait_accepting(c, i);
   char out[8192], nodes[512] = "";
   for (int i = 0; i < RCL_NODES; i++)
     snprintf(nodes + strlen(nodes), sizeof nodes - strlen(nodes), " 127.0.0.1:%d", c->port[i]);
@@ -215,6 +219,21 @@ IT_UNUSED static void rcl_kill(rcl_t *c, int i) {
   kill(c->pid[i], SIGKILL);
   waitpid(c->pid[i], NULL, 0);
   c->pid[i] = 0;
+}
+
+/* Sends sig (SIGSTOP, SIGCONT) to every live node. */
+IT_UNUSED static void rcl_signal_all(const rcl_t *c, int sig) {
+  for (int i = 0; i < RCL_NODES; i++)
+    if (c->pid[i]) ASSERT_EQ(kill(c->pid[i], sig), 0);
+}
+
+/* Starts node i again after rcl_kill, from its directory (its nodes.conf:
+ * the same node of the same cluster, its data gone), and waits until it
+ * answers. */
+IT_UNUSED static void rcl_restart(rcl_t *c, int i) {
+  ASSERT(!c->pid[i]);
+  rcl_spawn(c, i, c->bus[i]);
+  rcl_wait_accepting(c, i);
 }
 
 /* Stops every node and removes the directory. */
