@@ -256,7 +256,8 @@ static const option_t options[] = {
    "lookups read from a replica of the slot when one is up (READONLY), else from its master"},
   {"cluster_lookup_timeout_ms", OPT_U32, "200", 1, 60000, false, F(cluster_lookup_timeout_ms),
    "the longest a match or attach waits for the cluster; what has arrived by then is used "
-   "and the request runs with it"},
+   "and the request runs with it; a node that has left commands unanswered this long gets no "
+   "more lookups until it answers"},
   {"cluster_lookup_max_pages", OPT_U32, "4096", 1, 65536, false, F(cluster_lookup_max_pages),
    "pages one match or attach looks up in the cluster past what the pool holds"},
   {"cluster_lookup_bytes", OPT_SIZE, "256MiB", 1 * MiB, 64 * GiB, false, F(cluster_lookup_bytes),

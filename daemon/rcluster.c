@@ -113,22 +113,31 @@ static int split_addr(const char *s, size_t len, char *host, size_t hostlen, int
 
 static void refresh_soon(rcluster_t *cl);
 
-/* Routes a command: the node of slot, or NULL. */
-static rnode_t *route(const rcluster_t *cl, uint16_t slot, bool read) {
+/* Routes a request's command: the node of slot, or NULL. */
+static rnode_t *route(rcluster_t *cl, uint16_t slot, bool read) {
   const slot_t *s = &cl->slots[slot];
   if (s->master == NONE) return NULL;
   rnode_t *m = cl->nodes[s->master];
   if (!read || !cl->o.read_replicas || !s->nrep) return m;
-  for (uint32_t i = 0; i < s->nrep; i++) { /* a replica whose breaker is closed */
+  for (uint32_t i = 0; i < s->nrep; i++) { /* a sound replica; the others are probed */
     rnode_t *r = cl->nodes[s->rep[(cl->rr + i) % s->nrep]];
-    if (rnode_usable(r)) return r;
+    if (rnode_sound(r)) return r;
+    rnode_probe(r);
   }
   return m;
 }
 
-bool rcluster_routable(const rcluster_t *cl, uint16_t slot, bool read) {
-  const rnode_t *n = route(cl, slot, read);
-  return n && rnode_usable(n);
+/* Whether a request's command may go to n; if not, n is probed meanwhile
+ * (a request never waits on a node that failed or fell silent). */
+static bool sound(rnode_t *n) {
+  if (rnode_sound(n)) return true;
+  rnode_probe(n);
+  return false;
+}
+
+bool rcluster_routable(rcluster_t *cl, uint16_t slot, bool read) {
+  rnode_t *n = cl->closing ? NULL : route(cl, slot, read);
+  return n && sound(n);
 }
 
 /* A node of a CLUSTER SLOTS entry: [ip, port, id, ...]; an empty ip is the
@@ -214,7 +223,7 @@ static void refresh_now(rcluster_t *cl) {
   for (uint32_t pass = 0; pass < 2; pass++)
     for (uint32_t i = 0; i < cl->nnodes; i++) {
       rnode_t *n = cl->nodes[(cl->rr + i) % cl->nnodes];
-      if (!rnode_usable(n) || (pass == 0 && !n->in_map)) continue;
+      if (!rnode_usable(n) || rnode_stuck(n) || (pass == 0 && !n->in_map)) continue;
       rcmd_t *c = calloc(1, sizeof *c);
       char *buf = malloc(sizeof cmd - 1);
       if (!c || !buf) {
@@ -270,9 +279,12 @@ static void complete(rcmd_t *c, enum rc_status st, struct redisReply *r) {
   rcmd_free(c);
 }
 
-/* Sends c to n: false when it could not go (c completed with the reason). */
+/* Sends c to n (a request's command: only to a sound node); when it
+ * cannot go, c is completed with the reason. */
 static void send_to(rcluster_t *cl, rcmd_t *c, rnode_t *n) {
-  enum rc_status st = n ? rnode_send(n, c) : RC_NOROUTE;
+  enum rc_status st = !n                           ? RC_NOROUTE
+                      : !c->internal && !sound(n) ? RC_BREAKER
+                                                   : rnode_send(n, c);
   if (st != RC_OK) complete(c, st, NULL);
   (void)cl;
 }
@@ -331,7 +343,7 @@ void rcluster_reply(rcluster_t *cl, rcmd_t *c, struct redisReply *r, enum rc_sta
 rcmd_t *rcluster_send(rcluster_t *cl, uint16_t slot, bool read, char *cmd, size_t cmdlen,
                       rcmd_fn fn, void *arg, enum rc_status *st) {
   rnode_t *n = route(cl, slot % RSLOT_COUNT, read);
-  *st = !n ? RC_NOROUTE : rnode_usable(n) ? RC_OK : RC_BREAKER;
+  *st = !n ? RC_NOROUTE : sound(n) ? RC_OK : RC_BREAKER;
   if (*st != RC_OK) {
     free(cmd);
     if (!n) refresh_soon(cl);
@@ -501,7 +513,7 @@ size_t rcluster_nodes(const rcluster_t *cl, rcluster_node_view_t *out, size_t ca
     v->replica = n->in_map && n->replica;
     v->connected = n->st == RN_READY;
     v->breaker_open = !rnode_usable(n);
-    v->failing = n->fails > 0;
+    v->failing = n->fails > 0 || rnode_stuck(n);
     v->pending = n->pending;
   }
   for (uint32_t s = 0; s < RSLOT_COUNT; s++)

@@ -9,8 +9,10 @@
  *        node answers -ASK s h:p    the key is migrating: ASKING + the command
  *                                   to h:p, the map unchanged
  *        no answer in time, a lost  the command fails (RC_TIMEOUT, RC_CONN),
- *        connection                 the node's breaker counts it; a node whose
- *                                   breaker is open is not tried (RC_BREAKER)
+ *        connection                 the node's breaker counts it; a node that
+ *                                   is not sound (rnode.h: failed, stuck, its
+ *                                   breaker open) gets no request's command
+ *                                   (RC_BREAKER), a PING tries it instead
  *
  * The map comes from CLUSTER SLOTS, asked of any node that answers: at
  * start, on a redirection, after a node failed, and every refresh_ms.
@@ -58,6 +60,8 @@ typedef struct rcluster_opts {
   uint32_t breaker_failures;   /* consecutive failures that open a node's breaker */
   uint32_t breaker_ms;         /* first open period, doubling while it fails (to 64x) */
   bool read_replicas;          /* reads go to a replica of the slot when one is up */
+  uint32_t stuck_ms;           /* a node with commands in flight that has sent nothing
+                                  this long gets no more requests' commands (0: never) */
 } rcluster_opts_t;
 
 /* What happened, for the stats (counters since start). */
@@ -94,8 +98,8 @@ void rcluster_close(rcluster_t *cl);
 /* Sends cmd (cmdlen bytes of RESP, taken: freed by the client) about a
  * key of slot `slot`, to the slot's master (read: a replica when so
  * configured and one is up). Returns the command, whose fn runs exactly
- * once later, or NULL with *st (RC_NOROUTE, RC_BREAKER, RC_CONN) when it
- * could not be sent (fn never runs). */
+ * once later, or NULL with *st (RC_NOROUTE, RC_BREAKER: the node is not
+ * sound, RC_CONN) when it could not be sent (fn never runs). */
 rcmd_t *rcluster_send(rcluster_t *cl, uint16_t slot, bool read, char *cmd, size_t cmdlen,
                       rcmd_fn fn, void *arg, enum rc_status *st);
 /* The command's fn will not run (its reply is dropped when it comes). */
@@ -130,8 +134,8 @@ void rcluster_asked(rcluster_t *cl, uint32_t n);
 /* Whether the slot map covers every slot. */
 bool rcluster_ready(const rcluster_t *cl);
 /* Whether the node that would serve a command of slot would be tried now
- * (mapped, breaker closed). */
-bool rcluster_routable(const rcluster_t *cl, uint16_t slot, bool read);
+ * (mapped, sound: rnode.h); a node that is not is probed meanwhile. */
+bool rcluster_routable(rcluster_t *cl, uint16_t slot, bool read);
 const rcluster_counts_t *rcluster_counts(const rcluster_t *cl);
 /* Fills up to cap node views; returns the number of nodes known. */
 size_t rcluster_nodes(const rcluster_t *cl, rcluster_node_view_t *out, size_t cap);

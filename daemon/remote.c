@@ -109,7 +109,7 @@ int remote_start(server_t *srv, char *err, size_t errlen) {
   rcluster_opts_t o = {cfg->cluster_nodes, user, pass, cfg->cluster_connect_timeout_ms,
                        cfg->cluster_command_timeout_ms, cfg->cluster_refresh_ms,
                        cfg->cluster_breaker_failures, cfg->cluster_breaker_ms,
-                       cfg->cluster_read_replicas};
+                       cfg->cluster_read_replicas, cfg->cluster_lookup_timeout_ms};
   static char secret[SECRET_MAX];
   ssize_t slen = read_secret(cfg, secret, err, errlen);
   rsend_opts_t so = {secret, slen > 0 ? (size_t)slen : 0, user, pass,

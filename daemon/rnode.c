@@ -300,6 +300,8 @@ static enum sread pump(rpoll_t *p) {
 static void rpoll_cb(uv_poll_t *h, int status, int events) {
   rpoll_t *p = h->data;
   if (status < 0) events = UV_READABLE; /* let hiredis meet the error */
+  rnode_t *node = p->ac ? p->ac->data : NULL;
+  if (node && (events & UV_READABLE)) node->heard_ms = now_ms(node); /* it speaks: not stuck */
   for (int n = 0; p->ac && (events & UV_READABLE) && n < READS_PER_WAKE; n++) {
     enum sread s = status < 0 ? SR_HIREDIS : pump(p);
     if (s == SR_AGAIN) break;
@@ -364,6 +366,13 @@ void rnode_init(rnode_t *n, rcluster_t *cl, const char *host, int port, uint16_t
 }
 
 bool rnode_usable(const rnode_t *n) { return now_ms(n) >= n->open_until; }
+
+bool rnode_stuck(const rnode_t *n) {
+  uint32_t ms = rcluster_opts(n->cl)->stuck_ms;
+  return ms && n->pending && now_ms(n) - n->heard_ms >= ms;
+}
+
+bool rnode_sound(const rnode_t *n) { return !n->fails && rnode_usable(n) && !rnode_stuck(n); }
 
 /* One failure more; the breaker opens at breaker_failures in a row. */
 static void breaker_fail(rnode_t *n) {
@@ -499,6 +508,7 @@ static int queue(rnode_t *n, rcmd_t *c) {
   if (n->tail) n->tail->next = c;
   else n->head = c;
   n->tail = c;
+  if (n->pending == 0) n->heard_ms = c->sent_ms; /* its silence counts from now */
   if (n->pending++ == 0 && n->st == RN_READY) arm(n);
   return 0;
 }
@@ -574,6 +584,22 @@ enum rc_status rnode_send(rnode_t *n, rcmd_t *c) {
     return RC_CONN;
   }
   return queue(n, c) == 0 ? RC_OK : RC_CONN;
+}
+
+void rnode_probe(rnode_t *n) {
+  static const char ping[] = "*1\r\n$4\r\nPING\r\n";
+  if (!n->fails || n->pending || !rnode_usable(n)) return; /* sound, on trial, or open */
+  rcmd_t *c = calloc(1, sizeof *c);
+  char *cmd = malloc(sizeof ping - 1);
+  if (!c || !cmd) {
+    free(c);
+    free(cmd);
+    return;
+  }
+  memcpy(cmd, ping, sizeof ping - 1);
+  *c = (rcmd_t){.cmd = cmd, .len = sizeof ping - 1, .internal = true}; /* no fn: any reply does */
+  if (rnode_send(n, c) != RC_OK) rcmd_free(c);
+  else LOG_DEBUG("cluster_node", "node=%s event=probe failures=%u", n->addr, n->fails);
 }
 
 void rnode_close(rnode_t *n, uv_close_cb close_cb) {

@@ -11,6 +11,13 @@
  *   again (one more failure reopens it, for twice as long); any reply
  *   closes it.
  *
+ *   sound: a request's command (a lookup's GET) goes only to a node whose
+ *   last try was answered (fails == 0) and that is not stuck (commands in
+ *   flight, nothing read for stuck_ms: the lookup timeout). A node that is
+ *   not sound is tried again with a PING of its own (rnode_probe) when a
+ *   request would have used it, once its breaker lets it: a request never
+ *   waits on a node that failed or fell silent.
+ *
  * Replies come back in the order commands were sent, so the commands in
  * flight are a FIFO and the oldest is its head: the node is silent when
  * the head has waited command_timeout_ms.
@@ -65,6 +72,7 @@ struct rnode {
   uint32_t fails;       /* consecutive failures */
   uint32_t trips;       /* times the breaker opened since the last reply */
   uint64_t open_until;  /* uv_now before which nothing is sent */
+  uint64_t heard_ms;    /* uv_now when a byte last came, or a command went to an idle node */
   uv_timer_t timer;     /* connect_timeout_ms, or the head's command_timeout_ms */
   struct {              /* the replies as they are read (rnode.c) */
     char buf[RNODE_STASH]; /* read, not yet handed on: buf[head, tail) */
@@ -92,6 +100,15 @@ void rcluster_node_failed(rcluster_t *cl, rnode_t *n);
 void rnode_init(rnode_t *n, rcluster_t *cl, const char *host, int port, uint16_t idx);
 /* Whether a command would be tried now (breaker closed). */
 bool rnode_usable(const rnode_t *n);
+/* Whether n has commands in flight and has sent nothing for stuck_ms. */
+bool rnode_stuck(const rnode_t *n);
+/* Whether a request's command may go to n now: breaker closed, no failure
+ * since its last reply, not stuck. */
+bool rnode_sound(const rnode_t *n);
+/* Tries a node that is not sound again without a request: a PING when its
+ * breaker lets one through and nothing is in flight on it (its reply makes
+ * it sound; its failure counts as any other). */
+void rnode_probe(rnode_t *n);
 /* Sends c (after ASKING when c->asking), connecting first if need be: 0,
  * or a status when it cannot (c untouched). */
 enum rc_status rnode_send(rnode_t *n, rcmd_t *c);
