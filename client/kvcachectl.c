@@ -1111,24 +1111,31 @@ static void quota_cell(char *out, size_t len, uint64_t used, uint64_t limit) {
   else snprintf(out, len, "%" PRIu64 "/-", used);
 }
 
+/* The same in MiB (one decimal), for bytes of the pool. */
+static void quota_cell_mib(char *out, size_t len, uint64_t used, uint64_t limit) {
+  double u = (double)used / (1 << 20), l = (double)limit / (1 << 20);
+  if (limit) snprintf(out, len, "%.1f/%.1f", u, l);
+  else snprintf(out, len, "%.1f/-", u);
+}
+
 /* Usage against each quota (used/limit, "-" for unlimited) and the refusals
  * of each, per tenant. */
 static void tenants_quotas(const kvc_tenant_info_t *t, size_t n) {
-  printf("\n%-24s %-6s %-13s %-15s %-13s %-13s %-11s %-9s %s\n", "TENANT", "LIMIT",
-         "POOL_PAGES", "PINNED+LEASED", "SEQS", "CACHES", "KEYS", "CONNS/UID", "SHM_BYTES");
+  printf("\n%-24s %-6s %-17s %-15s %-13s %-13s %-11s %-9s %s\n", "TENANT", "LIMIT",
+         "POOL_MIB", "PINNED+LEASED", "SEQS", "CACHES", "KEYS", "CONNS/UID", "SHM_BYTES");
   for (size_t i = 0; i < n; i++) {
-    char a[40], b[40], s[40], cc[40], k[40], sh[48];
-    quota_cell(a, sizeof a, t[i].pool_pages, t[i].max_pages);
-    if (t[i].min_pages) /* the floor after the share: used/share>=floor */
-      snprintf(a + strlen(a), sizeof a - strlen(a), ">=%" PRIu64, t[i].min_pages);
-    quota_cell(b, sizeof b, t[i].pinned_pages + t[i].leased_pages, t[i].max_pinned);
+    char a[64], b[48], s[40], cc[40], k[40], sh[48];
+    quota_cell_mib(a, sizeof a, t[i].pool_bytes, t[i].max_bytes);
+    if (t[i].min_bytes) /* the floor after the share: used/share>=floor */
+      snprintf(a + strlen(a), sizeof a - strlen(a), ">=%.1f", (double)t[i].min_bytes / (1 << 20));
+    quota_cell_mib(b, sizeof b, t[i].pinned_bytes + t[i].leased_bytes, t[i].max_pinned_bytes);
     quota_cell(s, sizeof s, t[i].sequences, t[i].max_sequences);
     quota_cell(cc, sizeof cc, t[i].caches, t[i].max_caches);
     quota_cell(k, sizeof k, t[i].keys, t[i].max_keys);
     quota_cell(sh, sizeof sh, t[i].shm_bytes, t[i].shm_bytes_per_uid);
-    printf("%-24s %-6s %-13s %-15s %-13s %-13s %-11s %-9u %s\n", t[i].name, "used", a, b, s,
+    printf("%-24s %-6s %-17s %-15s %-13s %-13s %-11s %-9u %s\n", t[i].name, "used", a, b, s,
            cc, k, t[i].max_connections_per_uid, sh);
-    printf("%-24s %-6s %-13" PRIu64 " %-15" PRIu64 " %-13" PRIu64 " %-13" PRIu64 " %-11" PRIu64
+    printf("%-24s %-6s %-17" PRIu64 " %-15" PRIu64 " %-13" PRIu64 " %-13" PRIu64 " %-11" PRIu64
            " %-9" PRIu64 " %" PRIu64 "\n", "", "refuse", t[i].refused_pages, t[i].refused_pins,
            t[i].refused_sequences, t[i].refused_caches, t[i].refused_keys,
            t[i].refused_connections, t[i].refused_shm);
@@ -1150,17 +1157,17 @@ static int cmd_tenants(kvc_client_t *c, const opts_t *o) {
       json_string(t[i].name);
       printf(", \"connections\": %u, \"caches\": %u, \"sequences\": %" PRIu64
              ", \"tokens\": %" PRIu64 ", \"pages\": %" PRIu64 ", \"pool_pages\": %" PRIu64
-             ", \"max_pages\": %" PRIu64 ", \"min_pages\": %" PRIu64
-             ", \"pinned_pages\": %" PRIu64
-             ", \"leased_pages\": %" PRIu64 ", \"max_pinned\": %" PRIu64
+             ", \"pool_bytes\": %" PRIu64 ", \"max_bytes\": %" PRIu64 ", \"min_bytes\": %" PRIu64
+             ", \"pinned_bytes\": %" PRIu64
+             ", \"leased_bytes\": %" PRIu64 ", \"max_pinned_bytes\": %" PRIu64
              ", \"max_sequences\": %" PRIu64 ", \"max_caches\": %" PRIu64 ", \"keys\": %" PRIu64
              ", \"max_keys\": %" PRIu64 ", \"refused\": {\"pages\": %" PRIu64
              ", \"pins\": %" PRIu64 ", \"sequences\": %" PRIu64 ", \"caches\": %" PRIu64
              ", \"keys\": %" PRIu64 ", \"connections\": %" PRIu64 ", \"shm\": %" PRIu64 "}}",
              t[i].connections, t[i].caches, t[i].sequences, t[i].tokens, t[i].pages,
-             (uint64_t)t[i].pool_pages, (uint64_t)t[i].max_pages, (uint64_t)t[i].min_pages,
-             (uint64_t)t[i].pinned_pages,
-             (uint64_t)t[i].leased_pages, (uint64_t)t[i].max_pinned,
+             (uint64_t)t[i].pool_pages, (uint64_t)t[i].pool_bytes, (uint64_t)t[i].max_bytes,
+             (uint64_t)t[i].min_bytes, (uint64_t)t[i].pinned_bytes,
+             (uint64_t)t[i].leased_bytes, (uint64_t)t[i].max_pinned_bytes,
              (uint64_t)t[i].max_sequences, (uint64_t)t[i].max_caches, (uint64_t)t[i].keys,
              (uint64_t)t[i].max_keys, (uint64_t)t[i].refused_pages, (uint64_t)t[i].refused_pins,
              (uint64_t)t[i].refused_sequences, (uint64_t)t[i].refused_caches,

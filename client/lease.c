@@ -38,7 +38,7 @@ int client_need_pool(kvc_client_t *c, const char *instead) {
 int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_t seq_id,
                       uint64_t begin, uint64_t end, kvc_lease_t **out) {
   kvc_client_t *c = h->client;
-  uint64_t pb = c->info.page_bytes, need = 0;
+  uint64_t pb = h->page_bytes, need = 0;
   /* The pool grew or changed since it was mapped: its segments first. */
   for (size_t i = 0; i < lr->n_page_offsets; i++)
     if (lr->page_offsets[i] <= UINT64_MAX - pb && lr->page_offsets[i] + pb > need)

@@ -116,11 +116,12 @@ KVC_API int kvc_tenants(kvc_client_t *c, kvc_tenant_info_t **out, size_t *n) {
     arr[i].tokens = w->tokens;
     arr[i].pages = w->pages;
     arr[i].pool_pages = w->pool_pages;
-    arr[i].max_pages = w->max_pages;
-    arr[i].min_pages = w->min_pages;
-    arr[i].pinned_pages = w->pinned_pages;
-    arr[i].leased_pages = w->leased_pages;
-    arr[i].max_pinned = w->max_pinned;
+    arr[i].pool_bytes = w->pool_bytes;
+    arr[i].max_bytes = w->max_bytes;
+    arr[i].min_bytes = w->min_bytes;
+    arr[i].pinned_bytes = w->pinned_bytes;
+    arr[i].leased_bytes = w->leased_bytes;
+    arr[i].max_pinned_bytes = w->max_pinned_bytes;
     arr[i].max_sequences = w->max_sequences;
     arr[i].max_caches = w->max_caches;
     arr[i].keys = w->keys;

@@ -70,8 +70,13 @@ static const option_t options[] = {
   {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, true, F(pool_bytes),
    "bytes of the shared page pool, backed at start; a reload resizes it online (a grow adds "
    "a segment, a shrink releases whole segments from the end: doc/tiers.md)"},
-  {"page_bytes", OPT_SIZE, "2MiB", 64, 1 * GiB, false, F(page_bytes),
-   "bytes of one pool page (a multiple of 64)"},
+  {"page_bytes", OPT_SIZE, "0", 0, 1 * GiB, false, F(page_bytes),
+   "deprecated: the pool of one page size (a multiple of 64): every cache page takes one "
+   "page of it, padded (segment_bytes replaces it: pages of each cache's own size)"},
+  {"segment_bytes", OPT_SIZE, "0", 0, 1 * GiB, false, F(segment_bytes),
+   "bytes of one pool segment, the unit an arena (a tenant's caches of one page size) owns, "
+   "and the largest cache page accepted; a multiple of 4KiB (0: 32MiB, at most a quarter "
+   "of the pool, at least 2MiB)"},
   {"pool_reserve_bytes", OPT_SIZE, "0", 0, 64 * TiB, false, F(pool_reserve_bytes),
    "address space reserved for the pool: the most it may grow to online (0: the machine's "
    "memory)"},
@@ -714,15 +719,39 @@ void config_defaults(config_t *cfg) {
     if (set_value(cfg, &options[i], options[i].def, err, sizeof err) != 0) abort();
 }
 
+#define SEGMENT_DEFAULT (32ull << 20)
+#define SEGMENT_MIN_AUTO (2ull << 20)
+#define GRAIN_BYTES 4096ull
+
+uint64_t config_segment_bytes(const config_t *cfg) {
+  if (cfg->segment_bytes) return cfg->segment_bytes;
+  if (cfg->page_bytes) return cfg->page_bytes;
+  uint64_t s = SEGMENT_DEFAULT;
+  while (s > SEGMENT_MIN_AUTO && s > cfg->pool_bytes / 4) s /= 2;
+  return s;
+}
+
+uint64_t config_grain_bytes(const config_t *cfg) {
+  return cfg->page_bytes ? cfg->page_bytes : GRAIN_BYTES;
+}
+
 int config_validate(const config_t *cfg, char *err, size_t errlen) {
   if (cfg->page_bytes % 64 != 0) {
     fail(err, errlen, "page_bytes: %llu is not a multiple of 64",
          (unsigned long long)cfg->page_bytes);
     return -1;
   }
-  if (cfg->page_bytes > cfg->pool_bytes / 4) {
-    fail(err, errlen, "page_bytes: %llu leaves fewer than 4 pages in pool_bytes %llu",
-         (unsigned long long)cfg->page_bytes, (unsigned long long)cfg->pool_bytes);
+  uint64_t seg = config_segment_bytes(cfg), grain = config_grain_bytes(cfg);
+  if (seg % grain) {
+    fail(err, errlen, "segment_bytes: %llu is not a multiple of %llu (%s)",
+         (unsigned long long)seg, (unsigned long long)grain,
+         cfg->page_bytes ? "page_bytes" : "4KiB");
+    return -1;
+  }
+  if (seg > cfg->pool_bytes / 4) {
+    fail(err, errlen, "%s: %llu leaves fewer than 4 segments in pool_bytes %llu",
+         cfg->segment_bytes ? "segment_bytes" : "page_bytes", (unsigned long long)seg,
+         (unsigned long long)cfg->pool_bytes);
     return -1;
   }
   if (cfg->pool_reserve_bytes && cfg->pool_reserve_bytes < cfg->pool_bytes) {

@@ -43,7 +43,9 @@ typedef struct config {
   uint64_t pool_bytes;       /* bytes of the page pool */
   uint64_t pool_reserve_bytes; /* address space for the pool to grow in; 0: MemTotal */
   bool pool_huge_pages;      /* try huge pages for the pool */
-  uint64_t page_bytes;       /* bytes of one pool page */
+  uint64_t page_bytes;       /* deprecated (0: unset): the pool of one page size
+                                it was, segment and grain of that size */
+  uint64_t segment_bytes;    /* the pool's unit of ownership (0: chosen) */
   uint32_t max_caches;       /* caches the engine may hold */
   uint64_t max_seqs;         /* sequences the engine may hold, 0: unlimited */
   uint64_t shm_default_bytes;/* a connection's shared buffer when Hello asks 0 */
@@ -148,6 +150,12 @@ void config_defaults(config_t *cfg);
 int config_set(config_t *cfg, const char *name, const char *value, char *err,
                size_t errlen);
 
+/* The pool's segment bytes (the largest cache page) and grain (the
+ * smallest page stride) in force: page_bytes, if set, makes both its
+ * size (the pool of one page size it was); else segment_bytes, or 32 MiB
+ * (at most a quarter of the pool, at least 2 MiB), and a 4 KiB grain. */
+uint64_t config_segment_bytes(const config_t *cfg);
+uint64_t config_grain_bytes(const config_t *cfg);
 /* Cross-option checks (page_bytes vs pool_bytes, shm bounds, xxh3 only for a
  * single tenant). 0 or -1 + err. */
 int config_validate(const config_t *cfg, char *err, size_t errlen);

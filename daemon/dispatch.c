@@ -235,7 +235,7 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   hr->pool_bytes = srv->pool.bytes;
   hr->pool_reserve_bytes = srv->pool.reserve;
   hr->pool_gen = srv->pool.gen;
-  hr->page_bytes = srv->cfg.page_bytes;
+  hr->page_bytes = config_segment_bytes(&srv->cfg); /* the largest cache page */
   hr->server_version = (char *)KVC_VERSION_STRING;
   hr->max_entries = srv->cfg.max_entries;
   hr->max_decode_bytes = srv->cfg.max_decode_bytes;
@@ -880,8 +880,7 @@ static int lease_take(conn_t *c, reply_t *r, uint32_t cache_id, uint64_t seq_id,
   }
   c->nleases++;
   kvcache__v1__lease_reply__init(lr);
-  uint64_t pb = c->srv->cfg.page_bytes;
-  for (uint32_t i = 0; i < l.npages; i++) offs[i] = (uint64_t)l.pages[i] * pb;
+  for (uint32_t i = 0; i < l.npages; i++) offs[i] = engine_page_pool_offset(c->srv->eng, l.pages[i]);
   lr->lease_id = l.id;
   lr->first_pos = l.first_pos;
   lr->n_page_offsets = l.npages;
@@ -1047,13 +1046,14 @@ static int h_step(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     if (lease && (rc = lease_allowed(c, r, b->n_entries))) return rc;
     engine_tenant_limits_t lim;
     engine_tenant_usage_t use;
-    if (lease && engine_tenant_usage(eng, owner, &lim, &use) == 0 && lim.max_pinned &&
-        use.pinned + use.leased + lease_pages > lim.max_pinned)
+    uint64_t lease_bytes = lease_pages * (uint64_t)engine_cache_stride(eng, b->cache_id);
+    if (lease && engine_tenant_usage(eng, owner, &lim, &use) == 0 && lim.max_pinned_bytes &&
+        use.pinned_bytes + use.leased_bytes + lease_bytes > lim.max_pinned_bytes)
       return reject(r, KVC_E_QUOTA_PINS, "tenant_max_pinned: the tenant pins %llu and leases "
-                    "%llu pages; the step's lease view takes up to %llu more, past the quota "
-                    "of %llu (nothing was written)", (unsigned long long)use.pinned,
-                    (unsigned long long)use.leased, (unsigned long long)lease_pages,
-                    (unsigned long long)lim.max_pinned);
+                    "%llu bytes; the step's lease view takes up to %llu more, past the quota "
+                    "of %llu (nothing was written)", (unsigned long long)use.pinned_bytes,
+                    (unsigned long long)use.leased_bytes, (unsigned long long)lease_bytes,
+                    (unsigned long long)lim.max_pinned_bytes);
     if ((rc = step_place(c, r, &g, gather, mask, b->out_off, b->out_len, bound, ntok, place,
                          sizes)))
       return rc;

@@ -71,7 +71,9 @@ static int start(server_t *srv, char *err, size_t errlen) {
   }
   engine_config_t ec = {.base = srv->pool.base,
                         .pool_bytes = srv->pool.bytes,
-                        .page_bytes = srv->cfg.page_bytes,
+                        .page_bytes = config_grain_bytes(&srv->cfg),
+                        .segment_bytes = config_segment_bytes(&srv->cfg),
+                        .page_align = srv->cfg.page_bytes ? 0 : 4096,
                         .max_caches = srv->cfg.max_caches,
                         .max_seqs = srv->cfg.max_seqs,
                         .hash = (kvc_hash_t)srv->cfg.prefix_hash,
@@ -125,10 +127,16 @@ static void announce(server_t *srv, const char *argv0) {
            (int)getpid(), srv->config_file);
   LOG_INFO("config", "%s", opts);
   static const char *const huge[] = {"none", "transparent", "hugetlb"};
-  LOG_INFO("pool", "bytes=%llu page_bytes=%llu pages=%llu prefaulted=yes sealed=yes "
-           "reserve_bytes=%llu huge_pages=%s",
-           (unsigned long long)srv->pool.bytes, (unsigned long long)srv->cfg.page_bytes,
-           (unsigned long long)(srv->pool.bytes / srv->cfg.page_bytes),
+  uint64_t seg = config_segment_bytes(&srv->cfg);
+  if (srv->cfg.page_bytes)
+    LOG_WARN("config", "option=page_bytes state=deprecated action=\"one page size: segment "
+             "and grain of %llu bytes; segment_bytes replaces it (pages of each cache's own "
+             "size)\"", (unsigned long long)srv->cfg.page_bytes);
+  LOG_INFO("pool", "bytes=%llu segment_bytes=%llu segments=%llu grain_bytes=%llu "
+           "prefaulted=yes sealed=yes reserve_bytes=%llu huge_pages=%s",
+           (unsigned long long)srv->pool.bytes, (unsigned long long)seg,
+           (unsigned long long)(srv->pool.bytes / seg),
+           (unsigned long long)config_grain_bytes(&srv->cfg),
            (unsigned long long)srv->pool.reserve, huge[poolmap_huge(&srv->pool)]);
   if (srv->activated)
     LOG_INFO("listen", "socket=%s source=systemd", srv->listen_path);

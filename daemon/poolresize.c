@@ -224,7 +224,7 @@ int pool_resize_start(server_t *srv, conn_t *c, uint64_t bytes, uint64_t request
                       uint64_t t0_ns, char *err, size_t errlen) {
   resize_t *z = srv->resize;
   poolmap_t *pm = &srv->pool;
-  uint64_t pb = srv->cfg.page_bytes, unit = pb / gcd(pb, 4096) * 4096;
+  uint64_t pb = config_segment_bytes(&srv->cfg), unit = pb / gcd(pb, 4096) * 4096;
   if (!z) { /* pool_resize_init ran out of memory at start */
     snprintf(err, errlen, "this daemon cannot resize its pool: out of memory at start");
     return KVC_E_NOMEM;
@@ -238,8 +238,8 @@ int pool_resize_start(server_t *srv, conn_t *c, uint64_t bytes, uint64_t request
     return KVC_E_BUSY;
   }
   if (bytes % unit || bytes < 4 * pb) {
-    snprintf(err, errlen, "a pool is a multiple of %llu bytes (page_bytes and the system page) "
-             "of at least 4 pages, not %llu", (unsigned long long)unit,
+    snprintf(err, errlen, "a pool is a multiple of %llu bytes (segment_bytes and the system "
+             "page) of at least 4 segments, not %llu", (unsigned long long)unit,
              (unsigned long long)bytes);
     return KVC_E_INVAL;
   }

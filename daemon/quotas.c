@@ -14,17 +14,17 @@ int quotas_apply(server_t *srv) {
   engine_stats_t st;
   engine_stats(srv->eng, &st);
   engine_tenant_limits_t lim = {
-      .max_pages = st.pool_pages * cfg->tenant_max_pages_pct / 100,
-      .max_pinned = st.pool_pages *
-                    (cfg->tenant_max_pinned_pct ? cfg->tenant_max_pinned_pct : cfg->pin_limit_pct) /
-                    100,
+      .max_bytes = st.pool_bytes * cfg->tenant_max_pages_pct / 100,
+      .max_pinned_bytes =
+          st.pool_bytes *
+          (cfg->tenant_max_pinned_pct ? cfg->tenant_max_pinned_pct : cfg->pin_limit_pct) / 100,
       .max_seqs = cfg->tenant_max_seqs,
       .max_caches = cfg->tenant_max_caches,
       .max_keys = cfg->tenant_max_keys,
   };
-  /* A percent of a small pool rounds to nothing: at least one page. */
-  if (!lim.max_pages) lim.max_pages = 1;
-  if (!lim.max_pinned) lim.max_pinned = 1;
+  /* A percent of a small pool rounds to nothing: at least one byte. */
+  if (!lim.max_bytes) lim.max_bytes = 1;
+  if (!lim.max_pinned_bytes) lim.max_pinned_bytes = 1;
   int rc = engine_set_pin_limit(srv->eng, cfg->pin_limit_pct);
   if (rc == 0) rc = engine_tenant_limits_set(srv->eng, ENGINE_TENANT_DEFAULT, &lim);
   /* Floors: the named tenants get the default limits and their floor; a
@@ -36,7 +36,7 @@ int quotas_apply(server_t *srv) {
     uint32_t id = server_tenant(srv, cfg->floors[i].tenant);
     if (!id) return KVC_E_NOMEM;
     engine_tenant_limits_t own = lim;
-    own.min_pages = st.pool_pages * cfg->floors[i].pct / 100;
+    own.min_bytes = st.pool_bytes * cfg->floors[i].pct / 100;
     if ((rc = engine_tenant_limits_set(srv->eng, id, &own)) == 0) srv->floored[srv->nfloored++] = id;
   }
   return rc;
@@ -105,11 +105,12 @@ void quotas_row(server_t *srv, uint32_t tenant, Kvcache__V1__TenantInfo *row) {
   engine_tenant_usage_t u;
   (void)engine_tenant_usage(srv->eng, tenant, &lim, &u);
   row->pool_pages = u.pages;
-  row->max_pages = lim.max_pages;
-  row->min_pages = lim.min_pages;
-  row->pinned_pages = u.pinned;
-  row->leased_pages = u.leased;
-  row->max_pinned = lim.max_pinned;
+  row->pool_bytes = u.bytes;
+  row->max_bytes = lim.max_bytes;
+  row->min_bytes = lim.min_bytes;
+  row->pinned_bytes = u.pinned_bytes;
+  row->leased_bytes = u.leased_bytes;
+  row->max_pinned_bytes = lim.max_pinned_bytes;
   row->max_sequences = lim.max_seqs;
   row->max_caches = lim.max_caches;
   row->keys = u.keys;

@@ -202,34 +202,98 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
 static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t *pins,
                        char *why, size_t len) {
   const pool_t *p = &eng->pool;
-  uint32_t used = 0, shared = 0, pinned = 0;
+  uint32_t used = 0, shared = 0, pinned = 0, nfree = 0, seg_free = 0;
+  uint64_t used_bytes = 0, pinned_bytes = 0;
   for (uint32_t i = 0; i < p->npages; i++) {
     if (refs[i] != p->refcnt[i])
       return bad(why, len, "page %u: refcnt %u, %u table references", i, p->refcnt[i], refs[i]);
+    if (refs[i] && !pool_page_valid(p, i))
+      return bad(why, len, "page %u: in use but no page of its segment's arena", i);
     if (refs[i] && pins[i] != p->pinref[i]) /* a free page's pinref is its link */
       return bad(why, len, "page %u: pinref %u, %u pinned holders", i, p->pinref[i], pins[i]);
     if (p->plan[i]) return bad(why, len, "page %u: eviction scratch left at %u", i, p->plan[i]);
     used += refs[i] > 0;
     shared += refs[i] > 1;
     pinned += pins[i] > 0;
+    if (refs[i]) used_bytes += pool_page_stride(p, i);
+    if (pins[i]) pinned_bytes += pool_page_stride(p, i);
   }
-  /* The free list: nfree pages in the pool, each with refcnt 0, then its
-   * end. A walk that ends where it should visits no page twice (a repeat
-   * would loop), so with used + nfree == npages below it holds exactly
-   * the free pages. */
-  uint32_t q = p->free_head;
-  for (uint32_t i = 0; i < p->nfree; i++) {
-    if (q >= p->npages)
-      return bad(why, len, "free list: entry %u of %u is page %u, of a pool of %u", i, p->nfree,
-                 q, p->npages);
-    if (p->refcnt[q] != 0) return bad(why, len, "free page %u has refcnt %u", q, p->refcnt[q]);
-    q = p->pinref[q];
+  /* Segments: each of one live arena or free; the pages in use of each. */
+  mem_t scratch;
+  mem_init(&scratch);
+  uint32_t *segs = mem_calloc(&scratch, p->narenas ? p->narenas : 1, sizeof *segs);
+  if (!segs) return KVC_E_NOMEM;
+  int rc = 0;
+  for (uint32_t s = 0; rc == 0 && s < p->nseg; s++) {
+    uint16_t a = p->seg_arena[s];
+    if (a == POOL_NOARENA) {
+      seg_free++;
+      continue;
+    }
+    if (a >= p->narenas || !p->arenas[a].live) {
+      rc = bad(why, len, "segment %u: of arena %u, not a live one", s, a);
+      break;
+    }
+    segs[a]++;
+    uint32_t u = 0;
+    for (uint32_t q = s * p->ids_per_seg, e = q + p->arenas[a].per_seg; q < e; q++) u += refs[q] > 0;
+    if (u != p->seg_used[s]) rc = bad(why, len, "segment %u: %u pages in use, %u recorded", s, u, p->seg_used[s]);
   }
-  if (q != POOL_NOPAGE)
-    return bad(why, len, "free list: goes on past its %u pages (to page %u)", p->nfree, q);
-  if (used + p->nfree != p->npages || shared != p->nshared || pinned != p->npinned)
-    return bad(why, len, "pages: used %u free %u total %u shared %u/%u pinned %u/%u", used,
-               p->nfree, p->npages, shared, p->nshared, pinned, p->npinned);
+  /* Each arena's free list: nfree pages of its own segments, each with
+   * refcnt 0, then its end. A walk that ends where it should visits no
+   * page twice (a repeat would loop), so with the counts below it holds
+   * exactly the free pages. */
+  for (uint32_t a = 0; rc == 0 && a < p->narenas; a++) {
+    const pool_arena_t *ar = &p->arenas[a];
+    if (!ar->live) continue;
+    if (segs[a] != ar->nseg) {
+      rc = bad(why, len, "arena %u: %u segments, %u recorded", a, segs[a], ar->nseg);
+      break;
+    }
+    if (ar->stride % p->align || ar->stride < ar->page_bytes || ar->stride < p->grain ||
+        ar->per_seg != p->seg_bytes / ar->stride) {
+      rc = bad(why, len, "arena %u: stride %llu for pages of %llu, %u a segment", a,
+               (unsigned long long)ar->stride, (unsigned long long)ar->page_bytes, ar->per_seg);
+      break;
+    }
+    uint32_t q = ar->free_head, last = POOL_NOPAGE;
+    for (uint32_t i = 0; i < ar->nfree; i++) {
+      last = q;
+      if (!pool_page_valid(p, q) || pool_arena_of(p, q) != a) {
+        rc = bad(why, len, "arena %u free list: entry %u of %u is page %u, not its own", a, i,
+                 ar->nfree, q);
+        break;
+      }
+      if (p->refcnt[q] != 0) {
+        rc = bad(why, len, "free page %u has refcnt %u", q, p->refcnt[q]);
+        break;
+      }
+      q = p->pinref[q];
+    }
+    if (rc == 0 && q != POOL_NOPAGE)
+      rc = bad(why, len, "arena %u free list: goes on past its %u pages (to page %u)", a,
+               ar->nfree, q);
+    if (rc == 0 && last != ar->free_tail)
+      rc = bad(why, len, "arena %u free list: ends at page %u, its tail is %u", a, last,
+               ar->free_tail);
+    nfree += ar->nfree;
+    if (rc == 0 && !ar->ncaches && !ar->nseg)
+      rc = bad(why, len, "arena %u: live with no cache and no segment", a);
+  }
+  mem_free(&scratch, segs);
+  if (rc) return rc;
+  uint64_t carved = 0;
+  for (uint32_t a = 0; a < p->narenas; a++)
+    if (p->arenas[a].live) carved += (uint64_t)p->arenas[a].nseg * p->arenas[a].per_seg;
+  if (nfree != p->nfree || seg_free != p->nseg_free || used + p->nfree != carved ||
+      used != p->nused || used_bytes != p->used_bytes || pinned_bytes != p->pinned_bytes ||
+      shared != p->nshared || pinned != p->npinned)
+    return bad(why, len, "pages: used %u/%u free %u/%u carved %llu free segments %u/%u shared "
+               "%u/%u pinned %u/%u bytes used %llu/%llu pinned %llu/%llu", used, p->nused,
+               nfree, p->nfree, (unsigned long long)carved, seg_free, p->nseg_free, shared,
+               p->nshared, pinned, p->npinned, (unsigned long long)used_bytes,
+               (unsigned long long)p->used_bytes, (unsigned long long)pinned_bytes,
+               (unsigned long long)p->pinned_bytes);
   return 0;
 }
 
@@ -282,18 +346,36 @@ static int audit_quotas(const engine_t *eng, char *why, size_t len) {
     u.keys = prefix_keys_of(eng, q);
     for (uint32_t page = 0; page < eng->pool.npages; page++) {
       if (!eng->pool.refcnt[page] || eng->page_quota[page] != i) continue;
+      uint64_t st = pool_page_stride(&eng->pool, page);
       u.pages++;
+      u.bytes += st;
       u.pinned += eng->pool.pinref[page] > 0;
+      u.pinned_bytes += eng->pool.pinref[page] > 0 ? st : 0;
     }
     for (uint32_t page = 0; eng->lease_ref && page < eng->pool.npages; page++)
-      u.leased += eng->lease_ref[page] && eng->page_quota[page] == i;
+      if (eng->lease_ref[page] && eng->page_quota[page] == i) {
+        u.leased++;
+        u.leased_bytes += pool_page_stride(&eng->pool, page);
+      }
     for (uint32_t ci = 0; ci < eng->ncaches; ci++) {
       const cache_t *c = eng->caches[ci];
       if (!c || c->q != q) continue;
       if (c->tenant != q->tenant) return bad(why, len, "cache '%s': another tenant's quota", c->name);
+      const pool_arena_t *ar = &eng->pool.arenas[c->arena];
+      if (c->arena >= eng->pool.narenas || !ar->live || ar->tenant != c->tenant ||
+          ar->page_bytes != c->g.page_bytes)
+        return bad(why, len, "cache '%s': arena %u is not (its tenant, its page size)", c->name,
+                   c->arena);
       u.caches++;
       u.seqs += c->st.sequences;
     }
+    if (u.bytes != q->use.bytes || u.pinned_bytes != q->use.pinned_bytes ||
+        u.leased_bytes != q->use.leased_bytes)
+      return bad(why, len, "tenant %u: bytes %llu/%llu pinned %llu/%llu leased %llu/%llu "
+                 "(counted/recorded)", q->tenant, (unsigned long long)u.bytes,
+                 (unsigned long long)q->use.bytes, (unsigned long long)u.pinned_bytes,
+                 (unsigned long long)q->use.pinned_bytes, (unsigned long long)u.leased_bytes,
+                 (unsigned long long)q->use.leased_bytes);
     if (u.pages != q->use.pages || u.pinned != q->use.pinned || u.leased != q->use.leased ||
         u.seqs != q->use.seqs || u.caches != q->use.caches || u.keys != q->use.keys)
       return bad(why, len,

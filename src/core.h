@@ -4,8 +4,8 @@
  * all share.
  *
  *   engine
- *    +- pool            pages + refcnt/pinref/plan arrays,  (pool.h)
- *                       free list through pinref
+ *    +- pool            segments carved into arenas' pages,  (pool.h)
+ *                       refcnt/pinref/plan arrays, free lists through pinref
  *    +- caches[id]      name, layout, geometry, seqs map    (u64 seq_id -> seq)
  *    +- lru[prio]       unpinned sequences and cached pages, most recent first,
  *                       one list per retention priority     (lru.h)
@@ -131,6 +131,7 @@ struct cache {
   uint32_t id;
   uint32_t tenant;     /* whose it is: names resolve inside a tenant */
   quota_t *q;          /* that tenant's quota record */
+  uint16_t arena;      /* the pool arena its pages come from: (tenant, page bytes) */
   kvc_layout_t layout; /* normalized */
   geom_t g;
   hmap_t seqs;         /* seq_id -> seq_t */
@@ -227,7 +228,8 @@ struct engine {
   uint64_t next_seq_id; /* engine_seq_create: the next id to try (>= 2^63) */
   uint32_t keys_kept;  /* keys left by the last collection of unused ones */
   uint32_t hash_bits;  /* test hook: keep only this many hash bits (0: all) */
-  uint32_t pin_limit;  /* pages that may be pinned */
+  uint64_t pin_limit;  /* bytes of pages that may be pinned */
+  uint32_t pin_limit_pct; /* as set: the limit follows the pool's size */
   bool evicting;       /* pages a dropped sequence leaves cached go to the tail */
   pin_t *soft;         /* soft (TTL) pins */
   uint32_t index_sole;  /* indexed pages held by exactly one sequence */
@@ -258,6 +260,9 @@ struct engine {
   void (*spill)(void *ctx, const struct engine_tier_meta *m, const void *bytes);
   void *spill_ctx;
   void (*reclaim_hook)(struct engine *eng, const ipage_t *ip);
+  /* A segment changed owner (engine_set_segment_hook). */
+  void (*seg_hook)(void *ctx, uint32_t seg, uint32_t from_tenant, uint32_t to_tenant);
+  void *seg_ctx;
 };
 
 /* A cache id is its slot in eng->caches and the slot's generation, bumped
@@ -283,6 +288,8 @@ int engine_use_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **ou
 /* put.c: the puts in flight (eng->put_jobs), and the chain key each
  * interned at its begin (0: none). */
 const struct engine_put_job *put_job_next(const struct engine_put_job *j);
+/* The sequences a put in flight writes (busy). */
+seq_t *const *put_job_seqs(const struct engine_put_job *j, size_t *n);
 uint32_t put_job_key(const struct engine_put_job *j);
 /* The span tags a put in flight interned (its entries' in a row). */
 const span_tag_t *put_job_tags(const struct engine_put_job *j, size_t *n);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "arena.h"
 #include "evlog.h"
 #include "lease.h"
 #include "page.h"
@@ -21,7 +22,8 @@ void engine_fail_alloc_after(engine_t *eng, int64_t k) { eng->mem.fail_after = k
 
 int engine_new(const engine_config_t *cfg, engine_t **out) {
   if (!cfg || !out || !cfg->base || cfg->page_bytes == 0 || cfg->page_bytes % 64 ||
-      cfg->page_bytes > cfg->pool_bytes || ((uintptr_t)cfg->base % 64) ||
+      cfg->page_bytes > cfg->pool_bytes || cfg->segment_bytes % cfg->page_bytes ||
+      cfg->segment_bytes > cfg->pool_bytes || ((uintptr_t)cfg->base % 64) ||
       cfg->hash > KVC_HASH_XXH3 || cfg->pin_limit_pct > 100)
     return KVC_E_INVAL;
   mem_t m;
@@ -43,10 +45,11 @@ int engine_new(const engine_config_t *cfg, engine_t **out) {
   eng->hash_bits = cfg->hash_bits;
   hmap_init(&eng->leases);
   hmap_init(&eng->quota_map);
-  int rc = pool_init(&eng->pool, &eng->mem, cfg->base, cfg->pool_bytes, cfg->page_bytes);
+  /* An arena per cache, and as many again lingering on leased pages. */
+  int rc = pool_init(&eng->pool, &eng->mem, cfg->base, cfg->pool_bytes, cfg->page_bytes,
+                     cfg->segment_bytes, cfg->page_align, 2 * eng->max_caches + 2);
   if (rc == 0) {
-    uint32_t pct = cfg->pin_limit_pct && cfg->pin_limit_pct < 100 ? cfg->pin_limit_pct : 100;
-    eng->pin_limit = (uint32_t)((uint64_t)eng->pool.npages * pct / 100);
+    engine_pin_limit_follow(eng, cfg->pin_limit_pct);
     eng->caches = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->caches);
     eng->cache_gen = mem_calloc(&eng->mem, eng->max_caches, sizeof *eng->cache_gen);
     eng->page_quota = mem_calloc(&eng->mem, eng->pool.npages, sizeof *eng->page_quota);
@@ -158,23 +161,35 @@ int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
     *cache_id = c->id;
     return 0;
   }
-  if (g.page_bytes > eng->pool.page_bytes)
+  if (pool_stride(&eng->pool, g.page_bytes) > eng->pool.seg_bytes)
     return engine_fail(eng, KVC_E_PAGESIZE,
-                       "a page of this layout needs %llu bytes, a pool page has %llu: "
-                       "lower page_tokens or raise the pool's page size",
+                       "a page of this layout needs %llu bytes, a pool segment holds %llu: "
+                       "lower page_tokens or raise the pool's segment size",
                        (unsigned long long)g.page_bytes,
-                       (unsigned long long)eng->pool.page_bytes);
+                       (unsigned long long)eng->pool.seg_bytes);
   uint32_t slot = 0; /* the first free slot: dropped caches' slots are reused */
   while (slot < eng->ncaches && eng->caches[slot]) slot++;
   if (slot == eng->max_caches)
     return engine_fail(eng, KVC_E_TOOMANY, "at most %u caches", eng->max_caches);
   quota_t *q = quota_find(eng, tenant);
   if (q && (rc = quota_check_caches(eng, q))) return rc;
+  int code = 0;
+  uint16_t arena = pool_arena_open(&eng->pool, tenant, g.page_bytes, &code);
+  if (arena == POOL_NOARENA) {
+    return engine_fail(eng, KVC_E_TOOMANY, "at most %u arenas (tenant and page size) at once, "
+                       "those of caches dropped while leases hold their pages included",
+                       eng->pool.arenas_cap);
+  }
   cache_t *c = mem_calloc(&eng->mem, 1, sizeof *c);
   if (!c || (!q && quota_open(eng, tenant, &q))) {
     mem_free(&eng->mem, c);
+    pool_arena_close(&eng->pool, arena);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   }
+  /* A new arena starts with a segment if one is free (evict.c takes one
+   * back from another arena when none is). */
+  if (!eng->pool.arenas[arena].nseg) (void)arena_take_free(eng, arena, false);
+  c->arena = arena;
   c->q = q;
   q->use.caches++;
   memcpy(c->name, name, strlen(name) + 1);
@@ -190,10 +205,24 @@ int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
   return 0;
 }
 
+void engine_set_segment_hook(engine_t *eng,
+                             void (*fn)(void *ctx, uint32_t seg, uint32_t from_tenant,
+                                        uint32_t to_tenant),
+                             void *ctx) {
+  eng->seg_hook = fn;
+  eng->seg_ctx = ctx;
+}
+
+void engine_pin_limit_follow(engine_t *eng, uint32_t pct) {
+  pct = pct && pct < 100 ? pct : 100;
+  eng->pin_limit_pct = pct;
+  eng->pin_limit = (uint64_t)eng->pool.nseg * eng->pool.seg_bytes * pct / 100;
+}
+
 int engine_set_pin_limit(engine_t *eng, uint32_t pct) {
   if (!eng) return KVC_E_INVAL;
   if (pct > 100) return engine_fail(eng, KVC_E_INVAL, "pin limit of %u%%", pct);
-  eng->pin_limit = (uint32_t)((uint64_t)eng->pool.npages * (pct ? pct : 100) / 100);
+  engine_pin_limit_follow(eng, pct);
   return 0;
 }
 
@@ -217,11 +246,21 @@ int engine_cache_drop(engine_t *eng, uint32_t cache_id) {
   cache_free(eng, c, false);
   if (eng->ev) evlog_cache(eng, c, ENGINE_EV_DROPPED);
   c->q->use.caches--;
+  pool_arena_close(&eng->pool, c->arena);
   uint32_t slot = cache_id & CACHE_SLOT_MASK;
   eng->caches[slot] = NULL;
   eng->cache_gen[slot]++; /* the old id names nothing now */
   mem_free(&eng->mem, c);
   return 0;
+}
+
+uint64_t engine_page_pool_offset(const engine_t *eng, uint32_t page) {
+  return pool_page_offset(&eng->pool, page);
+}
+
+uint64_t engine_cache_stride(engine_t *eng, uint32_t cache_id) {
+  cache_t *c = eng ? engine_cache(eng, cache_id) : NULL;
+  return c ? eng->pool.arenas[c->arena].stride : 0;
 }
 
 static void cache_info_fill(const cache_t *c, kvc_cache_info_t *out) {
@@ -268,15 +307,32 @@ int engine_cache_stats(engine_t *eng, uint32_t cache_id, cache_stats_t *out) {
 void engine_stats(const engine_t *eng, engine_stats_t *out) {
   *out = eng->st;
   const pool_t *p = &eng->pool;
-  out->pool_bytes = (uint64_t)p->npages * p->page_bytes;
-  out->page_bytes = p->page_bytes;
-  out->pool_pages = p->npages;
-  out->pages_free = p->nfree;
-  out->pages_used = p->npages - p->nfree;
+  out->pool_bytes = (uint64_t)p->nseg * p->seg_bytes;
+  out->page_bytes = p->grain;
+  out->segment_bytes = p->seg_bytes;
+  out->segments = p->nseg;
+  out->segments_free = p->nseg_free;
+  /* A free segment counts as pages of the grain: with one page size
+   * (segment = grain = page) the figures are the pool's pages. */
+  out->pages_free = p->nfree + (uint64_t)p->nseg_free * p->ids_per_seg;
+  out->pool_pages = p->nused + out->pages_free;
+  out->pages_used = p->nused;
   out->pages_shared = p->nshared - eng->index_sole; /* the index's reference is no sharer */
   out->pages_pinned = p->npinned;
   out->bytes_used = eng->bytes_used;
-  out->bytes_padding = out->pages_used * p->page_bytes - eng->bytes_used;
+  /* What the segments of arenas cannot hold: each page's stride past its
+   * layout's bytes, each segment's tail past its last page. */
+  uint64_t carved = 0, layout = 0;
+  out->arenas = 0;
+  for (uint32_t a = 0; a < p->narenas; a++) {
+    const pool_arena_t *ar = &p->arenas[a];
+    if (!ar->live) continue;
+    out->arenas++;
+    carved += (uint64_t)ar->nseg * p->seg_bytes;
+    layout += (uint64_t)ar->nseg * ar->per_seg * ar->page_bytes;
+  }
+  out->bytes_padding = carved - layout;
+  out->bytes_free = out->pool_bytes - p->used_bytes;
   out->metadata_bytes = eng->mem.live_bytes;
   out->caches = 0;
   for (uint32_t i = 0; i < eng->ncaches; i++) out->caches += eng->caches[i] != NULL;

@@ -41,8 +41,17 @@ typedef enum { KVC_HASH_SHA256 = 0, KVC_HASH_XXH3 = 1 } kvc_hash_t;
 
 typedef struct engine_config {
   void *base;           /* pool bytes; borrowed, must outlive the engine */
-  uint64_t pool_bytes;  /* bytes at base; npages = pool_bytes / page_bytes */
-  uint64_t page_bytes;  /* bytes of one pool page, a multiple of 64 */
+  uint64_t pool_bytes;  /* bytes at base: segment_bytes x segments (the rest unused) */
+  uint64_t page_bytes;  /* the grain: the smallest page stride (a cache's smaller
+                           pages are rounded up to it), a multiple of 64; page
+                           ids are counted in grains (pool.h) */
+  uint64_t segment_bytes; /* the unit of ownership: each segment holds the pages of
+                           one arena (tenant, page size); a multiple of the grain,
+                           and the largest cache page accepted. 0: page_bytes
+                           (one page a segment: a pool of one page size) */
+  uint64_t page_align;  /* a page stride is a multiple of this: 64 (0) or more,
+                           dividing page_bytes (4096: a client maps an arena's
+                           pages as one array, page-aligned) */
   uint32_t max_caches;  /* 0 means 64 */
   uint64_t max_seqs;    /* 0 means unlimited */
   kvc_hash_t hash;      /* prefix index hash */
@@ -119,7 +128,8 @@ typedef struct engine_xfer {
 
 /* Creates an engine over cfg->base. Returns new *out (free with
  * engine_free). KVC_E_INVAL for a NULL/misaligned base, a page_bytes that is
- * zero, not a multiple of 64 or larger than the pool; KVC_E_NOMEM. */
+ * zero, not a multiple of 64 or larger than the pool, a segment_bytes not a
+ * multiple of page_bytes or larger than the pool; KVC_E_NOMEM. */
 int engine_new(const engine_config_t *cfg, engine_t **out);
 void engine_free(engine_t *eng);
 
@@ -150,6 +160,11 @@ int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
 /* engine_cache_open_in tenant 0. */
 int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layout,
                       uint32_t *cache_id);
+/* Bytes from the pool's base of page (a lease's page). */
+uint64_t engine_page_pool_offset(const engine_t *eng, uint32_t page);
+/* The bytes between two pages of a cache in the pool (its arena's
+ * stride), or 0 for no cache. */
+uint64_t engine_cache_stride(engine_t *eng, uint32_t cache_id);
 /* The tenant a cache belongs to: 0 or KVC_E_NOCACHE. */
 int engine_cache_tenant(engine_t *eng, uint32_t cache_id, uint32_t *tenant);
 /* Drops every sequence of a cache (pins included); the cache stays. */
@@ -594,20 +609,20 @@ int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64
 
 /* A tenant's limits; 0 means unlimited. */
 typedef struct engine_tenant_limits {
-  uint64_t max_pages;   /* pool pages held, a share that applies under
-                           pressure: while pages are free a tenant may pass
-                           it; when a put must evict, a tenant it would pass
-                           makes room from its own LRU victims alone
-                           (KVC_E_QUOTA_PAGES if they are not enough), one
-                           within it takes from tenants over theirs first */
-  uint64_t max_pinned;  /* pages pinned plus pages leased (KVC_E_QUOTA_PINS;
-                           a page both pinned and leased counts twice),
-                           checked at pin, at lease and at every write that
-                           grows a pinned sequence */
+  uint64_t max_bytes;   /* pool bytes held (the strides of its pages), a share
+                           that applies under pressure: while room is free a
+                           tenant may pass it; when a put must evict, a tenant
+                           it would pass makes room from its own LRU victims
+                           alone (KVC_E_QUOTA_PAGES if they are not enough),
+                           one within it takes from tenants over theirs first */
+  uint64_t max_pinned_bytes; /* bytes of pages pinned plus pages leased
+                           (KVC_E_QUOTA_PINS; a page both pinned and leased
+                           counts twice), checked at pin, at lease and at every
+                           write that grows a pinned sequence */
   uint64_t max_seqs;    /* sequences, empty ones included (KVC_E_QUOTA_SEQS) */
   uint32_t max_caches;  /* caches (KVC_E_QUOTA_CACHES) */
   uint32_t max_keys;    /* interned prefix keys (KVC_E_QUOTA_KEYS) */
-  uint64_t min_pages;   /* a floor: eviction that makes room for another
+  uint64_t min_bytes;   /* a floor: eviction that makes room for another
                            tenant never takes this one below it (a victim
                            whose pages would cross it is passed over); its
                            own puts evict its own data as usual. 0: none */
@@ -616,8 +631,11 @@ typedef struct engine_tenant_limits {
 /* A tenant's usage and how often each limit refused it. */
 typedef struct engine_tenant_usage {
   uint64_t pages;       /* pool pages held */
+  uint64_t bytes;       /* their strides */
   uint64_t pinned;      /* pages pinned (by any owner) */
+  uint64_t pinned_bytes;
   uint64_t leased;      /* pages held by leases (a page once, however many) */
+  uint64_t leased_bytes;
   uint64_t seqs;
   uint32_t caches;
   uint32_t keys;
@@ -625,6 +643,18 @@ typedef struct engine_tenant_usage {
 } engine_tenant_usage_t;
 
 #define ENGINE_TENANT_DEFAULT UINT32_MAX /* the limits of every tenant not set */
+#define ENGINE_TENANT_NONE UINT32_MAX    /* a segment hook's owner: a free segment */
+
+/* Sets the hook called when a segment of the pool changes owner: carved
+ * into an arena of to_tenant from a free segment (from_tenant
+ * ENGINE_TENANT_NONE) or from an arena of from_tenant (emptied: its pages
+ * moved or evicted). Called inside the engine call that moves it, before
+ * any page of it is written: the daemon gives the segment fresh memory
+ * when the tenant changes (doc/security.md). */
+void engine_set_segment_hook(engine_t *eng,
+                             void (*fn)(void *ctx, uint32_t seg, uint32_t from_tenant,
+                                        uint32_t to_tenant),
+                             void *ctx);
 
 /* Sets the limits of tenant (ENGINE_TENANT_DEFAULT: of every tenant without
  * its own); lim NULL returns a tenant to the default. Takes effect for the
@@ -640,6 +670,8 @@ int engine_tenant_usage(engine_t *eng, uint32_t tenant, engine_tenant_limits_t *
  * pin_limit_pct: pins already held stay when it is lowered, new ones are
  * refused past it (the daemon's reload). KVC_E_INVAL above 100. */
 int engine_set_pin_limit(engine_t *eng, uint32_t pct);
+/* The pin limit at pct of the pool as it is now (engine_new, a resize). */
+void engine_pin_limit_follow(engine_t *eng, uint32_t pct);
 
 /* ---- prefix-index events (evlog.c; doc/events.md) -------------------------
  * With the log on, every change of a prefix index is recorded in order: a

@@ -19,10 +19,24 @@
  * sequence (if it is a leaf by then). If free + planned cannot reach the need
  * the call fails with KVC_E_FULL and nothing changed. Otherwise victims are
  * evicted in the same order until the need is met. Each step is O(1) per page.
+ *
+ * Pages come from arenas (pool.h): a call needs pages of its cache's arena.
+ * Free pages of the arena first; then a free segment (or an empty one of
+ * another arena), without pressure; then, in LRU order over the whole
+ * node, either the arena's own least recent victim or a segment of the
+ * arena whose least recent victim is older (arena.c: it evicts its own least
+ * recent data until a segment's live pages fit its other segments, moves
+ * them there and gives the segment up). Planned first, all or nothing: the
+ * arena's own victims plus what other arenas can give must cover the need.
+ * Shares: a tenant past its share takes segments only from its own arenas
+ * (KVC_E_QUOTA_PAGES when others' would be enough); one within its share
+ * takes from arenas of tenants over theirs first; a tenant's floor stops
+ * eviction of its data for others.
  */
 #include <stddef.h>
 
 #include "evict.h"
+#include "arena.h"
 #include "lru.h"
 #include "page.h"
 #include "prefix.h"
@@ -55,7 +69,7 @@ static uint64_t need_now(const engine_t *eng, const evict_need_t *nd) {
 /* ---- planning --------------------------------------------------------------- */
 
 typedef struct plan {
-  uint64_t need;    /* pages still needed from eviction, shrinking as copies lapse */
+  uint64_t need;    /* free pages the arena must reach, shrinking as copies lapse */
   uint64_t freed;   /* pages the plan frees */
   uint32_t *stack;  /* cached pages to reclaim next (deepest on top) */
   uint32_t top;
@@ -63,10 +77,8 @@ typedef struct plan {
   uint32_t ntouched;
   uint32_t last_prio; /* the walk's last node, to clear what it marked */
   lru_node_t *last;
-  quota_t *only;     /* the first walk: this tenant's victims alone */
-  const quota_t *by; /* whose call it is: others' floors apply (min_pages) */
-  bool over_only;    /* the first walk: victims of tenants over their share */
-  bool two_walks;    /* clear every list up to last_prio, not to last */
+  uint16_t arena;    /* victims of this arena alone */
+  const quota_t *by; /* whose call it is: others' floors apply (min_bytes) */
 } plan_t;
 
 static void touch_ip(plan_t *pl, ipage_t *ip) {
@@ -99,7 +111,7 @@ static void plan_reclaim(engine_t *eng, plan_t *pl, ipage_t *ip) {
 }
 
 static bool plan_done(const engine_t *eng, const plan_t *pl) {
-  return eng->pool.nfree + pl->freed >= pl->need;
+  return eng->pool.arenas[pl->arena].nfree + pl->freed >= pl->need;
 }
 
 /* Whether taking the victim at n (its table's pages, or one cached page)
@@ -109,18 +121,21 @@ static bool plan_done(const engine_t *eng, const plan_t *pl) {
 static bool under_floor(const engine_t *eng, const plan_t *pl, const lru_node_t *n,
                         const quota_t *q) {
   if (q == pl->by) return false;
-  uint64_t floor = quota_lim(eng, q)->min_pages;
+  uint64_t floor = quota_lim(eng, q)->min_bytes;
   if (!floor) return false;
+  uint64_t stride = eng->pool.arenas[pl->arena].stride;
   uint64_t victim = n->kind == LRU_SEQ ? SEQ_OF(n)->npages : 1;
-  return q->use.pages < floor + q->plan_freed + victim;
+  return q->use.bytes < floor + (q->plan_freed + victim) * stride;
+}
+
+static const cache_t *node_cache(const lru_node_t *n) {
+  return n->kind == LRU_SEQ ? SEQ_OF(n)->cache : IPAGE_OF(n)->cache;
 }
 
 /* Whether the walk takes the victim at node n. */
 static bool walk_takes(const engine_t *eng, const plan_t *pl, const lru_node_t *n) {
-  const cache_t *c = n->kind == LRU_SEQ ? SEQ_OF(n)->cache : IPAGE_OF(n)->cache;
-  if (under_floor(eng, pl, n, c->q)) return false;
-  if (pl->over_only) return c->q->over;
-  return !pl->only || c->q == pl->only;
+  const cache_t *c = node_cache(n);
+  return c->arena == pl->arena && !under_floor(eng, pl, n, c->q);
 }
 
 static void plan_drain(engine_t *eng, plan_t *pl) {
@@ -137,7 +152,8 @@ static void plan_seq(engine_t *eng, plan_t *pl, const evict_need_t *nd, seq_t *s
     if (s->table[i] == POOL_NOPAGE) continue; /* all holes: nothing to free */
     uint32_t page = s->table[i], v = ++p->plan[page], held = v & PLAN_MASK;
     if (v & PLAN_COW) {
-      if (held == p->refcnt[page] - writers_of(nd, page)) pl->need--; /* copy lapses */
+      if (held == p->refcnt[page] - writers_of(nd, page) && pl->need)
+        pl->need--; /* copy lapses */
     } else if (held == p->refcnt[page]) {
       pl->freed++;
       s->cache->q->plan_freed++;
@@ -153,7 +169,7 @@ static void plan_walk(engine_t *eng, plan_t *pl, const evict_need_t *nd) {
     lru_node_t *head = &eng->lru[prio];
     for (lru_node_t *n = head->prev; n != head && !plan_done(eng, pl); n = n->prev) {
       if (!walk_takes(eng, pl, n)) continue;
-      if (!pl->two_walks || prio > pl->last_prio) pl->last_prio = prio;
+      pl->last_prio = prio;
       pl->last = n;
       if (n->kind == LRU_SEQ) {
         seq_t *s = SEQ_OF(n);
@@ -179,7 +195,7 @@ static void plan_clear(engine_t *eng, plan_t *pl) {
         for (uint32_t i = 0; i < s->ntable; i++)
           if (s->table[i] != POOL_NOPAGE) eng->pool.plan[s->table[i]] &= PLAN_COW;
       }
-      if (n == pl->last && !pl->two_walks) break; /* two walks: each list whole */
+      if (n == pl->last) break;
     }
   }
   for (uint32_t i = 0; i < pl->ntouched; i++) {
@@ -189,10 +205,29 @@ static void plan_clear(engine_t *eng, plan_t *pl) {
   }
 }
 
+static void plan_freed_reset(engine_t *eng) {
+  for (uint32_t i = 0; i < eng->nquotas; i++) eng->quotas[i]->plan_freed = 0;
+}
+
+uint64_t evict_plan(engine_t *eng, uint16_t arena, uint64_t need, const quota_t *by,
+                    const evict_need_t *nd, uint64_t *missing) {
+  evict_need_t none = {0};
+  plan_t pl = {.need = need, .stack = eng->scratch,
+               .touched = eng->scratch ? eng->scratch + eng->pool.npages : NULL,
+               .arena = arena, .by = by};
+  plan_freed_reset(eng);
+  plan_walk(eng, &pl, nd ? nd : &none);
+  plan_clear(eng, &pl);
+  plan_freed_reset(eng);
+  uint64_t have = eng->pool.arenas[arena].nfree + pl.freed;
+  if (missing) *missing = have >= pl.need ? 0 : pl.need - have;
+  return pl.freed;
+}
+
 /* ---- evicting ---------------------------------------------------------------- */
 
-/* Reclaims the least recent victim the filter takes (only, over_only);
- * false if there is none. */
+/* Reclaims the least recent victim of the filter's arena; false if there
+ * is none. */
 static bool evict_one(engine_t *eng, const plan_t *filter) {
   for (uint32_t prio = 0; prio < PRIO_LEVELS; prio++) {
     lru_node_t *head = &eng->lru[prio];
@@ -220,69 +255,158 @@ static bool evict_one(engine_t *eng, const plan_t *filter) {
   return false;
 }
 
-static void plan_freed_reset(engine_t *eng) {
-  for (uint32_t i = 0; i < eng->nquotas; i++) eng->quotas[i]->plan_freed = 0;
+bool evict_arena_to(engine_t *eng, uint16_t arena, uint64_t need, const quota_t *by) {
+  plan_t f = {.arena = arena, .by = by};
+  while (eng->pool.arenas[arena].nfree < need)
+    if (!evict_one(eng, &f)) return false;
+  return true;
 }
 
-/* Marks the tenants holding more than their page share; true if any. */
-static bool mark_over(engine_t *eng) {
-  bool any = false;
-  for (uint32_t i = 0; i < eng->nquotas; i++) {
-    quota_t *q = eng->quotas[i];
-    uint64_t max = quota_lim(eng, q)->max_pages;
-    q->over = max && q->use.pages > max;
-    any |= q->over;
+/* How many segments (at most k) arena b could give up now, planned without
+ * changing anything: its free pages plus what evicting its victims frees
+ * must hold the live pages of the segments it gives in its other segments,
+ * and those segments must hold no page a reader or a copy in flight uses.
+ * Its empty segments are counted as free room already (arena_room). */
+static uint64_t can_give(engine_t *eng, uint16_t b, uint64_t k, const quota_t *by) {
+  const pool_arena_t *ab = &eng->pool.arenas[b];
+  uint64_t empty, nmov = arena_movable_segments(eng, b, &empty);
+  if (k > nmov) k = nmov;
+  if (!k) return 0;
+  uint64_t base = empty * ab->per_seg, want = base + k * ab->per_seg, free = ab->nfree;
+  if (free < want) free += evict_plan(eng, b, want, by, NULL, NULL);
+  uint64_t can = (free - base) / ab->per_seg;
+  return can < k ? can : k;
+}
+
+/* Whether tenant q holds more than its share. */
+static bool over_share(const engine_t *eng, const quota_t *q) {
+  uint64_t max = quota_lim(eng, q)->max_bytes;
+  return max && q->use.bytes > max;
+}
+
+/* Whether arena b may give a segment to a call of tenant by (in arena a):
+ * a tenant past its share (own) takes only from its own arenas. */
+static bool may_take_from(const engine_t *eng, uint16_t a, uint16_t b, bool own) {
+  const pool_arena_t *ab = &eng->pool.arenas[b];
+  if (b == a || !ab->live || !ab->nseg) return false;
+  return !own || ab->tenant == eng->pool.arenas[a].tenant;
+}
+
+/* The arena of the least recent victim a call in arena a may take: a itself
+ * (a victim of its own), another arena that may give a segment and is not
+ * worn out (plan_segs 1), or POOL_NOARENA. over_first: only arenas of
+ * tenants over their share (and none of a's own victims). */
+static uint16_t oldest_source(const engine_t *eng, uint16_t a, const quota_t *by, bool own,
+                              bool over_first) {
+  for (uint32_t prio = 0; prio < PRIO_LEVELS; prio++) {
+    const lru_node_t *head = &eng->lru[prio];
+    for (const lru_node_t *n = head->prev; n != head; n = n->prev) {
+      const cache_t *c = node_cache(n);
+      if (n->kind == LRU_SEQ && (SEQ_OF(n)->mark == eng->epoch || SEQ_OF(n)->busy)) continue;
+      if (n->kind == LRU_PAGE && IPAGE_OF(n)->nchildren) continue; /* not a leaf yet */
+      if (c->arena == a) {
+        if (!over_first) return a;
+        continue;
+      }
+      if (!may_take_from(eng, a, c->arena, own) || eng->pool.arenas[c->arena].plan_segs == 1)
+        continue;
+      if (over_first && !(c->q != by && over_share(eng, c->q))) continue;
+      return c->arena;
+    }
   }
-  return any;
+  return POOL_NOARENA;
+}
+
+/* A segment from another arena that has a segment's worth of free pages:
+ * its live pages move, nothing is evicted. false: none could. */
+static bool give_free_room(engine_t *eng, uint16_t a, bool own) {
+  pool_t *p = &eng->pool;
+  for (uint32_t b = 0; b < p->narenas; b++) {
+    pool_arena_t *ab = &p->arenas[b];
+    if (!may_take_from(eng, a, (uint16_t)b, own) || ab->plan_segs == 1 ||
+        ab->nfree < ab->per_seg)
+      continue;
+    if (arena_hand_over(eng, (uint16_t)b, a)) return true;
+    ab->plan_segs = 1; /* no movable segment: worn out for this call */
+  }
+  return false;
 }
 
 int evict_make_room(engine_t *eng, const evict_need_t *nd) {
   pool_t *p = &eng->pool;
+  uint16_t a = nd->arena;
+  pool_arena_t *ar = &p->arenas[a];
   uint64_t need = need_now(eng, nd);
-  if (need <= p->nfree) return 0; /* no pressure: shares do not apply */
-  bool over = nd->q && quota_pages_over(eng, nd->q, need);
-  /* The stack is used only for pages with token metadata. */
-  plan_t pl = {.need = need, .stack = eng->scratch,
-               .touched = eng->scratch ? eng->scratch + p->npages : NULL, .by = nd->q};
-  plan_freed_reset(eng);
-  /* First walk: a tenant past its share makes room from its own victims
-   * alone (if they are not enough, QUOTA_PAGES when others' would be, FULL
-   * when the pool has no room at all); one within its share takes from
-   * tenants over theirs first. */
-  bool first = over || mark_over(eng);
-  pl.only = over ? nd->q : NULL;
-  pl.over_only = first && !over;
-  if (first) {
-    plan_walk(eng, &pl, nd);
-    pl.only = NULL;
-    pl.over_only = false;
-    pl.two_walks = true;
+  if (need <= ar->nfree) return 0;
+  /* No pressure while segments are free (or empty in another arena), or
+   * another arena has a segment's worth of free pages to move into. */
+  uint64_t room = arena_room(eng, a) * ar->per_seg;
+  if (need <= ar->nfree + room) {
+    for (uint32_t b = 0; b < p->narenas; b++) p->arenas[b].plan_segs = 0;
+    while (need > ar->nfree &&
+           (arena_take_free(eng, a, true) || give_free_room(eng, a, false)))
+      continue;
+    for (uint32_t b = 0; b < p->narenas; b++) p->arenas[b].plan_segs = 0;
+    if (need <= ar->nfree) return 0;
+    return engine_fail(eng, KVC_E_INTERNAL, "free room and its taking disagree");
   }
-  bool mine = !over || plan_done(eng, &pl);
-  uint64_t own_freed = pl.freed;
-  plan_walk(eng, &pl, nd); /* past its share and its own not enough: could others? */
-  bool enough = plan_done(eng, &pl);
-  plan_clear(eng, &pl);
-  /* Room that exists but is others': the share refuses it. */
-  if (enough && !mine) return quota_fail_pages(eng, nd->q, pl.need, p->nfree + own_freed);
-  if (!enough) {
+  /* Pressure: what the arena's own victims free (past those segments), then
+   * segments of others; nothing changes before the plan says it fits. */
+  bool own = nd->q && quota_bytes_over(eng, nd->q, (need - ar->nfree) * ar->stride);
+  uint64_t missing, freed = evict_plan(eng, a, need - room, nd->q, nd, &missing);
+  uint64_t segs = (missing + ar->per_seg - 1) / ar->per_seg, got = 0, got_own = 0;
+  for (uint32_t b = 0; b < p->narenas; b++) p->arenas[b].plan_segs = 0;
+  for (uint32_t b = 0; b < p->narenas && got < segs; b++) {
+    if (!may_take_from(eng, a, (uint16_t)b, false)) continue;
+    uint64_t k = can_give(eng, (uint16_t)b, segs - got, nd->q);
+    got += k;
+    if (p->arenas[b].tenant == ar->tenant) got_own += k;
+  }
+  if (own ? got_own < segs : got < segs) {
+    if (own && got >= segs) /* room that exists but is others': the share refuses it */
+      return quota_fail_pages(eng, nd->q, need - ar->nfree, freed + got_own * ar->per_seg,
+                              ar->stride);
     eng->st.full_errors++;
+    uint64_t freeable = ar->nfree + room + freed + got * ar->per_seg;
     int rc = engine_fail(eng, KVC_E_FULL,
-                         "pool full: need %llu pages, %u free, %llu reclaimable",
-                         (unsigned long long)pl.need, p->nfree,
-                         (unsigned long long)pl.freed);
-    eng->err.needed = pl.need;
-    eng->err.freeable = p->nfree + pl.freed;
+                         "pool full: need %llu pages of %llu bytes, %u free, %llu reclaimable",
+                         (unsigned long long)need, (unsigned long long)ar->page_bytes,
+                         ar->nfree, (unsigned long long)(freeable - ar->nfree));
+    eng->err.needed = need;
+    eng->err.freeable = freeable;
     return rc;
   }
-  plan_freed_reset(eng); /* evicting counts what tenants hold now */
-  plan_t own = {.only = nd->q, .by = nd->q}, over_share = {.over_only = true, .by = nd->q},
-         any = {.by = nd->q};
-  if (first) {
-    while (p->nfree < need_now(eng, nd) && evict_one(eng, over ? &own : &over_share)) continue;
+  /* In LRU order over the node: the arena's own victim, or a segment of the
+   * arena whose victim is older (tenants over their share first). */
+  /* One victim at a time, so the node's LRU order holds across arenas: an
+   * arena whose victim is the oldest evicts it, and gives a segment once it
+   * has a segment's worth of free pages (arena.c moves what is left). */
+  plan_t mine = {.arena = a, .by = nd->q};
+  enum { UNKNOWN = 0, WORN = 1, GIVES = 2 }; /* plan_segs, per other arena */
+  for (uint32_t b = 0; b < p->narenas; b++) p->arenas[b].plan_segs = UNKNOWN;
+  while (ar->nfree < need_now(eng, nd)) {
+    if (arena_take_free(eng, a, true)) continue;
+    if (give_free_room(eng, a, false)) continue; /* room without evicting: no share applies */
+    uint16_t b = own ? POOL_NOARENA : oldest_source(eng, a, nd->q, own, true);
+    if (b == POOL_NOARENA) b = oldest_source(eng, a, nd->q, own, false);
+    if (b == a) {
+      if (!evict_one(eng, &mine)) break;
+      continue;
+    }
+    if (b == POOL_NOARENA) break;
+    pool_arena_t *ab = &p->arenas[b];
+    if (ab->plan_segs == UNKNOWN)
+      ab->plan_segs = can_give(eng, b, 1, nd->q) ? GIVES : WORN;
+    if (ab->plan_segs == WORN) continue;
+    if (ab->nfree >= ab->per_seg) {
+      if (!arena_hand_over(eng, b, a)) ab->plan_segs = WORN;
+      continue;
+    }
+    plan_t theirs = {.arena = b, .by = nd->q};
+    if (!evict_one(eng, &theirs)) ab->plan_segs = WORN;
   }
-  while (p->nfree < need_now(eng, nd))
-    if (!evict_one(eng, &any))
-      return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
+  for (uint32_t b = 0; b < p->narenas; b++) p->arenas[b].plan_segs = 0;
+  if (ar->nfree < need_now(eng, nd))
+    return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
   return 0;
 }

@@ -35,7 +35,11 @@ static void lease_unlink(engine_t *eng, lease_t *l) {
   /* As a sequence's release does: a page only the prefix index still holds
    * becomes a cached page. */
   for (uint32_t i = 0; l->q && i < l->npages; i++) /* while the page is in use */
-    if (--eng->lease_ref[l->pages[i]] == 0) quota_of_page(eng, l->pages[i])->use.leased--;
+    if (--eng->lease_ref[l->pages[i]] == 0) {
+      quota_t *q = quota_of_page(eng, l->pages[i]);
+      q->use.leased--;
+      q->use.leased_bytes -= pool_page_stride(&eng->pool, l->pages[i]);
+    }
   for (uint32_t i = 0; i < l->npages; i++)
     page_unref_bytes(eng, l->layout_bytes, l->pages[i], PRIO_DEFAULT);
   eng->st.leases--;
@@ -81,7 +85,7 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
   uint64_t more = 0; /* pages no lease held yet: a page counts once */
   for (uint32_t i = 0; i < n; i++) more += eng->lease_ref[pages[i]] == 0;
   lease_t *l = NULL;
-  if ((rc = quota_check_pins(eng, s->cache->q, more, false)) ||
+  if ((rc = quota_check_pins(eng, s->cache->q, more, pool_arena(&eng->pool, s->cache->arena)->stride, false)) ||
       !(l = lease_pages(eng, s->table + (first - s->base), n, g->page_bytes))) {
     if (fresh) {
       mem_free(&eng->mem, eng->lease_ref);
@@ -92,7 +96,11 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
   l->owner = owner;
   l->q = s->cache->q;
   for (uint32_t i = 0; i < n; i++)
-    if (eng->lease_ref[pages[i]]++ == 0) quota_of_page(eng, pages[i])->use.leased++;
+    if (eng->lease_ref[pages[i]]++ == 0) {
+      quota_t *q = quota_of_page(eng, pages[i]);
+      q->use.leased++;
+      q->use.leased_bytes += pool_page_stride(&eng->pool, pages[i]);
+    }
   eng->st.leases_taken++;
   lru_touch(eng, s);
   *out = (engine_lease_t){.id = l->id, .first_pos = first << g->tshift, .npages = n,

@@ -105,9 +105,9 @@ void page_unref(engine_t *eng, const cache_t *c, uint32_t page, uint8_t prio) {
 void page_unref_bytes(engine_t *eng, uint64_t layout_bytes, uint32_t page, uint8_t prio) {
   uint32_t r = eng->pool.refcnt[page];
   page_index_sole(eng, page, r, r - 1);
+  if (r == 1) quota_page_free(eng, page); /* before its segment may leave its arena */
   if (pool_unref(&eng->pool, page)) {
     eng->bytes_used -= layout_bytes;
-    quota_page_free(eng, page);
     if (eng->ip) {
       mem_free(&eng->mem, eng->ip[page]);
       eng->ip[page] = NULL;
@@ -123,7 +123,7 @@ void page_unref_bytes(engine_t *eng, uint64_t layout_bytes, uint32_t page, uint8
 }
 
 uint32_t page_alloc(engine_t *eng, const cache_t *c) {
-  uint32_t page = pool_alloc(&eng->pool);
+  uint32_t page = pool_alloc(&eng->pool, c->arena);
   eng->bytes_used += c->g.page_bytes;
   quota_page_alloc(eng, page, c->q);
   return page;
@@ -131,12 +131,20 @@ uint32_t page_alloc(engine_t *eng, const cache_t *c) {
 
 void page_pin(engine_t *eng, uint32_t page) {
   pool_pin(&eng->pool, page);
-  if (eng->pool.pinref[page] == 1) quota_of_page(eng, page)->use.pinned++;
+  if (eng->pool.pinref[page] == 1) {
+    quota_t *q = quota_of_page(eng, page);
+    q->use.pinned++;
+    q->use.pinned_bytes += pool_page_stride(&eng->pool, page);
+  }
 }
 
 void page_unpin(engine_t *eng, uint32_t page) {
   pool_unpin(&eng->pool, page);
-  if (eng->pool.pinref[page] == 0) quota_of_page(eng, page)->use.pinned--;
+  if (eng->pool.pinref[page] == 0) {
+    quota_t *q = quota_of_page(eng, page);
+    q->use.pinned--;
+    q->use.pinned_bytes -= pool_page_stride(&eng->pool, page);
+  }
 }
 
 void page_meta_copied(engine_t *eng, uint32_t from, uint32_t to) {

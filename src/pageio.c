@@ -196,7 +196,7 @@ static void import_walk(engine_t *eng, cache_t *c, const uint32_t *tokens,
 static int import_room(engine_t *eng, cache_t *c, size_t *k) {
   int rc = 0;
   while (*k) {
-    evict_need_t nd = {*k, NULL, 0, c->q};
+    evict_need_t nd = {*k, NULL, 0, c->q, c->arena};
     if (!(rc = evict_make_room(eng, &nd))) return 0;
     if (rc == KVC_E_FULL) eng->st.full_errors--;
     else if (rc == KVC_E_QUOTA_PAGES) c->q->use.refused_pages--;

@@ -113,7 +113,8 @@ void pin_commit(engine_t *eng, seq_t *s, pin_prep_t *pp, uint64_t ttl_ms) {
 }
 
 int pin_limit_check(engine_t *eng, const cache_t *c, const uint32_t *pages, uint64_t n) {
-  return quota_check_pins(eng, c->q, unpinned_pages(eng, pages, n), true);
+  return quota_check_pins(eng, c->q, unpinned_pages(eng, pages, n),
+                          pool_arena(&eng->pool, c->arena)->stride, true);
 }
 
 int engine_pin_ttl(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t owner,

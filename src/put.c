@@ -224,6 +224,11 @@ static void job_stage(engine_t *eng, engine_put_job_t *j) {
   eng->put_jobs = j;
 }
 
+seq_t *const *put_job_seqs(const struct engine_put_job *j, size_t *n) {
+  *n = j->n;
+  return j->seqs;
+}
+
 const struct engine_put_job *put_job_next(const struct engine_put_job *j) { return j->next; }
 uint32_t put_job_key(const struct engine_put_job *j) { return j->key_id; }
 const span_tag_t *put_job_tags(const struct engine_put_job *j, size_t *n) {

@@ -62,9 +62,14 @@ void quota_free_all(engine_t *eng) {
 void quota_page_alloc(engine_t *eng, uint32_t page, quota_t *q) {
   eng->page_quota[page] = (uint16_t)q->idx;
   q->use.pages++;
+  q->use.bytes += pool_page_stride(&eng->pool, page);
 }
 
-void quota_page_free(engine_t *eng, uint32_t page) { quota_of_page(eng, page)->use.pages--; }
+void quota_page_free(engine_t *eng, uint32_t page) {
+  quota_t *q = quota_of_page(eng, page);
+  q->use.pages--;
+  q->use.bytes -= pool_page_stride(&eng->pool, page);
+}
 
 int quota_check_seqs(engine_t *eng, quota_t *q, uint64_t more) {
   uint64_t max = quota_lim(eng, q)->max_seqs;
@@ -84,41 +89,45 @@ int quota_check_caches(engine_t *eng, quota_t *q) {
                      q->use.caches, max);
 }
 
-int quota_check_pins(engine_t *eng, quota_t *q, uint64_t more, bool pool) {
-  if (pool && eng->pool.npinned + more > eng->pin_limit) {
+int quota_check_pins(engine_t *eng, quota_t *q, uint64_t more, uint64_t stride, bool pool) {
+  uint64_t bytes = more * stride, total = (uint64_t)eng->pool.nseg * eng->pool.seg_bytes;
+  if (pool && eng->pool.pinned_bytes + bytes > eng->pin_limit) {
     eng->st.pin_limit_errors++;
     return engine_fail(eng, KVC_E_PINLIMIT,
-                       "pinning %llu more pages would pin %llu of %u pages; the limit is %u",
-                       (unsigned long long)more,
-                       (unsigned long long)(eng->pool.npinned + more), eng->pool.npages,
-                       eng->pin_limit);
+                       "pinning %llu more pages (%llu bytes) would pin %llu of %llu pool bytes; "
+                       "the limit is %llu",
+                       (unsigned long long)more, (unsigned long long)bytes,
+                       (unsigned long long)(eng->pool.pinned_bytes + bytes),
+                       (unsigned long long)total, (unsigned long long)eng->pin_limit);
   }
-  uint64_t max = quota_lim(eng, q)->max_pinned;
+  uint64_t max = quota_lim(eng, q)->max_pinned_bytes;
   /* A quota of the whole pool limits nothing: a write that cannot fit is FULL. */
-  if (!max || max >= eng->pool.npages || q->use.pinned + q->use.leased + more <= max) return 0;
+  if (!max || max >= total || q->use.pinned_bytes + q->use.leased_bytes + bytes <= max) return 0;
   q->use.refused_pins++;
   return engine_fail(eng, KVC_E_QUOTA_PINS,
-                     "tenant_max_pinned: the tenant pins %llu and leases %llu pages, "
+                     "tenant_max_pinned: the tenant pins %llu and leases %llu bytes, "
                      "%llu more would pass the quota of %llu",
-                     (unsigned long long)q->use.pinned, (unsigned long long)q->use.leased,
-                     (unsigned long long)more, (unsigned long long)max);
+                     (unsigned long long)q->use.pinned_bytes,
+                     (unsigned long long)q->use.leased_bytes, (unsigned long long)bytes,
+                     (unsigned long long)max);
 }
 
-uint64_t quota_pages_over(const engine_t *eng, const quota_t *q, uint64_t need) {
-  uint64_t max = quota_lim(eng, q)->max_pages;
-  if (!max || q->use.pages + need <= max) return 0;
-  return q->use.pages + need - max;
+uint64_t quota_bytes_over(const engine_t *eng, const quota_t *q, uint64_t need) {
+  uint64_t max = quota_lim(eng, q)->max_bytes;
+  if (!max || q->use.bytes + need <= max) return 0;
+  return q->use.bytes + need - max;
 }
 
-int quota_fail_pages(engine_t *eng, quota_t *q, uint64_t need, uint64_t freeable) {
+int quota_fail_pages(engine_t *eng, quota_t *q, uint64_t need, uint64_t freeable,
+                     uint64_t stride) {
   q->use.refused_pages++;
   int rc = engine_fail(eng, KVC_E_QUOTA_PAGES,
-                       "tenant_max_pages: the tenant holds %llu pages and needs %llu more, "
+                       "tenant_max_pages: the tenant holds %llu bytes and needs %llu more, "
                        "past its share of %llu under pressure; %llu free or reclaimable of "
                        "its own",
-                       (unsigned long long)q->use.pages, (unsigned long long)need,
-                       (unsigned long long)quota_lim(eng, q)->max_pages,
-                       (unsigned long long)freeable);
+                       (unsigned long long)q->use.bytes, (unsigned long long)(need * stride),
+                       (unsigned long long)quota_lim(eng, q)->max_bytes,
+                       (unsigned long long)(freeable * stride));
   eng->err.needed = need;
   eng->err.freeable = freeable;
   return rc;

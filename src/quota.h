@@ -28,13 +28,16 @@ static inline quota_t *quota_of_page(const engine_t *eng, uint32_t page) {
  * counted. */
 int quota_check_seqs(engine_t *eng, quota_t *q, uint64_t more);
 int quota_check_caches(engine_t *eng, quota_t *q);
-/* Pinned plus leased pages; also the pool's pin limit (KVC_E_PINLIMIT) when
- * pool is set (pages that become pinned, not leased ones). */
-int quota_check_pins(engine_t *eng, quota_t *q, uint64_t more, bool pool);
-/* How far a call that allocates need new pages would put q's tenant past
- * its page share (0: within). */
-uint64_t quota_pages_over(const engine_t *eng, const quota_t *q, uint64_t need);
-/* The refusal of a page quota that the tenant's own victims cannot meet. */
-int quota_fail_pages(engine_t *eng, quota_t *q, uint64_t need, uint64_t freeable);
+/* Pinned plus leased bytes: more pages of stride bytes; also the pool's pin
+ * limit (KVC_E_PINLIMIT) when pool is set (pages that become pinned, not
+ * leased ones). */
+int quota_check_pins(engine_t *eng, quota_t *q, uint64_t more, uint64_t stride, bool pool);
+/* How far a call that allocates need bytes would put q's tenant past its
+ * share (0: within). */
+uint64_t quota_bytes_over(const engine_t *eng, const quota_t *q, uint64_t need);
+/* The refusal of a share that the tenant's own victims cannot meet: need
+ * and freeable in pages of stride bytes. */
+int quota_fail_pages(engine_t *eng, quota_t *q, uint64_t need, uint64_t freeable,
+                     uint64_t stride);
 
 #endif

@@ -114,8 +114,10 @@ static int pinned_growth(engine_t *eng, const span_t *sp, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (sp[i].s->npins) more += room_pages(eng, &sp[i], count_shared, &more);
   /* At a pin limit of the whole pool a pinned write that cannot fit is FULL. */
-  bool pool = eng->pin_limit < eng->pool.npages;
-  return more ? quota_check_pins(eng, sp[0].s->cache->q, more, pool) : 0;
+  const cache_t *c = sp[0].s->cache;
+  bool pool = eng->pin_limit < (uint64_t)eng->pool.nseg * eng->pool.seg_bytes;
+  return more ? quota_check_pins(eng, c->q, more, pool_arena(&eng->pool, c->arena)->stride, pool)
+              : 0;
 }
 
 int room_make(engine_t *eng, const span_t *sp, size_t n) {
@@ -128,7 +130,7 @@ int room_make(engine_t *eng, const span_t *sp, size_t n) {
     if (sp[i].end > sp[i].pos) written += 1 + ((sp[i].end - 1) >> sh) - (sp[i].pos >> sh);
   }
   evict_note_t local[64];
-  evict_need_t nd = {0, local, 0, sp[0].s->cache->q};
+  evict_need_t nd = {0, local, 0, sp[0].s->cache->q, sp[0].s->cache->arena};
   if (written > 64 && !(nd.noted = mem_alloc(&eng->mem, written * sizeof *nd.noted)))
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   /* A page copied on write takes its token metadata along: reserve the

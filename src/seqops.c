@@ -315,7 +315,7 @@ int engine_page_offset(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64
   if (page == POOL_NOPAGE)
     return engine_fail(eng, KVC_E_RANGE, "pos %llu is in a hole of whole pages: no page holds it",
                        (unsigned long long)pos);
-  *offset = (uint64_t)page * eng->pool.page_bytes;
+  *offset = pool_page_offset(&eng->pool, page);
   return 0;
 }
 

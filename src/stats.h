@@ -17,14 +17,19 @@ enum stat_kind { STAT_COUNTER = 0, STAT_GAUGE = 1 };
 
 #define ENGINE_STATS(X)                                                        \
   X(pool_bytes,         STAT_GAUGE, "bytes",   "bytes of the page pool")                 \
-  X(page_bytes,         STAT_GAUGE, "bytes",   "bytes of one pool page")                 \
-  X(pool_pages,        STAT_GAUGE, "pages",   "pages in the pool")                      \
-  X(pages_free,         STAT_GAUGE, "pages",   "pages on the free list")                 \
+  X(page_bytes,         STAT_GAUGE, "bytes",   "the grain: the smallest page stride")    \
+  X(segment_bytes,      STAT_GAUGE, "bytes",   "bytes of one pool segment (the largest page)") \
+  X(segments,           STAT_GAUGE, "segments", "pool segments")                         \
+  X(segments_free,      STAT_GAUGE, "segments", "pool segments no arena owns")          \
+  X(arenas,             STAT_GAUGE, "arenas",  "arenas: (tenant, page size) with caches or pages") \
+  X(pool_pages,        STAT_GAUGE, "pages",   "pages in use plus pages_free")          \
+  X(pages_free,         STAT_GAUGE, "pages",   "free pages of arenas, and free segments in pages of the grain") \
   X(pages_used,         STAT_GAUGE, "pages",   "pages referenced by a sequence or the prefix index") \
   X(pages_shared,       STAT_GAUGE, "pages",   "pages referenced by more than one sequence") \
   X(pages_pinned,       STAT_GAUGE, "pages",   "pages referenced by a pinned sequence")  \
   X(bytes_used,         STAT_GAUGE, "bytes",   "layout bytes in used pages")             \
-  X(bytes_padding,      STAT_GAUGE, "bytes",   "pool-page bytes unused by smaller layouts") \
+  X(bytes_padding,      STAT_GAUGE, "bytes",   "bytes of arenas' segments no page can use (stride rounding, segment tails)") \
+  X(bytes_free,         STAT_GAUGE, "bytes",   "pool bytes in no page in use")          \
   X(metadata_bytes,     STAT_GAUGE, "bytes",   "engine heap bytes (page metadata, block tables)") \
   X(caches,             STAT_GAUGE, "caches",   "open caches")                            \
   X(sequences,          STAT_GAUGE, "sequences",   "sequences held")                         \
@@ -44,6 +49,8 @@ enum stat_kind { STAT_COUNTER = 0, STAT_GAUGE = 1 };
   X(cow_copies,         STAT_COUNTER, "pages", "pages copied on write")                  \
   X(evicted_sequences,  STAT_COUNTER, "sequences", "sequences evicted to make room")         \
   X(evicted_pages,      STAT_COUNTER, "pages", "pages freed by eviction")                \
+  X(segment_moves,      STAT_COUNTER, "segments", "segments taken from one arena for another") \
+  X(segment_moved_pages, STAT_COUNTER, "pages", "pages moved to empty a segment for another arena") \
   X(full_errors,        STAT_COUNTER, "errors", "writes refused with KVC_E_FULL")         \
   X(errors,             STAT_COUNTER, "errors", "engine calls that failed")              \
   PREFIX_STATS(X)                                                              \

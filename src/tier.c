@@ -163,7 +163,7 @@ int engine_tier_import_begin(engine_t *eng, uint32_t cache_id, engine_tier_job_t
   engine_tier_job_t *j = mem_alloc(&eng->mem, sizeof *j);
   if (!j) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
   eng->epoch++; /* no sequence of this call to spare */
-  evict_need_t nd = {.new_pages = 1, .q = c->q};
+  evict_need_t nd = {.new_pages = 1, .q = c->q, .arena = c->arena};
   if ((rc = evict_make_room(eng, &nd))) {
     mem_free(&eng->mem, j);
     return rc;

@@ -69,7 +69,9 @@ static inline void fx_engine(fx_t *f, uint64_t page_bytes, uint64_t npages, uint
   f->page_bytes = page_bytes;
   f->npages = npages;
   f->base = fx_pool_alloc(page_bytes * npages);
-  engine_config_t cfg = {.base = f->base, .pool_bytes = page_bytes * npages, .page_bytes = page_bytes, .max_caches = 0, .max_seqs = max_seqs};
+  /* A segment of one page: every tenant and page size takes pages one at a
+   * time, as from one pool (src/pool.h). */
+  engine_config_t cfg = {.base = f->base, .pool_bytes = page_bytes * npages, .page_bytes = page_bytes, .segment_bytes = page_bytes, .max_caches = 0, .max_seqs = max_seqs};
   int r = engine_new(&cfg, &f->eng);
   if (r != 0) TEST_FAIL_("engine_new: %s", kvc_err_name(r));
   engine_set_now(f->eng, 1);

@@ -816,12 +816,14 @@ typedef struct kvc_tenant_info {
   uint64_t pages;        /* pool pages the block tables of its caches hold */
   /* Quotas: usage against each limit (0: unlimited), and the refusals of
    * each since the daemon started (doc/security.md). */
-  uint64_t pool_pages;   /* pool pages it holds, each once */
-  uint64_t max_pages;    /* its share under pressure */
-  uint64_t min_pages;    /* its floor: eviction for other tenants leaves it this
-                            many (tenant_floors; 0: none) */
-  uint64_t pinned_pages, leased_pages;
-  uint64_t max_pinned;   /* pinned plus leased */
+  uint64_t pool_pages;   /* pool pages it holds, each once (pages of its caches'
+                            sizes: the quotas below count their bytes) */
+  uint64_t pool_bytes;   /* the bytes of those pages */
+  uint64_t max_bytes;    /* its share under pressure */
+  uint64_t min_bytes;    /* its floor: eviction for other tenants leaves it this
+                            many bytes (tenant_floors; 0: none) */
+  uint64_t pinned_bytes, leased_bytes;
+  uint64_t max_pinned_bytes; /* pinned plus leased */
   uint64_t max_sequences;
   uint32_t max_caches;
   uint32_t keys, max_keys; /* interned prefix keys in use */

@@ -34,7 +34,7 @@ void fz_server_init(server_t *srv, uint64_t npages, uint64_t page_bytes) {
   srv->cfg.max_decode_bytes = 256u << 10;
   srv->cfg.max_caches = 4;
   srv->cfg.max_seqs = 64;
-  srv->cfg.page_bytes = page_bytes;
+  srv->cfg.page_bytes = page_bytes; /* one page size: segment and grain */
   srv->cfg.pool_bytes = npages * page_bytes;
   log_level = -1; /* quiet */
   srv->loop = &fake_loop;
@@ -49,6 +49,7 @@ void fz_server_init(server_t *srv, uint64_t npages, uint64_t page_bytes) {
   engine_config_t ec = {.base = pool_mem,
                         .pool_bytes = srv->cfg.pool_bytes,
                         .page_bytes = page_bytes,
+                        .segment_bytes = page_bytes,
                         .max_caches = srv->cfg.max_caches,
                         .max_seqs = srv->cfg.max_seqs};
   if (engine_new(&ec, &srv->eng) != 0) FZ_FAIL("engine_new");

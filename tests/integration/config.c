@@ -14,6 +14,7 @@ static const struct {
     {"socket_mode", "0600", "0600", "640", "0640"},
     {"pool_bytes", "64MiB", "64MiB", "128M", "128MiB"},
     {"page_bytes", "4KiB", "4KiB", "8192", "8KiB"},
+    {"segment_bytes", "4MiB", "4MiB", "8M", "8MiB"},
     {"max_caches", "7", "7", "9", "9"},
     {"max_seqs", "1000", "1000", "2000", "2000"},
     {"shm_default_bytes", "2MiB", "2MiB", "3MiB", "3MiB"},

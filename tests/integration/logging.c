@@ -28,7 +28,9 @@ TEST(logging_startup_and_connections) {
   ASSERT(it_log_has(&d, " allow_gids=\"\" admin_uids=0 admin_gids=\"\" tenants=\"\" "
                         "shared_caches=\"\" zero_copy_tenant=\"\" drain_timeout_ms=10000 "
                         "status_interval_ms=5000 log_level=debug"));
-  ASSERT(it_log_has(&d, "event=pool bytes=8388608 page_bytes=16384 pages=512 prefaulted=yes"));
+  ASSERT(it_log_has(&d, "event=pool bytes=8388608 segment_bytes=16384 segments=512 "
+                        "grain_bytes=16384 prefaulted=yes"));
+  ASSERT(it_log_has(&d, "level=warn event=config option=page_bytes state=deprecated"));
   snprintf(want, sizeof want, "event=listen socket=%s source=config mode=0660", d.sock);
   ASSERT(it_log_has(&d, want));
   kvc_client_t *c = client_open(&d);

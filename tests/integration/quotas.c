@@ -249,8 +249,8 @@ TEST_TIMEOUT(quotas_hog_gets_each_limit_victim_unharmed, 120) {
   ASSERT_U64_EQ(h->refused_pins, 1);
   ASSERT_U64_EQ(h->refused_keys, 1);
   ASSERT_U64_EQ(h->refused_pages, 0); /* its own victims always sufficed */
-  ASSERT_U64_EQ(h->max_pages, 256);
-  ASSERT_U64_EQ(h->max_pinned, 51);
+  ASSERT_U64_EQ(h->max_bytes, 256 * 16384); /* 50% of 8 MiB */
+  ASSERT_U64_EQ(h->max_pinned_bytes, (8u << 20) / 10);
   ASSERT_EQ(h->max_caches, 3);
   ASSERT(h->pool_pages <= 512 - 2 * NV * 3);
   ASSERT_U64_EQ(v->pool_pages, 2 * NV * 3);
@@ -261,7 +261,7 @@ TEST_TIMEOUT(quotas_hog_gets_each_limit_victim_unharmed, 120) {
   char out[4096];
   ASSERT_EQ(it_sh(out, sizeof out, "KVCACHED_SOCKET=%s %s/kvcachectl tenants", d.sock,
                   it_build()), 0);
-  ASSERT(strstr(out, "uid:64002") && strstr(out, "refuse") && strstr(out, "POOL_PAGES"));
+  ASSERT(strstr(out, "uid:64002") && strstr(out, "refuse") && strstr(out, "POOL_MIB"));
   kvc_client_close(c);
   daemon_stop(&d);
 }
@@ -424,14 +424,14 @@ TEST_TIMEOUT(quotas_floor_keeps_a_tenant_through_a_flood, 120) {
   size_t n;
   ASSERT_OK(kvc_tenants(c, &t, &n));
   const kvc_tenant_info_t *v = row(t, n, "uid:64001");
-  ASSERT_U64_EQ(v->min_pages, 512 * 30 / 100);
+  ASSERT_U64_EQ(v->min_bytes, (8ull << 20) * 30 / 100);
   ASSERT_U64_EQ(v->pool_pages, 120);
   kvc_tenants_free(t);
   /* Root, an admin, sees the flooder's refusal too. */
   ASSERT_U64_EQ(stat_get(c, "quota_refusals_total{tenant=uid:64002,limit=caches}", NULL), 1);
   char out[4096];
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "tenants"), 0);
-  ASSERT(strstr(out, "120/512>=153") != NULL); /* used/share>=floor */
+  ASSERT(strstr(out, "1.9/8.0>=2.4") != NULL); /* MiB used/share>=floor: 120, 512, 153 pages */
   kvc_client_close(c);
   daemon_stop(&d);
 }

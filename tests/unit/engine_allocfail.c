@@ -217,7 +217,7 @@ TEST(allocfail_cache_open_of_a_new_tenant) {
 TEST(allocfail_put_over_the_page_quota) {
   sweep_t w;
   sweep_open(&w, 5);
-  engine_tenant_limits_t lim = {.max_pages = 5};
+  engine_tenant_limits_t lim = {.max_bytes = 5 * w.f.page_bytes};
   ASSERT_OK(engine_tenant_limits_set(w.f.eng, 0, &lim));
   sweep_run(&w, op_put_evicting);
   FX_EXPECT(&w.f, 7, 0, 12, 7);

@@ -448,6 +448,10 @@ static void learn_evictions(model_t *m, const pcall_t *pc, uint64_t free_before,
     for (int i = 0; i < NSEQ; i++) {
       const rseq_t *y = &m->seq[i];
       if (!y->live || y->pins || pc->in_call[i] || i == gone[g]) continue;
+      /* The two caches are two arenas (page sizes): across them the older
+       * victim goes first only when its arena can give room (src/evict.c);
+       * one whose victims free nothing keeps them. */
+      if (cache_of(i) != cache_of(gone[g])) continue;
       bool y_gone = false;
       for (int h = 0; h < ngone; h++) y_gone |= gone[h] == i;
       if (y_gone) continue;

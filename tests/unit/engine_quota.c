@@ -21,7 +21,8 @@ static engine_tenant_usage_t usage(fx_t *f, uint32_t tenant) {
 
 static void limits(fx_t *f, uint32_t tenant, uint64_t pages, uint64_t pinned, uint64_t seqs,
                    uint32_t caches) {
-  engine_tenant_limits_t l = {.max_pages = pages, .max_pinned = pinned, .max_seqs = seqs,
+  engine_tenant_limits_t l = {.max_bytes = pages * f->page_bytes,
+                              .max_pinned_bytes = pinned * f->page_bytes, .max_seqs = seqs,
                               .max_caches = caches};
   ASSERT_OK(engine_tenant_limits_set(f->eng, tenant, &l));
 }
@@ -37,7 +38,7 @@ TEST(quota_bad_arguments) {
   ASSERT_ERR(engine_tenant_usage(NULL, 1, &lim, &u), KVC_E_INVAL);
   ASSERT_OK(engine_tenant_usage(f.eng, 77, &lim, &u)); /* never seen: zeros */
   ASSERT_U64_EQ(u.pages, 0);
-  ASSERT_U64_EQ(lim.max_pages, 0);
+  ASSERT_U64_EQ(lim.max_bytes, 0);
   /* The default applies to a tenant without limits of its own, and lim NULL
    * returns one to it. */
   lim.max_seqs = 5;
@@ -289,7 +290,7 @@ TEST(quota_floor_holds_against_other_tenants) {
   fx_t f;
   kvc_layout_t l = fx_small_layout();
   fx_open(&f, &l, 12);
-  engine_tenant_limits_t lim = {.min_pages = 5};
+  engine_tenant_limits_t lim = {.min_bytes = 5 * f.page_bytes};
   ASSERT_OK(engine_tenant_limits_set(f.eng, 2, &lim));
   uint32_t kept = open_in(&f, 2, "kept");
   for (uint64_t s = 1; s <= 8; s++) ASSERT_OK(fx_put(&f, s, 0, 4, 2)); /* 8 pages, oldest first */

@@ -149,58 +149,63 @@ TEST(resize_bad_arguments) {
   fx_close(&f);
 }
 
-/* The free list hands out the lowest free pages first, old free pages
- * before grown ones, and after a shrink the lowest that stayed free. */
+/* Pages in use stay low: freed pages are used before grown segments, a
+ * free segment before a higher one, and a shrink keeps what lies below. */
 TEST(resize_free_list_order_after_grow_and_shrink) {
   fx_t f;
   open_n(&f, 8);
   pool_t *p = &f.eng->pool;
-  ASSERT_EQ(p->free_head, 0u);
+  ASSERT_EQ(p->arenas[0].free_head, 0u); /* its first segment, carved at open */
   ASSERT_OK(fx_put(&f, 1, 0, 2 * T, 1)); /* pages 0, 1 */
   ASSERT_OK(fx_put(&f, 2, 0, 2 * T, 2)); /* pages 2, 3 */
   ASSERT_OK(engine_remove(f.eng, f.cid, 1, 0, UINT64_MAX)); /* 0, 1 free again */
   ASSERT_OK(engine_pool_grow(f.eng, 12 * f.page_bytes));
   FX_AUDIT(f.eng);
-  uint32_t want[] = {0, 1, 4, 5, 6, 7, 8, 9, 10, 11}, q = p->free_head;
-  ASSERT_EQ(p->nfree, 10u);
-  for (uint32_t i = 0; i < 10; i++, q = p->pinref[q]) ASSERT_EQ(q, want[i]);
-  ASSERT_EQ(q, POOL_NOPAGE);
-  ASSERT_OK(fx_put(&f, 3, 0, 3 * T, 3)); /* 0, 1, 4 */
-  ASSERT_EQ(p->free_head, 5u);
+  ASSERT_EQ(p->nfree, 2u);
+  ASSERT_EQ(p->nseg_free, 8u); /* 4..11, lowest first */
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 10);
+  ASSERT_OK(fx_put(&f, 3, 0, 3 * T, 3)); /* 0 and 1, then segment 4 */
+  uint64_t off[3];
+  for (uint32_t i = 0; i < 3; i++) ASSERT_OK(engine_page_offset(f.eng, f.cid, 3, i * T, &off[i]));
+  ASSERT(off[0] / f.page_bytes < 2 && off[1] / f.page_bytes < 2 && off[0] != off[1]);
+  ASSERT_U64_EQ(off[2] / f.page_bytes, 4);
   ASSERT_OK(engine_pool_shrink(f.eng, 6 * f.page_bytes, NULL));
   FX_AUDIT(f.eng);
-  ASSERT_EQ(p->nfree, 1u);
-  ASSERT_EQ(p->free_head, 5u);
-  ASSERT_EQ(p->pinref[5], POOL_NOPAGE);
+  ASSERT_U64_EQ(fx_stats(&f).pages_free, 1); /* segment 5 */
+  ASSERT_OK(engine_page_offset(f.eng, f.cid, 3, 2 * T, &off[2]));
+  ASSERT_U64_EQ(off[2] / f.page_bytes, 4); /* nothing moved */
   FX_EXPECT(&f, 3, 0, 3 * T, 3);
+  FX_EXPECT(&f, 2, 0, 2 * T, 2);
   fx_close(&f);
 }
 
-/* The audit walks the free list: a link to a page in use, out of the pool,
- * into a cycle or cut short is each caught, and the pinref of a page in
- * use is still checked against its pinned holders. */
+/* The audit walks each arena's free list: a link to a page in use, out of
+ * the pool, into a cycle or cut short is each caught, and the pinref of a
+ * page in use is still checked against its pinned holders. */
 TEST(audit_checks_the_free_list) {
   fx_t f;
   open_n(&f, 8);
-  ASSERT_OK(fx_put(&f, 1, 0, 2 * T, 1)); /* pages 0, 1; free 2 -> 3 -> ... -> 7 */
+  ASSERT_OK(fx_put(&f, 1, 0, 8 * T, 1)); /* pages 0..7 */
+  ASSERT_OK(engine_remove(f.eng, f.cid, 1, 2 * T, UINT64_MAX)); /* 2..7 free */
   pool_t *p = &f.eng->pool;
-  ASSERT_EQ(p->free_head, 2u);
-  ASSERT_EQ(p->pinref[4], 5u);
+  uint32_t l[6], q = p->arenas[0].free_head;
+  for (uint32_t i = 0; i < 6; i++, q = p->pinref[q]) l[i] = q;
+  ASSERT_EQ(q, POOL_NOPAGE);
   FX_AUDIT(f.eng);
   char why[256] = "";
-  p->pinref[4] = 0; /* to a page in use */
+  p->pinref[l[2]] = 0; /* to a page in use */
   ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
   ASSERT(strstr(why, "free page 0 has refcnt 1") != NULL);
-  p->pinref[4] = 3; /* 2 3 4 3 4 ...: a cycle */
+  p->pinref[l[2]] = l[1]; /* a cycle */
   ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
   ASSERT(strstr(why, "free list: goes on past its 6 pages") != NULL);
-  p->pinref[4] = 99; /* out of the pool */
+  p->pinref[l[2]] = 99; /* out of the pool */
   ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
   ASSERT(strstr(why, "free list: entry 3 of 6 is page 99") != NULL);
-  p->pinref[4] = POOL_NOPAGE; /* cut short: 5, 6, 7 lost */
+  p->pinref[l[2]] = POOL_NOPAGE; /* cut short: the last three lost */
   ASSERT_ERR(engine_audit(f.eng, why, sizeof why), KVC_E_INTERNAL);
   ASSERT(strstr(why, "free list: entry 3 of 6 is page 4294967295") != NULL);
-  p->pinref[4] = 5;
+  p->pinref[l[2]] = l[3];
   FX_AUDIT(f.eng);
   ASSERT_OK(engine_pin(f.eng, f.cid, 1, 7));
   p->pinref[0] = 0; /* a pinned page in use that says it is not */
