@@ -431,13 +431,103 @@ static int map_pool(kvc_client_t *c, int fd, const Kvcache__V1__HelloReply *h) {
   return 0;
 }
 
+/* Arenas: reserves the range at the first sync (nothing is mapped at the
+ * Hello: a client that never reads in place maps nothing). */
+static int arena_reserve(kvc_client_t *c) {
+  if (c->pool) return 0;
+  uint64_t reserve = c->pool_reserve;
+  if (!reserve || reserve % c->seg_bytes)
+    return client_fail(c, KVC_E_PROTO, "the pool's range is not whole segments");
+  uint8_t *r = mmap(NULL, reserve + POOL_ALIGN, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED)
+    return client_fail(c, KVC_E_NOMEM, "reserving the pool's address range: %s", strerror(errno));
+  uint8_t *base = (uint8_t *)(((uintptr_t)r + POOL_ALIGN - 1) & ~(uintptr_t)(POOL_ALIGN - 1));
+  if (base > r) munmap(r, (size_t)(base - r));
+  munmap(base + reserve, (size_t)(r + reserve + POOL_ALIGN - (base + reserve)));
+  uint32_t n = (uint32_t)(reserve / c->seg_bytes);
+  if (!(c->seg_ids = calloc(n, sizeof *c->seg_ids))) {
+    munmap(base, reserve);
+    return client_fail(c, KVC_E_NOMEM, "out of memory");
+  }
+  c->nseg_ids = n;
+  c->pool = base;
+  return 0;
+}
+
+/* Arenas: maps the segments this client may read, page by page of the
+ * daemon's list; what it mapped before and may not read now reads as zeros
+ * (its memory goes back to the system once no client maps it). */
+static int arena_sync(kvc_client_t *c) {
+  int rc = arena_reserve(c);
+  if (rc) return rc;
+  uint8_t *base = (uint8_t *)(uintptr_t)c->pool;
+  uint8_t *listed = calloc(c->nseg_ids ? c->nseg_ids : 1, 1);
+  if (!listed) return client_fail(c, KVC_E_NOMEM, "out of memory");
+  uint32_t from = 0;
+  uint64_t gen = 0, bytes = 0;
+  do {
+    Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+    Kvcache__V1__PoolMap pm_req = KVCACHE__V1__POOL_MAP__INIT;
+    pm_req.from = from;
+    req.body_case = KVCACHE__V1__REQUEST__BODY_POOL_MAP;
+    req.pool_map = &pm_req;
+    Kvcache__V1__Response *r = NULL;
+    int fds[CLIENT_POOL_SEGMENTS], nfds = 0;
+    if ((rc = client_call_fds(c, &req, &r, fds, CLIENT_POOL_SEGMENTS, &nfds))) break;
+    const Kvcache__V1__PoolMapReply *pm =
+        r->body_case == KVCACHE__V1__RESPONSE__BODY_POOL_MAP ? r->pool_map : NULL;
+    bool ok = pm && pm->n_segments == (size_t)nfds && pm->reserve_bytes == c->pool_reserve &&
+              pm->pool_bytes <= c->pool_reserve && (!pm->next_from || pm->next_from > from);
+    for (size_t i = 0; ok && i < pm->n_segments; i++) {
+      const Kvcache__V1__PoolSegment *s = pm->segments[i];
+      ok = s->bytes == c->seg_bytes && s->offset % c->seg_bytes == 0 &&
+           s->offset < pm->pool_bytes && s->id != 0;
+      if (!ok) break;
+      uint32_t k = (uint32_t)(s->offset / c->seg_bytes);
+      listed[k] = 1;
+      if (c->seg_ids[k] != s->id &&
+          mmap(base + s->offset, s->bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fds[i], 0) ==
+              MAP_FAILED) {
+        rc = client_fail(c, KVC_E_NOMEM, "mmap pool segment: %s", strerror(errno));
+        break;
+      }
+      c->seg_ids[k] = s->id;
+    }
+    if (!ok && !rc) rc = client_fail(c, KVC_E_PROTO, "the pool's segments do not fit its range");
+    if (pm && !rc) {
+      gen = pm->gen;
+      bytes = pm->pool_bytes;
+      from = pm->next_from;
+    }
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+    kvcache__v1__response__free_unpacked(r, NULL);
+  } while (!rc && from);
+  for (uint32_t k = 0; !rc && k < c->nseg_ids; k++) {
+    if (listed[k] || !c->seg_ids[k]) continue;
+    (void)mmap(base + (uint64_t)k * c->seg_bytes, c->seg_bytes, PROT_READ,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    c->seg_ids[k] = 0;
+  }
+  free(listed);
+  if (!rc) {
+    c->pool_gen = gen;
+    c->pool_bytes = bytes;
+  }
+  return rc;
+}
+
 int client_pool_sync(kvc_client_t *c, uint64_t gen, uint64_t need) {
+  if (c->seg_bytes) {
+    if (c->pool && gen == c->pool_gen && need <= c->pool_bytes) return 0;
+    return arena_sync(c);
+  }
   if ((gen == c->pool_gen || !gen) && need <= c->pool_bytes) return 0;
   if (!c->pool_reserve)
     return client_fail(c, KVC_E_PROTO, "lease page at %llu lies outside the pool",
                        (unsigned long long)(need ? need - 1 : 0));
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
-  Kvcache__V1__Empty empty = KVCACHE__V1__EMPTY__INIT;
+  Kvcache__V1__PoolMap empty = KVCACHE__V1__POOL_MAP__INIT;
   req.body_case = KVCACHE__V1__REQUEST__BODY_POOL_MAP;
   req.pool_map = &empty;
   Kvcache__V1__Response *r = NULL;
@@ -481,6 +571,15 @@ int client_pool_sync(kvc_client_t *c, uint64_t gen, uint64_t need) {
   return rc;
 }
 
+/* Whether [off, off + n) of the pool lies in segments this client maps. */
+bool client_pool_holds(const kvc_client_t *c, uint64_t off, uint64_t n) {
+  if (!c->pool || off > c->pool_bytes || c->pool_bytes - off < n) return false;
+  if (!c->seg_bytes) return true;
+  for (uint64_t k = off / c->seg_bytes; n && k <= (off + n - 1) / c->seg_bytes; k++)
+    if (k >= c->nseg_ids || !c->seg_ids[k]) return false;
+  return true;
+}
+
 static void take_info(kvc_client_t *c, const Kvcache__V1__HelloReply *h) {
   kvc_client_info_t *i = &c->info;
   i->conn_id = h->conn_id;
@@ -490,6 +589,8 @@ static void take_info(kvc_client_t *c, const Kvcache__V1__HelloReply *h) {
   i->protocol_version = h->protocol_version;
   i->pool_bytes = h->pool_bytes;
   i->page_bytes = h->page_bytes;
+  c->seg_bytes = h->segment_bytes;
+  if (c->seg_bytes) c->pool_reserve = h->pool_reserve_bytes; /* mapped at the first lease */
   snprintf(i->server_version, sizeof i->server_version, "%s",
            h->server_version ? h->server_version : "");
   /* An IoEntry packs to at most 146 bytes (13 varints and its header); the
@@ -591,6 +692,7 @@ KVC_API void kvc_client_close(kvc_client_t *c) {
   if (c->shm) munmap(c->shm, c->shm_bytes);
   prefault_stop(c->prefault); /* before its mapping goes */
   if (c->pool) munmap((void *)c->pool, c->pool_reserve ? c->pool_reserve : c->pool_bytes);
+  free(c->seg_ids);
   free(c->hist_pos);
   free(c->wbuf);
   free(c->rbuf);
@@ -625,7 +727,9 @@ KVC_API void kvc_client_pool(const kvc_client_t *c, const void **base, uint64_t 
  * in place (most put and get only) starts no thread, and one created in a
  * fork child of a threaded process runs none before it needs one. */
 void client_pool_read(kvc_client_t *c) {
-  if (c->pool && !c->prefault && !c->prefault_tried && !(c->flags & KVC_CLIENT_NO_PREFAULT)) {
+  /* Arenas: the range has holes (segments it may not read): no prefault. */
+  if (c->pool && !c->seg_bytes && !c->prefault && !c->prefault_tried &&
+      !(c->flags & KVC_CLIENT_NO_PREFAULT)) {
     c->prefault_tried = true;
     c->prefault = prefault_start(c->pool, c->pool_bytes);
   }

@@ -47,6 +47,11 @@ struct kvc_client {
   uint64_t pool_gen;         /* the daemon's segment generation this client mapped */
   struct pool_seg { uint64_t off, bytes, id; } pool_seg[CLIENT_POOL_SEGMENTS];
   uint32_t pool_nseg;
+  uint64_t seg_bytes;        /* arenas: every segment this size, mapped only if this
+                                client may read it (HelloReply.segment_bytes); 0: no */
+  uint64_t *seg_ids;         /* arenas: per segment of the range, the memfd id mapped
+                                there (0: zeros, or nothing) */
+  uint32_t nseg_ids;
   prefault_t *prefault;      /* populating the pool mapping in the background */
   bool prefault_tried;       /* started it once (or could not) */
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
@@ -93,6 +98,12 @@ int client_call_fds(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Res
  * there, released ones become zeros (a stale pointer reads zeros, never
  * faults). 0, or KVC_E_PROTO and the like, recorded. */
 int client_pool_sync(kvc_client_t *c, uint64_t gen, uint64_t need);
+/* Whether [off, off + n) of the pool lies in what this client maps. */
+bool client_pool_holds(const kvc_client_t *c, uint64_t off, uint64_t n);
+/* Whether this client may read in place: the pool was passed (an admin, or
+ * page_bytes set and the node's one tenant), or the pool is arenas' segments
+ * (every client maps those it may read). */
+static inline bool client_may_lease(const kvc_client_t *c) { return c->pool || c->seg_bytes; }
 
 /* Waits up to timeout_ms (-1: no bound) for one frame the daemon sends on
  * its own and decodes it: 0 and new *resp, KVC_E_TIMEOUT, or the codes of

@@ -50,7 +50,7 @@ int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_
   if (!l) return client_fail(c, KVC_E_NOMEM, "out of memory");
   for (size_t i = 0; i < lr->n_page_offsets; i++) {
     uint64_t off = lr->page_offsets[i];
-    if (off > c->pool_bytes || c->pool_bytes - off < pb) {
+    if (!client_pool_holds(c, off, pb)) {
       free(l);
       return client_fail(c, KVC_E_PROTO, "lease page at %llu lies outside the pool",
                          (unsigned long long)off);
@@ -78,7 +78,7 @@ KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t 
   if (!h || !out) return KVC_E_INVAL;
   *out = NULL;
   kvc_client_t *c = h->client;
-  if (!c->pool) return client_need_pool(c, "read with kvc_get");
+  if (!client_may_lease(c)) return client_need_pool(c, "read with kvc_get");
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
   Kvcache__V1__Lease b = KVCACHE__V1__LEASE__INIT;
   b.cache_id = h->id;
@@ -105,7 +105,7 @@ KVC_API int kvc_lease_batch(kvc_cache_t *h, const kvc_lease_range_t *ranges, siz
   kvc_client_t *c = h->client;
   for (size_t i = 0; i < n; i++) out[i] = NULL;
   if (n == 0) return 0;
-  if (!c->pool) return client_need_pool(c, "read with kvc_get");
+  if (!client_may_lease(c)) return client_need_pool(c, "read with kvc_get");
   Kvcache__V1__LeaseRange *w = calloc(n, sizeof *w);
   Kvcache__V1__LeaseRange **wp = calloc(n, sizeof *wp);
   if (!w || !wp) {

@@ -748,6 +748,12 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
          cfg->page_bytes ? "page_bytes" : "4KiB");
     return -1;
   }
+  if (!cfg->page_bytes && cfg->pool_bytes / seg > 4096) {
+    fail(err, errlen, "segment_bytes: %llu makes more than 4096 segments of pool_bytes %llu "
+         "(each its own memfd): raise it", (unsigned long long)seg,
+         (unsigned long long)cfg->pool_bytes);
+    return -1;
+  }
   if (seg > cfg->pool_bytes / 4) {
     fail(err, errlen, "%s: %llu leaves fewer than 4 segments in pool_bytes %llu",
          cfg->segment_bytes ? "segment_bytes" : "page_bytes", (unsigned long long)seg,

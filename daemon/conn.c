@@ -1,6 +1,7 @@
 /* conn.c: a client connection's I/O: accept, peer check, reading frames,
  * queueing replies, backpressure and closing. */
 #include "conn.h"
+#include "poolown.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -38,6 +39,7 @@ static void on_idle(uv_idle_t *h);
 
 static void free_conn(conn_t *c) {
   server_t *srv = c->srv;
+  poolown_conn_free(c);
   free(c->tail); /* never written: the connection closed first */
   free(c->owned);
   shm_close(&c->shm);
@@ -397,9 +399,9 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
   if (!w) return KVC_E_NOMEM;
   union {
     struct cmsghdr h;
-    char buf[CMSG_SPACE(POOLMAP_SEGMENTS_MAX * sizeof(int))];
+    char buf[CMSG_SPACE(POOLMAP_FDS_MAX * sizeof(int))];
   } ctl;
-  if (nfds < 1 || nfds > (int)POOLMAP_SEGMENTS_MAX) {
+  if (nfds < 1 || nfds > (int)POOLMAP_FDS_MAX) {
     free(w);
     return KVC_E_INTERNAL;
   }
@@ -827,7 +829,9 @@ void conn_accept(server_t *srv) {
   c->tenant = server_tenant(srv, tname);
   c->admin = cred.uid == 0 || cred.uid == geteuid() || /* root, the service's own user */
              peer_in(&cfg->admin_uids, &cfg->admin_gids, cred.uid, cred.gid, groups, ngroups);
-  c->pool_mapped = c->admin || (cfg->zero_copy_tenant[0] && strcmp(tname, cfg->zero_copy_tenant) == 0);
+  /* Arenas: every client maps the segments it may read (poolown.c). */
+  c->pool_mapped = poolown_arenas(c->srv) || c->admin ||
+                   (cfg->zero_copy_tenant[0] && strcmp(tname, cfg->zero_copy_tenant) == 0);
   char msg[160];
   if (srv->draining) {
     refuse(c, KVCACHE__V1__STATUS__SHUTDOWN, "kvcached is shutting down");

@@ -80,6 +80,9 @@ struct conn {
   uint32_t tenant;           /* engine tenant id of its caches (tenant.h) */
   bool admin;                /* sees and may act on every tenant */
   bool pool_mapped;          /* gets the pool's read-only mapping (doc/security.md) */
+  uint64_t *mapped;          /* arenas: per segment, the memfd id it was given (0: none) */
+  uint32_t nmapped;
+  uint64_t revoked_bytes;    /* of segments given fresh memory it may still map */
   uint8_t *rbuf;             /* read buffer */
   size_t rlen, rcap;         /* bytes held, capacity */
   size_t roff;               /* bytes at its front already run: moved down only
@@ -150,7 +153,7 @@ void conn_accept(server_t *srv);
  * connection is then closed). */
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
 
-/* Sends resp with nfds (1 to POOLMAP_SEGMENTS_MAX) descriptors passed along
+/* Sends resp with nfds (1 to POOLMAP_FDS_MAX) descriptors passed along
  * (one SCM_RIGHTS message) on the raw socket; only while the write queue is
  * empty (the handshake; a synchronous client's PoolMap). Returns 0 or a
  * negative code. */

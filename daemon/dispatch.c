@@ -20,6 +20,7 @@
 #include "ring.h"
 #include "ringbuf.h"
 #include "optable.h"
+#include "poolown.h"
 #include "poolresize.h"
 #include "tenant.h"
 #include "testhook.h"
@@ -53,7 +54,7 @@ typedef struct reply {
   int fd;            /* sent with the reply (SCM_RIGHTS) when >= 0 */
   int fd2;           /* a second one in the same message, when >= 0 */
   int fd3;           /* a third, when >= 0 */
-  int fdv[POOLMAP_SEGMENTS_MAX]; /* else these nfdv (the pool's segments) */
+  int fdv[POOLMAP_FDS_MAX]; /* else these nfdv (the pool's segments) */
   int nfdv;
   bool no_park;      /* a BUSY is the answer, not a reason to park and run again */
   bool close_after;  /* close the connection once the reply is flushed */
@@ -239,8 +240,10 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   hr->server_version = (char *)KVC_VERSION_STRING;
   hr->max_entries = srv->cfg.max_entries;
   hr->max_decode_bytes = srv->cfg.max_decode_bytes;
-  int pool_fd = srv->pool.nseg ? srv->pool.seg[0].ro_fd : -1; /* the others: PoolMap */
+  /* Arenas: no segment at the Hello; PoolMap lists those it may read. */
+  int pool_fd = srv->pool.nseg && !poolown_arenas(srv) ? srv->pool.seg[0].ro_fd : -1;
   hr->pool_fd = pool_fd >= 0 && c->pool_mapped;
+  hr->segment_bytes = srv->pool.seg_bytes;
   if (c->ring) {
     hr->ring_off = bytes;
     hr->ring_sq_bytes = sq_bytes;
@@ -250,7 +253,7 @@ static int h_hello(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_HELLO;
   r->resp->hello = hr;
   r->fd = c->shm.fd;
-  r->fd2 = c->pool_mapped ? pool_fd : -1;
+  r->fd2 = c->pool_mapped ? pool_fd : -1; /* -1 under arenas */
   conn_greeted(c);
   LOG_DEBUG("connect", "conn=%llu pid=%d uid=%u client=\"%s\" shm_bytes=%llu",
            (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->name,
@@ -283,7 +286,10 @@ static int h_cache_open(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) 
   if (b->name && tenant_is_shared(cfg->shared_rules, cfg->n_shared_rules, b->name) &&
       cache_right(c, TENANT_SHARED, b->name) != RIGHT_NONE)
     ns = TENANT_SHARED;
-  ENGINE_CALL(r, engine_cache_open_in(c->srv->eng, ns, b->name, &l, &id));
+  /* Each shared cache is an arena group of its own: its readers differ. */
+  uint32_t group = ns == TENANT_SHARED ? poolown_group(c->srv, b->name) : 0;
+  if (ns == TENANT_SHARED && !group) return reject(r, KVC_E_NOMEM, "out of memory");
+  ENGINE_CALL(r, engine_cache_open_group(c->srv->eng, ns, group, b->name, &l, &id));
   Kvcache__V1__CacheOpenReply *o = arena_alloc(r->a, sizeof *o);
   if (!o) return reject(r, KVC_E_NOMEM, "out of memory");
   kvcache__v1__cache_open_reply__init(o);
@@ -1314,29 +1320,47 @@ ADMIN_HANDLER_(admin)
  * pool: it asks when a lease names a generation or a page it has not
  * mapped. */
 static int h_pool_map(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
-  (void)req;
   const poolmap_t *pm = &c->srv->pool;
   if (!c->pool_mapped)
     return reject(r, KVC_E_PERM, "the pool mapping is for admins and the tenant of a "
                   "single-tenant node (doc/security.md)");
+  uint32_t from = req->pool_map ? req->pool_map->from : 0;
+  if (from > pm->nseg) return reject(r, KVC_E_INVAL, "pool_map from %u: the pool has %u segments",
+                                     from, pm->nseg);
   Kvcache__V1__PoolMapReply *pr = arena_alloc(r->a, sizeof *pr);
-  Kvcache__V1__PoolSegment *segs = arena_alloc(r->a, (pm->nseg + 1) * sizeof *segs);
-  Kvcache__V1__PoolSegment **ptrs = arena_alloc(r->a, (pm->nseg + 1) * sizeof *ptrs);
+  Kvcache__V1__PoolSegment *segs = arena_alloc(r->a, POOLMAP_FDS_MAX * sizeof *segs);
+  Kvcache__V1__PoolSegment **ptrs = arena_alloc(r->a, POOLMAP_FDS_MAX * sizeof *ptrs);
   if (!pr || !segs || !ptrs) return reject(r, KVC_E_NOMEM, "out of memory");
   kvcache__v1__pool_map_reply__init(pr);
   pr->gen = pm->gen;
   pr->reserve_bytes = pm->reserve;
-  for (uint32_t i = 0; i < pm->nseg; i++) {
-    kvcache__v1__pool_segment__init(&segs[i]);
-    segs[i].offset = pm->seg[i].off;
-    segs[i].bytes = pm->seg[i].bytes;
-    segs[i].id = pm->seg[i].id;
-    ptrs[i] = &segs[i];
-    r->fdv[i] = pm->seg[i].ro_fd;
+  pr->pool_bytes = pm->bytes;
+  bool arenas = poolown_arenas(c->srv);
+  if (arenas && from == 0) poolown_remapped(c); /* it maps every listed one again */
+  uint32_t n = 0, i = from;
+  for (; i < pm->nseg && n < POOLMAP_FDS_MAX; i++) {
+    if (arenas && !poolown_may_read(c, i)) continue;
+    if (arenas && poolown_mapped(c, i, pm->seg[i].id) != 0)
+      return reject(r, KVC_E_NOMEM, "out of memory");
+    kvcache__v1__pool_segment__init(&segs[n]);
+    segs[n].offset = pm->seg[i].off;
+    segs[n].bytes = pm->seg[i].bytes;
+    segs[n].id = pm->seg[i].id;
+    engine_arena_info_t ai;
+    if (arenas && engine_arena_by_id(c->srv->eng, engine_segment_arena(c->srv->eng, i), &ai) == 0) {
+      segs[n].arena = ai.uid;
+      segs[n].page_stride = ai.stride;
+      segs[n].pages = ai.per_seg;
+    }
+    ptrs[n] = &segs[n];
+    r->fdv[n++] = pm->seg[i].ro_fd;
   }
-  pr->n_segments = pm->nseg;
+  if (!arenas && pm->nseg > POOLMAP_FDS_MAX)
+    return reject(r, KVC_E_INTERNAL, "more segments than one reply passes");
+  pr->next_from = i < pm->nseg ? i : 0;
+  pr->n_segments = n;
   pr->segments = ptrs;
-  r->nfdv = (int)pm->nseg;
+  r->nfdv = (int)n;
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_POOL_MAP;
   r->resp->pool_map = pr;
   return 0;

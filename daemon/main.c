@@ -16,6 +16,7 @@
 #include "events.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
+#include "poolown.h"
 #include "offload.h"
 #include "poolresize.h"
 #include "quotas.h"
@@ -61,7 +62,8 @@ static int start(server_t *srv, char *err, size_t errlen) {
   uint64_t reserve = srv->cfg.pool_reserve_bytes ? srv->cfg.pool_reserve_bytes
                                                  : poolmap_default_reserve(srv->cfg.pool_bytes);
   if (poolmap_open(&srv->pool, srv->cfg.pool_bytes, reserve,
-                   srv->cfg.pool_huge_pages ? POOL_HUGE_AUTO : POOL_HUGE_OFF, err, errlen) != 0)
+                   srv->cfg.pool_huge_pages ? POOL_HUGE_AUTO : POOL_HUGE_OFF,
+                   srv->cfg.page_bytes ? 0 : config_segment_bytes(&srv->cfg), err, errlen) != 0)
     return -1;
   /* Every tenant's bytes live in this process: no process of our uid may
    * ptrace it, read its memory or reopen its descriptors through /proc. */
@@ -83,6 +85,7 @@ static int start(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
     return -1;
   }
+  poolown_init(srv);
   /* The shared caches' identity, then the registry the disk tier kept
    * (it gives each tenant back its number, and server_tenant its identity),
    * before quotas_apply registers any tenant. */
@@ -128,6 +131,10 @@ static void announce(server_t *srv, const char *argv0) {
   LOG_INFO("config", "%s", opts);
   static const char *const huge[] = {"none", "transparent", "hugetlb"};
   uint64_t seg = config_segment_bytes(&srv->cfg);
+  if (srv->cfg.zero_copy_tenant[0] && !srv->cfg.page_bytes)
+    LOG_WARN("config", "option=zero_copy_tenant state=ignored action=\"every tenant reads its "
+             "own pages in place (arenas: doc/security.md); it limits nothing but who opens "
+             "caches\"");
   if (srv->cfg.page_bytes)
     LOG_WARN("config", "option=page_bytes state=deprecated action=\"one page size: segment "
              "and grain of %llu bytes; segment_bytes replaces it (pages of each cache's own "

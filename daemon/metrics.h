@@ -50,7 +50,9 @@
   X(config_reload_failures, STAT_COUNTER, "reloads", "SIGHUP reloads refused (invalid configuration kept out)") \
   X(metrics_scrapes, STAT_COUNTER, "requests", "GET /metrics answered by the metrics_listen endpoint") \
   X(metrics_http_errors, STAT_COUNTER, "requests", "HTTP requests of the metrics endpoint refused (bad, too large, slow, not GET /metrics)") \
-  X(pool_segments, STAT_GAUGE, "segments", "memfd segments the pool is made of (one, and one more a grow)") \
+  X(pool_segments, STAT_GAUGE, "segments", "memfd segments the pool is made of (arenas: one a segment; page_bytes set: one, and one more a grow)") \
+  X(pool_segment_refreshes, STAT_COUNTER, "segments", "segments given fresh memory as they passed to another tenant") \
+  X(pool_revoked_bytes, STAT_GAUGE, "bytes", "memory of segments given fresh memory that clients still map (charged to their uid's shm_bytes_per_uid until they map the pool again)") \
   X(pool_reserve_bytes, STAT_GAUGE, "bytes", "address space reserved for the pool: the most it may grow to") \
   X(pool_huge_pages, STAT_GAUGE, "kind", "huge pages backing the pool: 2 hugetlbfs (MFD_HUGETLB), 1 transparent (MADV_HUGEPAGE on shmem), 0 none") \
   X(pool_resizes, STAT_COUNTER, "resizes", "online resizes of the pool done (kvcachectl pool resize, reloads)") \

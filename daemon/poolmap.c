@@ -163,10 +163,44 @@ void poolmap_discard(const poolmap_t *pm, poolseg_t *s) {
   s->fd = s->ro_fd = -1;
 }
 
-int poolmap_open(poolmap_t *pm, uint64_t bytes, uint64_t reserve, int mode, char *err,
-                 size_t errlen) {
+int poolmap_make_run(const poolmap_t *pm, uint64_t off, uint64_t bytes, poolseg_t *out,
+                     uint32_t *n, char *err, size_t errlen) {
+  uint64_t step = pm->seg_bytes ? pm->seg_bytes : bytes;
+  *n = 0;
+  if (bytes % step || pm->nseg + bytes / step > POOLMAP_SEGMENTS_MAX) {
+    snprintf(err, errlen, "a pool of more than %u segments", POOLMAP_SEGMENTS_MAX);
+    return -1;
+  }
+  for (uint64_t at = 0; at < bytes; at += step) {
+    if (poolmap_make(pm, off + at, step, &out[*n], err, errlen) != 0) {
+      while (*n) poolmap_discard(pm, &out[--*n]);
+      return -1;
+    }
+    (*n)++;
+  }
+  return 0;
+}
+
+int poolmap_refresh(poolmap_t *pm, uint32_t i, char *err, size_t errlen) {
+  poolseg_t *s = &pm->seg[i], fresh;
+  /* Made in place: the memory is backed before the mapping changes (a
+   * failure to back it leaves the old one); then the new mapping replaces
+   * the old at once (MAP_FIXED). */
+  if (poolmap_make(pm, s->off, s->bytes, &fresh, err, errlen) != 0) return -1;
+  close(s->fd);
+  close(s->ro_fd);
+  fresh.id = ++pm->next_id;
+  *s = fresh;
+  pm->gen++;
+  return 0;
+}
+
+int poolmap_open(poolmap_t *pm, uint64_t bytes, uint64_t reserve, int mode, uint64_t seg_bytes,
+                 char *err, size_t errlen) {
   memset(pm, 0, sizeof *pm);
   pm->mode = mode;
+  pm->seg_bytes = seg_bytes;
+  if (seg_bytes) bytes = bytes / seg_bytes * seg_bytes; /* whole segments */
   if (reserve < bytes) reserve = bytes;
   reserve = (reserve + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
   /* A pool the memory cannot hold is refused as such before the address
@@ -191,13 +225,14 @@ int poolmap_open(poolmap_t *pm, uint64_t bytes, uint64_t reserve, int mode, char
   munmap(base + reserve, (size_t)(r + reserve + HUGE_BYTES - (base + reserve)));
   pm->base = base;
   pm->reserve = reserve;
-  poolseg_t s;
-  if (poolmap_make(pm, 0, bytes, &s, err, errlen) != 0) {
+  static poolseg_t made[POOLMAP_SEGMENTS_MAX]; /* at start, on one thread */
+  uint32_t n;
+  if (poolmap_make_run(pm, 0, bytes, made, &n, err, errlen) != 0) {
     munmap(base, reserve);
     pm->base = NULL;
     return -1;
   }
-  poolmap_add(pm, &s);
+  for (uint32_t i = 0; i < n; i++) poolmap_add(pm, &made[i]);
   return 0;
 }
 

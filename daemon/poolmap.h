@@ -29,7 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define POOLMAP_SEGMENTS_MAX 64u
+#define POOLMAP_SEGMENTS_MAX 4096u /* segments of a pool */
+#define POOLMAP_FDS_MAX 64u        /* descriptors one reply passes (PoolMap pages) */
 
 enum pool_huge { POOL_HUGE_NONE = 0, POOL_HUGE_THP = 1, POOL_HUGE_HUGETLB = 2 };
 /* pool_huge_pages: what to try. */
@@ -46,6 +47,9 @@ typedef struct poolseg {
 
 typedef struct poolmap {
   uint8_t *base;    /* the reserved range, huge-page aligned */
+  uint64_t seg_bytes; /* every segment's size: the engine's segments, each
+                         its own memfd (arenas); 0: one memfd and a
+                         segment a grow (page_bytes set) */
   uint64_t reserve; /* its bytes: the most the pool may grow to */
   uint64_t bytes;   /* mapped: the sum of the segments */
   poolseg_t seg[POOLMAP_SEGMENTS_MAX];
@@ -59,8 +63,17 @@ typedef struct poolmap {
  * first segment of bytes (backed and pre-faulted: a pool the machine
  * cannot hold fails here, never later with SIGBUS). 0, or -1 with a reason
  * in err (nothing is left on failure). */
-int poolmap_open(poolmap_t *pm, uint64_t bytes, uint64_t reserve, int mode, char *err,
-                 size_t errlen);
+int poolmap_open(poolmap_t *pm, uint64_t bytes, uint64_t reserve, int mode, uint64_t seg_bytes,
+                 char *err, size_t errlen);
+/* Gives segment i fresh memory (zeros): a new memfd mapped in place of the
+ * old, which is closed (a client still mapping it keeps what it held; the
+ * memory returns when its last mapping goes). Its id changes, gen bumps.
+ * 0, or -1 with a reason (the segment is as it was). */
+int poolmap_refresh(poolmap_t *pm, uint32_t i, char *err, size_t errlen);
+/* Makes the segments of [off, off + bytes) in segments of seg_bytes (or
+ * one, without), into out[] (*n of them): as poolmap_make, all or none. */
+int poolmap_make_run(const poolmap_t *pm, uint64_t off, uint64_t bytes, poolseg_t *out,
+                     uint32_t *n, char *err, size_t errlen);
 
 /* Makes a segment of bytes at offset off (= pm->bytes when asked), mapped in
  * place, backed, pre-faulted and sealed, into *out; does not add it. Reads

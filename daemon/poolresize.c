@@ -26,7 +26,8 @@ typedef struct resize {
   conn_t *c;              /* the asking connection (offloaded meanwhile), or NULL */
   uint64_t request_id, t0_ns, start_ns, until_ns;
   uint64_t from, bytes;   /* the pool before, and asked */
-  poolseg_t seg;          /* what the grow thread made */
+  poolseg_t made[POOLMAP_SEGMENTS_MAX]; /* what the grow thread made */
+  uint32_t nmade;
   int rc;                 /* its result */
   poolseg_t gone[POOLMAP_SEGMENTS_MAX]; /* a shrink: segments the thread releases */
   uint32_t ngone;
@@ -101,8 +102,8 @@ static void limits_follow(server_t *srv) {
 
 static void *grow_thread(void *arg) {
   resize_t *z = arg;
-  z->rc = poolmap_make(&z->srv->pool, z->from, z->bytes - z->from, &z->seg, z->err,
-                       sizeof z->err);
+  z->rc = poolmap_make_run(&z->srv->pool, z->from, z->bytes - z->from, z->made, &z->nmade,
+                           z->err, sizeof z->err);
   uv_async_send(&z->grown);
   return NULL;
 }
@@ -134,14 +135,18 @@ static void on_grown(uv_async_t *a) {
     return;
   }
   uint64_t t0 = uv_hrtime();
-  int rc = engine_pool_grow(srv->eng, srv->pool.bytes + z->seg.bytes);
+  uint64_t grown = 0;
+  for (uint32_t i = 0; i < z->nmade; i++) grown += z->made[i].bytes;
+  int rc = engine_pool_grow(srv->eng, srv->pool.bytes + grown);
   z->loop_ns = uv_hrtime() - t0;
   if (rc != 0) {
-    poolmap_discard(&srv->pool, &z->seg);
+    for (uint32_t i = 0; i < z->nmade; i++) poolmap_discard(&srv->pool, &z->made[i]);
+    z->nmade = 0;
     finish(z, rc, engine_last_error(srv->eng)->msg, NULL);
     return;
   }
-  poolmap_add(&srv->pool, &z->seg);
+  for (uint32_t i = 0; i < z->nmade; i++) poolmap_add(&srv->pool, &z->made[i]);
+  z->nmade = 0;
   limits_follow(srv);
   finish(z, 0, "", NULL);
 }
@@ -204,7 +209,8 @@ void pool_resize_stop(server_t *srv) {
   srv->resize = NULL;
   if (z->thread_live) { /* a grow in flight (its segment is not wanted now), or a release */
     pthread_join(z->thread, NULL);
-    if (!z->ngone && z->rc == 0) poolmap_discard(&srv->pool, &z->seg);
+    if (!z->ngone && z->rc == 0)
+      for (uint32_t i = 0; i < z->nmade; i++) poolmap_discard(&srv->pool, &z->made[i]);
   }
   z->open = 2;
   uv_close((uv_handle_t *)&z->grown, on_closed);
@@ -243,10 +249,11 @@ int pool_resize_start(server_t *srv, conn_t *c, uint64_t bytes, uint64_t request
              (unsigned long long)bytes);
     return KVC_E_INVAL;
   }
-  if (bytes > pm->bytes && (bytes > pm->reserve || pm->nseg == POOLMAP_SEGMENTS_MAX)) {
+  uint64_t adds = !pm->seg_bytes ? 1 : bytes > pm->bytes ? (bytes - pm->bytes) / pm->seg_bytes : 0;
+  if (bytes > pm->bytes && (bytes > pm->reserve || pm->nseg + adds > POOLMAP_SEGMENTS_MAX)) {
     snprintf(err, errlen, bytes > pm->reserve
              ? "the pool may grow to %llu bytes at most (the address space it reserved at "
-               "start: pool_reserve_bytes)" : "the pool has %llu segments: shrink first",
+               "start: pool_reserve_bytes)" : "the pool may have %llu segments at most",
              bytes > pm->reserve ? (unsigned long long)pm->reserve
                                  : (unsigned long long)POOLMAP_SEGMENTS_MAX);
     return KVC_E_INVAL;

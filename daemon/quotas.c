@@ -64,11 +64,12 @@ bool quotas_shm_over(server_t *srv, const conn_t *c, uint64_t bytes, char *msg, 
   for (const conn_t *o = srv->conns; o; o = o->next) {
     if (!o->shm.base) continue;
     all += o->shm.bytes;
-    if (o->uid == c->uid) mine += o->shm.bytes;
+    if (o->uid == c->uid) mine += o->shm.bytes + o->revoked_bytes;
   }
   if (mine + bytes > srv->cfg.shm_bytes_per_uid)
-    snprintf(msg, len, "shm_bytes_per_uid: uid %u holds %llu bytes of shared buffers, %llu "
-             "more would pass the quota of %llu", (unsigned)c->uid, (unsigned long long)mine,
+    snprintf(msg, len, "shm_bytes_per_uid: uid %u holds %llu bytes of shared buffers (and pool "
+             "segments revoked but still mapped), %llu more would pass the quota of %llu",
+             (unsigned)c->uid, (unsigned long long)mine,
              (unsigned long long)bytes, (unsigned long long)srv->cfg.shm_bytes_per_uid);
   else if (all + bytes > srv->cfg.shm_bytes_total)
     snprintf(msg, len, "shm_bytes_total: connections hold %llu bytes of shared buffers, %llu "

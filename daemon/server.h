@@ -44,6 +44,10 @@ typedef struct server {
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;
   poolmap_t pool;          /* the page pool: segments of sealed memfds */
+  uint64_t seg_mem_owner[POOLMAP_SEGMENTS_MAX]; /* per segment: whose bytes its memory
+                              may hold (poolown.c) */
+  char (*groups)[KVC_MAX_NAME + 1]; /* shared caches by group - 1 (poolown.c) */
+  uint32_t ngroups, groups_cap;
   struct resize *resize;   /* an online resize (poolresize.c) */
   daemon_stats_t stats;
   uv_pipe_t listener;

@@ -25,27 +25,27 @@
 
 #define NOPAGE POOL_NOPAGE
 
-static void seg_hook(engine_t *eng, uint32_t s, uint32_t from, uint32_t to) {
-  if (eng->seg_hook) eng->seg_hook(eng->seg_ctx, s, from, to);
+static uint64_t owner_of(const pool_arena_t *ar) {
+  return (uint64_t)ar->tenant << 32 | ar->group;
 }
 
-/* Carves segment s (free) into arena a. */
-static void take(engine_t *eng, uint32_t s, uint16_t a, uint32_t from) {
+/* Carves segment s (free) into arena a: from_owner's before. */
+static void take(engine_t *eng, uint32_t s, uint16_t a, uint64_t from) {
   pool_seg_carve(&eng->pool, s, a);
-  seg_hook(eng, s, from, eng->pool.arenas[a].tenant);
+  if (eng->seg_hook) eng->seg_hook(eng->seg_ctx, s, from, owner_of(&eng->pool.arenas[a]));
 }
 
 bool arena_take_free(engine_t *eng, uint16_t a, bool empty_too) {
   pool_t *p = &eng->pool;
   uint32_t s = pool_seg_free(p, UINT32_MAX);
   if (s != UINT32_MAX) {
-    take(eng, s, a, ENGINE_TENANT_NONE);
+    take(eng, s, a, ENGINE_OWNER_NONE);
     return true;
   }
   for (s = 0; empty_too && s < p->nseg; s++) {
     uint16_t b = p->seg_arena[s];
     if (b == POOL_NOARENA || b == a || p->seg_used[s]) continue;
-    uint32_t from = p->arenas[b].tenant;
+    uint64_t from = owner_of(&p->arenas[b]);
     pool_seg_uncarve(p, s);
     eng->st.segment_moves++;
     take(eng, s, a, from);
@@ -190,7 +190,7 @@ bool arena_hand_over(engine_t *eng, uint16_t b, uint16_t a) {
     mem_free(&eng->mem, map);
     return false;
   }
-  uint32_t from = ab->tenant;
+  uint64_t from = owner_of(ab);
   uint64_t moved = arena_vacate(eng, s, map);
   mem_free(&eng->mem, map);
   pool_seg_release(p, s);

@@ -261,7 +261,7 @@ struct engine {
   void *spill_ctx;
   void (*reclaim_hook)(struct engine *eng, const ipage_t *ip);
   /* A segment changed owner (engine_set_segment_hook). */
-  void (*seg_hook)(void *ctx, uint32_t seg, uint32_t from_tenant, uint32_t to_tenant);
+  void (*seg_hook)(void *ctx, uint32_t seg, uint64_t from_owner, uint64_t to_owner);
   void *seg_ctx;
 };
 

@@ -145,6 +145,11 @@ int engine_cache_tenant(engine_t *eng, uint32_t cache_id, uint32_t *tenant) {
 
 int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
                          const kvc_layout_t *layout, uint32_t *cache_id) {
+  return engine_cache_open_group(eng, tenant, 0, name, layout, cache_id);
+}
+
+int engine_cache_open_group(engine_t *eng, uint32_t tenant, uint32_t group, const char *name,
+                            const kvc_layout_t *layout, uint32_t *cache_id) {
   if (!eng) return KVC_E_INVAL;
   if (!name || !layout || !cache_id) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   if (name_check(name))
@@ -174,7 +179,7 @@ int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
   quota_t *q = quota_find(eng, tenant);
   if (q && (rc = quota_check_caches(eng, q))) return rc;
   int code = 0;
-  uint16_t arena = pool_arena_open(&eng->pool, tenant, g.page_bytes, &code);
+  uint16_t arena = pool_arena_open(&eng->pool, tenant, group, g.page_bytes, &code);
   if (arena == POOL_NOARENA) {
     return engine_fail(eng, KVC_E_TOOMANY, "at most %u arenas (tenant and page size) at once, "
                        "those of caches dropped while leases hold their pages included",
@@ -206,11 +211,66 @@ int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
 }
 
 void engine_set_segment_hook(engine_t *eng,
-                             void (*fn)(void *ctx, uint32_t seg, uint32_t from_tenant,
-                                        uint32_t to_tenant),
+                             void (*fn)(void *ctx, uint32_t seg, uint64_t from_owner,
+                                        uint64_t to_owner),
                              void *ctx) {
   eng->seg_hook = fn;
   eng->seg_ctx = ctx;
+}
+
+static void arena_info_fill(const pool_t *p, uint16_t a, engine_arena_info_t *o) {
+  const pool_arena_t *ar = &p->arenas[a];
+  uint64_t used = 0;
+  for (uint32_t s = 0; s < p->nseg; s++)
+    if (p->seg_arena[s] == a) used += p->seg_used[s];
+  *o = (engine_arena_info_t){.id = a, .uid = ar->uid, .tenant = ar->tenant, .group = ar->group,
+                             .page_bytes = ar->page_bytes, .stride = ar->stride,
+                             .per_seg = ar->per_seg, .segments = ar->nseg,
+                             .caches = ar->ncaches, .pages_used = used,
+                             .pages_free = ar->nfree,
+                             .padding_bytes = (uint64_t)ar->nseg *
+                                              (p->seg_bytes - ar->per_seg * ar->page_bytes),
+                             .segs_taken = ar->segs_taken, .segs_given = ar->segs_given};
+}
+
+void engine_arenas(const engine_t *eng, engine_arena_info_t *out, size_t cap, size_t *n) {
+  const pool_t *p = &eng->pool;
+  size_t k = 0;
+  for (uint32_t a = 0; a < p->narenas; a++) {
+    if (!p->arenas[a].live) continue;
+    if (k < cap) arena_info_fill(p, (uint16_t)a, &out[k]);
+    k++;
+  }
+  *n = k;
+}
+
+int engine_arena_by_id(const engine_t *eng, uint16_t a, engine_arena_info_t *out) {
+  if (a >= eng->pool.narenas || !eng->pool.arenas[a].live) return KVC_E_INVAL;
+  const pool_arena_t *ar = &eng->pool.arenas[a];
+  /* The cheap fields: no walk of the segments for pages in use. */
+  *out = (engine_arena_info_t){.id = a, .uid = ar->uid, .tenant = ar->tenant, .group = ar->group,
+                               .page_bytes = ar->page_bytes, .stride = ar->stride,
+                               .per_seg = ar->per_seg, .segments = ar->nseg,
+                               .caches = ar->ncaches, .pages_free = ar->nfree};
+  return 0;
+}
+
+uint16_t engine_segment_arena(const engine_t *eng, uint32_t seg) {
+  return seg < eng->pool.nseg ? eng->pool.seg_arena[seg] : ENGINE_NOARENA;
+}
+
+int engine_cache_arena(engine_t *eng, uint32_t cache_id, engine_arena_info_t *out) {
+  if (!eng || !out) return KVC_E_INVAL;
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
+  arena_info_fill(&eng->pool, c->arena, out);
+  return 0;
+}
+
+void engine_page_place(const engine_t *eng, uint32_t page, uint16_t *arena, uint64_t *index) {
+  *arena = pool_arena_of(&eng->pool, page);
+  *index = pool_page_index(&eng->pool, page);
 }
 
 void engine_pin_limit_follow(engine_t *eng, uint32_t pct) {

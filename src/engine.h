@@ -157,6 +157,11 @@ int engine_xfer_bytes(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
  * KVC_E_TOOMANY, KVC_E_NOMEM. */
 int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
                          const kvc_layout_t *layout, uint32_t *cache_id);
+/* engine_cache_open_in with a group: caches of a tenant share an arena only
+ * within a group (the daemon gives each shared cache its own, as its
+ * readers differ: doc/security.md). engine_cache_open_in is group 0. */
+int engine_cache_open_group(engine_t *eng, uint32_t tenant, uint32_t group, const char *name,
+                            const kvc_layout_t *layout, uint32_t *cache_id);
 /* engine_cache_open_in tenant 0. */
 int engine_cache_open(engine_t *eng, const char *name, const kvc_layout_t *layout,
                       uint32_t *cache_id);
@@ -643,18 +648,47 @@ typedef struct engine_tenant_usage {
 } engine_tenant_usage_t;
 
 #define ENGINE_TENANT_DEFAULT UINT32_MAX /* the limits of every tenant not set */
-#define ENGINE_TENANT_NONE UINT32_MAX    /* a segment hook's owner: a free segment */
 
-/* Sets the hook called when a segment of the pool changes owner: carved
- * into an arena of to_tenant from a free segment (from_tenant
- * ENGINE_TENANT_NONE) or from an arena of from_tenant (emptied: its pages
- * moved or evicted). Called inside the engine call that moves it, before
- * any page of it is written: the daemon gives the segment fresh memory
- * when the tenant changes (doc/security.md). */
+/* ---- arenas (doc/design.md, "The pool") ------------------------------------
+ * An owner is who may read an arena's segments: (tenant << 32) | group. */
+#define ENGINE_OWNER_NONE UINT64_MAX /* a free segment's */
+#define ENGINE_NOARENA UINT16_MAX
+
+/* Sets the hook called when a segment is carved into an arena of to_owner:
+ * from a free segment (from_owner ENGINE_OWNER_NONE) or from another arena
+ * (emptied: its pages moved or evicted). Called inside the engine call that
+ * moves it, before any page of it is written: the daemon gives the segment
+ * fresh memory when the memory may hold another owner's bytes
+ * (doc/security.md). */
 void engine_set_segment_hook(engine_t *eng,
-                             void (*fn)(void *ctx, uint32_t seg, uint32_t from_tenant,
-                                        uint32_t to_tenant),
+                             void (*fn)(void *ctx, uint32_t seg, uint64_t from_owner,
+                                        uint64_t to_owner),
                              void *ctx);
+
+typedef struct engine_arena_info {
+  uint16_t id;           /* its slot (reused once it is gone) */
+  uint64_t uid;          /* never reused */
+  uint32_t tenant, group;
+  uint64_t page_bytes;   /* its caches' pages */
+  uint64_t stride;       /* bytes between two of its pages */
+  uint32_t per_seg;      /* pages a segment holds */
+  uint32_t segments;     /* segments it owns */
+  uint32_t caches;
+  uint64_t pages_used, pages_free;
+  uint64_t padding_bytes; /* of its segments: stride rounding and tails */
+  uint64_t segs_taken, segs_given;
+} engine_arena_info_t;
+
+/* The arenas alive, into out (at most cap; *n: how many there are). */
+void engine_arenas(const engine_t *eng, engine_arena_info_t *out, size_t cap, size_t *n);
+/* The arena of id a (alive): 0, or KVC_E_INVAL. */
+int engine_arena_by_id(const engine_t *eng, uint16_t a, engine_arena_info_t *out);
+/* Arena id of segment seg, or ENGINE_NOARENA (free, or past the pool). */
+uint16_t engine_segment_arena(const engine_t *eng, uint32_t seg);
+/* The arena of a cache, and of a page in use: its id and the page's index
+ * in the arena's array (pool_page_index). */
+int engine_cache_arena(engine_t *eng, uint32_t cache_id, engine_arena_info_t *out);
+void engine_page_place(const engine_t *eng, uint32_t page, uint16_t *arena, uint64_t *index);
 
 /* Sets the limits of tenant (ENGINE_TENANT_DEFAULT: of every tenant without
  * its own); lim NULL returns a tenant to the default. Takes effect for the

@@ -91,7 +91,8 @@ uint64_t pool_stride(const pool_t *p, uint64_t page_bytes) {
   return st < p->grain ? p->grain : st;
 }
 
-uint16_t pool_arena_open(pool_t *p, uint32_t tenant, uint64_t page_bytes, int *code) {
+uint16_t pool_arena_open(pool_t *p, uint32_t tenant, uint32_t group, uint64_t page_bytes,
+                         int *code) {
   uint32_t free_slot = POOL_NOARENA;
   for (uint32_t a = 0; a < p->narenas; a++) {
     pool_arena_t *ar = &p->arenas[a];
@@ -99,7 +100,7 @@ uint16_t pool_arena_open(pool_t *p, uint32_t tenant, uint64_t page_bytes, int *c
       if (free_slot == POOL_NOARENA) free_slot = a;
       continue;
     }
-    if (ar->tenant == tenant && ar->page_bytes == page_bytes) {
+    if (ar->tenant == tenant && ar->group == group && ar->page_bytes == page_bytes) {
       ar->ncaches++;
       return (uint16_t)a;
     }
@@ -116,7 +117,8 @@ uint16_t pool_arena_open(pool_t *p, uint32_t tenant, uint64_t page_bytes, int *c
     }
     free_slot = p->narenas++;
   }
-  p->arenas[free_slot] = (pool_arena_t){.live = true, .tenant = tenant, .page_bytes = page_bytes,
+  p->arenas[free_slot] = (pool_arena_t){.live = true, .tenant = tenant, .group = group,
+                                        .uid = ++p->next_uid, .page_bytes = page_bytes,
                                         .stride = stride,
                                         .per_seg = (uint32_t)(p->seg_bytes / stride),
                                         .free_head = POOL_NOPAGE, .free_tail = POOL_NOPAGE,

@@ -44,6 +44,10 @@
 typedef struct pool_arena {
   bool live;              /* the slot is in use */
   uint32_t tenant;        /* whose caches */
+  uint32_t group;         /* and which of them may share it (0: all; the
+                             daemon gives each shared cache a group: its
+                             readers differ) */
+  uint64_t uid;           /* never reused: a client tells a new arena in an old slot */
   uint64_t page_bytes;    /* its caches' page bytes */
   uint64_t stride;        /* bytes between its pages (page_bytes rounded up) */
   uint32_t per_seg;       /* pages a segment holds */
@@ -68,6 +72,7 @@ typedef struct pool {
   uint32_t nseg_free;    /* segments of no arena */
   uint32_t seg_free_head; /* the free segments, linked through seg_link */
   uint32_t *seg_link;
+  uint64_t next_uid;
   uint32_t nfree;        /* free pages of every arena */
   uint32_t nused;        /* pages in use */
   uint32_t nshared;      /* pages with refcnt > 1 */
@@ -97,7 +102,8 @@ uint64_t pool_stride(const pool_t *p, uint64_t page_bytes);
 /* The arena of (tenant, page_bytes), made if new (one more cache in it):
  * its id, or POOL_NOARENA when it cannot be (a page larger than a segment:
  * PAGESIZE; too many arenas: TOOMANY, in *code). */
-uint16_t pool_arena_open(pool_t *p, uint32_t tenant, uint64_t page_bytes, int *code);
+uint16_t pool_arena_open(pool_t *p, uint32_t tenant, uint32_t group, uint64_t page_bytes,
+                         int *code);
 /* One cache fewer in arena a; the last gives its segments back (its pages
  * must all be free by then) and frees the slot. */
 void pool_arena_close(pool_t *p, uint16_t a);
@@ -148,6 +154,16 @@ static inline uint64_t pool_page_offset(const pool_t *p, uint32_t page) {
 }
 static inline unsigned char *pool_page(const pool_t *p, uint32_t page) {
   return p->base + pool_page_offset(p, page);
+}
+/* A page's index in its arena's array: its segment times the pages a
+ * segment of the arena holds, plus its slot. A client that maps each
+ * segment s of the arena at s * per_seg * stride of a range of its own
+ * (per_seg * stride bytes of it: a multiple of the system page when the
+ * alignment is) sees the page at index * stride: one array, one stride,
+ * with holes where other arenas' segments are. */
+static inline uint64_t pool_page_index(const pool_t *p, uint32_t page) {
+  uint32_t s = page / p->ids_per_seg;
+  return (uint64_t)s * p->arenas[p->seg_arena[s]].per_seg + page % p->ids_per_seg;
 }
 /* Whether page names a carved page (of a segment's arena, within its pages). */
 static inline bool pool_page_valid(const pool_t *p, uint32_t page) {

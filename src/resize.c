@@ -136,7 +136,8 @@ int engine_pool_shrink(engine_t *eng, uint64_t pool_bytes, engine_shrink_t *out)
     for (; ab->plan_segs; ab->plan_segs--) {
       uint32_t s = pool_seg_free(p, (uint32_t)m);
       pool_seg_carve(p, s, (uint16_t)b);
-      if (eng->seg_hook) eng->seg_hook(eng->seg_ctx, s, ENGINE_TENANT_NONE, ab->tenant);
+      if (eng->seg_hook)
+        eng->seg_hook(eng->seg_ctx, s, ENGINE_OWNER_NONE, (uint64_t)ab->tenant << 32 | ab->group);
     }
     if (!ab->live) continue;
     uint64_t hu, lf;
