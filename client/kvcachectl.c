@@ -104,10 +104,12 @@ static const struct command {
      "release every pin of a sequence, whoever holds it (admins only)"},
     {"disconnect", cmd_disconnect, 0, 1, 1, "CONN_ID",
      "close a client's connection; its pins and leases go with it (admins only)"},
-    {"pool", cmd_pool, 0, 2, 2, "resize SIZE",
-     "resize the pool online (admins only; doc/tiers.md): a grow adds a segment, a\n"
-     "shrink releases whole segments from the end, evicting and moving what lives\n"
-     "there, and is refused when pinned data would be lost. SIZE like 8GiB"},
+    {"pool", cmd_pool, O_JSON, 0, 2, "[resize SIZE]",
+     "the pool's segments and arenas (tenant, page size: segments, pages used and\n"
+     "free, padding; doc/design.md), or with resize SIZE resize it online (admins\n"
+     "only; doc/tiers.md): a grow adds segments, a shrink releases whole segments\n"
+     "from the end, evicting and moving what lives there, and is refused when\n"
+     "pinned data would be lost. SIZE like 8GiB"},
     {"events", cmd_events, O_CACHE | O_COUNT | O_RAW, 0, 0, "[--cache NAME] [--count N] [--raw]",
      "follow the changes of the prefix indexes as they happen, one line each:\n"
      "pages stored and removed, caches cleared and dropped (your tenant's caches;\n"
@@ -1301,9 +1303,72 @@ static bool parse_size(const char *s, uint64_t *out) {
   return false;
 }
 
+/* The pool's figures and one row an arena, from the stats. */
+static int pool_show(kvc_client_t *c, const opts_t *o) {
+  kvc_stat_t *st;
+  size_t n;
+  int rc = kvc_stats(c, &st, &n);
+  if (rc) return fail(c, rc, "stats");
+  uint64_t g[6] = {0};
+  static const char *const gn[6] = {"pool_bytes", "segment_bytes", "segments", "segments_free",
+                                    "arenas", "pool_revoked_bytes"};
+  for (size_t i = 0; i < n; i++)
+    for (int k = 0; k < 6; k++)
+      if (!st[i].cache[0] && !st[i].nlabels && strcmp(st[i].name, gn[k]) == 0) g[k] = st[i].value;
+  static const char *const an[6] = {"arena_segments", "arena_pages_used", "arena_pages_free",
+                                    "arena_padding_bytes", "arena_segments_taken_total",
+                                    "arena_segments_given_total"};
+  if (o->json) {
+    printf("{");
+    for (int k = 0; k < 6; k++) /* the arenas' number: the array's length */
+      if (k != 4) printf("%s\"%s\": %" PRIu64, k ? ", " : "", gn[k], g[k]);
+    printf(", \"arenas\": [");
+  } else {
+    char a[32], b[32], r[32];
+    printf("pool: %s in %" PRIu64 " segments of %s, %" PRIu64 " free; %" PRIu64
+           " arenas; revoked segments still mapped: %s\n",
+           human_bytes((double)g[0], a, sizeof a), g[2], human_bytes((double)g[1], b, sizeof b),
+           g[3], g[4], human_bytes((double)g[5], r, sizeof r));
+    printf("%-24s %12s %9s %11s %11s %12s %8s %8s\n", "TENANT", "PAGE_BYTES", "SEGMENTS",
+           "PAGES_USED", "PAGES_FREE", "PADDING", "TAKEN", "GIVEN");
+  }
+  /* Rows: the samples of arena_segments, each joined with its other figures. */
+  size_t rows = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(st[i].name, an[0]) != 0) continue;
+    const char *t = kvc_stat_label(&st[i], "tenant"), *pb = kvc_stat_label(&st[i], "page_bytes");
+    uint64_t v[6] = {st[i].value};
+    for (size_t j = 0; j < n; j++)
+      for (int k = 1; k < 6; k++)
+        if (strcmp(st[j].name, an[k]) == 0 && t && pb && kvc_stat_label(&st[j], "tenant") &&
+            kvc_stat_label(&st[j], "page_bytes") &&
+            strcmp(kvc_stat_label(&st[j], "tenant"), t) == 0 &&
+            strcmp(kvc_stat_label(&st[j], "page_bytes"), pb) == 0)
+          v[k] = st[j].value;
+    if (o->json) {
+      printf("%s{\"tenant\": ", rows ? ", " : "");
+      json_string(t ? t : "");
+      printf(", \"page_bytes\": %s, \"segments\": %" PRIu64 ", \"pages_used\": %" PRIu64
+             ", \"pages_free\": %" PRIu64 ", \"padding_bytes\": %" PRIu64
+             ", \"segments_taken\": %" PRIu64 ", \"segments_given\": %" PRIu64 "}",
+             pb ? pb : "0", v[0], v[1], v[2], v[3], v[4], v[5]);
+    } else {
+      char pbh[32], pad[32];
+      printf("%-24s %12s %9" PRIu64 " %11" PRIu64 " %11" PRIu64 " %12s %8" PRIu64 " %8" PRIu64
+             "\n", t ? t : "?", human_bytes(pb ? strtod(pb, NULL) : 0, pbh, sizeof pbh), v[0],
+             v[1], v[2], human_bytes((double)v[3], pad, sizeof pad), v[4], v[5]);
+    }
+    rows++;
+  }
+  if (o->json) printf("]}\n");
+  kvc_stats_free(st);
+  return 0;
+}
+
 static int cmd_pool(kvc_client_t *c, const opts_t *o) {
   uint64_t bytes;
-  if (strcmp(o->pos[0], "resize") != 0) {
+  if (o->npos == 0) return pool_show(c, o);
+  if (strcmp(o->pos[0], "resize") != 0 || o->npos != 2) {
     fprintf(stderr, "%s: pool: unknown subcommand '%s'\n", prog, o->pos[0]);
     command_usage(stderr, find_command("pool"), false);
     return 2;

@@ -13,6 +13,7 @@
  * at accept. Stopping (the drain's end) closes the listener and every scrape
  * still open. */
 #include "http.h"
+#include "poolown.h"
 
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -122,8 +123,10 @@ static int render(server_t *srv, char **out, size_t *len) {
   Kvcache__V1__StatsReply sr = KVCACHE__V1__STATS_REPLY__INIT;
   metrics_refusals_t *ref = NULL; /* the operator's view: every tenant refused */
   size_t nref = quotas_refusals(srv, UINT32_MAX, true, &srv->arena, &ref);
+  metrics_arena_t *ar = NULL;
+  size_t nar = poolown_arena_rows(srv, NULL, &srv->arena, &ar);
   int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), &srv->arena, operator_view, srv,
-                          ref, nref, remote_view(srv, &srv->arena), &sr);
+                          ref, nref, remote_view(srv, &srv->arena), ar, nar, &sr);
   if (rc == 0) {
     size_t nlab = 0;
     for (size_t i = 0; i < sr.n_stats; i++) nlab += sr.stats[i]->n_labels;

@@ -301,9 +301,40 @@ static void render_refusals(builder_t *b, const metrics_refusals_t *ref, size_t 
     }
 }
 
+static void render_arenas(builder_t *b, const metrics_arena_t *ar, size_t n) {
+  static const struct {
+    const char *name, *unit, *help;
+    size_t off;
+    bool counter;
+  } f[] = {
+      {"arena_segments", "segments", "segments an arena (tenant, page size) owns",
+       offsetof(metrics_arena_t, segments), false},
+      {"arena_pages_used", "pages", "an arena's pages in use", offsetof(metrics_arena_t, pages_used),
+       false},
+      {"arena_pages_free", "pages", "an arena's free pages", offsetof(metrics_arena_t, pages_free),
+       false},
+      {"arena_padding_bytes", "bytes", "bytes of an arena's segments no page can use (stride "
+       "rounding, segment tails)", offsetof(metrics_arena_t, padding_bytes), false},
+      {"arena_segments_taken_total", "segments", "segments an arena took (free, empty or given up "
+       "by another)", offsetof(metrics_arena_t, segs_taken), true},
+      {"arena_segments_given_total", "segments", "segments an arena gave back or up",
+       offsetof(metrics_arena_t, segs_given), true},
+  };
+  for (size_t k = 0; k < sizeof f / sizeof f[0]; k++)
+    for (size_t i = 0; i < n && !b->rc; i++) {
+      uint64_t v = *(const uint64_t *)(const void *)((const char *)&ar[i] + f[k].off);
+      Kvcache__V1__Stat *st =
+          add(b, f[k].name, v, f[k].counter ? KVCACHE__V1__STAT_KIND__STAT_COUNTER
+                                             : KVCACHE__V1__STAT_KIND__STAT_GAUGE,
+              f[k].unit, f[k].help, "");
+      labels(b, st, 2, (const char *const[]){"tenant", ar[i].tenant, "page_bytes", ar[i].page_bytes});
+    }
+}
+
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
                    metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
-                   size_t nref, const tier_view_t *tier, Kvcache__V1__StatsReply *out) {
+                   size_t nref, const tier_view_t *tier, const metrics_arena_t *arenas,
+                   size_t narenas, Kvcache__V1__StatsReply *out) {
   size_t ncaches = 0;
   engine_cache_list(eng, NULL, 0, &ncaches);
   kvc_cache_info_t *infos = NULL;
@@ -341,6 +372,7 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
                    s->ring_poll.hist, s->ring_poll.requests, s->ring_poll.sum_ns, NULL, NULL);
   render_ops(&b, s);
   render_refusals(&b, ref, nref);
+  render_arenas(&b, arenas, narenas);
   if (tier) render_tier(&b, tier);
   render_caches(&b, eng, infos, ncaches, view, view_ctx);
   if (b.rc) return b.rc;

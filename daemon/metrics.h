@@ -214,6 +214,13 @@ typedef struct metrics_refusals {
 /* pages, pins, sequences, caches, keys, connections, shm: the limit label. */
 extern const char *const metrics_limit_names[METRICS_LIMITS];
 
+/* One arena of the pool (doc/design.md, "The pool"), as a viewer may see it. */
+typedef struct metrics_arena {
+  const char *tenant;     /* its tenant's name ("shared" for a shared cache's) */
+  const char *page_bytes; /* its caches' page bytes, as a label */
+  uint64_t segments, pages_used, pages_free, padding_bytes, segs_taken, segs_given;
+} metrics_arena_t;
+
 /* The name of an operation ("put"), as its op label says it. */
 const char *metrics_op_name(enum op op);
 
@@ -222,6 +229,7 @@ const char *metrics_op_name(enum op op);
  * a (freed with the reply). Returns 0 or KVC_E_NOMEM. */
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
                    metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
-                   size_t nref, const tier_view_t *tier, Kvcache__V1__StatsReply *out);
+                   size_t nref, const tier_view_t *tier, const metrics_arena_t *arenas,
+                   size_t narenas, Kvcache__V1__StatsReply *out);
 
 #endif

@@ -82,6 +82,37 @@ bool poolown_may_read(const conn_t *c, uint32_t s) {
                              tenants_name(&c->srv->tenants, c->tenant)) != RIGHT_NONE;
 }
 
+size_t poolown_arena_rows(server_t *srv, const conn_t *c, arena_t *a, metrics_arena_t **out) {
+  size_t n = 0;
+  engine_arenas(srv->eng, NULL, 0, &n);
+  engine_arena_info_t *ai = n ? malloc(n * sizeof *ai) : NULL;
+  metrics_arena_t *rows = n ? arena_alloc(a, n * sizeof *rows) : NULL;
+  size_t k = 0;
+  *out = rows;
+  if (!ai || !rows) {
+    free(ai);
+    return 0;
+  }
+  engine_arenas(srv->eng, ai, n, &n);
+  const config_t *cfg = &srv->cfg;
+  for (size_t i = 0; i < n; i++) {
+    bool see = !c || c->admin || (ai[i].group == 0 && ai[i].tenant == c->tenant) ||
+               (ai[i].group && ai[i].group <= srv->ngroups &&
+                tenant_shared_right(cfg->shared_rules, cfg->n_shared_rules,
+                                    srv->groups[ai[i].group - 1],
+                                    tenants_name(&srv->tenants, c->tenant)) != RIGHT_NONE);
+    if (!see) continue;
+    char *pb = arena_alloc(a, 24);
+    if (!pb) break;
+    snprintf(pb, 24, "%llu", (unsigned long long)ai[i].page_bytes);
+    rows[k++] = (metrics_arena_t){tenants_name(&srv->tenants, ai[i].tenant), pb, ai[i].segments,
+                                  ai[i].pages_used, ai[i].pages_free, ai[i].padding_bytes,
+                                  ai[i].segs_taken, ai[i].segs_given};
+  }
+  free(ai);
+  return k;
+}
+
 int poolown_mapped(conn_t *c, uint32_t s, uint64_t id) {
   if (s >= c->nmapped) {
     uint32_t n = c->srv->pool.nseg > s ? c->srv->pool.nseg : s + 1;

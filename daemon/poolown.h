@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "metrics.h"
 #include "server.h"
 
 /* Sets the engine's segment hook when the pool is made of arenas' memfds. */
@@ -36,6 +37,9 @@ bool poolown_may_read(const conn_t *c, uint32_t s);
 int poolown_mapped(conn_t *c, uint32_t s, uint64_t id);
 /* c mapped the pool anew: what it held of revoked segments is gone. */
 void poolown_remapped(conn_t *c);
+/* The arenas viewer c may see (NULL: the operator, every one), as metrics
+ * rows from a (their number; 0 out of memory too). */
+size_t poolown_arena_rows(server_t *srv, const conn_t *c, arena_t *a, metrics_arena_t **out);
 /* c goes: its revoked bytes with it. */
 void poolown_conn_free(conn_t *c);
 

@@ -356,6 +356,16 @@ TEST(arenas_a_70b_page_beside_a_draft_page) {
   uint64_t segs = stat_get(c, "segments", NULL) - stat_get(c, "segments_free", NULL);
   ASSERT_U64_EQ(segs, 3); /* 8 target pages: 2 segments; 32 draft pages: 1 */
   ASSERT_U64_EQ(stat_get(c, "bytes_padding", NULL), 2 * (2u << 20));
+  /* kvcachectl pool: a row an arena, as the figures say. */
+  static char out[8192];
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "pool"), 0);
+  ASSERT(strstr(out, "256.0 MiB in 8 segments of 32.0 MiB, 5 free") != NULL);
+  ASSERT(strstr(out, "5.0 MiB") && strstr(out, "256.0 KiB") && strstr(out, "4.0 MiB"));
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, true, "pool --json"), 0);
+  ASSERT(strstr(out, "\"page_bytes\": 5242880, \"segments\": 2, \"pages_used\": 8, "
+                     "\"pages_free\": 4, \"padding_bytes\": 4194304") != NULL);
+  ASSERT(strstr(out, "\"page_bytes\": 262144, \"segments\": 1, \"pages_used\": 32, "
+                     "\"pages_free\": 96, \"padding_bytes\": 0") != NULL);
   kvc_client_close(c);
   daemon_stop(&d);
 }
