@@ -446,13 +446,47 @@ static int arena_reserve(kvc_client_t *c) {
   if (base > r) munmap(r, (size_t)(base - r));
   munmap(base + reserve, (size_t)(r + reserve + POOL_ALIGN - (base + reserve)));
   uint32_t n = (uint32_t)(reserve / c->seg_bytes);
-  if (!(c->seg_ids = calloc(n, sizeof *c->seg_ids))) {
+  c->seg_ids = calloc(n, sizeof *c->seg_ids);
+  c->seg_view = calloc(n, sizeof *c->seg_view);
+  if (!c->seg_ids || !c->seg_view) {
+    free(c->seg_ids), free(c->seg_view);
+    c->seg_ids = NULL, c->seg_view = NULL;
     munmap(base, reserve);
     return client_fail(c, KVC_E_NOMEM, "out of memory");
   }
   c->nseg_ids = n;
   c->pool = base;
   return 0;
+}
+
+/* The view of arena uid (made at its first segment), or NULL. */
+static struct arena_view *view_of(kvc_client_t *c, uint64_t uid, uint64_t stride,
+                                  uint32_t per_seg) {
+  for (uint32_t i = 0; i < c->nviews; i++)
+    if (c->views[i].uid == uid) return &c->views[i];
+  if (stride % 4096 || !per_seg) return NULL; /* not mappable as one array */
+  struct arena_view *v = realloc(c->views, (c->nviews + 1) * sizeof *v);
+  if (!v) return NULL;
+  c->views = v;
+  uint64_t span = (uint64_t)c->nseg_ids * per_seg * stride;
+  void *base = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  uint64_t *ids = base != MAP_FAILED ? calloc(c->nseg_ids, sizeof *ids) : NULL;
+  if (!ids) {
+    if (base != MAP_FAILED) munmap(base, span);
+    return NULL;
+  }
+  v[c->nviews] = (struct arena_view){uid, stride, per_seg, base, ids};
+  return &v[c->nviews++];
+}
+
+void client_views_free(kvc_client_t *c) {
+  for (uint32_t i = 0; i < c->nviews; i++) {
+    munmap(c->views[i].base, (uint64_t)c->nseg_ids * c->views[i].per_seg * c->views[i].stride);
+    free(c->views[i].ids);
+  }
+  free(c->views);
+  c->views = NULL;
+  c->nviews = 0;
 }
 
 /* Arenas: maps the segments this client may read, page by page of the
@@ -493,6 +527,27 @@ static int arena_sync(kvc_client_t *c) {
         break;
       }
       c->seg_ids[k] = s->id;
+      /* Its arena's view: the same memory again, at its place in the array. */
+      struct arena_view *v = view_of(c, s->arena, s->page_stride, s->pages);
+      c->seg_view[k] = v ? (uint32_t)(v - c->views) : UINT32_MAX;
+      uint64_t run = v ? (uint64_t)v->per_seg * v->stride : 0;
+      if (v && v->ids[k] != s->id) {
+        if (run > s->bytes ||
+            mmap(v->base + (uint64_t)k * run, run, PROT_READ, MAP_SHARED | MAP_FIXED, fds[i], 0) ==
+                MAP_FAILED) {
+          rc = client_fail(c, KVC_E_NOMEM, "mmap an arena's view: %s", strerror(errno));
+          break;
+        }
+        /* the same place of the other views: not theirs now */
+        for (uint32_t w = 0; w < c->nviews; w++)
+          if (&c->views[w] != v && c->views[w].ids[k]) {
+            uint64_t r2 = (uint64_t)c->views[w].per_seg * c->views[w].stride;
+            (void)mmap(c->views[w].base + (uint64_t)k * r2, r2, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            c->views[w].ids[k] = 0;
+          }
+        v->ids[k] = s->id;
+      }
     }
     if (!ok && !rc) rc = client_fail(c, KVC_E_PROTO, "the pool's segments do not fit its range");
     if (pm && !rc) {
@@ -508,6 +563,13 @@ static int arena_sync(kvc_client_t *c) {
     (void)mmap(base + (uint64_t)k * c->seg_bytes, c->seg_bytes, PROT_READ,
                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     c->seg_ids[k] = 0;
+    for (uint32_t w = 0; w < c->nviews; w++)
+      if (c->views[w].ids[k]) {
+        uint64_t r2 = (uint64_t)c->views[w].per_seg * c->views[w].stride;
+        (void)mmap(c->views[w].base + (uint64_t)k * r2, r2, PROT_READ,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        c->views[w].ids[k] = 0;
+      }
   }
   free(listed);
   if (!rc) {
@@ -692,7 +754,9 @@ KVC_API void kvc_client_close(kvc_client_t *c) {
   if (c->shm) munmap(c->shm, c->shm_bytes);
   prefault_stop(c->prefault); /* before its mapping goes */
   if (c->pool) munmap((void *)c->pool, c->pool_reserve ? c->pool_reserve : c->pool_bytes);
+  client_views_free(c);
   free(c->seg_ids);
+  free(c->seg_view);
   free(c->hist_pos);
   free(c->wbuf);
   free(c->rbuf);

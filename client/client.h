@@ -52,6 +52,15 @@ struct kvc_client {
   uint64_t *seg_ids;         /* arenas: per segment of the range, the memfd id mapped
                                 there (0: zeros, or nothing) */
   uint32_t nseg_ids;
+  uint32_t *seg_view;        /* arenas: per segment, its arena's view (views[]) */
+  struct arena_view {        /* an arena as one array of pages (kvc_lease_info_t) */
+    uint64_t uid;            /* the daemon's arena */
+    uint64_t stride;         /* bytes between two of its pages */
+    uint32_t per_seg;        /* pages a segment of it holds */
+    uint8_t *base;           /* page i at base + i * stride: segment s at s * per_seg */
+    uint64_t *ids;           /* per segment: the memfd id mapped there (0: none) */
+  } *views;
+  uint32_t nviews;
   prefault_t *prefault;      /* populating the pool mapping in the background */
   bool prefault_tried;       /* started it once (or could not) */
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
@@ -98,6 +107,8 @@ int client_call_fds(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Res
  * there, released ones become zeros (a stale pointer reads zeros, never
  * faults). 0, or KVC_E_PROTO and the like, recorded. */
 int client_pool_sync(kvc_client_t *c, uint64_t gen, uint64_t need);
+/* Unmaps every arena view. */
+void client_views_free(kvc_client_t *c);
 /* Whether [off, off + n) of the pool lies in what this client maps. */
 bool client_pool_holds(const kvc_client_t *c, uint64_t off, uint64_t n);
 /* Whether this client may read in place: the pool was passed (an admin, or

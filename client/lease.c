@@ -10,6 +10,7 @@ struct kvc_lease {
   kvc_lease_t *prev, *next; /* the client's list */
   uint32_t num_layers;
   kvc_lease_info_t info;
+  int32_t *block_table;     /* info.block_table: after pages[] */
   const void *pages[];      /* info.pages points here */
 };
 
@@ -46,8 +47,9 @@ int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_
   int rc = client_pool_sync(c, lr->pool_gen, need);
   if (rc) return rc;
   client_pool_read(c);
-  kvc_lease_t *l = calloc(1, sizeof *l + lr->n_page_offsets * sizeof l->pages[0]);
+  kvc_lease_t *l = calloc(1, sizeof *l + lr->n_page_offsets * (sizeof l->pages[0] + 4));
   if (!l) return client_fail(c, KVC_E_NOMEM, "out of memory");
+  l->block_table = (int32_t *)(void *)&l->pages[lr->n_page_offsets];
   for (size_t i = 0; i < lr->n_page_offsets; i++) {
     uint64_t off = lr->page_offsets[i];
     if (!client_pool_holds(c, off, pb)) {
@@ -66,6 +68,25 @@ int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_
       .v_offset = lr->v_offset, .k_row_bytes = lr->k_row_bytes,
       .v_row_bytes = lr->v_row_bytes, .k_scale_offset = lr->k_scale_offset,
       .v_scale_offset = lr->v_scale_offset};
+  /* Arenas: the same pages as indices into the arena's array. */
+  uint32_t vi = c->seg_bytes && lr->n_page_offsets && c->seg_view
+                    ? c->seg_view[lr->page_offsets[0] / c->seg_bytes] : UINT32_MAX;
+  const struct arena_view *v = vi < c->nviews ? &c->views[vi] : NULL;
+  for (size_t i = 0; v && i < lr->n_page_offsets; i++) {
+    uint64_t off = lr->page_offsets[i], k = off / c->seg_bytes;
+    uint64_t slot = (off % c->seg_bytes) / v->stride;
+    if (c->seg_view[k] != vi || (off % c->seg_bytes) % v->stride || slot >= v->per_seg) {
+      v = NULL; /* not one arena's pages: no array (never from this daemon) */
+      break;
+    }
+    l->block_table[i] = (int32_t)(k * v->per_seg + slot);
+  }
+  if (v) {
+    l->info.arena_base = v->base;
+    l->info.page_stride = v->stride;
+    l->info.arena_pages = (uint64_t)c->nseg_ids * v->per_seg;
+    l->info.block_table = l->block_table;
+  }
   l->next = c->leases;
   if (l->next) l->next->prev = l;
   c->leases = l;

@@ -363,6 +363,15 @@ typedef struct kvc_lease_info {
   uint64_t v_row_bytes;
   uint64_t k_scale_offset;  /* int8 caches only */
   uint64_t v_scale_offset;
+  /* The cache's arena as one array of pages (a daemon of arenas; else
+   * arena_base NULL): page i of the array at arena_base + i * page_stride,
+   * and block_table[p] the index of pages[p] in it, the form paged-attention
+   * kernels read (pages of other arenas are holes: never read them).
+   * Valid as pages[] are. */
+  const void *arena_base;
+  uint64_t page_stride;
+  uint64_t arena_pages;     /* entries of the array (holes included) */
+  const int32_t *block_table;
 } kvc_lease_info_t;
 
 /* Leases tokens [begin, end) of seq_id (every layer must hold them): until

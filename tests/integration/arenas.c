@@ -118,6 +118,15 @@ static int worker_leases(const daemon_t *d) {
         if (pk[t * li->k_row_bytes / 4 + e] != k[((size_t)(p * 16 + t)) * li->k_row_bytes / 4 + e])
           return 14;
   }
+  /* The arena as one array: each page again at its block-table index. */
+  if (!li->arena_base || li->page_stride != 128 * 1024 || !li->block_table) return 17;
+  for (uint32_t p = 0; p < li->npages; p++) {
+    if (li->block_table[p] < 0 || (uint64_t)li->block_table[p] >= li->arena_pages) return 18;
+    const char *a = (const char *)li->arena_base + (uint64_t)li->block_table[p] * li->page_stride;
+    if (memcmp(a, li->pages[p], 128 * 1024) != 0) return 19;
+    for (uint32_t q = 0; q < p; q++)
+      if (li->block_table[q] == li->block_table[p]) return 20;
+  }
   if (kvc_lease_release(ls)) return 15;
   if (kvc_get(h, 7, 0, TOK, gk, gv) || memcmp(gk, k, n * 4) || memcmp(gv, v, n * 4)) return 16;
   free(k), free(v), free(gk), free(gv);
