@@ -270,11 +270,15 @@ bool evict_arena_to(engine_t *eng, uint16_t arena, uint64_t need, const quota_t 
 static uint64_t can_give(engine_t *eng, uint16_t b, uint64_t k, const quota_t *by) {
   const pool_arena_t *ab = &eng->pool.arenas[b];
   uint64_t empty, nmov = arena_movable_segments(eng, b, &empty);
-  if (k > nmov) k = nmov;
+  /* What arena_room counted of b already: its empty segments, and those its
+   * free pages let it empty by moving alone. */
+  uint64_t spare = (ab->nfree - empty * ab->per_seg) / ab->per_seg;
+  if (spare > nmov) spare = nmov;
+  if (k > nmov - spare) k = nmov - spare;
   if (!k) return 0;
-  uint64_t base = empty * ab->per_seg, want = base + k * ab->per_seg, free = ab->nfree;
+  uint64_t base = (empty + spare) * ab->per_seg, want = base + k * ab->per_seg, free = ab->nfree;
   if (free < want) free += evict_plan(eng, b, want, by, NULL, NULL);
-  uint64_t can = (free - base) / ab->per_seg;
+  uint64_t can = free >= base ? (free - base) / ab->per_seg : 0;
   return can < k ? can : k;
 }
 
@@ -406,7 +410,8 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
     if (!evict_one(eng, &theirs)) ab->plan_segs = WORN;
   }
   for (uint32_t b = 0; b < p->narenas; b++) p->arenas[b].plan_segs = 0;
-  if (ar->nfree < need_now(eng, nd))
+  if (ar->nfree < need_now(eng, nd)) {
     return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
+  }
   return 0;
 }

@@ -211,8 +211,9 @@ TEST(arena_workload_switch_serves_the_new_model) {
 
 /* Random puts, removes, pins, leases, drops and reopens over three page
  * sizes and two tenants in a small pool: every live sequence reads back its
- * bytes, a pinned one is never evicted, and the audit holds after each op. */
-TEST(arena_random_mix_keeps_every_byte) {
+ * bytes, a pinned one is never evicted, and the audit holds after each op
+ * (4000 ops; 100,000 with KVC_LONG=1). */
+TEST_TIMEOUT(arena_random_mix_keeps_every_byte, 600) {
   fx_t f;
   open_pool(&f, 6);
   enum { NC = 3, NS = 12 };
@@ -225,8 +226,10 @@ TEST(arena_random_mix_keeps_every_byte) {
   uint64_t len[NC][NS] = {{0}};
   bool pinned[NC][NS] = {{false}};
   uint64_t leased[NC] = {0};
-  uint64_t x = 12345, puts = 0, full = 0, moves = 0;
-  for (int op = 0; op < 4000; op++) {
+  uint64_t x = getenv("KVC_SEED") ? strtoull(getenv("KVC_SEED"), NULL, 10) : 12345;
+  uint64_t puts = 0, full = 0, moves = 0;
+  int nops = test_long() ? 100000 : 4000; /* make check runs it long */
+  for (int op = 0; op < nops; op++) {
     x = fx_mix(x + (uint64_t)op);
     int ci = (int)(x % NC), s = (int)((x >> 8) % NS);
     uint32_t kind = (uint32_t)((x >> 16) % 100);
