@@ -345,11 +345,12 @@ static void drop(disk_t *d, dent_t *e, bool bad) {
   free(e);
 }
 
-/* Least recent out until the files fit the bound (writes in flight stay). */
+/* Least recent out until the files fit the bound (writes in flight stay,
+ * and so do files being read back: a read-back holds what it reads). */
 static void trim(disk_t *d) {
   for (dent_t *e = d->tail, *prev; e && d->bytes > d->cap; e = prev) {
     prev = e->prev;
-    if (e->state == D_READY) drop(d, e, false);
+    if (e->state == D_READY && !e->readers) drop(d, e, false);
   }
 }
 
@@ -693,12 +694,18 @@ int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
   size_t nh = 0, k = 0;
   if (!h || engine_tier_probe(srv->eng, cache_id, tokens, n, key, h, cap, &resident, &nh) != 0)
     nh = 0;
-  for (dent_t *e; k < nh && (e = find(d, h[k])) && e->state == D_READY && e->tenant == tenant;)
-    k++;
+  dent_t **ents = nh ? malloc(nh * sizeof *ents) : NULL;
+  for (dent_t *e; ents && k < nh && (e = find(d, h[k])) && e->state == D_READY &&
+                  e->tenant == tenant;)
+    ents[k++] = e;
   rgroup_t *g = k ? malloc(sizeof *g + k * sizeof g->jobs[0]) : NULL;
+  /* Every file of the run is held before the first page is taken: taking a
+   * page may evict one to this tier, and the tier at its bound would drop
+   * its oldest files, the very ones about to be read. */
+  for (size_t i = 0; g && i < k; i++) ents[i]->readers++;
   uint32_t got = 0;
   for (; g && got < k; got++) {
-    dent_t *e = find(d, h[got]);
+    dent_t *e = ents[got];
     rjob_t *r = calloc(1, sizeof *r + e->header_bytes);
     engine_tier_job_t *ej;
     void *dst;
@@ -716,11 +723,17 @@ int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
     r->j.run = read_run;
     r->j.done = read_done;
     g->jobs[got] = r;
-    e->readers++;
-    lru_out(d, e);
-    lru_front(d, e);
+    if (!e->gone) { /* the most recent now (a dropped one is off the list) */
+      lru_out(d, e);
+      lru_front(d, e);
+    }
     d->importing++;
   }
+  for (size_t i = got; g && i < k; i++) { /* not read after all: let go */
+    dent_t *e = ents[i];
+    if (--e->readers == 0 && e->gone) drop(d, e, false);
+  }
+  free(ents);
   free(h);
   if (!got) {
     free(g);

@@ -172,6 +172,64 @@ TEST(tier_disk_bounded_least_recent_out) {
   free(a), free(b), free(x);
 }
 
+/* The tier at its bound, read back in order (issue 30): 64 prompts of 4 MiB
+ * through a 64 MiB pool into a 128 MiB tier (or, full_fs, into a tier told
+ * 1 GiB on a 32 MiB tmpfs: the bound falls to what the disk holds);
+ * attaching them oldest first, each read-back evicts memory pages to the
+ * tier, which at its bound drops its oldest files: the very files the read
+ * is about to load. A read-back holds what it reads: every prompt still on
+ * disk comes back whole and byte for byte (the daemon crashed attaching the
+ * oldest on disk). */
+static void read_back_at_the_bound(bool full_fs) {
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  if (full_fs) {
+    if (geteuid() != 0) TEST_SKIP("mounting a tmpfs needs root");
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", dir, "tmpfs", 0, "size=32m,mode=0700") != 0)
+      TEST_SKIP("cannot mount a tmpfs here");
+  }
+  daemon_t d;
+  const char *args[] = {"--pool-bytes", "64MiB", "--page-bytes", "256KiB", "--tier-dir", dir,
+                        "--tier-bytes", full_fs ? "1GiB" : "128MiB", "--shm-default-bytes",
+                        "8MiB", NULL};
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  kvc_layout_t l = {.num_layers = 4, .num_kv_heads = 8, .head_dim_k = 32, .head_dim_v = 32,
+                    .dtype = KVC_DTYPE_F32, .page_tokens = 16}; /* 256 KiB: one pool page */
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "chat", &l, &h));
+  enum { N = 64, LEN = 256 }; /* 16 pages: 4 MiB a prompt */
+  uint32_t *p[N];
+  for (int i = 0; i < N; i++) {
+    p[i] = prompt(LEN, 100 + (uint32_t)i);
+    put_bytes(h, 1000 + (uint64_t)i, LEN, p[i], 1000 + (uint64_t)i);
+    ASSERT_OK(kvc_seq_remove(h, 1000 + (uint64_t)i, 0, UINT64_MAX)); /* cached, then evicted */
+  }
+  wait_stat(c, "tier_disk_writes_total", 1); /* the spills are on their way */
+  uint64_t whole = 0;
+  for (int i = 0; i < N; i++) {
+    kvc_match_t m;
+    ASSERT_OK(kvc_attach(h, 2000 + (uint64_t)i, p[i], LEN, false, &m));
+    if (m.tokens == LEN) {
+      check_bytes(h, 2000 + (uint64_t)i, LEN, 1000 + (uint64_t)i);
+      whole++;
+    }
+    ASSERT_OK(kvc_seq_remove(h, 2000 + (uint64_t)i, 0, UINT64_MAX));
+  }
+  ASSERT(whole > 0); /* some were on disk, and came back whole */
+  ASSERT_OK(kvc_ping(c));
+  ASSERT(stat_get(c, "tier_disk_reads_total", NULL) > 0);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  if (full_fs) ASSERT_EQ(umount(dir), 0);
+  rm_rf(dir);
+  for (int i = 0; i < N; i++) free(p[i]);
+}
+
+TEST(tier_read_back_at_the_bound_holds_what_it_reads) { read_back_at_the_bound(false); }
+TEST(tier_read_back_on_a_full_disk_holds_what_it_reads) { read_back_at_the_bound(true); }
+
 TEST(tier_disk_full_never_fails_a_put) {
   if (geteuid() != 0) TEST_SKIP("mounting a tmpfs needs root");
   char dir[64];
