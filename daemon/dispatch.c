@@ -132,19 +132,6 @@ static bool request_cache_id(const Kvcache__V1__Request *req, uint32_t *cache_id
   return true;
 }
 
-/* What an operation does to the cache it names: reads, or anything more. */
-static bool op_writes(enum op op) {
-  switch (op) {
-  case OP_PUT: case OP_REMOVE: case OP_COPY_PREFIX: case OP_TRIM_FRONT: case OP_PIN:
-  case OP_UNPIN: case OP_ATTACH: case OP_SET_PRIORITY: case OP_PIN_TTL: case OP_RESERVE:
-  case OP_SHIFT: case OP_PUNCH: case OP_KEEP: case OP_CACHE_CLEAR: case OP_CACHE_DROP:
-  case OP_STEP: case OP_SEQ_CREATE:
-    return true;
-  default:
-    return false;
-  }
-}
-
 /* Every request that names a cache passes here before its handler: a cache
  * of another tenant answers exactly as one that does not exist. */
 static int tenant_gate(conn_t *c, const Kvcache__V1__Request *req, enum op op, reply_t *r) {
@@ -156,11 +143,12 @@ static int tenant_gate(conn_t *c, const Kvcache__V1__Request *req, enum op op, r
     return reject(r, KVC_E_NOCACHE, "no cache with id %u", cache_id);
   enum tenant_right right = cache_right(c, owner, ci.name);
   if (right == RIGHT_NONE) return reject(r, KVC_E_NOCACHE, "no cache with id %u", cache_id);
-  if (op_writes(op) && right < RIGHT_WRITE)
+  /* The operation table says what each needs (optable.h): an rw tenant of
+   * a shared cache may do all a tenant may with its own, clear and drop
+   * included (doc/security.md). */
+  if (op_right(op) == OPR_WRITE && right < RIGHT_WRITE)
     return reject(r, KVC_E_PERM, "tenant %s may only read shared cache '%s'",
                   conn_tenant_name(c), ci.name);
-  if ((op == OP_CACHE_CLEAR || op == OP_CACHE_DROP) && owner == TENANT_SHARED && !c->admin)
-    return reject(r, KVC_E_PERM, "only an admin clears or drops shared cache '%s'", ci.name);
   return 0;
 }
 
@@ -268,6 +256,22 @@ static int h_ping(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
 
 /* ---- caches -------------------------------------------------------------- */
 
+/* Whether tenant's cache `name` exists. */
+static bool cache_exists(engine_t *eng, uint32_t tenant, const char *name) {
+  size_t n = 0;
+  engine_cache_list(eng, NULL, 0, &n);
+  kvc_cache_info_t *all = n ? malloc(n * sizeof *all) : NULL;
+  bool found = false;
+  if (all) engine_cache_list(eng, all, n, &n);
+  for (size_t i = 0; all && i < n && !found; i++) {
+    uint32_t owner;
+    found = strcmp(all[i].name, name) == 0 &&
+            engine_cache_tenant(eng, all[i].cache_id, &owner) == 0 && owner == tenant;
+  }
+  free(all);
+  return found;
+}
+
 static int h_cache_open(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__CacheOpen *b = req->cache_open;
   NEED_BODY(r, b, "cache_open");
@@ -283,9 +287,17 @@ static int h_cache_open(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) 
   /* A name resolves inside the caller's tenant, unless it is a shared cache
    * the caller has a right on. */
   uint32_t ns = c->tenant, id;
+  enum tenant_right sr = RIGHT_NONE;
   if (b->name && tenant_is_shared(cfg->shared_rules, cfg->n_shared_rules, b->name) &&
-      cache_right(c, TENANT_SHARED, b->name) != RIGHT_NONE)
+      (sr = cache_right(c, TENANT_SHARED, b->name)) != RIGHT_NONE)
     ns = TENANT_SHARED;
+  /* Opening needs a read right; creating is a write (optable.h, OPEN): a
+   * reader of a declared shared cache nobody opened yet may not make it
+   * with a layout of its own. */
+  if (ns == TENANT_SHARED && sr < RIGHT_WRITE && !cache_exists(c->srv->eng, ns, b->name))
+    return reject(r, KVC_E_PERM, "shared cache '%s' does not exist yet, and tenant %s may only "
+                  "read it: a tenant with rw (or an admin) creates it", b->name,
+                  conn_tenant_name(c));
   /* Each shared cache is an arena group of its own: its readers differ. */
   uint32_t group = ns == TENANT_SHARED ? poolown_group(c->srv, b->name) : 0;
   if (ns == TENANT_SHARED && !group) return reject(r, KVC_E_NOMEM, "out of memory");
@@ -1384,7 +1396,7 @@ static const struct {
   handler_fn fn;
   enum op op;
 } handlers[] = {
-#define ROW_(name, CASE) [KVCACHE__V1__REQUEST__BODY_##CASE] = {h_##name, OP_##CASE},
+#define ROW_(name, CASE, RIGHT) [KVCACHE__V1__REQUEST__BODY_##CASE] = {h_##name, OP_##CASE},
     DAEMON_OPS(ROW_)
 #undef ROW_
 };

@@ -11,7 +11,7 @@
 #include "codec.h"
 
 static const char *const op_names[OP_COUNT_] = {
-#define OP_NAME_(name, CASE) #name,
+#define OP_NAME_(name, CASE, RIGHT) #name,
     DAEMON_OPS(OP_NAME_)
 #undef OP_NAME_
 };
