@@ -172,7 +172,9 @@ static const option_t options[] = {
    "evicts its own least recent data first (QUOTA_PAGES if it has none to give)"},
   {"tenant_max_pinned_pct", OPT_U32, "0", 0, 100, true, F(tenant_max_pinned_pct),
    "pages one tenant may hold pinned plus leased, percent of the pool (QUOTA_PINS), checked "
-   "as pinned sequences grow too; 0: pin_limit_pct"},
+   "as pinned sequences grow too; 0: fair, a tenant pins at most the pin limit divided by "
+   "the tenants with caches plus one (room for the next tenant), pinned plus leased within "
+   "pin_limit_pct"},
   {"tenant_max_seqs", OPT_U64, "65536", 0, UINT64_MAX, true, F(tenant_max_seqs),
    "sequences of one tenant, empty ones included (QUOTA_SEQS; 0: unlimited)"},
   {"tenant_max_caches", OPT_U32, "16", 0, 65536, true, F(tenant_max_caches),

@@ -15,16 +15,16 @@ int quotas_apply(server_t *srv) {
   engine_stats(srv->eng, &st);
   engine_tenant_limits_t lim = {
       .max_bytes = st.pool_bytes * cfg->tenant_max_pages_pct / 100,
-      .max_pinned_bytes =
-          st.pool_bytes *
-          (cfg->tenant_max_pinned_pct ? cfg->tenant_max_pinned_pct : cfg->pin_limit_pct) / 100,
+      /* 0: fair by default, a share of the pin limit (engine_set_pin_share) */
+      .max_pinned_bytes = st.pool_bytes * cfg->tenant_max_pinned_pct / 100,
       .max_seqs = cfg->tenant_max_seqs,
       .max_caches = cfg->tenant_max_caches,
       .max_keys = cfg->tenant_max_keys,
   };
   /* A percent of a small pool rounds to nothing: at least one byte. */
   if (!lim.max_bytes) lim.max_bytes = 1;
-  if (!lim.max_pinned_bytes) lim.max_pinned_bytes = 1;
+  if (cfg->tenant_max_pinned_pct && !lim.max_pinned_bytes) lim.max_pinned_bytes = 1;
+  engine_set_pin_share(srv->eng, cfg->tenant_max_pinned_pct == 0);
   int rc = engine_set_pin_limit(srv->eng, cfg->pin_limit_pct);
   if (rc == 0) rc = engine_tenant_limits_set(srv->eng, ENGINE_TENANT_DEFAULT, &lim);
   /* Floors: the named tenants get the default limits and their floor; a

@@ -230,6 +230,7 @@ struct engine {
   uint32_t hash_bits;  /* test hook: keep only this many hash bits (0: all) */
   uint64_t pin_limit;  /* bytes of pages that may be pinned */
   uint32_t pin_limit_pct; /* as set: the limit follows the pool's size */
+  bool pin_share;      /* tenants without a pin limit of their own share the pool's */
   bool evicting;       /* pages a dropped sequence leaves cached go to the tail */
   pin_t *soft;         /* soft (TTL) pins */
   uint32_t index_sole;  /* indexed pages held by exactly one sequence */

@@ -273,6 +273,8 @@ void engine_page_place(const engine_t *eng, uint32_t page, uint16_t *arena, uint
   *index = pool_page_index(&eng->pool, page);
 }
 
+void engine_set_pin_share(engine_t *eng, bool on) { eng->pin_share = on; }
+
 void engine_pin_limit_follow(engine_t *eng, uint32_t pct) {
   pct = pct && pct < 100 ? pct : 100;
   eng->pin_limit_pct = pct;

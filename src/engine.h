@@ -704,6 +704,10 @@ int engine_tenant_usage(engine_t *eng, uint32_t tenant, engine_tenant_limits_t *
  * pin_limit_pct: pins already held stay when it is lowered, new ones are
  * refused past it (the daemon's reload). KVC_E_INVAL above 100. */
 int engine_set_pin_limit(engine_t *eng, uint32_t pct);
+/* Fair pins by default: a tenant without max_pinned_bytes of its own pins
+ * at most pin_limit / (tenants with caches + 1), and pins plus leases at
+ * most the pin limit (on); off (engine_new's default): no tenant limit. */
+void engine_set_pin_share(engine_t *eng, bool on);
 /* The pin limit at pct of the pool as it is now (engine_new, a resize). */
 void engine_pin_limit_follow(engine_t *eng, uint32_t pct);
 

@@ -101,14 +101,30 @@ int quota_check_pins(engine_t *eng, quota_t *q, uint64_t more, uint64_t stride, 
                        (unsigned long long)total, (unsigned long long)eng->pin_limit);
   }
   uint64_t max = quota_lim(eng, q)->max_pinned_bytes;
+  /* Fair by default: a tenant without a limit of its own pins at most its
+   * share of the pin limit, split between the tenants with caches and one
+   * more (room for the next tenant's first pins). */
+  uint64_t share = 0;
+  if (!max && eng->pin_share && pool) {
+    uint64_t n = 1;
+    for (uint32_t i = 0; i < eng->nquotas; i++)
+      n += eng->quotas[i] != q && eng->quotas[i]->use.caches > 0;
+    max = share = eng->pin_limit / (n + 1);
+    if (!max) max = 1;
+  } else if (!max && eng->pin_share) {
+    max = eng->pin_limit; /* a lease: pinned plus leased within the pool's pin limit */
+  }
   /* A quota of the whole pool limits nothing: a write that cannot fit is FULL. */
   if (!max || max >= total || q->use.pinned_bytes + q->use.leased_bytes + bytes <= max) return 0;
   q->use.refused_pins++;
   return engine_fail(eng, KVC_E_QUOTA_PINS,
-                     "tenant_max_pinned: the tenant pins %llu and leases %llu bytes, "
-                     "%llu more would pass the quota of %llu",
+                     "%s: the tenant pins %llu and leases %llu bytes, %llu more would pass "
+                     "%s %llu",
+                     share ? "its share of the pin limit" : "tenant_max_pinned",
                      (unsigned long long)q->use.pinned_bytes,
                      (unsigned long long)q->use.leased_bytes, (unsigned long long)bytes,
+                     share ? "the share (pin limit / (tenants with caches + 1)) of"
+                           : "the quota of",
                      (unsigned long long)max);
 }
 

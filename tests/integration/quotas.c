@@ -476,3 +476,75 @@ TEST(quotas_pin_limit_reloaded) {
   daemon_stop(&d);
   unlink(path);
 }
+
+/* Fair by default (issue 30): with no tenant_max_pinned_pct, a tenant alone
+ * grows one pinned sequence until its share of the pin limit stops it
+ * (QUOTA_PINS at half of pin_limit_pct, not PINLIMIT at all of it), and a
+ * second tenant's first pins then find room. */
+typedef struct fair_arg {
+  const daemon_t *d;
+  int ready, go;
+} fair_arg_t;
+
+static void fair_a(void *p) {
+  fair_arg_t *a = p;
+  kvc_client_t *c = client_open(a->d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "grow", &l, &h));
+  size_t n = it_tok_floats(&l, false) * 16;
+  float *k = calloc(n, 4), *v = calloc(n, 4);
+  ASSERT_OK(kvc_put(h, 1, 0, 16, k, v));
+  ASSERT_OK(kvc_seq_pin(h, 1));
+  int rc;
+  uint64_t pages = 1;
+  while ((rc = kvc_put(h, 1, pages * 16, 16, k, v)) == 0) pages++;
+  if (rc != KVC_E_QUOTA_PINS || pages != 128 ||
+      !strstr(kvc_client_last_error(c), "share of the pin limit")) {
+    fprintf(stderr, "tenant A: %s after %llu pages: %s\n", kvc_err_name(rc),
+            (unsigned long long)pages, kvc_client_last_error(c));
+    _exit(50);
+  }
+  free(k), free(v);
+  char x = 1;
+  if (write(a->ready, &x, 1) != 1 || read(a->go, &x, 1) != 1) _exit(51); /* keeps its pins */
+  kvc_client_close(c);
+}
+
+static void fair_b(void *p) {
+  fair_arg_t *a = p;
+  kvc_client_t *c = client_open(a->d);
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "mine", &l, &h));
+  size_t n = it_tok_floats(&l, false) * 16 * 4;
+  float *k = calloc(n, 4), *v = calloc(n, 4);
+  ASSERT_OK(kvc_put(h, 1, 0, 64, k, v)); /* 4 pages */
+  int rc = kvc_seq_pin(h, 1);
+  if (rc) {
+    fprintf(stderr, "tenant B's first pin: %s: %s\n", kvc_err_name(rc), kvc_client_last_error(c));
+    _exit(52);
+  }
+  free(k), free(v);
+  kvc_client_close(c);
+}
+
+TEST(quotas_pins_fair_by_default_between_two_tenants) {
+  daemon_t d;
+  const char *args[] = {"--allow-uids", "self,root,64001,64002", "--socket-mode", "0666",
+                        "--tenant-max-pages-pct", "100", NULL};
+  daemon_start_args(&d, args);
+  ASSERT_EQ(chmod(d.dir, 0755), 0);
+  int rp[2], gp[2];
+  ASSERT_EQ(pipe(rp), 0);
+  ASSERT_EQ(pipe(gp), 0);
+  fair_arg_t a = {&d, rp[1], gp[0]};
+  pid_t pa = spawn_as(UID_H, fair_a, &a);
+  char x;
+  ASSERT_EQ(read(rp[0], &x, 1), 1);
+  pid_t pb = spawn_as(UID_V, fair_b, &a);
+  ASSERT_EQ(reap(pb), 0);
+  ASSERT_EQ(write(gp[1], &x, 1), 1);
+  ASSERT_EQ(reap(pa), 0);
+  daemon_stop(&d);
+}
