@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -35,14 +36,35 @@ void log_emit(int level, const char *event, const char *fmt, ...) {
                    log_level_name(level), event);
   if (n < 0) return;
   size_t used = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
-  va_list ap;
+  va_list ap, again;
   va_start(ap, fmt);
+  va_copy(again, ap);
   int m = vsnprintf(line + used, sizeof line - used, fmt, ap);
   va_end(ap);
-  if (m > 0) used += (size_t)m < sizeof line - used ? (size_t)m : sizeof line - used - 1;
+  char *out = line;
+  if (m > 0 && (size_t)m + 1 >= sizeof line - used) {
+    /* A line longer than the buffer (the config line names every option):
+     * made whole on the heap, never cut. */
+    char *big = malloc(used + (size_t)m + 2);
+    if (big) {
+      memcpy(big, line, used);
+      vsnprintf(big + used, (size_t)m + 1, fmt, again);
+      out = big;
+      used += (size_t)m;
+    } else { /* out of memory: cut, and said so */
+      static const char cut[] = " truncated=yes";
+      used = sizeof line - sizeof cut - 1;
+      memcpy(line + used, cut, sizeof cut - 1);
+      used += sizeof cut - 1;
+    }
+  } else if (m > 0) {
+    used += (size_t)m;
+  }
+  va_end(again);
   /* One write per line keeps lines whole when stderr is shared. */
-  line[used < sizeof line - 1 ? used : sizeof line - 2] = '\n';
-  fwrite(line, 1, (used < sizeof line - 1 ? used : sizeof line - 2) + 1, stderr);
+  out[used] = '\n';
+  fwrite(out, 1, used + 1, stderr);
+  if (out != line) free(out);
 }
 
 bool log_limit_allow(log_limit_t *l, uint64_t now_ms, uint64_t *suppressed) {

@@ -124,7 +124,7 @@ static int start(server_t *srv, char *err, size_t errlen) {
 }
 
 static void announce(server_t *srv, const char *argv0) {
-  char opts[4096], self[4096], line[256];
+  char opts[32768], self[4096], line[256];
   config_format(&srv->cfg, opts, sizeof opts);
   LOG_INFO("start", "version=%s pid=%d config_file=\"%s\"", KVC_VERSION_STRING,
            (int)getpid(), srv->config_file);

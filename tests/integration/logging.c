@@ -28,6 +28,33 @@ TEST(logging_startup_and_connections) {
   ASSERT(it_log_has(&d, " allow_gids=\"\" admin_uids=0 admin_gids=\"\" tenants=\"\" "
                         "shared_caches=\"\" zero_copy_tenant=\"\" drain_timeout_ms=10000 "
                         "status_interval_ms=5000 log_level=debug"));
+  /* No line is cut: the config line names every option (issue 30: it was
+   * cut at 1,023 bytes, every events_* and cluster_* option lost). */
+  {
+    static char opts[65536], logtext[1 << 17];
+    ASSERT_EQ(it_sh(opts, sizeof opts, "%s/kvcached --print-config", it_build()), 0);
+    FILE *lf = fopen(d.log, "r");
+    ASSERT(lf != NULL);
+    size_t ln = fread(logtext, 1, sizeof logtext - 1, lf);
+    fclose(lf);
+    logtext[ln] = '\0';
+    const char *cfgline = strstr(logtext, "event=config socket=");
+    ASSERT(cfgline != NULL);
+    const char *eol = strchr(cfgline, '\n');
+    ASSERT(eol != NULL);
+    size_t names = 0;
+    for (char *save = NULL, *ln2 = strtok_r(opts, "\n", &save); ln2; ln2 = strtok_r(NULL, "\n", &save)) {
+      char name[64];
+      if (ln2[0] == '#' || sscanf(ln2, "%63[a-z0-9_] =", name) != 1) continue;
+      char pat[80];
+      snprintf(pat, sizeof pat, " %s=", name);
+      const char *at = strstr(cfgline, pat);
+      if (!at || at > eol) TEST_FAIL_("option %s is not in the event=config line", name);
+      names++;
+    }
+    ASSERT(names >= 80);
+    ASSERT(eol - cfgline > 1023);
+  }
   ASSERT(it_log_has(&d, "event=pool bytes=8388608 segment_bytes=16384 segments=512 "
                         "grain_bytes=16384 prefaulted=yes"));
   ASSERT(it_log_has(&d, "level=warn event=config option=page_bytes state=deprecated"));
