@@ -105,6 +105,7 @@ typedef struct {
   Py_buffer view;         /* when has_view */
   bool has_view;
   bool is_torch;
+  char type_name[40];     /* T_OTHER: what it is (int32, torch.int32), for errors */
 } tensor_t;
 
 /* Fills *t from a C-contiguous buffer-protocol object or a contiguous CPU

@@ -102,6 +102,8 @@ static PyObject *call0(PyObject *o, const char *name) {
   return PyObject_CallMethod(o, name, NULL);
 }
 
+static int tensor_get_(PyObject *o, tensor_t *t, bool writable, const char *what);
+
 static int torch_get(PyObject *o, tensor_t *t, const char *what) {
   PyObject *dev = NULL, *devtype = NULL, *contig = NULL, *dt = NULL, *shape = NULL,
            *ptr = NULL, *numel = NULL;
@@ -158,7 +160,27 @@ out:
   return rc;
 }
 
+/* The name an error gives a dtype kvcache does not take: the object's own
+ * dtype (NumPy's int32, torch.int32), else the buffer's format. */
+static void other_name(PyObject *o, tensor_t *t) {
+  PyObject *dt = PyObject_GetAttrString(o, "dtype");
+  PyObject *s = dt ? PyObject_Str(dt) : NULL;
+  const char *n = s ? PyUnicode_AsUTF8(s) : NULL;
+  if (n) snprintf(t->type_name, sizeof t->type_name, "%s", n);
+  else if (t->has_view && t->view.format)
+    snprintf(t->type_name, sizeof t->type_name, "format '%s'", t->view.format);
+  PyErr_Clear();
+  Py_XDECREF(s);
+  Py_XDECREF(dt);
+}
+
 int tensor_get(PyObject *o, tensor_t *t, bool writable, const char *what) {
+  int rc = tensor_get_(o, t, writable, what);
+  if (rc == 0 && t->dtype == T_OTHER) other_name(o, t);
+  return rc;
+}
+
+static int tensor_get_(PyObject *o, tensor_t *t, bool writable, const char *what) {
   memset(t, 0, sizeof *t);
   if (PyObject_CheckBuffer(o)) {
     if (PyObject_GetBuffer(o, &t->view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_RECORDS_RO) < 0) {
@@ -228,7 +250,8 @@ int tensor_check(const tensor_t *t, const char *what, const Py_ssize_t *want, in
   if (w && g)
     PyErr_Format(PyExc_ValueError,
                  "%s: expected shape %S [layer, token, head, dim] (n: any) of %s, got shape %S "
-                 "of %s", what, w, names, g, dtype_name(t->dtype));
+                 "of %s", what, w, names, g,
+                 t->dtype == T_OTHER && t->type_name[0] ? t->type_name : dtype_name(t->dtype));
   Py_XDECREF(w);
   Py_XDECREF(g);
   return -1;

@@ -473,6 +473,11 @@ def test_bad_shapes_and_dtypes_say_what_was_expected(client):
         c.put(1, 0, k, v[..., :16].copy())
     with pytest.raises(ValueError, match="f32"):
         c.put(1, 0, k.astype(np.float64), v.astype(np.float64))
+    # A dtype kvcache does not take is named as the caller knows it.
+    with pytest.raises(ValueError, match=r"of f32, got shape \(2, 4, 2, 32\) of int32"):
+        c.put(1, 0, k.astype(np.int32), v.astype(np.int32))
+    with pytest.raises(ValueError, match=r"of torch\.int32"):
+        c.put(1, 0, torch.from_numpy(k.astype(np.int32)), torch.from_numpy(v.astype(np.int32)))
     with pytest.raises(ValueError, match="contiguous"):
         c.put(1, 0, k[:, ::2], v[:, ::2])
     with pytest.raises(ValueError, match="contiguous"):
