@@ -11,7 +11,8 @@
  * in a uv_poll (edge-triggered: drained until ZMQ_EVENTS has no POLLIN,
  * after every send as well). A subscriber whose queue holds events_hwm
  * messages misses batches: it sees the gap in the sequence numbers, the
- * daemon counts them (events_slow_drops) and the others are not slowed.
+ * daemon counts the stall (events_slow_drops: once a stall, as libzmq reports
+ * a full queue, not once a missed batch) and the others are not slowed.
  */
 #ifndef KVCD_EVENTS_ZMQ_H
 #define KVCD_EVENTS_ZMQ_H

@@ -77,7 +77,7 @@
   X(events_batches, STAT_COUNTER, "batches", "batches published on the ZeroMQ event stream (events_endpoint)") \
   X(events_published, STAT_COUNTER, "events", "events in those batches (runs of one chain's stored pages, or of one cache's removed pages, are one event)") \
   X(events_log_dropped, STAT_COUNTER, "records", "changes of the prefix index lost because the engine's event log was full (events_log_bytes); each loss is followed by AllBlocksCleared") \
-  X(events_slow_drops, STAT_COUNTER, "batches", "batches a ZeroMQ subscriber missed because its queue held events_hwm messages") \
+  X(events_slow_drops, STAT_COUNTER, "stalls", "times a batch found a ZeroMQ subscriber's queue full (events_hwm): stalls, not the batches it then missed (its gap in seq counts those)") \
   X(events_subscriptions, STAT_GAUGE, "subscriptions", "ZeroMQ subscriptions to the event stream now") \
   X(events_replays, STAT_COUNTER, "requests", "replay requests served on events_replay_endpoint") \
   X(events_replayed_batches, STAT_COUNTER, "batches", "batches sent again by replays") \

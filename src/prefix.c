@@ -20,6 +20,7 @@
 
 #include <openssl/evp.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
@@ -431,12 +432,8 @@ void prefix_reclaim(engine_t *eng, ipage_t *ip) {
   page_unref(eng, c, ip->page, 0); /* the index's reference was the last */
 }
 
-void prefix_cache_clear(engine_t *eng, cache_t *c) {
-  /* Every sequence is gone: each indexed page of c is cached, or held by a
-   * lease. Children first is not needed here: the whole index goes. */
-  for (uint32_t page = 0; page < eng->pool.npages && c->index.count; page++) {
-    ipage_t *ip = page_meta(eng, page);
-    if (!ip || ip->cache != c || !ip->indexed) continue;
+/* One indexed page of a cache being cleared leaves the index. */
+static void clear_one(engine_t *eng, cache_t *c, ipage_t *ip, uint32_t page) {
     if (ip->node.prev) { /* cached; a page a lease still holds is not */
       lru_unlink(&ip->node);
       page_cached_count(eng, c, -1);
@@ -448,6 +445,47 @@ void prefix_cache_clear(engine_t *eng, cache_t *c) {
     c->st.pages_indexed--;
     if (eng->ev) evlog_removed(eng, c, ip->hash);
     page_unref(eng, c, page, 0);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Depth of an indexed page in its chain (a head is 0). */
+static uint32_t chain_depth(const engine_t *eng, const ipage_t *ip) {
+  uint32_t d = 0;
+  for (uint32_t p = ip->parent; p != POOL_NOPAGE && d < UINT32_MAX; d++) {
+    const ipage_t *up = page_meta(eng, p);
+    if (!up) break;
+    p = up->parent;
+  }
+  return d;
+}
+
+void prefix_cache_clear(engine_t *eng, cache_t *c) {
+  /* Every sequence is gone: each indexed page of c is cached, or held by a
+   * lease. The whole index goes, leaf first as eviction goes (the event
+   * stream's BlockRemoved says so, doc/events.md): deepest pages first.
+   * Out of memory for the order, it goes in page order. */
+  uint64_t n = c->index.count, k = 0;
+  uint64_t *order = n ? mem_alloc(&eng->mem, (size_t)n * sizeof *order) : NULL;
+  for (uint32_t page = 0; order && page < eng->pool.npages && k < n; page++) {
+    ipage_t *ip = page_meta(eng, page);
+    if (!ip || ip->cache != c || !ip->indexed) continue;
+    /* deepest first, then page order: the key sorts ascending */
+    order[k++] = (uint64_t)(UINT32_MAX - chain_depth(eng, ip)) << 32 | page;
+  }
+  if (order) qsort(order, (size_t)k, sizeof *order, cmp_u64);
+  for (uint64_t i = 0; order && i < k; i++) {
+    uint32_t page = (uint32_t)order[i];
+    clear_one(eng, c, page_meta(eng, page), page);
+  }
+  mem_free(&eng->mem, order);
+  for (uint32_t page = 0; page < eng->pool.npages && c->index.count; page++) {
+    ipage_t *ip = page_meta(eng, page);
+    if (!ip || ip->cache != c || !ip->indexed) continue;
+    clear_one(eng, c, ip, page);
   }
   hmap_deinit(&c->index, &eng->mem);
 }
