@@ -61,6 +61,8 @@ static int start(server_t *srv, char *err, size_t errlen) {
   if (notify_open(&srv->notify, err, errlen) != 0) return -1;
   uint64_t reserve = srv->cfg.pool_reserve_bytes ? srv->cfg.pool_reserve_bytes
                                                  : poolmap_default_reserve(srv->cfg.pool_bytes);
+  LOG_INFO("pool_prefault", "bytes=%llu state=start", (unsigned long long)srv->cfg.pool_bytes);
+  poolmap_prefault_expect(srv->cfg.pool_bytes);
   if (poolmap_open(&srv->pool, srv->cfg.pool_bytes, reserve,
                    srv->cfg.pool_huge_pages ? POOL_HUGE_AUTO : POOL_HUGE_OFF,
                    srv->cfg.page_bytes ? 0 : config_segment_bytes(&srv->cfg), err, errlen) != 0)
@@ -104,6 +106,7 @@ static int start(server_t *srv, char *err, size_t errlen) {
    * supervisor, a test) drains; it must not find the default action. They
    * are handled from the loop, so not before the start is done. */
   signals_start(srv);
+  if (poolmap_stop_asked) raise(SIGTERM); /* asked before the loop took the signals: now */
   if (remote_start(srv, err, errlen) != 0) return -1;
   if (ring_poller_start(srv, conn_run_ring) != 0) {
     snprintf(err, errlen, "ring poller: out of memory");
@@ -196,6 +199,13 @@ static int act(const config_cmdline_t *cmd) {
   return 0;
 }
 
+/* A SIGTERM or SIGINT before the loop handles them (the pool is backed
+ * first): the start stops and the daemon exits 0, as a drain of nothing. */
+static void on_early_stop(int sig) {
+  (void)sig;
+  poolmap_stop_asked = 1;
+}
+
 int main(int argc, char **argv) {
   static server_t srv;
   static uv_loop_t loop;
@@ -212,6 +222,10 @@ int main(int argc, char **argv) {
   }
   log_level = srv.cfg.log_level;
   signal(SIGPIPE, SIG_IGN);
+  struct sigaction early = {.sa_handler = on_early_stop};
+  sigemptyset(&early.sa_mask);
+  sigaction(SIGTERM, &early, NULL);
+  sigaction(SIGINT, &early, NULL);
   uv_loop_init(&loop);
   srv.loop = &loop;
   srv.next_conn_id = 1;
@@ -221,10 +235,15 @@ int main(int argc, char **argv) {
   metrics_init(&srv.stats, uv_hrtime());
   int status = 0;
   if (start(&srv, err, sizeof err) != 0) {
-    LOG_ERROR("start_failed", "reason=\"%s\"", err);
-    notify_send(&srv.notify, "STATUS=start failed: %s", err);
-    fprintf(stderr, "kvcached: %s\n", err);
-    status = 1;
+    if (poolmap_stop_asked) { /* asked to stop while starting: a clean stop */
+      LOG_INFO("exit", "status=0 reason=\"stopped while starting: %s\"", err);
+      notify_send(&srv.notify, "STOPPING=1\nSTATUS=stopped while starting");
+    } else {
+      LOG_ERROR("start_failed", "reason=\"%s\"", err);
+      notify_send(&srv.notify, "STATUS=start failed: %s", err);
+      fprintf(stderr, "kvcached: %s\n", err);
+      status = 1;
+    }
     server_unlisten(&srv);
     http_stop(&srv);
     remote_stop(&srv);

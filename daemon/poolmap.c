@@ -2,13 +2,16 @@
 #include "poolmap.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <uv.h>
 
+#include "log.h"
 #include "shm.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
@@ -19,6 +22,29 @@
 #endif
 
 #define HUGE_BYTES (2ull << 20)
+#define PREFAULT_RUN (64ull << 20) /* faulted in between two looks at a stop */
+
+volatile sig_atomic_t poolmap_stop_asked;
+static uint64_t prefault_total, prefault_done, prefault_last_ns, prefault_t0_ns;
+
+void poolmap_prefault_expect(uint64_t bytes) {
+  prefault_total = bytes;
+  prefault_done = 0;
+  prefault_t0_ns = prefault_last_ns = uv_hrtime();
+}
+
+/* One line a second while the start backs the pool (a large pool takes
+ * seconds: 11.8 s for 4 GiB here). */
+static void prefault_progress(uint64_t n) {
+  prefault_done += n;
+  uint64_t now = uv_hrtime();
+  if (!prefault_total || now - prefault_last_ns < 1000000000ull) return;
+  prefault_last_ns = now;
+  LOG_INFO("pool_prefault", "done_bytes=%llu bytes=%llu pct=%llu elapsed_ms=%llu",
+           (unsigned long long)prefault_done, (unsigned long long)prefault_total,
+           (unsigned long long)(prefault_done * 100 / prefault_total),
+           (unsigned long long)((now - prefault_t0_ns) / 1000000));
+}
 
 /* The range [p, p + n) of the reservation is reserved again: no memory, no
  * access, still ours. */
@@ -89,8 +115,18 @@ static int map_seal(int fd, uint8_t *p, uint64_t bytes, bool advise_thp, bool *t
   }
   /* Advised before the pages fault in, so they fault in huge. */
   *thp = advise_thp && madvise(p, bytes, MADV_HUGEPAGE) == 0;
-  if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0) /* before 5.14: one write a page */
-    for (uint64_t i = 0; i < bytes; i += 4096) ((volatile uint8_t *)p)[i] = 0;
+  /* In runs: a stop asked meanwhile ends it, and the start says how far it is. */
+  for (uint64_t at = 0; at < bytes; at += PREFAULT_RUN) {
+    uint64_t n = bytes - at < PREFAULT_RUN ? bytes - at : PREFAULT_RUN;
+    if (poolmap_stop_asked) {
+      snprintf(err, errlen, "stopped by a signal while the pool was backed");
+      unreserve(p, bytes);
+      return -1;
+    }
+    if (madvise(p + at, n, MADV_POPULATE_WRITE) != 0) /* before 5.14: one write a page */
+      for (uint64_t i = 0; i < n; i += 4096) ((volatile uint8_t *)p)[at + i] = 0;
+    prefault_progress(n);
+  }
   /* From now on this mapping is the only writable one there will ever be:
    * no new writable mapping, write() or hole punch, through any descriptor,
    * and the mode refuses a read-write reopening to anyone but root. */
@@ -116,6 +152,10 @@ int poolmap_make(const poolmap_t *pm, uint64_t off, uint64_t bytes, poolseg_t *o
   if (avail != 0 && bytes > avail) {
     snprintf(err, errlen, "%llu more pool bytes exceed MemAvailable %llu",
              (unsigned long long)bytes, (unsigned long long)avail);
+    return -1;
+  }
+  if (poolmap_stop_asked) {
+    snprintf(err, errlen, "stopped by a signal while the pool was backed");
     return -1;
   }
   uint8_t *p = pm->base + off;

@@ -25,6 +25,7 @@
 #ifndef KVCD_POOLMAP_H
 #define KVCD_POOLMAP_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -99,6 +100,13 @@ void poolmap_boundaries(const poolmap_t *pm, char *buf, size_t len);
 
 /* The huge pages backing the pool: the least of its segments'. */
 int poolmap_huge(const poolmap_t *pm);
+
+/* Set (by a signal handler) to stop a start that backs the pool: the
+ * fault-in looks at it between runs of 64 MiB and fails with a reason. */
+extern volatile sig_atomic_t poolmap_stop_asked;
+/* The bytes the start is about to back: progress lines (event=pool_prefault)
+ * say how far it is, one a second. */
+void poolmap_prefault_expect(uint64_t bytes);
 
 /* Unmaps everything and closes the descriptors. Accepts a closed map. */
 void poolmap_close(poolmap_t *pm);
