@@ -288,19 +288,22 @@ static int h_cache_open(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) 
    * the caller has a right on. */
   uint32_t ns = c->tenant, id;
   enum tenant_right sr = RIGHT_NONE;
+  bool shared = false;
   if (b->name && tenant_is_shared(cfg->shared_rules, cfg->n_shared_rules, b->name) &&
-      (sr = cache_right(c, TENANT_SHARED, b->name)) != RIGHT_NONE)
+      (sr = cache_right(c, TENANT_SHARED, b->name)) != RIGHT_NONE) {
     ns = TENANT_SHARED;
+    shared = true;
+  }
   /* Opening needs a read right; creating is a write (optable.h, OPEN): a
    * reader of a declared shared cache nobody opened yet may not make it
    * with a layout of its own. */
-  if (ns == TENANT_SHARED && sr < RIGHT_WRITE && !cache_exists(c->srv->eng, ns, b->name))
+  if (shared && sr < RIGHT_WRITE && !cache_exists(c->srv->eng, ns, b->name))
     return reject(r, KVC_E_PERM, "shared cache '%s' does not exist yet, and tenant %s may only "
                   "read it: a tenant with rw (or an admin) creates it", b->name,
                   conn_tenant_name(c));
   /* Each shared cache is an arena group of its own: its readers differ. */
-  uint32_t group = ns == TENANT_SHARED ? poolown_group(c->srv, b->name) : 0;
-  if (ns == TENANT_SHARED && !group) return reject(r, KVC_E_NOMEM, "out of memory");
+  uint32_t group = shared ? poolown_group(c->srv, b->name) : 0;
+  if (shared && !group) return reject(r, KVC_E_NOMEM, "out of memory");
   ENGINE_CALL(r, engine_cache_open_group(c->srv->eng, ns, group, b->name, &l, &id));
   Kvcache__V1__CacheOpenReply *o = arena_alloc(r->a, sizeof *o);
   if (!o) return reject(r, KVC_E_NOMEM, "out of memory");

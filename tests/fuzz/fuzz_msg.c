@@ -114,7 +114,7 @@ static void seed_prepare(conn_t *c) {
   fz_conn_frame(c, buf, seed_put_tokens(buf, 6, 0, 3, 0, 8, 1, "", ""));
   fz_seen_t *s = fz_seen(c);
   if (s->replies != 6 || s->last_status != 0 || engine_stats_sequences(c) != 3) {
-    fprintf(stderr, "fuzz_msg: the fixed state did not build\n");
+    fprintf(stderr, "fuzz_msg: the fixed state did not build (%u replies, last status %d)\n", (unsigned)s->replies, (int)s->last_status);
     abort();
   }
 }

@@ -4,8 +4,10 @@
 
 /* A 1 MiB pool of 16 KiB pages: 64 pages; one 16-token sequence = 1 page.
  * These tests pin most of the pool on purpose: no pin limit. */
+/* One tenant may pin the whole pool here: no fair share of the pin limit. */
 static const char *const small_pool[] = {"--pool-bytes", "1MiB", "--page-bytes", "16KiB",
-                                         "--pin-limit-pct", "100", NULL};
+                                         "--pin-limit-pct", "100", "--tenant-max-pinned-pct",
+                                         "100", NULL};
 
 #define TOK 16u
 

@@ -506,8 +506,10 @@ static void expect_tokens(kvc_cache_t *h, const kvc_layout_t *l, uint64_t seq, u
  * (FULL) and trimming makes room again. The shared prefix never changes, a
  * failed write changes nothing, every sequence reads back as written. */
 TEST_TIMEOUT(hard_cow_races_under_pressure_keep_prefixes, 120) {
-  /* 64 pages, every fork pinned: no pin limit here. */
-  static const char *const args[] = {"--pool-bytes", "1MiB", "--pin-limit-pct", "100", NULL};
+  /* 64 pages, every fork pinned: no pin limit here (and one tenant may use
+   * all of it: no fair share of it either). */
+  static const char *const args[] = {"--pool-bytes", "1MiB", "--pin-limit-pct", "100",
+                                     "--tenant-max-pinned-pct", "100", NULL};
   daemon_t d;
   daemon_start_args(&d, args);
   kvc_client_t *c = open_small(&d);

@@ -285,7 +285,8 @@ static void fill(kvc_cache_t *h, uint64_t first, uint64_t n) {
 }
 
 TEST(prefix_pressure_reclaims_lru_then_chain_tails_first) {
-  static const char *const args[] = {SMALL_POOL, "--pin-limit-pct", "100", NULL};
+  static const char *const args[] = {SMALL_POOL, "--pin-limit-pct", "100",
+                                     "--tenant-max-pinned-pct", "100", NULL};
   daemon_t d;
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open(&d);
@@ -447,7 +448,8 @@ TEST(prefix_ttl_pin_lapses) {
 }
 
 TEST(prefix_pins_beyond_the_limit_fail) {
-  static const char *const args[] = {SMALL_POOL, "--pin-limit-pct", "20", NULL}; /* 12 of 64 */
+  static const char *const args[] = {SMALL_POOL, "--pin-limit-pct", "20", /* 12 of 64 */
+                                     "--tenant-max-pinned-pct", "100", NULL};
   daemon_t d;
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open(&d);

@@ -184,7 +184,7 @@ TEST_TIMEOUT(resize_up_and_down_under_load_every_byte_verified, 120) {
 TEST(resize_shrink_refused_when_pinned_data_would_be_lost) {
   daemon_t d;
   const char *args[] = {"--pool-bytes", "4MiB", "--page-bytes", "16KiB", "--pin-limit-pct",
-                        "100", NULL};
+                        "100", "--tenant-max-pinned-pct", "100", NULL};
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open_shm(&d, 16u << 20);
   kvc_cache_t *h = open_cache(c);
