@@ -357,6 +357,13 @@ TEST(arenas_a_70b_page_beside_a_draft_page) {
       ASSERT_OK(kvc_get(h, s, 0, ntok, gk, gv));
       ASSERT_MEM_EQ(gk, k, kb);
       ASSERT_MEM_EQ(gv, v, vb);
+      /* Read in place too (32 MiB segments, a reserve of whole segments). */
+      kvc_lease_t *ls;
+      ASSERT_OK(kvc_lease(h, s, 0, ntok, &ls));
+      const kvc_lease_info_t *li = kvc_lease_info(ls);
+      ASSERT(li->npages >= 1 && li->arena_base != NULL);
+      ASSERT_MEM_EQ(li->pages[0], gk, li->k_row_bytes); /* layer 0, token 0's K */
+      ASSERT_OK(kvc_lease_release(ls));
     }
     free(k), free(v), free(gk), free(gv);
   }
