@@ -1972,7 +1972,7 @@ static void bench_resize(void) {
 /* ---- arenas (issue 31): the pool of segments owned by (tenant, page size) ---- */
 
 /* A speculative-decoding pair and the Python README's layout. */
-static const kvc_layout_t ar_draft = {16, 8, 64, 64, KVC_DTYPE_F16, 16};   /* 256 KiB pages */
+static const kvc_layout_t ar_draft = {16, 8, 64, 64, KVC_DTYPE_F16, 8};    /* 256 KiB pages */
 static const kvc_layout_t ar_target = {32, 8, 128, 128, KVC_DTYPE_F16, 16}; /* 2 MiB */
 static const kvc_layout_t ar_py = {2, 2, 32, 32, KVC_DTYPE_F32, 16};        /* 16 KiB */
 
@@ -2006,7 +2006,7 @@ static double ar_read_leased(kvc_client_t *c, kvc_cache_t *h, uint64_t ntok, uin
   const kvc_lease_info_t *li = kvc_lease_info(l);
   double best = 0;
   volatile uint64_t keep = 0;
-  for (int pass = 0; pass < 9; pass++) {
+  for (int pass = 0; pass < 4; pass++) {
     double t0 = now_ns();
     uint64_t sum = 0;
     for (uint32_t p = 0; p < li->npages; p++) {
@@ -2052,37 +2052,54 @@ static void bench_arenas(void) {
                         "self,root,64201", "--socket-mode", "0666", NULL};
   kd_start(&d, "arenas", args);
   if (chmod(tmpdir, 0755) != 0) die("chmod %s", tmpdir);
-  int wp[2];
-  if (pipe(wp) != 0) die("pipe");
+  int wp[2], cp[2];
+  if (pipe(wp) != 0 || pipe(cp) != 0) die("pipe");
   fflush(NULL);
   pid_t w = fork();
   if (w < 0) die("fork");
-  if (w == 0) { /* the worker: its own cache, its own pages, read in place */
+  if (w == 0) { /* the worker: its own cache, its own pages, read in place on each ask */
+    close(cp[1]);
+    close(wp[0]);
     if (setgroups(0, NULL) != 0 || setresgid(64201, 64201, 64201) != 0 ||
         setresuid(64201, 64201, 64201) != 0)
       _exit(90);
     kvc_client_t *c = kc_open(&d, 64 * MiB);
     kvc_cache_t *h = kc_cache(c, "worker", &ar_target);
     ar_put(c, h, 1, 256); /* 16 pages: 32 MiB */
-    double ns = ar_read_leased(c, h, 256, 2 * MiB);
-    if (write(wp[1], &ns, sizeof ns) != sizeof ns) _exit(91);
+    char x;
+    while (read(cp[0], &x, 1) == 1) {
+      double ns = ar_read_leased(c, h, 256, 2 * MiB);
+      if (write(wp[1], &ns, sizeof ns) != sizeof ns) _exit(91);
+    }
     kvc_client_close(c);
     _exit(0);
   }
-  double worker_ns = 0;
-  if (read(wp[0], &worker_ns, sizeof worker_ns) != sizeof worker_ns) die("worker's reading");
-  int st;
-  waitpid(w, &st, 0);
+  close(cp[0]);
+  close(wp[1]);
   kvc_client_t *c = kc_open(&d, 64 * MiB);
   kvc_cache_t *h = kc_cache(c, "admin", &ar_target);
   ar_put(c, h, 1, 256);
-  double admin_ns = ar_read_leased(c, h, 256, 2 * MiB);
+  /* Alternating trials, the median of each: the machine's noise hits both. */
+  double wt[TRIALS], at[TRIALS];
+  for (int t = 0; t < TRIALS; t++) {
+    char x = 1;
+    if (write(cp[1], &x, 1) != 1 || read(wp[0], &wt[t], sizeof wt[t]) != sizeof wt[t])
+      die("the worker's reading");
+    at[t] = ar_read_leased(c, h, 256, 2 * MiB);
+  }
+  close(cp[1]);
+  close(wp[0]);
+  int st;
+  waitpid(w, &st, 0);
+  qsort(wt, TRIALS, sizeof wt[0], cmp_double);
+  qsort(at, TRIALS, sizeof at[0], cmp_double);
+  double worker_ns = wt[TRIALS / 2], admin_ns = at[TRIALS / 2];
   r = row_add("lease read of 32 MiB warm: a worker that is no admin vs an admin", BV_GOAL_MAX,
               1.1);
   snprintf(r->fig, sizeof r->fig, "%.2f GB/s", 32.0 * MiB / worker_ns);
   snprintf(r->ref, sizeof r->ref, "%.2f GB/s", 32.0 * MiB / admin_ns);
   row_values(r, worker_ns, admin_ns, true);
-  snprintf(r->note, sizeof r->note, "best of 8 passes each (uid 64201 and root)");
+  snprintf(r->note, sizeof r->note, "median of %d alternating trials (uid 64201, root)", TRIALS);
   kvc_client_close(c);
   stop(d.pid);
 
@@ -2108,10 +2125,10 @@ static void bench_arenas(void) {
   kvc_cache_info_t cis[4];
   size_t nci = 0;
   must(c, kvc_cache_list(c, cis, 4, &nci), "cache list");
-  uint64_t npages = 0;
+  uint64_t npages = 0, pbytes = 0;
   for (size_t i = 0; i < nci; i++)
-    if (strcmp(cis[i].name, "draft") == 0) npages = cis[i].pages;
-  double held = (double)npages * 256.0 * KiB / (double)stat_of(c, "pool_bytes");
+    if (strcmp(cis[i].name, "draft") == 0) npages = cis[i].pages, pbytes = cis[i].page_bytes;
+  double held = (double)npages * (double)pbytes / (double)stat_of(c, "pool_bytes");
   r = row_add("after a switch of models: the new layout's share of the pool", BV_GOAL_MIN, 0.9);
   snprintf(r->fig, sizeof r->fig, "%.3f", held);
   snprintf(r->ref, sizeof r->ref, "pool");
