@@ -1,6 +1,8 @@
 /* dtype.c: float conversions with round-to-nearest-even, and int8 absmax. */
 #include "dtype.h"
 
+#include "fp8.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -63,6 +65,8 @@ static float load_f32(const void *src, kvc_dtype_t st, size_t i) {
   case KVC_DTYPE_F16: { uint16_t v; memcpy(&v, p + i * 2, 2); return dtype_f16_to_f32(v); }
   case KVC_DTYPE_BF16: { uint16_t v; memcpy(&v, p + i * 2, 2); return dtype_bf16_to_f32(v); }
   case KVC_DTYPE_INT8: break;
+  case KVC_DTYPE_FP8_E4M3:
+  case KVC_DTYPE_FP8_E5M2: return fp8_to_f32(p[i], st);
   }
   return 0.0f;
 }
@@ -75,12 +79,22 @@ static void store_from_f32(void *dst, kvc_dtype_t dt, size_t i, float v) {
   case KVC_DTYPE_F16: { uint16_t h = dtype_f32_to_f16(v); memcpy(p + i * 2, &h, 2); return; }
   case KVC_DTYPE_BF16: { uint16_t h = dtype_f32_to_bf16(v); memcpy(p + i * 2, &h, 2); return; }
   case KVC_DTYPE_INT8: return;
+  case KVC_DTYPE_FP8_E4M3:
+  case KVC_DTYPE_FP8_E5M2: p[i] = fp8_from_f32(v, dt); return;
   }
 }
 
 void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, size_t n) {
   if (dt == st) {
     memcpy(dst, src, n * dtype_size(st));
+    return;
+  }
+  if (fp8_is(dt) && !fp8_is(st)) {
+    fp8_encode(dst, dt, src, st, n, FP8_ISA_BEST);
+    return;
+  }
+  if (fp8_is(st) && !fp8_is(dt)) {
+    fp8_decode(dst, dt, src, st, n, FP8_ISA_BEST);
     return;
   }
   if (dt == KVC_DTYPE_F64 && st == KVC_DTYPE_F32) { /* widening is exact */

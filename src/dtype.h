@@ -3,7 +3,8 @@
  * Float conversions round to nearest even and keep NaN a NaN (quiet), inf
  * an inf and the sign of zero. int8 is symmetric absmax: for one row (one
  * token, one head, one layer) scale = max|x| / 127 and q = round(x / scale),
- * so dequantized x = q * scale is within scale / 2 of the input.
+ * so dequantized x = q * scale is within scale / 2 of the input. fp8 codes
+ * are floats of their own (fp8.h).
  */
 #ifndef KVC_DTYPE_H
 #define KVC_DTYPE_H
@@ -23,6 +24,8 @@ static inline unsigned dtype_size(kvc_dtype_t t) {
   case KVC_DTYPE_F16: return 2;
   case KVC_DTYPE_BF16: return 2;
   case KVC_DTYPE_INT8: return 1;
+  case KVC_DTYPE_FP8_E4M3: return 1;
+  case KVC_DTYPE_FP8_E5M2: return 1;
   }
   return 0;
 }
@@ -33,8 +36,9 @@ float dtype_f16_to_f32(uint16_t h);
 uint16_t dtype_f32_to_bf16(float f);
 float dtype_bf16_to_f32(uint16_t b);
 
-/* Converts n elements between two float dtypes (f32, f64, f16, bf16); the
- * same dtype is a plain copy. Buffers may be unaligned. */
+/* Converts n elements between two float dtypes (f32, f64, f16, bf16, and the
+ * fp8 ones: fp8.h); the same dtype is a plain copy. Buffers may be
+ * unaligned. */
 void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, size_t n);
 
 /* True if all n elements of src (a float dtype) are finite. */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "dtype.h"
+#include "fp8.h"
 #include "kvcache/errors.h"
 
 kvc_layout_t layout_normalize(const kvc_layout_t *layout) {
@@ -140,9 +141,11 @@ int layout_xfer(const kvc_layout_t *l, const kvc_xfer_t *x, bool is_put, layout_
     return xfer_fail(KVC_E_HEAD, why, why_len, "a put writes every head");
   kvc_dtype_t bt = x->dtype ? x->dtype : layout_natural_dtype(l);
   bool int8 = l->dtype == KVC_DTYPE_INT8, ok;
+  bool half = bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_F16 || bt == KVC_DTYPE_BF16;
   if (int8)
-    ok = is_put ? (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_F16 || bt == KVC_DTYPE_BF16)
-                : (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_INT8);
+    ok = is_put ? half : (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_INT8);
+  else if (fp8_is(l->dtype)) /* as given, or converted in the copy */
+    ok = bt == l->dtype || half;
   else
     ok = bt == l->dtype || bt == KVC_DTYPE_F32;
   if (!ok)

@@ -68,7 +68,7 @@ kvc_dtype_t layout_natural_dtype(const kvc_layout_t *l);
  * get into *r. Layer and head ends of 0 mean "to the last"; a put covers
  * every head; puts take the cache dtype or f32 (int8 caches: f32, f16,
  * bf16), gets return the cache dtype or f32 (int8: f32, or int8 raw with
- * scales). Returns 0, or KVC_E_LAYER, KVC_E_HEAD, KVC_E_DTYPE with the
+ * scales; fp8: the cache dtype as given, or f32, f16, bf16 converted). Returns 0, or KVC_E_LAYER, KVC_E_HEAD, KVC_E_DTYPE with the
  * reason in why (why_len bytes, may be 0). */
 int layout_xfer(const kvc_layout_t *l, const kvc_xfer_t *x, bool is_put, layout_xfer_t *r,
                 char *why, size_t why_len);

@@ -1,0 +1,54 @@
+/* fp8.h: OCP FP8 (E4M3 and E5M2) codes to and from f32, f16 and bf16.
+ *
+ *   E4M3: s eeee mmm, bias 7. No infinities; S.1111.111 is NaN; max 448
+ *         (S.1111.110); subnormals m * 2^-9. torch.float8_e4m3fn.
+ *   E5M2: s eeeee mm, bias 15, IEEE-like: S.11111.00 is inf, S.11111.mm
+ *         (mm != 0) NaN; max 57344; subnormals m * 2^-16. The top byte of
+ *         an f16. torch.float8_e5m2.
+ *
+ * A code's value is the element itself (scale 1, vLLM's k_scale = v_scale
+ * = 1.0): doc/design.md "Inside a page" says why.
+ *
+ * Encoding rounds to nearest even and saturates: a finite value beyond the
+ * format's max, and +-inf, become +-max (as vLLM's CUDA kernels convert,
+ * __NV_SATFINITE); NaN becomes the format's NaN (E4M3 S.1111.111, E5M2
+ * S.11111.10) with its sign; the sign of zero is kept. Decoding is exact
+ * into f32, f16 and bf16 alike (every code is representable in all three).
+ *
+ * The row kernels are vectorized with AVX2 (and F16C) when the CPU has
+ * them, chosen at run time; a scalar loop otherwise. Both give the same
+ * bytes (tests/unit/fp8.c checks every code and every f16 value on both).
+ */
+#ifndef KVC_FP8_H
+#define KVC_FP8_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache/types.h"
+
+static inline bool fp8_is(kvc_dtype_t t) {
+  return t == KVC_DTYPE_FP8_E4M3 || t == KVC_DTYPE_FP8_E5M2;
+}
+
+/* One code of format fmt (an fp8 dtype) from f32, and back. */
+uint8_t fp8_from_f32(float f, kvc_dtype_t fmt);
+float fp8_to_f32(uint8_t c, kvc_dtype_t fmt);
+
+/* Which kernels a row conversion runs. */
+typedef enum { FP8_ISA_BEST = 0, FP8_ISA_SCALAR = 1, FP8_ISA_AVX2 = 2 } fp8_isa_t;
+
+/* True if the CPU runs the FP8_ISA_AVX2 kernels (AVX2 and F16C). */
+bool fp8_have_avx2(void);
+
+/* n codes of fmt into dst from src of dtype st (f32, f16 or bf16; f64 goes
+ * through f32). Buffers may be unaligned. isa FP8_ISA_AVX2 on a CPU without
+ * it runs the scalar loop. */
+void fp8_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n,
+                fp8_isa_t isa);
+/* n codes of fmt from src into dst of dtype dt (f32, f16, bf16 or f64). */
+void fp8_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n,
+                fp8_isa_t isa);
+
+#endif
