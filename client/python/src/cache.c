@@ -87,15 +87,28 @@ static int xfer_arg(cache_t *ca, PyObject *layers, PyObject *heads, PyObject *dt
   return 0;
 }
 
+static bool is_fp8(int d) { return d == KVC_DTYPE_FP8_E4M3 || d == KVC_DTYPE_FP8_E5M2; }
+
 /* The dtypes a put accepts: the cache's and f32 (int8 caches: f32, f16,
- * bf16). A uint16 array stands for bf16 bits in a bf16 or int8 cache. */
+ * bf16; fp8 caches: their own, f32, f16, bf16). A uint16 array stands for
+ * bf16 bits in a bf16, int8 or fp8 cache, a uint8 array for an fp8 cache's
+ * codes (NumPy has no fp8). */
 static int put_dtype(cache_t *ca, tensor_t *t) {
   int cd = ca->layout.dtype;
-  if (t->dtype == T_U16 && (cd == KVC_DTYPE_BF16 || cd == KVC_DTYPE_INT8)) t->dtype = KVC_DTYPE_BF16;
+  if (t->dtype == T_U16 && (cd == KVC_DTYPE_BF16 || cd == KVC_DTYPE_INT8 || is_fp8(cd)))
+    t->dtype = KVC_DTYPE_BF16;
+  if (t->dtype == T_U8 && is_fp8(cd)) t->dtype = cd;
   return cd;
 }
 
 static int put_ok(int cd, int *ok) {
+  if (is_fp8(cd)) {
+    ok[0] = cd;
+    ok[1] = KVC_DTYPE_F32;
+    ok[2] = KVC_DTYPE_F16;
+    ok[3] = KVC_DTYPE_BF16;
+    return 4;
+  }
   if (cd == KVC_DTYPE_INT8) {
     ok[0] = KVC_DTYPE_F32;
     ok[1] = KVC_DTYPE_F16;
@@ -112,7 +125,7 @@ static int put_ok(int cd, int *ok) {
 static Py_ssize_t put_check(cache_t *ca, tensor_t *k, tensor_t *v, Py_ssize_t nl, int *dt) {
   int cd = put_dtype(ca, k);
   put_dtype(ca, v);
-  int ok[3], nok = put_ok(cd, ok);
+  int ok[4], nok = put_ok(cd, ok);
   Py_ssize_t n = k->ndim == 4 ? k->shape[1] : -1;
   Py_ssize_t wk[4] = {nl, n < 0 ? -1 : n, ca->layout.num_kv_heads, ca->layout.head_dim_k};
   Py_ssize_t wv[4] = {nl, n < 0 ? -1 : n, ca->layout.num_kv_heads, ca->layout.head_dim_v};
@@ -344,6 +357,7 @@ static PyObject *out_arg(PyObject *out, tensor_t *t, const Py_ssize_t *want, int
     return NULL;
   }
   if (t->dtype == T_U16 && d == KVC_DTYPE_BF16) t->dtype = KVC_DTYPE_BF16;
+  if (t->dtype == T_U8 && is_fp8(d)) t->dtype = d;
   if (tensor_check(t, what, want, nd, &d, 1) < 0) {
     tensor_release(t);
     Py_DECREF(o);
@@ -360,6 +374,10 @@ static int get_xdtype(cache_t *ca, PyObject *dtype, PyObject *out_k, int *d) {
   tensor_t t;
   if (tensor_get(out_k, &t, false, "out") < 0) return -1;
   if (t.dtype == KVC_DTYPE_F32 && get_dtype(ca, 0) != KVC_DTYPE_F32) *d = KVC_DTYPE_F32;
+  /* an fp8 cache converts into f16 and bf16 too (uint16 bits stay bf16's) */
+  if (is_fp8(ca->layout.dtype) && (t.dtype == KVC_DTYPE_F16 || t.dtype == KVC_DTYPE_BF16 ||
+                                   t.dtype == T_U16))
+    *d = t.dtype == KVC_DTYPE_F16 ? KVC_DTYPE_F16 : KVC_DTYPE_BF16;
   tensor_release(&t);
   return 0;
 }

@@ -136,6 +136,39 @@ def test_int8_cache_quantizes_and_reads_raw(client):
         client.open_cache("rt2", layout()).get_raw(1, 0, 1)
 
 
+@pytest.mark.parametrize("name,tname", [("fp8_e4m3", "float8_e4m3fn"), ("fp8_e5m2", "float8_e5m2")])
+def test_fp8_cache_as_given_converted_and_leased(client, name, tname):
+    tdt = getattr(torch, tname, None)
+    assert kvcache.Layout(L, H, D, tdt or name).dtype == name
+    c = client.open_cache("c" + name, layout(name))
+    codes = np.random.default_rng(9).integers(0, 256, (2, L, 12, H, D), dtype=np.uint8)
+    c.put(1, 0, codes[0], codes[1])  # uint8 codes are stored as given, NaN codes too
+    gk, gv = c.get(1, 0, 12)
+    assert gk.dtype == np.uint8 and np.array_equal(gk, codes[0]) and np.array_equal(gv, codes[1])
+    with c.lease(1, 0, 12) as lease:  # zero-copy views read the same bytes
+        assert np.array_equal(np.concatenate(lease.k(1)), codes[0][1])
+    if tdt is not None:  # torch float8 tensors in and out, bit for bit
+        tk = kvcache.torch_view(gk, name)
+        assert tk.dtype == tdt
+        c.put(2, 0, tk, kvcache.torch_view(gv, name))
+        ok, ov = torch.empty_like(tk), torch.empty_like(tk)
+        c.get(2, 0, 12, out=(ok, ov))
+        assert np.array_equal(ok.view(torch.uint8).numpy(), codes[0])
+    k, v = kv(12, 4)
+    c.put(3, 0, k, v)  # converted: round to nearest even, as torch's cast
+    g3, _ = c.get(3, 0, 12, dtype="f32")
+    if tdt is not None:
+        assert np.array_equal(g3, torch.from_numpy(k).to(tdt).float().numpy())
+    # half a step: relative in the normal range, half the least subnormal below
+    rel, sub = (2.0 ** -4, 2.0 ** -10) if name == "fp8_e4m3" else (2.0 ** -3, 2.0 ** -17)
+    assert np.all(np.abs(g3 - k) <= np.abs(k) * rel + sub)
+    bk = torch.empty(L, 12, H, D, dtype=torch.bfloat16)  # a bf16 out gets bf16
+    c.get(3, 0, 12, out=(bk, torch.empty_like(bk)))
+    assert torch.equal(bk.float(), torch.from_numpy(g3))
+    with pytest.raises(ValueError):
+        c.put(4, 0, k.astype(np.float64), v.astype(np.float64))
+
+
 def test_batches_one_request(client):
     c = client.open_cache("batch", layout())
     ents = [(s, 0) + kv(s + 1, s) for s in range(5)]
