@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "fp8.h"
 #include "ntcopy.h"
 
 void copy_plan_init(copy_plan_t *plan, const geom_t *g, kvc_dtype_t stored, uint32_t l0,
@@ -68,6 +69,11 @@ void copy_in(const copy_plan_t *x, unsigned char *page, uint64_t pt0, uint64_t b
                    ksrc + t * x->bk_row, g->dk);
         quant_rows(x, lay + g->k_off_v + pt * g->v_row, lay + g->vs_off + pt * g->H * 4,
                    vsrc + t * x->bv_row, g->dv);
+      } else if (fp8_is(x->stored)) { /* streamed into the page, as ntcopy */
+        fp8_encode(lay + pt * g->k_row, x->stored, ksrc + t * x->bk_row, x->bt,
+                   (size_t)x->nh * g->dk, FP8_ISA_BEST, true);
+        fp8_encode(lay + g->k_off_v + pt * g->v_row, x->stored, vsrc + t * x->bv_row, x->bt,
+                   (size_t)x->nh * g->dv, FP8_ISA_BEST, true);
       } else {
         dtype_convert(lay + pt * g->k_row, x->stored, ksrc + t * x->bk_row, x->bt,
                       (size_t)x->nh * g->dk);

@@ -90,7 +90,7 @@ void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, s
     return;
   }
   if (fp8_is(dt) && !fp8_is(st)) {
-    fp8_encode(dst, dt, src, st, n, FP8_ISA_BEST);
+    fp8_encode(dst, dt, src, st, n, FP8_ISA_BEST, false);
     return;
   }
   if (fp8_is(st) && !fp8_is(dt)) {

@@ -103,113 +103,266 @@ bool fp8_have_avx2(void) {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 }
 
-/* Eight elements of a float row as f32 lanes. */
-AVX2 static __m256 load8(const unsigned char *s, kvc_dtype_t st) {
-  switch (st) {
-  case KVC_DTYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
-  case KVC_DTYPE_BF16:
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)s)), 16));
-  default: return _mm256_loadu_ps((const float *)s);
-  }
+/* The format's constants as vectors, made once a row (the stores of a row
+ * may alias anything, so constants read through a pointer would be
+ * reloaded every step). */
+typedef struct vk {
+  __m256i abs, sgn, inf, max, half, one, ebias, minn, nan, mant, quiet, infc, sublim, speclo,
+      nbias;
+  __m256 magic, step;
+  __m128i sh;
+} vk_t;
+
+AVX2 static vk_t vk_of(const fmt_t *p) {
+  vk_t k;
+  k.abs = _mm256_set1_epi32(0x7fffffff);
+  k.sgn = _mm256_set1_epi32(0x80);
+  k.inf = _mm256_set1_epi32(0x7f800000);
+  k.max = _mm256_set1_epi32((int)p->max_bits);
+  k.half = _mm256_set1_epi32((int)((1u << (p->shift - 1)) - 1));
+  k.one = _mm256_set1_epi32(1);
+  k.ebias = _mm256_set1_epi32((int)p->ebias);
+  k.minn = _mm256_set1_epi32((int)p->min_normal);
+  k.nan = _mm256_set1_epi32((int)p->nan_code);
+  k.mant = _mm256_set1_epi32((int)((1u << (23 - p->shift)) - 1));
+  k.quiet = _mm256_set1_epi32(0x400000);
+  k.infc = _mm256_set1_epi32((int)p->inf_code);
+  k.sublim = _mm256_set1_epi32((int)p->sub_lim);
+  k.speclo = _mm256_set1_epi32((int)p->spec_lo - 1);
+  k.nbias = _mm256_set1_epi32((int)(p->ebias << p->shift));
+  k.magic = _mm256_set1_ps(p->magic);
+  k.step = _mm256_set1_ps(p->step);
+  k.sh = _mm_cvtsi32_si128((int)p->shift);
+  return k;
 }
 
-AVX2 static __m256i encode8(__m256 f, const fmt_t *p) {
+AVX2 static inline __m256i encode8(__m256 f, const vk_t *k) {
   __m256i x = _mm256_castps_si256(f);
-  __m256i ax = _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff));
-  __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), _mm256_set1_epi32(0x80));
-  __m256i nan = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7f800000));
-  /* Clamp to max (inf too); NaN lanes are replaced below. */
-  ax = _mm256_min_epi32(ax, _mm256_set1_epi32((int)p->max_bits));
-  __m256 magic = _mm256_set1_ps(p->magic);
+  __m256i ax = _mm256_and_si256(x, k->abs);
+  __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), k->sgn);
+  __m256i nan = _mm256_cmpgt_epi32(ax, k->inf);
+  ax = _mm256_min_epi32(ax, k->max); /* saturate (inf too); NaN lanes replaced below */
   __m256i sub = _mm256_sub_epi32(
-      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(ax), magic)),
-      _mm256_castps_si256(magic));
-  __m128i sh = _mm_cvtsi32_si128((int)p->shift);
-  __m256i odd = _mm256_and_si256(_mm256_srl_epi32(ax, sh), _mm256_set1_epi32(1));
-  __m256i r = _mm256_add_epi32(_mm256_add_epi32(ax, odd),
-                               _mm256_set1_epi32((int)((1u << (p->shift - 1)) - 1)));
-  __m256i nrm = _mm256_sub_epi32(_mm256_srl_epi32(r, sh), _mm256_set1_epi32((int)p->ebias));
-  __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)p->min_normal), ax);
-  __m256i c = _mm256_blendv_epi8(nrm, sub, is_sub);
-  c = _mm256_blendv_epi8(c, _mm256_set1_epi32((int)p->nan_code), nan);
+      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(ax), k->magic)),
+      _mm256_castps_si256(k->magic));
+  __m256i odd = _mm256_and_si256(_mm256_srl_epi32(ax, k->sh), k->one);
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(ax, odd), k->half);
+  __m256i nrm = _mm256_sub_epi32(_mm256_srl_epi32(r, k->sh), k->ebias);
+  __m256i c = _mm256_blendv_epi8(nrm, sub, _mm256_cmpgt_epi32(k->minn, ax));
+  c = _mm256_blendv_epi8(c, k->nan, nan);
   return _mm256_or_si256(c, sign);
 }
 
-/* Eight codes (int32 lanes, 0..255) stored as eight bytes. */
-AVX2 static void store_codes8(uint8_t *d, __m256i c) {
-  __m256i w = _mm256_packus_epi32(c, c);
-  w = _mm256_packus_epi16(w, w);
-  w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
-  _mm_storel_epi64((__m128i *)d, _mm256_castsi256_si128(w));
+/* Sixteen elements of a float row as two f32 vectors. */
+AVX2 static inline void load16(const unsigned char *s, kvc_dtype_t st, __m256 *a, __m256 *b) {
+  if (st == KVC_DTYPE_F32) {
+    *a = _mm256_loadu_ps((const float *)s);
+    *b = _mm256_loadu_ps((const float *)s + 8);
+    return;
+  }
+  __m256i h = _mm256_loadu_si256((const __m256i *)s);
+  if (st == KVC_DTYPE_F16) {
+    *a = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    return;
+  }
+  *a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
+  *b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
 }
 
 AVX2 static size_t encode_avx2(uint8_t *d, const fmt_t *p, const unsigned char *s,
                                kvc_dtype_t st, size_t n) {
+  vk_t k = vk_of(p);
   unsigned es = st == KVC_DTYPE_F32 ? 4 : 2;
+  __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) store_codes8(d + i, encode8(load8(s + i * es, st), p));
+  for (; i + 16 <= n; i += 16) {
+    __m256 a, b;
+    load16(s + i * es, st, &a, &b);
+    /* two vectors of codes -> 16 bytes: packs interleave the 128-bit lanes */
+    __m256i w = _mm256_packus_epi32(encode8(a, &k), encode8(b, &k));
+    w = _mm256_packus_epi16(w, w);
+    w = _mm256_permutevar8x32_epi32(w, order);
+    _mm_storeu_si128((__m128i *)(d + i), _mm256_castsi256_si128(w));
+  }
   return i;
 }
 
-AVX2 static __m256 decode8(const uint8_t *s, const fmt_t *p) {
-  __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s));
-  __m256i rest = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
-  __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-  __m128i sh = _mm_cvtsi32_si128((int)p->shift);
-  __m256i nrm = _mm256_add_epi32(_mm256_sll_epi32(rest, sh),
-                                 _mm256_set1_epi32((int)(p->ebias << p->shift)));
-  __m256i sub = _mm256_castps_si256(
-      _mm256_mul_ps(_mm256_cvtepi32_ps(rest), _mm256_set1_ps(p->step)));
-  __m256i mmask = _mm256_set1_epi32((int)((1u << (23 - p->shift)) - 1));
-  __m256i quiet = _mm256_andnot_si256(_mm256_cmpeq_epi32(rest, _mm256_set1_epi32((int)p->inf_code)),
-                                      _mm256_set1_epi32(0x400000));
+AVX2 static inline __m256 decode8(__m128i bytes, const vk_t *k) {
+  __m256i x = _mm256_cvtepu8_epi32(bytes);
+  __m256i rest = _mm256_andnot_si256(k->sgn, x);
+  __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, k->sgn), 24);
+  __m256i nrm = _mm256_add_epi32(_mm256_sll_epi32(rest, k->sh), k->nbias);
+  __m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(rest), k->step));
+  __m256i quiet = _mm256_andnot_si256(_mm256_cmpeq_epi32(rest, k->infc), k->quiet);
   __m256i spec = _mm256_or_si256(
-      _mm256_or_si256(_mm256_set1_epi32(0x7f800000),
-                      _mm256_sll_epi32(_mm256_and_si256(rest, mmask), sh)),
-      quiet);
-  __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)p->sub_lim), rest);
-  __m256i is_spec = _mm256_cmpgt_epi32(rest, _mm256_set1_epi32((int)p->spec_lo - 1));
-  __m256i v = _mm256_blendv_epi8(nrm, sub, is_sub);
-  v = _mm256_blendv_epi8(v, spec, is_spec);
+      _mm256_or_si256(k->inf, _mm256_sll_epi32(_mm256_and_si256(rest, k->mant), k->sh)), quiet);
+  __m256i v = _mm256_blendv_epi8(nrm, sub, _mm256_cmpgt_epi32(k->sublim, rest));
+  v = _mm256_blendv_epi8(v, spec, _mm256_cmpgt_epi32(rest, k->speclo));
   return _mm256_castsi256_ps(_mm256_or_si256(v, sign));
+}
+
+/* Eight f32 lanes (each a code's exact value) stored as dt. */
+AVX2 static inline void store8(unsigned char *d, kvc_dtype_t dt, __m256 v) {
+  if (dt == KVC_DTYPE_F32) {
+    _mm256_storeu_ps((float *)d, v);
+  } else if (dt == KVC_DTYPE_F16) {
+    /* Exact: every code is an f16 value (NaN keeps its top bits). */
+    _mm_storeu_si128((__m128i *)d, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  } else {
+    /* Exact: every code is a bf16 value; its f32's low half is zero. */
+    __m256i w = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+    w = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0x08);
+    _mm_storeu_si128((__m128i *)d, _mm256_castsi256_si128(w));
+  }
 }
 
 AVX2 static size_t decode_avx2(unsigned char *d, kvc_dtype_t dt, const uint8_t *s,
                                const fmt_t *p, size_t n) {
+  vk_t k = vk_of(p);
+  unsigned es = dt == KVC_DTYPE_F32 ? 4 : 2;
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 v = decode8(s + i, p);
-    if (dt == KVC_DTYPE_F32) {
-      _mm256_storeu_ps((float *)(d + 4 * i), v);
-    } else if (dt == KVC_DTYPE_F16) {
-      /* Exact: every code is an f16 value (NaN keeps its top bits). */
-      _mm_storeu_si128((__m128i *)(d + 2 * i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    } else {
-      /* Exact: every code is a bf16 value; its f32's low half is zero. */
-      __m256i w = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
-      w = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0x08);
-      _mm_storeu_si128((__m128i *)(d + 2 * i), _mm256_castsi256_si128(w));
-    }
+  for (; i + 16 <= n; i += 16) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(s + i));
+    store8(d + i * es, dt, decode8(b, &k));
+    store8(d + (i + 8) * es, dt, decode8(_mm_srli_si128(b, 8), &k));
+  }
+  return i;
+}
+
+/* ---- AVX-512: the same arithmetic, sixteen lanes and masks ---- */
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
+
+bool fp8_have_avx512(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && fp8_have_avx2();
+}
+
+typedef struct zk {
+  __m512i abs, sgn, inf, max, half, one, ebias, minn, nan, mant, quiet, infc, sublim, speclo,
+      nbias;
+  __m512 magic, step;
+  __m128i sh;
+} zk_t;
+
+AVX512 static zk_t zk_of(const fmt_t *p) {
+  zk_t k;
+  k.abs = _mm512_set1_epi32(0x7fffffff);
+  k.sgn = _mm512_set1_epi32(0x80);
+  k.inf = _mm512_set1_epi32(0x7f800000);
+  k.max = _mm512_set1_epi32((int)p->max_bits);
+  k.half = _mm512_set1_epi32((int)((1u << (p->shift - 1)) - 1));
+  k.one = _mm512_set1_epi32(1);
+  k.ebias = _mm512_set1_epi32((int)p->ebias);
+  k.minn = _mm512_set1_epi32((int)p->min_normal);
+  k.nan = _mm512_set1_epi32((int)p->nan_code);
+  k.mant = _mm512_set1_epi32((int)((1u << (23 - p->shift)) - 1));
+  k.quiet = _mm512_set1_epi32(0x400000);
+  k.infc = _mm512_set1_epi32((int)p->inf_code);
+  k.sublim = _mm512_set1_epi32((int)p->sub_lim);
+  k.speclo = _mm512_set1_epi32((int)p->spec_lo);
+  k.nbias = _mm512_set1_epi32((int)(p->ebias << p->shift));
+  k.magic = _mm512_set1_ps(p->magic);
+  k.step = _mm512_set1_ps(p->step);
+  k.sh = _mm_cvtsi32_si128((int)p->shift);
+  return k;
+}
+
+AVX512 static inline __m128i encode16(__m512 f, const zk_t *k) {
+  __m512i x = _mm512_castps_si512(f);
+  __m512i ax = _mm512_and_si512(x, k->abs);
+  __m512i sign = _mm512_and_si512(_mm512_srli_epi32(x, 24), k->sgn);
+  __mmask16 nan = _mm512_cmpgt_epi32_mask(ax, k->inf);
+  ax = _mm512_min_epi32(ax, k->max);
+  __m512i sub = _mm512_sub_epi32(
+      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(ax), k->magic)),
+      _mm512_castps_si512(k->magic));
+  __m512i odd = _mm512_and_si512(_mm512_srl_epi32(ax, k->sh), k->one);
+  __m512i r = _mm512_add_epi32(_mm512_add_epi32(ax, odd), k->half);
+  __m512i c = _mm512_sub_epi32(_mm512_srl_epi32(r, k->sh), k->ebias);
+  c = _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(ax, k->minn), c, sub);
+  c = _mm512_mask_blend_epi32(nan, c, k->nan);
+  return _mm512_cvtepi32_epi8(_mm512_or_si512(c, sign));
+}
+
+AVX512 static inline __m512 load16z(const unsigned char *s, kvc_dtype_t st) {
+  if (st == KVC_DTYPE_F32) return _mm512_loadu_ps((const float *)s);
+  __m256i h = _mm256_loadu_si256((const __m256i *)s);
+  if (st == KVC_DTYPE_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AVX512 static size_t encode_avx512(uint8_t *d, const fmt_t *p, const unsigned char *s,
+                                   kvc_dtype_t st, size_t n, bool nt) {
+  zk_t k = zk_of(p);
+  unsigned es = st == KVC_DTYPE_F32 ? 4 : 2;
+  size_t i = 0;
+  if (nt && ((uintptr_t)d & 15) == 0) { /* past the caches: as ntcopy */
+    for (; i + 16 <= n; i += 16)
+      _mm_stream_si128((__m128i *)(d + i), encode16(load16z(s + i * es, st), &k));
+    return i;
+  }
+  for (; i + 16 <= n; i += 16)
+    _mm_storeu_si128((__m128i *)(d + i), encode16(load16z(s + i * es, st), &k));
+  return i;
+}
+
+AVX512 static inline __m512 decode16(__m128i bytes, const zk_t *k) {
+  __m512i x = _mm512_cvtepu8_epi32(bytes);
+  __m512i rest = _mm512_andnot_si512(k->sgn, x);
+  __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, k->sgn), 24);
+  __m512i v = _mm512_add_epi32(_mm512_sll_epi32(rest, k->sh), k->nbias);
+  __m512i sub = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(rest), k->step));
+  __m512i spec = _mm512_or_si512(k->inf, _mm512_sll_epi32(_mm512_and_si512(rest, k->mant), k->sh));
+  spec = _mm512_mask_or_epi32(spec, _mm512_cmpneq_epi32_mask(rest, k->infc), spec, k->quiet);
+  v = _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(rest, k->sublim), v, sub);
+  v = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(rest, k->speclo), v, spec);
+  return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
+}
+
+AVX512 static size_t decode_avx512(unsigned char *d, kvc_dtype_t dt, const uint8_t *s,
+                                   const fmt_t *p, size_t n) {
+  zk_t k = zk_of(p);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = decode16(_mm_loadu_si128((const __m128i *)(s + i)), &k);
+    if (dt == KVC_DTYPE_F32)
+      _mm512_storeu_ps((float *)(d + 4 * i), v);
+    else if (dt == KVC_DTYPE_F16) /* exact, as in store8 */
+      _mm256_storeu_si256((__m256i *)(d + 2 * i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    else
+      _mm256_storeu_si256((__m256i *)(d + 2 * i),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
   }
   return i;
 }
 #else
 bool fp8_have_avx2(void) { return false; }
+bool fp8_have_avx512(void) { return false; }
 #endif
 
-/* The vector kernels take f32, f16 and bf16 rows; f64 runs the scalar loop. */
-static bool use_avx2(fp8_isa_t isa, kvc_dtype_t t) {
-  return isa != FP8_ISA_SCALAR && t != KVC_DTYPE_F64 && fp8_have_avx2();
+/* The kernels a row runs: the vector ones take f32, f16 and bf16 rows; f64
+ * runs the scalar loop. */
+static fp8_isa_t isa_for(fp8_isa_t isa, kvc_dtype_t t) {
+  if (isa == FP8_ISA_SCALAR || t == KVC_DTYPE_F64) return FP8_ISA_SCALAR;
+  if ((isa == FP8_ISA_BEST || isa == FP8_ISA_AVX512) && fp8_have_avx512()) return FP8_ISA_AVX512;
+  return fp8_have_avx2() ? FP8_ISA_AVX2 : FP8_ISA_SCALAR;
 }
 
 void fp8_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n,
-                fp8_isa_t isa) {
+                fp8_isa_t isa, bool nt) {
   const fmt_t *p = fmt_of(fmt);
   const unsigned char *s = src;
   size_t i = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (use_avx2(isa, st)) i = encode_avx2(dst, p, s, st, n);
+  switch (isa_for(isa, st)) {
+  case FP8_ISA_AVX512: i = encode_avx512(dst, p, s, st, n, nt); break;
+  case FP8_ISA_AVX2: i = encode_avx2(dst, p, s, st, n); break;
+  default: break;
+  }
+#else
+  (void)nt;
 #endif
   for (; i < n; i++) dst[i] = encode1(load1(s, st, i), p);
 }
@@ -220,7 +373,11 @@ void fp8_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, 
   unsigned char *d = dst;
   size_t i = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (use_avx2(isa, dt)) i = decode_avx2(d, dt, src, p, n);
+  switch (isa_for(isa, dt)) {
+  case FP8_ISA_AVX512: i = decode_avx512(d, dt, src, p, n); break;
+  case FP8_ISA_AVX2: i = decode_avx2(d, dt, src, p, n); break;
+  default: break;
+  }
 #endif
   for (; i < n; i++) store1(d, dt, i, decode1(src[i], p));
 }
