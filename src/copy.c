@@ -18,8 +18,8 @@ void copy_plan_init(copy_plan_t *plan, const geom_t *g, kvc_dtype_t stored, uint
   plan->bt = bt;
   plan->bes = dtype_size(bt);
   plan->n = n;
-  plan->bk_row = (uint64_t)nh * g->dk * plan->bes;
-  plan->bv_row = (uint64_t)nh * g->dv * plan->bes;
+  plan->bk_row = (uint64_t)nh * dtype_row_bytes(bt, g->dk);
+  plan->bv_row = (uint64_t)nh * dtype_row_bytes(bt, g->dv);
   plan->plain = nh == g->H && bt == stored && !g->int8;
 }
 
@@ -105,7 +105,7 @@ void copy_out(const copy_plan_t *x, const unsigned char *page, uint64_t pt0, uin
               uint64_t cnt, void *k, void *v, void *ks, void *vs) {
   const geom_t *g = x->g;
   unsigned char *kb = k, *vb = v, *ksb = ks, *vsb = vs;
-  uint64_t khead = (uint64_t)x->h0 * g->dk * g->es, vhead = (uint64_t)x->h0 * g->dv * g->es;
+  uint64_t khead = (uint64_t)x->h0 * g->k_head, vhead = (uint64_t)x->h0 * g->v_head;
   for (uint32_t li = 0; li < x->nl; li++) {
     const unsigned char *lay = page + (uint64_t)(x->l0 + li) * g->layer_bytes;
     unsigned char *kdst = kb + (li * x->n + bt0) * x->bk_row;

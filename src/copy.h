@@ -19,7 +19,7 @@ typedef struct copy_plan {
   uint32_t h0, nh;      /* head range */
   kvc_dtype_t stored;   /* the cache's dtype */
   kvc_dtype_t bt;       /* the buffer's dtype (INT8 means raw int8 + scales) */
-  unsigned bes;         /* bytes of one buffer element */
+  unsigned bes;         /* bytes of one buffer element (0: ggml blocks) */
   uint64_t n;           /* tokens of the entry: the buffer's token extent */
   uint64_t bk_row;      /* buffer bytes of one token's K in one layer */
   uint64_t bv_row;

@@ -2,6 +2,7 @@
 #include "dtype.h"
 
 #include "fp8.h"
+#include "ggml.h"
 
 #include <math.h>
 #include <string.h>
@@ -67,6 +68,8 @@ static float load_f32(const void *src, kvc_dtype_t st, size_t i) {
   case KVC_DTYPE_INT8: break;
   case KVC_DTYPE_FP8_E4M3:
   case KVC_DTYPE_FP8_E5M2: return fp8_to_f32(p[i], st);
+  case KVC_DTYPE_Q8_0:
+  case KVC_DTYPE_Q4_0: break; /* blocks: ggml.c */
   }
   return 0.0f;
 }
@@ -81,12 +84,22 @@ static void store_from_f32(void *dst, kvc_dtype_t dt, size_t i, float v) {
   case KVC_DTYPE_INT8: return;
   case KVC_DTYPE_FP8_E4M3:
   case KVC_DTYPE_FP8_E5M2: p[i] = fp8_from_f32(v, dt); return;
+  case KVC_DTYPE_Q8_0:
+  case KVC_DTYPE_Q4_0: return; /* blocks: ggml.c */
   }
 }
 
 void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, size_t n) {
   if (dt == st) {
-    memcpy(dst, src, n * dtype_size(st));
+    memcpy(dst, src, dtype_row_bytes(st, n));
+    return;
+  }
+  if (dtype_is_block(dt)) {
+    ggml_encode(dst, dt, src, st, n);
+    return;
+  }
+  if (dtype_is_block(st)) {
+    ggml_decode(dst, dt, src, st, n);
     return;
   }
   if (fp8_is(dt) && !fp8_is(st)) {

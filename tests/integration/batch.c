@@ -51,6 +51,8 @@ static void fill_random(void *buf, size_t nelem, kvc_dtype_t d) {
     case KVC_DTYPE_INT8: break;
     case KVC_DTYPE_FP8_E4M3:
     case KVC_DTYPE_FP8_E5M2: ((uint8_t *)buf)[i] = (uint8_t)r; break;
+    case KVC_DTYPE_Q8_0: /* blocks, as bytes: not this helper's */
+    case KVC_DTYPE_Q4_0: break;
     }
   }
 }
