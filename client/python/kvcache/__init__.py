@@ -29,7 +29,8 @@ for _cls in errors.values():
     __all__.append(_cls.__name__)
 del _cls
 
-DTYPES = {"f32": 1, "f64": 2, "f16": 3, "bf16": 4, "int8": 5, "fp8_e4m3": 6, "fp8_e5m2": 7}
+DTYPES = {"f32": 1, "f64": 2, "f16": 3, "bf16": 4, "int8": 5, "fp8_e4m3": 6, "fp8_e5m2": 7,
+          "q8_0": 8, "q4_0": 9}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _ALIASES = {"float32": "f32", "float64": "f64", "float16": "f16", "half": "f16",
             "bfloat16": "bf16", "float": "f32", "double": "f64",
@@ -56,8 +57,9 @@ class Layout:
     """The layout of a cache (kvc_layout_t).
 
     num_layers, num_kv_heads, head_dim (K; head_dim_v defaults to it), dtype
-    ('f32', 'f64', 'f16', 'bf16', 'int8', 'fp8_e4m3', 'fp8_e5m2', or a NumPy/torch
-    dtype: torch.float8_e4m3fn, torch.float8_e5m2), page_tokens
+    ('f32', 'f64', 'f16', 'bf16', 'int8', 'fp8_e4m3', 'fp8_e5m2', 'q8_0', 'q4_0'
+    (ggml's blocks: head dims multiples of 32), or a NumPy/torch dtype:
+    torch.float8_e4m3fn, torch.float8_e5m2), page_tokens
     (a power of two). attn: 'causal', 'window' (window, memory), 'chunked'
     (chunk) or 'encoder'. rope_dims > 0 describes the keys' RoPE (rope_style
     'neox' or 'gptj', rope_theta, rope_scale): the daemon then re-rotates keys
@@ -138,7 +140,9 @@ def _np():
 
 
 _NP_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "uint16",
-              "int8": "int8", "fp8_e4m3": "uint8", "fp8_e5m2": "uint8"}
+              "int8": "int8", "fp8_e4m3": "uint8", "fp8_e5m2": "uint8", "q8_0": "uint8",
+              "q4_0": "uint8"}
+_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}  # a block of 32 values
 
 
 class Cache(_kvcache.Cache):
@@ -151,7 +155,10 @@ class Cache(_kvcache.Cache):
     torch.bfloat16 tensor without a copy), or pass out= torch tensors. fp8
     codes come back as uint8 (torch_view(a, 'fp8_e4m3') makes them
     torch.float8_e4m3fn); an fp8 cache takes its codes as uint8 arrays or
-    torch float8 tensors, and f32 / f16 / bf16 converted.
+    torch float8 tensors, and f32 / f16 / bf16 converted. q8_0 / q4_0 caches
+    take and return their blocks as uint8 arrays whose last dimension is a
+    head row's bytes (head_dim / 32 blocks of 34 or 18 bytes), or f32 / f16 /
+    bf16 values converted.
     """
 
     @property
@@ -282,6 +289,9 @@ class Lease(_kvcache.Lease):
         if not 0 <= layer < lay[0]:
             raise ValueError(f"layer {layer} outside the cache's {lay[0]} layers")
         heads, dim = lay[1], lay[3] if v else lay[2]
+        bb = _BLOCK_BYTES.get(_DTYPE_NAMES[lay[4]])
+        if bb and not scales:  # ggml blocks: a head row is its blocks' bytes
+            dim = dim // 32 * bb
         if scales:
             dt, row, base, shape = (np.dtype("float32"), heads * 4,
                                     g["v_scale_offset" if v else "k_scale_offset"], (heads,))

@@ -2,7 +2,9 @@
 
 Tensors ("Tensor" below) are C-contiguous buffer-protocol objects (NumPy
 arrays, memoryview) or contiguous CPU torch tensors, [layer, token, head,
-dim]. bf16 data in NumPy is uint16 bits (torch_view makes them bfloat16).
+dim]. bf16 data in NumPy is uint16 bits (torch_view makes them bfloat16); fp8
+codes are uint8 (torch_view(a, 'fp8_e4m3') makes them float8), q8_0 / q4_0
+rows their blocks' bytes (uint8, head_dim / 32 blocks of 34 or 18 bytes).
 """
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 

@@ -88,6 +88,15 @@ static int xfer_arg(cache_t *ca, PyObject *layers, PyObject *heads, PyObject *dt
 }
 
 static bool is_fp8(int d) { return d == KVC_DTYPE_FP8_E4M3 || d == KVC_DTYPE_FP8_E5M2; }
+static bool is_block(int d) { return d == KVC_DTYPE_Q8_0 || d == KVC_DTYPE_Q4_0; }
+/* Caches whose own bytes come as uint8 arrays (NumPy has no fp8 or blocks). */
+static bool is_bytes(int d) { return is_fp8(d) || is_block(d); }
+
+/* The last dimension of a head row of hd values in dtype d: hd, or for
+ * q8_0 / q4_0 the bytes of its blocks (34 or 18 a 32 values). */
+static Py_ssize_t row_dim(int d, uint32_t hd) {
+  return d == KVC_DTYPE_Q8_0 ? hd / 32 * 34 : d == KVC_DTYPE_Q4_0 ? hd / 32 * 18 : hd;
+}
 
 /* The dtypes a put accepts: the cache's and f32 (int8 caches: f32, f16,
  * bf16; fp8 caches: their own, f32, f16, bf16). A uint16 array stands for
@@ -95,14 +104,14 @@ static bool is_fp8(int d) { return d == KVC_DTYPE_FP8_E4M3 || d == KVC_DTYPE_FP8
  * codes (NumPy has no fp8). */
 static int put_dtype(cache_t *ca, tensor_t *t) {
   int cd = ca->layout.dtype;
-  if (t->dtype == T_U16 && (cd == KVC_DTYPE_BF16 || cd == KVC_DTYPE_INT8 || is_fp8(cd)))
+  if (t->dtype == T_U16 && (cd == KVC_DTYPE_BF16 || cd == KVC_DTYPE_INT8 || is_bytes(cd)))
     t->dtype = KVC_DTYPE_BF16;
-  if (t->dtype == T_U8 && is_fp8(cd)) t->dtype = cd;
+  if (t->dtype == T_U8 && is_bytes(cd)) t->dtype = cd;
   return cd;
 }
 
 static int put_ok(int cd, int *ok) {
-  if (is_fp8(cd)) {
+  if (is_bytes(cd)) {
     ok[0] = cd;
     ok[1] = KVC_DTYPE_F32;
     ok[2] = KVC_DTYPE_F16;
@@ -127,8 +136,10 @@ static Py_ssize_t put_check(cache_t *ca, tensor_t *k, tensor_t *v, Py_ssize_t nl
   put_dtype(ca, v);
   int ok[4], nok = put_ok(cd, ok);
   Py_ssize_t n = k->ndim == 4 ? k->shape[1] : -1;
-  Py_ssize_t wk[4] = {nl, n < 0 ? -1 : n, ca->layout.num_kv_heads, ca->layout.head_dim_k};
-  Py_ssize_t wv[4] = {nl, n < 0 ? -1 : n, ca->layout.num_kv_heads, ca->layout.head_dim_v};
+  Py_ssize_t wk[4] = {nl, n < 0 ? -1 : n, ca->layout.num_kv_heads,
+                      row_dim(k->dtype, ca->layout.head_dim_k)};
+  Py_ssize_t wv[4] = {nl, n < 0 ? -1 : n, ca->layout.num_kv_heads,
+                      row_dim(v->dtype, ca->layout.head_dim_v)};
   if (tensor_check(k, "k", wk, 4, ok, nok) < 0 || tensor_check(v, "v", wv, 4, ok, nok) < 0)
     return -1;
   if (k->dtype != v->dtype || (*dt && *dt != k->dtype)) {
@@ -357,7 +368,7 @@ static PyObject *out_arg(PyObject *out, tensor_t *t, const Py_ssize_t *want, int
     return NULL;
   }
   if (t->dtype == T_U16 && d == KVC_DTYPE_BF16) t->dtype = KVC_DTYPE_BF16;
-  if (t->dtype == T_U8 && is_fp8(d)) t->dtype = d;
+  if (t->dtype == T_U8 && is_bytes(d)) t->dtype = d;
   if (tensor_check(t, what, want, nd, &d, 1) < 0) {
     tensor_release(t);
     Py_DECREF(o);
@@ -375,7 +386,7 @@ static int get_xdtype(cache_t *ca, PyObject *dtype, PyObject *out_k, int *d) {
   if (tensor_get(out_k, &t, false, "out") < 0) return -1;
   if (t.dtype == KVC_DTYPE_F32 && get_dtype(ca, 0) != KVC_DTYPE_F32) *d = KVC_DTYPE_F32;
   /* an fp8 cache converts into f16 and bf16 too (uint16 bits stay bf16's) */
-  if (is_fp8(ca->layout.dtype) && (t.dtype == KVC_DTYPE_F16 || t.dtype == KVC_DTYPE_BF16 ||
+  if (is_bytes(ca->layout.dtype) && (t.dtype == KVC_DTYPE_F16 || t.dtype == KVC_DTYPE_BF16 ||
                                    t.dtype == T_U16))
     *d = t.dtype == KVC_DTYPE_F16 ? KVC_DTYPE_F16 : KVC_DTYPE_BF16;
   tensor_release(&t);
@@ -414,7 +425,8 @@ static PyObject *cache_get(cache_t *ca, PyObject *args, PyObject *kw) {
   x.dtype = (kvc_dtype_t)d;
   int gd = get_dtype(ca, d);
   Py_ssize_t n = (Py_ssize_t)(e - b);
-  Py_ssize_t wk[4] = {nl, n, nh, ca->layout.head_dim_k}, wv[4] = {nl, n, nh, ca->layout.head_dim_v};
+  Py_ssize_t wk[4] = {nl, n, nh, row_dim(gd, ca->layout.head_dim_k)},
+             wv[4] = {nl, n, nh, row_dim(gd, ca->layout.head_dim_v)};
   if (wk[0] * wk[1] * wk[2] * wk[3] > (Py_ssize_t)1 << 40) {
     PyErr_Format(PyExc_ValueError, "get: %zd tokens is too large a read", n);
     return NULL;
@@ -477,8 +489,8 @@ static PyObject *cache_get_batch(cache_t *ca, PyObject *args, PyObject *kw) {
       PyErr_Format(PyExc_ValueError, "entries[%zd]: %llu tokens is too large a read", got, nt);
       goto out;
     }
-    Py_ssize_t wk[4] = {nl, (Py_ssize_t)nt, nh, ca->layout.head_dim_k};
-    Py_ssize_t wv[4] = {nl, (Py_ssize_t)nt, nh, ca->layout.head_dim_v};
+    Py_ssize_t wk[4] = {nl, (Py_ssize_t)nt, nh, row_dim(gd, ca->layout.head_dim_k)};
+    Py_ssize_t wv[4] = {nl, (Py_ssize_t)nt, nh, row_dim(gd, ca->layout.head_dim_v)};
     PyObject *rk = out_arg(ok, &ts[2 * got], wk, 4, gd, "out k");
     if (!rk) goto out;
     PyObject *rv = out_arg(ov, &ts[2 * got + 1], wv, 4, gd, "out v");
@@ -528,7 +540,8 @@ static PyObject *cache_get_token(cache_t *ca, PyObject *args, PyObject *kw) {
   Py_ssize_t nl, nh;
   if (xfer_arg(ca, layers, heads, dtype, &x, &nl, &nh) < 0) return NULL;
   int gd = get_dtype(ca, x.dtype);
-  Py_ssize_t wk[3] = {nl, nh, ca->layout.head_dim_k}, wv[3] = {nl, nh, ca->layout.head_dim_v};
+  Py_ssize_t wk[3] = {nl, nh, row_dim(gd, ca->layout.head_dim_k)},
+             wv[3] = {nl, nh, row_dim(gd, ca->layout.head_dim_v)};
   tensor_t tk, tv;
   PyObject *rk = out_arg(NULL, &tk, wk, 3, gd, "k"), *rv = NULL, *ret = NULL;
   if (!rk) return NULL;
@@ -564,8 +577,8 @@ static PyObject *cache_get_head(cache_t *ca, PyObject *args, PyObject *kw) {
     return NULL;
   }
   int gd = get_dtype(ca, 0);
-  Py_ssize_t wk[2] = {(Py_ssize_t)(e - b), ca->layout.head_dim_k};
-  Py_ssize_t wv[2] = {(Py_ssize_t)(e - b), ca->layout.head_dim_v};
+  Py_ssize_t wk[2] = {(Py_ssize_t)(e - b), row_dim(gd, ca->layout.head_dim_k)};
+  Py_ssize_t wv[2] = {(Py_ssize_t)(e - b), row_dim(gd, ca->layout.head_dim_v)};
   tensor_t tk, tv;
   PyObject *rk = out_arg(NULL, &tk, wk, 2, gd, "k"), *rv = NULL, *ret = NULL;
   if (!rk) return NULL;

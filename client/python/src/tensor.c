@@ -15,9 +15,10 @@ static const struct {
     {"f32", KVC_DTYPE_F32, 4},  {"f64", KVC_DTYPE_F64, 8},  {"f16", KVC_DTYPE_F16, 2},
     {"bf16", KVC_DTYPE_BF16, 2}, {"int8", KVC_DTYPE_INT8, 1},
     {"fp8_e4m3", KVC_DTYPE_FP8_E4M3, 1}, {"fp8_e5m2", KVC_DTYPE_FP8_E5M2, 1},
+    {"q8_0", KVC_DTYPE_Q8_0, 1}, {"q4_0", KVC_DTYPE_Q4_0, 1}, /* bytes of blocks */
     {"uint8", T_U8, 1}, {"uint16", T_U16, 2}, {"uint32", T_U32, 4}, {"int64", T_I64, 8},
 };
-#define NNAMED 7 /* the first entries are the cache dtypes */
+#define NNAMED 9 /* the first entries are the cache dtypes */
 #define NDTYPES (sizeof dtypes / sizeof dtypes[0])
 
 size_t dtype_size(int d) {
@@ -37,7 +38,7 @@ int dtype_parse(PyObject *o, int *out) {
   if (!o || o == Py_None) return 0;
   if (PyLong_Check(o)) {
     long v = PyLong_AsLong(o);
-    if (v >= KVC_DTYPE_F32 && v <= KVC_DTYPE_FP8_E5M2) {
+    if (v >= KVC_DTYPE_F32 && v <= KVC_DTYPE_Q4_0) {
       *out = (int)v;
       return 0;
     }
@@ -63,7 +64,7 @@ int dtype_parse(PyObject *o, int *out) {
   }
   PyErr_Format(PyExc_ValueError,
                "dtype must be one of 'f32', 'f64', 'f16', 'bf16', 'int8', 'fp8_e4m3', "
-               "'fp8_e5m2' (or None), got %R", o);
+               "'fp8_e5m2', 'q8_0', 'q4_0' (or None), got %R", o);
   return -1;
 }
 

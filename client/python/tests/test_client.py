@@ -169,6 +169,46 @@ def test_fp8_cache_as_given_converted_and_leased(client, name, tname):
         c.put(4, 0, k.astype(np.float64), v.astype(np.float64))
 
 
+def _q8_0_ref(x):
+    """ggml's quantize_row_q8_0_ref over the last axis (a multiple of 32), in f32."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    d = (np.abs(b).max(axis=1) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = (b * inv[:, None]).astype(np.float32)
+    q = (np.sign(q) * np.floor(np.abs(q) + np.float32(0.5))).astype(np.int8)  # roundf
+    out = np.empty((b.shape[0], 34), np.uint8)
+    out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out
+
+
+@pytest.mark.parametrize("name,bb", [("q8_0", 34), ("q4_0", 18)])
+def test_ggml_block_cache_as_given_converted_and_leased(client, name, bb):
+    with pytest.raises(kvcache.HeaddimError):
+        client.open_cache("bad" + name, kvcache.Layout(L, H, 48, name))
+    c = client.open_cache("c" + name, layout(name))
+    blocks = np.random.default_rng(5).integers(0, 256, (2, L, 9, H, D // 32 * bb), dtype=np.uint8)
+    c.put(1, 0, blocks[0], blocks[1])  # ggml's bytes, as given
+    gk, gv = c.get(1, 0, 9)
+    assert gk.dtype == np.uint8 and gk.shape == (L, 9, H, D // 32 * bb)
+    assert np.array_equal(gk, blocks[0]) and np.array_equal(gv, blocks[1])
+    with c.lease(1, 0, 9) as lease:
+        assert np.array_equal(np.concatenate(lease.v(1)), blocks[1][1])
+    k, v = kv(9, 8)
+    c.put(2, 0, k, v)  # f32 quantized by ggml's reference
+    qk, _ = c.get(2, 0, 9, dtype=name)
+    if name == "q8_0":
+        assert np.array_equal(qk.reshape(-1, 34), _q8_0_ref(k))
+    back, _ = c.get(2, 0, 9, dtype="f32")
+    d = np.abs(qk.reshape(-1, bb)[:, :2].copy().view(np.float16).astype(np.float32))
+    err = np.abs(back - k).reshape(-1, 32)
+    # half a step (a whole one for q4_0's clamped code 15), plus d's f16 rounding
+    assert np.all(err <= d * (0.5 if name == "q8_0" else 1.0) + d * 128 / 2048 + 1e-7)
+    k[0, 0, 0, 0] = np.nan
+    with pytest.raises(kvcache.NonfiniteError):
+        c.put(3, 0, k, v)
+
+
 def test_batches_one_request(client):
     c = client.open_cache("batch", layout())
     ents = [(s, 0) + kv(s + 1, s) for s in range(5)]
