@@ -1374,28 +1374,34 @@ static void fmt_pair(kx_t *fig, op_fn ffn, kx_t *ref, op_fn rfn, const char *nam
   snprintf(r->note, sizeof r->note, "%s", note);
 }
 
-/* bf16 beside fp8 (e4m3): tokens a GiB holds, 1 MiB of bf16 put into and
- * got from an fp8 cache (converted in the daemon's copy) against the same
- * bf16 bytes in a bf16 cache, and 1 MiB of fp8 codes as given against
- * 1 MiB of bf16 (per byte). Direct-buffer transfers, as the headline rows. */
+/* bf16 beside fp8, q8_0 and q4_0: tokens a GiB holds, 1 MiB of bf16 put
+ * into and got from an fp8 (and a q8_0) cache, converted in the daemon's
+ * copy, against the same bf16 bytes in a bf16 cache, and 1 MiB of fp8 codes
+ * as given against 1 MiB of bf16 (per byte). Direct-buffer transfers, as
+ * the headline rows. */
 static void bench_formats(void) {
   section("formats");
   kd_t d;
   const char *args[] = {"--pool-bytes", "1GiB", NULL};
   kd_start(&d, "formats", args);
   kvc_client_t *c = kc_open(&d, 64 * MiB);
-  kvc_layout_t l8 = llama, l5 = llama;
+  kvc_layout_t l8 = llama, l5 = llama, lq8 = llama, lq4 = llama;
   l8.dtype = KVC_DTYPE_FP8_E4M3;
   l5.dtype = KVC_DTYPE_FP8_E5M2;
+  lq8.dtype = KVC_DTYPE_Q8_0;
+  lq4.dtype = KVC_DTYPE_Q4_0;
   kvc_cache_t *hb = kc_cache(c, "bf16", &llama), *h8 = kc_cache(c, "fp8_e4m3", &l8);
+  kvc_cache_t *hq = kc_cache(c, "q8_0", &lq8);
   kvc_cache_close(kc_cache(c, "fp8_e5m2", &l5));
-  static const char *const held[2] = {"fp8_e4m3", "fp8_e5m2"};
+  kvc_cache_close(kc_cache(c, "q4_0", &lq4));
+  static const char *const held[4] = {"fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"};
+  static const double goal[4] = {1.9, 1.9, 1.8, 3.2};
   double tb = tokens_per_gib(c, "bf16");
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 4; i++) {
     double t8 = tokens_per_gib(c, held[i]);
     char name[96];
     snprintf(name, sizeof name, "tokens held per GiB of pool: %s vs bf16", held[i]);
-    row_t *r = row_add(name, BV_GOAL_MIN, 1.9);
+    row_t *r = row_add(name, BV_GOAL_MIN, goal[i]);
     row_values(r, t8, tb, true);
     r->fmt = FMT_TEXT;
     snprintf(r->fig, sizeof r->fig, "%.0f", t8);
@@ -1421,6 +1427,22 @@ static void bench_formats(void) {
            BV_GOAL_MAX, 1.1, true, "same bytes: per byte");
   fmt_pair(&raw, op_get_shm, &b, op_get_shm, "get 1 MiB fp8 as given, time vs bf16",
            BV_GOAL_MAX, 1.1, true, "same bytes: per byte");
+  kx_t q;
+  kc_fill(hq, c, 1, FMT_SPAN / 2); /* 17 bytes a 16 of bf16: under a bf16 fill's bytes */
+  uint16_t *w = base; /* finite values: a block cache refuses NaN and inf */
+  for (uint64_t i = 0; i < MiB / 2; i++) {
+    float f = (float)((int)(i * 37 % 2001) - 1000) / 250.0f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    w[i] = (uint16_t)(u >> 16);
+  }
+  kx_init(&q, c, hq, 1, MiB, FMT_SPAN / 2);
+  q.x.dtype = KVC_DTYPE_BF16;
+  fmt_pair(&q, op_put_shm, &b, op_put_shm, "put 1 MiB bf16 into q8_0 (converted)", BV_GOAL_NONE,
+           0, false, "ggml's reference rounding");
+  fmt_pair(&q, op_get_shm, &b, op_get_shm, "get 1 MiB bf16 from q8_0 (converted)", BV_GOAL_NONE,
+           0, false, "");
+  kx_deinit(&q);
   kx_deinit(&b);
   kx_deinit(&conv);
   kx_deinit(&raw);
