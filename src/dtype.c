@@ -95,11 +95,11 @@ void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, s
     return;
   }
   if (dtype_is_block(dt)) {
-    ggml_encode(dst, dt, src, st, n);
+    ggml_encode(dst, dt, src, st, n, true);
     return;
   }
   if (dtype_is_block(st)) {
-    ggml_decode(dst, dt, src, st, n);
+    ggml_decode(dst, dt, src, st, n, true);
     return;
   }
   if (fp8_is(dt) && !fp8_is(st)) {

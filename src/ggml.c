@@ -2,7 +2,10 @@
  *
  * Each block is read into 32 f32 values first (the same conversion a float
  * put uses), so f16 and bf16 rows quantize as their exact f32 values do.
- * Decoding a q8_0 block of f32 is vectorized with AVX2 where the CPU has it.
+ * With AVX-512 (chosen at run time) a block is two vectors of sixteen f32
+ * and the same operations in the same order (no fused multiply-add), so the
+ * bytes are the scalar loop's (tests/unit/ggml.c compares both); without
+ * it the scalar loop runs.
  */
 #include "ggml.h"
 
@@ -26,7 +29,7 @@ static float block_d(const float *x, kvc_dtype_t fmt) {
   return fmt == KVC_DTYPE_Q8_0 ? amax / 127.0f : max / -8.0f;
 }
 
-bool ggml_check(const void *src, kvc_dtype_t st, size_t n, kvc_dtype_t fmt) {
+static bool check_scalar(const void *src, kvc_dtype_t st, size_t n, kvc_dtype_t fmt) {
   float x[QK];
   for (size_t b = 0; b < n / QK; b++) {
     dtype_convert(x, KVC_DTYPE_F32, (const unsigned char *)src + dtype_row_bytes(st, b * QK),
@@ -56,7 +59,8 @@ static void encode_q4_0(uint8_t *y, const float *x) {
   }
 }
 
-void ggml_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n) {
+static void encode_scalar(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st,
+                          size_t n) {
   float x[QK];
   uint64_t bb = block_bytes(fmt);
   for (size_t b = 0; b < n / QK; b++) {
@@ -82,11 +86,171 @@ static void decode_block(float *x, const uint8_t *y, kvc_dtype_t fmt) {
   }
 }
 
-void ggml_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n) {
+static void decode_scalar(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt,
+                          size_t n) {
   float x[QK];
   uint64_t bb = block_bytes(fmt);
   for (size_t b = 0; b < n / QK; b++) {
     decode_block(x, src + b * bb, fmt);
     dtype_convert((unsigned char *)dst + dtype_row_bytes(dt, b * QK), dt, x, KVC_DTYPE_F32, QK);
   }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define Z __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c")))
+
+static bool have_z(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("f16c");
+}
+
+/* Sixteen values of a float row as f32 (exact for f16 and bf16). */
+Z static inline __m512 load16(const unsigned char *s, kvc_dtype_t st) {
+  if (st == KVC_DTYPE_F32) return _mm512_loadu_ps((const float *)s);
+  __m256i h = _mm256_loadu_si256((const __m256i *)s);
+  if (st == KVC_DTYPE_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The largest |x| of n values, and whether one is NaN. */
+Z static float amax_z(const unsigned char *s, kvc_dtype_t st, size_t n, bool *nan) {
+  unsigned es = st == KVC_DTYPE_F32 ? 4 : 2;
+  __m512 m = _mm512_setzero_ps();
+  __mmask16 un = 0;
+  for (size_t i = 0; i < n; i += 16) {
+    __m512 a = _mm512_abs_ps(load16(s + i * es, st));
+    un |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+    m = _mm512_max_ps(m, a);
+  }
+  *nan = un != 0;
+  return _mm512_reduce_max_ps(m);
+}
+
+/* roundf of sixteen lanes: half away from zero (t - trunc(t) is exact). */
+Z static inline __m512 roundf16(__m512 t) {
+  __m512 r = _mm512_roundscale_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_abs_ps(_mm512_sub_ps(t, r));
+  __mmask16 up = _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+  __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f),
+                            _mm512_and_ps(t, _mm512_castsi512_ps(_mm512_set1_epi32(INT32_MIN))));
+  return _mm512_mask_add_ps(r, up, r, one);
+}
+
+Z static void encode_block_z(uint8_t *y, const unsigned char *s, kvc_dtype_t st,
+                             kvc_dtype_t fmt) {
+  unsigned es = st == KVC_DTYPE_F32 ? 4 : 2;
+  __m512 a = load16(s, st), b = load16(s + 16 * es, st);
+  __m512 aa = _mm512_abs_ps(a), ab = _mm512_abs_ps(b);
+  float amax = _mm512_reduce_max_ps(_mm512_max_ps(aa, ab)), d;
+  if (fmt == KVC_DTYPE_Q8_0) {
+    d = amax / 127.0f;
+  } else { /* the first value of largest magnitude, with its sign */
+    __m512 m = _mm512_set1_ps(amax);
+    uint32_t hit = (uint32_t)_mm512_cmp_ps_mask(aa, m, _CMP_EQ_OQ) |
+                   (uint32_t)_mm512_cmp_ps_mask(ab, m, _CMP_EQ_OQ) << 16;
+    float x[QK];
+    _mm512_storeu_ps(x, a);
+    _mm512_storeu_ps(x + 16, b);
+    d = (amax > 0.0f ? x[__builtin_ctz(hit)] : 0.0f) / -8.0f; /* zeros: 0 / -8, as ggml */
+  }
+  float id = d != 0.0f ? 1.0f / d : 0.0f;
+  uint16_t h = dtype_f32_to_f16(d);
+  memcpy(y, &h, 2);
+  __m512 vid = _mm512_set1_ps(id);
+  if (fmt == KVC_DTYPE_Q8_0) {
+    __m128i qa = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(roundf16(_mm512_mul_ps(a, vid))));
+    __m128i qb = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(roundf16(_mm512_mul_ps(b, vid))));
+    _mm_storeu_si128((__m128i *)(y + 2), qa);
+    _mm_storeu_si128((__m128i *)(y + 18), qb);
+    return;
+  }
+  __m512 h85 = _mm512_set1_ps(8.5f);
+  __m512i m15 = _mm512_set1_epi32(15);
+  __m512i lo = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(a, vid), h85)), m15);
+  __m512i hi = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(b, vid), h85)), m15);
+  __m512i q = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
+  _mm_storeu_si128((__m128i *)(y + 2), _mm512_cvtepi32_epi8(q));
+}
+
+Z static void decode_block_z(unsigned char *d, kvc_dtype_t dt, const uint8_t *y, kvc_dtype_t fmt) {
+  uint16_t h;
+  memcpy(&h, y, 2);
+  __m512 vd = _mm512_set1_ps(dtype_f16_to_f32(h));
+  __m128i raw = _mm_loadu_si128((const __m128i *)(y + 2));
+  __m512i qa, qb;
+  if (fmt == KVC_DTYPE_Q8_0) {
+    qa = _mm512_cvtepi8_epi32(raw);
+    qb = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(y + 18)));
+  } else {
+    __m512i b = _mm512_cvtepu8_epi32(raw), e = _mm512_set1_epi32(8);
+    qa = _mm512_sub_epi32(_mm512_and_si512(b, _mm512_set1_epi32(15)), e);
+    qb = _mm512_sub_epi32(_mm512_srli_epi32(b, 4), e);
+  }
+  __m512 v[2] = {_mm512_mul_ps(_mm512_cvtepi32_ps(qa), vd),
+                 _mm512_mul_ps(_mm512_cvtepi32_ps(qb), vd)};
+  for (int k = 0; k < 2; k++) {
+    if (dt == KVC_DTYPE_F32) {
+      _mm512_storeu_ps((float *)d + 16 * k, v[k]);
+    } else if (dt == KVC_DTYPE_F16) {
+      _mm256_storeu_si256((__m256i *)(d + 32 * k), _mm512_cvtps_ph(v[k], _MM_FROUND_TO_NEAREST_INT));
+    } else { /* bf16: round to nearest even; NaN as dtype_f32_to_bf16 */
+      __m512i x = _mm512_castps_si512(v[k]);
+      __m512i r = _mm512_add_epi32(
+          x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                              _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1))));
+      __mmask16 nan = _mm512_cmp_ps_mask(v[k], v[k], _CMP_UNORD_Q);
+      r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, _mm512_set1_epi32(0x400000)));
+      _mm256_storeu_si256((__m256i *)(d + 32 * k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    }
+  }
+}
+#else
+static bool have_z(void) { return false; }
+#endif
+
+bool ggml_have_vec(void) { return have_z(); }
+
+/* The vector kernels take f32, f16 and bf16 rows; f64 runs the scalar loop. */
+static bool use_z(bool vec, kvc_dtype_t t) { return vec && t != KVC_DTYPE_F64 && have_z(); }
+
+bool ggml_check(const void *src, kvc_dtype_t st, size_t n, kvc_dtype_t fmt) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  /* Every block passes if the whole row's largest |x| gives a finite d. */
+  if (use_z(true, st)) {
+    bool nan;
+    float a = amax_z(src, st, n, &nan), lim = fmt == KVC_DTYPE_Q8_0 ? 127.0f : 8.0f;
+    if (!nan && isfinite(dtype_f16_to_f32(dtype_f32_to_f16(a / lim)))) return true;
+  }
+#endif
+  return check_scalar(src, st, n, fmt);
+}
+
+void ggml_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n,
+                 bool vec) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (use_z(vec, st)) {
+    uint64_t bb = block_bytes(fmt);
+    for (size_t b = 0; b < n / QK; b++)
+      encode_block_z(dst + b * bb, (const unsigned char *)src + dtype_row_bytes(st, b * QK), st,
+                     fmt);
+    return;
+  }
+#endif
+  encode_scalar(dst, fmt, src, st, n);
+}
+
+void ggml_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n,
+                 bool vec) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (use_z(vec, dt)) {
+    uint64_t bb = block_bytes(fmt);
+    for (size_t b = 0; b < n / QK; b++)
+      decode_block_z((unsigned char *)dst + dtype_row_bytes(dt, b * QK), dt, src + b * bb, fmt);
+    return;
+  }
+#endif
+  decode_scalar(dst, dt, src, fmt, n);
 }

@@ -20,7 +20,8 @@
  * before anything changes (ggml_check, KVC_E_NONFINITE): a value must be
  * finite and each block's d must round to a finite f16 (amax below about
  * 127 x 65520 for q8_0, 8 x 65520 for q4_0). Decoding is q * d in f32, then
- * rounded to the buffer's dtype (nearest even).
+ * rounded to the buffer's dtype (nearest even). A block's bytes given as
+ * they are (a put of the cache's dtype) are never looked at.
  */
 #ifndef KVC_GGML_H
 #define KVC_GGML_H
@@ -35,10 +36,17 @@
  * encoded as fmt: all finite, every block's scale a finite f16. */
 bool ggml_check(const void *src, kvc_dtype_t st, size_t n, kvc_dtype_t fmt);
 
-/* n values of src (dtype st: f32, f16, bf16) as n / 32 blocks of fmt at dst. */
-void ggml_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n);
+/* n values of src (dtype st: f32, f16, bf16) as n / 32 blocks of fmt at
+ * dst. vec: the AVX-512 kernel where the CPU has it (false: the scalar
+ * loop; both give the same bytes). */
+void ggml_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n,
+                 bool vec);
 
 /* n / 32 blocks of fmt at src as n values of dtype dt (f32, f16, bf16, f64). */
-void ggml_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n);
+void ggml_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n,
+                 bool vec);
+
+/* True if the CPU runs the vector kernels (AVX-512 F, BW, VL, DQ). */
+bool ggml_have_vec(void);
 
 #endif
