@@ -71,9 +71,9 @@ void copy_in(const copy_plan_t *x, unsigned char *page, uint64_t pt0, uint64_t b
                    vsrc + t * x->bv_row, g->dv);
       } else if (fp8_is(x->stored)) { /* streamed into the page, as ntcopy */
         fp8_encode(lay + pt * g->k_row, x->stored, ksrc + t * x->bk_row, x->bt,
-                   (size_t)x->nh * g->dk, FP8_ISA_BEST, true);
+                   (size_t)x->nh * g->dk, ISA_BEST, true);
         fp8_encode(lay + g->k_off_v + pt * g->v_row, x->stored, vsrc + t * x->bv_row, x->bt,
-                   (size_t)x->nh * g->dv, FP8_ISA_BEST, true);
+                   (size_t)x->nh * g->dv, ISA_BEST, true);
       } else {
         dtype_convert(lay + pt * g->k_row, x->stored, ksrc + t * x->bk_row, x->bt,
                       (size_t)x->nh * g->dk);

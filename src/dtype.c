@@ -95,19 +95,19 @@ void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, s
     return;
   }
   if (dtype_is_block(dt)) {
-    ggml_encode(dst, dt, src, st, n, true);
+    ggml_encode(dst, dt, src, st, n, ISA_BEST);
     return;
   }
   if (dtype_is_block(st)) {
-    ggml_decode(dst, dt, src, st, n, true);
+    ggml_decode(dst, dt, src, st, n, ISA_BEST);
     return;
   }
   if (fp8_is(dt) && !fp8_is(st)) {
-    fp8_encode(dst, dt, src, st, n, FP8_ISA_BEST, false);
+    fp8_encode(dst, dt, src, st, n, ISA_BEST, false);
     return;
   }
   if (fp8_is(st) && !fp8_is(dt)) {
-    fp8_decode(dst, dt, src, st, n, FP8_ISA_BEST);
+    fp8_decode(dst, dt, src, st, n, ISA_BEST);
     return;
   }
   if (dt == KVC_DTYPE_F64 && st == KVC_DTYPE_F32) { /* widening is exact */

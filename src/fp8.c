@@ -98,11 +98,6 @@ static void store1(unsigned char *d, kvc_dtype_t dt, size_t i, float v) {
 #include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,f16c")))
 
-bool fp8_have_avx2(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-}
-
 /* The format's constants as vectors, made once a row (the stores of a row
  * may alias anything, so constants read through a pointer would be
  * reloaded every step). */
@@ -233,12 +228,6 @@ AVX2 static size_t decode_avx2(unsigned char *d, kvc_dtype_t dt, const uint8_t *
 /* ---- AVX-512: the same arithmetic, sixteen lanes and masks ---- */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
 
-bool fp8_have_avx512(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && fp8_have_avx2();
-}
-
 typedef struct zk {
   __m512i abs, sgn, inf, max, half, one, ebias, minn, nan, mant, quiet, infc, sublim, speclo,
       nbias;
@@ -337,28 +326,17 @@ AVX512 static size_t decode_avx512(unsigned char *d, kvc_dtype_t dt, const uint8
   }
   return i;
 }
-#else
-bool fp8_have_avx2(void) { return false; }
-bool fp8_have_avx512(void) { return false; }
 #endif
 
-/* The kernels a row runs: the vector ones take f32, f16 and bf16 rows; f64
- * runs the scalar loop. */
-static fp8_isa_t isa_for(fp8_isa_t isa, kvc_dtype_t t) {
-  if (isa == FP8_ISA_SCALAR || t == KVC_DTYPE_F64) return FP8_ISA_SCALAR;
-  if ((isa == FP8_ISA_BEST || isa == FP8_ISA_AVX512) && fp8_have_avx512()) return FP8_ISA_AVX512;
-  return fp8_have_avx2() ? FP8_ISA_AVX2 : FP8_ISA_SCALAR;
-}
-
 void fp8_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n,
-                fp8_isa_t isa, bool nt) {
+                isa_t isa, bool nt) {
   const fmt_t *p = fmt_of(fmt);
   const unsigned char *s = src;
   size_t i = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-  switch (isa_for(isa, st)) {
-  case FP8_ISA_AVX512: i = encode_avx512(dst, p, s, st, n, nt); break;
-  case FP8_ISA_AVX2: i = encode_avx2(dst, p, s, st, n); break;
+  switch (isa_pick(isa, st)) {
+  case ISA_AVX512: i = encode_avx512(dst, p, s, st, n, nt); break;
+  case ISA_AVX2: i = encode_avx2(dst, p, s, st, n); break;
   default: break;
   }
 #else
@@ -368,14 +346,14 @@ void fp8_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, 
 }
 
 void fp8_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n,
-                fp8_isa_t isa) {
+                isa_t isa) {
   const fmt_t *p = fmt_of(fmt);
   unsigned char *d = dst;
   size_t i = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-  switch (isa_for(isa, dt)) {
-  case FP8_ISA_AVX512: i = decode_avx512(d, dt, src, p, n); break;
-  case FP8_ISA_AVX2: i = decode_avx2(d, dt, src, p, n); break;
+  switch (isa_pick(isa, dt)) {
+  case ISA_AVX512: i = decode_avx512(d, dt, src, p, n); break;
+  case ISA_AVX2: i = decode_avx2(d, dt, src, p, n); break;
   default: break;
   }
 #endif

@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "isa.h"
 #include "kvcache/types.h"
 
 static inline bool fp8_is(kvc_dtype_t t) {
@@ -37,27 +38,15 @@ static inline bool fp8_is(kvc_dtype_t t) {
 uint8_t fp8_from_f32(float f, kvc_dtype_t fmt);
 float fp8_to_f32(uint8_t c, kvc_dtype_t fmt);
 
-/* Which kernels a row conversion runs. */
-typedef enum {
-  FP8_ISA_BEST = 0,   /* the widest the CPU has */
-  FP8_ISA_SCALAR = 1,
-  FP8_ISA_AVX2 = 2,   /* eight lanes; AVX2 and F16C */
-  FP8_ISA_AVX512 = 3  /* sixteen lanes; AVX-512 F, BW, VL */
-} fp8_isa_t;
-
-/* True if the CPU runs the FP8_ISA_AVX2 (FP8_ISA_AVX512) kernels. */
-bool fp8_have_avx2(void);
-bool fp8_have_avx512(void);
-
 /* n codes of fmt into dst from src of dtype st (f32, f16 or bf16; f64 goes
  * through f32). Buffers may be unaligned. A kernel the CPU lacks falls back
  * to a narrower one, then to the scalar loop. nt: dst is pool memory nobody
  * reads soon; the stores may go past the caches (ntcopy.h): ntcopy_fence
  * before the bytes are handed on. */
 void fp8_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n,
-                fp8_isa_t isa, bool nt);
+                isa_t isa, bool nt);
 /* n codes of fmt from src into dst of dtype dt (f32, f16, bf16 or f64). */
 void fp8_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n,
-                fp8_isa_t isa);
+                isa_t isa);
 
 #endif

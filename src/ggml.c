@@ -2,10 +2,10 @@
  *
  * Each block is read into 32 f32 values first (the same conversion a float
  * put uses), so f16 and bf16 rows quantize as their exact f32 values do.
- * With AVX-512 (chosen at run time) a block is two vectors of sixteen f32
- * and the same operations in the same order (no fused multiply-add), so the
- * bytes are the scalar loop's (tests/unit/ggml.c compares both); without
- * it the scalar loop runs.
+ * With AVX-512 (chosen at run time) a block is two vectors of sixteen f32,
+ * with AVX2 four of eight, and the same operations in the same order (no
+ * fused multiply-add), so the bytes are the scalar loop's (tests/unit/ggml.c
+ * compares all three); without either the scalar loop runs.
  */
 #include "ggml.h"
 
@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "isa.h"
 
 #define QK DTYPE_QBLOCK
 
@@ -99,13 +100,7 @@ static void decode_scalar(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dty
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define Z __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c")))
-
-static bool have_z(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("f16c");
-}
+#define Y __attribute__((target("avx2,f16c")))
 
 /* Sixteen values of a float row as f32 (exact for f16 and bf16). */
 Z static inline __m512 load16(const unsigned char *s, kvc_dtype_t st) {
@@ -207,19 +202,126 @@ Z static void decode_block_z(unsigned char *d, kvc_dtype_t dt, const uint8_t *y,
     }
   }
 }
-#else
-static bool have_z(void) { return false; }
+
+/* ---- AVX2: the block as four vectors of eight ---- */
+
+Y static inline __m256 load8y(const unsigned char *s, kvc_dtype_t st) {
+  if (st == KVC_DTYPE_F32) return _mm256_loadu_ps((const float *)s);
+  __m128i h = _mm_loadu_si128((const __m128i *)s);
+  if (st == KVC_DTYPE_F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+Y static inline __m256 absy(__m256 v) {
+  return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+}
+
+Y static inline float hmaxy(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+/* roundf of eight lanes, as roundf16. */
+Y static inline __m256 roundf8(__m256 t) {
+  __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  __m256 up = _mm256_cmp_ps(absy(_mm256_sub_ps(t, r)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+  __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f),
+                            _mm256_and_ps(t, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))));
+  return _mm256_add_ps(r, _mm256_and_ps(up, one));
+}
+
+/* Four vectors of int32 lanes (small) as 32 bytes, in order. */
+Y static inline __m256i pack32y(__m256i a, __m256i b, __m256i c, __m256i d) {
+  __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+  return _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+Y static void encode_block_y(uint8_t *y, const unsigned char *s, kvc_dtype_t st,
+                             kvc_dtype_t fmt) {
+  unsigned es = st == KVC_DTYPE_F32 ? 4 : 2;
+  __m256 v[4], a[4];
+  for (int k = 0; k < 4; k++) v[k] = load8y(s + 8 * k * es, st), a[k] = absy(v[k]);
+  float amax = hmaxy(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]))), d;
+  if (fmt == KVC_DTYPE_Q8_0) {
+    d = amax / 127.0f;
+  } else { /* the first value of largest magnitude, with its sign */
+    __m256 m = _mm256_set1_ps(amax);
+    uint32_t hit = 0;
+    for (int k = 0; k < 4; k++)
+      hit |= (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a[k], m, _CMP_EQ_OQ)) << (8 * k);
+    float x[QK];
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(x + 8 * k, v[k]);
+    d = (amax > 0.0f ? x[__builtin_ctz(hit)] : 0.0f) / -8.0f; /* zeros: 0 / -8, as ggml */
+  }
+  float id = d != 0.0f ? 1.0f / d : 0.0f;
+  uint16_t h = dtype_f32_to_f16(d);
+  memcpy(y, &h, 2);
+  __m256 vid = _mm256_set1_ps(id);
+  __m256i q[4];
+  if (fmt == KVC_DTYPE_Q8_0) {
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(roundf8(_mm256_mul_ps(v[k], vid)));
+    _mm256_storeu_si256((__m256i *)(y + 2), pack32y(q[0], q[1], q[2], q[3]));
+    return;
+  }
+  __m256 h85 = _mm256_set1_ps(8.5f);
+  __m256i m15 = _mm256_set1_epi32(15);
+  for (int k = 0; k < 4; k++)
+    q[k] = _mm256_min_epi32(_mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v[k], vid), h85)), m15);
+  __m256i lo = _mm256_or_si256(q[0], _mm256_slli_epi32(q[2], 4));
+  __m256i hi = _mm256_or_si256(q[1], _mm256_slli_epi32(q[3], 4));
+  /* bytes 0..255 pack unsigned: 16 codes, then the same again */
+  __m256i w = _mm256_packus_epi16(_mm256_packus_epi32(lo, hi), _mm256_setzero_si256());
+  w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 3, 6, 7));
+  _mm_storeu_si128((__m128i *)(y + 2), _mm256_castsi256_si128(w));
+}
+
+/* Eight f32 lanes stored as dt (bf16 and f16 rounded to nearest even). */
+Y static inline void store8y(unsigned char *d, kvc_dtype_t dt, __m256 v) {
+  if (dt == KVC_DTYPE_F32) {
+    _mm256_storeu_ps((float *)d, v);
+  } else if (dt == KVC_DTYPE_F16) {
+    _mm_storeu_si128((__m128i *)d, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  } else { /* NaN as dtype_f32_to_bf16 */
+    __m256i x = _mm256_castps_si256(v);
+    __m256i r = _mm256_add_epi32(
+        x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                            _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1))));
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(x, _mm256_set1_epi32(0x400000)), nan);
+    __m256i w = _mm256_srli_epi32(r, 16);
+    w = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0x08);
+    _mm_storeu_si128((__m128i *)d, _mm256_castsi256_si128(w));
+  }
+}
+
+Y static void decode_block_y(unsigned char *d, kvc_dtype_t dt, const uint8_t *y, kvc_dtype_t fmt) {
+  uint16_t h;
+  memcpy(&h, y, 2);
+  __m256 vd = _mm256_set1_ps(dtype_f16_to_f32(h));
+  __m256i q[4];
+  if (fmt == KVC_DTYPE_Q8_0) {
+    for (int k = 0; k < 4; k++)
+      q[k] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(y + 2 + 8 * k)));
+  } else {
+    __m256i e = _mm256_set1_epi32(8), m = _mm256_set1_epi32(15);
+    for (int k = 0; k < 2; k++) {
+      __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(y + 2 + 8 * k)));
+      q[k] = _mm256_sub_epi32(_mm256_and_si256(b, m), e);
+      q[k + 2] = _mm256_sub_epi32(_mm256_srli_epi32(b, 4), e);
+    }
+  }
+  unsigned es = dt == KVC_DTYPE_F32 ? 4 : 2;
+  for (int k = 0; k < 4; k++)
+    store8y(d + 8 * k * es, dt, _mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), vd));
+}
 #endif
-
-bool ggml_have_vec(void) { return have_z(); }
-
-/* The vector kernels take f32, f16 and bf16 rows; f64 runs the scalar loop. */
-static bool use_z(bool vec, kvc_dtype_t t) { return vec && t != KVC_DTYPE_F64 && have_z(); }
 
 bool ggml_check(const void *src, kvc_dtype_t st, size_t n, kvc_dtype_t fmt) {
 #if defined(__x86_64__) && defined(__GNUC__)
   /* Every block passes if the whole row's largest |x| gives a finite d. */
-  if (use_z(true, st)) {
+  if (isa_pick(ISA_BEST, st) == ISA_AVX512) {
     bool nan;
     float a = amax_z(src, st, n, &nan), lim = fmt == KVC_DTYPE_Q8_0 ? 127.0f : 8.0f;
     if (!nan && isfinite(dtype_f16_to_f32(dtype_f32_to_f16(a / lim)))) return true;
@@ -229,28 +331,39 @@ bool ggml_check(const void *src, kvc_dtype_t st, size_t n, kvc_dtype_t fmt) {
 }
 
 void ggml_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n,
-                 bool vec) {
+                 isa_t isa) {
+  const unsigned char *s = src;
+  uint64_t bb = block_bytes(fmt);
+  switch (isa_pick(isa, st)) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (use_z(vec, st)) {
-    uint64_t bb = block_bytes(fmt);
+  case ISA_AVX512:
     for (size_t b = 0; b < n / QK; b++)
-      encode_block_z(dst + b * bb, (const unsigned char *)src + dtype_row_bytes(st, b * QK), st,
-                     fmt);
+      encode_block_z(dst + b * bb, s + dtype_row_bytes(st, b * QK), st, fmt);
     return;
-  }
+  case ISA_AVX2:
+    for (size_t b = 0; b < n / QK; b++)
+      encode_block_y(dst + b * bb, s + dtype_row_bytes(st, b * QK), st, fmt);
+    return;
 #endif
-  encode_scalar(dst, fmt, src, st, n);
+  default: encode_scalar(dst, fmt, src, st, n); return;
+  }
 }
 
 void ggml_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n,
-                 bool vec) {
+                 isa_t isa) {
+  unsigned char *d = dst;
+  uint64_t bb = block_bytes(fmt);
+  switch (isa_pick(isa, dt)) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (use_z(vec, dt)) {
-    uint64_t bb = block_bytes(fmt);
+  case ISA_AVX512:
     for (size_t b = 0; b < n / QK; b++)
-      decode_block_z((unsigned char *)dst + dtype_row_bytes(dt, b * QK), dt, src + b * bb, fmt);
+      decode_block_z(d + dtype_row_bytes(dt, b * QK), dt, src + b * bb, fmt);
     return;
-  }
+  case ISA_AVX2:
+    for (size_t b = 0; b < n / QK; b++)
+      decode_block_y(d + dtype_row_bytes(dt, b * QK), dt, src + b * bb, fmt);
+    return;
 #endif
-  decode_scalar(dst, dt, src, fmt, n);
+  default: decode_scalar(dst, dt, src, fmt, n); return;
+  }
 }

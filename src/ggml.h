@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "isa.h"
 #include "kvcache/types.h"
 
 /* True if the n values of src (f32, f16 or bf16; n a multiple of 32) can be
@@ -37,16 +38,12 @@
 bool ggml_check(const void *src, kvc_dtype_t st, size_t n, kvc_dtype_t fmt);
 
 /* n values of src (dtype st: f32, f16, bf16) as n / 32 blocks of fmt at
- * dst. vec: the AVX-512 kernel where the CPU has it (false: the scalar
- * loop; both give the same bytes). */
+ * dst, with the kernel isa (isa.h; every kernel gives the same bytes). */
 void ggml_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n,
-                 bool vec);
+                 isa_t isa);
 
 /* n / 32 blocks of fmt at src as n values of dtype dt (f32, f16, bf16, f64). */
 void ggml_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n,
-                 bool vec);
-
-/* True if the CPU runs the vector kernels (AVX-512 F, BW, VL, DQ). */
-bool ggml_have_vec(void);
+                 isa_t isa);
 
 #endif

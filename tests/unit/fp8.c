@@ -65,11 +65,11 @@ static unsigned ref_encode(const spec_t *s, double v) {
 }
 
 #define NISA 3
-static const fp8_isa_t ISAS[NISA] = {FP8_ISA_SCALAR, FP8_ISA_AVX2, FP8_ISA_AVX512};
+static const isa_t ISAS[NISA] = {ISA_SCALAR, ISA_AVX2, ISA_AVX512};
 
 /* A kernel the CPU lacks would fall back to another: skipped, not counted. */
-static bool isa_runs(fp8_isa_t isa) {
-  return isa == FP8_ISA_SCALAR || (isa == FP8_ISA_AVX2 ? fp8_have_avx2() : fp8_have_avx512());
+static bool isa_runs(isa_t isa) {
+  return isa_have(isa);
 }
 
 TEST(fp8_decode_every_code_matches_the_spec) {
@@ -108,7 +108,7 @@ TEST(fp8_decode_every_code_matches_the_spec) {
     }
   }
   ASSERT(checked >= 512 && checked % 512 == 0);
-  if (fp8_have_avx512()) ASSERT_EQ(checked, 3 * 512);
+  if (isa_have(ISA_AVX512)) ASSERT_EQ(checked, 3 * 512);
   /* the spec's landmarks */
   ASSERT(fp8_to_f32(0x7e, KVC_DTYPE_FP8_E4M3) == 448.0f);
   ASSERT(fp8_to_f32(0x01, KVC_DTYPE_FP8_E4M3) == 0x1p-9f);

@@ -10,6 +10,10 @@
 #include "dtype.h"
 #include "ggml.h"
 
+static const isa_t ISAS[3] = {ISA_SCALAR, ISA_AVX2, ISA_AVX512};
+/* kernels this CPU runs */
+static unsigned nisa(void) { return isa_have(ISA_AVX512) ? 3 : isa_have(ISA_AVX2) ? 2 : 1; }
+
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint64_t next(void) {
   rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
@@ -59,8 +63,8 @@ static float ref_dec(const uint8_t *y, bool q8, int j) {
 }
 
 /* Encodes nb blocks of x with ggml_encode from f32, f16 and bf16 (x is
- * exact in each), with the scalar loop and the vector kernel (when the CPU
- * has it), and checks each block against the reference; decodes (f32, and
+ * exact in each), with the scalar loop and each vector kernel the CPU
+ * has, and checks each block against the reference; decodes (f32, and
  * bf16 / f16 as the f32 rounded) and checks every value. Returns the blocks
  * checked. */
 static unsigned check_blocks(const float *x, size_t nb, kvc_dtype_t fmt, bool exact16) {
@@ -75,30 +79,30 @@ static unsigned check_blocks(const float *x, size_t nb, kvc_dtype_t fmt, bool ex
     else ref_q4_0(want + b * bb, x + b * 32);
   }
   ASSERT(ggml_check(x, KVC_DTYPE_F32, n, fmt));
-  for (int vec = 0; vec < (ggml_have_vec() ? 2 : 1); vec++)
+  for (unsigned vi = 0; vi < nisa(); vi++)
     for (int src = 0; src < (exact16 ? 3 : 1); src++) {
       if (src == 0) {
-        ggml_encode(got, fmt, x, KVC_DTYPE_F32, n, vec);
+        ggml_encode(got, fmt, x, KVC_DTYPE_F32, n, ISAS[vi]);
       } else if (src == 1) {
         for (size_t i = 0; i < n; i++) h[i] = dtype_f32_to_f16(x[i]);
-        ggml_encode(got, fmt, h, KVC_DTYPE_F16, n, vec);
+        ggml_encode(got, fmt, h, KVC_DTYPE_F16, n, ISAS[vi]);
       } else {
         for (size_t i = 0; i < n; i++) h[i] = dtype_f32_to_bf16(x[i]);
-        ggml_encode(got, fmt, h, KVC_DTYPE_BF16, n, vec);
+        ggml_encode(got, fmt, h, KVC_DTYPE_BF16, n, ISAS[vi]);
       }
       for (size_t b = 0; b < nb; b++, checked++)
         if (memcmp(got + b * bb, want + b * bb, bb) != 0)
-          TEST_FAIL_("%s block %zu from source %d (f32, f16, bf16), vector %d: bytes differ "
-                     "from ggml's reference", q8 ? "q8_0" : "q4_0", b, src, vec);
-      ggml_decode(back, KVC_DTYPE_F32, got, fmt, n, vec);
+          TEST_FAIL_("%s block %zu from source %d (f32, f16, bf16), isa %d: bytes differ "
+                     "from ggml's reference", q8 ? "q8_0" : "q4_0", b, src, (int)ISAS[vi]);
+      ggml_decode(back, KVC_DTYPE_F32, got, fmt, n, ISAS[vi]);
       for (size_t i = 0; i < n; i++) {
         float r = ref_dec(got + i / 32 * bb, q8, (int)(i % 32));
         if (memcmp(&r, &back[i], 4) != 0)
           TEST_FAIL_("value %zu decoded %g, expected %g", i, (double)back[i], (double)r);
       }
-      ggml_decode(h2, KVC_DTYPE_BF16, got, fmt, n, vec);
+      ggml_decode(h2, KVC_DTYPE_BF16, got, fmt, n, ISAS[vi]);
       for (size_t i = 0; i < n; i++) ASSERT_EQ(h2[i], dtype_f32_to_bf16(back[i]));
-      ggml_decode(h2, KVC_DTYPE_F16, got, fmt, n, vec);
+      ggml_decode(h2, KVC_DTYPE_F16, got, fmt, n, ISAS[vi]);
       for (size_t i = 0; i < n; i++) ASSERT_EQ(h2[i], dtype_f32_to_f16(back[i]));
     }
   free(got), free(want), free(h), free(h2), free(back);
@@ -121,7 +125,7 @@ TEST(ggml_random_blocks_match_the_reference) {
     for (size_t i = 0; i < NB * 32; i++) x[i] = uni(1000); /* f32 only */
     checked += check_blocks(x, NB, fmt, false);
   }
-  ASSERT_EQ(checked, 2 * (3 + 1) * NB * (ggml_have_vec() ? 2u : 1u));
+  ASSERT_EQ(checked, 2 * (3 + 1) * NB * nisa());
   free(x);
 }
 
@@ -131,17 +135,17 @@ TEST(ggml_edge_blocks) {
   uint8_t y[34];
   /* zeros: d 0, codes 0 (q8_0) and 8 (q4_0: both nibbles); q4_0's d is
    * 0 / -8 = -0 (f16 0x8000), as ggml stores it */
-  ggml_encode(y, KVC_DTYPE_Q8_0, x, KVC_DTYPE_F32, 32, true);
+  ggml_encode(y, KVC_DTYPE_Q8_0, x, KVC_DTYPE_F32, 32, ISA_BEST);
   for (int j = 0; j < 34; j++) ASSERT_EQ(y[j], 0);
-  ggml_encode(y, KVC_DTYPE_Q4_0, x, KVC_DTYPE_F32, 32, true);
+  ggml_encode(y, KVC_DTYPE_Q4_0, x, KVC_DTYPE_F32, 32, ISA_BEST);
   ASSERT(y[0] == 0 && y[1] == 0x80);
   for (int j = 2; j < 18; j++) ASSERT_EQ(y[j], 0x88);
-  unsigned nv = ggml_have_vec() ? 2 : 1;
+  unsigned nv = nisa();
   ASSERT_EQ(check_blocks(x, 1, KVC_DTYPE_Q8_0, true) + check_blocks(x, 1, KVC_DTYPE_Q4_0, true), 6 * nv);
   /* one huge value among small ones: they quantize to 0, it to +-127 */
   for (int j = 0; j < 32; j++) x[j] = (float)(j - 16) / 64;
   x[5] = 30000;
-  ggml_encode(y, KVC_DTYPE_Q8_0, x, KVC_DTYPE_F32, 32, true);
+  ggml_encode(y, KVC_DTYPE_Q8_0, x, KVC_DTYPE_F32, 32, ISA_BEST);
   ASSERT_EQ(get_f16(y), dtype_f16_to_f32(dtype_f32_to_f16(30000.0f / 127)));
   ASSERT_EQ((int8_t)y[2 + 5], 127);
   for (int j = 0; j < 32; j++) ASSERT(j == 5 || y[2 + j] == 0);
@@ -149,7 +153,7 @@ TEST(ggml_edge_blocks) {
   /* ties round half away from zero (roundf), not to even */
   for (int j = 0; j < 32; j++) x[j] = 0;
   x[0] = 127, x[1] = 2.5f, x[2] = -2.5f, x[3] = 0.5f;
-  ggml_encode(y, KVC_DTYPE_Q8_0, x, KVC_DTYPE_F32, 32, true);
+  ggml_encode(y, KVC_DTYPE_Q8_0, x, KVC_DTYPE_F32, 32, ISA_BEST);
   ASSERT_EQ((int8_t)y[3], 3);
   ASSERT_EQ((int8_t)y[4], -3);
   ASSERT_EQ((int8_t)y[5], 1);
@@ -157,7 +161,7 @@ TEST(ggml_edge_blocks) {
    * largest magnitude clamps to code 15 */
   for (int j = 0; j < 32; j++) x[j] = 0;
   x[0] = -3, x[20] = 3, x[7] = 1.5f;
-  ggml_encode(y, KVC_DTYPE_Q4_0, x, KVC_DTYPE_F32, 32, true);
+  ggml_encode(y, KVC_DTYPE_Q4_0, x, KVC_DTYPE_F32, 32, ISA_BEST);
   ASSERT(get_f16(y) == 0.375f);
   ASSERT_EQ(y[2] & 15, 0);          /* -3 / 0.375 + 8.5 = 0.5 -> 0 */
   ASSERT_EQ(y[2 + 4] >> 4, 15);     /* 3 / 0.375 + 8.5 = 16.5 -> 16, clamped to 15 */
@@ -183,26 +187,26 @@ TEST(ggml_decode_every_scale_and_code) {
   uint8_t blk[8 * 34];
   float out[8 * 32];
   unsigned checked = 0;
-  for (int vec = 0; vec < (ggml_have_vec() ? 2 : 1); vec++)
+  for (unsigned vi = 0; vi < nisa(); vi++)
     for (uint32_t h = 0; h < 0x10000; h++) {
       if (((h >> 10) & 0x1f) == 0x1f) continue; /* inf and NaN scales: never written */
       for (int b = 0; b < 8; b++) {
         blk[b * 34] = (uint8_t)h, blk[b * 34 + 1] = (uint8_t)(h >> 8);
         for (int j = 0; j < 32; j++) blk[b * 34 + 2 + j] = (uint8_t)(b * 32 + j);
       }
-      ggml_decode(out, KVC_DTYPE_F32, blk, KVC_DTYPE_Q8_0, 8 * 32, vec);
+      ggml_decode(out, KVC_DTYPE_F32, blk, KVC_DTYPE_Q8_0, 8 * 32, ISAS[vi]);
       float d = dtype_f16_to_f32((uint16_t)h);
       for (int i = 0; i < 256; i++, checked++)
         if (out[i] != (float)(int8_t)(uint8_t)i * d)
-          TEST_FAIL_("q8_0 vector %d d 0x%04x code %d: %g", vec, h, i, (double)out[i]);
+          TEST_FAIL_("q8_0 isa %d d 0x%04x code %d: %g", (int)ISAS[vi], h, i, (double)out[i]);
       for (int j = 0; j < 16; j++) blk[2 + j] = (uint8_t)(j | (15 - j) << 4);
-      ggml_decode(out, KVC_DTYPE_F32, blk, KVC_DTYPE_Q4_0, 32, vec);
+      ggml_decode(out, KVC_DTYPE_F32, blk, KVC_DTYPE_Q4_0, 32, ISAS[vi]);
       for (int j = 0; j < 16; j++, checked += 2)
         if (out[j] != (float)(j - 8) * d || out[16 + j] != (float)(7 - j) * d)
-          TEST_FAIL_("q4_0 vector %d d 0x%04x nibble %d: %g %g", vec, h, j, (double)out[j],
+          TEST_FAIL_("q4_0 isa %d d 0x%04x nibble %d: %g %g", (int)ISAS[vi], h, j, (double)out[j],
                      (double)out[16 + j]);
     }
-  ASSERT_EQ(checked, 63488u * (256 + 32) * (ggml_have_vec() ? 2u : 1u));
+  ASSERT_EQ(checked, 63488u * (256 + 32) * nisa());
 }
 
 /* ---- through the engine --------------------------------------------------- */
