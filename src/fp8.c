@@ -166,7 +166,7 @@ AVX2 static inline void load16(const unsigned char *s, kvc_dtype_t st, __m256 *a
 }
 
 AVX2 static size_t encode_avx2(uint8_t *d, const fmt_t *p, const unsigned char *s,
-                               kvc_dtype_t st, size_t n) {
+                               kvc_dtype_t st, size_t n, bool nt) {
   vk_t k = vk_of(p);
   unsigned es = st == KVC_DTYPE_F32 ? 4 : 2;
   __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -178,7 +178,10 @@ AVX2 static size_t encode_avx2(uint8_t *d, const fmt_t *p, const unsigned char *
     __m256i w = _mm256_packus_epi32(encode8(a, &k), encode8(b, &k));
     w = _mm256_packus_epi16(w, w);
     w = _mm256_permutevar8x32_epi32(w, order);
-    _mm_storeu_si128((__m128i *)(d + i), _mm256_castsi256_si128(w));
+    if (nt) /* past the caches, as ntcopy (d + i stays 16-byte aligned) */
+      _mm_stream_si128((__m128i *)(d + i), _mm256_castsi256_si128(w));
+    else
+      _mm_storeu_si128((__m128i *)(d + i), _mm256_castsi256_si128(w));
   }
   return i;
 }
@@ -336,7 +339,7 @@ void fp8_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, 
 #if defined(__x86_64__) && defined(__GNUC__)
   switch (isa_pick(isa, st)) {
   case ISA_AVX512: i = encode_avx512(dst, p, s, st, n, nt); break;
-  case ISA_AVX2: i = encode_avx2(dst, p, s, st, n); break;
+  case ISA_AVX2: i = encode_avx2(dst, p, s, st, n, nt && ((uintptr_t)dst & 15) == 0); break;
   default: break;
   }
 #else
