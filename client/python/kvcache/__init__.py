@@ -145,6 +145,12 @@ _NP_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "uin
 _BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}  # a block of 32 values
 
 
+def _row_dim(dname, dim):
+    """A head row's last dimension: dim values, or for q8_0 / q4_0 its blocks' bytes."""
+    bb = _BLOCK_BYTES.get(dname)
+    return dim // 32 * bb if bb else dim
+
+
 class Cache(_kvcache.Cache):
     __doc__ = _kvcache.Cache.__doc__ + """
 
@@ -192,8 +198,8 @@ class Cache(_kvcache.Cache):
             a = np.frombuffer(shm, d, count=nbytes // d.itemsize, offset=off).reshape(shape)
             return a.copy() if copy else a
 
-        k = arr(k_off, k_bytes, (nl, entries, lay[1], lay[2]), dt)
-        v = arr(v_off, v_bytes, (nl, entries, lay[1], lay[3]), dt)
+        k = arr(k_off, k_bytes, (nl, entries, lay[1], _row_dim(dname, lay[2])), dt)
+        v = arr(v_off, v_bytes, (nl, entries, lay[1], _row_dim(dname, lay[3])), dt)
         n = m_bytes // 4 // entries if entries else 0
         mask = arr(m_off, m_bytes, (n, entries), np.dtype("float32"))
         if positions:
@@ -250,8 +256,8 @@ class Cache(_kvcache.Cache):
         lay = self._layout
         nl = (layers[1] - layers[0]) if layers else lay[0]
         dt = np.dtype(_NP_DTYPES[dname])
-        k = arr(k_off, k_bytes, (nl, n_entries, lay[1], lay[2]), dt)
-        v = arr(v_off, v_bytes, (nl, n_entries, lay[1], lay[3]), dt)
+        k = arr(k_off, k_bytes, (nl, n_entries, lay[1], _row_dim(dname, lay[2])), dt)
+        v = arr(v_off, v_bytes, (nl, n_entries, lay[1], _row_dim(dname, lay[3])), dt)
         return (k, v, mask, spans) + extra
 
 
@@ -289,9 +295,8 @@ class Lease(_kvcache.Lease):
         if not 0 <= layer < lay[0]:
             raise ValueError(f"layer {layer} outside the cache's {lay[0]} layers")
         heads, dim = lay[1], lay[3] if v else lay[2]
-        bb = _BLOCK_BYTES.get(_DTYPE_NAMES[lay[4]])
-        if bb and not scales:  # ggml blocks: a head row is its blocks' bytes
-            dim = dim // 32 * bb
+        if not scales:  # ggml blocks: a head row is its blocks' bytes
+            dim = _row_dim(_DTYPE_NAMES[lay[4]], dim)
         if scales:
             dt, row, base, shape = (np.dtype("float32"), heads * 4,
                                     g["v_scale_offset" if v else "k_scale_offset"], (heads,))

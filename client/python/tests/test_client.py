@@ -194,6 +194,8 @@ def test_ggml_block_cache_as_given_converted_and_leased(client, name, bb):
     assert np.array_equal(gk, blocks[0]) and np.array_equal(gv, blocks[1])
     with c.lease(1, 0, 9) as lease:
         assert np.array_equal(np.concatenate(lease.v(1)), blocks[1][1])
+    hk, hv, _, _ = c.history([(1, 8)])  # the blocks a token attends to, as given
+    assert hk.shape == (L, 9, H, D // 32 * bb) and np.array_equal(hk, blocks[0])
     k, v = kv(9, 8)
     c.put(2, 0, k, v)  # f32 quantized by ggml's reference
     qk, _ = c.get(2, 0, 9, dtype=name)
