@@ -15,7 +15,8 @@ TokenIds = Union[Sequence[int], np.ndarray]  # uint32 array or ints
 SpanKeys = Sequence[Tuple[int, int, Union[bytes, str]]]  # (begin, end, key) per span
 Toks = Union[Sequence[Tuple[int, int]], np.ndarray]  # (seq, pos) pairs or [n, 2] int64
 Range = Optional[Tuple[int, int]]
-DType = Optional[Union[str, int]]  # 'f32', 'f64', 'f16', 'bf16', 'int8', 'fp8_e4m3', 'fp8_e5m2', 'q8_0', 'q4_0'
+# 'f32', 'f64', 'f16', 'bf16', 'int8', 'fp8_e4m3', 'fp8_e5m2', 'q8_0', 'q4_0'
+DType = Optional[Union[str, int]]
 
 LIBRARY_VERSION: str
 PROTOCOL_VERSION: int
