@@ -21,6 +21,12 @@ void copy_plan_init(copy_plan_t *plan, const geom_t *g, kvc_dtype_t stored, uint
   plan->bk_row = (uint64_t)nh * dtype_row_bytes(bt, g->dk);
   plan->bv_row = (uint64_t)nh * dtype_row_bytes(bt, g->dv);
   plan->plain = nh == g->H && bt == stored && !g->int8;
+  plan->k_scale = plan->v_scale = 1.0f;
+}
+
+void copy_plan_scale(copy_plan_t *plan, float k_scale, float v_scale) {
+  plan->k_scale = k_scale;
+  plan->v_scale = v_scale;
 }
 
 bool copy_plan_slice(const copy_plan_t *x, unsigned part, unsigned nparts, copy_plan_t *out,
@@ -71,9 +77,9 @@ void copy_in(const copy_plan_t *x, unsigned char *page, uint64_t pt0, uint64_t b
                    vsrc + t * x->bv_row, g->dv);
       } else if (fp8_is(x->stored)) { /* streamed into the page, as ntcopy */
         fp8_encode(lay + pt * g->k_row, x->stored, ksrc + t * x->bk_row, x->bt,
-                   (size_t)x->nh * g->dk, ISA_BEST, true);
+                   (size_t)x->nh * g->dk, x->k_scale, ISA_BEST, true);
         fp8_encode(lay + g->k_off_v + pt * g->v_row, x->stored, vsrc + t * x->bv_row, x->bt,
-                   (size_t)x->nh * g->dv, ISA_BEST, true);
+                   (size_t)x->nh * g->dv, x->v_scale, ISA_BEST, true);
       } else {
         dtype_convert(lay + pt * g->k_row, x->stored, ksrc + t * x->bk_row, x->bt,
                       (size_t)x->nh * g->dk);
@@ -125,6 +131,11 @@ void copy_out(const copy_plan_t *x, const unsigned char *page, uint64_t pt0, uin
                      lay + g->ks_off + sh, g->dk);
         dequant_rows(x, vdst + t * x->bv_row, vsb ? vsb + srow : NULL, vrow,
                      lay + g->vs_off + sh, g->dv);
+      } else if (fp8_is(x->stored) && x->bt != x->stored) {
+        fp8_decode(kdst + t * x->bk_row, x->bt, krow, x->stored, (size_t)x->nh * g->dk,
+                   x->k_scale, ISA_BEST);
+        fp8_decode(vdst + t * x->bv_row, x->bt, vrow, x->stored, (size_t)x->nh * g->dv,
+                   x->v_scale, ISA_BEST);
       } else {
         dtype_convert(kdst + t * x->bk_row, x->bt, krow, x->stored, (size_t)x->nh * g->dk);
         dtype_convert(vdst + t * x->bv_row, x->bt, vrow, x->stored, (size_t)x->nh * g->dv);

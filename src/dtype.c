@@ -103,11 +103,11 @@ void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, s
     return;
   }
   if (fp8_is(dt) && !fp8_is(st)) {
-    fp8_encode(dst, dt, src, st, n, ISA_BEST, false);
+    fp8_encode(dst, dt, src, st, n, 1.0f, ISA_BEST, false);
     return;
   }
   if (fp8_is(st) && !fp8_is(dt)) {
-    fp8_decode(dst, dt, src, st, n, ISA_BEST);
+    fp8_decode(dst, dt, src, st, n, 1.0f, ISA_BEST);
     return;
   }
   if (dt == KVC_DTYPE_F64 && st == KVC_DTYPE_F32) { /* widening is exact */

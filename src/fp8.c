@@ -166,14 +166,17 @@ AVX2 static inline void load16(const unsigned char *s, kvc_dtype_t st, __m256 *a
 }
 
 AVX2 static size_t encode_avx2(uint8_t *d, const fmt_t *p, const unsigned char *s,
-                               kvc_dtype_t st, size_t n, bool nt) {
+                               kvc_dtype_t st, size_t n, float scale, bool nt) {
   vk_t k = vk_of(p);
+  bool sc = scale != 1.0f;
+  __m256 vs = _mm256_set1_ps(scale);
   unsigned es = st == KVC_DTYPE_F32 ? 4 : 2;
   __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m256 a, b;
     load16(s + i * es, st, &a, &b);
+    if (sc) a = _mm256_div_ps(a, vs), b = _mm256_div_ps(b, vs);
     /* two vectors of codes -> 16 bytes: packs interleave the 128-bit lanes */
     __m256i w = _mm256_packus_epi32(encode8(a, &k), encode8(b, &k));
     w = _mm256_packus_epi16(w, w);
@@ -200,30 +203,46 @@ AVX2 static inline __m256 decode8(__m128i bytes, const vk_t *k) {
   return _mm256_castsi256_ps(_mm256_or_si256(v, sign));
 }
 
-/* Eight f32 lanes (each a code's exact value) stored as dt. */
-AVX2 static inline void store8(unsigned char *d, kvc_dtype_t dt, __m256 v) {
+/* Eight f32 lanes as bf16 bits, rounded to nearest even (NaN as
+ * dtype_f32_to_bf16: its top half, quiet). */
+AVX2 static inline __m256i bf16_rne8(__m256 v) {
+  __m256i x = _mm256_castps_si256(v);
+  __m256i r = _mm256_add_epi32(
+      x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                          _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1))));
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(r, _mm256_or_si256(x, _mm256_set1_epi32(0x400000)), nan);
+}
+
+/* Eight f32 lanes stored as dt: a code's exact value (round false), or a
+ * scaled one (bf16 rounded to nearest even). */
+AVX2 static inline void store8(unsigned char *d, kvc_dtype_t dt, __m256 v, bool round) {
   if (dt == KVC_DTYPE_F32) {
     _mm256_storeu_ps((float *)d, v);
   } else if (dt == KVC_DTYPE_F16) {
     /* Exact: every code is an f16 value (NaN keeps its top bits). */
     _mm_storeu_si128((__m128i *)d, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   } else {
-    /* Exact: every code is a bf16 value; its f32's low half is zero. */
-    __m256i w = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+    /* Exact unscaled: every code is a bf16 value; its f32's low half is zero. */
+    __m256i w = _mm256_srli_epi32(round ? bf16_rne8(v) : _mm256_castps_si256(v), 16);
     w = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0x08);
     _mm_storeu_si128((__m128i *)d, _mm256_castsi256_si128(w));
   }
 }
 
 AVX2 static size_t decode_avx2(unsigned char *d, kvc_dtype_t dt, const uint8_t *s,
-                               const fmt_t *p, size_t n) {
+                               const fmt_t *p, size_t n, float scale) {
   vk_t k = vk_of(p);
   unsigned es = dt == KVC_DTYPE_F32 ? 4 : 2;
+  bool sc = scale != 1.0f;
+  __m256 vs = _mm256_set1_ps(scale);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m128i b = _mm_loadu_si128((const __m128i *)(s + i));
-    store8(d + i * es, dt, decode8(b, &k));
-    store8(d + (i + 8) * es, dt, decode8(_mm_srli_si128(b, 8), &k));
+    __m256 lo = decode8(b, &k), hi = decode8(_mm_srli_si128(b, 8), &k);
+    if (sc) lo = _mm256_mul_ps(lo, vs), hi = _mm256_mul_ps(hi, vs);
+    store8(d + i * es, dt, lo, sc);
+    store8(d + (i + 8) * es, dt, hi, sc);
   }
   return i;
 }
@@ -285,18 +304,26 @@ AVX512 static inline __m512 load16z(const unsigned char *s, kvc_dtype_t st) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* Sixteen values of a row as f32, divided by the scale (sc). */
+AVX512 static inline __m512 load16s(const unsigned char *s, kvc_dtype_t st, bool sc, __m512 vs) {
+  __m512 f = load16z(s, st);
+  return sc ? _mm512_div_ps(f, vs) : f;
+}
+
 AVX512 static size_t encode_avx512(uint8_t *d, const fmt_t *p, const unsigned char *s,
-                                   kvc_dtype_t st, size_t n, bool nt) {
+                                   kvc_dtype_t st, size_t n, float scale, bool nt) {
   zk_t k = zk_of(p);
   unsigned es = st == KVC_DTYPE_F32 ? 4 : 2;
+  bool sc = scale != 1.0f;
+  __m512 vs = _mm512_set1_ps(scale);
   size_t i = 0;
   if (nt && ((uintptr_t)d & 15) == 0) { /* past the caches: as ntcopy */
     for (; i + 16 <= n; i += 16)
-      _mm_stream_si128((__m128i *)(d + i), encode16(load16z(s + i * es, st), &k));
+      _mm_stream_si128((__m128i *)(d + i), encode16(load16s(s + i * es, st, sc, vs), &k));
     return i;
   }
   for (; i + 16 <= n; i += 16)
-    _mm_storeu_si128((__m128i *)(d + i), encode16(load16z(s + i * es, st), &k));
+    _mm_storeu_si128((__m128i *)(d + i), encode16(load16s(s + i * es, st, sc, vs), &k));
   return i;
 }
 
@@ -313,52 +340,74 @@ AVX512 static inline __m512 decode16(__m128i bytes, const zk_t *k) {
   return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
 }
 
+/* Sixteen f32 lanes as bf16 bits rounded to nearest even, as bf16_rne8. */
+AVX512 static inline __m512i bf16_rne16(__m512 v) {
+  __m512i x = _mm512_castps_si512(v);
+  __m512i r = _mm512_add_epi32(
+      x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                          _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1))));
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, _mm512_set1_epi32(0x400000)));
+}
+
 AVX512 static size_t decode_avx512(unsigned char *d, kvc_dtype_t dt, const uint8_t *s,
-                                   const fmt_t *p, size_t n) {
+                                   const fmt_t *p, size_t n, float scale) {
   zk_t k = zk_of(p);
+  bool sc = scale != 1.0f;
+  __m512 vs = _mm512_set1_ps(scale);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 v = decode16(_mm_loadu_si128((const __m128i *)(s + i)), &k);
+    if (sc) v = _mm512_mul_ps(v, vs);
     if (dt == KVC_DTYPE_F32)
       _mm512_storeu_ps((float *)(d + 4 * i), v);
-    else if (dt == KVC_DTYPE_F16) /* exact, as in store8 */
+    else if (dt == KVC_DTYPE_F16) /* exact unscaled, as in store8; else rounded */
       _mm256_storeu_si256((__m256i *)(d + 2 * i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
     else
       _mm256_storeu_si256((__m256i *)(d + 2 * i),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(
+                              sc ? bf16_rne16(v) : _mm512_castps_si512(v), 16)));
   }
   return i;
 }
 #endif
 
 void fp8_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n,
-                isa_t isa, bool nt) {
+                float scale, isa_t isa, bool nt) {
   const fmt_t *p = fmt_of(fmt);
   const unsigned char *s = src;
   size_t i = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
   switch (isa_pick(isa, st)) {
-  case ISA_AVX512: i = encode_avx512(dst, p, s, st, n, nt); break;
-  case ISA_AVX2: i = encode_avx2(dst, p, s, st, n, nt && ((uintptr_t)dst & 15) == 0); break;
+  case ISA_AVX512: i = encode_avx512(dst, p, s, st, n, scale, nt); break;
+  case ISA_AVX2:
+    i = encode_avx2(dst, p, s, st, n, scale, nt && ((uintptr_t)dst & 15) == 0);
+    break;
   default: break;
   }
 #else
   (void)nt;
 #endif
-  for (; i < n; i++) dst[i] = encode1(load1(s, st, i), p);
+  for (; i < n; i++) {
+    float v = load1(s, st, i);
+    dst[i] = encode1(scale != 1.0f ? v / scale : v, p);
+  }
 }
 
 void fp8_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n,
-                isa_t isa) {
+                float scale, isa_t isa) {
   const fmt_t *p = fmt_of(fmt);
   unsigned char *d = dst;
   size_t i = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
   switch (isa_pick(isa, dt)) {
-  case ISA_AVX512: i = decode_avx512(d, dt, src, p, n); break;
-  case ISA_AVX2: i = decode_avx2(d, dt, src, p, n); break;
+  case ISA_AVX512: i = decode_avx512(d, dt, src, p, n, scale); break;
+  case ISA_AVX2: i = decode_avx2(d, dt, src, p, n, scale); break;
   default: break;
   }
 #endif
-  for (; i < n; i++) store1(d, dt, i, decode1(src[i], p));
+  for (; i < n; i++) {
+    float v = decode1(src[i], p);
+    store1(d, dt, i, scale != 1.0f ? v * scale : v);
+  }
 }

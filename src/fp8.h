@@ -6,8 +6,8 @@
  *         (mm != 0) NaN; max 57344; subnormals m * 2^-16. The top byte of
  *         an f16. torch.float8_e5m2.
  *
- * A code's value is the element itself (scale 1, vLLM's k_scale = v_scale
- * = 1.0): doc/design.md "Inside a page" says why.
+ * A code's value times the transfer's scale (vLLM's k_scale / v_scale of a
+ * layer, 1 by default) is the element: doc/design.md "Inside a page".
  *
  * Encoding rounds to nearest even and saturates: a finite value beyond the
  * format's max, and +-inf, become +-max (as vLLM's CUDA kernels convert,
@@ -39,14 +39,17 @@ uint8_t fp8_from_f32(float f, kvc_dtype_t fmt);
 float fp8_to_f32(uint8_t c, kvc_dtype_t fmt);
 
 /* n codes of fmt into dst from src of dtype st (f32, f16 or bf16; f64 goes
- * through f32). Buffers may be unaligned. A kernel the CPU lacks falls back
- * to a narrower one, then to the scalar loop. nt: dst is pool memory nobody
- * reads soon; the stores may go past the caches (ntcopy.h): ntcopy_fence
- * before the bytes are handed on. */
+ * through f32): the codes of x / scale (vLLM's convention; scale 1: of x,
+ * the division skipped). Buffers may be unaligned. A kernel the CPU lacks
+ * falls back to a narrower one, then to the scalar loop. nt: dst is pool
+ * memory nobody reads soon; the stores may go past the caches (ntcopy.h):
+ * ntcopy_fence before the bytes are handed on. */
 void fp8_encode(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dtype_t st, size_t n,
-                isa_t isa, bool nt);
-/* n codes of fmt from src into dst of dtype dt (f32, f16, bf16 or f64). */
+                float scale, isa_t isa, bool nt);
+/* n codes of fmt from src into dst of dtype dt (f32, f16, bf16 or f64): each
+ * code's value times scale in f32, rounded to dt (nearest even; exact for
+ * scale 1). */
 void fp8_decode(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dtype_t fmt, size_t n,
-                isa_t isa);
+                float scale, isa_t isa);
 
 #endif

@@ -154,6 +154,17 @@ int layout_xfer(const kvc_layout_t *l, const kvc_xfer_t *x, bool is_put, layout_
   if (!ok)
     return xfer_fail(KVC_E_DTYPE, why, why_len, "cannot %s dtype %d for a cache of dtype %d",
                      is_put ? "put" : "get", (int)bt, (int)l->dtype);
+  bool scaled = x->k_scale != 0 || x->v_scale != 0;
+  if (scaled && (!fp8_is(l->dtype) || bt == l->dtype))
+    return xfer_fail(KVC_E_DTYPE, why, why_len,
+                     "k_scale and v_scale apply to fp8 conversions only (a cache of dtype %d, "
+                     "a buffer of dtype %d)", (int)l->dtype, (int)bt);
+  if (scaled && !(isfinite(x->k_scale) && isfinite(x->v_scale) && x->k_scale >= 0 &&
+                  x->v_scale >= 0))
+    return xfer_fail(KVC_E_DTYPE, why, why_len, "k_scale %g and v_scale %g must be finite and > 0",
+                     (double)x->k_scale, (double)x->v_scale);
+  r->k_scale = x->k_scale != 0 ? x->k_scale : 1.0f;
+  r->v_scale = x->v_scale != 0 ? x->v_scale : 1.0f;
   uint64_t heads = r->h1 - r->h0;
   r->bt = bt;
   r->raw = int8 && bt == KVC_DTYPE_INT8;

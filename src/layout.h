@@ -60,6 +60,8 @@ typedef struct layout_xfer {
   uint64_t k_row;   /* bytes of one token's K in one layer, the range's heads */
   uint64_t v_row;   /* same for V */
   uint64_t s_row;   /* bytes of one token's scales in one layer (raw), else 0 */
+  float k_scale;    /* fp8 conversions: the scale of K (1 unless given) */
+  float v_scale;
 } layout_xfer_t;
 
 /* The dtype a transfer moves when it names none: the cache's, or f32 for
@@ -71,8 +73,9 @@ kvc_dtype_t layout_natural_dtype(const kvc_layout_t *l);
  * every head; puts take the cache dtype or f32 (int8 caches: f32, f16,
  * bf16), gets return the cache dtype or f32 (int8: f32, or int8 raw with
  * scales; fp8, q8_0, q4_0: the cache dtype as given, or f32, f16, bf16
- * converted). Returns 0, or KVC_E_LAYER, KVC_E_HEAD, KVC_E_DTYPE with the
- * reason in why (why_len bytes, may be 0). */
+ * converted). A k_scale / v_scale other than 0 is for an fp8 cache's
+ * converting transfer only, finite and > 0. Returns 0, or KVC_E_LAYER,
+ * KVC_E_HEAD, KVC_E_DTYPE with the reason in why (why_len bytes, may be 0). */
 int layout_xfer(const kvc_layout_t *l, const kvc_xfer_t *x, bool is_put, layout_xfer_t *r,
                 char *why, size_t why_len);
 

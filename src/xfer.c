@@ -7,8 +7,10 @@
 
 int xfer_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put,
                  layout_xfer_t *r) {
-  kvc_xfer_t kx = {0, 0, 0, 0, 0};
-  if (x) kx = (kvc_xfer_t){x->layer_begin, x->layer_end, x->head_begin, x->head_end, x->dtype};
+  kvc_xfer_t kx = {0, 0, 0, 0, 0, 0, 0};
+  if (x)
+    kx = (kvc_xfer_t){x->layer_begin, x->layer_end, x->head_begin, x->head_end, x->dtype,
+                      x->k_scale, x->v_scale};
   char why[128];
   int rc = layout_xfer(&c->layout, &kx, is_put, r, why, sizeof why);
   return rc ? engine_fail(eng, rc, "%s", why) : 0;

@@ -18,7 +18,7 @@ typedef enum {
   KVC_DTYPE_BF16 = 4, /* bfloat16 */
   KVC_DTYPE_INT8 = 5, /* symmetric absmax, one f32 scale per token/head/layer */
   KVC_DTYPE_FP8_E4M3 = 6, /* OCP FP8 E4M3 (torch float8_e4m3fn): bias 7, max 448, no inf;
-                             scale 1 (doc/design.md "Inside a page") */
+                             scales per transfer (kvc_xfer_t, doc/design.md) */
   KVC_DTYPE_FP8_E5M2 = 7, /* OCP FP8 E5M2 (torch float8_e5m2): bias 15, max 57344, inf, NaN */
   KVC_DTYPE_Q8_0 = 8,     /* ggml block_q8_0 along the head dim: {f16 d; int8 qs[32]}, 34 bytes
                              a 32 values; head dims multiples of 32 */
@@ -152,6 +152,9 @@ typedef struct kvc_xfer {
   uint32_t layer_begin, layer_end;
   uint32_t head_begin, head_end;
   kvc_dtype_t dtype; /* 0: natural */
+  float k_scale, v_scale; /* fp8 caches, converting transfers only: vLLM's k_scale and
+                             v_scale of the layers moved (a put encodes x / scale, a get
+                             decodes code x scale); 0 means 1 */
 } kvc_xfer_t;
 
 #endif

@@ -84,9 +84,9 @@ TEST(fp8_decode_every_code_matches_the_spec) {
       if (!isa_runs(ISAS[ii])) continue;
       float f[259];
       uint16_t h[259], b[259];
-      fp8_decode(f, KVC_DTYPE_F32, codes, s->t, 259, ISAS[ii]);
-      fp8_decode(h, KVC_DTYPE_F16, codes, s->t, 259, ISAS[ii]);
-      fp8_decode(b, KVC_DTYPE_BF16, codes, s->t, 259, ISAS[ii]);
+      fp8_decode(f, KVC_DTYPE_F32, codes, s->t, 259, 1.0f, ISAS[ii]);
+      fp8_decode(h, KVC_DTYPE_F16, codes, s->t, 259, 1.0f, ISAS[ii]);
+      fp8_decode(b, KVC_DTYPE_BF16, codes, s->t, 259, 1.0f, ISAS[ii]);
       for (unsigned c = 0; c < 256; c++) {
         double r = ref_decode(s, c);
         float got = f[c + 3], gh = dtype_f16_to_f32(h[c + 3]), gb = dtype_bf16_to_f32(b[c + 3]);
@@ -133,7 +133,7 @@ static unsigned check_encode(const spec_t *s, const float *vals, const void *src
     for (int nt = 0; nt < 2; nt++) {
       if (!isa_runs(ISAS[ii])) continue;
       memset(got, 0x5a, n);
-      fp8_encode(got, s->t, src, st, n, ISAS[ii], nt);
+      fp8_encode(got, s->t, src, st, n, 1.0f, ISAS[ii], nt);
       for (size_t i = 0; i < n; i++) {
         if (got[i] != want[i])
           TEST_FAIL_("%s isa %d nt %d: %.9g (0x%08x) encoded 0x%02x, spec says 0x%02x",
@@ -299,4 +299,75 @@ TEST(fp8_put_f32_get_f32_within_the_format_bound) {
     free(in), free(out), free(codes), free(h);
     fx_close(&f);
   }
+}
+
+/* vLLM's scales: a put encodes x / k_scale (x / v_scale), a get decodes
+ * code x scale, on every kernel; the scale is the transfer's, for fp8
+ * conversions only. */
+TEST(fp8_scaled_conversions_divide_and_multiply) {
+  enum { N = 1000 };
+  float x[N], q[N], y[N];
+  uint16_t h[N];
+  uint8_t got[N], codes[N];
+  uint64_t r = 0x1234567887654321ull;
+  for (int i = 0; i < N; i++) {
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    x[i] = (float)((double)(r >> 11) / 9007199254740992.0 * 2 - 1) * 300.0f;
+    codes[i] = (uint8_t)(r >> 3);
+  }
+  const float s = 0.37f;
+  unsigned checked = 0;
+  for (int k = 0; k < 2; k++)
+    for (int ii = 0; ii < NISA; ii++) {
+      if (!isa_runs(ISAS[ii])) continue;
+      fp8_encode(got, SPECS[k].t, x, KVC_DTYPE_F32, N, s, ISAS[ii], false);
+      for (int i = 0; i < N; i++, checked++) ASSERT_EQ(got[i], ref_encode(&SPECS[k], x[i] / s));
+      fp8_decode(y, KVC_DTYPE_F32, codes, SPECS[k].t, N, s, ISAS[ii]);
+      for (int i = 0; i < N; i++) q[i] = fp8_to_f32(codes[i], SPECS[k].t) * s;
+      for (int i = 0; i < N; i++) ASSERT(fbits(y[i]) == fbits(q[i]) || (isnan(y[i]) && isnan(q[i])));
+      fp8_decode(h, KVC_DTYPE_BF16, codes, SPECS[k].t, N, s, ISAS[ii]);
+      for (int i = 0; i < N; i++) ASSERT_EQ(h[i], dtype_f32_to_bf16(q[i]));
+      fp8_decode(h, KVC_DTYPE_F16, codes, SPECS[k].t, N, s, ISAS[ii]);
+      for (int i = 0; i < N; i++) ASSERT_EQ(h[i], dtype_f32_to_f16(q[i]));
+    }
+  ASSERT(checked >= 2 * N);
+  /* through the engine: K and V with scales of their own */
+  fx_t f;
+  open_fp8(&f, KVC_DTYPE_FP8_E4M3, 16);
+  enum { T = 5, EL = 2 * T * 2 * 16 };
+  float in[EL];
+  uint8_t kc[EL], vc[EL];
+  for (int i = 0; i < EL; i++) in[i] = x[i];
+  uint64_t fb = EL * 4, cb = EL;
+  engine_io_t io = {1, 0, T, in, in, fb, fb, NULL, NULL, 0, 0};
+  engine_xfer_t xs = {.dtype = KVC_DTYPE_F32, .k_scale = 2.0f, .v_scale = 0.5f};
+  ASSERT_OK(engine_put(f.eng, f.cid, &xs, &io, 1));
+  engine_io_t raw = {1, 0, T, kc, vc, cb, cb, NULL, NULL, 0, 0};
+  engine_xfer_t own = {.dtype = KVC_DTYPE_FP8_E4M3};
+  ASSERT_OK(engine_get(f.eng, f.cid, &own, &raw, 1));
+  for (int i = 0; i < EL; i++) {
+    ASSERT_EQ(kc[i], ref_encode(&SPECS[0], in[i] / 2.0f));
+    ASSERT_EQ(vc[i], ref_encode(&SPECS[0], in[i] / 0.5f));
+  }
+  float ko[EL], vo[EL];
+  engine_io_t bk = {1, 0, T, ko, vo, fb, fb, NULL, NULL, 0, 0};
+  ASSERT_OK(engine_get(f.eng, f.cid, &xs, &bk, 1));
+  for (int i = 0; i < EL; i++) {
+    ASSERT_EQ(fbits(ko[i]), fbits(fp8_to_f32(kc[i], KVC_DTYPE_FP8_E4M3) * 2.0f));
+    ASSERT_EQ(fbits(vo[i]), fbits(fp8_to_f32(vc[i], KVC_DTYPE_FP8_E4M3) * 0.5f));
+  }
+  /* refused: a scale on bytes as given, a NaN, a negative scale */
+  own.k_scale = 2.0f;
+  ASSERT_ERR(engine_put(f.eng, f.cid, &own, &raw, 1), KVC_E_DTYPE);
+  xs.k_scale = NAN;
+  ASSERT_ERR(engine_put(f.eng, f.cid, &xs, &io, 1), KVC_E_DTYPE);
+  xs.k_scale = -1.0f;
+  ASSERT_ERR(engine_get(f.eng, f.cid, &xs, &bk, 1), KVC_E_DTYPE);
+  fx_close(&f);
+  /* and on a cache that is not fp8 */
+  kvc_layout_t l = fx_layout(2, 2, 16, 16, KVC_DTYPE_BF16, 4);
+  fx_open(&f, &l, 16);
+  xs.k_scale = 2.0f;
+  ASSERT_ERR(engine_put(f.eng, f.cid, &xs, &io, 1), KVC_E_DTYPE);
+  fx_close(&f);
 }

@@ -211,15 +211,18 @@ fail:
 /* ---- put ---- */
 
 static PyObject *cache_put(cache_t *ca, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"seq", "pos", "k", "v", "tokens", "layers", "span_keys", NULL};
+  static char *kwlist[] = {"seq", "pos", "k", "v", "tokens", "layers", "span_keys",
+                           "k_scale", "v_scale", NULL};
   unsigned long long seq, pos;
   PyObject *ko, *vo, *toks = Py_None, *layers = Py_None, *spo = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&OO|OOO:put", kwlist, pykvc_u64, &seq, pykvc_u64, &pos, &ko, &vo, &toks,
-                                   &layers, &spo))
+  float ksc = 0, vsc = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&OO|OOOff:put", kwlist, pykvc_u64, &seq, pykvc_u64, &pos, &ko, &vo, &toks,
+                                   &layers, &spo, &ksc, &vsc))
     return NULL;
   kvc_xfer_t x;
   Py_ssize_t nl, nh;
   if (xfer_arg(ca, layers, Py_None, Py_None, &x, &nl, &nh) < 0) return NULL;
+  x.k_scale = ksc, x.v_scale = vsc;
   tensor_t k, v, tt = {0};
   uint32_t *ids = NULL, *owned = NULL;
   Py_ssize_t nids = 0;
@@ -406,11 +409,13 @@ static int out_pair(PyObject *out, PyObject **ok, PyObject **ov) {
 }
 
 static PyObject *cache_get(cache_t *ca, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"seq", "begin", "end", "out", "dtype", "layers", "heads", NULL};
+  static char *kwlist[] = {"seq", "begin", "end", "out", "dtype", "layers", "heads",
+                           "k_scale", "v_scale", NULL};
   unsigned long long seq, b, e;
   PyObject *out = Py_None, *dtype = Py_None, *layers = Py_None, *heads = Py_None, *ok, *ov;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|OOOO:get", kwlist, pykvc_u64, &seq, pykvc_u64, &b, pykvc_u64, &e, &out, &dtype,
-                                   &layers, &heads))
+  float ksc = 0, vsc = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|OOOOff:get", kwlist, pykvc_u64, &seq, pykvc_u64, &b, pykvc_u64, &e, &out, &dtype,
+                                   &layers, &heads, &ksc, &vsc))
     return NULL;
   if (out_pair(out, &ok, &ov) < 0) return NULL;
   if (e < b || e - b > KVC_MAX_SEQ_TOKENS) {
@@ -423,6 +428,7 @@ static PyObject *cache_get(cache_t *ca, PyObject *args, PyObject *kw) {
   if (xfer_arg(ca, layers, heads, dtype, &x, &nl, &nh) < 0) return NULL;
   if (get_xdtype(ca, dtype, ok, &d) < 0) return NULL;
   x.dtype = (kvc_dtype_t)d;
+  x.k_scale = ksc, x.v_scale = vsc;
   int gd = get_dtype(ca, d);
   Py_ssize_t n = (Py_ssize_t)(e - b);
   Py_ssize_t wk[4] = {nl, n, nh, row_dim(gd, ca->layout.head_dim_k)},
@@ -1343,22 +1349,26 @@ static PyObject *cache_register(PyObject *cls, PyObject *sub) {
 #define KW_ (METH_VARARGS | METH_KEYWORDS)
 static PyMethodDef cache_methods[] = {
     M_("put", cache_put, KW_,
-       "put(seq, pos, k, v, tokens=None, layers=None, span_keys=None)\n\nWrites tokens [pos, pos + n) of seq: k "
+       "put(seq, pos, k, v, tokens=None, layers=None, span_keys=None, k_scale=0, v_scale=0)\n\n"
+       "Writes tokens [pos, pos + n) of seq: k "
        "and v shaped [layers, n, heads, head_dim] (C-contiguous NumPy arrays, buffers or CPU "
        "torch tensors; the cache's dtype or float32; int8 caches take float32, float16 or "
        "bfloat16; a uint16 array stands for bfloat16 bits). tokens: the n token ids (a uint32 "
        "array or ints) to index full pages in the prefix cache (with layers, a page is indexed "
        "once every layer of it is saved). span_keys: (begin, end, key) extra keys of positions "
-       "(an image's hash over its placeholder tokens: key bytes or str, 1-64 bytes). FullError "
-       "when the pool cannot make room."),
+       "(an image's hash over its placeholder tokens: key bytes or str, 1-64 bytes). "
+       "k_scale, v_scale: an fp8 cache converting floats stores x / scale (vLLM's per-layer "
+       "k_scale / v_scale; 0: 1). FullError when the pool cannot make room."),
     M_("put_batch", cache_put_batch, KW_,
        "put_batch(entries, layers=None)\n\nOne request for many (seq, pos, k, v[, tokens]) "
        "entries (a decode step's ragged append). Every entry shares one dtype."),
     M_("get", cache_get, KW_,
-       "get(seq, begin, end, out=None, dtype=None, layers=None, heads=None) -> (k, v)\n\nReads "
+       "get(seq, begin, end, out=None, dtype=None, layers=None, heads=None, k_scale=0, "
+       "v_scale=0) -> (k, v)\n\nReads "
        "tokens [begin, end): new NumPy arrays [layers, n, heads, dim] (bf16 as uint16 bits), or "
        "fills out=(k, v) (arrays or CPU tensors of the right shape; float32 outs of a non-f32 "
-       "cache get f32). dtype: 'f32' or the cache's."),
+       "cache get f32). dtype: 'f32' or the cache's. k_scale, v_scale: an fp8 cache converting "
+       "to floats returns code x scale (0: 1)."),
     M_("get_batch", cache_get_batch, KW_,
        "get_batch(entries, dtype=None, layers=None, heads=None) -> [(k, v)]\n\nOne request for "
        "many (seq, pos, n[, out_k, out_v]) entries."),

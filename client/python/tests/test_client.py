@@ -159,6 +159,16 @@ def test_fp8_cache_as_given_converted_and_leased(client, name, tname):
     g3, _ = c.get(3, 0, 12, dtype="f32")
     if tdt is not None:
         assert np.array_equal(g3, torch.from_numpy(k).to(tdt).float().numpy())
+        # vLLM's scales: (x / k_scale).to(fp8) stored, code * scale read back
+        c.put(5, 0, k, v, k_scale=0.25, v_scale=3.0)
+        ck, cv = c.get(5, 0, 12)
+        tk, tv = torch.from_numpy(k), torch.from_numpy(v)
+        assert np.array_equal(ck, (tk / 0.25).to(tdt).view(torch.uint8).numpy())
+        assert np.array_equal(cv, (tv / 3.0).to(tdt).view(torch.uint8).numpy())
+        sk, _ = c.get(5, 0, 12, dtype="f32", k_scale=0.25, v_scale=3.0)
+        assert np.array_equal(sk, ((tk / 0.25).to(tdt).float() * 0.25).numpy())
+        with pytest.raises(kvcache.DtypeError):
+            c.put(6, 0, codes[0], codes[1], k_scale=2.0)  # bytes as given take no scale
     # half a step: relative in the normal range, half the least subnormal below
     rel, sub = (2.0 ** -4, 2.0 ** -10) if name == "fp8_e4m3" else (2.0 ** -3, 2.0 ** -17)
     assert np.all(np.abs(g3 - k) <= np.abs(k) * rel + sub)
