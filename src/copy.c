@@ -68,6 +68,15 @@ void copy_in(const copy_plan_t *x, unsigned char *page, uint64_t pt0, uint64_t b
       ntcopy(lay + g->k_off_v + pt0 * g->v_row, vsrc, cnt * g->v_row);
       continue;
     }
+    if (fp8_is(x->stored)) {
+      /* A put covers every head: the run's rows are contiguous on both
+       * sides, one encoding a run, streamed into the page as ntcopy. */
+      fp8_encode(lay + pt0 * g->k_row, x->stored, ksrc, x->bt, cnt * g->H * g->dk, x->k_scale,
+                 ISA_BEST, true);
+      fp8_encode(lay + g->k_off_v + pt0 * g->v_row, x->stored, vsrc, x->bt,
+                 cnt * g->H * g->dv, x->v_scale, ISA_BEST, true);
+      continue;
+    }
     for (uint64_t t = 0; t < cnt; t++) {
       uint64_t pt = pt0 + t;
       if (g->int8) {
@@ -75,11 +84,6 @@ void copy_in(const copy_plan_t *x, unsigned char *page, uint64_t pt0, uint64_t b
                    ksrc + t * x->bk_row, g->dk);
         quant_rows(x, lay + g->k_off_v + pt * g->v_row, lay + g->vs_off + pt * g->H * 4,
                    vsrc + t * x->bv_row, g->dv);
-      } else if (fp8_is(x->stored)) { /* streamed into the page, as ntcopy */
-        fp8_encode(lay + pt * g->k_row, x->stored, ksrc + t * x->bk_row, x->bt,
-                   (size_t)x->nh * g->dk, x->k_scale, ISA_BEST, true);
-        fp8_encode(lay + g->k_off_v + pt * g->v_row, x->stored, vsrc + t * x->bv_row, x->bt,
-                   (size_t)x->nh * g->dv, x->v_scale, ISA_BEST, true);
       } else {
         dtype_convert(lay + pt * g->k_row, x->stored, ksrc + t * x->bk_row, x->bt,
                       (size_t)x->nh * g->dk);
@@ -119,6 +123,14 @@ void copy_out(const copy_plan_t *x, const unsigned char *page, uint64_t pt0, uin
     if (x->plain) {
       memcpy(kdst, lay + pt0 * g->k_row, cnt * g->k_row);
       memcpy(vdst, lay + g->k_off_v + pt0 * g->v_row, cnt * g->v_row);
+      continue;
+    }
+    if (fp8_is(x->stored) && x->bt != x->stored && x->nh == g->H) {
+      /* whole heads: the run's rows are contiguous on both sides */
+      fp8_decode(kdst, x->bt, lay + pt0 * g->k_row, x->stored, cnt * g->H * g->dk, x->k_scale,
+                 ISA_BEST);
+      fp8_decode(vdst, x->bt, lay + g->k_off_v + pt0 * g->v_row, x->stored,
+                 cnt * g->H * g->dv, x->v_scale, ISA_BEST);
       continue;
     }
     for (uint64_t t = 0; t < cnt; t++) {

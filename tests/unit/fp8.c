@@ -287,6 +287,13 @@ TEST(fp8_put_f32_get_f32_within_the_format_bound) {
       if (err > fabs(in[i]) * rel && err > sub)
         TEST_FAIL_("%g came back %g (err %g)", in[i], out[i], err);
     }
+    /* head 1 alone, converted: the per-token path */
+    float h1[2 * N * 32];
+    engine_io_t io1 = {1, 0, N, h1, h1, sizeof h1, sizeof h1, NULL, NULL, 0, 0};
+    engine_xfer_t x1 = {.head_begin = 1, .head_end = 2, .dtype = KVC_DTYPE_F32};
+    ASSERT_OK(engine_get(f.eng, f.cid, &x1, &io1, 1));
+    for (unsigned row = 0; row < 2 * N; row++)
+      ASSERT_MEM_EQ(h1 + row * 32, out + (row * 2 + 1) * 32, 32 * 4);
     ASSERT_OK(xfer(&f, false, KVC_DTYPE_BF16, 1, 0, N, h, h));
     for (unsigned i = 0; i < EL; i++) ASSERT_EQ(fbits(dtype_bf16_to_f32(h[i])), fbits(out[i]));
     ASSERT_OK(xfer(&f, false, KVC_DTYPE_F16, 1, 0, N, h, h));
