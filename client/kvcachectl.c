@@ -816,6 +816,10 @@ static const char *dtype_name(kvc_dtype_t d) {
   case KVC_DTYPE_F16: return "f16";
   case KVC_DTYPE_BF16: return "bf16";
   case KVC_DTYPE_INT8: return "int8";
+  case KVC_DTYPE_FP8_E4M3: return "fp8_e4m3";
+  case KVC_DTYPE_FP8_E5M2: return "fp8_e5m2";
+  case KVC_DTYPE_Q8_0: return "q8_0";
+  case KVC_DTYPE_Q4_0: return "q4_0";
   }
   return "?";
 }

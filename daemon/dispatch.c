@@ -472,7 +472,7 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
   kvc_xfer_t kx;
   codec_xfer_from_wire(io->xfer, &kx);
   *x = (engine_xfer_t){kx.layer_begin, kx.layer_end, kx.head_begin, kx.head_end, kx.dtype,
-                       NULL};
+                       NULL, kx.k_scale, kx.v_scale};
   engine_io_t *e = arena_alloc(r->a, io->n_entries * sizeof *e);
   if (!e) return reject(r, KVC_E_NOMEM, "out of memory");
   layout_xfer_t g;
@@ -726,7 +726,8 @@ static int h_history(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   if (rc) return rc;
   kvc_xfer_t kx;
   codec_xfer_from_wire(b->xfer, &kx);
-  engine_xfer_t x = {kx.layer_begin, kx.layer_end, kx.head_begin, kx.head_end, kx.dtype, NULL};
+  engine_xfer_t x = {kx.layer_begin, kx.layer_end, kx.head_begin, kx.head_end, kx.dtype, NULL,
+                     kx.k_scale, kx.v_scale};
   engine_hist_t h = {0};
   size_t n = b->n_seq_ids;
   ENGINE_CALL(r, engine_history(eng, b->cache_id, &x, t, n, &h));

@@ -56,6 +56,8 @@ void codec_xfer_to_wire(const kvc_xfer_t *x, Kvcache__V1__Xfer *w) {
   w->head_begin = x->head_begin;
   w->head_end = x->head_end;
   w->dtype = (Kvcache__V1__DType)x->dtype;
+  w->k_scale = x->k_scale;
+  w->v_scale = x->v_scale;
 }
 
 void codec_xfer_from_wire(const Kvcache__V1__Xfer *w, kvc_xfer_t *x) {
@@ -66,6 +68,8 @@ void codec_xfer_from_wire(const Kvcache__V1__Xfer *w, kvc_xfer_t *x) {
   x->head_begin = w->head_begin;
   x->head_end = w->head_end;
   x->dtype = (kvc_dtype_t)w->dtype;
+  x->k_scale = w->k_scale;
+  x->v_scale = w->v_scale;
 }
 
 void codec_seq_info_to_wire(const kvc_seq_info_t *s, Kvcache__V1__SeqInfo *w) {

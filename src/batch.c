@@ -314,6 +314,7 @@ int engine_history(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   copy_plan_t plan;
   copy_plan_init(&plan, &c->g, c->layout.dtype, xr.l0, xr.l1 - xr.l0, xr.h0, xr.h1 - xr.h0,
                  xr.bt, h->nentries);
+  copy_plan_scale(&plan, xr.k_scale, xr.v_scale);
   for (size_t i = 0; i < nr; i++) {
     hist_gather(eng, c, &plan, &r[i], h);
     if (h->spans) h->spans[i] = (engine_span_t){r[i].s->id, r[i].lo, r[i].first,

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "fp8.h"
 #include "ntcopy.h"
 
 void copy_plan_init(copy_plan_t *plan, const geom_t *g, kvc_dtype_t stored, uint32_t l0,
@@ -17,9 +18,15 @@ void copy_plan_init(copy_plan_t *plan, const geom_t *g, kvc_dtype_t stored, uint
   plan->bt = bt;
   plan->bes = dtype_size(bt);
   plan->n = n;
-  plan->bk_row = (uint64_t)nh * g->dk * plan->bes;
-  plan->bv_row = (uint64_t)nh * g->dv * plan->bes;
+  plan->bk_row = (uint64_t)nh * dtype_row_bytes(bt, g->dk);
+  plan->bv_row = (uint64_t)nh * dtype_row_bytes(bt, g->dv);
   plan->plain = nh == g->H && bt == stored && !g->int8;
+  plan->k_scale = plan->v_scale = 1.0f;
+}
+
+void copy_plan_scale(copy_plan_t *plan, float k_scale, float v_scale) {
+  plan->k_scale = k_scale;
+  plan->v_scale = v_scale;
 }
 
 bool copy_plan_slice(const copy_plan_t *x, unsigned part, unsigned nparts, copy_plan_t *out,
@@ -61,6 +68,15 @@ void copy_in(const copy_plan_t *x, unsigned char *page, uint64_t pt0, uint64_t b
       ntcopy(lay + g->k_off_v + pt0 * g->v_row, vsrc, cnt * g->v_row);
       continue;
     }
+    if (fp8_is(x->stored)) {
+      /* A put covers every head: the run's rows are contiguous on both
+       * sides, one encoding a run, streamed into the page as ntcopy. */
+      fp8_encode(lay + pt0 * g->k_row, x->stored, ksrc, x->bt, cnt * g->H * g->dk, x->k_scale,
+                 ISA_BEST, true);
+      fp8_encode(lay + g->k_off_v + pt0 * g->v_row, x->stored, vsrc, x->bt,
+                 cnt * g->H * g->dv, x->v_scale, ISA_BEST, true);
+      continue;
+    }
     for (uint64_t t = 0; t < cnt; t++) {
       uint64_t pt = pt0 + t;
       if (g->int8) {
@@ -99,7 +115,7 @@ void copy_out(const copy_plan_t *x, const unsigned char *page, uint64_t pt0, uin
               uint64_t cnt, void *k, void *v, void *ks, void *vs) {
   const geom_t *g = x->g;
   unsigned char *kb = k, *vb = v, *ksb = ks, *vsb = vs;
-  uint64_t khead = (uint64_t)x->h0 * g->dk * g->es, vhead = (uint64_t)x->h0 * g->dv * g->es;
+  uint64_t khead = (uint64_t)x->h0 * g->k_head, vhead = (uint64_t)x->h0 * g->v_head;
   for (uint32_t li = 0; li < x->nl; li++) {
     const unsigned char *lay = page + (uint64_t)(x->l0 + li) * g->layer_bytes;
     unsigned char *kdst = kb + (li * x->n + bt0) * x->bk_row;
@@ -107,6 +123,14 @@ void copy_out(const copy_plan_t *x, const unsigned char *page, uint64_t pt0, uin
     if (x->plain) {
       memcpy(kdst, lay + pt0 * g->k_row, cnt * g->k_row);
       memcpy(vdst, lay + g->k_off_v + pt0 * g->v_row, cnt * g->v_row);
+      continue;
+    }
+    if (fp8_is(x->stored) && x->bt != x->stored && x->nh == g->H) {
+      /* whole heads: the run's rows are contiguous on both sides */
+      fp8_decode(kdst, x->bt, lay + pt0 * g->k_row, x->stored, cnt * g->H * g->dk, x->k_scale,
+                 ISA_BEST);
+      fp8_decode(vdst, x->bt, lay + g->k_off_v + pt0 * g->v_row, x->stored,
+                 cnt * g->H * g->dv, x->v_scale, ISA_BEST);
       continue;
     }
     for (uint64_t t = 0; t < cnt; t++) {
@@ -119,6 +143,11 @@ void copy_out(const copy_plan_t *x, const unsigned char *page, uint64_t pt0, uin
                      lay + g->ks_off + sh, g->dk);
         dequant_rows(x, vdst + t * x->bv_row, vsb ? vsb + srow : NULL, vrow,
                      lay + g->vs_off + sh, g->dv);
+      } else if (fp8_is(x->stored) && x->bt != x->stored) {
+        fp8_decode(kdst + t * x->bk_row, x->bt, krow, x->stored, (size_t)x->nh * g->dk,
+                   x->k_scale, ISA_BEST);
+        fp8_decode(vdst + t * x->bv_row, x->bt, vrow, x->stored, (size_t)x->nh * g->dv,
+                   x->v_scale, ISA_BEST);
       } else {
         dtype_convert(kdst + t * x->bk_row, x->bt, krow, x->stored, (size_t)x->nh * g->dk);
         dtype_convert(vdst + t * x->bv_row, x->bt, vrow, x->stored, (size_t)x->nh * g->dv);

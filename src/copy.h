@@ -19,16 +19,21 @@ typedef struct copy_plan {
   uint32_t h0, nh;      /* head range */
   kvc_dtype_t stored;   /* the cache's dtype */
   kvc_dtype_t bt;       /* the buffer's dtype (INT8 means raw int8 + scales) */
-  unsigned bes;         /* bytes of one buffer element */
+  unsigned bes;         /* bytes of one buffer element (0: ggml blocks) */
   uint64_t n;           /* tokens of the entry: the buffer's token extent */
   uint64_t bk_row;      /* buffer bytes of one token's K in one layer */
   uint64_t bv_row;
   bool plain;           /* whole heads, same dtype, not int8: memcpy runs */
+  float k_scale;        /* fp8 conversions: x / scale encoded, code x scale decoded */
+  float v_scale;
 } copy_plan_t;
 
 /* Fills plan for a transfer (ranges already validated). */
 void copy_plan_init(copy_plan_t *plan, const geom_t *g, kvc_dtype_t stored, uint32_t l0,
                     uint32_t nl, uint32_t h0, uint32_t nh, kvc_dtype_t bt, uint64_t n);
+
+/* Sets the fp8 conversion scales of plan (copy_plan_init sets 1). */
+void copy_plan_scale(copy_plan_t *plan, float k_scale, float v_scale);
 
 /* The share part of nparts of a transfer's layers: *out is x over layers
  * [l0 + nl * part / nparts, l0 + nl * (part + 1) / nparts), and *k, *v, *ks,

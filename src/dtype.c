@@ -1,6 +1,9 @@
 /* dtype.c: float conversions with round-to-nearest-even, and int8 absmax. */
 #include "dtype.h"
 
+#include "fp8.h"
+#include "ggml.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -63,6 +66,10 @@ static float load_f32(const void *src, kvc_dtype_t st, size_t i) {
   case KVC_DTYPE_F16: { uint16_t v; memcpy(&v, p + i * 2, 2); return dtype_f16_to_f32(v); }
   case KVC_DTYPE_BF16: { uint16_t v; memcpy(&v, p + i * 2, 2); return dtype_bf16_to_f32(v); }
   case KVC_DTYPE_INT8: break;
+  case KVC_DTYPE_FP8_E4M3:
+  case KVC_DTYPE_FP8_E5M2: return fp8_to_f32(p[i], st);
+  case KVC_DTYPE_Q8_0:
+  case KVC_DTYPE_Q4_0: break; /* blocks: ggml.c */
   }
   return 0.0f;
 }
@@ -75,12 +82,32 @@ static void store_from_f32(void *dst, kvc_dtype_t dt, size_t i, float v) {
   case KVC_DTYPE_F16: { uint16_t h = dtype_f32_to_f16(v); memcpy(p + i * 2, &h, 2); return; }
   case KVC_DTYPE_BF16: { uint16_t h = dtype_f32_to_bf16(v); memcpy(p + i * 2, &h, 2); return; }
   case KVC_DTYPE_INT8: return;
+  case KVC_DTYPE_FP8_E4M3:
+  case KVC_DTYPE_FP8_E5M2: p[i] = fp8_from_f32(v, dt); return;
+  case KVC_DTYPE_Q8_0:
+  case KVC_DTYPE_Q4_0: return; /* blocks: ggml.c */
   }
 }
 
 void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, size_t n) {
   if (dt == st) {
-    memcpy(dst, src, n * dtype_size(st));
+    memcpy(dst, src, dtype_row_bytes(st, n));
+    return;
+  }
+  if (dtype_is_block(dt)) {
+    ggml_encode(dst, dt, src, st, n, ISA_BEST);
+    return;
+  }
+  if (dtype_is_block(st)) {
+    ggml_decode(dst, dt, src, st, n, ISA_BEST);
+    return;
+  }
+  if (fp8_is(dt) && !fp8_is(st)) {
+    fp8_encode(dst, dt, src, st, n, 1.0f, ISA_BEST, false);
+    return;
+  }
+  if (fp8_is(st) && !fp8_is(dt)) {
+    fp8_decode(dst, dt, src, st, n, 1.0f, ISA_BEST);
     return;
   }
   if (dt == KVC_DTYPE_F64 && st == KVC_DTYPE_F32) { /* widening is exact */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "arena.h"
+#include "dtype.h"
 #include "evlog.h"
 #include "lease.h"
 #include "page.h"
@@ -157,6 +158,11 @@ int engine_cache_open_group(engine_t *eng, uint32_t tenant, uint32_t group, cons
                        KVC_MAX_NAME);
   geom_t g;
   int rc = layout_geom(layout, &g);
+  if (rc == KVC_E_HEADDIM && dtype_is_block(layout->dtype))
+    return engine_fail(eng, rc,
+                       "invalid layout: q8_0 and q4_0 pages hold whole blocks of 32 values "
+                       "along the head dimension: head_dim_k %u and head_dim_v %u must be "
+                       "multiples of 32", layout->head_dim_k, layout->head_dim_v);
   if (rc) return engine_fail(eng, rc, "invalid layout: %s", kvc_strerror(rc));
   for (uint32_t i = 0; i < eng->ncaches; i++) {
     cache_t *c = eng->caches[i];

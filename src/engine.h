@@ -124,6 +124,7 @@ typedef struct engine_xfer {
   uint32_t head_begin, head_end;
   kvc_dtype_t dtype;
   const engine_pkey_t *pkey; /* put with tokens: the chain's key; NULL: empty */
+  float k_scale, v_scale;    /* fp8 conversions (kvc_xfer_t); 0 means 1 */
 } engine_xfer_t;
 
 /* Creates an engine over cfg->base. Returns new *out (free with

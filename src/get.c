@@ -70,6 +70,7 @@ int engine_get(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     copy_plan_t plan;
     copy_plan_init(&plan, g, c->layout.dtype, r.l0, r.l1 - r.l0, r.h0, r.h1 - r.h0, r.bt,
                    e->ntokens);
+    copy_plan_scale(&plan, r.k_scale, r.v_scale);
     for (seq_run_t run = seq_run(g, e->pos, e->pos + e->ntokens); seq_run_next(&run);) {
       uint32_t page = s->table[run.idx - s->base];
       if (page != POOL_NOPAGE) /* else all holes: zeroed below */
@@ -176,6 +177,7 @@ int engine_get_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
     io[i] = *e;
     copy_plan_init(&plans[i], &j->g, c->layout.dtype, r.l0, r.l1 - r.l0, r.h0, r.h1 - r.h0,
                    r.bt, e->ntokens);
+    copy_plan_scale(&plans[i], r.k_scale, r.v_scale);
     for (seq_run_t run = seq_run(g, e->pos, e->pos + e->ntokens); seq_run_next(&run);) {
       uint32_t page = s->table[run.idx - s->base];
       if (page == POOL_NOPAGE) continue; /* all holes: a zero run covers it */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "dtype.h"
+#include "fp8.h"
 #include "kvcache/errors.h"
 
 kvc_layout_t layout_normalize(const kvc_layout_t *layout) {
@@ -80,6 +81,8 @@ int layout_geom(const kvc_layout_t *layout, geom_t *g) {
   if (l.page_tokens > KVC_MAX_PAGE_TOKENS || (l.page_tokens & (l.page_tokens - 1)))
     return KVC_E_PAGETOKENS;
   if (!dtype_valid(l.dtype)) return KVC_E_DTYPE;
+  if (dtype_is_block(l.dtype) && (l.head_dim_k % DTYPE_QBLOCK || l.head_dim_v % DTYPE_QBLOCK))
+    return KVC_E_HEADDIM; /* a page holds whole blocks */
   int rc = attn_check(&l);
   if (rc == 0) rc = rope_check(&l);
   if (rc) return rc;
@@ -91,9 +94,10 @@ int layout_geom(const kvc_layout_t *layout, geom_t *g) {
   g->tshift = (uint32_t)__builtin_ctz(l.page_tokens);
   g->es = dtype_size(l.dtype);
   g->int8 = l.dtype == KVC_DTYPE_INT8;
+  g->k_head = dtype_row_bytes(l.dtype, g->dk); /* < 2^17: no overflow */
+  g->v_head = dtype_row_bytes(l.dtype, g->dv);
   uint64_t k_blk, v_blk, s_blk = 0, x;
-  if (!mul_ok((uint64_t)g->H * g->dk, g->es, &g->k_row) ||
-      !mul_ok((uint64_t)g->H * g->dv, g->es, &g->v_row) ||
+  if (!mul_ok(g->H, g->k_head, &g->k_row) || !mul_ok(g->H, g->v_head, &g->v_row) ||
       !mul_ok(g->k_row, g->T, &k_blk) || !mul_ok(g->v_row, g->T, &v_blk) ||
       !mul_ok((uint64_t)g->T * g->H, g->int8 ? 4 : 0, &s_blk))
     return KVC_E_OVERFLOW;
@@ -140,19 +144,32 @@ int layout_xfer(const kvc_layout_t *l, const kvc_xfer_t *x, bool is_put, layout_
     return xfer_fail(KVC_E_HEAD, why, why_len, "a put writes every head");
   kvc_dtype_t bt = x->dtype ? x->dtype : layout_natural_dtype(l);
   bool int8 = l->dtype == KVC_DTYPE_INT8, ok;
+  bool half = bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_F16 || bt == KVC_DTYPE_BF16;
   if (int8)
-    ok = is_put ? (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_F16 || bt == KVC_DTYPE_BF16)
-                : (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_INT8);
+    ok = is_put ? half : (bt == KVC_DTYPE_F32 || bt == KVC_DTYPE_INT8);
+  else if (fp8_is(l->dtype) || dtype_is_block(l->dtype)) /* as given, or converted */
+    ok = bt == l->dtype || half;
   else
     ok = bt == l->dtype || bt == KVC_DTYPE_F32;
   if (!ok)
     return xfer_fail(KVC_E_DTYPE, why, why_len, "cannot %s dtype %d for a cache of dtype %d",
                      is_put ? "put" : "get", (int)bt, (int)l->dtype);
+  bool scaled = x->k_scale != 0 || x->v_scale != 0;
+  if (scaled && (!fp8_is(l->dtype) || bt == l->dtype))
+    return xfer_fail(KVC_E_DTYPE, why, why_len,
+                     "k_scale and v_scale apply to fp8 conversions only (a cache of dtype %d, "
+                     "a buffer of dtype %d)", (int)l->dtype, (int)bt);
+  if (scaled && !(isfinite(x->k_scale) && isfinite(x->v_scale) && x->k_scale >= 0 &&
+                  x->v_scale >= 0))
+    return xfer_fail(KVC_E_DTYPE, why, why_len, "k_scale %g and v_scale %g must be finite and > 0",
+                     (double)x->k_scale, (double)x->v_scale);
+  r->k_scale = x->k_scale != 0 ? x->k_scale : 1.0f;
+  r->v_scale = x->v_scale != 0 ? x->v_scale : 1.0f;
   uint64_t heads = r->h1 - r->h0;
   r->bt = bt;
   r->raw = int8 && bt == KVC_DTYPE_INT8;
-  r->k_head = (uint64_t)l->head_dim_k * dtype_size(bt);
-  r->v_head = (uint64_t)l->head_dim_v * dtype_size(bt);
+  r->k_head = dtype_row_bytes(bt, l->head_dim_k);
+  r->v_head = dtype_row_bytes(bt, l->head_dim_v);
   r->k_row = heads * r->k_head; /* < 2^38: no overflow */
   r->v_row = heads * r->v_head;
   r->s_row = r->raw ? heads * 4u : 0;

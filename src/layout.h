@@ -28,9 +28,11 @@ typedef struct geom {
   uint32_t L, H, dk, dv; /* layers, heads, K and V head dims (elements) */
   uint32_t T;            /* tokens per page, power of two */
   uint32_t tshift;       /* log2(T) */
-  uint32_t es;           /* bytes of one stored element */
+  uint32_t es;           /* bytes of one stored element (0: ggml blocks) */
   bool int8;             /* stored quantized, with scales */
-  uint64_t k_row;        /* bytes of one token's K in one layer: H*dk*es */
+  uint64_t k_head;       /* bytes of one head's K of one token: dk*es, or its blocks */
+  uint64_t v_head;       /* same for V */
+  uint64_t k_row;        /* bytes of one token's K in one layer: H*k_head */
   uint64_t v_row;        /* same for V */
   uint64_t k_off_v;      /* offset of V in a layer: T*k_row */
   uint64_t ks_off;       /* offset of K scales in a layer (int8) */
@@ -40,8 +42,8 @@ typedef struct geom {
 } geom_t;
 
 /* Validates layout (page_tokens 0 means the default) and fills g. Returns 0
- * or NLAYERS, NHEADS, HEADDIM, PAGETOKENS, DTYPE, ATTN, WINDOW, CHUNK, ROPE,
- * OVERFLOW. */
+ * or NLAYERS, NHEADS, HEADDIM (also: a q8_0 / q4_0 head dim that is not a
+ * multiple of 32), PAGETOKENS, DTYPE, ATTN, WINDOW, CHUNK, ROPE, OVERFLOW. */
 int layout_geom(const kvc_layout_t *layout, geom_t *g);
 /* The layout with defaults applied (page_tokens 0 -> 16). */
 kvc_layout_t layout_normalize(const kvc_layout_t *layout);
@@ -58,6 +60,8 @@ typedef struct layout_xfer {
   uint64_t k_row;   /* bytes of one token's K in one layer, the range's heads */
   uint64_t v_row;   /* same for V */
   uint64_t s_row;   /* bytes of one token's scales in one layer (raw), else 0 */
+  float k_scale;    /* fp8 conversions: the scale of K (1 unless given) */
+  float v_scale;
 } layout_xfer_t;
 
 /* The dtype a transfer moves when it names none: the cache's, or f32 for
@@ -68,8 +72,10 @@ kvc_dtype_t layout_natural_dtype(const kvc_layout_t *l);
  * get into *r. Layer and head ends of 0 mean "to the last"; a put covers
  * every head; puts take the cache dtype or f32 (int8 caches: f32, f16,
  * bf16), gets return the cache dtype or f32 (int8: f32, or int8 raw with
- * scales). Returns 0, or KVC_E_LAYER, KVC_E_HEAD, KVC_E_DTYPE with the
- * reason in why (why_len bytes, may be 0). */
+ * scales; fp8, q8_0, q4_0: the cache dtype as given, or f32, f16, bf16
+ * converted). A k_scale / v_scale other than 0 is for an fp8 cache's
+ * converting transfer only, finite and > 0. Returns 0, or KVC_E_LAYER,
+ * KVC_E_HEAD, KVC_E_DTYPE with the reason in why (why_len bytes, may be 0). */
 int layout_xfer(const kvc_layout_t *l, const kvc_xfer_t *x, bool is_put, layout_xfer_t *r,
                 char *why, size_t why_len);
 

@@ -212,6 +212,7 @@ static void job_stage(engine_t *eng, engine_put_job_t *j) {
     const engine_io_t *e = &j->io[i];
     copy_plan_init(&j->plans[i], g, j->c->layout.dtype, j->r.l0, j->r.l1 - j->r.l0, 0, g->H,
                    j->r.bt, e->ntokens);
+    copy_plan_scale(&j->plans[i], j->r.k_scale, j->r.v_scale);
     for (seq_run_t run = seq_run(g, e->pos, e->pos + e->ntokens); seq_run_next(&run);)
       j->pages[k++] = pool_page(&eng->pool, room_page_for_write(eng, s, run.idx));
     s->busy = true;

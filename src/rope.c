@@ -76,7 +76,7 @@ void rope_rotate_row(const rope_t *r, const geom_t *g, kvc_dtype_t dt, unsigned 
       scale = dtype_quantize(q, r->f, KVC_DTYPE_F32, g->dk);
       memcpy(ks + 4 * h, &scale, 4);
     } else {
-      unsigned char *p = row + (uint64_t)h * g->dk * g->es;
+      unsigned char *p = row + (uint64_t)h * g->k_head;
       dtype_convert(r->x, KVC_DTYPE_F64, p, dt, r->dims);
       rotate(r, r->x);
       dtype_convert(p, dt, r->x, KVC_DTYPE_F64, r->dims);

@@ -19,6 +19,7 @@
 #include "room.h"
 #include "seq.h"
 #include "rope.h"
+#include "dtype.h"
 
 
 /* Copies slot `from` to slot `to` in every layer (K, V, int8 scales), then
@@ -186,6 +187,11 @@ static int movable(engine_t *eng, const seq_t *s, bool need_rope) {
                        "moving tokens of cache '%s' needs its keys re-rotated: the cache "
                        "has no RoPE description (rope_style NONE declares keys without "
                        "positions, NoPE or ALiBi)", s->cache->name);
+  if (l->rope_dims && dtype_is_block(l->dtype))
+    return engine_fail(eng, KVC_E_DTYPE,
+                       "moving tokens of cache '%s' needs its keys re-rotated, which is not "
+                       "built for q8_0 and q4_0 blocks (fp8 and the float dtypes re-rotate)",
+                       s->cache->name);
   if (s->x->layer_len)
     return engine_fail(eng, KVC_E_RANGE, "sequence %llu has layers of different lengths",
                        (unsigned long long)s->id);

@@ -3,11 +3,14 @@
 #include "xfer.h"
 
 #include "dtype.h"
+#include "ggml.h"
 
 int xfer_resolve(engine_t *eng, const cache_t *c, const engine_xfer_t *x, bool is_put,
                  layout_xfer_t *r) {
-  kvc_xfer_t kx = {0, 0, 0, 0, 0};
-  if (x) kx = (kvc_xfer_t){x->layer_begin, x->layer_end, x->head_begin, x->head_end, x->dtype};
+  kvc_xfer_t kx = {0, 0, 0, 0, 0, 0, 0};
+  if (x)
+    kx = (kvc_xfer_t){x->layer_begin, x->layer_end, x->head_begin, x->head_end, x->dtype,
+                      x->k_scale, x->v_scale};
   char why[128];
   int rc = layout_xfer(&c->layout, &kx, is_put, r, why, sizeof why);
   return rc ? engine_fail(eng, rc, "%s", why) : 0;
@@ -53,6 +56,14 @@ static int entry_check(engine_t *eng, const cache_t *c, const layout_xfer_t *r, 
       (!dtype_all_finite(e->k, r->bt, kb / dtype_size(r->bt)) ||
        !dtype_all_finite(e->v, r->bt, vb / dtype_size(r->bt))))
     return engine_fail(eng, KVC_E_NONFINITE, "entry %zu: NaN or inf cannot be quantized", i);
+  kvc_dtype_t st = c->layout.dtype;
+  if (is_put && dtype_is_block(st) && r->bt != st && e->ntokens &&
+      (!ggml_check(e->k, r->bt, kb / dtype_size(r->bt), st) ||
+       !ggml_check(e->v, r->bt, vb / dtype_size(r->bt), st)))
+    return engine_fail(eng, KVC_E_NONFINITE,
+                       "entry %zu: NaN, inf, or a block whose scale overflows f16 cannot be "
+                       "quantized to %s (ggml leaves them undefined)", i,
+                       st == KVC_DTYPE_Q8_0 ? "q8_0" : "q4_0");
   return 0;
 }
 

@@ -16,7 +16,14 @@ typedef enum {
   KVC_DTYPE_F64 = 2,
   KVC_DTYPE_F16 = 3,  /* IEEE binary16 */
   KVC_DTYPE_BF16 = 4, /* bfloat16 */
-  KVC_DTYPE_INT8 = 5  /* symmetric absmax, one f32 scale per token/head/layer */
+  KVC_DTYPE_INT8 = 5, /* symmetric absmax, one f32 scale per token/head/layer */
+  KVC_DTYPE_FP8_E4M3 = 6, /* OCP FP8 E4M3 (torch float8_e4m3fn): bias 7, max 448, no inf;
+                             scales per transfer (kvc_xfer_t, doc/design.md) */
+  KVC_DTYPE_FP8_E5M2 = 7, /* OCP FP8 E5M2 (torch float8_e5m2): bias 15, max 57344, inf, NaN */
+  KVC_DTYPE_Q8_0 = 8,     /* ggml block_q8_0 along the head dim: {f16 d; int8 qs[32]}, 34 bytes
+                             a 32 values; head dims multiples of 32 */
+  KVC_DTYPE_Q4_0 = 9      /* ggml block_q4_0: {f16 d; uint8 qs[16]}, 18 bytes a 32 values
+                             (low nibbles elements 0..15, high 16..31) */
 } kvc_dtype_t;
 
 #define KVC_DEFAULT_PAGE_TOKENS 16u
@@ -138,11 +145,16 @@ typedef struct kvc_cache_info {
  * for an int8 cache. layer_end/head_end 0 mean "to the last". Puts move every
  * head. dtype: puts take the cache dtype or f32 (int8 caches: f32, f16,
  * bf16); gets return the cache dtype or f32 (int8: f32 dequantized, or
- * KVC_DTYPE_INT8 for raw bytes plus scales). */
+ * KVC_DTYPE_INT8 for raw bytes plus scales). fp8, q8_0 and q4_0 caches take
+ * and return their own bytes as given, or f32, f16 and bf16 converted on the
+ * way. A q8_0 / q4_0 buffer holds head_dim / 32 blocks a head row. */
 typedef struct kvc_xfer {
   uint32_t layer_begin, layer_end;
   uint32_t head_begin, head_end;
   kvc_dtype_t dtype; /* 0: natural */
+  float k_scale, v_scale; /* fp8 caches, converting transfers only: vLLM's k_scale and
+                             v_scale of the layers moved (a put encodes x / scale, a get
+                             decodes code x scale); 0 means 1 */
 } kvc_xfer_t;
 
 #endif

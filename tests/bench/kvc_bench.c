@@ -60,7 +60,7 @@ static meas_t rtt_start;
 static const char *const groups[] = {"ping", "copy", "direct", "lease", "held", "servers",
                                      "spin", "nopoll", "stall", "multi", "decode", "step",
                                      "idle", "prefix", "eviction", "scale", "tier", "events",
-                                     "cluster", "arenas"};
+                                     "cluster", "arenas", "formats"};
 #define NGROUPS (sizeof groups / sizeof groups[0])
 static const char *rows_filter;
 
@@ -1344,6 +1344,114 @@ static void bench_copy_prefix(void) {
   stop(d.pid);
 }
 
+/* ---- compact formats --------------------------------------------------------------- */
+
+#define FMT_SPAN 2048 /* tokens each walk covers: 256 MiB of bf16 */
+
+/* Tokens of a layout one GiB of pool holds: whole pages of the cache's own
+ * size, as the daemon reports it (arenas: no padding between pages). */
+static double tokens_per_gib(kvc_client_t *c, const char *name) {
+  kvc_cache_info_t ci[8];
+  size_t n;
+  must(c, kvc_cache_list(c, ci, 8, &n), "cache list");
+  for (size_t i = 0; i < n && i < 8; i++)
+    if (strcmp(ci[i].name, name) == 0)
+      return (double)(GiB / ci[i].page_bytes) * ci[i].layout.page_tokens;
+  die("no cache %s", name);
+}
+
+/* A transfer row of the formats: fig against ref in alternating trials. */
+static void fmt_pair(kx_t *fig, op_fn ffn, kx_t *ref, op_fn rfn, const char *name,
+                     bv_goal_t gk, double goal, bool fig_over_ref, const char *note) {
+  const op_fn fns[2] = {ffn, rfn};
+  void *const ctxs[2] = {fig, ref};
+  meas_t m[2];
+  measure_side(fns, ctxs, 2, TRIAL_MS, 20, m);
+  if (!m[0].ok || !m[1].ok) must(fig->c, -1, name);
+  row_t *r = row_add(name, gk, goal);
+  row_fig(r, &m[0], FMT_GBS, (double)MiB);
+  row_part(r, &m[1], 1, 0, NULL);
+  r->bv.fig_over_ref = fig_over_ref;
+  snprintf(r->ref, sizeof r->ref, "bf16 cache");
+  snprintf(r->note, sizeof r->note, "%s", note);
+}
+
+/* bf16 beside fp8, q8_0 and q4_0: tokens a GiB holds, 1 MiB of bf16 put
+ * into and got from an fp8 (and a q8_0) cache, converted in the daemon's
+ * copy, against the same bf16 bytes in a bf16 cache, and 1 MiB of fp8 codes
+ * as given against 1 MiB of bf16 (per byte). Direct-buffer transfers, as
+ * the headline rows. */
+static void bench_formats(void) {
+  section("formats");
+  kd_t d;
+  const char *args[] = {"--pool-bytes", "1GiB", NULL};
+  kd_start(&d, "formats", args);
+  kvc_client_t *c = kc_open(&d, 64 * MiB);
+  kvc_layout_t l8 = llama, l5 = llama, lq8 = llama, lq4 = llama;
+  l8.dtype = KVC_DTYPE_FP8_E4M3;
+  l5.dtype = KVC_DTYPE_FP8_E5M2;
+  lq8.dtype = KVC_DTYPE_Q8_0;
+  lq4.dtype = KVC_DTYPE_Q4_0;
+  kvc_cache_t *hb = kc_cache(c, "bf16", &llama), *h8 = kc_cache(c, "fp8_e4m3", &l8);
+  kvc_cache_t *hq = kc_cache(c, "q8_0", &lq8);
+  kvc_cache_close(kc_cache(c, "fp8_e5m2", &l5));
+  kvc_cache_close(kc_cache(c, "q4_0", &lq4));
+  static const char *const held[4] = {"fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"};
+  static const double goal[4] = {1.9, 1.9, 1.8, 3.2};
+  double tb = tokens_per_gib(c, "bf16");
+  for (int i = 0; i < 4; i++) {
+    double t8 = tokens_per_gib(c, held[i]);
+    char name[96];
+    snprintf(name, sizeof name, "tokens held per GiB of pool: %s vs bf16", held[i]);
+    row_t *r = row_add(name, BV_GOAL_MIN, goal[i]);
+    row_values(r, t8, tb, true);
+    r->fmt = FMT_TEXT;
+    snprintf(r->fig, sizeof r->fig, "%.0f", t8);
+    snprintf(r->ref, sizeof r->ref, "%.0f bf16", tb);
+    snprintf(r->note, sizeof r->note, "whole pages of each cache's own size");
+  }
+  kc_fill(hb, c, 1, FMT_SPAN);
+  kc_fill(h8, c, 1, FMT_SPAN); /* fp8 codes as given: half the bytes a token */
+  void *base;
+  kvc_client_shm(c, &base, NULL);
+  fill_bytes(base, 4 * MiB, 7);
+  kx_t b, conv, raw;
+  kx_init(&b, c, hb, 1, MiB, FMT_SPAN);
+  kx_init(&conv, c, h8, 1, MiB, FMT_SPAN); /* 8 tokens of bf16, converted */
+  conv.x.dtype = KVC_DTYPE_BF16;
+  kx_init(&raw, c, h8, 1, 2 * MiB, FMT_SPAN); /* 16 tokens: 1 MiB of codes */
+  raw.sio.v_off = MiB / 2;
+  fmt_pair(&conv, op_put_shm, &b, op_put_shm, "put 1 MiB bf16 into fp8 (converted)",
+           BV_GOAL_MIN, 0.5, false, "e4m3, RNE, saturating");
+  fmt_pair(&conv, op_get_shm, &b, op_get_shm, "get 1 MiB bf16 from fp8 (converted)",
+           BV_GOAL_MIN, 0.5, false, "decoded in the copy");
+  fmt_pair(&raw, op_put_shm, &b, op_put_shm, "put 1 MiB fp8 as given, time vs bf16",
+           BV_GOAL_MAX, 1.1, true, "same bytes: per byte");
+  fmt_pair(&raw, op_get_shm, &b, op_get_shm, "get 1 MiB fp8 as given, time vs bf16",
+           BV_GOAL_MAX, 1.1, true, "same bytes: per byte");
+  kx_t q;
+  kc_fill(hq, c, 1, FMT_SPAN / 2); /* 17 bytes a 16 of bf16: under a bf16 fill's bytes */
+  uint16_t *w = base; /* finite values: a block cache refuses NaN and inf */
+  for (uint64_t i = 0; i < MiB / 2; i++) {
+    float f = (float)((int)(i * 37 % 2001) - 1000) / 250.0f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    w[i] = (uint16_t)(u >> 16);
+  }
+  kx_init(&q, c, hq, 1, MiB, FMT_SPAN / 2);
+  q.x.dtype = KVC_DTYPE_BF16;
+  fmt_pair(&q, op_put_shm, &b, op_put_shm, "put 1 MiB bf16 into q8_0 (converted)", BV_GOAL_NONE,
+           0, false, "ggml's reference rounding");
+  fmt_pair(&q, op_get_shm, &b, op_get_shm, "get 1 MiB bf16 from q8_0 (converted)", BV_GOAL_NONE,
+           0, false, "");
+  kx_deinit(&q);
+  kx_deinit(&b);
+  kx_deinit(&conv);
+  kx_deinit(&raw);
+  kvc_client_close(c);
+  stop(d.pid);
+}
+
 /* ---- steady puts into a full pool --------------------------------------------------- */
 
 #define EV_BATCH 64    /* new sequences per put request */
@@ -2222,6 +2330,7 @@ int main(int argc, char **argv) {
   if (want("cluster")) bench_cluster();
   if (want("events")) bench_events();
   if (want("arenas")) bench_arenas();
+  if (want("formats")) bench_formats();
 
   table_judge();
   table_drift();

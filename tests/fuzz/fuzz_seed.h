@@ -54,6 +54,21 @@ SEED_UNUSED static size_t seed_tenants(uint8_t *out, uint64_t id) {
   return seed_pack(&r, id, out);
 }
 
+/* A cache of 2 layers, 2 heads, head dims hd (K and V), 4 tokens a page. */
+SEED_UNUSED static size_t seed_cache_open_hd(uint8_t *out, uint64_t id, const char *name,
+                                             uint32_t dtype, uint32_t hd) {
+  seed_req_t r = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__CacheOpen o = KVCACHE__V1__CACHE_OPEN__INIT;
+  Kvcache__V1__Layout l = KVCACHE__V1__LAYOUT__INIT;
+  l.num_layers = 2, l.num_kv_heads = 2, l.head_dim_k = hd, l.head_dim_v = hd;
+  l.dtype = (Kvcache__V1__DType)dtype, l.page_tokens = 4;
+  o.name = (char *)name;
+  o.layout = &l;
+  r.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_OPEN;
+  r.cache_open = &o;
+  return seed_pack(&r, id, out);
+}
+
 SEED_UNUSED static size_t seed_cache_open(uint8_t *out, uint64_t id, const char *name,
                                           uint32_t dtype) {
   seed_req_t r = KVCACHE__V1__REQUEST__INIT;

@@ -135,6 +135,32 @@ static void handler_seeds(void) {
   frame(1, seed_seqop(buf, 11, SEED_DROP, 1, 0, 0, 0));
   scenario("dtypes_ranges_drop");
 
+  /* fp8 and ggml block caches: bytes as given, converted both ways, a
+   * head range, a head dim that is no multiple of 32, a shift without RoPE. */
+  hello(1);
+  frame(1, seed_cache_open(buf, 1, "e", KVCACHE__V1__DTYPE__FP8_E4M3)); /* cache 1 */
+  frame(1, seed_cache_open_hd(buf, 2, "q", KVCACHE__V1__DTYPE__Q8_0, 32)); /* 2 */
+  frame(1, seed_cache_open_hd(buf, 3, "f", KVCACHE__V1__DTYPE__Q4_0, 64)); /* 3 */
+  frame(1, seed_cache_open_hd(buf, 4, "bad", KVCACHE__V1__DTYPE__Q4_0, 48)); /* HEADDIM */
+  frame(1, seed_cache_open(buf, 5, "g", KVCACHE__V1__DTYPE__FP8_E5M2));
+  Kvcache__V1__Xfer xf = KVCACHE__V1__XFER__INIT, xb = KVCACHE__V1__XFER__INIT,
+                    xh = KVCACHE__V1__XFER__INIT;
+  xf.dtype = KVCACHE__V1__DTYPE__F32;
+  xb.dtype = KVCACHE__V1__DTYPE__BF16;
+  xh.dtype = KVCACHE__V1__DTYPE__Q8_0, xh.head_begin = 1, xh.head_end = 2;
+  frame(1, seed_io(buf, 6, 1, 1, 1, 0, 5, 2, 16, NULL));          /* fp8 codes as given */
+  frame(1, seed_io(buf, 7, 0, 1, 1, 0, 5, 2, SEED_TOKEN_BYTES, &xf)); /* decoded */
+  frame(1, seed_io(buf, 8, 1, 1, 3, 0, 3, 1, SEED_TOKEN_BYTES, &xf)); /* encoded */
+  frame(1, seed_io(buf, 9, 1, 2, 1, 0, 6, 2, 2 * 2 * 34, NULL));  /* q8_0 blocks */
+  frame(1, seed_io(buf, 10, 0, 2, 1, 0, 6, 1, 2 * 34, &xh));      /* head 1, as given */
+  frame(1, seed_io(buf, 11, 1, 2, 5, 0, 4, 1, 2 * 2 * 32 * 2, &xb)); /* bf16 quantized */
+  frame(1, seed_io(buf, 12, 0, 2, 5, 0, 4, 1, 2 * 2 * 32 * 4, &xf)); /* dequantized */
+  frame(1, seed_io(buf, 13, 1, 3, 1, 0, 2, 1, 2 * 2 * 18 * 2, NULL)); /* q4_0 blocks */
+  frame(1, seed_io(buf, 14, 0, 3, 1, 0, 2, 1, 2 * 2 * 64 * 2, &xb));
+  frame(1, seed_seqop(buf, 15, SEED_REMOVE, 2, 1, 1, 3)); /* no RoPE description: NOROPE */
+  frame(1, seed_seqop(buf, 16, SEED_CLIST, 0, 0, 0, 0));
+  scenario("compact_formats");
+
   /* Allocation failures in the middle of a put, a copy and an open. */
   hello(3);
   for (unsigned k = 0; k < 4; k++) {

@@ -108,7 +108,7 @@ TEST(bad_input_each_class_has_its_error) {
   bad.page_tokens = 3;
   ASSERT_ERR(kvc_cache_open(c, "x", &bad, &dropped), KVC_E_PAGETOKENS);
   bad = l;
-  bad.dtype = (kvc_dtype_t)9;
+  bad.dtype = (kvc_dtype_t)10;
   ASSERT_ERR(kvc_cache_open(c, "x", &bad, &dropped), KVC_E_DTYPE);
   bad = l;
   bad.head_dim_k = 64; /* same name, other layout */

@@ -16,10 +16,12 @@ static uint64_t next_rand(void) {
 }
 
 static size_t dtype_bytes(kvc_dtype_t d) {
-  return d == KVC_DTYPE_F64 ? 8 : d == KVC_DTYPE_F32 ? 4 : d == KVC_DTYPE_INT8 ? 1 : 2;
+  return d == KVC_DTYPE_F64 ? 8 : d == KVC_DTYPE_F32 ? 4 : d == KVC_DTYPE_F16 || d == KVC_DTYPE_BF16 ? 2 : 1;
 }
 
-/* Random bits that are a finite value of dtype (no NaN or inf patterns). */
+/* Random bits that are a finite value of dtype (no NaN or inf patterns;
+ * fp8: any byte, NaN codes too, as a cache of that dtype stores bytes as
+ * given). */
 static void fill_random(void *buf, size_t nelem, kvc_dtype_t d) {
   for (size_t i = 0; i < nelem; i++) {
     uint64_t r = next_rand();
@@ -47,6 +49,10 @@ static void fill_random(void *buf, size_t nelem, kvc_dtype_t d) {
       break;
     }
     case KVC_DTYPE_INT8: break;
+    case KVC_DTYPE_FP8_E4M3:
+    case KVC_DTYPE_FP8_E5M2: ((uint8_t *)buf)[i] = (uint8_t)r; break;
+    case KVC_DTYPE_Q8_0: /* blocks, as bytes: not this helper's */
+    case KVC_DTYPE_Q4_0: break;
     }
   }
 }
@@ -101,7 +107,7 @@ static void round_trip(kvc_client_t *c, kvc_cache_t *h, kvc_dtype_t d, const uin
 
 TEST(batch_64_sequences_bit_exact_every_dtype) {
   static const kvc_dtype_t dtypes[] = {KVC_DTYPE_F32, KVC_DTYPE_F64, KVC_DTYPE_F16,
-                                       KVC_DTYPE_BF16};
+                                       KVC_DTYPE_BF16, KVC_DTYPE_FP8_E4M3, KVC_DTYPE_FP8_E5M2};
   daemon_t d;
   daemon_start(&d);
   kvc_client_t *c = client_open(&d);

@@ -3,7 +3,7 @@
  * bound and LRU, a full file system (a small tmpfs) that never fails a put,
  * a restart whose first match hits, and files that must never be served: a
  * SIGKILL during writes, torn and corrupted files, another tenant's or
- * layout's page, another format version. */
+ * layout's page, another format version; fp8 and ggml pages as given. */
 #include <grp.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -566,4 +566,50 @@ TEST(tier_page_of_another_tenant_never_served) {
   kvc_client_close(c);
   daemon_stop(&d);
   rm_rf(dir);
+}
+
+/* Pages of the compact formats go to disk and come back as they were put:
+ * fp8 codes and q8_0 / q4_0 blocks as given (any bytes, NaN codes and
+ * scales too), each cache's layout (its dtype) part of what a page file
+ * must match. */
+TEST(tier_fp8_and_block_pages_come_back_bit_exact) {
+  static const kvc_dtype_t dts[3] = {KVC_DTYPE_FP8_E4M3, KVC_DTYPE_Q8_0, KVC_DTYPE_Q4_0};
+  static const size_t head_bytes[3] = {32, 34, 18}; /* a 32-value head row */
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  start_tier(&d, dir, "64MiB");
+  kvc_client_t *c = client_open(&d);
+  uint32_t *p = prompt(8 * T, 7);
+  for (int i = 0; i < 3; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "c%d", (int)dts[i]);
+    kvc_cache_t *h = open_cache(c, name, dts[i]);
+    size_t tok = 2 * 2 * head_bytes[i], n = 8 * T; /* K (= V) bytes of a token */
+    uint8_t *k = malloc(tok * 64 * T), *v = malloc(tok * 64 * T), *gk = malloc(tok * n),
+            *gv = malloc(tok * n);
+    ASSERT(k && v && gk && gv);
+    for (size_t j = 0; j < tok * 64 * T; j++) k[j] = (uint8_t)(j * 7 + i), v[j] = (uint8_t)(j * 13);
+    uint64_t writes = stat_get(c, "tier_disk_writes_total", NULL);
+    ASSERT_OK(kvc_put_tokens(h, 1, 0, n, k, v, p));
+    ASSERT_OK(kvc_seq_remove(h, 1, 0, UINT64_MAX));
+    ASSERT_OK(kvc_put(h, 2, 0, 64 * T, k, v)); /* the pool's 64 pages: the prompt's out */
+    ASSERT_OK(kvc_seq_remove(h, 2, 0, UINT64_MAX));
+    wait_stat(c, "tier_disk_writes_total", writes + 8);
+    kvc_match_t m;
+    uint64_t reads = stat_get(c, "tier_disk_reads_total", NULL);
+    ASSERT_OK(kvc_attach(h, 3, p, n, false, &m));
+    ASSERT_U64_EQ(m.tokens, n);
+    ASSERT_U64_EQ(stat_get(c, "tier_disk_reads_total", NULL), reads + 8); /* from disk */
+    ASSERT_OK(kvc_get(h, 3, 0, n, gk, gv));
+    ASSERT_MEM_EQ(gk, k, tok * n);
+    ASSERT_MEM_EQ(gv, v, tok * n);
+    ASSERT_OK(kvc_cache_drop(h));
+    kvc_cache_close(h);
+    free(k), free(v), free(gk), free(gv);
+  }
+  kvc_client_close(c);
+  daemon_stop(&d);
+  rm_rf(dir);
+  free(p);
 }

@@ -118,7 +118,7 @@ TEST(codec_round_trips_every_field) {
   ASSERT_MEM_EQ(&l2, &l, sizeof l);
   protobuf_c_message_free_unpacked(back, NULL);
 
-  kvc_xfer_t x = {1, 2, 3, 4, KVC_DTYPE_INT8}, x2;
+  kvc_xfer_t x = {1, 2, 3, 4, KVC_DTYPE_INT8, 0.5f, 2.0f}, x2;
   Kvcache__V1__Xfer wx;
   codec_xfer_to_wire(&x, &wx);
   all_fields_set(&wx.base);

@@ -81,7 +81,7 @@ TEST(layout_rejects_each_field) {
   BAD(page_tokens, KVC_MAX_PAGE_TOKENS * 2, KVC_E_PAGETOKENS);
   BAD(page_tokens, UINT32_MAX, KVC_E_PAGETOKENS);
   BAD(dtype, 0, KVC_E_DTYPE);
-  BAD(dtype, 6, KVC_E_DTYPE);
+  BAD(dtype, 10, KVC_E_DTYPE); /* the first unknown */
   BAD(dtype, 99, KVC_E_DTYPE);
 #undef BAD
 }
@@ -140,7 +140,7 @@ TEST(cache_open_rejects_bad_args) {
   ASSERT_ERR(engine_cache_open(f.eng, "a", &b, &id), KVC_E_HEADDIM);
   b = l, b.page_tokens = 6;
   ASSERT_ERR(engine_cache_open(f.eng, "a", &b, &id), KVC_E_PAGETOKENS);
-  b = l, b.dtype = 7;
+  b = l, b.dtype = 10;
   ASSERT_ERR(engine_cache_open(f.eng, "a", &b, &id), KVC_E_DTYPE);
   b = l, b.page_tokens = 8; /* 3072 bytes > the 2048-byte pool page */
   ASSERT_ERR(engine_cache_open(f.eng, "a", &b, &id), KVC_E_PAGESIZE);

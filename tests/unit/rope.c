@@ -1,7 +1,7 @@
 /* rope.c: the property behind moving keys in the daemon: a key computed at
  * position p and re-rotated by delta equals the key computed directly at
  * p + delta, within the dtype's rounding, for both RoPE styles and every
- * float dtype (int8 too: dequantized, rotated, quantized again).
+ * float dtype (int8 and fp8 too: dequantized, rotated, quantized again).
  *
  * The reference rotation here is written from the RoPE definition, apart
  * from src/rope.c: pair i turns by (p / scale) * theta^(-2i / dims), or by p
@@ -161,6 +161,9 @@ TEST(rope_shift_equals_direct_rotation_all_dtypes_both_styles) {
       {KVC_DTYPE_F16, KVC_ROPE_NEOX, 0, 4e-3},   {KVC_DTYPE_F16, KVC_ROPE_GPTJ, 0, 4e-3},
       {KVC_DTYPE_BF16, KVC_ROPE_NEOX, 0, 3e-2},  {KVC_DTYPE_BF16, KVC_ROPE_GPTJ, 4, 3e-2},
       {KVC_DTYPE_INT8, KVC_ROPE_NEOX, 0, 3.0 / 127}, {KVC_DTYPE_INT8, KVC_ROPE_GPTJ, 0, 3.0 / 127},
+      /* fp8: decoded, rotated, encoded again: 3 half-steps of 2^-3 (2^-2) */
+      {KVC_DTYPE_FP8_E4M3, KVC_ROPE_NEOX, 0, 3.0 / 16}, {KVC_DTYPE_FP8_E4M3, KVC_ROPE_GPTJ, 0, 3.0 / 16},
+      {KVC_DTYPE_FP8_E5M2, KVC_ROPE_NEOX, 0, 3.0 / 8}, {KVC_DTYPE_FP8_E5M2, KVC_ROPE_GPTJ, 2, 3.0 / 8},
       {KVC_DTYPE_F32, KVC_ROPE_NEOX, 8, 1e-5},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
@@ -250,6 +253,7 @@ TEST(rope_seq_div_equals_direct_rotation_all_dtypes_both_styles) {
       {KVC_DTYPE_F16, KVC_ROPE_NEOX, 0, 4e-3},   {KVC_DTYPE_F16, KVC_ROPE_GPTJ, 0, 4e-3},
       {KVC_DTYPE_BF16, KVC_ROPE_NEOX, 0, 3e-2},  {KVC_DTYPE_BF16, KVC_ROPE_GPTJ, 4, 3e-2},
       {KVC_DTYPE_INT8, KVC_ROPE_NEOX, 0, 3.0 / 127}, {KVC_DTYPE_INT8, KVC_ROPE_GPTJ, 0, 3.0 / 127},
+      {KVC_DTYPE_FP8_E4M3, KVC_ROPE_NEOX, 0, 3.0 / 16}, {KVC_DTYPE_FP8_E5M2, KVC_ROPE_GPTJ, 0, 3.0 / 8},
       {KVC_DTYPE_F32, KVC_ROPE_NEOX, 16, 1e-5, KVC_ROPE_SCALE_YARN, 10000, 1, 32, 64},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_div_case(&cases[i]);

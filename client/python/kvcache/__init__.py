@@ -29,10 +29,12 @@ for _cls in errors.values():
     __all__.append(_cls.__name__)
 del _cls
 
-DTYPES = {"f32": 1, "f64": 2, "f16": 3, "bf16": 4, "int8": 5}
+DTYPES = {"f32": 1, "f64": 2, "f16": 3, "bf16": 4, "int8": 5, "fp8_e4m3": 6, "fp8_e5m2": 7,
+          "q8_0": 8, "q4_0": 9}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _ALIASES = {"float32": "f32", "float64": "f64", "float16": "f16", "half": "f16",
-            "bfloat16": "bf16", "float": "f32", "double": "f64"}
+            "bfloat16": "bf16", "float": "f32", "double": "f64",
+            "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 ATTN = {"causal": 0, "window": 1, "chunked": 2, "encoder": 3}
 ROPE = {"neox": 0, "gptj": 1, "none": 2}
 ROPE_SCALING = {"linear": 0, "llama3": 1, "yarn": 2}
@@ -55,7 +57,9 @@ class Layout:
     """The layout of a cache (kvc_layout_t).
 
     num_layers, num_kv_heads, head_dim (K; head_dim_v defaults to it), dtype
-    ('f32', 'f64', 'f16', 'bf16', 'int8', or a NumPy/torch dtype), page_tokens
+    ('f32', 'f64', 'f16', 'bf16', 'int8', 'fp8_e4m3', 'fp8_e5m2', 'q8_0', 'q4_0'
+    (ggml's blocks: head dims multiples of 32), or a NumPy/torch dtype:
+    torch.float8_e4m3fn, torch.float8_e5m2), page_tokens
     (a power of two). attn: 'causal', 'window' (window, memory), 'chunked'
     (chunk) or 'encoder'. rope_dims > 0 describes the keys' RoPE (rope_style
     'neox' or 'gptj', rope_theta, rope_scale): the daemon then re-rotates keys
@@ -136,7 +140,15 @@ def _np():
 
 
 _NP_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "uint16",
-              "int8": "int8"}
+              "int8": "int8", "fp8_e4m3": "uint8", "fp8_e5m2": "uint8", "q8_0": "uint8",
+              "q4_0": "uint8"}
+_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}  # a block of 32 values
+
+
+def _row_dim(dname, dim):
+    """A head row's last dimension: dim values, or for q8_0 / q4_0 its blocks' bytes."""
+    bb = _BLOCK_BYTES.get(dname)
+    return dim // 32 * bb if bb else dim
 
 
 class Cache(_kvcache.Cache):
@@ -146,7 +158,13 @@ class Cache(_kvcache.Cache):
     input raises ValueError (kvcache never copies behind your back: pass
     numpy.ascontiguousarray(x) or x.contiguous()). bf16 comes back from
     NumPy-returning calls as uint16 bits (kvcache.torch_view makes it a
-    torch.bfloat16 tensor without a copy), or pass out= torch tensors.
+    torch.bfloat16 tensor without a copy), or pass out= torch tensors. fp8
+    codes come back as uint8 (torch_view(a, 'fp8_e4m3') makes them
+    torch.float8_e4m3fn); an fp8 cache takes its codes as uint8 arrays or
+    torch float8 tensors, and f32 / f16 / bf16 converted. q8_0 / q4_0 caches
+    take and return their blocks as uint8 arrays whose last dimension is a
+    head row's bytes (head_dim / 32 blocks of 34 or 18 bytes), or f32 / f16 /
+    bf16 values converted.
     """
 
     @property
@@ -180,8 +198,8 @@ class Cache(_kvcache.Cache):
             a = np.frombuffer(shm, d, count=nbytes // d.itemsize, offset=off).reshape(shape)
             return a.copy() if copy else a
 
-        k = arr(k_off, k_bytes, (nl, entries, lay[1], lay[2]), dt)
-        v = arr(v_off, v_bytes, (nl, entries, lay[1], lay[3]), dt)
+        k = arr(k_off, k_bytes, (nl, entries, lay[1], _row_dim(dname, lay[2])), dt)
+        v = arr(v_off, v_bytes, (nl, entries, lay[1], _row_dim(dname, lay[3])), dt)
         n = m_bytes // 4 // entries if entries else 0
         mask = arr(m_off, m_bytes, (n, entries), np.dtype("float32"))
         if positions:
@@ -238,8 +256,8 @@ class Cache(_kvcache.Cache):
         lay = self._layout
         nl = (layers[1] - layers[0]) if layers else lay[0]
         dt = np.dtype(_NP_DTYPES[dname])
-        k = arr(k_off, k_bytes, (nl, n_entries, lay[1], lay[2]), dt)
-        v = arr(v_off, v_bytes, (nl, n_entries, lay[1], lay[3]), dt)
+        k = arr(k_off, k_bytes, (nl, n_entries, lay[1], _row_dim(dname, lay[2])), dt)
+        v = arr(v_off, v_bytes, (nl, n_entries, lay[1], _row_dim(dname, lay[3])), dt)
         return (k, v, mask, spans) + extra
 
 
@@ -277,6 +295,8 @@ class Lease(_kvcache.Lease):
         if not 0 <= layer < lay[0]:
             raise ValueError(f"layer {layer} outside the cache's {lay[0]} layers")
         heads, dim = lay[1], lay[3] if v else lay[2]
+        if not scales:  # ggml blocks: a head row is its blocks' bytes
+            dim = _row_dim(_DTYPE_NAMES[lay[4]], dim)
         if scales:
             dt, row, base, shape = (np.dtype("float32"), heads * 4,
                                     g["v_scale_offset" if v else "k_scale_offset"], (heads,))
@@ -318,11 +338,19 @@ _kvcache.Cache._register(Cache)
 _kvcache.Lease._register(Lease)
 
 
+_TORCH_FP8 = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
 def torch_view(a, dtype=None):
     """A torch tensor sharing a NumPy array's memory; uint16 bits become
-    torch.bfloat16 (dtype='bf16', the default for uint16 arrays)."""
+    torch.bfloat16 (dtype='bf16', the default for uint16 arrays); uint8 codes
+    with dtype='fp8_e4m3' or 'fp8_e5m2' become torch.float8_e4m3fn or
+    torch.float8_e5m2 where the installed torch has them (else they stay
+    uint8: the same bits)."""
     import torch
     if a.dtype.name == "uint16":  # torch has no uint16: the same bits as int16
         t = torch.from_numpy(a.view("int16"))
         return t.view(torch.bfloat16) if dtype in (None, "bf16") else t
-    return torch.from_numpy(a)
+    t = torch.from_numpy(a)
+    fp8 = getattr(torch, _TORCH_FP8.get(dtype, ""), None) if a.dtype.name == "uint8" else None
+    return t.view(fp8) if fp8 is not None else t

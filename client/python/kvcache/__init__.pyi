@@ -2,7 +2,9 @@
 
 Tensors ("Tensor" below) are C-contiguous buffer-protocol objects (NumPy
 arrays, memoryview) or contiguous CPU torch tensors, [layer, token, head,
-dim]. bf16 data in NumPy is uint16 bits (torch_view makes them bfloat16).
+dim]. bf16 data in NumPy is uint16 bits (torch_view makes them bfloat16); fp8
+codes are uint8 (torch_view(a, 'fp8_e4m3') makes them float8), q8_0 / q4_0
+rows their blocks' bytes (uint8, head_dim / 32 blocks of 34 or 18 bytes).
 """
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
@@ -13,7 +15,8 @@ TokenIds = Union[Sequence[int], np.ndarray]  # uint32 array or ints
 SpanKeys = Sequence[Tuple[int, int, Union[bytes, str]]]  # (begin, end, key) per span
 Toks = Union[Sequence[Tuple[int, int]], np.ndarray]  # (seq, pos) pairs or [n, 2] int64
 Range = Optional[Tuple[int, int]]
-DType = Optional[Union[str, int]]  # 'f32', 'f64', 'f16', 'bf16', 'int8'
+# 'f32', 'f64', 'f16', 'bf16', 'int8', 'fp8_e4m3', 'fp8_e5m2', 'q8_0', 'q4_0'
+DType = Optional[Union[str, int]]
 
 LIBRARY_VERSION: str
 PROTOCOL_VERSION: int
@@ -140,11 +143,12 @@ class Cache:
     @property
     def layout(self) -> Layout: ...
     def put(self, seq: int, pos: int, k: Tensor, v: Tensor, tokens: Optional[TokenIds] = None,
-            layers: Range = None, span_keys: Optional[SpanKeys] = None) -> None: ...
+            layers: Range = None, span_keys: Optional[SpanKeys] = None, k_scale: float = 0.0,
+            v_scale: float = 0.0) -> None: ...
     def put_batch(self, entries: Sequence[tuple], layers: Range = None) -> None: ...
     def get(self, seq: int, begin: int, end: int, out: Optional[Tuple[Tensor, Tensor]] = None,
-            dtype: DType = None, layers: Range = None,
-            heads: Range = None) -> Tuple[Tensor, Tensor]: ...
+            dtype: DType = None, layers: Range = None, heads: Range = None,
+            k_scale: float = 0.0, v_scale: float = 0.0) -> Tuple[Tensor, Tensor]: ...
     def get_batch(self, entries: Sequence[tuple], dtype: DType = None, layers: Range = None,
                   heads: Range = None) -> List[Tuple[Tensor, Tensor]]: ...
     def get_token(self, seq: int, pos: int, dtype: DType = None, layers: Range = None,

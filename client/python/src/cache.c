@@ -87,15 +87,37 @@ static int xfer_arg(cache_t *ca, PyObject *layers, PyObject *heads, PyObject *dt
   return 0;
 }
 
+static bool is_fp8(int d) { return d == KVC_DTYPE_FP8_E4M3 || d == KVC_DTYPE_FP8_E5M2; }
+static bool is_block(int d) { return d == KVC_DTYPE_Q8_0 || d == KVC_DTYPE_Q4_0; }
+/* Caches whose own bytes come as uint8 arrays (NumPy has no fp8 or blocks). */
+static bool is_bytes(int d) { return is_fp8(d) || is_block(d); }
+
+/* The last dimension of a head row of hd values in dtype d: hd, or for
+ * q8_0 / q4_0 the bytes of its blocks (34 or 18 a 32 values). */
+static Py_ssize_t row_dim(int d, uint32_t hd) {
+  return d == KVC_DTYPE_Q8_0 ? hd / 32 * 34 : d == KVC_DTYPE_Q4_0 ? hd / 32 * 18 : hd;
+}
+
 /* The dtypes a put accepts: the cache's and f32 (int8 caches: f32, f16,
- * bf16). A uint16 array stands for bf16 bits in a bf16 or int8 cache. */
+ * bf16; fp8 caches: their own, f32, f16, bf16). A uint16 array stands for
+ * bf16 bits in a bf16, int8 or fp8 cache, a uint8 array for an fp8 cache's
+ * codes (NumPy has no fp8). */
 static int put_dtype(cache_t *ca, tensor_t *t) {
   int cd = ca->layout.dtype;
-  if (t->dtype == T_U16 && (cd == KVC_DTYPE_BF16 || cd == KVC_DTYPE_INT8)) t->dtype = KVC_DTYPE_BF16;
+  if (t->dtype == T_U16 && (cd == KVC_DTYPE_BF16 || cd == KVC_DTYPE_INT8 || is_bytes(cd)))
+    t->dtype = KVC_DTYPE_BF16;
+  if (t->dtype == T_U8 && is_bytes(cd)) t->dtype = cd;
   return cd;
 }
 
 static int put_ok(int cd, int *ok) {
+  if (is_bytes(cd)) {
+    ok[0] = cd;
+    ok[1] = KVC_DTYPE_F32;
+    ok[2] = KVC_DTYPE_F16;
+    ok[3] = KVC_DTYPE_BF16;
+    return 4;
+  }
   if (cd == KVC_DTYPE_INT8) {
     ok[0] = KVC_DTYPE_F32;
     ok[1] = KVC_DTYPE_F16;
@@ -112,10 +134,12 @@ static int put_ok(int cd, int *ok) {
 static Py_ssize_t put_check(cache_t *ca, tensor_t *k, tensor_t *v, Py_ssize_t nl, int *dt) {
   int cd = put_dtype(ca, k);
   put_dtype(ca, v);
-  int ok[3], nok = put_ok(cd, ok);
+  int ok[4], nok = put_ok(cd, ok);
   Py_ssize_t n = k->ndim == 4 ? k->shape[1] : -1;
-  Py_ssize_t wk[4] = {nl, n < 0 ? -1 : n, ca->layout.num_kv_heads, ca->layout.head_dim_k};
-  Py_ssize_t wv[4] = {nl, n < 0 ? -1 : n, ca->layout.num_kv_heads, ca->layout.head_dim_v};
+  Py_ssize_t wk[4] = {nl, n < 0 ? -1 : n, ca->layout.num_kv_heads,
+                      row_dim(k->dtype, ca->layout.head_dim_k)};
+  Py_ssize_t wv[4] = {nl, n < 0 ? -1 : n, ca->layout.num_kv_heads,
+                      row_dim(v->dtype, ca->layout.head_dim_v)};
   if (tensor_check(k, "k", wk, 4, ok, nok) < 0 || tensor_check(v, "v", wv, 4, ok, nok) < 0)
     return -1;
   if (k->dtype != v->dtype || (*dt && *dt != k->dtype)) {
@@ -187,15 +211,18 @@ fail:
 /* ---- put ---- */
 
 static PyObject *cache_put(cache_t *ca, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"seq", "pos", "k", "v", "tokens", "layers", "span_keys", NULL};
+  static char *kwlist[] = {"seq", "pos", "k", "v", "tokens", "layers", "span_keys",
+                           "k_scale", "v_scale", NULL};
   unsigned long long seq, pos;
   PyObject *ko, *vo, *toks = Py_None, *layers = Py_None, *spo = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&OO|OOO:put", kwlist, pykvc_u64, &seq, pykvc_u64, &pos, &ko, &vo, &toks,
-                                   &layers, &spo))
+  float ksc = 0, vsc = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&OO|OOOff:put", kwlist, pykvc_u64, &seq, pykvc_u64, &pos, &ko, &vo, &toks,
+                                   &layers, &spo, &ksc, &vsc))
     return NULL;
   kvc_xfer_t x;
   Py_ssize_t nl, nh;
   if (xfer_arg(ca, layers, Py_None, Py_None, &x, &nl, &nh) < 0) return NULL;
+  x.k_scale = ksc, x.v_scale = vsc;
   tensor_t k, v, tt = {0};
   uint32_t *ids = NULL, *owned = NULL;
   Py_ssize_t nids = 0;
@@ -344,6 +371,7 @@ static PyObject *out_arg(PyObject *out, tensor_t *t, const Py_ssize_t *want, int
     return NULL;
   }
   if (t->dtype == T_U16 && d == KVC_DTYPE_BF16) t->dtype = KVC_DTYPE_BF16;
+  if (t->dtype == T_U8 && is_bytes(d)) t->dtype = d;
   if (tensor_check(t, what, want, nd, &d, 1) < 0) {
     tensor_release(t);
     Py_DECREF(o);
@@ -360,6 +388,10 @@ static int get_xdtype(cache_t *ca, PyObject *dtype, PyObject *out_k, int *d) {
   tensor_t t;
   if (tensor_get(out_k, &t, false, "out") < 0) return -1;
   if (t.dtype == KVC_DTYPE_F32 && get_dtype(ca, 0) != KVC_DTYPE_F32) *d = KVC_DTYPE_F32;
+  /* an fp8 cache converts into f16 and bf16 too (uint16 bits stay bf16's) */
+  if (is_bytes(ca->layout.dtype) && (t.dtype == KVC_DTYPE_F16 || t.dtype == KVC_DTYPE_BF16 ||
+                                   t.dtype == T_U16))
+    *d = t.dtype == KVC_DTYPE_F16 ? KVC_DTYPE_F16 : KVC_DTYPE_BF16;
   tensor_release(&t);
   return 0;
 }
@@ -377,11 +409,13 @@ static int out_pair(PyObject *out, PyObject **ok, PyObject **ov) {
 }
 
 static PyObject *cache_get(cache_t *ca, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"seq", "begin", "end", "out", "dtype", "layers", "heads", NULL};
+  static char *kwlist[] = {"seq", "begin", "end", "out", "dtype", "layers", "heads",
+                           "k_scale", "v_scale", NULL};
   unsigned long long seq, b, e;
   PyObject *out = Py_None, *dtype = Py_None, *layers = Py_None, *heads = Py_None, *ok, *ov;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|OOOO:get", kwlist, pykvc_u64, &seq, pykvc_u64, &b, pykvc_u64, &e, &out, &dtype,
-                                   &layers, &heads))
+  float ksc = 0, vsc = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|OOOOff:get", kwlist, pykvc_u64, &seq, pykvc_u64, &b, pykvc_u64, &e, &out, &dtype,
+                                   &layers, &heads, &ksc, &vsc))
     return NULL;
   if (out_pair(out, &ok, &ov) < 0) return NULL;
   if (e < b || e - b > KVC_MAX_SEQ_TOKENS) {
@@ -394,9 +428,11 @@ static PyObject *cache_get(cache_t *ca, PyObject *args, PyObject *kw) {
   if (xfer_arg(ca, layers, heads, dtype, &x, &nl, &nh) < 0) return NULL;
   if (get_xdtype(ca, dtype, ok, &d) < 0) return NULL;
   x.dtype = (kvc_dtype_t)d;
+  x.k_scale = ksc, x.v_scale = vsc;
   int gd = get_dtype(ca, d);
   Py_ssize_t n = (Py_ssize_t)(e - b);
-  Py_ssize_t wk[4] = {nl, n, nh, ca->layout.head_dim_k}, wv[4] = {nl, n, nh, ca->layout.head_dim_v};
+  Py_ssize_t wk[4] = {nl, n, nh, row_dim(gd, ca->layout.head_dim_k)},
+             wv[4] = {nl, n, nh, row_dim(gd, ca->layout.head_dim_v)};
   if (wk[0] * wk[1] * wk[2] * wk[3] > (Py_ssize_t)1 << 40) {
     PyErr_Format(PyExc_ValueError, "get: %zd tokens is too large a read", n);
     return NULL;
@@ -459,8 +495,8 @@ static PyObject *cache_get_batch(cache_t *ca, PyObject *args, PyObject *kw) {
       PyErr_Format(PyExc_ValueError, "entries[%zd]: %llu tokens is too large a read", got, nt);
       goto out;
     }
-    Py_ssize_t wk[4] = {nl, (Py_ssize_t)nt, nh, ca->layout.head_dim_k};
-    Py_ssize_t wv[4] = {nl, (Py_ssize_t)nt, nh, ca->layout.head_dim_v};
+    Py_ssize_t wk[4] = {nl, (Py_ssize_t)nt, nh, row_dim(gd, ca->layout.head_dim_k)};
+    Py_ssize_t wv[4] = {nl, (Py_ssize_t)nt, nh, row_dim(gd, ca->layout.head_dim_v)};
     PyObject *rk = out_arg(ok, &ts[2 * got], wk, 4, gd, "out k");
     if (!rk) goto out;
     PyObject *rv = out_arg(ov, &ts[2 * got + 1], wv, 4, gd, "out v");
@@ -510,7 +546,8 @@ static PyObject *cache_get_token(cache_t *ca, PyObject *args, PyObject *kw) {
   Py_ssize_t nl, nh;
   if (xfer_arg(ca, layers, heads, dtype, &x, &nl, &nh) < 0) return NULL;
   int gd = get_dtype(ca, x.dtype);
-  Py_ssize_t wk[3] = {nl, nh, ca->layout.head_dim_k}, wv[3] = {nl, nh, ca->layout.head_dim_v};
+  Py_ssize_t wk[3] = {nl, nh, row_dim(gd, ca->layout.head_dim_k)},
+             wv[3] = {nl, nh, row_dim(gd, ca->layout.head_dim_v)};
   tensor_t tk, tv;
   PyObject *rk = out_arg(NULL, &tk, wk, 3, gd, "k"), *rv = NULL, *ret = NULL;
   if (!rk) return NULL;
@@ -546,8 +583,8 @@ static PyObject *cache_get_head(cache_t *ca, PyObject *args, PyObject *kw) {
     return NULL;
   }
   int gd = get_dtype(ca, 0);
-  Py_ssize_t wk[2] = {(Py_ssize_t)(e - b), ca->layout.head_dim_k};
-  Py_ssize_t wv[2] = {(Py_ssize_t)(e - b), ca->layout.head_dim_v};
+  Py_ssize_t wk[2] = {(Py_ssize_t)(e - b), row_dim(gd, ca->layout.head_dim_k)};
+  Py_ssize_t wv[2] = {(Py_ssize_t)(e - b), row_dim(gd, ca->layout.head_dim_v)};
   tensor_t tk, tv;
   PyObject *rk = out_arg(NULL, &tk, wk, 2, gd, "k"), *rv = NULL, *ret = NULL;
   if (!rk) return NULL;
@@ -1312,22 +1349,26 @@ static PyObject *cache_register(PyObject *cls, PyObject *sub) {
 #define KW_ (METH_VARARGS | METH_KEYWORDS)
 static PyMethodDef cache_methods[] = {
     M_("put", cache_put, KW_,
-       "put(seq, pos, k, v, tokens=None, layers=None, span_keys=None)\n\nWrites tokens [pos, pos + n) of seq: k "
+       "put(seq, pos, k, v, tokens=None, layers=None, span_keys=None, k_scale=0, v_scale=0)\n\n"
+       "Writes tokens [pos, pos + n) of seq: k "
        "and v shaped [layers, n, heads, head_dim] (C-contiguous NumPy arrays, buffers or CPU "
        "torch tensors; the cache's dtype or float32; int8 caches take float32, float16 or "
        "bfloat16; a uint16 array stands for bfloat16 bits). tokens: the n token ids (a uint32 "
        "array or ints) to index full pages in the prefix cache (with layers, a page is indexed "
        "once every layer of it is saved). span_keys: (begin, end, key) extra keys of positions "
-       "(an image's hash over its placeholder tokens: key bytes or str, 1-64 bytes). FullError "
-       "when the pool cannot make room."),
+       "(an image's hash over its placeholder tokens: key bytes or str, 1-64 bytes). "
+       "k_scale, v_scale: an fp8 cache converting floats stores x / scale (vLLM's per-layer "
+       "k_scale / v_scale; 0: 1). FullError when the pool cannot make room."),
     M_("put_batch", cache_put_batch, KW_,
        "put_batch(entries, layers=None)\n\nOne request for many (seq, pos, k, v[, tokens]) "
        "entries (a decode step's ragged append). Every entry shares one dtype."),
     M_("get", cache_get, KW_,
-       "get(seq, begin, end, out=None, dtype=None, layers=None, heads=None) -> (k, v)\n\nReads "
+       "get(seq, begin, end, out=None, dtype=None, layers=None, heads=None, k_scale=0, "
+       "v_scale=0) -> (k, v)\n\nReads "
        "tokens [begin, end): new NumPy arrays [layers, n, heads, dim] (bf16 as uint16 bits), or "
        "fills out=(k, v) (arrays or CPU tensors of the right shape; float32 outs of a non-f32 "
-       "cache get f32). dtype: 'f32' or the cache's."),
+       "cache get f32). dtype: 'f32' or the cache's. k_scale, v_scale: an fp8 cache converting "
+       "to floats returns code x scale (0: 1)."),
     M_("get_batch", cache_get_batch, KW_,
        "get_batch(entries, dtype=None, layers=None, heads=None) -> [(k, v)]\n\nOne request for "
        "many (seq, pos, n[, out_k, out_v]) entries."),

@@ -13,9 +13,12 @@ static const struct {
   size_t size;
 } dtypes[] = {
     {"f32", KVC_DTYPE_F32, 4},  {"f64", KVC_DTYPE_F64, 8},  {"f16", KVC_DTYPE_F16, 2},
-    {"bf16", KVC_DTYPE_BF16, 2}, {"int8", KVC_DTYPE_INT8, 1}, {"uint8", T_U8, 1},
-    {"uint16", T_U16, 2},        {"uint32", T_U32, 4},        {"int64", T_I64, 8},
+    {"bf16", KVC_DTYPE_BF16, 2}, {"int8", KVC_DTYPE_INT8, 1},
+    {"fp8_e4m3", KVC_DTYPE_FP8_E4M3, 1}, {"fp8_e5m2", KVC_DTYPE_FP8_E5M2, 1},
+    {"q8_0", KVC_DTYPE_Q8_0, 1}, {"q4_0", KVC_DTYPE_Q4_0, 1}, /* bytes of blocks */
+    {"uint8", T_U8, 1}, {"uint16", T_U16, 2}, {"uint32", T_U32, 4}, {"int64", T_I64, 8},
 };
+#define NNAMED 9 /* the first entries are the cache dtypes */
 #define NDTYPES (sizeof dtypes / sizeof dtypes[0])
 
 size_t dtype_size(int d) {
@@ -35,7 +38,7 @@ int dtype_parse(PyObject *o, int *out) {
   if (!o || o == Py_None) return 0;
   if (PyLong_Check(o)) {
     long v = PyLong_AsLong(o);
-    if (v >= KVC_DTYPE_F32 && v <= KVC_DTYPE_INT8) {
+    if (v >= KVC_DTYPE_F32 && v <= KVC_DTYPE_Q4_0) {
       *out = (int)v;
       return 0;
     }
@@ -46,20 +49,22 @@ int dtype_parse(PyObject *o, int *out) {
       const char *alias;
       int dtype;
     } aliases[] = {{"float32", KVC_DTYPE_F32}, {"float64", KVC_DTYPE_F64},
-                   {"float16", KVC_DTYPE_F16}, {"bfloat16", KVC_DTYPE_BF16}};
-    for (size_t i = 0; i < 5; i++)
+                   {"float16", KVC_DTYPE_F16}, {"bfloat16", KVC_DTYPE_BF16},
+                   {"float8_e4m3fn", KVC_DTYPE_FP8_E4M3}, {"float8_e5m2", KVC_DTYPE_FP8_E5M2}};
+    for (size_t i = 0; i < NNAMED; i++)
       if (strcmp(s, dtypes[i].name) == 0) {
         *out = dtypes[i].dtype;
         return 0;
       }
-    for (size_t i = 0; i < 4; i++)
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
       if (strcmp(s, aliases[i].alias) == 0) {
         *out = aliases[i].dtype;
         return 0;
       }
   }
   PyErr_Format(PyExc_ValueError,
-               "dtype must be one of 'f32', 'f64', 'f16', 'bf16', 'int8' (or None), got %R", o);
+               "dtype must be one of 'f32', 'f64', 'f16', 'bf16', 'int8', 'fp8_e4m3', "
+               "'fp8_e5m2', 'q8_0', 'q4_0' (or None), got %R", o);
   return -1;
 }
 
@@ -92,6 +97,8 @@ static int torch_dtype(PyObject *dt) {
   else if (!strcmp(n, "torch.float16")) r = KVC_DTYPE_F16;
   else if (!strcmp(n, "torch.bfloat16")) r = KVC_DTYPE_BF16;
   else if (!strcmp(n, "torch.int8")) r = KVC_DTYPE_INT8;
+  else if (!strcmp(n, "torch.float8_e4m3fn")) r = KVC_DTYPE_FP8_E4M3;
+  else if (!strcmp(n, "torch.float8_e5m2")) r = KVC_DTYPE_FP8_E5M2;
   else if (!strcmp(n, "torch.uint8")) r = T_U8;
   else if (!strcmp(n, "torch.int64")) r = T_I64;
   Py_DECREF(s);

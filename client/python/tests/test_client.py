@@ -136,6 +136,91 @@ def test_int8_cache_quantizes_and_reads_raw(client):
         client.open_cache("rt2", layout()).get_raw(1, 0, 1)
 
 
+@pytest.mark.parametrize("name,tname", [("fp8_e4m3", "float8_e4m3fn"), ("fp8_e5m2", "float8_e5m2")])
+def test_fp8_cache_as_given_converted_and_leased(client, name, tname):
+    tdt = getattr(torch, tname, None)
+    assert kvcache.Layout(L, H, D, tdt or name).dtype == name
+    c = client.open_cache("c" + name, layout(name))
+    codes = np.random.default_rng(9).integers(0, 256, (2, L, 12, H, D), dtype=np.uint8)
+    c.put(1, 0, codes[0], codes[1])  # uint8 codes are stored as given, NaN codes too
+    gk, gv = c.get(1, 0, 12)
+    assert gk.dtype == np.uint8 and np.array_equal(gk, codes[0]) and np.array_equal(gv, codes[1])
+    with c.lease(1, 0, 12) as lease:  # zero-copy views read the same bytes
+        assert np.array_equal(np.concatenate(lease.k(1)), codes[0][1])
+    if tdt is not None:  # torch float8 tensors in and out, bit for bit
+        tk = kvcache.torch_view(gk, name)
+        assert tk.dtype == tdt
+        c.put(2, 0, tk, kvcache.torch_view(gv, name))
+        ok, ov = torch.empty_like(tk), torch.empty_like(tk)
+        c.get(2, 0, 12, out=(ok, ov))
+        assert np.array_equal(ok.view(torch.uint8).numpy(), codes[0])
+    k, v = kv(12, 4)
+    c.put(3, 0, k, v)  # converted: round to nearest even, as torch's cast
+    g3, _ = c.get(3, 0, 12, dtype="f32")
+    if tdt is not None:
+        assert np.array_equal(g3, torch.from_numpy(k).to(tdt).float().numpy())
+        # vLLM's scales: (x / k_scale).to(fp8) stored, code * scale read back
+        c.put(5, 0, k, v, k_scale=0.25, v_scale=3.0)
+        ck, cv = c.get(5, 0, 12)
+        tk, tv = torch.from_numpy(k), torch.from_numpy(v)
+        assert np.array_equal(ck, (tk / 0.25).to(tdt).view(torch.uint8).numpy())
+        assert np.array_equal(cv, (tv / 3.0).to(tdt).view(torch.uint8).numpy())
+        sk, _ = c.get(5, 0, 12, dtype="f32", k_scale=0.25, v_scale=3.0)
+        assert np.array_equal(sk, ((tk / 0.25).to(tdt).float() * 0.25).numpy())
+        with pytest.raises(kvcache.DtypeError):
+            c.put(6, 0, codes[0], codes[1], k_scale=2.0)  # bytes as given take no scale
+    # half a step: relative in the normal range, half the least subnormal below
+    rel, sub = (2.0 ** -4, 2.0 ** -10) if name == "fp8_e4m3" else (2.0 ** -3, 2.0 ** -17)
+    assert np.all(np.abs(g3 - k) <= np.abs(k) * rel + sub)
+    bk = torch.empty(L, 12, H, D, dtype=torch.bfloat16)  # a bf16 out gets bf16
+    c.get(3, 0, 12, out=(bk, torch.empty_like(bk)))
+    assert torch.equal(bk.float(), torch.from_numpy(g3))
+    with pytest.raises(ValueError):
+        c.put(4, 0, k.astype(np.float64), v.astype(np.float64))
+
+
+def _q8_0_ref(x):
+    """ggml's quantize_row_q8_0_ref over the last axis (a multiple of 32), in f32."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    d = (np.abs(b).max(axis=1) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = (b * inv[:, None]).astype(np.float32)
+    q = (np.sign(q) * np.floor(np.abs(q) + np.float32(0.5))).astype(np.int8)  # roundf
+    out = np.empty((b.shape[0], 34), np.uint8)
+    out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out
+
+
+@pytest.mark.parametrize("name,bb", [("q8_0", 34), ("q4_0", 18)])
+def test_ggml_block_cache_as_given_converted_and_leased(client, name, bb):
+    with pytest.raises(kvcache.HeaddimError):
+        client.open_cache("bad" + name, kvcache.Layout(L, H, 48, name))
+    c = client.open_cache("c" + name, layout(name))
+    blocks = np.random.default_rng(5).integers(0, 256, (2, L, 9, H, D // 32 * bb), dtype=np.uint8)
+    c.put(1, 0, blocks[0], blocks[1])  # ggml's bytes, as given
+    gk, gv = c.get(1, 0, 9)
+    assert gk.dtype == np.uint8 and gk.shape == (L, 9, H, D // 32 * bb)
+    assert np.array_equal(gk, blocks[0]) and np.array_equal(gv, blocks[1])
+    with c.lease(1, 0, 9) as lease:
+        assert np.array_equal(np.concatenate(lease.v(1)), blocks[1][1])
+    hk, hv, _, _ = c.history([(1, 8)])  # the blocks a token attends to, as given
+    assert hk.shape == (L, 9, H, D // 32 * bb) and np.array_equal(hk, blocks[0])
+    k, v = kv(9, 8)
+    c.put(2, 0, k, v)  # f32 quantized by ggml's reference
+    qk, _ = c.get(2, 0, 9, dtype=name)
+    if name == "q8_0":
+        assert np.array_equal(qk.reshape(-1, 34), _q8_0_ref(k))
+    back, _ = c.get(2, 0, 9, dtype="f32")
+    d = np.abs(qk.reshape(-1, bb)[:, :2].copy().view(np.float16).astype(np.float32))
+    err = np.abs(back - k).reshape(-1, 32)
+    # half a step (a whole one for q4_0's clamped code 15), plus d's f16 rounding
+    assert np.all(err <= d * (0.5 if name == "q8_0" else 1.0) + d * 128 / 2048 + 1e-7)
+    k[0, 0, 0, 0] = np.nan
+    with pytest.raises(kvcache.NonfiniteError):
+        c.put(3, 0, k, v)
+
+
 def test_batches_one_request(client):
     c = client.open_cache("batch", layout())
     ents = [(s, 0) + kv(s + 1, s) for s in range(5)]
