@@ -138,9 +138,12 @@ static void usage(FILE *f) {
     else fprintf(f, "  %-30s %.*s\n", syn, first, commands[i].help);
   }
   fputs("\noptions:\n"
-        "  --socket PATH    the daemon's socket (default: $KVCACHED_SOCKET, else\n"
-        "                   /run/kvcached/kvcached.sock as root, else\n"
-        "                   $XDG_RUNTIME_DIR/kvcached.sock); before or after COMMAND\n"
+        "  --socket PATH    the daemon's socket, before or after COMMAND. Default, as\n"
+        "                   kvcached's: $KVCACHED_SOCKET if set; else as root\n"
+        "                   /run/kvcached/kvcached.sock; else the first of\n"
+        "                   $XDG_RUNTIME_DIR/kvcached.sock, /tmp/kvcached-UID/kvcached.sock\n"
+        "                   (kvcached's when XDG_RUNTIME_DIR is unset) and\n"
+        "                   /run/kvcached/kvcached.sock that holds a socket\n"
         "  --help, -h       this text (help COMMAND: one command's)\n"
         "  --version, -V    kvcachectl's version\n"
         "\nExit status: 0 on success, 1 when the daemon refuses or cannot be reached,\n"
@@ -167,9 +170,14 @@ static int bad_usage(const struct command *cmd, const char *fmt, const char *wha
   return 2;
 }
 
+/* "kvcachectl: what: why (NAME)"; what once, when the daemon's why already
+ * starts with it ("clients: for admins only ..."). */
 static int fail(kvc_client_t *c, int rc, const char *what) {
   const char *msg = c ? kvc_client_last_error(c) : kvc_client_open_error();
-  fprintf(stderr, "%s: %s: %s (%s)\n", prog, what, msg && *msg ? msg : kvc_strerror(rc),
+  if (!msg || !*msg) msg = kvc_strerror(rc);
+  size_t wl = strlen(what);
+  bool said = strncmp(msg, what, wl) == 0 && msg[wl] == ':';
+  fprintf(stderr, "%s: %s%s%s (%s)\n", prog, said ? "" : what, said ? "" : ": ", msg,
           kvc_err_name(rc));
   return 1;
 }

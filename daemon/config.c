@@ -13,6 +13,7 @@
 #include "engine.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
+#include "sockpath.h"
 
 enum opt_type {
   OPT_PATH,  /* socket path; "auto" picks the per-user default */
@@ -62,9 +63,10 @@ static const char *const events_hashes[] = {"chain", "vllm", NULL};
 
 static const option_t options[] = {
   {"socket", OPT_PATH, "auto", 0, 0, false, F(socket_path),
-   "Unix socket path (auto: $RUNTIME_DIRECTORY/kvcached.sock under systemd, "
-   "/run/kvcached/kvcached.sock as root, else $XDG_RUNTIME_DIR/kvcached.sock); "
-   "ignored when systemd passes the socket"},
+   "Unix socket path (auto: $KVCACHED_SOCKET if set, the variable clients read too, else "
+   "$RUNTIME_DIRECTORY/kvcached.sock under systemd, /run/kvcached/kvcached.sock as root, "
+   "else $XDG_RUNTIME_DIR/kvcached.sock, else /tmp/kvcached-UID/kvcached.sock); ignored "
+   "when systemd passes the socket"},
   {"socket_mode", OPT_MODE, "0660", 0, 0777, false, F(socket_mode),
    "permission bits of the socket file (set through the umask at bind)"},
   {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, true, F(pool_bytes),
@@ -412,21 +414,6 @@ static int parse_u64(const char *s, uint64_t *out) {
   return 0;
 }
 
-static int default_socket(char *out, size_t len) {
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  const char *rt = getenv("RUNTIME_DIRECTORY"); /* systemd's RuntimeDirectory= */
-  int n;
-  if (rt && *rt && !strchr(rt, ':'))
-    n = snprintf(out, len, "%s/kvcached.sock", rt);
-  else if (geteuid() == 0)
-    n = snprintf(out, len, "/run/kvcached/kvcached.sock");
-  else if (xdg && *xdg)
-    n = snprintf(out, len, "%s/kvcached.sock", xdg);
-  else
-    n = snprintf(out, len, "/tmp/kvcached-%u/kvcached.sock", (unsigned)geteuid());
-  return n < 0 || (size_t)n >= len ? -1 : 0;
-}
-
 /* Parses a comma list of ids into ids[]; "self" is our uid (or gid). */
 static int parse_ids(const char *s, bool gids, uint32_t *ids, uint32_t *n) {
   uint32_t count = 0;
@@ -461,7 +448,7 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
   switch (o->type) {
   case OPT_PATH:
     if (strcmp(value, "auto") == 0) {
-      if (default_socket(field, sizeof cfg->socket_path) == 0) return 0;
+      if (sockpath_daemon(field, sizeof cfg->socket_path) == 0) return 0;
       fail(err, errlen, "socket: default path too long");
       return -1;
     }
