@@ -203,6 +203,8 @@ int poolmap_open(poolmap_t *pm, uint64_t bytes, uint64_t reserve, int mode, uint
   if (seg_bytes) bytes = bytes / seg_bytes * seg_bytes; /* whole segments */
   if (reserve < bytes) reserve = bytes;
   reserve = (reserve + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
+  /* and whole segments: a client reserves the range in segments */
+  while (seg_bytes && reserve % seg_bytes) reserve += HUGE_BYTES;
   /* A pool the memory cannot hold is refused as such before the address
    * space is reserved, which may fail first where it is scarce (under
    * ThreadSanitizer, 64 TiB cannot be). */
