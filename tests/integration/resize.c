@@ -142,7 +142,9 @@ static void resize(const daemon_t *d, const char *size) {
   char out[1024];
   int st = ctl_run(d, out, sizeof out, true, "pool resize %s", size);
   if (st != 0) TEST_FAIL_("kvcachectl pool resize %s: exit %d: %s", size, st, out);
-  ASSERT(strstr(out, "pool: ") != NULL);
+  /* "pool: 48.0 MiB in 3 segments (...)": the size in units, not bytes */
+  if (strncmp(out, "pool: ", 6) != 0 || !strstr(out, "iB in "))
+    TEST_FAIL_("kvcachectl pool resize %s said: %s", size, out);
 }
 
 TEST_TIMEOUT(resize_up_and_down_under_load_every_byte_verified, 120) {
