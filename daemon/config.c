@@ -14,6 +14,7 @@
 #include "kvcache/kvcache.h"
 #include "log.h"
 #include "sockpath.h"
+#include "units.h"
 
 enum opt_type {
   OPT_PATH,  /* socket path; "auto" picks the per-user default */
@@ -493,8 +494,11 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     }
   }
     if (v < o->min || v > o->max) {
-      fail(err, errlen, "%s: %s out of bounds [%llu, %llu]", o->name, value,
-           (unsigned long long)o->min, (unsigned long long)o->max);
+      char lo[UNITS_LEN], hi[UNITS_LEN];
+      if (o->type == OPT_SIZE) units_bytes(o->min, lo, sizeof lo), units_bytes(o->max, hi, sizeof hi);
+      else snprintf(lo, sizeof lo, "%llu", (unsigned long long)o->min),
+           snprintf(hi, sizeof hi, "%llu", (unsigned long long)o->max);
+      fail(err, errlen, "%s: %s out of bounds [%s, %s]", o->name, value, lo, hi);
       return -1;
     }
     if (o->type == OPT_U32)
@@ -735,21 +739,21 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
          cfg->page_bytes ? "page_bytes" : "4KiB");
     return -1;
   }
+  char a[UNITS_LEN], b[UNITS_LEN];
+  units_bytes(cfg->pool_bytes, b, sizeof b);
   if (!cfg->page_bytes && cfg->pool_bytes / seg > 4096) {
-    fail(err, errlen, "segment_bytes: %llu makes more than 4096 segments of pool_bytes %llu "
-         "(each its own memfd): raise it", (unsigned long long)seg,
-         (unsigned long long)cfg->pool_bytes);
+    fail(err, errlen, "segment_bytes: %s makes more than 4096 segments of pool_bytes %s "
+         "(each its own memfd): raise it", units_bytes(seg, a, sizeof a), b);
     return -1;
   }
   if (seg > cfg->pool_bytes / 4) {
-    fail(err, errlen, "%s: %llu leaves fewer than 4 segments in pool_bytes %llu",
-         cfg->segment_bytes ? "segment_bytes" : "page_bytes", (unsigned long long)seg,
-         (unsigned long long)cfg->pool_bytes);
+    fail(err, errlen, "%s: %s leaves fewer than 4 segments in pool_bytes %s",
+         cfg->segment_bytes ? "segment_bytes" : "page_bytes", units_bytes(seg, a, sizeof a), b);
     return -1;
   }
   if (cfg->pool_reserve_bytes && cfg->pool_reserve_bytes < cfg->pool_bytes) {
-    fail(err, errlen, "pool_reserve_bytes: %llu is less than pool_bytes %llu",
-         (unsigned long long)cfg->pool_reserve_bytes, (unsigned long long)cfg->pool_bytes);
+    fail(err, errlen, "pool_reserve_bytes: %s is less than pool_bytes %s",
+         units_bytes(cfg->pool_reserve_bytes, a, sizeof a), b);
     return -1;
   }
   if (cfg->shm_default_bytes > cfg->shm_max_bytes) {

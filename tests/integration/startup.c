@@ -32,6 +32,14 @@ TEST(startup_options_help_version_and_errors) {
   ASSERT(strstr(out, "multiple of 64") != NULL);
   ASSERT_EQ(run_daemon(out, sizeof out, "--max-connections 0"), 2);
   ASSERT(strstr(out, "out of bounds") != NULL);
+  /* Sizes in the units the options take (they were byte counts). */
+  ASSERT_EQ(run_daemon(out, sizeof out, "--pool-bytes 100 --check-config"), 2);
+  ASSERT(strstr(out, "pool_bytes: 100 out of bounds [1MiB, 64TiB]") != NULL);
+  ASSERT_EQ(run_daemon(out, sizeof out, "--pool-bytes 64TiB --check-config"), 2);
+  ASSERT(strstr(out, "segment_bytes: 32MiB makes more than 4096 segments of pool_bytes 64TiB"));
+  ASSERT_EQ(run_daemon(out, sizeof out, "--pool-bytes 1GiB --pool-reserve-bytes 512MiB "
+                                        "--check-config"), 2);
+  ASSERT(strstr(out, "pool_reserve_bytes: 512MiB is less than pool_bytes 1GiB") != NULL);
   ASSERT_EQ(run_daemon(out, sizeof out, "--socket-mode 0999"), 2);
 }
 
@@ -57,7 +65,9 @@ TEST(startup_pool_larger_than_memory_fails_clearly) {
   ASSERT_EQ(run_daemon(out, sizeof out,
                        "--socket /tmp/kvcit-never/k.sock --pool-bytes 64TiB --page-bytes 2MiB"),
             1);
-  ASSERT(strstr(out, "MemAvailable") != NULL);
+  ASSERT(strstr(out, "a pool of 64TiB exceeds the memory available (MemAvailable ") != NULL);
+  for (const char *p = out; *p; p++) /* no byte count of 10 digits and more */
+    if (strspn(p, "0123456789") >= 10) TEST_FAIL_("a raw byte count: %s", out);
   ASSERT(access("/tmp/kvcit-never/k.sock", F_OK) != 0);
 }
 
