@@ -415,16 +415,24 @@ static int parse_u64(const char *s, uint64_t *out) {
   return 0;
 }
 
-/* Parses a comma list of ids into ids[]; "self" is our uid (or gid). */
-static int parse_ids(const char *s, bool gids, uint32_t *ids, uint32_t *n) {
+/* Parses a comma list of ids into ids[]; "self" is our uid (or gid), blanks
+ * around an id are allowed ("self, 1000"). -1 with bad[badlen] the id that
+ * is none, -2 for too many. */
+static int parse_ids(const char *s, bool gids, uint32_t *ids, uint32_t *n, char *bad,
+                     size_t badlen) {
   uint32_t count = 0;
   const char *p = s;
+  bad[0] = '\0';
   while (*p) {
     const char *comma = strchr(p, ',');
     size_t len = comma ? (size_t)(comma - p) : strlen(p);
     char tok[32];
     uint64_t v;
-    if (len == 0 || len >= sizeof tok || count == CONFIG_MAX_IDS) return -1;
+    snprintf(bad, badlen, "%.*s", (int)len, p);
+    while (len && (*p == ' ' || *p == '\t')) p++, len--;
+    while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+    if (count == CONFIG_MAX_IDS) return -2;
+    if (len == 0 || len >= sizeof tok) return -1;
     memcpy(tok, p, len);
     tok[len] = '\0';
     if (strcmp(tok, "self") == 0)
@@ -510,9 +518,15 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
   case OPT_GIDS: {
     uint32_t ids[CONFIG_MAX_IDS], n;
     bool gids = o->type == OPT_GIDS;
-    if (parse_ids(value, gids, ids, &n) != 0) {
-      fail(err, errlen, "%s: expected up to %d comma-separated ids, got '%s'", o->name,
-           CONFIG_MAX_IDS, value);
+    char bad[64];
+    int prc = parse_ids(value, gids, ids, &n, bad, sizeof bad);
+    if (prc != 0) {
+      if (prc == -1)
+        fail(err, errlen, "%s: '%s' is no %s (a number, self or root) in '%s'", o->name, bad,
+             gids ? "gid" : "uid", value);
+      else
+        fail(err, errlen, "%s: expected up to %d comma-separated ids, got '%s'", o->name,
+             CONFIG_MAX_IDS, value);
       return -1;
     }
     id_list_t *l = (id_list_t *)(void *)field;
