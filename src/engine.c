@@ -162,8 +162,12 @@ int engine_cache_open_group(engine_t *eng, uint32_t tenant, uint32_t group, cons
   for (uint32_t i = 0; i < eng->ncaches; i++) {
     cache_t *c = eng->caches[i];
     if (!c || c->tenant != tenant || strcmp(c->name, name) != 0) continue;
-    if (!layout_equal(&c->layout, layout))
-      return engine_fail(eng, KVC_E_LAYOUT, "cache '%s' exists with another layout", name);
+    if (!layout_equal(&c->layout, layout)) {
+      char diff[512];
+      layout_diff(&c->layout, layout, diff, sizeof diff);
+      return engine_fail(eng, KVC_E_LAYOUT, "cache '%s' exists with another layout: %s", name,
+                         diff);
+    }
     *cache_id = c->id;
     return 0;
   }
