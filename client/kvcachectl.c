@@ -69,10 +69,12 @@ static const struct command {
   const char *help;    /* help COMMAND: the whole story */
 } commands[] = {
     {"ping", cmd_ping, 0, 0, 0, "",
-     "one round trip: the daemon's version and the time it took", "one round trip: the daemon's version and the time it took"},
+     "one round trip: the daemon's version and the time it took",
+     "one round trip: the daemon's version and the time it took"},
     {"stats", cmd_stats, O_JSON | O_PROM | O_RAW | O_CACHE, 0, 0,
      "[--json | --prometheus | --raw] [--cache NAME]",
-     "every figure, in sections with human units and rates (--raw, --json, --prometheus: other forms)",
+     "every figure, in sections with human units and rates; --raw, --json or "
+     "--prometheus for programs",
      "every figure: in sections with human units and rates (per second, averaged\n"
      "since the daemon started); --raw one `name{labels} value` line each, exact;\n"
      "--json with each figure's kind, unit and help; --prometheus the text format\n"
@@ -113,9 +115,11 @@ static const struct command {
      "the running daemon's configuration (admins only), as kvcached --print-config;\n"
      "--json gives numbers (sizes in bytes), booleans and id lists as such"},
     {"drop", cmd_drop, 0, 1, 1, "CACHE",
-     "drop a cache with every sequence (admins only)", "drop a cache with every sequence (admins only)"},
+     "drop a cache with every sequence (admins only)",
+     "drop a cache with every sequence (admins only)"},
     {"remove", cmd_remove, 0, 2, 2, "CACHE SEQ",
-     "drop one sequence, pinned or not (admins only)", "drop one sequence, pinned or not (admins only)"},
+     "drop one sequence, pinned or not (admins only)",
+     "drop one sequence, pinned or not (admins only)"},
     {"unpin", cmd_unpin, 0, 2, 2, "CACHE SEQ",
      "release every pin of a sequence, whoever holds it (admins only)",
      "release every pin of a sequence, whoever holds it (admins only)"},
@@ -164,8 +168,7 @@ static void print_summary(FILE *f, const char *p) {
 
 static void usage(FILE *f) {
   fputs("usage: kvcachectl [--socket PATH] COMMAND [OPTIONS] [ARGS]\n"
-        "       kvcachectl help [COMMAND] | --help | --version\n\n"
-        "commands (help COMMAND: its options and what it shows):\n", f);
+        "       kvcachectl help [COMMAND] | --help | --version\n\ncommands:\n", f);
   for (size_t i = 0; i < NCOMMANDS; i++) {
     char syn[96];
     snprintf(syn, sizeof syn, "%s %s", commands[i].name, commands[i].args);

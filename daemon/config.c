@@ -503,9 +503,13 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
   }
     if (v < o->min || v > o->max) {
       char lo[UNITS_LEN], hi[UNITS_LEN];
-      if (o->type == OPT_SIZE) units_bytes(o->min, lo, sizeof lo), units_bytes(o->max, hi, sizeof hi);
-      else snprintf(lo, sizeof lo, "%llu", (unsigned long long)o->min),
-           snprintf(hi, sizeof hi, "%llu", (unsigned long long)o->max);
+      if (o->type == OPT_SIZE) {
+        units_bytes(o->min, lo, sizeof lo);
+        units_bytes(o->max, hi, sizeof hi);
+      } else {
+        snprintf(lo, sizeof lo, "%llu", (unsigned long long)o->min);
+        snprintf(hi, sizeof hi, "%llu", (unsigned long long)o->max);
+      }
       fail(err, errlen, "%s: %s out of bounds [%s, %s]", o->name, value, lo, hi);
       return -1;
     }

@@ -93,7 +93,8 @@ int main(int argc, char **argv) {
                 (unsigned long long)step, s + 1, (double)k0);
         return 1;
       }
-      if (view == KVC_VIEW_LEASE) kvc_lease_release_later(leases[s]); /* rides on the next request */
+      if (view == KVC_VIEW_LEASE)
+        kvc_lease_release_later(leases[s]); /* rides on the next request */
     }
     printf("step %llu: %llu history entries, %s view, 1 request\n", (unsigned long long)step,
            (unsigned long long)st.hist.entries, view == KVC_VIEW_LEASE ? "lease" : "gathered");

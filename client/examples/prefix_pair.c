@@ -57,7 +57,8 @@ static int start(worker_t *w, const char *sock) {
   kvc_client_opts_t o = {.socket_path = sock, .client_name = "example"};
   int rc = kvc_client_open(&o, &w->c);
   if (rc) return fail(w, "open", rc);
-  if ((rc = kvc_cache_open(w->c, "example-prefix", &layout, &w->h))) return fail(w, "cache_open", rc);
+  if ((rc = kvc_cache_open(w->c, "example-prefix", &layout, &w->h)))
+    return fail(w, "cache_open", rc);
   if ((rc = kvc_seq_create(w->h, 1, true, &w->seq))) return fail(w, "seq_create", rc);
   return 0;
 }

@@ -197,7 +197,7 @@ TEST(ops_ctl_commands_good_and_bad_arguments) {
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "--version"), 0);
   ASSERT_STR_EQ(out, "kvcachectl " KVC_VERSION_STRING " (protocol 1)\n");
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "help"), 0);
-  ASSERT(strstr(out, "commands (") && strstr(out, "  top ") && strstr(out, "disconnect"));
+  ASSERT(strstr(out, "commands:") && strstr(out, "  top ") && strstr(out, "disconnect"));
   /* Each summary whole, in lines of a terminal (they were cut mid-sentence,
    * and ran to 111 columns). */
   for (const char *p = out, *nl; *p; p = nl + 1) {
