@@ -18,7 +18,8 @@
 #   make fuzz       libFuzzer (clang) on each target for FUZZ_SECONDS (default 60)
 #   make fuzz-corpus    regenerate the checked-in seed corpus (tests/fuzz/corpus)
 #   make tsan       the integration suite under ThreadSanitizer (build-tsan/)
-#   make deps       install the Debian packages the build needs, if missing
+#   make deps       install the Debian packages the build and the tests need, if missing
+#   make test-deps  make deps, and promtool (the tests', from Debian's prometheus package)
 #   make install    binaries, library, headers, kvcache.pc, units, config, man pages
 #                   (PREFIX=/usr/local, DESTDIR=, SYSCONFDIR=/etc; see "install" below)
 #   make uninstall  removes what install installed, except the config file
@@ -157,7 +158,7 @@ endif
 endif
 endif
 
-.PHONY: all run test test-repeat check bench deps clean install uninstall fuzz fuzz-build fuzz-corpus soak valgrind tsan
+.PHONY: all run test test-repeat check bench deps test-deps clean install uninstall fuzz fuzz-build fuzz-corpus soak valgrind tsan
 all: $(ALL)
 
 # ---- engine --------------------------------------------------------------
@@ -297,24 +298,29 @@ $(B)/bench/%: tests/bench/%.c $(B)/libkvcengine.a $(if $(HAVE_CLIENT),$(B)/libkv
 # client scrapes the metrics_listen endpoint; the Python package
 # (client/python): python3-dev to build its extension, python3-pip,
 # -setuptools and -wheel for pip install ./client/python (offline: the
-# package's build backend uses Debian's), python3-numpy and python3-torch for
+# package's build backend uses Debian's), python3-venv for the virtual
+# environment pip installs it into (Debian's python is externally managed:
+# pip refuses to install beside its packages), python3-numpy and python3-torch for
 # its tensors and the reference decoder, python3-pytest to run its tests;
 # the KV event stream (doc/events.md): libzmq3-dev and libmsgpack-dev for the
 # daemon's publisher, python3-zmq, python3-msgpack and python3-cbor2 for the
 # subscriber its tests run (written to vLLM's schema; cbor2 recomputes vLLM's
 # block hashes); the cluster tier (doc/cluster.md): libhiredis-dev (its async
 # API on the loop), and for its tests a real cluster: redis-server and
-# redis-tools (redis-cli --cluster create).
+# redis-tools (redis-cli --cluster create); git: the README's test
+# (tests/readme.sh) runs it in a copy of the files git tracks, as a fresh
+# clone has them (git is the README's first prerequisite anyway).
 DEB_PACKAGES := build-essential pkg-config libuv1-dev libprotobuf-c-dev libssl-dev \
                 libxxhash-dev protobuf-c-compiler libjemalloc-dev systemd procps \
                 tmux man-db curl libzmq3-dev libmsgpack-dev libhiredis-dev redis-server \
                 redis-tools \
-                python3-dev python3-setuptools python3-wheel python3-pip python3-numpy \
+                git python3-dev python3-setuptools python3-wheel python3-pip python3-venv python3-numpy \
                 python3-torch python3-pytest python3-zmq python3-msgpack python3-cbor2
-# promtool (promtool check metrics, check rules) comes from Debian's
-# prometheus package, but installing it would install and enable the whole
-# server (96 MB, a service, a user): make deps downloads the package and
-# unpacks promtool alone into $(PROMTOOL).
+# promtool (promtool check metrics, check rules), which only the tests run,
+# comes from Debian's prometheus package, but installing it would install and
+# enable the whole server (96 MB, a service, a user): make test-deps (make
+# deps, then this) downloads the package (19 MB) and unpacks promtool alone
+# into $(PROMTOOL); make run and make all never do.
 PROMTOOL := .tools/promtool
 # apt-get's output goes here; make deps prints one line of what it installs.
 DEPS_LOG ?= /tmp/kvcached-deps.log
@@ -332,15 +338,18 @@ deps:
 	       $$SUDO apt-get install -y --no-install-recommends $$missing; } >$(DEPS_LOG) 2>&1; then \
 	  tail -n 15 $(DEPS_LOG) >&2; echo "make deps: apt-get failed (the whole log: $(DEPS_LOG))" >&2; \
 	  exit 1; fi
+
+# What the tests need besides the packages: promtool.
+test-deps: deps
 	@[ -x $(PROMTOOL) ] || { \
-	  echo "make deps: unpacking promtool from Debian's prometheus package into $(PROMTOOL)"; \
+	  echo "make test-deps: unpacking promtool from Debian's prometheus package into $(PROMTOOL)"; \
 	  tmp=$$(mktemp -d) && \
 	  { (cd $$tmp && apt-get download prometheus) >>$(DEPS_LOG) 2>&1 || \
 	    { [ "$$(id -u)" = 0 ] && apt-get update >>$(DEPS_LOG) 2>&1 && \
 	      (cd $$tmp && apt-get download prometheus) >>$(DEPS_LOG) 2>&1; }; } && \
 	  dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/root && mkdir -p $(dir $(PROMTOOL)) && \
 	  cp $$tmp/root/usr/bin/promtool $(PROMTOOL); rc=$$?; rm -rf $$tmp; \
-	  [ $$rc = 0 ] || { echo "make deps: cannot get promtool (see $(DEPS_LOG))" >&2; exit 1; }; }
+	  [ $$rc = 0 ] || { echo "make test-deps: cannot get promtool (see $(DEPS_LOG))" >&2; exit 1; }; }
 
 # Builds only what running needs (the daemon and kvcachectl), then runs.
 run: deps
@@ -349,9 +358,9 @@ run: deps
 
 # A failure to install or build counts as one failed test, so the last line is
 # always "N passed, N failed" (and the status non-zero when one failed).
-TEST_BUILD = $(MAKE) --no-print-directory deps && $(MAKE) --no-print-directory all && \
+TEST_BUILD = $(MAKE) --no-print-directory test-deps && $(MAKE) --no-print-directory all && \
   $(MAKE) --no-print-directory SANITIZE=1 all
-TEST_BUILD_FAILED = { echo "FAIL  make deps, make all or make SANITIZE=1 all (see above)"; \
+TEST_BUILD_FAILED = { echo "FAIL  make test-deps, make all or make SANITIZE=1 all (see above)"; \
   echo "0 passed, 1 failed"; exit 1; }
 test:
 	@$(TEST_BUILD) || $(TEST_BUILD_FAILED)
@@ -365,7 +374,7 @@ test-repeat:
 	@$(TEST_BUILD) || $(TEST_BUILD_FAILED)
 	@tests/run.sh --only "$(T)" --repeat $(N) build build-asan
 
-check: deps
+check: test-deps
 	@$(MAKE) --no-print-directory SANITIZE=1 all
 	@KVC_LONG=1 tests/run.sh $(if $(T),--only $(T)) build-asan
 
@@ -378,7 +387,7 @@ soak: deps
 
 # The daemon of every integration test runs under memcheck (tests/valgrind.sh
 # stands in for kvcached); a report of errors or definite leaks fails it.
-valgrind: deps
+valgrind: test-deps
 	@$(MAKE) --no-print-directory deps EXTRA_PACKAGES=valgrind
 	@$(MAKE) --no-print-directory MALLOC=libc B=build-vg all
 	@rm -f build-vg/kvcached.real && mv build-vg/kvcached build-vg/kvcached.real && \
@@ -388,7 +397,7 @@ valgrind: deps
 
 # The integration tests against a daemon built with ThreadSanitizer (the
 # thread-pool copies of large gets are the daemon's only threads).
-tsan: deps
+tsan: test-deps
 	@$(MAKE) --no-print-directory SANITIZE=thread all
 	@TSAN_OPTIONS="$${TSAN_OPTIONS:-halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp}" tests/run.sh --it-only build-tsan
 

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "sockpath.h"
 
 static _Thread_local char open_err[256];
 
@@ -293,19 +294,6 @@ int client_recv(kvc_client_t *c, int timeout_ms, Kvcache__V1__Response **resp) {
 
 /* ---- open ---------------------------------------------------------------- */
 
-static void default_socket(char *out, size_t len) {
-  const char *env = getenv(KVC_SOCKET_ENV);
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  if (env && *env)
-    snprintf(out, len, "%s", env);
-  else if (geteuid() == 0)
-    snprintf(out, len, "/run/kvcached/kvcached.sock");
-  else if (xdg && *xdg)
-    snprintf(out, len, "%s/kvcached.sock", xdg);
-  else
-    snprintf(out, len, "/tmp/kvcached-%u/kvcached.sock", (unsigned)geteuid());
-}
-
 /* A uid from text: a number or a user name; false if neither. */
 static bool uid_from_text(const char *s, uid_t *uid) {
   char *end;
@@ -346,35 +334,53 @@ static int check_server(kvc_client_t *c, const kvc_client_opts_t *o) {
                      "talk to it", (unsigned)cred.uid, (int)cred.pid);
 }
 
-static int connect_socket(kvc_client_t *c, const kvc_client_opts_t *o) {
+/* Connects c->fd to path: 0, or the errno of the failure. */
+static int connect_to(kvc_client_t *c, const kvc_client_opts_t *o, const char *path) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  char path[sizeof sa.sun_path + 1];
-  if (o->socket_path)
-    snprintf(path, sizeof path, "%s", o->socket_path);
-  else
-    default_socket(path, sizeof path);
-  if (strlen(path) >= sizeof sa.sun_path)
-    return client_fail(c, KVC_E_INVAL, "socket path too long: %s", path);
   memcpy(sa.sun_path, path, strlen(path) + 1);
+  if (c->fd >= 0) close(c->fd);
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (c->fd < 0) return client_fail(c, KVC_E_IO, "socket: %s", strerror(errno));
+  if (c->fd < 0) return errno;
   if (o->timeout_ms) {
     struct timeval tv = {.tv_sec = o->timeout_ms / 1000,
                          .tv_usec = (suseconds_t)(o->timeout_ms % 1000) * 1000};
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   }
-  while (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-    int e = errno;
-    if (e == EINTR) continue;
-    if (e == ENOENT || e == ECONNREFUSED || e == ENOTDIR)
-      return client_fail(c, KVC_E_NOTRUNNING, "kvcached is not running (%s: %s)", path,
-                         strerror(e));
-    if (e == EACCES || e == EPERM)
-      return client_fail(c, KVC_E_PERM, "permission denied connecting to %s", path);
-    return client_fail(c, KVC_E_IO, "connect %s: %s", path, strerror(e));
+  while (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+    if (errno != EINTR) return errno;
+  return 0;
+}
+
+/* The named socket, or the first of the default ones (sockpath.h) where a
+ * daemon accepts. */
+static int connect_socket(kvc_client_t *c, const kvc_client_opts_t *o) {
+  char paths[3][SOCKPATH_MAX];
+  int n = 1;
+  if (o->socket_path) {
+    if (strlen(o->socket_path) >= SOCKPATH_MAX)
+      return client_fail(c, KVC_E_INVAL, "socket path too long: %s", o->socket_path);
+    strcpy(paths[0], o->socket_path);
+  } else if ((n = sockpath_client(paths, 3)) < 0) {
+    return client_fail(c, KVC_E_INVAL, "the default socket path is too long");
   }
-  return check_server(c, o);
+  int e = 0;
+  for (int i = 0; i < n; i++) {
+    e = connect_to(c, o, paths[i]);
+    if (e == 0) return check_server(c, o);
+    if (e == EACCES || e == EPERM)
+      return client_fail(c, KVC_E_PERM, "permission denied connecting to %s", paths[i]);
+    if (e != ENOENT && e != ECONNREFUSED && e != ENOTDIR)
+      return client_fail(c, KVC_E_IO, "connect %s: %s", paths[i], strerror(e));
+  }
+  const char *named = getenv(KVC_SOCKET_ENV);
+  if (o->socket_path || (named && *named))
+    return client_fail(c, KVC_E_NOTRUNNING, "kvcached is not running (%s: %s)", paths[0],
+                       strerror(e));
+  return client_fail(c, KVC_E_NOTRUNNING, "kvcached is not running (no daemon at %s%s%s%s%s; "
+                     "$" KVC_SOCKET_ENV " names another socket)", paths[0],
+                     n > 2 ? ", " : "", n > 2 ? paths[1] : "", n > 1 ? " or " : "",
+                     n > 1 ? paths[n - 1] : "");
 }
 
 static int map_buffer(kvc_client_t *c, int fd, uint64_t bytes) {

@@ -65,52 +65,76 @@ static const struct command {
   unsigned opts;       /* O_* it accepts */
   int min_pos, max_pos;
   const char *args;    /* synopsis after the name */
-  const char *help;
+  const char *summary; /* kvcachectl help: a whole phrase, wrapped there */
+  const char *help;    /* help COMMAND: the whole story */
 } commands[] = {
-    {"ping", cmd_ping, 0, 0, 0, "", "one round trip: the daemon's version and the time it took"},
+    {"ping", cmd_ping, 0, 0, 0, "",
+     "one round trip: the daemon's version and the time it took",
+     "one round trip: the daemon's version and the time it took"},
     {"stats", cmd_stats, O_JSON | O_PROM | O_RAW | O_CACHE, 0, 0,
      "[--json | --prometheus | --raw] [--cache NAME]",
+     "every figure, in sections with human units and rates; --raw, --json or "
+     "--prometheus for programs",
      "every figure: in sections with human units and rates (per second, averaged\n"
      "since the daemon started); --raw one `name{labels} value` line each, exact;\n"
      "--json with each figure's kind, unit and help; --prometheus the text format\n"
      "of a scrape (for node_exporter's textfile collector). --cache NAME: the\n"
-     "figures of that cache only"},
-    {"caches", cmd_caches, O_JSON, 0, 0, "[--json]", "the caches, their layouts and sizes"},
+     "figures of that cache only. A figure has one name in every form but the\n"
+     "Prometheus text, which puts kvcached_ before it (doc/stats.md)"},
+    {"caches", cmd_caches, O_JSON, 0, 0, "[--json]",
+     "the caches, their layouts and sizes", "the caches, their layouts and sizes"},
     {"seqs", cmd_seqs, O_JSON | O_CACHE, 0, 0, "[--cache NAME] [--json]",
+     "the sequences of one cache or of all",
      "the sequences of one cache or of all; IDLE is the time since last use"},
-    {"info", cmd_info, O_JSON, 2, 2, "[--json] CACHE SEQ", "one sequence"},
+    {"info", cmd_info, O_JSON, 2, 2, "[--json] CACHE SEQ",
+     "one sequence", "one sequence"},
     {"prefix", cmd_prefix, O_JSON | O_CACHE | O_TOP, 0, 0, "[--cache NAME] [--json] [--top N]",
+     "the prefix cache: hit rate, pages indexed and cached, the chain heads with most hits",
      "the prefix cache of one cache or of all: tokens queried, hit and ineligible,\n"
      "hit rate, pages indexed and cached, and the N (10) chain heads with most hits"},
     {"top", cmd_top, O_INTERVAL | O_COUNT, 0, 0, "[--interval SECONDS] [--count N]",
+     "a live view of request rates, hit rate, free pages and the busiest caches (q quits)",
      "a live view refreshing in place: request rates, hit rate, free pages,\n"
      "evictions per second, the busiest operations, caches and clients (clients\n"
      "for admins). q or Ctrl-C quits. Not a terminal: one frame, then exit"},
     {"tier", cmd_tier, O_JSON, 0, 0, "[--json]",
+     "the cluster tier behind the pool: its nodes, lookups, hits and errors",
      "the cluster tier behind the pool (doc/cluster.md): whether its map is\n"
      "whole, each node's role, state and slots, lookups and hits, bytes, the\n"
      "write-behind queue, errors by kind and values discarded by reason"},
     {"tenants", cmd_tenants, O_JSON, 0, 0, "[--json]",
+     "connected clients and what the caches of each tenant hold",
      "connected clients and what the caches of each tenant hold (an admin sees every\n"
      "tenant, others their own)"},
     {"clients", cmd_clients, O_JSON, 0, 0, "[--json]",
+     "every connection, like Redis CLIENT LIST (admins only)",
      "every connection (admins only), like Redis CLIENT LIST: id, pid, uid,\n"
      "tenant, name, pins, leases, buffer, requests, age and idle time"},
     {"config", cmd_config, O_JSON, 0, 0, "[--json]",
-     "the running daemon's configuration (admins only), as kvcached --print-config"},
-    {"drop", cmd_drop, 0, 1, 1, "CACHE", "drop a cache with every sequence (admins only)"},
-    {"remove", cmd_remove, 0, 2, 2, "CACHE SEQ", "drop one sequence, pinned or not (admins only)"},
+     "the running configuration, as kvcached --print-config (admins only)",
+     "the running daemon's configuration (admins only), as kvcached --print-config;\n"
+     "--json gives numbers (sizes in bytes), booleans and id lists as such"},
+    {"drop", cmd_drop, 0, 1, 1, "CACHE",
+     "drop a cache with every sequence (admins only)",
+     "drop a cache with every sequence (admins only)"},
+    {"remove", cmd_remove, 0, 2, 2, "CACHE SEQ",
+     "drop one sequence, pinned or not (admins only)",
+     "drop one sequence, pinned or not (admins only)"},
     {"unpin", cmd_unpin, 0, 2, 2, "CACHE SEQ",
+     "release every pin of a sequence, whoever holds it (admins only)",
      "release every pin of a sequence, whoever holds it (admins only)"},
     {"disconnect", cmd_disconnect, 0, 1, 1, "CONN_ID",
+     "close a client's connection; its pins and leases go with it (admins only)",
      "close a client's connection; its pins and leases go with it (admins only)"},
     {"pool", cmd_pool, O_JSON, 0, 2, "[resize SIZE]",
+     "the pool's segments and arenas; with resize SIZE, resize it online (admins only)",
      "the pool's segments and arenas (tenant, page size: segments, pages used and\n"
      "free, padding; doc/design.md), or with resize SIZE resize it online (admins\n"
      "only; doc/tiers.md): a grow adds segments, a shrink releases whole segments\n"
      "from the end, evicting and moving what lives there, and is refused when\n"
      "pinned data would be lost. SIZE like 8GiB"},
     {"events", cmd_events, O_CACHE | O_COUNT | O_RAW, 0, 0, "[--cache NAME] [--count N] [--raw]",
+     "follow the changes of the prefix indexes as they happen",
      "follow the changes of the prefix indexes as they happen, one line each:\n"
      "pages stored and removed, caches cleared and dropped (your tenant's caches;\n"
      "an admin's: every tenant's), until Ctrl-C or N events; --raw: whole hashes\n"
@@ -126,21 +150,39 @@ static void command_usage(FILE *f, const struct command *cmd, bool long_help) {
   if (long_help) fprintf(f, "\n%s.\n", cmd->help);
 }
 
+/* A command's summary from column 33 on, in lines of at most 79 columns. */
+static void print_summary(FILE *f, const char *p) {
+  enum { WIDTH = 79 - 33 };
+  while (*p) {
+    size_t take = strlen(p);
+    if (take > WIDTH) {
+      take = WIDTH;
+      while (take > 0 && p[take] != ' ') take--;
+    }
+    fprintf(f, "%.*s\n", (int)take, p);
+    p += take;
+    while (*p == ' ') p++;
+    if (*p) fprintf(f, "%33s", "");
+  }
+}
+
 static void usage(FILE *f) {
   fputs("usage: kvcachectl [--socket PATH] COMMAND [OPTIONS] [ARGS]\n"
         "       kvcachectl help [COMMAND] | --help | --version\n\ncommands:\n", f);
   for (size_t i = 0; i < NCOMMANDS; i++) {
     char syn[96];
     snprintf(syn, sizeof syn, "%s %s", commands[i].name, commands[i].args);
-    const char *nl = strchr(commands[i].help, '\n');
-    int first = nl ? (int)(nl - commands[i].help) : (int)strlen(commands[i].help);
-    if (strlen(syn) > 30) fprintf(f, "  %s\n  %-30s %.*s\n", syn, "", first, commands[i].help);
-    else fprintf(f, "  %-30s %.*s\n", syn, first, commands[i].help);
+    if (strlen(syn) > 30) fprintf(f, "  %s\n  %-30s ", syn, "");
+    else fprintf(f, "  %-30s ", syn);
+    print_summary(f, commands[i].summary);
   }
   fputs("\noptions:\n"
-        "  --socket PATH    the daemon's socket (default: $KVCACHED_SOCKET, else\n"
-        "                   /run/kvcached/kvcached.sock as root, else\n"
-        "                   $XDG_RUNTIME_DIR/kvcached.sock); before or after COMMAND\n"
+        "  --socket PATH    the daemon's socket, before or after COMMAND. Default, as\n"
+        "                   kvcached's: $KVCACHED_SOCKET if set; else as root\n"
+        "                   /run/kvcached/kvcached.sock; else the first where a\n"
+        "                   daemon answers of $XDG_RUNTIME_DIR/kvcached.sock,\n"
+        "                   /tmp/kvcached-UID/kvcached.sock (kvcached's when\n"
+        "                   XDG_RUNTIME_DIR is unset) and /run/kvcached/kvcached.sock\n"
         "  --help, -h       this text (help COMMAND: one command's)\n"
         "  --version, -V    kvcachectl's version\n"
         "\nExit status: 0 on success, 1 when the daemon refuses or cannot be reached,\n"
@@ -167,9 +209,14 @@ static int bad_usage(const struct command *cmd, const char *fmt, const char *wha
   return 2;
 }
 
+/* "kvcachectl: what: why (NAME)"; what once, when the daemon's why already
+ * starts with it ("clients: for admins only ..."). */
 static int fail(kvc_client_t *c, int rc, const char *what) {
   const char *msg = c ? kvc_client_last_error(c) : kvc_client_open_error();
-  fprintf(stderr, "%s: %s: %s (%s)\n", prog, what, msg && *msg ? msg : kvc_strerror(rc),
+  if (!msg || !*msg) msg = kvc_strerror(rc);
+  size_t wl = strlen(what);
+  bool said = strncmp(msg, what, wl) == 0 && msg[wl] == ':';
+  fprintf(stderr, "%s: %s%s%s (%s)\n", prog, said ? "" : what, said ? "" : ": ", msg,
           kvc_err_name(rc));
   return 1;
 }
@@ -343,13 +390,22 @@ static double fam_sum(const figs_t *f, const char *name, const char *cache) {
   return v;
 }
 
-/* The upper bound of the bucket holding quantile q of a histogram (0: none). */
+/* Quantile q of a histogram (0: none), as Prometheus's histogram_quantile
+ * estimates it: linear within the bucket that holds it, from the bucket's
+ * lower bound (0 for the first); in the +Inf bucket, the last finite bound. */
 static double hist_quantile(const kvc_stat_t *h, double q) {
   if (!h || h->value == 0) return 0;
-  double rank = ceil(q * (double)h->value);
-  for (size_t i = 0; i < h->nbuckets; i++)
-    if ((double)h->bucket_count[i] >= rank) return h->bucket_le[i];
-  return h->nbuckets ? h->bucket_le[h->nbuckets - 1] : 0;
+  double rank = q * (double)h->value, lo = 0, below = 0;
+  for (size_t i = 0; i < h->nbuckets; i++) {
+    double c = (double)h->bucket_count[i];
+    if (c >= rank) {
+      double in = c - below;
+      return in > 0 ? lo + (h->bucket_le[i] - lo) * (rank - below) / in : h->bucket_le[i];
+    }
+    lo = h->bucket_le[i];
+    below = c;
+  }
+  return lo;
 }
 
 static int fetch(kvc_client_t *c, figs_t *f) {
@@ -502,13 +558,19 @@ static void stats_json(const figs_t *f, const char *only_cache) {
 
 /* ---- stats: the table -------------------------------------------------------------- */
 
-/* The sections of the table; a figure named in none goes to "Other". */
+/* The sections of the table: the figures named, then those whose name
+ * starts with a prefix of the section's and no section names. A figure in
+ * none would go to "Other" (a test keeps that section empty). */
 static const struct {
   const char *title;
   const char *const names[24];
+  const char *const prefixes[4];
 } sections[] = {
-    {"Pool", {"pool_bytes", "page_bytes", "pool_pages", "pages_free", "pages_used",
-              "pages_shared", "pages_pinned", "bytes_used", "bytes_padding", "metadata_bytes"}},
+    {"Pool", {"pool_bytes", "page_bytes", "segment_bytes", "segments", "segments_free", "arenas",
+              "pool_pages", "pages_free", "pages_used", "pages_shared", "pages_pinned",
+              "bytes_used", "bytes_free", "bytes_padding", "metadata_bytes",
+              "segment_moves_total", "segment_moved_pages_total"},
+     {"pool_"}},
     {"Contents", {"caches", "sequences", "sequences_pinned", "tokens", "leases", "leased_pages",
                   "leases_taken_total"}},
     {"Engine operations", {"puts_total", "put_tokens_total", "gets_total", "get_tokens_total",
@@ -516,45 +578,70 @@ static const struct {
                            "trims_total", "pins_total", "unpins_total", "cow_copies_total",
                            "errors_total"}},
     {"Eviction and limits", {"evicted_sequences_total", "evicted_pages_total", "full_errors_total",
-                             "pins_lapsed_total", "pin_limit_errors_total"}},
+                             "pins_lapsed_total", "pin_limit_errors_total"},
+     {"quota_"}},
     {"Prefix cache", {"prefix_matches_total", "prefix_tokens_queried_total",
                       "prefix_tokens_hit_total", "prefix_tokens_ineligible_total",
                       "pages_indexed", "pages_cached", "cached_reclaimed_total",
-                      "hash_verify_failed_total", "hash_collisions_total"}},
+                      "hash_verify_failed_total", "hash_collisions_total"},
+     {"prefix_", "hash_"}},
     {"Connections", {"connections_current", "connections_total", "connections_brief_total",
                      "connections_rejected_total", "connections_dropped_total",
-                     "connections_timed_out_total", "accept_pauses_total", "shm_bytes",
-                     "frames_in_total", "socket_bytes_in_total", "socket_bytes_out_total",
-                     "deferred_turns_total", "write_pauses_total", "offloaded_gets_total"}},
+                     "connections_timed_out_total", "connections_idle_closed_total",
+                     "accept_pauses_total", "shm_bytes", "frames_in_total",
+                     "socket_bytes_in_total", "socket_bytes_out_total", "deferred_turns_total",
+                     "write_pauses_total", "parked_requests_total"},
+     {"connections_"}},
+    {"Rings and copies", {"ring_connections", "ring_requests_total", "ring_preempts_total",
+                          "ring_doorbells_total", "ring_client_wakeups_total",
+                          "offloaded_gets_total", "offloaded_puts_total",
+                          "offloaded_shares_total", "split_copies_total"},
+     {"ring_", "offloaded_"}},
+    {"Disk tier (tier_dir)", {NULL}, {"tier_disk_"}},
+    {"Event stream (events_endpoint)", {NULL}, {"events_"}},
     {"Daemon", {"uptime_seconds", "process_start_time_seconds", "config_reloads_total",
                 "config_reload_failures_total", "metrics_scrapes_total",
-                "metrics_http_errors_total"}},
+                "metrics_http_errors_total"},
+     {"config_", "metrics_"}},
 };
 #define NSECTIONS (sizeof sections / sizeof sections[0])
 
-static bool in_sections(const char *name) {
+static bool named_in_sections(const char *name) {
   for (size_t s = 0; s < NSECTIONS; s++)
     for (size_t i = 0; sections[s].names[i]; i++)
       if (strcmp(sections[s].names[i], name) == 0) return true;
   return false;
 }
 
+/* The section a figure falls in by a prefix (named ones aside), or -1. */
+static int prefix_section(const char *name) {
+  if (named_in_sections(name)) return -1;
+  for (size_t s = 0; s < NSECTIONS; s++)
+    for (size_t i = 0; i < 4 && sections[s].prefixes[i]; i++)
+      if (strncmp(name, sections[s].prefixes[i], strlen(sections[s].prefixes[i])) == 0)
+        return (int)s;
+  return -1;
+}
+
+/* A global figure of one number: a row of the table. */
+static bool table_figure(const kvc_stat_t *st) {
+  return !st->cache[0] && !st->nlabels && st->kind != KVC_STAT_HISTOGRAM &&
+         strcmp(st->name, "build_info") != 0;
+}
+
+/* One row: the figure's name, as every view names it (Prometheus's adds
+ * kvcached_), its value in human units, and a counter's rate. */
 static void table_row(const kvc_stat_t *s, double uptime) {
-  char a[32], b[32], label[64];
-  /* A counter "x_total" reads "x"; its rate follows. */
-  snprintf(label, sizeof label, "%s", s->name);
-  size_t len = strlen(label);
-  if (s->kind == KVC_STAT_COUNTER && len > 6 && strcmp(label + len - 6, "_total") == 0)
-    label[len - 6] = '\0';
+  char a[32], b[32];
   if (strcmp(s->name, "process_start_time_seconds") == 0) {
     time_t t = (time_t)s->value;
     struct tm tm;
     char when[64];
     strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %Z", localtime_r(&t, &tm));
-    printf("  %-28s %14s\n", "started", when);
+    printf("  %-32s %s\n", s->name, when);
     return;
   }
-  printf("  %-28s %14s", label, human((double)s->value, s->unit, a, sizeof a));
+  printf("  %-32s %12s", s->name, human((double)s->value, s->unit, a, sizeof a));
   if (s->kind == KVC_STAT_COUNTER && uptime > 0)
     printf("  %12s/s", human((double)s->value / uptime, s->unit, b, sizeof b));
   putchar('\n');
@@ -574,19 +661,23 @@ static void stats_table(const figs_t *f, const char *only_cache) {
         const kvc_stat_t *st = fig(f, sections[s].names[i], NULL, NULL, NULL);
         if (st) table_row(st, uptime);
       }
+      for (size_t i = 0; i < f->n; i++)
+        if (table_figure(&f->st[i]) && prefix_section(f->st[i].name) == (int)s)
+          table_row(&f->st[i], uptime);
     }
     bool other = false;
     for (size_t i = 0; i < f->n; i++) {
       const kvc_stat_t *st = &f->st[i];
-      if (st->cache[0] || st->nlabels || st->kind == KVC_STAT_HISTOGRAM || in_sections(st->name))
+      if (!table_figure(st) || named_in_sections(st->name) || prefix_section(st->name) >= 0)
         continue;
-      if (strcmp(st->name, "build_info") == 0) continue;
       if (!other) printf("\nOther\n");
       other = true;
       table_row(st, uptime);
     }
     /* Requests: the operations that ran. */
-    printf("\nRequests (operations that ran)\n  %-16s %10s %10s %8s %10s %10s %10s\n", "OP",
+    printf("\nRequests (operations that ran; MEAN is exact, P50 and P99 are estimated within\n"
+           "the buckets of request_duration_seconds, as Prometheus's histogram_quantile does)\n"
+           "  %-16s %10s %10s %8s %10s %10s %10s\n", "OP",
            "REQUESTS", "RATE/S", "ERRORS", "MEAN", "P50", "P99");
     for (size_t i = 0; i < f->n; i++) {
       const kvc_stat_t *st = &f->st[i];
@@ -1124,13 +1215,23 @@ static void quota_cell_mib(char *out, size_t len, uint64_t used, uint64_t limit)
   else snprintf(out, len, "%.1f/-", u);
 }
 
+/* The same in human units without spaces (a column): 1.0MiB/1.0GiB. */
+static void quota_cell_bytes(char *out, size_t len, uint64_t used, uint64_t limit) {
+  char u[32], l[32];
+  human_bytes((double)used, u, sizeof u);
+  human_bytes((double)limit, l, sizeof l);
+  for (char *p = u; (p = strchr(p, ' '));) memmove(p, p + 1, strlen(p));
+  for (char *p = l; (p = strchr(p, ' '));) memmove(p, p + 1, strlen(p));
+  snprintf(out, len, "%s/%s", u, limit ? l : "-");
+}
+
 /* Usage against each quota (used/limit, "-" for unlimited) and the refusals
  * of each, per tenant. */
 static void tenants_quotas(const kvc_tenant_info_t *t, size_t n) {
   printf("\n%-24s %-6s %-17s %-15s %-13s %-13s %-11s %-9s %s\n", "TENANT", "LIMIT",
-         "POOL_MIB", "PINNED+LEASED", "SEQS", "CACHES", "KEYS", "CONNS/UID", "SHM_BYTES");
+         "POOL_MIB", "PIN+LEASE_MIB", "SEQS", "CACHES", "KEYS", "CONNS/UID", "SHM");
   for (size_t i = 0; i < n; i++) {
-    char a[64], b[48], s[40], cc[40], k[40], sh[48];
+    char a[64], b[48], s[40], cc[40], k[40], sh[72];
     quota_cell_mib(a, sizeof a, t[i].pool_bytes, t[i].max_bytes);
     if (t[i].min_bytes) /* the floor after the share: used/share>=floor */
       snprintf(a + strlen(a), sizeof a - strlen(a), ">=%.1f", (double)t[i].min_bytes / (1 << 20));
@@ -1138,7 +1239,7 @@ static void tenants_quotas(const kvc_tenant_info_t *t, size_t n) {
     quota_cell(s, sizeof s, t[i].sequences, t[i].max_sequences);
     quota_cell(cc, sizeof cc, t[i].caches, t[i].max_caches);
     quota_cell(k, sizeof k, t[i].keys, t[i].max_keys);
-    quota_cell(sh, sizeof sh, t[i].shm_bytes, t[i].shm_bytes_per_uid);
+    quota_cell_bytes(sh, sizeof sh, t[i].shm_bytes, t[i].shm_bytes_per_uid);
     printf("%-24s %-6s %-17s %-15s %-13s %-13s %-11s %-9u %s\n", t[i].name, "used", a, b, s,
            cc, k, t[i].max_connections_per_uid, sh);
     printf("%-24s %-6s %-17" PRIu64 " %-15" PRIu64 " %-13" PRIu64 " %-13" PRIu64 " %-11" PRIu64
@@ -1227,6 +1328,30 @@ static int cmd_clients(kvc_client_t *c, const opts_t *o) {
   return 0;
 }
 
+static bool parse_size(const char *s, uint64_t *out);
+
+/* A value of the configuration as JSON: true or false; the uid and gid
+ * lists as arrays of numbers; a number (sizes in bytes); else the text as a
+ * string (a path, a list, a mode such as 0660). */
+static void json_config_value(const char *key, const char *v) {
+  size_t kl = strlen(key);
+  uint64_t n;
+  if (strcmp(v, "true") == 0 || strcmp(v, "false") == 0) {
+    printf("%s", v);
+  } else if (kl > 5 && (strcmp(key + kl - 5, "_uids") == 0 || strcmp(key + kl - 5, "_gids") == 0)) {
+    printf("[");
+    for (const char *p = v; *p; p += strcspn(p, ",")) {
+      if (*p == ',') p++;
+      printf("%s%llu", p > v ? ", " : "", strtoull(p, NULL, 10));
+    }
+    printf("]");
+  } else if ((v[0] != '0' || !v[1]) && parse_size(v, &n)) {
+    printf("%" PRIu64, n);
+  } else {
+    json_string(v);
+  }
+}
+
 static int cmd_config(kvc_client_t *c, const opts_t *o) {
   kvc_label_t *v;
   size_t n;
@@ -1239,7 +1364,7 @@ static int cmd_config(kvc_client_t *c, const opts_t *o) {
       printf("%s\n  ", i ? "," : "");
       json_string(v[i].key);
       printf(": ");
-      json_string(v[i].value);
+      json_config_value(v[i].key, v[i].value);
     } else {
       bool quote = !v[i].value[0] || strpbrk(v[i].value, " \t#\"");
       printf("%s = %s%s%s\n", v[i].key, quote ? "\"" : "", v[i].value, quote ? "\"" : "");
@@ -1386,9 +1511,10 @@ static int cmd_pool(kvc_client_t *c, const opts_t *o) {
   kvc_pool_resize_t r;
   int rc = kvc_pool_resize(c, bytes, &r);
   if (rc) return fail(c, rc, "pool resize");
-  printf("pool: %" PRIu64 " bytes in %u segment%s (moved %" PRIu64 " pages, evicted %" PRIu64
-         ", %.1f ms, the daemon's loop held %.1f ms)\n", r.bytes, r.segments,
-         r.segments == 1 ? "" : "s", r.moved_pages, r.evicted_pages,
+  char size[32];
+  printf("pool: %s in %u segment%s (moved %" PRIu64 " pages, evicted %" PRIu64
+         ", %.1f ms, the daemon's loop held %.1f ms)\n", human_bytes((double)r.bytes, size,
+         sizeof size), r.segments, r.segments == 1 ? "" : "s", r.moved_pages, r.evicted_pages,
          (double)r.elapsed_us / 1000, (double)r.loop_us / 1000);
   return 0;
 }

@@ -30,10 +30,11 @@ void client_leases_free(kvc_client_t *c) {
 }
 
 /* Builds the handle from the reply, checking every page lies in the pool. */
+/* Said to C and Python callers alike: instead names the call in both. */
 int client_need_pool(kvc_client_t *c, const char *instead) {
-  return client_fail(c, KVC_E_PERM, "zero-copy reads need the pool mapping, which this daemon "
-                     "gives only to admins and to the tenant of a single-tenant node "
-                     "(doc/security.md): %s", instead);
+  return client_fail(c, KVC_E_PERM, "zero-copy reads need the pool mapping, which a daemon "
+                     "still run with page_bytes (deprecated) gives only to admins and to "
+                     "zero_copy_tenant (doc/security.md): %s", instead);
 }
 
 int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_t seq_id,
@@ -99,7 +100,8 @@ KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t 
   if (!h || !out) return KVC_E_INVAL;
   *out = NULL;
   kvc_client_t *c = h->client;
-  if (!client_may_lease(c)) return client_need_pool(c, "read with kvc_get");
+  if (!client_may_lease(c))
+    return client_need_pool(c, "read with a get (C: kvc_get, Python: cache.get)");
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
   Kvcache__V1__Lease b = KVCACHE__V1__LEASE__INIT;
   b.cache_id = h->id;
@@ -126,7 +128,8 @@ KVC_API int kvc_lease_batch(kvc_cache_t *h, const kvc_lease_range_t *ranges, siz
   kvc_client_t *c = h->client;
   for (size_t i = 0; i < n; i++) out[i] = NULL;
   if (n == 0) return 0;
-  if (!client_may_lease(c)) return client_need_pool(c, "read with kvc_get");
+  if (!client_may_lease(c))
+    return client_need_pool(c, "read with a get (C: kvc_get, Python: cache.get)");
   Kvcache__V1__LeaseRange *w = calloc(n, sizeof *w);
   Kvcache__V1__LeaseRange **wp = calloc(n, sizeof *wp);
   if (!w || !wp) {

@@ -489,7 +489,9 @@ KVC_API int kvc_step(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t *en
     return client_fail(c, KVC_E_TOOMANY, "a step of %zu entries exceeds the daemon's %u per "
                        "request (a step is one request)", n, c->max_io_entries);
   if (s->view == KVC_VIEW_LEASE) {
-    if (!client_may_lease(c)) return client_need_pool(c, "use KVC_VIEW_GATHER");
+    if (!client_may_lease(c))
+      return client_need_pool(c, "use the gathered view (C: KVC_VIEW_GATHER, Python: "
+                              "view=\"gather\")");
     if (!s->leases || s->leases_cap < n)
       return client_fail(c, KVC_E_INVAL, "kvc_step: a lease view needs leases_cap >= %zu (a "
                          "lease per entry's sequence)", n);

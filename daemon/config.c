@@ -13,6 +13,8 @@
 #include "engine.h"
 #include "kvcache/kvcache.h"
 #include "log.h"
+#include "sockpath.h"
+#include "units.h"
 
 enum opt_type {
   OPT_PATH,  /* socket path; "auto" picks the per-user default */
@@ -62,9 +64,10 @@ static const char *const events_hashes[] = {"chain", "vllm", NULL};
 
 static const option_t options[] = {
   {"socket", OPT_PATH, "auto", 0, 0, false, F(socket_path),
-   "Unix socket path (auto: $RUNTIME_DIRECTORY/kvcached.sock under systemd, "
-   "/run/kvcached/kvcached.sock as root, else $XDG_RUNTIME_DIR/kvcached.sock); "
-   "ignored when systemd passes the socket"},
+   "Unix socket path (auto: $KVCACHED_SOCKET if set, the variable clients read too, else "
+   "$RUNTIME_DIRECTORY/kvcached.sock under systemd, /run/kvcached/kvcached.sock as root, "
+   "else $XDG_RUNTIME_DIR/kvcached.sock, else /tmp/kvcached-UID/kvcached.sock); ignored "
+   "when systemd passes the socket"},
   {"socket_mode", OPT_MODE, "0660", 0, 0777, false, F(socket_mode),
    "permission bits of the socket file (set through the umask at bind)"},
   {"pool_bytes", OPT_SIZE, "1GiB", 1 * MiB, 64 * TiB, true, F(pool_bytes),
@@ -414,31 +417,24 @@ static int parse_u64(const char *s, uint64_t *out) {
   return 0;
 }
 
-static int default_socket(char *out, size_t len) {
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  const char *rt = getenv("RUNTIME_DIRECTORY"); /* systemd's RuntimeDirectory= */
-  int n;
-  if (rt && *rt && !strchr(rt, ':'))
-    n = snprintf(out, len, "%s/kvcached.sock", rt);
-  else if (geteuid() == 0)
-    n = snprintf(out, len, "/run/kvcached/kvcached.sock");
-  else if (xdg && *xdg)
-    n = snprintf(out, len, "%s/kvcached.sock", xdg);
-  else
-    n = snprintf(out, len, "/tmp/kvcached-%u/kvcached.sock", (unsigned)geteuid());
-  return n < 0 || (size_t)n >= len ? -1 : 0;
-}
-
-/* Parses a comma list of ids into ids[]; "self" is our uid (or gid). */
-static int parse_ids(const char *s, bool gids, uint32_t *ids, uint32_t *n) {
+/* Parses a comma list of ids into ids[]; "self" is our uid (or gid), blanks
+ * around an id are allowed ("self, 1000"). -1 with bad[badlen] the id that
+ * is none, -2 for too many. */
+static int parse_ids(const char *s, bool gids, uint32_t *ids, uint32_t *n, char *bad,
+                     size_t badlen) {
   uint32_t count = 0;
   const char *p = s;
+  bad[0] = '\0';
   while (*p) {
     const char *comma = strchr(p, ',');
     size_t len = comma ? (size_t)(comma - p) : strlen(p);
     char tok[32];
     uint64_t v;
-    if (len == 0 || len >= sizeof tok || count == CONFIG_MAX_IDS) return -1;
+    snprintf(bad, badlen, "%.*s", (int)len, p);
+    while (len && (*p == ' ' || *p == '\t')) p++, len--;
+    while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+    if (count == CONFIG_MAX_IDS) return -2;
+    if (len == 0 || len >= sizeof tok) return -1;
     memcpy(tok, p, len);
     tok[len] = '\0';
     if (strcmp(tok, "self") == 0)
@@ -463,7 +459,7 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
   switch (o->type) {
   case OPT_PATH:
     if (strcmp(value, "auto") == 0) {
-      if (default_socket(field, sizeof cfg->socket_path) == 0) return 0;
+      if (sockpath_daemon(field, sizeof cfg->socket_path) == 0) return 0;
       fail(err, errlen, "socket: default path too long");
       return -1;
     }
@@ -508,8 +504,15 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     }
   }
     if (v < o->min || v > o->max) {
-      fail(err, errlen, "%s: %s out of bounds [%llu, %llu]", o->name, value,
-           (unsigned long long)o->min, (unsigned long long)o->max);
+      char lo[UNITS_LEN], hi[UNITS_LEN];
+      if (o->type == OPT_SIZE) {
+        units_bytes(o->min, lo, sizeof lo);
+        units_bytes(o->max, hi, sizeof hi);
+      } else {
+        snprintf(lo, sizeof lo, "%llu", (unsigned long long)o->min);
+        snprintf(hi, sizeof hi, "%llu", (unsigned long long)o->max);
+      }
+      fail(err, errlen, "%s: %s out of bounds [%s, %s]", o->name, value, lo, hi);
       return -1;
     }
     if (o->type == OPT_U32)
@@ -521,9 +524,15 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
   case OPT_GIDS: {
     uint32_t ids[CONFIG_MAX_IDS], n;
     bool gids = o->type == OPT_GIDS;
-    if (parse_ids(value, gids, ids, &n) != 0) {
-      fail(err, errlen, "%s: expected up to %d comma-separated ids, got '%s'", o->name,
-           CONFIG_MAX_IDS, value);
+    char bad[64];
+    int prc = parse_ids(value, gids, ids, &n, bad, sizeof bad);
+    if (prc != 0) {
+      if (prc == -1)
+        fail(err, errlen, "%s: '%s' is no %s (a number, self or root) in '%s'", o->name, bad,
+             gids ? "gid" : "uid", value);
+      else
+        fail(err, errlen, "%s: expected up to %d comma-separated ids, got '%s'", o->name,
+             CONFIG_MAX_IDS, value);
       return -1;
     }
     id_list_t *l = (id_list_t *)(void *)field;
@@ -750,21 +759,21 @@ int config_validate(const config_t *cfg, char *err, size_t errlen) {
          cfg->page_bytes ? "page_bytes" : "4KiB");
     return -1;
   }
+  char a[UNITS_LEN], b[UNITS_LEN];
+  units_bytes(cfg->pool_bytes, b, sizeof b);
   if (!cfg->page_bytes && cfg->pool_bytes / seg > 4096) {
-    fail(err, errlen, "segment_bytes: %llu makes more than 4096 segments of pool_bytes %llu "
-         "(each its own memfd): raise it", (unsigned long long)seg,
-         (unsigned long long)cfg->pool_bytes);
+    fail(err, errlen, "segment_bytes: %s makes more than 4096 segments of pool_bytes %s "
+         "(each its own memfd): raise it", units_bytes(seg, a, sizeof a), b);
     return -1;
   }
   if (seg > cfg->pool_bytes / 4) {
-    fail(err, errlen, "%s: %llu leaves fewer than 4 segments in pool_bytes %llu",
-         cfg->segment_bytes ? "segment_bytes" : "page_bytes", (unsigned long long)seg,
-         (unsigned long long)cfg->pool_bytes);
+    fail(err, errlen, "%s: %s leaves fewer than 4 segments in pool_bytes %s",
+         cfg->segment_bytes ? "segment_bytes" : "page_bytes", units_bytes(seg, a, sizeof a), b);
     return -1;
   }
   if (cfg->pool_reserve_bytes && cfg->pool_reserve_bytes < cfg->pool_bytes) {
-    fail(err, errlen, "pool_reserve_bytes: %llu is less than pool_bytes %llu",
-         (unsigned long long)cfg->pool_reserve_bytes, (unsigned long long)cfg->pool_bytes);
+    fail(err, errlen, "pool_reserve_bytes: %s is less than pool_bytes %s",
+         units_bytes(cfg->pool_reserve_bytes, a, sizeof a), b);
     return -1;
   }
   if (cfg->shm_default_bytes > cfg->shm_max_bytes) {

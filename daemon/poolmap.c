@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "shm.h"
+#include "units.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
 #define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
@@ -82,8 +83,9 @@ static int backed_memfd(uint64_t bytes, bool hugetlb, char *err, size_t errlen) 
     snprintf(err, errlen, "memfd_create: %s", strerror(errno));
     return -1;
   }
+  char u[UNITS_LEN];
   if (ftruncate(fd, (off_t)bytes) != 0) {
-    snprintf(err, errlen, "ftruncate %llu bytes: %s", (unsigned long long)bytes, strerror(errno));
+    snprintf(err, errlen, "ftruncate %s: %s", units_bytes(bytes, u, sizeof u), strerror(errno));
     close(fd);
     return -1;
   }
@@ -91,7 +93,7 @@ static int backed_memfd(uint64_t bytes, bool hugetlb, char *err, size_t errlen) 
   int rc;
   while ((rc = fallocate(fd, 0, 0, (off_t)bytes)) != 0 && errno == EINTR) {}
   if (rc != 0) {
-    snprintf(err, errlen, "cannot back %llu bytes (fallocate: %s)", (unsigned long long)bytes,
+    snprintf(err, errlen, "cannot back %s (fallocate: %s)", units_bytes(bytes, u, sizeof u),
              strerror(errno));
     close(fd);
     return -1;
@@ -108,7 +110,8 @@ static int map_seal(int fd, uint8_t *p, uint64_t bytes, bool advise_thp, bool *t
     return -1;
   }
   if (mmap(p, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-    snprintf(err, errlen, "mmap pool segment of %llu bytes: %s", (unsigned long long)bytes,
+    char u[UNITS_LEN];
+    snprintf(err, errlen, "mmap pool segment of %s: %s", units_bytes(bytes, u, sizeof u),
              strerror(errno));
     unreserve(p, bytes);
     return -1;
@@ -142,16 +145,17 @@ int poolmap_make(const poolmap_t *pm, uint64_t off, uint64_t bytes, poolseg_t *o
                  size_t errlen) {
   memset(out, 0, sizeof *out);
   out->fd = out->ro_fd = -1;
+  char a[UNITS_LEN], b[UNITS_LEN];
   if (off + bytes > pm->reserve || bytes == 0) {
-    snprintf(err, errlen, "a pool of %llu bytes: more than the %llu reserved at start "
-             "(pool_reserve_bytes)", (unsigned long long)(off + bytes),
-             (unsigned long long)pm->reserve);
+    snprintf(err, errlen, "a pool of %s: more than the %s reserved at start "
+             "(pool_reserve_bytes)", units_bytes(off + bytes, a, sizeof a),
+             units_bytes(pm->reserve, b, sizeof b));
     return -1;
   }
   uint64_t avail = shm_mem_available();
   if (avail != 0 && bytes > avail) {
-    snprintf(err, errlen, "%llu more pool bytes exceed MemAvailable %llu",
-             (unsigned long long)bytes, (unsigned long long)avail);
+    snprintf(err, errlen, "%s more of pool exceed the memory available (MemAvailable %s)",
+             units_bytes(bytes, a, sizeof a), units_bytes(avail, b, sizeof b));
     return -1;
   }
   if (poolmap_stop_asked) {
@@ -248,17 +252,18 @@ int poolmap_open(poolmap_t *pm, uint64_t bytes, uint64_t reserve, int mode, uint
    * space is reserved, which may fail first where it is scarce (under
    * ThreadSanitizer, 64 TiB cannot be). */
   uint64_t avail = shm_mem_available();
+  char a[UNITS_LEN], b[UNITS_LEN];
   if (avail != 0 && bytes > avail) {
-    snprintf(err, errlen, "%llu more pool bytes exceed MemAvailable %llu",
-             (unsigned long long)bytes, (unsigned long long)avail);
+    snprintf(err, errlen, "a pool of %s exceeds the memory available (MemAvailable %s)",
+             units_bytes(bytes, a, sizeof a), units_bytes(avail, b, sizeof b));
     return -1;
   }
   /* One more huge page, to align the start of the range to one. */
   uint8_t *r = mmap(NULL, reserve + HUGE_BYTES, PROT_NONE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (r == MAP_FAILED) {
-    snprintf(err, errlen, "reserving %llu bytes of address space for the pool: %s",
-             (unsigned long long)reserve, strerror(errno));
+    snprintf(err, errlen, "reserving %s of address space for the pool: %s",
+             units_bytes(reserve, a, sizeof a), strerror(errno));
     return -1;
   }
   uint8_t *base = (uint8_t *)(((uintptr_t)r + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
@@ -294,22 +299,13 @@ void poolmap_detach_to(poolmap_t *pm, uint64_t bytes, poolseg_t *out, uint32_t *
   pm->gen++;
 }
 
-/* A size in the largest binary unit that keeps it short: 1GiB, 1.5GiB. */
-static void size_text(uint64_t v, char *buf, size_t len) {
-  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double x = (double)v;
-  int u = 0;
-  while (x >= 1024 && u < 4) x /= 1024, u++;
-  snprintf(buf, len, "%.4g%s", x, units[u]);
-}
-
 void poolmap_boundaries(const poolmap_t *pm, char *buf, size_t len) {
   size_t used = 0;
   uint64_t at = 0;
   buf[0] = '\0';
   for (uint32_t i = 0; i + 1 < pm->nseg && used < len; i++) {
     char s[32];
-    size_text(at += pm->seg[i].bytes, s, sizeof s);
+    units_bytes(at += pm->seg[i].bytes, s, sizeof s);
     int w = snprintf(buf + used, len - used, "%s%s", i ? ", " : "", s);
     if (w < 0) break;
     used += (size_t)w;

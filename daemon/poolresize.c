@@ -11,6 +11,7 @@
 #include "log.h"
 #include "optable.h"
 #include "quotas.h"
+#include "units.h"
 
 #define RETRY_MS 10u
 #define RETRY_FOR_NS (2000ull * 1000 * 1000) /* a shrink waits this long for copies and leases */
@@ -243,26 +244,28 @@ int pool_resize_start(server_t *srv, conn_t *c, uint64_t bytes, uint64_t request
     snprintf(err, errlen, "a resize of the pool is running; ask again when it is done");
     return KVC_E_BUSY;
   }
+  char a[UNITS_LEN], b[UNITS_LEN];
   if (bytes % unit || bytes < 4 * pb) {
-    snprintf(err, errlen, "a pool is a multiple of %llu bytes (segment_bytes and the system "
-             "page) of at least 4 segments, not %llu", (unsigned long long)unit,
-             (unsigned long long)bytes);
+    snprintf(err, errlen, "a pool is a multiple of %s (segment_bytes and the system page) of "
+             "at least 4 segments, not %s", units_bytes(unit, a, sizeof a),
+             units_bytes(bytes, b, sizeof b));
     return KVC_E_INVAL;
   }
   uint64_t adds = !pm->seg_bytes ? 1 : bytes > pm->bytes ? (bytes - pm->bytes) / pm->seg_bytes : 0;
-  if (bytes > pm->bytes && (bytes > pm->reserve || pm->nseg + adds > POOLMAP_SEGMENTS_MAX)) {
-    snprintf(err, errlen, bytes > pm->reserve
-             ? "the pool may grow to %llu bytes at most (the address space it reserved at "
-               "start: pool_reserve_bytes)" : "the pool may have %llu segments at most",
-             bytes > pm->reserve ? (unsigned long long)pm->reserve
-                                 : (unsigned long long)POOLMAP_SEGMENTS_MAX);
+  if (bytes > pm->bytes && bytes > pm->reserve) {
+    snprintf(err, errlen, "the pool may grow to %s at most (the address space it reserved at "
+             "start: pool_reserve_bytes)", units_bytes(pm->reserve, a, sizeof a));
+    return KVC_E_INVAL;
+  }
+  if (bytes > pm->bytes && pm->nseg + adds > POOLMAP_SEGMENTS_MAX) {
+    snprintf(err, errlen, "the pool may have %u segments at most", (unsigned)POOLMAP_SEGMENTS_MAX);
     return KVC_E_INVAL;
   }
   if (bytes < pm->bytes && !poolmap_is_boundary(pm, bytes)) {
     char sizes[512];
     poolmap_boundaries(pm, sizes, sizeof sizes);
-    snprintf(err, errlen, "the pool shrinks by whole segments (one a grow): it can shrink to %s",
-             sizes[0] ? sizes : "nothing smaller (it is one segment)");
+    snprintf(err, errlen, "the pool shrinks by whole segments, and each grow added one: it can "
+             "shrink to %s", sizes[0] ? sizes : "nothing smaller (it is one segment)");
     return KVC_E_INVAL;
   }
   z->c = c;

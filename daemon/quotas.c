@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "log.h"
+#include "units.h"
 
 int quotas_apply(server_t *srv) {
   const config_t *cfg = &srv->cfg;
@@ -66,15 +67,17 @@ bool quotas_shm_over(server_t *srv, const conn_t *c, uint64_t bytes, char *msg, 
     all += o->shm.bytes;
     if (o->uid == c->uid) mine += o->shm.bytes + o->revoked_bytes;
   }
+  char a[UNITS_LEN], b[UNITS_LEN], q[UNITS_LEN];
+  units_bytes(bytes, b, sizeof b);
   if (mine + bytes > srv->cfg.shm_bytes_per_uid)
-    snprintf(msg, len, "shm_bytes_per_uid: uid %u holds %llu bytes of shared buffers (and pool "
-             "segments revoked but still mapped), %llu more would pass the quota of %llu",
-             (unsigned)c->uid, (unsigned long long)mine,
-             (unsigned long long)bytes, (unsigned long long)srv->cfg.shm_bytes_per_uid);
+    snprintf(msg, len, "shm_bytes_per_uid: uid %u holds %s of shared buffers (and pool "
+             "segments revoked but still mapped), %s more would pass the quota of %s",
+             (unsigned)c->uid, units_bytes(mine, a, sizeof a), b,
+             units_bytes(srv->cfg.shm_bytes_per_uid, q, sizeof q));
   else if (all + bytes > srv->cfg.shm_bytes_total)
-    snprintf(msg, len, "shm_bytes_total: connections hold %llu bytes of shared buffers, %llu "
-             "more would pass the quota of %llu", (unsigned long long)all,
-             (unsigned long long)bytes, (unsigned long long)srv->cfg.shm_bytes_total);
+    snprintf(msg, len, "shm_bytes_total: connections hold %s of shared buffers, %s more would "
+             "pass the quota of %s", units_bytes(all, a, sizeof a), b,
+             units_bytes(srv->cfg.shm_bytes_total, q, sizeof q));
   else
     return false;
   count_refusal(srv, c->tenant, srv->refused_shm);

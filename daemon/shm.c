@@ -1,5 +1,6 @@
 /* shm.c: creating, backing, sealing and mapping kvcached's memfds. */
 #include "shm.h"
+#include "units.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -34,8 +35,8 @@ static int create(const char *name, uint64_t bytes, bool backed, int seals,
     return e == EMFILE || e == ENFILE ? SHM_E_NOFD : -1;
   }
   if (ftruncate(fd, (off_t)bytes) != 0) {
-    snprintf(err, errlen, "ftruncate %llu bytes: %s", (unsigned long long)bytes,
-             strerror(errno));
+    char u[UNITS_LEN];
+    snprintf(err, errlen, "ftruncate %s: %s", units_bytes(bytes, u, sizeof u), strerror(errno));
     goto fail;
   }
   /* Reserve the memory now: without it a later page fault could SIGBUS. */
@@ -43,8 +44,9 @@ static int create(const char *name, uint64_t bytes, bool backed, int seals,
   while (backed && (rc = fallocate(fd, 0, 0, (off_t)bytes)) != 0 && errno == EINTR) {
   }
   if (rc != 0) {
-    snprintf(err, errlen, "cannot back %llu bytes (fallocate: %s)",
-             (unsigned long long)bytes, strerror(errno));
+    char u[UNITS_LEN];
+    snprintf(err, errlen, "cannot back %s (fallocate: %s)", units_bytes(bytes, u, sizeof u),
+             strerror(errno));
     goto fail;
   }
   if (fcntl(fd, F_ADD_SEALS, seals) != 0) {

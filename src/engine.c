@@ -13,6 +13,7 @@
 #include "prefix.h"
 #include "quota.h"
 #include "seq.h"
+#include "units.h"
 
 
 const engine_err_t *engine_last_error(const engine_t *eng) { return &eng->err; }
@@ -167,17 +168,22 @@ int engine_cache_open_group(engine_t *eng, uint32_t tenant, uint32_t group, cons
   for (uint32_t i = 0; i < eng->ncaches; i++) {
     cache_t *c = eng->caches[i];
     if (!c || c->tenant != tenant || strcmp(c->name, name) != 0) continue;
-    if (!layout_equal(&c->layout, layout))
-      return engine_fail(eng, KVC_E_LAYOUT, "cache '%s' exists with another layout", name);
+    if (!layout_equal(&c->layout, layout)) {
+      char diff[512];
+      layout_diff(&c->layout, layout, diff, sizeof diff);
+      return engine_fail(eng, KVC_E_LAYOUT, "cache '%s' exists with another layout: %s", name,
+                         diff);
+    }
     *cache_id = c->id;
     return 0;
   }
+  char a[UNITS_LEN], b[UNITS_LEN];
   if (pool_stride(&eng->pool, g.page_bytes) > eng->pool.seg_bytes)
     return engine_fail(eng, KVC_E_PAGESIZE,
-                       "a page of this layout needs %llu bytes, a pool segment holds %llu: "
-                       "lower page_tokens or raise the pool's segment size",
-                       (unsigned long long)g.page_bytes,
-                       (unsigned long long)eng->pool.seg_bytes);
+                       "a page of this layout needs %s, a pool segment holds %s: lower "
+                       "page_tokens or raise the pool's segment_bytes",
+                       units_bytes(g.page_bytes, a, sizeof a),
+                       units_bytes(eng->pool.seg_bytes, b, sizeof b));
   uint32_t slot = 0; /* the first free slot: dropped caches' slots are reused */
   while (slot < eng->ncaches && eng->caches[slot]) slot++;
   if (slot == eng->max_caches)

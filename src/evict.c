@@ -42,6 +42,7 @@
 #include "prefix.h"
 #include "quota.h"
 #include "seq.h"
+#include "units.h"
 
 #define SEQ_OF(n) ((seq_t *)(void *)((char *)(n) - offsetof(seq_t, node)))
 #define IPAGE_OF(n) ((ipage_t *)(void *)((char *)(n) - offsetof(ipage_t, node)))
@@ -372,9 +373,10 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
                               ar->stride);
     eng->st.full_errors++;
     uint64_t freeable = ar->nfree + room + freed + got * ar->per_seg;
+    char pb[UNITS_LEN];
     int rc = engine_fail(eng, KVC_E_FULL,
-                         "pool full: need %llu pages of %llu bytes, %u free, %llu reclaimable",
-                         (unsigned long long)need, (unsigned long long)ar->page_bytes,
+                         "pool full: need %llu pages of %s, %u free, %llu reclaimable",
+                         (unsigned long long)need, units_bytes(ar->page_bytes, pb, sizeof pb),
                          ar->nfree, (unsigned long long)(freeable - ar->nfree));
     eng->err.needed = need;
     eng->err.freeable = freeable;

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "dtype.h"
 #include "fp8.h"
@@ -28,6 +29,48 @@ bool layout_equal(const kvc_layout_t *a, const kvc_layout_t *b) {
          x.rope_style == y.rope_style && x.rope_theta == y.rope_theta &&
          x.rope_scale == y.rope_scale && x.rope_scaling == y.rope_scaling &&
          x.rope_lo == y.rope_lo && x.rope_hi == y.rope_hi && x.rope_orig_ctx == y.rope_orig_ctx;
+}
+
+static const char *dtype_text(kvc_dtype_t d) {
+  static const char *const names[] = {"?", "f32", "f64", "f16", "bf16", "int8"};
+  return (unsigned)d < sizeof names / sizeof names[0] ? names[d] : "?";
+}
+
+void layout_diff(const kvc_layout_t *have, const kvc_layout_t *asked, char *buf, size_t len) {
+  kvc_layout_t x = layout_normalize(have), y = layout_normalize(asked);
+  const struct { const char *name; double a, b; } f[] = {
+      {"num_layers", x.num_layers, y.num_layers},
+      {"num_kv_heads", x.num_kv_heads, y.num_kv_heads},
+      {"head_dim_k", x.head_dim_k, y.head_dim_k},
+      {"head_dim_v", x.head_dim_v, y.head_dim_v},
+      {"dtype", x.dtype, y.dtype},
+      {"page_tokens", x.page_tokens, y.page_tokens},
+      {"attn", x.attn, y.attn},
+      {"attn_window", x.attn_window, y.attn_window},
+      {"attn_memory", x.attn_memory, y.attn_memory},
+      {"attn_chunk", x.attn_chunk, y.attn_chunk},
+      {"rope_dims", x.rope_dims, y.rope_dims},
+      {"rope_style", x.rope_style, y.rope_style},
+      {"rope_theta", x.rope_theta, y.rope_theta},
+      {"rope_scale", x.rope_scale, y.rope_scale},
+      {"rope_scaling", x.rope_scaling, y.rope_scaling},
+      {"rope_lo", x.rope_lo, y.rope_lo},
+      {"rope_hi", x.rope_hi, y.rope_hi},
+      {"rope_orig_ctx", x.rope_orig_ctx, y.rope_orig_ctx},
+  };
+  size_t used = 0;
+  if (len) buf[0] = '\0';
+  for (size_t i = 0; i < sizeof f / sizeof f[0] && used < len; i++) {
+    if (f[i].a == f[i].b) continue;
+    const char *sep = used ? ", " : "";
+    int w = strcmp(f[i].name, "dtype") == 0
+                ? snprintf(buf + used, len - used, "%sdtype %s (asked %s)", sep,
+                           dtype_text(x.dtype), dtype_text(y.dtype))
+                : snprintf(buf + used, len - used, "%s%s %g (asked %g)", sep, f[i].name, f[i].a,
+                           f[i].b);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
 }
 
 /* The attention kind and its sizes: ATTN, WINDOW or CHUNK. */

@@ -48,6 +48,10 @@ int layout_geom(const kvc_layout_t *layout, geom_t *g);
 /* The layout with defaults applied (page_tokens 0 -> 16). */
 kvc_layout_t layout_normalize(const kvc_layout_t *layout);
 bool layout_equal(const kvc_layout_t *a, const kvc_layout_t *b);
+/* The fields in which a cache's layout (have) differs from the one asked,
+ * as "name have (asked value)" joined by ", " into buf[len]
+ * ("num_layers 2 (asked 4), dtype bf16 (asked f32)"); "" if none. */
+void layout_diff(const kvc_layout_t *have, const kvc_layout_t *asked, char *buf, size_t len);
 
 /* A transfer's part of each token, resolved against a layout. */
 typedef struct layout_xfer {

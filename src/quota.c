@@ -10,6 +10,7 @@
  * for caches, prefix.c for keys); the audit recomputes it.
  */
 #include "quota.h"
+#include "units.h"
 
 #include <string.h>
 
@@ -91,14 +92,14 @@ int quota_check_caches(engine_t *eng, quota_t *q) {
 
 int quota_check_pins(engine_t *eng, quota_t *q, uint64_t more, uint64_t stride, bool pool) {
   uint64_t bytes = more * stride, total = (uint64_t)eng->pool.nseg * eng->pool.seg_bytes;
+  char a[UNITS_LEN], b[UNITS_LEN], c[UNITS_LEN], d[UNITS_LEN];
   if (pool && eng->pool.pinned_bytes + bytes > eng->pin_limit) {
     eng->st.pin_limit_errors++;
     return engine_fail(eng, KVC_E_PINLIMIT,
-                       "pinning %llu more pages (%llu bytes) would pin %llu of %llu pool bytes; "
-                       "the limit is %llu",
-                       (unsigned long long)more, (unsigned long long)bytes,
-                       (unsigned long long)(eng->pool.pinned_bytes + bytes),
-                       (unsigned long long)total, (unsigned long long)eng->pin_limit);
+                       "pinning %llu more pages (%s) would pin %s of the pool's %s; the limit "
+                       "is %s", (unsigned long long)more, units_bytes(bytes, a, sizeof a),
+                       units_bytes(eng->pool.pinned_bytes + bytes, b, sizeof b),
+                       units_bytes(total, c, sizeof c), units_bytes(eng->pin_limit, d, sizeof d));
   }
   uint64_t max = quota_lim(eng, q)->max_pinned_bytes;
   /* Fair by default: a tenant without a limit of its own pins at most its
@@ -118,14 +119,14 @@ int quota_check_pins(engine_t *eng, quota_t *q, uint64_t more, uint64_t stride, 
   if (!max || max >= total || q->use.pinned_bytes + q->use.leased_bytes + bytes <= max) return 0;
   q->use.refused_pins++;
   return engine_fail(eng, KVC_E_QUOTA_PINS,
-                     "%s: the tenant pins %llu and leases %llu bytes, %llu more would pass "
-                     "%s %llu",
+                     "%s: the tenant pins %s and leases %s, %s more would pass %s %s",
                      share ? "its share of the pin limit" : "tenant_max_pinned",
-                     (unsigned long long)q->use.pinned_bytes,
-                     (unsigned long long)q->use.leased_bytes, (unsigned long long)bytes,
+                     units_bytes(q->use.pinned_bytes, a, sizeof a),
+                     units_bytes(q->use.leased_bytes, b, sizeof b),
+                     units_bytes(bytes, c, sizeof c),
                      share ? "the share (pin limit / (tenants with caches + 1)) of"
                            : "the quota of",
-                     (unsigned long long)max);
+                     units_bytes(max, d, sizeof d));
 }
 
 uint64_t quota_bytes_over(const engine_t *eng, const quota_t *q, uint64_t need) {
@@ -137,13 +138,14 @@ uint64_t quota_bytes_over(const engine_t *eng, const quota_t *q, uint64_t need) 
 int quota_fail_pages(engine_t *eng, quota_t *q, uint64_t need, uint64_t freeable,
                      uint64_t stride) {
   q->use.refused_pages++;
+  char a[UNITS_LEN], b[UNITS_LEN], c[UNITS_LEN], d[UNITS_LEN];
   int rc = engine_fail(eng, KVC_E_QUOTA_PAGES,
-                       "tenant_max_pages: the tenant holds %llu bytes and needs %llu more, "
-                       "past its share of %llu under pressure; %llu free or reclaimable of "
-                       "its own",
-                       (unsigned long long)q->use.bytes, (unsigned long long)(need * stride),
-                       (unsigned long long)quota_lim(eng, q)->max_bytes,
-                       (unsigned long long)(freeable * stride));
+                       "tenant_max_pages: the tenant holds %s and needs %s more, past its "
+                       "share of %s under pressure; %s free or reclaimable of its own",
+                       units_bytes(q->use.bytes, a, sizeof a),
+                       units_bytes(need * stride, b, sizeof b),
+                       units_bytes(quota_lim(eng, q)->max_bytes, c, sizeof c),
+                       units_bytes(freeable * stride, d, sizeof d));
   eng->err.needed = need;
   eng->err.freeable = freeable;
   return rc;

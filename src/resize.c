@@ -25,6 +25,7 @@
 #include "evict.h"
 #include "lease.h"
 #include "page.h"
+#include "units.h"
 
 #define NOPAGE POOL_NOPAGE
 
@@ -52,10 +53,11 @@ int engine_pool_grow(engine_t *eng, uint64_t pool_bytes) {
   if (!eng) return KVC_E_INVAL;
   pool_t *p = &eng->pool;
   uint64_t n = p->nseg, m = pool_bytes / p->seg_bytes;
+  char u[UNITS_LEN];
   if (m <= n || m * p->ids_per_seg >= NOPAGE)
     return engine_fail(eng, KVC_E_INVAL,
-                       "grow to %llu segments of %llu bytes: not more than %llu, or too many",
-                       (unsigned long long)m, (unsigned long long)p->seg_bytes,
+                       "grow to %llu segments of %s: not more than %llu, or too many",
+                       (unsigned long long)m, units_bytes(p->seg_bytes, u, sizeof u),
                        (unsigned long long)n);
   if (!arrays_to(eng, p->npages, m * p->ids_per_seg) ||
       !pool_set_segments(p, &eng->mem, (uint32_t)m))
@@ -88,10 +90,11 @@ int engine_pool_shrink(engine_t *eng, uint64_t pool_bytes, engine_shrink_t *out)
   if (!eng) return KVC_E_INVAL;
   pool_t *p = &eng->pool;
   uint64_t n = p->nseg, m = pool_bytes / p->seg_bytes;
+  char u[UNITS_LEN];
   if (m >= n || m == 0)
     return engine_fail(eng, KVC_E_INVAL,
-                       "shrink to %llu segments of %llu bytes: not fewer than %llu, or none",
-                       (unsigned long long)m, (unsigned long long)p->seg_bytes,
+                       "shrink to %llu segments of %s: not fewer than %llu, or none",
+                       (unsigned long long)m, units_bytes(p->seg_bytes, u, sizeof u),
                        (unsigned long long)n);
   if (eng->put_jobs)
     return engine_fail(eng, KVC_E_BUSY, "a put is copying into the pool: retry when it ends");

@@ -9,7 +9,8 @@
 # commands built with snprintf (every word in command position: first, after
 # |, &&, ||, ;, $( and env); in the test scripts, every line; in the Makefile,
 # every recipe of the targets make test and make run use; in the units, their
-# Exec lines. Each command must be installed, and dpkg must name a package of
+# Exec lines; in README.md and doc/worker-guide.md, the command blocks
+# tests/readme.sh runs. Each command must be installed, and dpkg must name a package of
 # that set as its owner. Prints "PASS name" or "FAIL name why" (the test
 # protocol of tests/run.sh); perl itself is perl-base, which is Essential.
 #
@@ -140,6 +141,23 @@ for my $f (glob("$src/tests/*.sh $src/tests/fuzz/*.sh")) {
     $shfunc{$1} = 1 if /^\s*([A-Za-z_]\w*)\s*\(\)/;
     s/^\s*[^()\s'"]*\)\s*//;       # a case pattern
     shell_words($_, "$rel:$ln", 1);
+  }
+}
+
+# ---- the command blocks of the README and the worker's guide, which
+# tests/readme.sh runs (```sh blocks not marked <!-- readme-test: skip -->) ----
+for my $doc ('README.md', 'doc/worker-guide.md') {
+  my ($ln, $fence, $run, $mark) = (0, 0, 0, 'run');
+  for (split /\n/, slurp("$src/$doc")) {
+    $ln++;
+    if (/^```(\w*)/) {
+      if ($fence) { ($fence, $run) = (0, 0); next; }
+      ($fence, $run, $mark) = (1, $1 eq 'sh' && $mark !~ /^skip\b/, 'run');
+      next;
+    }
+    if ($fence) { shell_words(s/\s#.*$//r, "$doc:$ln", 1) if $run; next; }
+    if (/^<!-- readme-test: (\S+)/) { $mark = $1; next; }
+    $mark = 'run' if /\S/;
   }
 }
 

@@ -6,8 +6,9 @@
 # (--only: these tests alone, a space-separated list of names;
 #  --repeat N: every selected test N times, each run counted;
 #  --it-only: the integration tests alone, as the ThreadSanitizer build runs them)
-# The Python package's tests (tests/pytest.sh) run where the build made the
-# package ($dir/python: the optimized build).
+# The Python package's tests (tests/pytest.sh) and the README's
+# (tests/readme.sh: its command blocks, as printed) run where the build made
+# the package ($dir/python: the optimized build).
 # Integration tests find the daemon through KVC_BUILD (the build directory)
 # and the sources through KVC_SRCDIR (the current directory by default).
 only=""; repeat=1; itonly=""
@@ -92,6 +93,12 @@ while [ $i -lt "$repeat" ]; do
         KVC_BUILD="$dir"; export KVC_BUILD
         # shellcheck disable=SC2086 # names is a list of words
         run_one "$dir/python" tests/pytest.sh "$dir" $names
+      fi
+      names=""
+      [ -n "$only" ] && names=$(selected tests/readme.sh "$dir")
+      if [ -z "$only" ] || [ -n "$names" ]; then
+        # shellcheck disable=SC2086 # names is a list of words
+        run_one "$dir/readme" tests/readme.sh "$dir" $names
       fi
     fi
   done

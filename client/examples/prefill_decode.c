@@ -3,9 +3,10 @@
  * decode steps: each step writes every sequence's new token and gets a
  * zero-copy view of every sequence's history in ONE request (kvc_step),
  * reads the history in place, and releases the leases with the next
- * request (no round trip of their own).
+ * request (no round trip of their own). Its sequences are owned
+ * (kvc_seq_create): ids the daemon picks, dropped when it disconnects.
  *
- *   build/examples/prefill_decode [SOCKET]     (default: $KVCACHED_SOCKET)
+ *   build/examples/prefill_decode [SOCKET]     (default: as kvcachectl's)
  *
  * Prints one line per step and "ok" at the end; exits non-zero on an error. */
 #include <stdio.h>
@@ -30,12 +31,15 @@ int main(int argc, char **argv) {
   kvc_client_t *c;
   int rc = kvc_client_open(&o, &c);
   if (rc) return fail(NULL, "open", rc);
-  /* 4 layers, 2 KV heads of 64 dims, f32: 2 KiB of K and of V a token per layer;
-   * 256 tokens fill the default 2 MiB pool page. */
+  /* 4 layers, 2 KV heads of 64 dims, f32: 512 B of K and 512 B of V a token
+   * per layer, 4 KiB a token in all; a page of 256 tokens is 1 MiB (the PAGE
+   * of kvcachectl caches). */
   kvc_layout_t l = {.num_layers = 4, .num_kv_heads = 2, .head_dim_k = 64, .head_dim_v = 64,
-                    .dtype = KVC_DTYPE_F32, .page_tokens = 256}; /* 2 MiB: a pool page */
+                    .dtype = KVC_DTYPE_F32, .page_tokens = 256};
   kvc_cache_t *h;
   if ((rc = kvc_cache_open(c, "example-decode", &l, &h))) return fail(c, "cache_open", rc);
+  uint64_t ids[NSEQ]; /* sequence s is ids[s - 1] */
+  if ((rc = kvc_seq_create(h, NSEQ, true, ids))) return fail(c, "seq_create", rc);
   void *shm;
   uint64_t shm_bytes, kb, vb;
   kvc_client_shm(c, &shm, &shm_bytes);
@@ -44,15 +48,14 @@ int main(int argc, char **argv) {
   for (uint64_t s = 1; s <= NSEQ; s++) {
     float *k = shm, *v = (float *)((char *)shm + kb);
     for (size_t i = 0; i < kb / 4; i++) k[i] = value(s, 0, i), v[i] = -value(s, 0, i);
-    kvc_shm_io_t e = {.seq_id = s, .pos = 0, .ntokens = PROMPT, .k_off = 0, .v_off = kb};
+    kvc_shm_io_t e = {.seq_id = ids[s - 1], .pos = 0, .ntokens = PROMPT, .k_off = 0, .v_off = kb};
     if ((rc = kvc_put_shm(h, NULL, &e, 1))) return fail(c, "prefill", rc);
   }
   /* Decode: one request a step. */
   if ((rc = kvc_xfer_bytes(h, NULL, true, 1, &kb, &vb, NULL))) return fail(c, "sizes", rc);
-  const void *pool;
-  uint64_t pool_bytes;
-  kvc_client_pool(c, &pool, &pool_bytes);
-  kvc_view_t view = pool ? KVC_VIEW_LEASE : KVC_VIEW_GATHER; /* zero-copy if we may map the pool */
+  /* Zero-copy: every client may lease, but a daemon still run with the
+   * deprecated page_bytes leases to admins alone (PERM): the gathered view. */
+  kvc_view_t view = KVC_VIEW_LEASE;
   for (uint64_t step = 0; step < STEPS; step++) {
     uint64_t pos = PROMPT + step;
     kvc_shm_io_t e[NSEQ];
@@ -60,7 +63,7 @@ int main(int argc, char **argv) {
       uint64_t off = (s - 1) * (kb + vb);
       float *k = (float *)((char *)shm + off), *v = (float *)((char *)shm + off + kb);
       for (size_t i = 0; i < kb / 4; i++) k[i] = value(s, pos, i), v[i] = -value(s, pos, i);
-      e[s - 1] = (kvc_shm_io_t){.seq_id = s, .pos = pos, .ntokens = 1, .k_off = off,
+      e[s - 1] = (kvc_shm_io_t){.seq_id = ids[s - 1], .pos = pos, .ntokens = 1, .k_off = off,
                                 .v_off = off + kb};
     }
     kvc_hist_span_t spans[NSEQ];
@@ -69,7 +72,13 @@ int main(int argc, char **argv) {
     kvc_step_t st = {.view = view, .no_mask = view == KVC_VIEW_LEASE, .out_off = out,
                      .out_len = shm_bytes - out, .spans = spans, .spans_cap = NSEQ,
                      .leases = leases, .leases_cap = NSEQ};
-    if ((rc = kvc_step(h, NULL, e, NSEQ, &st))) return fail(c, "step", rc);
+    rc = kvc_step(h, NULL, e, NSEQ, &st);
+    if (rc == KVC_E_PERM && view == KVC_VIEW_LEASE) { /* all or nothing: nothing written */
+      st.view = view = KVC_VIEW_GATHER;
+      st.no_mask = false;
+      rc = kvc_step(h, NULL, e, NSEQ, &st);
+    }
+    if (rc) return fail(c, "step", rc);
     /* The attention would read here: check the newest token of each. */
     for (int s = 0; s < NSEQ; s++) {
       float k0;
@@ -84,13 +93,13 @@ int main(int argc, char **argv) {
                 (unsigned long long)step, s + 1, (double)k0);
         return 1;
       }
-      if (view == KVC_VIEW_LEASE) kvc_lease_release_later(leases[s]); /* rides on the next request */
+      if (view == KVC_VIEW_LEASE)
+        kvc_lease_release_later(leases[s]); /* rides on the next request */
     }
     printf("step %llu: %llu history entries, %s view, 1 request\n", (unsigned long long)step,
            (unsigned long long)st.hist.entries, view == KVC_VIEW_LEASE ? "lease" : "gathered");
   }
-  for (uint64_t s = 1; s <= NSEQ; s++) kvc_seq_remove(h, s, 0, UINT64_MAX);
-  kvc_client_close(c);
+  kvc_client_close(c); /* drops the owned sequences */
   printf("ok\n");
   return 0;
 }

@@ -62,7 +62,8 @@ extern "C" {
 #define KVC_VERSION_STRING "0.1.0"
 #define KVC_PROTOCOL_VERSION 1 /* the wire protocol this library speaks */
 
-/* Environment variable naming the daemon's socket when opts do not. */
+/* Environment variable naming the daemon's socket when opts do not (kvcached
+ * binds it too when its socket option is left at auto). */
 #define KVC_SOCKET_ENV "KVCACHED_SOCKET"
 
 typedef struct kvc_client kvc_client_t; /* one connection; opaque */
@@ -71,9 +72,13 @@ typedef struct kvc_lease kvc_lease_t;   /* a zero-copy read lease; opaque */
 
 /* Options of kvc_client_open. Zero fields mean the default. */
 typedef struct kvc_client_opts {
-  const char *socket_path; /* NULL: $KVCACHED_SOCKET, else the daemon's default
-                              path (/run/kvcached/kvcached.sock as root, else
-                              $XDG_RUNTIME_DIR/kvcached.sock). Borrowed. */
+  const char *socket_path; /* NULL: $KVCACHED_SOCKET, else where kvcached
+                              listens by default: /run/kvcached/kvcached.sock
+                              as root; else the first of
+                              $XDG_RUNTIME_DIR/kvcached.sock,
+                              /tmp/kvcached-UID/kvcached.sock and
+                              /run/kvcached/kvcached.sock holding a socket.
+                              Borrowed. */
   uint64_t shm_bytes;      /* shared buffer wanted; 0: the daemon's default.
                               The daemon clamps it to its bounds. */
   uint32_t timeout_ms;     /* per send/receive; 0: wait forever */

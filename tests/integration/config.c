@@ -201,7 +201,8 @@ TEST(config_bad_lines_name_file_line_and_option) {
       {"pool_bytes = 32MiB", "pool_bytes: already set on line 3"},
       {"log_level = loud", "log_level: expected error, warn, info or debug, got 'loud'"},
       {"socket_mode = 0999", "socket_mode: expected octal bits like 0660, got '0999'"},
-      {"allow_uids = a,b", "allow_uids: expected up to 32 comma-separated ids, got 'a,b'"},
+      {"allow_uids = a,b", "allow_uids: 'a' is no uid (a number, self or root) in 'a,b'"},
+      {"admin_gids = 0,,3", "admin_gids: '' is no gid (a number, self or root) in '0,,3'"},
       {"socket = \"/tmp/x", "socket: unterminated quote"},
       {"socket = \"/tmp/x\" y", "socket: text after the closing quote"},
       {"socket = /tmp/\"x", "socket: stray quote in the value"},
@@ -235,6 +236,24 @@ TEST(config_bad_lines_name_file_line_and_option) {
   ASSERT(strstr(out, "socket: a path may not hold") != NULL);
   ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --print-config --check-config", it_build()), 2);
   ASSERT(strstr(out, "cannot be combined") != NULL);
+  rmdir_all(dir);
+}
+
+/* "allow_uids = self, 1000" as people write lists: the blanks are no part
+ * of an id (it was refused without a word on why). */
+TEST(config_id_lists_take_blanks_after_commas) {
+  static char out[65536];
+  char dir[64], path[128];
+  tmpdir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/ids.conf", dir);
+  it_write_file(path, "allow_uids = self, 1000 ,\t2000\nadmin_gids = 0 , 5\n");
+  ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --config %s --print-config", it_build(), path), 0);
+  const char *uids = strstr(out, "\nallow_uids = ");
+  ASSERT(uids && strtoul(uids + 14, NULL, 10) == geteuid());
+  ASSERT(strncmp(uids + 14 + strcspn(uids + 14, ","), ",1000,2000\n", 11) == 0);
+  ASSERT(strstr(out, "\nadmin_gids = 0,5\n") != NULL);
+  ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --allow-uids 'self, 1000' --check-config",
+                  it_build()), 0);
   rmdir_all(dir);
 }
 

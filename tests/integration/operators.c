@@ -198,6 +198,16 @@ TEST(ops_ctl_commands_good_and_bad_arguments) {
   ASSERT_STR_EQ(out, "kvcachectl " KVC_VERSION_STRING " (protocol 1)\n");
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "help"), 0);
   ASSERT(strstr(out, "commands:") && strstr(out, "  top ") && strstr(out, "disconnect"));
+  /* Each summary whole, in lines of a terminal (they were cut mid-sentence,
+   * and ran to 111 columns). */
+  for (const char *p = out, *nl; *p; p = nl + 1) {
+    nl = strchr(p, '\n');
+    if (!nl) break;
+    if (nl - p > 79) TEST_FAIL_("kvcachectl help: a line of %d columns: %.*s", (int)(nl - p),
+                                (int)(nl - p), p);
+  }
+  ASSERT(strstr(out, "every connection, like Redis CLIENT LIST\n") &&
+         strstr(out, "(admins only)\n  config"));
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "help seqs"), 0);
   ASSERT(strncmp(out, "usage: kvcachectl [--socket PATH] seqs [--cache NAME] [--json]\n", 62) == 0);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "stats --help"), 0);
@@ -212,16 +222,35 @@ TEST(ops_ctl_commands_good_and_bad_arguments) {
     json_t *j = json_parse_or_fail(out);
     json_free(j);
   }
+  /* config --json: numbers as numbers (sizes in bytes), booleans, the id
+   * lists as arrays, the rest as text (it gave every value as a string). */
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "config --json"), 0);
   json_t *j = json_parse_or_fail(out);
-  ASSERT_STR_EQ(json_get(j, "pool_bytes", NULL)->str, "8MiB");
+  ASSERT_U64_EQ(json_u64(json_get(j, "pool_bytes", NULL)), 8u << 20);
+  ASSERT_U64_EQ(json_u64(json_get(j, "max_caches", NULL)), 64);
+  ASSERT(strstr(out, "\"pool_huge_pages\": true") || strstr(out, "\"pool_huge_pages\": false"));
+  ASSERT(strstr(out, "\"allow_uids\": [0]") && strstr(out, "\"allow_gids\": []"));
+  ASSERT_STR_EQ(json_get(j, "socket_mode", NULL)->str, "0660");
+  ASSERT_STR_EQ(json_get(j, "log_level", NULL)->str, "debug");
   json_free(j);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "config"), 0);
   ASSERT(strstr(out, "\npage_bytes = 16KiB\n") && strstr(out, "\nmetrics_listen = \"\"\n"));
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "stats"), 0);
   ASSERT(strstr(out, "\nPool\n") && strstr(out, "\nConnections\n") && strstr(out, " MiB") &&
-         strstr(out, "\nRequests (operations that ran)\n") && strstr(out, "RATE/S"));
+         strstr(out, "\nRequests (operations that ran") && strstr(out, "RATE/S"));
   ASSERT(strstr(out, "\n  get ") && strstr(out, "\nErrors by status\n"));
+  /* One name a figure: the table's is --raw's and --json's (puts_total, not
+   * puts); every figure in a section (no "Other" of about 50); the
+   * quantiles said to be estimates. */
+  ASSERT(strstr(out, "\n  puts_total ") && strstr(out, "\n  connections_total ") &&
+         !strstr(out, "\n  puts "));
+  ASSERT(!strstr(out, "\nOther\n") && strstr(out, "\n  tier_disk_bytes ") &&
+         strstr(out, "\n  events_batches_total ") && strstr(out, "\n  ring_requests_total "));
+  ASSERT(strstr(out, "histogram_quantile") != NULL);
+  /* tenants: the shared buffers in units, as every other size (they were
+   * raw byte counts). */
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "tenants"), 0);
+  ASSERT(strstr(out, "MiB/1.0GiB") != NULL);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "stats --raw"), 0);
   ASSERT(strstr(out, "\nrequests_total{op=\"put\"} 4\n") != NULL);
   ASSERT(strstr(out, "\ncache_sequences{cache=\"busy\",tenant=\"uid:0\"} 2\n") != NULL);
@@ -320,6 +349,11 @@ TEST(ops_admin_requests_refused_for_non_admins_done_for_root) {
     if (kvc_admin(x, KVC_ADMIN_DISCONNECT, NULL, 0, 1, NULL) != KVC_E_PERM) _exit(29);
     if (kvc_ping(x) != 0) _exit(30); /* the connection stays usable */
     kvc_client_close(x);
+    /* kvcachectl says the refused command once. */
+    char out[1024];
+    if (ctl_run(&d, out, sizeof out, true, "clients") != 1) _exit(31);
+    if (!strstr(out, "kvcachectl: clients: for admins only") || strstr(out, "clients: clients"))
+      _exit(32);
     _exit(0);
   }
   int st;
@@ -329,7 +363,7 @@ TEST(ops_admin_requests_refused_for_non_admins_done_for_root) {
   /* Nothing changed for the refusals. */
   ASSERT_U64_EQ(stat_get(c, "sequences", "busy"), 4);
   ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=admin,status=PERM}", NULL), 4);
-  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=clients,status=PERM}", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "request_errors_total{op=clients,status=PERM}", NULL), 2);
 
   /* Root: the listing, then each write. */
   static char out[1 << 16];

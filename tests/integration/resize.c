@@ -142,7 +142,9 @@ static void resize(const daemon_t *d, const char *size) {
   char out[1024];
   int st = ctl_run(d, out, sizeof out, true, "pool resize %s", size);
   if (st != 0) TEST_FAIL_("kvcachectl pool resize %s: exit %d: %s", size, st, out);
-  ASSERT(strstr(out, "pool: ") != NULL);
+  /* "pool: 48.0 MiB in 3 segments (...)": the size in units, not bytes */
+  if (strncmp(out, "pool: ", 6) != 0 || !strstr(out, "iB in "))
+    TEST_FAIL_("kvcachectl pool resize %s said: %s", size, out);
 }
 
 TEST_TIMEOUT(resize_up_and_down_under_load_every_byte_verified, 120) {
@@ -189,6 +191,13 @@ TEST(resize_shrink_refused_when_pinned_data_would_be_lost) {
   kvc_client_t *c = client_open_shm(&d, 16u << 20);
   kvc_cache_t *h = open_cache(c);
   resize(&d, "8MiB");
+  /* Sizes in every refusal in units, as the options take them. */
+  char msg[1024];
+  ASSERT_EQ(ctl_run(&d, msg, sizeof msg, true, "pool resize 6MiB"), 1);
+  if (!strstr(msg, "each grow added one: it can shrink to 4MiB (")) TEST_FAIL_("said: %s", msg);
+  ASSERT_EQ(ctl_run(&d, msg, sizeof msg, true, "pool resize 64TiB"), 1);
+  if (!strstr(msg, "the pool may grow to ") || !strstr(msg, "iB at most"))
+    TEST_FAIL_("said: %s", msg);
   put_seq(h, 1, 300 * T, 1); /* 300 pages: more than the 256 of 4 MiB */
   ASSERT_OK(kvc_seq_pin(h, 1));
   char out[1024];

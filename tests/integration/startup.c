@@ -1,6 +1,8 @@
 /* startup.c: kvcached's start and stop: options and their errors, a pool
  * that cannot be backed, the socket's mode, a stale socket replaced, a live
  * one respected, and the drain on SIGTERM answering what was sent. */
+#include <grp.h>
+
 #include "harness.h"
 #include "raw.h"
 
@@ -30,6 +32,14 @@ TEST(startup_options_help_version_and_errors) {
   ASSERT(strstr(out, "multiple of 64") != NULL);
   ASSERT_EQ(run_daemon(out, sizeof out, "--max-connections 0"), 2);
   ASSERT(strstr(out, "out of bounds") != NULL);
+  /* Sizes in the units the options take (they were byte counts). */
+  ASSERT_EQ(run_daemon(out, sizeof out, "--pool-bytes 100 --check-config"), 2);
+  ASSERT(strstr(out, "pool_bytes: 100 out of bounds [1MiB, 64TiB]") != NULL);
+  ASSERT_EQ(run_daemon(out, sizeof out, "--pool-bytes 64TiB --check-config"), 2);
+  ASSERT(strstr(out, "segment_bytes: 32MiB makes more than 4096 segments of pool_bytes 64TiB"));
+  ASSERT_EQ(run_daemon(out, sizeof out, "--pool-bytes 1GiB --pool-reserve-bytes 512MiB "
+                                        "--check-config"), 2);
+  ASSERT(strstr(out, "pool_reserve_bytes: 512MiB is less than pool_bytes 1GiB") != NULL);
   ASSERT_EQ(run_daemon(out, sizeof out, "--socket-mode 0999"), 2);
 }
 
@@ -55,7 +65,9 @@ TEST(startup_pool_larger_than_memory_fails_clearly) {
   ASSERT_EQ(run_daemon(out, sizeof out,
                        "--socket /tmp/kvcit-never/k.sock --pool-bytes 64TiB --page-bytes 2MiB"),
             1);
-  ASSERT(strstr(out, "MemAvailable") != NULL);
+  ASSERT(strstr(out, "a pool of 64TiB exceeds the memory available (MemAvailable ") != NULL);
+  for (const char *p = out; *p; p++) /* no byte count of 10 digits and more */
+    if (strspn(p, "0123456789") >= 10) TEST_FAIL_("a raw byte count: %s", out);
   ASSERT(access("/tmp/kvcit-never/k.sock", F_OK) != 0);
 }
 
@@ -166,4 +178,115 @@ TEST(startup_sigterm_while_the_pool_is_backed_exits_0) {
   char cmd[160];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", d.dir);
   ASSERT(system(cmd) == 0);
+}
+
+/* ---- the default socket: kvcached's and its clients' ------------------------ */
+
+#define SOCK_UID 64131
+
+/* Runs argv as uid (0: as we are) with KVCACHED_SOCKET and XDG_RUNTIME_DIR
+ * unset, then the "NAME=value" strings of env set; stdout and stderr into
+ * log. Returns the child's pid. */
+static pid_t spawn_as(uid_t uid, const char *const *env, const char *const *argv,
+                      const char *log) {
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+  if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(90);
+  if (uid && (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 ||
+              setresuid(uid, uid, uid) != 0))
+    _exit(91);
+  unsetenv("KVCACHED_SOCKET");
+  unsetenv("XDG_RUNTIME_DIR");
+  for (int i = 0; env[i]; i++) putenv((char *)env[i]);
+  execv(argv[0], (char *const *)argv);
+  _exit(92);
+}
+
+static int wait_exit(pid_t pid) {
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* kvcachectl ping as uid with env, no --socket: its exit status, its output
+ * in out. */
+static int ping_as(uid_t uid, const char *const *env, const char *dir, char *out, size_t cap) {
+  char bin[256], log[256];
+  snprintf(bin, sizeof bin, "%s/kvcachectl", it_build());
+  snprintf(log, sizeof log, "%s/ctl.log", dir);
+  const char *const argv[] = {bin, "ping", NULL};
+  int rc = wait_exit(spawn_as(uid, env, argv, log));
+  ASSERT_EQ(it_sh(out, cap, "cat '%s'", log), 0);
+  return rc;
+}
+
+/* kvcached started with no --socket as uid with env: waits until path
+ * accepts; returns its pid. */
+static pid_t daemon_as(uid_t uid, const char *const *env, const char *dir, const char *path) {
+  char bin[256], log[256];
+  snprintf(bin, sizeof bin, "%s/kvcached", it_build());
+  snprintf(log, sizeof log, "%s/kvcached.log", dir);
+  const char *const argv[] = {bin, "--pool-bytes", "64MiB", "--socket-mode", "0600", NULL};
+  pid_t pid = spawn_as(uid, env, argv, log);
+  for (uint64_t t0 = it_mono_ms(); it_mono_ms() - t0 < IT_WAIT_MS; it_sleep_ms(5)) {
+    int fd = it_connect_raw(path);
+    if (fd >= 0) {
+      close(fd);
+      return pid;
+    }
+    if (waitpid(pid, NULL, WNOHANG) == pid) break;
+  }
+  char out[4096];
+  it_sh(out, sizeof out, "cat '%s'", log);
+  TEST_FAIL_("kvcached (uid %u) did not listen on %s: %s", (unsigned)uid, path, out);
+  return -1;
+}
+
+static void daemon_end(pid_t pid) {
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  ASSERT_EQ(wait_exit(pid), 0);
+}
+
+TEST(startup_default_socket_is_where_clients_look) {
+  char dir[] = "/tmp/kvcit-XXXXXX", out[4096], path[256], var[300];
+  ASSERT(mkdtemp(dir) != NULL);
+  ASSERT_EQ(chmod(dir, 0755), 0);
+  /* KVCACHED_SOCKET names the socket of both sides. */
+  snprintf(path, sizeof path, "%s/named.sock", dir);
+  snprintf(var, sizeof var, "KVCACHED_SOCKET=%s", path);
+  const char *const named[] = {var, NULL};
+  pid_t d = daemon_as(0, named, dir, path);
+  ASSERT_EQ(ping_as(0, named, dir, out, sizeof out), 0);
+  ASSERT(strncmp(out, "pong from kvcached", 18) == 0);
+  daemon_end(d);
+  /* Not root, no XDG_RUNTIME_DIR: the daemon's socket is in /tmp/kvcached-UID,
+   * and a client whose session has XDG_RUNTIME_DIR finds it there. */
+  uid_t uid = geteuid() == 0 ? SOCK_UID : geteuid();
+  char tmpdir[64], xdg[128], xvar[160];
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/kvcached-%u", (unsigned)uid);
+  snprintf(path, sizeof path, "%s/kvcached.sock", tmpdir);
+  if (access(path, F_OK) == 0) {
+    it_sh(out, sizeof out, "rm -rf '%s'", dir);
+    TEST_SKIP("a kvcached of this uid holds /tmp/kvcached-UID");
+  }
+  snprintf(xdg, sizeof xdg, "%s/xdg", dir);
+  ASSERT_EQ(mkdir(xdg, 0700), 0);
+  ASSERT_EQ(chown(xdg, uid, uid), 0);
+  snprintf(xvar, sizeof xvar, "XDG_RUNTIME_DIR=%s", xdg);
+  const char *const none[] = {NULL}, *const session[] = {xvar, NULL};
+  /* Nothing runs: the error names every place looked at and the variable. */
+  ASSERT_EQ(ping_as(uid, session, dir, out, sizeof out), 1);
+  ASSERT(strstr(out, "NOTRUNNING") && strstr(out, xdg) && strstr(out, path) &&
+         strstr(out, "/run/kvcached/kvcached.sock") && strstr(out, "KVCACHED_SOCKET"));
+  d = daemon_as(uid, none, dir, path);
+  ASSERT_EQ(ping_as(uid, none, dir, out, sizeof out), 0);
+  ASSERT_EQ(ping_as(uid, session, dir, out, sizeof out), 0);
+  ASSERT(strncmp(out, "pong from kvcached", 18) == 0);
+  daemon_end(d);
+  if (geteuid() == 0) ASSERT_EQ(it_sh(out, sizeof out, "rm -rf '%s'", tmpdir), 0);
+  ASSERT_EQ(it_sh(out, sizeof out, "rm -rf '%s'", dir), 0);
 }

@@ -339,6 +339,8 @@ static void attacker_main(void *p) {
     /* no zero-copy mapping: the pool holds other tenants' pages */
     kvc_lease_t *lease;
     ASSERT_ERR(kvc_lease(llm, 9, 0, 16, &lease), KVC_E_PERM);
+    /* what to do instead, for C and Python callers alike (it said kvc_get) */
+    ASSERT(strstr(kvc_client_last_error(c), "(C: kvc_get, Python: cache.get)") != NULL);
     kvc_cache_close(sec);
     kvc_cache_close(llm);
   } else {

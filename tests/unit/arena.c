@@ -91,7 +91,7 @@ TEST(arena_any_page_up_to_a_segment) {
   kvc_layout_t huge = fx_layout(160, 2, 8, 8, KVC_DTYPE_F32, 4); /* 80 KiB */
   uint32_t id;
   ASSERT_ERR(engine_cache_open_in(f.eng, 0, "huge", &huge, &id), KVC_E_PAGESIZE);
-  ASSERT(strstr(engine_last_error(f.eng)->msg, "segment holds 65536") != NULL);
+  ASSERT(strstr(engine_last_error(f.eng)->msg, "segment holds 64KiB") != NULL);
   fx_close(&f);
 }
 

@@ -192,6 +192,14 @@ TEST(cache_open_different_layout_is_LAYOUT) {
   DIFF(dtype, KVC_DTYPE_F16);
   DIFF(page_tokens, 2);
 #undef DIFF
+  /* The message says what the cache has where the open differs. */
+  b = l;
+  b.num_layers = l.num_layers + 1;
+  b.dtype = KVC_DTYPE_BF16;
+  ASSERT_ERR(engine_cache_open(f.eng, "main", &b, &id), KVC_E_LAYOUT);
+  ASSERT_EQ(l.num_layers, 4);
+  ASSERT_STR_EQ(engine_last_error(f.eng)->msg, "cache 'main' exists with another layout: "
+                "num_layers 4 (asked 5), dtype f32 (asked bf16)");
   ASSERT_EQ(id, 55);
   ASSERT_U64_EQ(fx_stats(&f).caches, 1);
   fx_close(&f);

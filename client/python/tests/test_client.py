@@ -45,8 +45,9 @@ def test_error_carries_code_name_and_daemon_message(client):
     with pytest.raises(kvcache.NoseqError) as e:
         c.get(12345, 0, 1)
     assert e.value.code == -5 and e.value.name == "NOSEQ" and "12345" in e.value.message
-    with pytest.raises(kvcache.LayoutError):
+    with pytest.raises(kvcache.LayoutError) as e:
         client.open_cache("err", layout("bf16"))
+    assert "exists with another layout: dtype f32 (asked bf16)" in e.value.message
     with pytest.raises(kvcache.NocacheError):
         client.open_cache("no-such-cache")
 
