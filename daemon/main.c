@@ -61,8 +61,7 @@ static int start(server_t *srv, char *err, size_t errlen) {
   if (notify_open(&srv->notify, err, errlen) != 0) return -1;
   uint64_t reserve = srv->cfg.pool_reserve_bytes ? srv->cfg.pool_reserve_bytes
                                                  : poolmap_default_reserve(srv->cfg.pool_bytes);
-  LOG_INFO("pool_prefault", "bytes=%llu state=start", (unsigned long long)srv->cfg.pool_bytes);
-  poolmap_prefault_expect(srv->cfg.pool_bytes);
+  poolmap_prefault_expect(srv->cfg.pool_bytes); /* poolmap_open says when it starts */
   if (poolmap_open(&srv->pool, srv->cfg.pool_bytes, reserve,
                    srv->cfg.pool_huge_pages ? POOL_HUGE_AUTO : POOL_HUGE_OFF,
                    srv->cfg.page_bytes ? 0 : config_segment_bytes(&srv->cfg), err, errlen) != 0)

@@ -258,6 +258,7 @@ int poolmap_open(poolmap_t *pm, uint64_t bytes, uint64_t reserve, int mode, uint
              units_bytes(bytes, a, sizeof a), units_bytes(avail, b, sizeof b));
     return -1;
   }
+  LOG_INFO("pool_prefault", "bytes=%llu state=start", (unsigned long long)bytes);
   /* One more huge page, to align the start of the range to one. */
   uint8_t *r = mmap(NULL, reserve + HUGE_BYTES, PROT_NONE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
