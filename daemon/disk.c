@@ -693,12 +693,24 @@ int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
   size_t nh = 0, k = 0;
   if (!h || engine_tier_probe(srv->eng, cache_id, tokens, n, key, h, cap, &resident, &nh) != 0)
     nh = 0;
-  for (dent_t *e; k < nh && (e = find(d, h[k])) && e->state == D_READY && e->tenant == tenant;)
-    k++;
+  dent_t **ents = nh ? malloc(nh * sizeof *ents) : NULL;
+  for (dent_t *e; ents && k < nh && (e = find(d, h[k])) && e->state == D_READY &&
+                  e->tenant == tenant;)
+    ents[k++] = e;
+  /* What this request reads is held (readers) and made the most recent,
+   * the head of the chain first, before a pool page is taken: taking one
+   * evicts, the page evicted spills, and the spill makes room in the tier
+   * from its least recent files, which at the bound are these. A file held
+   * stays on disk, index or not, until its read is done. */
+  for (size_t i = k; i-- > 0;) {
+    ents[i]->readers++;
+    lru_out(d, ents[i]);
+    lru_front(d, ents[i]);
+  }
   rgroup_t *g = k ? malloc(sizeof *g + k * sizeof g->jobs[0]) : NULL;
   uint32_t got = 0;
   for (; g && got < k; got++) {
-    dent_t *e = find(d, h[got]);
+    dent_t *e = ents[got];
     rjob_t *r = calloc(1, sizeof *r + e->header_bytes);
     engine_tier_job_t *ej;
     void *dst;
@@ -716,11 +728,13 @@ int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
     r->j.run = read_run;
     r->j.done = read_done;
     g->jobs[got] = r;
-    e->readers++;
-    lru_out(d, e);
-    lru_front(d, e);
     d->importing++;
   }
+  for (uint32_t i = got; i < k; i++) { /* not begun: let go */
+    dent_t *e = ents[i];
+    if (--e->readers == 0 && e->gone) drop(d, e, false);
+  }
+  free(ents);
   free(h);
   if (!got) {
     free(g);

@@ -509,3 +509,128 @@ TEST(tier_page_of_another_tenant_never_served) {
   daemon_stop(&d);
   rm_rf(dir);
 }
+
+/* ---- the tier at its bound: a read-back holds what it reads ------------------ */
+
+/* Issue 30's numbers: a pool of 64 MiB in pages of 256 KiB (256 pages),
+ * prompts of 256 tokens of 4 layers f32 in 16-token pages (a page 256 KiB,
+ * a prompt 4 MiB, 16 pages): memory holds 16 prompts. */
+#define BIG_TOKENS 256u
+#define BIG_PAGES (BIG_TOKENS / T)
+#define BIG_POOL "--pool-bytes", "64MiB", "--page-bytes", "256KiB"
+
+static kvc_cache_t *open_big(kvc_client_t *c) {
+  kvc_layout_t l = {.num_layers = 4, .num_kv_heads = 4, .head_dim_k = 128, .head_dim_v = 128,
+                    .dtype = KVC_DTYPE_F32, .page_tokens = T};
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "big", &l, &h));
+  return h;
+}
+
+/* Puts prompts [0, n) with their ids (prompt i: seed 1000 + i, the bytes
+ * of seq i + 1), each left cached; after each, waits until every page it
+ * evicted was written or failed (so that no write waits long enough to be
+ * dropped: that is another test). */
+static void put_prompts(kvc_client_t *c, kvc_cache_t *h, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t *p = prompt(BIG_TOKENS, 1000 + i);
+    put_bytes(h, i + 1, BIG_TOKENS, p, i + 1);
+    ASSERT_OK(kvc_seq_remove(h, i + 1, 0, UINT64_MAX));
+    free(p);
+    uint64_t spilled = stat_get(c, "cached_reclaimed_total", NULL), end = it_mono_ms() + IT_WAIT_MS;
+    while (stat_get(c, "tier_disk_writes_total", NULL) +
+           stat_get(c, "tier_disk_write_errors_total", NULL) < spilled) {
+      if (it_mono_ms() > end) TEST_FAIL_("the writes of prompt %u did not end", i);
+      it_sleep_ms(1);
+    }
+  }
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_spill_dropped_total", NULL), 0);
+}
+
+/* Attaches prompt i as seq 10000 + i, checks the pages it got are prompt
+ * i's byte for byte, removes the seq; returns the pages. */
+static uint64_t attach_prompt(kvc_cache_t *h, uint32_t i) {
+  uint32_t *p = prompt(BIG_TOKENS, 1000 + i);
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach(h, 10000 + i, p, BIG_TOKENS, false, &m));
+  ASSERT(m.pages <= BIG_PAGES);
+  if (m.pages) check_bytes(h, 10000 + i, m.pages * T, i + 1);
+  ASSERT_OK(kvc_seq_remove(h, 10000 + i, 0, UINT64_MAX));
+  free(p);
+  return m.pages;
+}
+
+/* A 128 MiB tier holds 31.5 prompts of 64 put: 16 in memory, prompts 17
+ * to 47 on disk and the head half of 16 (the tier takes a chain's tail
+ * first: eviction spills it first). Reading 16 back evicts memory pages,
+ * whose spill makes room from the least recent files: the ones this read
+ * takes (the daemon died of SIGSEGV there). Each read then costs the next
+ * prompt its tail half, and 48 to 63, pushed to disk by those reads, come
+ * back whole. */
+TEST(tier_at_its_bound_reads_back_the_oldest) {
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  const char *args[] = {BIG_POOL, "--tier-dir", dir, "--tier-bytes", "128MiB", NULL};
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_big(c);
+  put_prompts(c, h, 64);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_pages", NULL), 31 * BIG_PAGES + BIG_PAGES / 2);
+  for (uint32_t i = 0; i < 16; i++) ASSERT_U64_EQ(attach_prompt(h, i), 0);
+  for (uint32_t i = 16; i < 48; i++) ASSERT_U64_EQ(attach_prompt(h, i), BIG_PAGES / 2);
+  /* 48 to 63 went to disk during those reads: once written they are read. */
+  it_wait_stat(c, "tier_disk_writes_total", 64 * BIG_PAGES, true);
+  for (uint32_t i = 48; i < 64; i++) ASSERT_U64_EQ(attach_prompt(h, i), BIG_PAGES);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_hits_total", NULL), 32 * BIG_PAGES / 2 + 16 * BIG_PAGES);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_reads_total", NULL), 32 * BIG_PAGES / 2 + 16 * BIG_PAGES);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_discarded_total", NULL), 0);
+  ASSERT(stat_get(c, "tier_disk_bytes", NULL) <= 128u << 20);
+  kvc_client_close(c);
+  daemon_stop(&d); /* alive, exit 0, no sanitizer report */
+  rm_rf(dir);
+}
+
+/* The same on a full file system: a 32 MiB tmpfs under a tier told 1 GiB,
+ * 512 MiB of prompts. Writes fail (ENOSPC), the tier keeps to what the file
+ * system holds, puts never fail, and what is on disk is read back whole
+ * (the first read-back killed the daemon). */
+TEST(tier_disk_full_reads_back) {
+  if (geteuid() != 0) TEST_SKIP("mounting a tmpfs needs root");
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("tmpfs", dir, "tmpfs", 0, "size=32m,mode=0700") != 0)
+    TEST_SKIP("cannot mount a tmpfs here");
+  daemon_t d;
+  const char *args[] = {BIG_POOL, "--tier-dir", dir, "--tier-bytes", "1GiB", NULL};
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_big(c);
+  put_prompts(c, h, 128);
+  ASSERT(stat_get(c, "tier_disk_write_errors_total", NULL) > 0);
+  ASSERT(it_log_has(&d, "event=tier_disk_full"));
+  uint64_t bound = stat_get(c, "tier_disk_bound_bytes", NULL);
+  ASSERT(bound <= 32u << 20 && bound >= 16u << 20); /* what the file system held */
+  /* On disk: the last prompts evicted (the head part of the oldest of
+   * them); 112 to 127 in memory. Each is read back, byte for byte. */
+  uint64_t ondisk = stat_get(c, "tier_disk_pages", NULL), got = 0;
+  ASSERT(ondisk >= 4 * BIG_PAGES && ondisk <= 8 * BIG_PAGES);
+  uint32_t first = 112 - (uint32_t)((ondisk + BIG_PAGES - 1) / BIG_PAGES);
+  for (uint32_t i = 0; i < 128; i++) {
+    uint64_t pages = attach_prompt(h, i);
+    if (i < first) ASSERT_U64_EQ(pages, 0); /* long gone */
+    if (i == first || i >= 112) ASSERT(pages > 0);
+    got += pages;
+  }
+  ASSERT(got >= ondisk + 8 * BIG_PAGES);
+  uint64_t hits = stat_get(c, "tier_disk_hits_total", NULL);
+  ASSERT(hits >= ondisk);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_reads_total", NULL), hits);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_discarded_total", NULL), 0);
+  ASSERT(stat_get(c, "tier_disk_bytes", NULL) <= bound);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  ASSERT_EQ(umount(dir), 0);
+  rm_rf(dir);
+}
