@@ -12,6 +12,9 @@
  *                 readers: reads in flight (kept on disk meanwhile)
  *                 gone: out of the index; unlinked and freed after its jobs
  *
+ *   turn          spilled writes, oldest first; handed to the threads at the
+ *                 turn's end, newest first (a chain's head first); the oldest
+ *                 make way when the writes waiting would pass STAGING_MAX
  *   jobs          write   (spill)   encode the header, write tmp/<name>, rename
  *                 read    (fetch)   read header + data into the pool page, check
  *                 unlink  (LRU, discard)
@@ -83,7 +86,9 @@ struct disk {
   uint64_t bytes;         /* files' bytes (writes in flight included) */
   uint64_t bound;         /* tier_bytes */
   uint64_t cap;           /* the bound in force: lower after the disk was full */
-  uint64_t staging;       /* bytes spilled, not yet written */
+  uint64_t staging;       /* bytes spilled, not yet written (this turn's included) */
+  struct wjob *turn_head, *turn_tail; /* this turn's spilled pages, oldest first */
+  uint64_t turn_bytes;    /* their bytes */
   uint32_t tenants_saved; /* registry entries written (or queued) */
   uint32_t importing;     /* pool pages held by reads in flight */
   bool closing;           /* disk_close: nothing new is queued */
@@ -98,7 +103,9 @@ struct disk {
   _Atomic(djob_t *) done;
   int efd;
   uv_poll_t poll;
-  bool polled;
+  uv_prepare_t turn;      /* active while this turn spilled: hands its writes over */
+  bool polled;            /* poll and turn are initialized (both closed at the end) */
+  unsigned open_handles;
   uint64_t inflight;      /* jobs queued or running or done, not yet ended */
   unsigned nthreads;
   pthread_t threads[DISK_THREADS];
@@ -431,6 +438,7 @@ static void registry_restore(disk_t *d) {
 
 typedef struct wjob {
   djob_t j;
+  struct wjob *tnext;      /* this turn's list, until handed over */
   dent_t *e;
   engine_tier_meta_t m;    /* m.tokens -> ids below */
   char tenant[DISKFMT_TENANT_MAX];
@@ -498,6 +506,51 @@ static void write_done(disk_t *d, djob_t *j) {
   free(w);
 }
 
+/* The oldest write of this turn is dropped: its page is not written. */
+static void turn_drop_oldest(disk_t *d) {
+  wjob_t *w = d->turn_head;
+  d->turn_head = w->tnext;
+  if (!d->turn_head) d->turn_tail = NULL;
+  uint64_t bytes = w->e->header_bytes + w->e->data_bytes;
+  d->staging -= bytes;
+  d->turn_bytes -= bytes;
+  if (!w->e->gone) unindex(d, w->e);
+  free(w->e);
+  free(w->victims);
+  free(w->data);
+  free(w);
+  d->srv->stats.tier_disk_spill_dropped++;
+}
+
+/* The turn's end (before the loop waits): this turn's writes go to the
+ * threads, the newest first (a chain's head before its tail), and the
+ * tier's bound is kept for them: the files that make their room are
+ * removed by the first of them, before it writes. */
+static void turn_flush(disk_t *d) {
+  wjob_t *rev = NULL;
+  for (wjob_t *w = d->turn_head, *next; w; w = next) {
+    next = w->tnext;
+    w->tnext = rev;
+    rev = w;
+  }
+  d->turn_head = d->turn_tail = NULL;
+  d->turn_bytes = 0;
+  if (!rev) return;
+  d->collect = rev;
+  trim(d);
+  d->collect = NULL;
+  for (wjob_t *w = rev, *next; w; w = next) {
+    next = w->tnext;
+    queue(d, &w->j);
+  }
+}
+
+static void on_turn(uv_prepare_t *h) {
+  disk_t *d = h->data;
+  uv_prepare_stop(h);
+  turn_flush(d);
+}
+
 /* The engine's spill callback: a cached page leaves memory. The bytes are
  * copied here (the pool page is reused as soon as this returns); the
  * header, its checksums and the file are the thread's. */
@@ -517,8 +570,14 @@ static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) 
     if (e->state != D_READY) return;
     drop(d, e, true); /* another tenant's number: a stale file */
   }
+  /* Writes waiting hold STAGING_MAX at most. This turn's spills make way,
+   * the oldest first: eviction spills a chain's tail before its head, so
+   * what goes is a tail and what is kept stays reachable from its head.
+   * Writes handed to the threads already stay (they are being written in
+   * turn); past them the page is dropped, and a page dropped here is the
+   * deepest of its chain that this turn spilled. */
   wjob_t *w = NULL;
-  if (need > d->cap || d->staging + need > STAGING_MAX || !index_room(d) ||
+  if (need > d->cap || d->staging - d->turn_bytes + need > STAGING_MAX || !index_room(d) ||
       !(w = calloc(1, sizeof *w)) || !(e = calloc(1, sizeof *e)) ||
       !(w->data = malloc(need + 4ull * m->page_tokens))) {
     if (w) free(e);
@@ -526,6 +585,7 @@ static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) 
     srv->stats.tier_disk_spill_dropped++;
     return;
   }
+  while (d->staging + need > STAGING_MAX) turn_drop_oldest(d);
   registry_queue(d); /* before the page: its tenant's number must be known */
   memcpy(w->data, bytes, m->data_bytes);
   w->ids = (uint32_t *)(void *)(w->data + need);
@@ -547,12 +607,13 @@ static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) 
    * the pool was recorded as the engine reclaimed it). */
   engine_events_tier(srv->eng, ENGINE_EV_STORED, ENGINE_MEDIUM_DISK, m->tenant, m->cache,
                      m->page_tokens, m->hash, m->head ? NULL : m->parent, m->tokens);
-  d->collect = w;
-  trim(d);
-  d->collect = NULL;
   w->j.run = write_run;
   w->j.done = write_done;
-  queue(d, &w->j);
+  if (d->turn_tail) d->turn_tail->tnext = w;
+  else d->turn_head = w;
+  d->turn_tail = w;
+  d->turn_bytes += need;
+  if (!uv_is_active((uv_handle_t *)&d->turn)) uv_prepare_start(&d->turn, on_turn);
 }
 
 /* ---- reads: a match reaching pages on disk ---------------------------------------------- */
@@ -972,7 +1033,10 @@ static void tmp_clear(int top) {
   closedir(dir);
 }
 
-static void on_poll_closed(uv_handle_t *h) { free(h->data); }
+static void on_handle_closed(uv_handle_t *h) {
+  disk_t *d = h->data;
+  if (--d->open_handles == 0) free(d);
+}
 
 int disk_open(server_t *srv, char *err, size_t errlen) {
   const char *path = srv->cfg.tier_dir;
@@ -1024,8 +1088,11 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "tier_dir: eventfd: %s", strerror(errno));
     return -1;
   }
+  uv_prepare_init(srv->loop, &d->turn);
   d->polled = true;
+  d->open_handles = 2;
   d->poll.data = d;
+  d->turn.data = d;
   /* One a CPU the daemon may use, up to two: the reads are copies out of
    * the page cache and checksums, threads beyond the CPUs only wait. */
   unsigned want = offload_cpus() < DISK_THREADS ? offload_cpus() : DISK_THREADS;
@@ -1142,6 +1209,7 @@ void disk_close(server_t *srv, bool clean) {
   disk_t *d = srv->disk;
   if (!d) return;
   engine_set_spill(srv->eng, NULL, NULL);
+  turn_flush(d); /* the last turn's writes: the threads write them before they end */
   pthread_mutex_lock(&d->mu);
   d->stop = true;
   pthread_cond_broadcast(&d->cv);
@@ -1160,8 +1228,12 @@ void disk_close(server_t *srv, bool clean) {
   pthread_cond_destroy(&d->cv);
   if (d->efd >= 0) close(d->efd);
   srv->disk = NULL;
-  if (d->polled) uv_close((uv_handle_t *)&d->poll, on_poll_closed); /* frees d once closed */
-  else free(d);
+  if (d->polled) { /* d is freed once both are closed */
+    uv_close((uv_handle_t *)&d->poll, on_handle_closed);
+    uv_close((uv_handle_t *)&d->turn, on_handle_closed);
+  } else {
+    free(d);
+  }
 }
 
 void disk_reload(server_t *srv) {

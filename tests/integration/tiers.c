@@ -634,3 +634,49 @@ TEST(tier_disk_full_reads_back) {
   ASSERT_EQ(umount(dir), 0);
   rm_rf(dir);
 }
+
+/* ---- a burst past the spill queue: what is dropped is chains' tails ---------- */
+
+/* A shrink evicts 96 MiB of cached prompts in one call, more than the 64
+ * MiB of writes that may wait: some pages are dropped. Eviction spills a
+ * chain's tail first; dropping whatever came last dropped the heads, and
+ * every page written of those chains was unreachable. The pages written
+ * must be a head part of their chains: every one is read back (a disk
+ * slower than eviction drops the same way, steadily: doc/tiers.md). */
+TEST(tier_spill_burst_drops_chain_tails) {
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  const char *args[] = {BIG_POOL, "--tier-dir", dir, "--tier-bytes", "1GiB", NULL};
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  ASSERT_OK(kvc_pool_resize(c, 192u << 20, NULL)); /* 768 pages */
+  kvc_cache_t *h = open_big(c);
+  put_prompts(c, h, 40);                           /* 640 pages: nothing evicted */
+  ASSERT_U64_EQ(stat_get(c, "cached_reclaimed_total", NULL), 0);
+  kvc_pool_resize_t r;
+  ASSERT_OK(kvc_pool_resize(c, 64u << 20, &r));     /* 384 pages out at once */
+  uint64_t spilled = stat_get(c, "cached_reclaimed_total", NULL);
+  ASSERT_U64_EQ(spilled, 24 * BIG_PAGES);
+  uint64_t end = it_mono_ms() + IT_WAIT_MS, written, dropped;
+  for (;;) {
+    written = stat_get(c, "tier_disk_writes_total", NULL);
+    dropped = stat_get(c, "tier_disk_spill_dropped_total", NULL);
+    if (written + dropped == spilled) break;
+    ASSERT(it_mono_ms() < end);
+    it_sleep_ms(1);
+  }
+  ASSERT(dropped > 0 && written > 0);
+  /* Prompts 0 to 23 are on disk alone: what they attach was written. */
+  uint64_t reached = 0, heads = 0;
+  for (uint32_t i = 0; i < 24; i++) {
+    uint64_t pages = attach_prompt(h, i);
+    reached += pages;
+    heads += pages > 0;
+  }
+  ASSERT_U64_EQ(reached, written);
+  ASSERT_U64_EQ(heads, (written + BIG_PAGES - 1) / BIG_PAGES); /* whole prompts, but one */
+  kvc_client_close(c);
+  daemon_stop(&d);
+  rm_rf(dir);
+}
