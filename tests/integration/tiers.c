@@ -238,6 +238,8 @@ TEST(tier_warm_restart_first_match_hits) {
   ASSERT_OK(kvc_attach(h, 5, p, 12 * T, false, &m)); /* the first request that looks */
   ASSERT_U64_EQ(m.pages, 12);
   check_bytes(h, 5, 12 * T, 3);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_reads_total", NULL), 12); /* the figures doc/tiers.md gives */
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_hits_total", NULL), 12);
   kvc_client_close(c);
   daemon_stop(&d);
   rm_rf(dir);
@@ -676,6 +678,65 @@ TEST(tier_spill_burst_drops_chain_tails) {
   }
   ASSERT_U64_EQ(reached, written);
   ASSERT_U64_EQ(heads, (written + BIG_PAGES - 1) / BIG_PAGES); /* whole prompts, but one */
+  kvc_client_close(c);
+  daemon_stop(&d);
+  rm_rf(dir);
+}
+
+/* ---- the names doc/tiers.md gives ------------------------------------------- */
+
+/* Every `tier_...` name doc/tiers.md gives is real: a figure the daemon
+ * exports, an option of its configuration (its event=config line) or a log
+ * event of daemon/disk.c (the document named a figure that existed
+ * nowhere). */
+TEST(tier_doc_names_exist) {
+  char path[512], dir[64];
+  uint8_t *doc, *src, *log;
+  size_t dlen, slen, llen;
+  snprintf(path, sizeof path, "%s/doc/tiers.md", it_srcdir());
+  read_file(path, &doc, &dlen);
+  snprintf(path, sizeof path, "%s/daemon/disk.c", it_srcdir());
+  read_file(path, &src, &slen);
+  doc = realloc(doc, dlen + 1), src = realloc(src, slen + 1);
+  ASSERT(doc && src);
+  doc[dlen] = src[slen] = '\0';
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  start_tier(&d, dir, "64MiB");
+  kvc_client_t *c = client_open(&d);
+  kvc_stat_t *st;
+  size_t n;
+  ASSERT_OK(kvc_stats(c, &st, &n));
+  read_file(d.log, &log, &llen);
+  log = realloc(log, llen + 1);
+  ASSERT(log != NULL);
+  log[llen] = '\0';
+  const char *config = strstr((char *)log, "event=config ");
+  ASSERT(config != NULL);
+  const char *config_end = strchr(config, '\n');
+  int checked = 0, missing = 0;
+  for (char *a = strchr((char *)doc, '`'), *b; a && (b = strchr(a + 1, '`')); a = strchr(b + 1, '`')) {
+    char name[128], needle[140];
+    size_t len = (size_t)(b - a - 1);
+    if (len >= sizeof name || strncmp(a + 1, "tier_", 5) != 0 ||
+        strspn(a + 1, "abcdefghijklmnopqrstuvwxyz0123456789_") != len)
+      continue;
+    snprintf(name, sizeof name, "%.*s", (int)len, a + 1);
+    checked++;
+    bool found = false;
+    for (size_t i = 0; i < n && !found; i++) found = strcmp(st[i].name, name) == 0;
+    snprintf(needle, sizeof needle, " %s=", name);
+    const char *opt = strstr(config, needle);
+    found |= opt && (!config_end || opt < config_end);
+    snprintf(needle, sizeof needle, "\"%s\"", name);
+    found |= strstr((char *)src, needle) != NULL;
+    if (!found) fprintf(stderr, "doc/tiers.md names `%s`: no figure, option or log event\n", name);
+    missing += !found;
+  }
+  ASSERT(checked >= 15); /* the parse found what the document holds */
+  ASSERT_EQ(missing, 0);
+  kvc_stats_free(st);
+  free(doc), free(src), free(log);
   kvc_client_close(c);
   daemon_stop(&d);
   rm_rf(dir);
