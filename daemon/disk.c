@@ -65,6 +65,7 @@ typedef struct dent {
   uint8_t state;          /* enum dstate */
   bool gone;              /* out of the index: unlink and free after its jobs */
   bool kept;              /* a clean stop wrote or touched it */
+  bool untold;            /* spilled this turn: the event stream hears of it at its end */
   uint32_t readers;       /* read jobs in flight */
   int64_t mtime_ns;       /* the start-up scan's order */
   char cache[KVC_MAX_NAME + 1]; /* its cache's name (the event stream's scope) */
@@ -182,8 +183,9 @@ static void add(disk_t *d, dent_t *e) {
 
 static void unindex(disk_t *d, dent_t *e) {
   /* The event stream: the page left the disk tier (doc/events.md). */
-  engine_events_tier(d->srv->eng, ENGINE_EV_REMOVED, ENGINE_MEDIUM_DISK, e->tenant, e->cache, 0,
-                     e->hash, NULL, NULL);
+  if (!e->untold)
+    engine_events_tier(d->srv->eng, ENGINE_EV_REMOVED, ENGINE_MEDIUM_DISK, e->tenant, e->cache,
+                       0, e->hash, NULL, NULL);
   for (dent_t **p = &d->buckets[bucket(d, e->hash)]; *p; p = &(*p)->hnext)
     if (*p == e) {
       *p = e->hnext;
@@ -523,9 +525,11 @@ static void turn_drop_oldest(disk_t *d) {
 }
 
 /* The turn's end (before the loop waits): this turn's writes go to the
- * threads, the newest first (a chain's head before its tail), and the
- * tier's bound is kept for them: the files that make their room are
- * removed by the first of them, before it writes. */
+ * threads, the newest first (a chain's head before its tail), the event
+ * stream hears of their pages in that order (a parent before its
+ * children; of a page dropped, nothing), and the tier's bound is kept for
+ * them: the files that make their room are removed by the first of them,
+ * before it writes. */
 static void turn_flush(disk_t *d) {
   wjob_t *rev = NULL;
   for (wjob_t *w = d->turn_head, *next; w; w = next) {
@@ -541,6 +545,10 @@ static void turn_flush(disk_t *d) {
   d->collect = NULL;
   for (wjob_t *w = rev, *next; w; w = next) {
     next = w->tnext;
+    const engine_tier_meta_t *m = &w->m;
+    w->e->untold = false;
+    engine_events_tier(d->srv->eng, ENGINE_EV_STORED, ENGINE_MEDIUM_DISK, m->tenant, m->cache,
+                       m->page_tokens, m->hash, m->head ? NULL : m->parent, m->tokens);
     queue(d, &w->j);
   }
 }
@@ -575,9 +583,13 @@ static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) 
    * what goes is a tail and what is kept stays reachable from its head.
    * Writes handed to the threads already stay (they are being written in
    * turn); past them the page is dropped, and a page dropped here is the
-   * deepest of its chain that this turn spilled. */
+   * deepest of its chain that this turn spilled. A page the rest of its
+   * eviction would make go (m->more pages to come fill the room) is
+   * dropped now, uncopied: a shrink of gigabytes copies the 64 MiB it
+   * keeps, not every page it evicts. */
   wjob_t *w = NULL;
-  if (need > d->cap || d->staging - d->turn_bytes + need > STAGING_MAX || !index_room(d) ||
+  uint64_t room = STAGING_MAX - (d->staging - d->turn_bytes);
+  if (need > d->cap || need > room || m->more >= room / need || !index_room(d) ||
       !(w = calloc(1, sizeof *w)) || !(e = calloc(1, sizeof *e)) ||
       !(w->data = malloc(need + 4ull * m->page_tokens))) {
     if (w) free(e);
@@ -600,13 +612,10 @@ static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) 
   e->header_bytes = hb;
   e->data_bytes = m->data_bytes;
   e->state = D_WRITING;
+  e->untold = true; /* its removal from the pool was recorded as the engine reclaimed it */
   w->e = e;
   d->staging += need;
   add(d, e);
-  /* The event stream: the page is in the disk tier now (its removal from
-   * the pool was recorded as the engine reclaimed it). */
-  engine_events_tier(srv->eng, ENGINE_EV_STORED, ENGINE_MEDIUM_DISK, m->tenant, m->cache,
-                     m->page_tokens, m->hash, m->head ? NULL : m->parent, m->tokens);
   w->j.run = write_run;
   w->j.done = write_done;
   if (d->turn_tail) d->turn_tail->tnext = w;

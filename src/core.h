@@ -258,6 +258,8 @@ struct engine {
   void (*spill)(void *ctx, const struct engine_tier_meta *m, const void *bytes);
   void *spill_ctx;
   void (*reclaim_hook)(struct engine *eng, const ipage_t *ip);
+  uint64_t reclaims_left; /* cached pages the eviction running plans to reclaim still
+                             (evict.c; a spill says it: engine_tier_meta_t.more) */
 };
 
 /* A cache id is its slot in eng->caches and the slot's generation, bumped

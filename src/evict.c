@@ -57,6 +57,7 @@ static uint64_t need_now(const engine_t *eng, const evict_need_t *nd) {
 typedef struct plan {
   uint64_t need;    /* pages still needed from eviction, shrinking as copies lapse */
   uint64_t freed;   /* pages the plan frees */
+  uint64_t reclaims; /* of them, cached pages it reclaims */
   uint32_t *stack;  /* cached pages to reclaim next (deepest on top) */
   uint32_t top;
   uint32_t *touched; /* ipages whose plan fields were set */
@@ -89,6 +90,7 @@ static void plan_reclaim(engine_t *eng, plan_t *pl, ipage_t *ip) {
   touch_ip(pl, ip);
   ip->planned = true;
   pl->freed++;
+  pl->reclaims++;
   ip->cache->q->plan_freed++;
   if (ip->parent == POOL_NOPAGE) return;
   ipage_t *par = page_meta(eng, ip->parent);
@@ -212,6 +214,7 @@ static bool evict_one(engine_t *eng, const plan_t *filter) {
       }
       ipage_t *ip = IPAGE_OF(n);
       if (ip->nchildren == 0) {
+        if (eng->reclaims_left) eng->reclaims_left--;
         prefix_reclaim(eng, ip);
         return true;
       }
@@ -276,13 +279,17 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
     return rc;
   }
   plan_freed_reset(eng); /* evicting counts what tenants hold now */
+  eng->reclaims_left = pl.reclaims; /* what a spill is told is still to come */
   plan_t own = {.only = nd->q, .by = nd->q}, over_share = {.over_only = true, .by = nd->q},
          any = {.by = nd->q};
   if (first) {
     while (p->nfree < need_now(eng, nd) && evict_one(eng, over ? &own : &over_share)) continue;
   }
   while (p->nfree < need_now(eng, nd))
-    if (!evict_one(eng, &any))
+    if (!evict_one(eng, &any)) {
+      eng->reclaims_left = 0;
       return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
+    }
+  eng->reclaims_left = 0;
   return 0;
 }
