@@ -12,6 +12,9 @@
  *                 readers: reads in flight (kept on disk meanwhile)
  *                 gone: out of the index; unlinked and freed after its jobs
  *
+ *   turn          spilled writes, oldest first; handed to the threads at the
+ *                 turn's end, newest first (a chain's head first); the oldest
+ *                 make way when the writes waiting would pass STAGING_MAX
  *   jobs          write   (spill)   encode the header, write tmp/<name>, rename
  *                 read    (fetch)   read header + data into the pool page, check
  *                 unlink  (LRU, discard)
@@ -62,6 +65,7 @@ typedef struct dent {
   uint8_t state;          /* enum dstate */
   bool gone;              /* out of the index: unlink and free after its jobs */
   bool kept;              /* a clean stop wrote or touched it */
+  bool untold;            /* spilled this turn: the event stream hears of it at its end */
   uint32_t readers;       /* read jobs in flight */
   int64_t mtime_ns;       /* the start-up scan's order */
   char cache[KVC_MAX_NAME + 1]; /* its cache's name (the event stream's scope) */
@@ -83,7 +87,9 @@ struct disk {
   uint64_t bytes;         /* files' bytes (writes in flight included) */
   uint64_t bound;         /* tier_bytes */
   uint64_t cap;           /* the bound in force: lower after the disk was full */
-  uint64_t staging;       /* bytes spilled, not yet written */
+  uint64_t staging;       /* bytes spilled, not yet written (this turn's included) */
+  struct wjob *turn_head, *turn_tail; /* this turn's spilled pages, oldest first */
+  uint64_t turn_bytes;    /* their bytes */
   uint32_t tenants_saved; /* registry entries written (or queued) */
   uint32_t importing;     /* pool pages held by reads in flight */
   bool closing;           /* disk_close: nothing new is queued */
@@ -98,7 +104,9 @@ struct disk {
   _Atomic(djob_t *) done;
   int efd;
   uv_poll_t poll;
-  bool polled;
+  uv_prepare_t turn;      /* active while this turn spilled: hands its writes over */
+  bool polled;            /* poll and turn are initialized (both closed at the end) */
+  unsigned open_handles;
   uint64_t inflight;      /* jobs queued or running or done, not yet ended */
   unsigned nthreads;
   pthread_t threads[DISK_THREADS];
@@ -175,8 +183,9 @@ static void add(disk_t *d, dent_t *e) {
 
 static void unindex(disk_t *d, dent_t *e) {
   /* The event stream: the page left the disk tier (doc/events.md). */
-  engine_events_tier(d->srv->eng, ENGINE_EV_REMOVED, ENGINE_MEDIUM_DISK, e->tenant, e->cache, 0,
-                     e->hash, NULL, NULL);
+  if (!e->untold)
+    engine_events_tier(d->srv->eng, ENGINE_EV_REMOVED, ENGINE_MEDIUM_DISK, e->tenant, e->cache,
+                       0, e->hash, NULL, NULL);
   for (dent_t **p = &d->buckets[bucket(d, e->hash)]; *p; p = &(*p)->hnext)
     if (*p == e) {
       *p = e->hnext;
@@ -432,6 +441,7 @@ static void registry_restore(disk_t *d) {
 
 typedef struct wjob {
   djob_t j;
+  struct wjob *tnext;      /* this turn's list, until handed over */
   dent_t *e;
   engine_tier_meta_t m;    /* m.tokens -> ids below */
   char tenant[DISKFMT_TENANT_MAX];
@@ -499,6 +509,57 @@ static void write_done(disk_t *d, djob_t *j) {
   free(w);
 }
 
+/* The oldest write of this turn is dropped: its page is not written. */
+static void turn_drop_oldest(disk_t *d) {
+  wjob_t *w = d->turn_head;
+  d->turn_head = w->tnext;
+  if (!d->turn_head) d->turn_tail = NULL;
+  uint64_t bytes = w->e->header_bytes + w->e->data_bytes;
+  d->staging -= bytes;
+  d->turn_bytes -= bytes;
+  if (!w->e->gone) unindex(d, w->e);
+  free(w->e);
+  free(w->victims);
+  free(w->data);
+  free(w);
+  d->srv->stats.tier_disk_spill_dropped++;
+}
+
+/* The turn's end (before the loop waits): this turn's writes go to the
+ * threads, the newest first (a chain's head before its tail), the event
+ * stream hears of their pages in that order (a parent before its
+ * children; of a page dropped, nothing), and the tier's bound is kept for
+ * them: the files that make their room are removed by the first of them,
+ * before it writes. */
+static void turn_flush(disk_t *d) {
+  wjob_t *rev = NULL;
+  for (wjob_t *w = d->turn_head, *next; w; w = next) {
+    next = w->tnext;
+    w->tnext = rev;
+    rev = w;
+  }
+  d->turn_head = d->turn_tail = NULL;
+  d->turn_bytes = 0;
+  if (!rev) return;
+  d->collect = rev;
+  trim(d);
+  d->collect = NULL;
+  for (wjob_t *w = rev, *next; w; w = next) {
+    next = w->tnext;
+    const engine_tier_meta_t *m = &w->m;
+    w->e->untold = false;
+    engine_events_tier(d->srv->eng, ENGINE_EV_STORED, ENGINE_MEDIUM_DISK, m->tenant, m->cache,
+                       m->page_tokens, m->hash, m->head ? NULL : m->parent, m->tokens);
+    queue(d, &w->j);
+  }
+}
+
+static void on_turn(uv_prepare_t *h) {
+  disk_t *d = h->data;
+  uv_prepare_stop(h);
+  turn_flush(d);
+}
+
 /* The engine's spill callback: a cached page leaves memory. The bytes are
  * copied here (the pool page is reused as soon as this returns); the
  * header, its checksums and the file are the thread's. */
@@ -518,8 +579,18 @@ static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) 
     if (e->state != D_READY) return;
     drop(d, e, true); /* another tenant's number: a stale file */
   }
+  /* Writes waiting hold STAGING_MAX at most. This turn's spills make way,
+   * the oldest first: eviction spills a chain's tail before its head, so
+   * what goes is a tail and what is kept stays reachable from its head.
+   * Writes handed to the threads already stay (they are being written in
+   * turn); past them the page is dropped, and a page dropped here is the
+   * deepest of its chain that this turn spilled. A page the rest of its
+   * eviction would make go (m->more pages to come fill the room) is
+   * dropped now, uncopied: a shrink of gigabytes copies the 64 MiB it
+   * keeps, not every page it evicts. */
   wjob_t *w = NULL;
-  if (need > d->cap || d->staging + need > STAGING_MAX || !index_room(d) ||
+  uint64_t room = STAGING_MAX - (d->staging - d->turn_bytes);
+  if (need > d->cap || need > room || m->more >= room / need || !index_room(d) ||
       !(w = calloc(1, sizeof *w)) || !(e = calloc(1, sizeof *e)) ||
       !(w->data = malloc(need + 4ull * m->page_tokens))) {
     if (w) free(e);
@@ -527,6 +598,7 @@ static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) 
     srv->stats.tier_disk_spill_dropped++;
     return;
   }
+  while (d->staging + need > STAGING_MAX) turn_drop_oldest(d);
   registry_queue(d); /* before the page: its tenant's number must be known */
   memcpy(w->data, bytes, m->data_bytes);
   w->ids = (uint32_t *)(void *)(w->data + need);
@@ -541,19 +613,17 @@ static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) 
   e->header_bytes = hb;
   e->data_bytes = m->data_bytes;
   e->state = D_WRITING;
+  e->untold = true; /* its removal from the pool was recorded as the engine reclaimed it */
   w->e = e;
   d->staging += need;
   add(d, e);
-  /* The event stream: the page is in the disk tier now (its removal from
-   * the pool was recorded as the engine reclaimed it). */
-  engine_events_tier(srv->eng, ENGINE_EV_STORED, ENGINE_MEDIUM_DISK, m->tenant, m->cache,
-                     m->page_tokens, m->hash, m->head ? NULL : m->parent, m->tokens);
-  d->collect = w;
-  trim(d);
-  d->collect = NULL;
   w->j.run = write_run;
   w->j.done = write_done;
-  queue(d, &w->j);
+  if (d->turn_tail) d->turn_tail->tnext = w;
+  else d->turn_head = w;
+  d->turn_tail = w;
+  d->turn_bytes += need;
+  if (!uv_is_active((uv_handle_t *)&d->turn)) uv_prepare_start(&d->turn, on_turn);
 }
 
 /* ---- reads: a match reaching pages on disk ---------------------------------------------- */
@@ -698,11 +768,17 @@ int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
   for (dent_t *e; ents && k < nh && (e = find(d, h[k])) && e->state == D_READY &&
                   e->tenant == tenant;)
     ents[k++] = e;
+  /* What this request reads is held (readers) and made the most recent,
+   * the head of the chain first, before a pool page is taken: taking one
+   * evicts, the page evicted spills, and the spill makes room in the tier
+   * from its least recent files, which at the bound are these. A file held
+   * stays on disk, index or not, until its read is done. */
+  for (size_t i = k; i-- > 0;) {
+    ents[i]->readers++;
+    lru_out(d, ents[i]);
+    lru_front(d, ents[i]);
+  }
   rgroup_t *g = k ? malloc(sizeof *g + k * sizeof g->jobs[0]) : NULL;
-  /* Every file of the run is held before the first page is taken: taking a
-   * page may evict one to this tier, and the tier at its bound would drop
-   * its oldest files, the very ones about to be read. */
-  for (size_t i = 0; g && i < k; i++) ents[i]->readers++;
   uint32_t got = 0;
   for (; g && got < k; got++) {
     dent_t *e = ents[got];
@@ -723,13 +799,9 @@ int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
     r->j.run = read_run;
     r->j.done = read_done;
     g->jobs[got] = r;
-    if (!e->gone) { /* the most recent now (a dropped one is off the list) */
-      lru_out(d, e);
-      lru_front(d, e);
-    }
     d->importing++;
   }
-  for (size_t i = got; g && i < k; i++) { /* not read after all: let go */
+  for (uint32_t i = got; i < k; i++) { /* not begun: let go */
     dent_t *e = ents[i];
     if (--e->readers == 0 && e->gone) drop(d, e, false);
   }
@@ -971,7 +1043,10 @@ static void tmp_clear(int top) {
   closedir(dir);
 }
 
-static void on_poll_closed(uv_handle_t *h) { free(h->data); }
+static void on_handle_closed(uv_handle_t *h) {
+  disk_t *d = h->data;
+  if (--d->open_handles == 0) free(d);
+}
 
 int disk_open(server_t *srv, char *err, size_t errlen) {
   const char *path = srv->cfg.tier_dir;
@@ -1023,8 +1098,11 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "tier_dir: eventfd: %s", strerror(errno));
     return -1;
   }
+  uv_prepare_init(srv->loop, &d->turn);
   d->polled = true;
+  d->open_handles = 2;
   d->poll.data = d;
+  d->turn.data = d;
   /* One a CPU the daemon may use, up to two: the reads are copies out of
    * the page cache and checksums, threads beyond the CPUs only wait. */
   unsigned want = offload_cpus() < DISK_THREADS ? offload_cpus() : DISK_THREADS;
@@ -1141,6 +1219,7 @@ void disk_close(server_t *srv, bool clean) {
   disk_t *d = srv->disk;
   if (!d) return;
   engine_set_spill(srv->eng, NULL, NULL);
+  turn_flush(d); /* the last turn's writes: the threads write them before they end */
   pthread_mutex_lock(&d->mu);
   d->stop = true;
   pthread_cond_broadcast(&d->cv);
@@ -1159,8 +1238,12 @@ void disk_close(server_t *srv, bool clean) {
   pthread_cond_destroy(&d->cv);
   if (d->efd >= 0) close(d->efd);
   srv->disk = NULL;
-  if (d->polled) uv_close((uv_handle_t *)&d->poll, on_poll_closed); /* frees d once closed */
-  else free(d);
+  if (d->polled) { /* d is freed once both are closed */
+    uv_close((uv_handle_t *)&d->poll, on_handle_closed);
+    uv_close((uv_handle_t *)&d->turn, on_handle_closed);
+  } else {
+    free(d);
+  }
 }
 
 void disk_reload(server_t *srv) {

@@ -7,7 +7,8 @@
  * (parked, as for a busy sequence), imports those that verify, and runs
  * again; the event loop never touches a file.
  *
- *   evict -> spill (copy to staging) -> write thread -> <hash>.kvp
+ *   evict -> spill (copy to staging) -> turn's end (newest first) -> write thread
+ *         -> <hash>.kvp
  *   match -> probe -> index hit -> import_begin, read thread -> import_end
  *         -> the request runs again and hits
  *

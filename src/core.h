@@ -264,6 +264,9 @@ struct engine {
   /* A segment changed owner (engine_set_segment_hook). */
   void (*seg_hook)(void *ctx, uint32_t seg, uint64_t from_owner, uint64_t to_owner);
   void *seg_ctx;
+  uint64_t reclaims_left; /* cached pages the eviction running plans to reclaim still
+                             (evict.c; a spill says it: engine_tier_meta_t.more) */
+  uint64_t plan_reclaims; /* of the last evict_plan: the cached pages it reclaims */
 };
 
 /* A cache id is its slot in eng->caches and the slot's generation, bumped

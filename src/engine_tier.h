@@ -46,6 +46,9 @@ typedef struct engine_tier_meta {
   bool head;                     /* first page of its chain */
   engine_tier_key_t salt, extra; /* the chain's key */
   const uint32_t *tokens;        /* page_tokens ids */
+  uint64_t more;                 /* spill: cached pages the eviction reclaiming this one
+                                    plans to reclaim after it (a bound: some may not be
+                                    spilled, or be kept already); 0 elsewhere */
 } engine_tier_meta_t;
 
 /* Called with a page about to leave memory (bytes: data_bytes of them). */

@@ -72,6 +72,7 @@ static uint64_t need_now(const engine_t *eng, const evict_need_t *nd) {
 typedef struct plan {
   uint64_t need;    /* free pages the arena must reach, shrinking as copies lapse */
   uint64_t freed;   /* pages the plan frees */
+  uint64_t reclaims; /* of them, cached pages it reclaims */
   uint32_t *stack;  /* cached pages to reclaim next (deepest on top) */
   uint32_t top;
   uint32_t *touched; /* ipages whose plan fields were set */
@@ -102,6 +103,7 @@ static void plan_reclaim(engine_t *eng, plan_t *pl, ipage_t *ip) {
   touch_ip(pl, ip);
   ip->planned = true;
   pl->freed++;
+  pl->reclaims++;
   ip->cache->q->plan_freed++;
   if (ip->parent == POOL_NOPAGE) return;
   ipage_t *par = page_meta(eng, ip->parent);
@@ -220,6 +222,7 @@ uint64_t evict_plan(engine_t *eng, uint16_t arena, uint64_t need, const quota_t 
   plan_walk(eng, &pl, nd ? nd : &none);
   plan_clear(eng, &pl);
   plan_freed_reset(eng);
+  eng->plan_reclaims = pl.reclaims;
   uint64_t have = eng->pool.arenas[arena].nfree + pl.freed;
   if (missing) *missing = have >= pl.need ? 0 : pl.need - have;
   return pl.freed;
@@ -248,6 +251,7 @@ static bool evict_one(engine_t *eng, const plan_t *filter) {
       }
       ipage_t *ip = IPAGE_OF(n);
       if (ip->nchildren == 0) {
+        if (eng->reclaims_left) eng->reclaims_left--;
         prefix_reclaim(eng, ip);
         return true;
       }
@@ -388,6 +392,7 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
    * arena whose victim is the oldest evicts it, and gives a segment once it
    * has a segment's worth of free pages (arena.c moves what is left). */
   plan_t mine = {.arena = a, .by = nd->q};
+  eng->reclaims_left = eng->plan_reclaims; /* what a spill is told is still to come */
   enum { UNKNOWN = 0, WORN = 1, GIVES = 2 }; /* plan_segs, per other arena */
   for (uint32_t b = 0; b < p->narenas; b++) p->arenas[b].plan_segs = UNKNOWN;
   while (ar->nfree < need_now(eng, nd)) {
@@ -412,6 +417,7 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
     if (!evict_one(eng, &theirs)) ab->plan_segs = WORN;
   }
   for (uint32_t b = 0; b < p->narenas; b++) p->arenas[b].plan_segs = 0;
+  eng->reclaims_left = 0;
   if (ar->nfree < need_now(eng, nd)) {
     return engine_fail(eng, KVC_E_INTERNAL, "eviction plan and eviction disagree");
   }

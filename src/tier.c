@@ -79,8 +79,10 @@ static bool meta_of(engine_t *eng, const ipage_t *ip, engine_tier_meta_t *m) {
  * freed): the callback may keep it. */
 static void spill_hook(engine_t *eng, const ipage_t *ip) {
   engine_tier_meta_t m;
-  if (eng->spill && meta_of(eng, ip, &m))
+  if (eng->spill && meta_of(eng, ip, &m)) {
+    m.more = eng->reclaims_left;
     eng->spill(eng->spill_ctx, &m, pool_page(&eng->pool, ip->page));
+  }
 }
 
 size_t engine_tier_each(engine_t *eng, engine_spill_fn fn, void *ctx) {

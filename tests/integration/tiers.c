@@ -296,6 +296,8 @@ TEST(tier_warm_restart_first_match_hits) {
   ASSERT_OK(kvc_attach(h, 5, p, 12 * T, false, &m)); /* the first request that looks */
   ASSERT_U64_EQ(m.pages, 12);
   check_bytes(h, 5, 12 * T, 3);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_reads_total", NULL), 12); /* the figures doc/tiers.md gives */
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_hits_total", NULL), 12);
   kvc_client_close(c);
   daemon_stop(&d);
   rm_rf(dir);
@@ -612,4 +614,232 @@ TEST(tier_fp8_and_block_pages_come_back_bit_exact) {
   daemon_stop(&d);
   rm_rf(dir);
   free(p);
+}
+
+/* ---- the tier at its bound: a read-back holds what it reads ------------------ */
+
+/* Issue 30's numbers: a pool of 64 MiB in pages of 256 KiB (256 pages),
+ * prompts of 256 tokens of 4 layers f32 in 16-token pages (a page 256 KiB,
+ * a prompt 4 MiB, 16 pages): memory holds 16 prompts. */
+#define BIG_TOKENS 256u
+#define BIG_PAGES (BIG_TOKENS / T)
+#define BIG_POOL "--pool-bytes", "64MiB", "--page-bytes", "256KiB"
+
+static kvc_cache_t *open_big(kvc_client_t *c) {
+  kvc_layout_t l = {.num_layers = 4, .num_kv_heads = 4, .head_dim_k = 128, .head_dim_v = 128,
+                    .dtype = KVC_DTYPE_F32, .page_tokens = T};
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, "big", &l, &h));
+  return h;
+}
+
+/* Puts prompts [0, n) with their ids (prompt i: seed 1000 + i, the bytes
+ * of seq i + 1), each left cached; after each, waits until every page it
+ * evicted was written or failed (so that no write waits long enough to be
+ * dropped: that is another test). */
+static void put_prompts(kvc_client_t *c, kvc_cache_t *h, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t *p = prompt(BIG_TOKENS, 1000 + i);
+    put_bytes(h, i + 1, BIG_TOKENS, p, i + 1);
+    ASSERT_OK(kvc_seq_remove(h, i + 1, 0, UINT64_MAX));
+    free(p);
+    uint64_t spilled = stat_get(c, "cached_reclaimed_total", NULL), end = it_mono_ms() + IT_WAIT_MS;
+    while (stat_get(c, "tier_disk_writes_total", NULL) +
+           stat_get(c, "tier_disk_write_errors_total", NULL) < spilled) {
+      if (it_mono_ms() > end) TEST_FAIL_("the writes of prompt %u did not end", i);
+      it_sleep_ms(1);
+    }
+  }
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_spill_dropped_total", NULL), 0);
+}
+
+/* Attaches prompt i as seq 10000 + i, checks the pages it got are prompt
+ * i's byte for byte, removes the seq; returns the pages. */
+static uint64_t attach_prompt(kvc_cache_t *h, uint32_t i) {
+  uint32_t *p = prompt(BIG_TOKENS, 1000 + i);
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach(h, 10000 + i, p, BIG_TOKENS, false, &m));
+  ASSERT(m.pages <= BIG_PAGES);
+  if (m.pages) check_bytes(h, 10000 + i, m.pages * T, i + 1);
+  ASSERT_OK(kvc_seq_remove(h, 10000 + i, 0, UINT64_MAX));
+  free(p);
+  return m.pages;
+}
+
+/* A 128 MiB tier holds 31.5 prompts of 64 put: 16 in memory, prompts 17
+ * to 47 on disk and the head half of 16 (the tier takes a chain's tail
+ * first: eviction spills it first). Reading 16 back evicts memory pages,
+ * whose spill makes room from the least recent files: the ones this read
+ * takes (the daemon died of SIGSEGV there). Each read then costs the next
+ * prompt its tail half, and 48 to 63, pushed to disk by those reads, come
+ * back whole. */
+TEST(tier_at_its_bound_reads_back_the_oldest) {
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  const char *args[] = {BIG_POOL, "--tier-dir", dir, "--tier-bytes", "128MiB", NULL};
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_big(c);
+  put_prompts(c, h, 64);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_pages", NULL), 31 * BIG_PAGES + BIG_PAGES / 2);
+  for (uint32_t i = 0; i < 16; i++) ASSERT_U64_EQ(attach_prompt(h, i), 0);
+  for (uint32_t i = 16; i < 48; i++) ASSERT_U64_EQ(attach_prompt(h, i), BIG_PAGES / 2);
+  /* 48 to 63 went to disk during those reads: once written they are read. */
+  it_wait_stat(c, "tier_disk_writes_total", 64 * BIG_PAGES, true);
+  for (uint32_t i = 48; i < 64; i++) ASSERT_U64_EQ(attach_prompt(h, i), BIG_PAGES);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_hits_total", NULL), 32 * BIG_PAGES / 2 + 16 * BIG_PAGES);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_reads_total", NULL), 32 * BIG_PAGES / 2 + 16 * BIG_PAGES);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_discarded_total", NULL), 0);
+  ASSERT(stat_get(c, "tier_disk_bytes", NULL) <= 128u << 20);
+  kvc_client_close(c);
+  daemon_stop(&d); /* alive, exit 0, no sanitizer report */
+  rm_rf(dir);
+}
+
+/* The same on a full file system: a 32 MiB tmpfs under a tier told 1 GiB,
+ * 512 MiB of prompts. Writes fail (ENOSPC), the tier keeps to what the file
+ * system holds, puts never fail, and what is on disk is read back whole
+ * (the first read-back killed the daemon). */
+TEST(tier_disk_full_reads_back) {
+  if (geteuid() != 0) TEST_SKIP("mounting a tmpfs needs root");
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("tmpfs", dir, "tmpfs", 0, "size=32m,mode=0700") != 0)
+    TEST_SKIP("cannot mount a tmpfs here");
+  daemon_t d;
+  const char *args[] = {BIG_POOL, "--tier-dir", dir, "--tier-bytes", "1GiB", NULL};
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_big(c);
+  put_prompts(c, h, 128);
+  ASSERT(stat_get(c, "tier_disk_write_errors_total", NULL) > 0);
+  ASSERT(it_log_has(&d, "event=tier_disk_full"));
+  uint64_t bound = stat_get(c, "tier_disk_bound_bytes", NULL);
+  ASSERT(bound <= 32u << 20 && bound >= 16u << 20); /* what the file system held */
+  /* On disk: what the file system held of the last prompts evicted (a
+   * write that failed leaves a hole); 112 to 127 in memory. What each
+   * attach gets is its own, byte for byte, and the first prompt that gets
+   * any is one read back from disk (the read that killed the daemon). */
+  uint64_t ondisk = stat_get(c, "tier_disk_pages", NULL);
+  ASSERT(ondisk >= 4 * BIG_PAGES && ondisk <= 8 * BIG_PAGES);
+  uint32_t first = UINT32_MAX;
+  for (uint32_t i = 0; i < 128; i++)
+    if (attach_prompt(h, i) && first == UINT32_MAX) first = i;
+  ASSERT(first >= 112 - 16 && first < 112); /* 64 MiB spilled after 95 on 32 MiB */
+  uint64_t hits = stat_get(c, "tier_disk_hits_total", NULL);
+  ASSERT(hits > 0);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_reads_total", NULL), hits);
+  ASSERT_U64_EQ(stat_get(c, "tier_disk_discarded_total", NULL), 0);
+  ASSERT(stat_get(c, "tier_disk_bytes", NULL) <= bound);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  ASSERT_EQ(umount(dir), 0);
+  rm_rf(dir);
+}
+
+/* ---- a burst past the spill queue: what is dropped is chains' tails ---------- */
+
+/* A shrink evicts 96 MiB of cached prompts in one call, more than the 64
+ * MiB of writes that may wait: some pages are dropped. Eviction spills a
+ * chain's tail first; dropping whatever came last dropped the heads, and
+ * every page written of those chains was unreachable. The pages written
+ * must be a head part of their chains: every one is read back (a disk
+ * slower than eviction drops the same way, steadily: doc/tiers.md). */
+TEST(tier_spill_burst_drops_chain_tails) {
+  char dir[64];
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  const char *args[] = {BIG_POOL, "--tier-dir", dir, "--tier-bytes", "1GiB", NULL};
+  daemon_start_args(&d, args);
+  kvc_client_t *c = client_open(&d);
+  ASSERT_OK(kvc_pool_resize(c, 192u << 20, NULL)); /* 768 pages */
+  kvc_cache_t *h = open_big(c);
+  put_prompts(c, h, 40);                           /* 640 pages: nothing evicted */
+  ASSERT_U64_EQ(stat_get(c, "cached_reclaimed_total", NULL), 0);
+  kvc_pool_resize_t r;
+  ASSERT_OK(kvc_pool_resize(c, 64u << 20, &r));     /* 384 pages out at once */
+  uint64_t spilled = stat_get(c, "cached_reclaimed_total", NULL);
+  ASSERT_U64_EQ(spilled, 24 * BIG_PAGES);
+  uint64_t end = it_mono_ms() + IT_WAIT_MS, written, dropped;
+  for (;;) {
+    written = stat_get(c, "tier_disk_writes_total", NULL);
+    dropped = stat_get(c, "tier_disk_spill_dropped_total", NULL);
+    if (written + dropped == spilled) break;
+    ASSERT(it_mono_ms() < end);
+    it_sleep_ms(1);
+  }
+  ASSERT(dropped > 0 && written > 0);
+  /* Prompts 0 to 23 are on disk alone: what they attach was written. */
+  uint64_t reached = 0, heads = 0;
+  for (uint32_t i = 0; i < 24; i++) {
+    uint64_t pages = attach_prompt(h, i);
+    reached += pages;
+    heads += pages > 0;
+  }
+  ASSERT_U64_EQ(reached, written);
+  ASSERT_U64_EQ(heads, (written + BIG_PAGES - 1) / BIG_PAGES); /* whole prompts, but one */
+  kvc_client_close(c);
+  daemon_stop(&d);
+  rm_rf(dir);
+}
+
+/* ---- the names doc/tiers.md gives ------------------------------------------- */
+
+/* Every `tier_...` name doc/tiers.md gives is real: a figure the daemon
+ * exports, an option of its configuration (its event=config line) or a log
+ * event of daemon/disk.c (the document named a figure that existed
+ * nowhere). */
+TEST(tier_doc_names_exist) {
+  char path[512], dir[64];
+  uint8_t *doc, *src, *log;
+  size_t dlen, slen, llen;
+  snprintf(path, sizeof path, "%s/doc/tiers.md", it_srcdir());
+  read_file(path, &doc, &dlen);
+  snprintf(path, sizeof path, "%s/daemon/disk.c", it_srcdir());
+  read_file(path, &src, &slen);
+  doc = realloc(doc, dlen + 1), src = realloc(src, slen + 1);
+  ASSERT(doc && src);
+  doc[dlen] = src[slen] = '\0';
+  tier_mkdir(dir, sizeof dir);
+  daemon_t d;
+  start_tier(&d, dir, "64MiB");
+  kvc_client_t *c = client_open(&d);
+  kvc_stat_t *st;
+  size_t n;
+  ASSERT_OK(kvc_stats(c, &st, &n));
+  read_file(d.log, &log, &llen);
+  log = realloc(log, llen + 1);
+  ASSERT(log != NULL);
+  log[llen] = '\0';
+  const char *config = strstr((char *)log, "event=config ");
+  ASSERT(config != NULL);
+  const char *config_end = strchr(config, '\n');
+  int checked = 0, missing = 0;
+  for (char *a = strchr((char *)doc, '`'), *b; a && (b = strchr(a + 1, '`')); a = strchr(b + 1, '`')) {
+    char name[128], needle[140];
+    size_t len = (size_t)(b - a - 1);
+    if (len >= sizeof name || strncmp(a + 1, "tier_", 5) != 0 ||
+        strspn(a + 1, "abcdefghijklmnopqrstuvwxyz0123456789_") != len)
+      continue;
+    snprintf(name, sizeof name, "%.*s", (int)len, a + 1);
+    checked++;
+    bool found = false;
+    for (size_t i = 0; i < n && !found; i++) found = strcmp(st[i].name, name) == 0;
+    snprintf(needle, sizeof needle, " %s=", name);
+    const char *opt = strstr(config, needle);
+    found |= opt && (!config_end || opt < config_end);
+    snprintf(needle, sizeof needle, "\"%s\"", name);
+    found |= strstr((char *)src, needle) != NULL;
+    if (!found) fprintf(stderr, "doc/tiers.md names `%s`: no figure, option or log event\n", name);
+    missing += !found;
+  }
+  ASSERT(checked >= 15); /* the parse found what the document holds */
+  ASSERT_EQ(missing, 0);
+  kvc_stats_free(st);
+  free(doc), free(src), free(log);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  rm_rf(dir);
 }

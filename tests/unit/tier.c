@@ -131,6 +131,25 @@ TEST(tier_spill_probe_import_attach_byte_exact) {
   fx_close(&f);
 }
 
+/* A spill says how many cached pages its eviction reclaims after it: the
+ * disk tier drops, uncopied, a page the rest would push out of its queue. */
+TEST(tier_spill_says_what_its_eviction_reclaims_after_it) {
+  fx_t f;
+  kept_t k;
+  spill_prompt(&f, &k); /* one put's eviction reclaimed the 4 pages */
+  for (size_t i = 0; i < 4; i++) ASSERT_U64_EQ(k.m[i].more, 3 - i);
+  /* Outside an eviction (a clean stop's walk) it is 0. */
+  kept_t all;
+  memset(&all, 0, sizeof all);
+  put_prompt(&f, 3, 2 * T, 8);
+  ASSERT_U64_EQ(engine_tier_each(f.eng, keep, &all), 2);
+  ASSERT_U64_EQ(all.m[0].more, 0);
+  ASSERT_U64_EQ(all.m[1].more, 0);
+  kept_free(&all);
+  kept_free(&k);
+  fx_close(&f);
+}
+
 TEST(tier_import_refuses_what_does_not_verify) {
   fx_t f;
   kept_t k;
