@@ -405,11 +405,11 @@ KVC_API int kvc_history(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_tok_t *to
   out->mask_bytes = hr->mask_len;
   kvcache__v1__response__free_unpacked(r, NULL);
   r = NULL;
-  if (out->mask_off + out->mask_bytes > c->shm_bytes) {
+  if (out->mask_off + out->mask_bytes > c->shm_use) {
     rc = client_fail(c, KVC_E_SIZE, "a history of %llu + %llu + %llu bytes exceeds the "
                      "%llu-byte shared buffer", (unsigned long long)out->k_bytes,
                      (unsigned long long)out->v_bytes, (unsigned long long)out->mask_bytes,
-                     (unsigned long long)c->shm_bytes);
+                     (unsigned long long)c->shm_use);
     goto out;
   }
   b.k_off = 0, b.k_len = out->k_bytes;

@@ -391,7 +391,7 @@ static int map_buffer(kvc_client_t *c, int fd, uint64_t bytes) {
   if (p == MAP_FAILED)
     return client_fail(c, KVC_E_NOMEM, "mmap shared buffer: %s", strerror(errno));
   c->shm = p;
-  c->shm_bytes = bytes;
+  c->shm_bytes = c->shm_use = bytes;
   return 0;
 }
 
@@ -475,7 +475,8 @@ static struct arena_view *view_of(kvc_client_t *c, uint64_t uid, uint64_t stride
   if (!v) return NULL;
   c->views = v;
   uint64_t span = (uint64_t)c->nseg_ids * per_seg * stride;
-  void *base = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  /* Holes (pages of segments not this arena's) read as zeros, never fault. */
+  void *base = mmap(NULL, span, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   uint64_t *ids = base != MAP_FAILED ? calloc(c->nseg_ids, sizeof *ids) : NULL;
   if (!ids) {
     if (base != MAP_FAILED) munmap(base, span);
@@ -487,7 +488,14 @@ static struct arena_view *view_of(kvc_client_t *c, uint64_t uid, uint64_t stride
 
 void client_views_free(kvc_client_t *c) {
   for (uint32_t i = 0; i < c->nviews; i++) {
-    munmap(c->views[i].base, (uint64_t)c->nseg_ids * c->views[i].per_seg * c->views[i].stride);
+    uint64_t span = (uint64_t)c->nseg_ids * c->views[i].per_seg * c->views[i].stride;
+    if (c->view_keeper) { /* zeros in one step: the addresses stay valid for the keeper */
+      (void)mmap(c->views[i].base, span, PROT_READ,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+      c->view_keeper(c->views[i].base, (size_t)span, c->view_keeper_arg);
+    } else {
+      munmap(c->views[i].base, span);
+    }
     free(c->views[i].ids);
   }
   free(c->views);
@@ -548,7 +556,7 @@ static int arena_sync(kvc_client_t *c) {
         for (uint32_t w = 0; w < c->nviews; w++)
           if (&c->views[w] != v && c->views[w].ids[k]) {
             uint64_t r2 = (uint64_t)c->views[w].per_seg * c->views[w].stride;
-            (void)mmap(c->views[w].base + (uint64_t)k * r2, r2, PROT_NONE,
+            (void)mmap(c->views[w].base + (uint64_t)k * r2, r2, PROT_READ,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
             c->views[w].ids[k] = 0;
           }
@@ -786,6 +794,17 @@ KVC_API void kvc_client_info(const kvc_client_t *c, kvc_client_info_t *out) {
 KVC_API void kvc_client_shm(const kvc_client_t *c, void **base, uint64_t *bytes) {
   if (base) *base = c ? c->shm : NULL;
   if (bytes) *bytes = c ? c->shm_bytes : 0;
+}
+
+KVC_API void kvc_client_shm_limit(kvc_client_t *c, uint64_t bytes) {
+  if (c) c->shm_use = bytes < c->shm_bytes ? bytes : c->shm_bytes;
+}
+
+KVC_API void kvc_client_keep_views(kvc_client_t *c, void (*keep)(void *base, size_t bytes, void *arg),
+                                   void *arg) {
+  if (!c) return;
+  c->view_keeper = keep;
+  c->view_keeper_arg = arg;
 }
 
 KVC_API void kvc_client_pool(const kvc_client_t *c, const void **base, uint64_t *bytes) {

@@ -24,6 +24,7 @@ struct kvc_client {
   int fd;                    /* the connected socket; -1 when closed */
   uint8_t *shm;              /* the shared buffer, MAP_SHARED read-write */
   uint64_t shm_bytes;
+  uint64_t shm_use;          /* the library's own part: [0, shm_use) (kvc_client_shm_limit) */
   kvc_client_info_t info;    /* from HelloReply */
   uint32_t max_io_entries;   /* entries per Io request: max_entries, frame-bounded */
   uint64_t next_id;          /* request id */
@@ -61,6 +62,8 @@ struct kvc_client {
     uint64_t *ids;           /* per segment: the memfd id mapped there (0: none) */
   } *views;
   uint32_t nviews;
+  void (*view_keeper)(void *base, size_t bytes, void *arg); /* kvc_client_keep_views */
+  void *view_keeper_arg;
   prefault_t *prefault;      /* populating the pool mapping in the background */
   bool prefault_tried;       /* started it once (or could not) */
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */

@@ -13,12 +13,12 @@ static int stage_tokens(kvc_cache_t *h, const uint32_t *tokens, uint64_t n) {
   kvc_client_t *c = h->client;
   if (n && !tokens) return client_fail(c, KVC_E_INVAL, "tokens is NULL with %llu ids",
                                        (unsigned long long)n);
-  if (n > c->shm_bytes / sizeof *tokens)
+  if (n > c->shm_use / sizeof *tokens)
     return client_fail(c, KVC_E_SIZE,
-                       "%llu token ids need %llu bytes, the shared buffer has %llu: open the "
-                       "client with a larger shm_bytes",
+                       "%llu token ids need %llu bytes, the shared buffer has %llu for the "
+                       "library: open the client with a larger shm_bytes",
                        (unsigned long long)n, (unsigned long long)(n * sizeof *tokens),
-                       (unsigned long long)c->shm_bytes);
+                       (unsigned long long)c->shm_use);
   if (n) memcpy(c->shm, tokens, n * sizeof *tokens);
   return 0;
 }

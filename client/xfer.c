@@ -282,7 +282,7 @@ static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries
     const kvc_io_t *e = &entries[i];
     uint64_t t0 = 0;
     for (;;) {
-      uint64_t rem = e->ntokens - t0, room = c->shm_bytes - used;
+      uint64_t rem = e->ntokens - t0, room = c->shm_use > used ? c->shm_use - used : 0;
       uint64_t fit = room > slack ? (room - slack) / (per_token ? per_token : 1) : 0;
       uint64_t m = rem < fit ? rem : fit;
       /* span keys ride in the frame: a full one goes first */
@@ -293,9 +293,9 @@ static int transfer(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_io_t *entries
       if ((m == 0 && rem > 0) || b.n == c->max_io_entries || frame_full) {
         if (b.n == 0) {
           rc = client_fail(c, KVC_E_SIZE,
-                           "one token needs %llu bytes, the shared buffer has %llu: open the "
-                           "client with a larger shm_bytes",
-                           (unsigned long long)per_token, (unsigned long long)c->shm_bytes);
+                           "one token needs %llu bytes, the shared buffer has %llu for the "
+                           "library: open the client with a larger shm_bytes",
+                           (unsigned long long)per_token, (unsigned long long)c->shm_use);
           break;
         }
         if ((rc = flush(&b, &r, parts, &used)) != 0) break;

@@ -168,6 +168,24 @@ KVC_API void kvc_client_info(const kvc_client_t *client, kvc_client_info_t *out)
  * (kvc_put and friends), which overwrite it. */
 KVC_API void kvc_client_shm(const kvc_client_t *client, void **base, uint64_t *bytes);
 
+/* Keeps the library's own use of the shared buffer within its first bytes
+ * bytes (clamped to its size): the pointer forms' staging (kvc_put and
+ * friends), kvc_history's view, the token ids of kvc_match and kvc_attach.
+ * The rest is the caller's, e.g. tensors allocated there and put with
+ * kvc_put_shm (one copy, into the pool) or read into with kvc_get_shm. A
+ * transfer that cannot fit one token in the library's part fails with
+ * KVC_E_SIZE. The default: the whole buffer. */
+KVC_API void kvc_client_shm_limit(kvc_client_t *client, uint64_t bytes);
+
+/* For a binding whose arrays over an arena's view (kvc_lease_info_t's
+ * arena_base, arena_pages * page_stride bytes) may outlive the client:
+ * kvc_client_close then overlays each view with zero pages, leaves it mapped
+ * and calls keep(base, bytes, arg), and the callee unmaps it (munmap) when
+ * nothing reads it any more. keep runs inside kvc_client_close and must not
+ * call the library. NULL: close unmaps them (the default). */
+KVC_API void kvc_client_keep_views(kvc_client_t *client,
+                                   void (*keep)(void *base, size_t bytes, void *arg), void *arg);
+
 /* The daemon's pool as this client maps it: read-only (PROT_READ of a
  * read-only descriptor: it cannot be made writable), for the client's
  * lifetime. *base is NULL if the daemon passed no pool. */
@@ -371,7 +389,7 @@ typedef struct kvc_lease_info {
   /* The cache's arena as one array of pages (a daemon of arenas; else
    * arena_base NULL): page i of the array at arena_base + i * page_stride,
    * and block_table[p] the index of pages[p] in it, the form paged-attention
-   * kernels read (pages of other arenas are holes: never read them).
+   * kernels read (pages of other arenas are holes: they read as zeros).
    * Valid as pages[] are. */
   const void *arena_base;
   uint64_t page_stride;

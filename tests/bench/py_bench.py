@@ -12,7 +12,22 @@ figure is the median of its trials. Rows:
     KV heads x 128 dims, bf16): Python's time minus C's, goal < 5 us;
   throughput ratio (C time / Python time, 1.0 = as fast as C) for 64 KiB,
     256 KiB, 1 MiB and 4 MiB puts and gets, goal >= 0.9x, and for a decode
-    step (put_batch / get_batch of 16 sequences x 1 token x 32 layers, 2 MiB).
+    step (put_batch / get_batch of 16 sequences x 1 token x 32 layers, 2 MiB);
+  tensors born in the shared buffer (Client.shm_tensor): a 1 MiB put and
+    get of them against the C client's direct-buffer put and get
+    (kvc_put_shm / kvc_get_shm of bytes already there), goal >= 0.9x;
+  the decode step with history reads (issue 32): 8 sequences of 128 tokens,
+    32 layers, one new token each: C's kvc_step (K/V already in the shared
+    buffer, a lease view without mask) plus kvc_lease_k/v of every page and
+    layer (the addresses a kernel reads), against Python's
+    cache.step(writes=[StepWrite...]) plus its block tables and arena (what
+    a paged-attention kernel takes), both releasing the leases with the next
+    step: goal Python <= 1.3x C (ratio >= 0.77x) with the K/V tensors born in
+    the shared buffer; with torch tensors from elsewhere (copied in C without
+    the GIL) the row is shown, no goal;
+  reading one layer's history of a 2k-token sequence from the arena
+    (arena.torch().k[block_table, layer]) against torch.index_select of the
+    same pages' bytes out of a plain tensor: goal <= 2x (ratio >= 0.5x).
 
 The daemon, this script and the C helper all run on one CPU (the last this
 process may use): a round trip on this VM is ~5 us when both ends share a
@@ -50,7 +65,7 @@ def start_daemon(build):
     ns.bind(notify)
     ns.settimeout(30)
     p = subprocess.Popen([os.path.join(build, "kvcached"), "--socket", sock, "--pool-bytes",
-                          "512MiB", "--page-bytes", "2MiB", "--shm-default-bytes", "32MiB",
+                          "1GiB", "--shm-default-bytes", "32MiB",
                           "--shm-max-bytes", "64MiB"], stdout=subprocess.DEVNULL,
                          stderr=open(os.path.join(d, "kvcached.log"), "wb"),
                          env=dict(os.environ, NOTIFY_SOCKET=notify))
@@ -118,6 +133,65 @@ def main():
                     fn = (lambda out=out, n=n: one.get(1, 0, n, out=out))
                 cs, ps = trials(op, n, fn)
                 rows.append((op, name, cs, ps, kb))
+        # Tensors born in the shared buffer against C's direct-buffer forms.
+        import torch
+        n = 256  # 1 MiB: K and V of 256 tokens
+        sk = c.shm_tensor((1, n, 8, 128), "bf16")
+        sv = c.shm_tensor((1, n, 8, 128), "bf16")
+        sk.view(torch.int16).fill_(0x3c3c)
+        sv.view(torch.int16).fill_(0x3c3c)
+        for op, fn in (("sput", lambda: one.put(1, 0, sk, sv)),
+                       ("sget", lambda: one.get(1, 0, n, out=(sk, sv)))):
+            cs, ps = trials(op, n, fn)
+            rows.append((op, "1 MiB", cs, ps, "shm"))
+        # The decode step with history reads: 8 sequences of 128 tokens.
+        hist = np.full((32, 128, 8, 128), 0x3c3c, np.uint16)
+        for i in range(8):
+            deep.put(200 + i, 0, hist, hist)
+        wk = [c.shm_tensor((32, 1, 8, 128), "bf16") for _ in range(8)]
+        wv = [c.shm_tensor((32, 1, 8, 128), "bf16") for _ in range(8)]
+        for t in wk + wv:
+            t.view(torch.int16).fill_(0x3c3c)
+        fk = [t.clone() for t in wk]
+        fv = [t.clone() for t in wv]
+        w_shm = [kvcache.StepWrite(200 + i, 127, wk[i], wv[i]) for i in range(8)]
+        w_far = [kvcache.StepWrite(200 + i, 127, fk[i], fv[i]) for i in range(8)]
+
+        def step_fn(writes):
+            def fn():
+                st = deep.step(writes=writes, view="lease", no_mask=True)
+                if st.block_tables is None or st.arena is None:
+                    raise SystemExit("py_bench: the step gave no block tables")
+                for le in st.leases:
+                    le.release_later()
+            return fn
+        for name, writes in (("step shm", w_shm), ("step far", w_far)):
+            cs, ps = trials("dstep", 8, step_fn(writes))
+            rows.append(("dstep", name, cs, ps, "step"))
+        # One layer's history of a 2k-token sequence: the arena against
+        # index_select of a plain tensor's same pages.
+        long_k = np.full((32, 2048, 8, 128), 0x3c3c, np.uint16)
+        deep.put(300, 0, long_k, long_k)
+        del long_k
+        lease = deep.lease(300, 0, 2048)
+        bt = torch.from_numpy(lease.block_table).long()
+        ak = lease.arena.torch().k
+        plain = torch.empty((int(bt.max()) + 1, 16, 8, 128), dtype=torch.bfloat16)
+        plain.view(torch.int16).fill_(0x3c3c)
+        if not torch.equal(ak[bt, 7].view(torch.int16), plain[bt].view(torch.int16)):
+            raise SystemExit("py_bench: the arena's history differs from what was put")
+        def ref_fn():
+            torch.index_select(plain, 0, bt)
+        def read_fn():
+            ak[bt, 7]
+        iters = max(10, int(TRIAL_S * 1e9 / max(measure_py(ref_fn, 5), 1)))
+        cs, ps = [], []
+        for _ in range(TRIALS):
+            cs.append(measure_py(ref_fn, iters))
+            ps.append(measure_py(read_fn, iters))
+        rows.append(("hist", "2k-token layer", cs, ps, "hist"))
+        lease.release()
+        del ak
         entries_p = [(100 + i, 0, dk[i], dk[i]) for i in range(16)]
         outs = [(np.zeros_like(dk[i]), np.zeros_like(dk[i])) for i in range(16)]
         entries_g = [(100 + i, 0, 1) + outs[i] for i in range(16)]
@@ -135,15 +209,26 @@ def main():
     print()
     print("Python path (kvcache package) against the C client, same daemon, alternating "
           f"trials ({TRIALS} each; figures are medians; all on CPU {max(os.sched_getaffinity(0))})")
+    print("(C us: the C client's time; for the 2k-token layer row, torch.index_select's)")
     print(f"{'row':<28} {'C us':>9} {'Python us':>10} {'added us':>9} {'ratio':>7}  "
           f"{'goal':<12} verdict")
     for op, name, cs, ps, kb in rows:
         c_med, p_med = statistics.median(cs), statistics.median(ps)
         added = (p_med - c_med) / 1000
         ratio = c_med / p_med
-        label = {"put": "put", "get": "get", "dput": "put_batch", "dget": "get_batch"}[op]
+        label = {"put": "put", "get": "get", "dput": "put_batch", "dget": "get_batch",
+                 "sput": "put shm-born", "sget": "get shm-born", "dstep": "decode",
+                 "hist": "arena read"}[op]
         if kb == 4:
             goal, per = "< 5 us added", [(p - c) / 1000 < 5 for c, p in zip(cs, ps)]
+        elif kb == "step" and name == "step far":
+            print(f"python {label + ' ' + name:<21} {c_med / 1000:>9.2f} {p_med / 1000:>10.2f} "
+                  f"{added:>9.2f} {ratio:>6.2f}x  {'(no goal)':<12} -")
+            continue
+        elif kb == "step":
+            goal, per = ">= 0.77x", [c / p >= 1 / 1.3 for c, p in zip(cs, ps)]
+        elif kb == "hist":
+            goal, per = ">= 0.5x", [c / p >= 0.5 for c, p in zip(cs, ps)]
         else:
             goal, per = ">= 0.9x", [c / p >= 0.9 for c, p in zip(cs, ps)]
         if all(per):

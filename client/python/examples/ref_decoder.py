@@ -7,9 +7,13 @@ Read this in ten minutes to see what a worker does with kvcache:
     2 KV heads), NeoX RoPE, several layers, deterministic random weights.
     Its forward pass takes the past K/V of every layer and returns the new
     tokens' K/V: where the past comes from is the cache's business.
-  * KvcachedCache keeps that past in kvcached: per step ONE batched put of
-    every layer's new K/V for every sequence, and reads through leases
-    (zero-copy views of the daemon's pages) or get_batch.
+  * KvcachedCache keeps that past in kvcached: per step ONE request. With
+    read="step" (the fast loop, doc/worker-guide.md) it is cache.step(
+    writes=...): the step's new K/V of every layer and sequence written, and
+    in the same round trip the leases of every sequence's history for the
+    next step, read in place through block tables over the cache's arena.
+    With read="lease" or "get": one batched put a step, and reads through a
+    lease's per-page views or get.
   * TorchCache is PyTorch's own in-process cache (a tensor per layer), the
     reference the kvcached run must match.
   * generate() is prefill then greedy decode; context_shift() removes a
@@ -128,13 +132,25 @@ class KvcachedCache:
         self.cache, self.dtype, self.read = cache, dtype, read
         self.tdtype = TORCH_DTYPES[dtype]
         self.lengths = {}
+        self.view = None  # read="step": the last step's StepView (leases held)
+        self.rows = {}    # seq: its row of the view's block tables
 
     def past(self, seq):
         n = self.lengths.get(seq, 0)
         empty = torch.zeros(0, N_KV_HEADS, HEAD_DIM, dtype=self.tdtype)
         if n == 0:
             return [(empty, empty)] * N_LAYERS
-        if self.read == "lease" and self.dtype != "int8":
+        if seq in self.rows:  # read="step": in place, through the block table
+            v, i = self.view, self.rows[seq]
+            a = v.arena.torch()
+            pages = torch.from_numpy(v.block_tables[i]).long()
+            s, e = int(v.starts[i]), int(v.ends[i])
+            assert e == n, f"the step leased {e} tokens of seq {seq}, it has {n}"
+            # [pages, layer, page_tokens, head, dim] -> per layer [tokens, head, dim]
+            k, v_ = a.k[pages], a.v[pages]
+            return [(k[:, l].reshape(-1, N_KV_HEADS, HEAD_DIM)[s:e],
+                     v_[:, l].reshape(-1, N_KV_HEADS, HEAD_DIM)[s:e]) for l in range(N_LAYERS)]
+        if self.read in ("lease", "step") and self.dtype != "int8":
             with self.cache.lease(seq, 0, n) as lease:  # zero-copy views, copied once here
                 return [(self._cat(lease.k(l)), self._cat(lease.v(l))) for l in range(N_LAYERS)]
         k, v = self.cache.get(seq, 0, n)  # [layer, token, head, dim]; int8: dequantized f32
@@ -151,11 +167,22 @@ class KvcachedCache:
             v = torch.stack([v for _, v in new]).contiguous()
             e = (seq, self.lengths.get(seq, 0), k, v)
             entries.append(e + ((tokens[seq],) if tokens and seq in tokens else ()))
-        self.cache.put_batch(entries)  # the whole step: one request
+        if self.read == "step":
+            # Write step t and lease step t+1's history in one round trip; the
+            # previous step's leases go with this request (release_later).
+            for le in self.view.leases if self.view else ():
+                le.release_later()
+            one = all(e[2].shape[1] == 1 for e in entries)
+            self.view = self.cache.step(writes=[kvcache.StepWrite(*e) for e in entries],
+                                        view="lease", no_mask=one)
+            self.rows = {sp[0]: i for i, sp in enumerate(self.view.spans)}
+        else:
+            self.cache.put_batch(entries)  # the whole step: one request
         for seq, new in step.items():
             self.lengths[seq] = self.lengths.get(seq, 0) + new[0][0].shape[0]
 
     def remove_middle(self, seq, a, b):
+        self.rows.pop(seq, None)  # its leased history is the old one
         self.cache.remove(seq, a, b)  # the daemon re-rotates the moved keys
         self.lengths[seq] -= b - a
 

@@ -17,10 +17,13 @@ NoseqError, ...), generated from the C library's X-macro list.
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple, Optional
+
 from . import _kvcache
 from ._kvcache import Error, LIBRARY_VERSION, PROTOCOL_VERSION  # noqa: F401
 
-__all__ = ["Client", "Cache", "Lease", "Layout", "Error", "errors", "DTYPES", "torch_view"]
+__all__ = ["Client", "Cache", "Lease", "Layout", "Error", "errors", "DTYPES", "torch_view",
+           "Arena", "StepWrite", "StepView"]
 
 # One class per KVC_E_* code: kvcache.FullError, kvcache.NoseqError, ...
 errors = _kvcache._errors()  # {code: class}
@@ -131,7 +134,62 @@ class Layout:
         return f"Layout({f})"
 
 
-Client = _kvcache.Client
+class Client(_kvcache.Client):
+    __doc__ = _kvcache.Client.__doc__
+
+    def shm_array(self, shape, dtype="bf16"):
+        """A new NumPy array inside the shared buffer (zeros not promised).
+
+        A put of it, or a get (out=) or step write into it, moves its bytes
+        by their offset: no copy in the client, the one copy is the daemon's
+        into (or out of) the pool. Its block is taken from the buffer's top
+        and freed when the last array or tensor over it goes; the library's
+        own copies (puts of other tensors, history, match) stay below the
+        lowest block. dtype: a cache dtype name (bf16 as uint16 bits, fp8 /
+        q8_0 / q4_0 as uint8 bytes) or a NumPy dtype. MemoryError when no
+        free run is large enough. Once the client closes it reads zeros.
+        """
+        np = _np()
+        dt = np.dtype(_NP_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        n = dt.itemsize
+        for d in shape:
+            if d < 0:
+                raise ValueError(f"shm_array: a negative dimension in {shape}")
+            n *= d
+        blk = self._shm_alloc(max(n, 1), 4096 if n >= 65536 else 256)
+        return np.frombuffer(blk, dt, count=n // dt.itemsize).reshape(shape)
+
+    def shm_tensor(self, shape, dtype="bf16"):
+        """A new CPU torch tensor inside the shared buffer: shm_array's
+        bytes (see there) as torch's dtype (bf16: torch.bfloat16, fp8:
+        torch.float8_*). dtype: a cache dtype name or a torch dtype."""
+        import torch
+        name = str(dtype).rsplit(".", 1)[-1]
+        name = _ALIASES.get(name, name)
+        tdt = getattr(torch, _TORCH_DTYPES.get(name, name), None)
+        if not isinstance(tdt, torch.dtype):
+            raise ValueError(f"shm_tensor: no torch dtype for {dtype!r}")
+        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        n = torch.empty((), dtype=tdt).element_size()
+        for d in shape:
+            if d < 0:
+                raise ValueError(f"shm_tensor: a negative dimension in {shape}")
+            n *= d
+        blk = self._shm_alloc(max(n, 1), 4096 if n >= 65536 else 256)
+        return torch.frombuffer(blk, dtype=torch.uint8, count=max(n, 1))[:n].view(tdt).view(shape)
+
+    @property
+    def shm_blocks(self):
+        """[(offset, bytes)] of the shared buffer's live blocks (shm_array,
+        shm_tensor), lowest first; the library's part is below the first."""
+        return self._shm_blocks()
+
+
+_TORCH_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16",
+                 "int8": "int8", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+                 "q8_0": "uint8", "q4_0": "uint8", "uint8": "uint8", "int32": "int32",
+                 "int64": "int64"}
 
 
 def _np():
@@ -149,6 +207,119 @@ def _row_dim(dname, dim):
     """A head row's last dimension: dim values, or for q8_0 / q4_0 its blocks' bytes."""
     bb = _BLOCK_BYTES.get(dname)
     return dim // 32 * bb if bb else dim
+
+
+class StepWrite(NamedTuple):
+    """One sequence's new tokens in a step (Cache.step(writes=...)): k and v
+    are [layer, token, head, dim] tensors (CPU torch or NumPy, any dtype a
+    put takes), tokens their ids (None: unknown)."""
+    seq: int
+    pos: int
+    k: Any
+    v: Any
+    tokens: Optional[Any] = None
+
+
+class StepView(NamedTuple):
+    """What Cache.step(writes=...) returns for a view (see there)."""
+    leases: list            # a Lease per sequence (view="lease"), else []
+    spans: list             # (seq, pos, first, n) per sequence
+    mask: Any               # f32 [tokens, entries] or None (no_mask)
+    block_tables: Any       # int32 [sequences, max pages]: pages of arena (0 past the end)
+    starts: Any             # int32 [sequences]: the first leased row in page 0
+    ends: Any               # int32 [sequences]: rows from page 0's first to the end
+    arena: Any              # the cache's Arena (view="lease" on a daemon of arenas)
+    k: Any = None           # view="gather": K [layers, entries, heads, dim]
+    v: Any = None
+    positions: Any = None   # positions=True: each entry's position
+
+
+class Arena:
+    """A cache's arena as one array of pages, read in place (read-only).
+
+    A daemon of arenas keeps each cache's pages in an arena of its tenant
+    and page size; the client maps the arena as one array, and a lease's
+    block_table (a step's block_tables) lists its pages' indices in it: what
+    a paged-attention kernel takes (vLLM's and FlashInfer's convention).
+
+    k, v: NumPy arrays [num_pages, layers, page_tokens, heads, head_dim] in
+    the cache's dtype (bf16 as uint16 bits, fp8 / q8_0 / q4_0 bytes as
+    uint8, the last dimension a head row's bytes); kv: [num_pages, layers, 2,
+    page_tokens, heads, head_dim] (K then V of each layer; None when K and V
+    rows differ in size); k_scale, v_scale: int8 caches' f32 scales
+    [num_pages, layers, page_tokens, heads]. torch() gives the same as torch
+    tensors (bf16 as torch.bfloat16), views of the same memory.
+
+    A page is valid while a lease holds it: index with the block tables of
+    leases you hold. Pages of other arenas, and the whole arena once the
+    client closes, read as zeros; nothing here is writable (a write through
+    a torch tensor is a segmentation fault, as for any read-only mapping).
+    """
+
+    def __init__(self, cache, raw):
+        np = _np()
+        (region, stride, npages, layer_bytes, v_off, k_row, v_row, ks_off, vs_off,
+         pt) = raw
+        lay = cache._layout
+        self.dtype = _DTYPE_NAMES[lay[4]]
+        self.region = region
+        self.num_pages, self.page_stride, self.page_tokens = npages, stride, pt
+        dt = np.dtype(_NP_DTYPES[self.dtype])
+        isz = dt.itemsize
+        nl, heads = lay[0], lay[1]
+        kd, vd = _row_dim(self.dtype, lay[2]), _row_dim(self.dtype, lay[3])
+        buf = memoryview(region)
+        self.k = np.ndarray((npages, nl, pt, heads, kd), dt, buf, 0,
+                            (stride, layer_bytes, k_row, kd * isz, isz))
+        self.v = np.ndarray((npages, nl, pt, heads, vd), dt, buf, v_off,
+                            (stride, layer_bytes, v_row, vd * isz, isz))
+        self.kv = None
+        if kd == vd and k_row == v_row:
+            self.kv = np.ndarray((npages, nl, 2, pt, heads, kd), dt, buf, 0,
+                                 (stride, layer_bytes, v_off, k_row, kd * isz, isz))
+        self.k_scale = self.v_scale = None
+        if self.dtype == "int8":
+            f4 = np.dtype("float32")
+            self.k_scale = np.ndarray((npages, nl, pt, heads), f4, buf, ks_off,
+                                      (stride, layer_bytes, heads * 4, 4))
+            self.v_scale = np.ndarray((npages, nl, pt, heads), f4, buf, vs_off,
+                                      (stride, layer_bytes, heads * 4, 4))
+        self._torch = None
+
+    @property
+    def alive(self) -> bool:
+        """False once the client is closed (every page reads zeros)."""
+        return self.region.alive
+
+    def torch(self):
+        """The arrays as torch tensors (the same memory): an object with k,
+        v, kv, k_scale, v_scale. bf16 is torch.bfloat16, fp8 torch's float8
+        types where the installed torch has them."""
+        if self._torch is None:
+            import types
+            import warnings
+            with warnings.catch_warnings():  # read-only memory, as the class says
+                warnings.simplefilter("ignore", UserWarning)
+                self._torch = types.SimpleNamespace(**{
+                    n: (torch_view(a, self.dtype) if a is not None else None)
+                    for n, a in (("k", self.k), ("v", self.v), ("kv", self.kv),
+                                 ("k_scale", self.k_scale), ("v_scale", self.v_scale))})
+        return self._torch
+
+    def __repr__(self):
+        return (f"Arena({self.num_pages} pages of {self.page_tokens} tokens, {self.dtype}, "
+                f"stride {self.page_stride} bytes{'' if self.alive else ', closed'})")
+
+
+def _arena_of(cache, lease):
+    raw = lease._arena()
+    if raw is None:
+        return None
+    a = cache.__dict__.get("_arena_obj")
+    if a is None or a.region is not raw[0]:
+        a = Arena(cache, raw)
+        cache.__dict__["_arena_obj"] = a
+    return a
 
 
 class Cache(_kvcache.Cache):
@@ -206,9 +377,37 @@ class Cache(_kvcache.Cache):
             return k, v, mask, spans, _entry_positions(entries, spans, pos)
         return k, v, mask, spans
 
-    def step(self, entries, view="lease", out=None, no_mask=False, dtype=None, layers=None,
-             copy=False, positions=False):
+    def arena(self):
+        """The cache's Arena (its pages as one array), known from the
+        client's first lease or step on it; None before (or without arenas:
+        a daemon run with page_bytes)."""
+        return self.__dict__.get("_arena_obj")
+
+    def block_tables(self, leases):
+        """(tables, starts, ends) of leases of this cache, as int32 NumPy
+        arrays: tables [len(leases), max pages] (each lease's block_table,
+        0 past its pages), starts (the lease's first row in its page 0),
+        ends (rows from page 0's first to the lease's end: a kernel's
+        sequence length). torch.from_numpy makes tensors of them, no copy."""
+        return self._block_tables(leases)
+
+    def step(self, entries=None, view="lease", out=None, no_mask=False, dtype=None, layers=None,
+             copy=False, positions=False, *, writes=None):
         """One decode (or prefill) step in one round trip, all or nothing.
+
+        With writes (a sequence of StepWrite(seq, pos, k, v, tokens=None),
+        torch tensors or NumPy arrays as put takes): each tensor made with
+        client.shm_tensor goes by its offset (no copy here), any other is
+        copied into the shared buffer in C with the GIL released, then the
+        one request. Returns a StepView: for view="lease" a Lease per
+        sequence plus the batch's block_tables, starts and ends over the
+        cache's arena (read the history in place: arena.k[block_tables[i],
+        layer], or pass them to a paged-attention kernel); for
+        view="gather" k and v gathered into the shared buffer (views,
+        valid until the client's next call; copy=True copies them); None
+        for view=None. no_mask=True (a lease view) skips the mask; it is
+        for steps of one token a sequence (that token attends to its whole
+        span), so a write of several tokens is refused.
 
         entries: as put_shm's, (seq, pos, n, k_off, v_off, ...), the batch's
         new K/V already in client.shm. Writes them, then returns the history
@@ -227,6 +426,23 @@ class Cache(_kvcache.Cache):
         views = {None: 0, "none": 0, "lease": 1, "gather": 2}
         if view not in views:
             raise ValueError("view: None, 'lease' or 'gather'")
+        if no_mask and views[view] == 1:
+            for e in (writes if writes is not None else entries or ()):
+                n = e[2].shape[1] if writes is not None else e[2]
+                if n != 1:
+                    raise ValueError(
+                        f"step: no_mask=True is for steps of one token a sequence (that "
+                        f"token attends to its whole span, so no mask is needed); this one "
+                        f"writes {n} tokens of seq {e[0]}, each attending to a different "
+                        f"prefix: pass no_mask=False and use the mask")
+        if writes is not None:
+            if entries is not None or out is not None or dtype is not None:
+                raise ValueError("step: writes= goes without entries, out and dtype (the "
+                                 "tensors' dtype is the write's; the view lands after the "
+                                 "copies)")
+            return self._step_writes(writes, views[view], no_mask, layers, copy, positions)
+        if entries is None:
+            raise ValueError("step: entries (offsets into client.shm) or writes (tensors)")
         if out is None:
             end = 0
             for e in entries:
@@ -240,7 +456,9 @@ class Cache(_kvcache.Cache):
         if raw is None:
             return None
         (n_entries, k_off, k_bytes, v_off, v_bytes, m_off, m_bytes, dname, spans,
-         leases, pos) = raw
+         leases, pos, _tables) = raw
+        if leases and _tables is not None:
+            _arena_of(self, leases[0])
         extra = (_entry_positions(n_entries, spans, pos),) if positions else ()
         np = _np()
         shm = self.client.shm
@@ -259,6 +477,37 @@ class Cache(_kvcache.Cache):
         k = arr(k_off, k_bytes, (nl, n_entries, lay[1], _row_dim(dname, lay[2])), dt)
         v = arr(v_off, v_bytes, (nl, n_entries, lay[1], _row_dim(dname, lay[3])), dt)
         return (k, v, mask, spans) + extra
+
+
+def _step_writes(self, writes, view, no_mask, layers, copy, positions):
+    raw = self._step_io(writes, view=view, no_mask=no_mask, layers=layers)
+    if raw is None:
+        return None
+    (n_entries, k_off, k_bytes, v_off, v_bytes, m_off, m_bytes, dname, spans, leases, pos,
+     tables) = raw
+    np = _np()
+    shm = self.client.shm
+
+    def arr(off, nbytes, shape, d):
+        a = np.frombuffer(shm, d, count=nbytes // d.itemsize, offset=off).reshape(shape)
+        return a.copy() if copy else a
+
+    ntok = m_bytes // 4 // n_entries if n_entries else 0
+    mask = arr(m_off, m_bytes, (ntok, n_entries), np.dtype("float32")) if m_bytes else None
+    p = _entry_positions(n_entries, spans, pos) if positions else None
+    bt, st, en = tables if tables is not None else (None, None, None)
+    arena = _arena_of(self, leases[0]) if leases and tables is not None else None
+    k = v = None
+    if view == 2:
+        lay = self._layout
+        nl = (layers[1] - layers[0]) if layers else lay[0]
+        dt = np.dtype(_NP_DTYPES[dname])
+        k = arr(k_off, k_bytes, (nl, n_entries, lay[1], _row_dim(dname, lay[2])), dt)
+        v = arr(v_off, v_bytes, (nl, n_entries, lay[1], _row_dim(dname, lay[3])), dt)
+    return StepView(leases, spans, mask, bt, st, en, arena, k, v, p)
+
+
+Cache._step_writes = _step_writes
 
 
 def _entry_positions(entries, spans, raw):
@@ -318,6 +567,12 @@ class Lease(_kvcache.Lease):
             a = np.ndarray((p1 - p0,) + shape, dt, region, start, strides)
             out.append(a)
         return out
+
+    @property
+    def arena(self):
+        """The cache's Arena (one array of pages) this lease's block_table
+        indexes; None without arenas (a daemon run with page_bytes)."""
+        return _arena_of(self.cache, self)
 
     def k(self, layer: int):
         """Read-only views of layer's K, one per page: [tokens, heads, head_dim]."""

@@ -6,7 +6,7 @@ dim]. bf16 data in NumPy is uint16 bits (torch_view makes them bfloat16); fp8
 codes are uint8 (torch_view(a, 'fp8_e4m3') makes them float8), q8_0 / q4_0
 rows their blocks' bytes (uint8, head_dim / 32 blocks of 34 or 18 bytes).
 """
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
@@ -15,6 +15,13 @@ TokenIds = Union[Sequence[int], np.ndarray]  # uint32 array or ints
 SpanKeys = Sequence[Tuple[int, int, Union[bytes, str]]]  # (begin, end, key) per span
 Toks = Union[Sequence[Tuple[int, int]], np.ndarray]  # (seq, pos) pairs or [n, 2] int64
 Range = Optional[Tuple[int, int]]
+# put_batch entries: (seq, pos, k, v) or (seq, pos, k, v, tokens)
+PutEntry = Union[Tuple[int, int, Tensor, Tensor], Tuple[int, int, Tensor, Tensor, TokenIds]]
+# get_batch entries: (seq, pos, n) or (seq, pos, n, out_k, out_v)
+GetEntry = Union[Tuple[int, int, int], Tuple[int, int, int, Tensor, Tensor]]
+# put_shm / get_shm / step(entries) entries, offsets into Client.shm: (seq, pos, n, k_off,
+# v_off[, k_len, v_len, k_scale_off, v_scale_off, tok_off, tok_len])
+ShmEntry = Tuple[int, ...]
 # 'f32', 'f64', 'f16', 'bf16', 'int8', 'fp8_e4m3', 'fp8_e5m2', 'q8_0', 'q4_0'
 DType = Optional[Union[str, int]]
 
@@ -134,6 +141,46 @@ class Client:
     def stats(self) -> Dict[str, Any]: ...
     def subscribe(self, cache: Optional[str] = None, token_ids: bool = False) -> None: ...
     def next_event(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]: ...
+    # Tensors born in the shared buffer: put, get (out=) and step writes of them move
+    # by offset (no copy in the client); freed with their last array or tensor.
+    def shm_array(self, shape: Union[int, Sequence[int]], dtype: Any = "bf16") -> np.ndarray: ...
+    def shm_tensor(self, shape: Union[int, Sequence[int]], dtype: Any = "bf16") -> Any: ...
+    shm_blocks: List[Tuple[int, int]]  # (offset, bytes) of the live blocks, lowest first
+
+class StepWrite(NamedTuple):
+    """One sequence's new tokens of a step: k, v [layer, token, head, dim]."""
+    seq: int
+    pos: int
+    k: Tensor
+    v: Tensor
+    tokens: Optional[TokenIds] = None
+
+class Arena:
+    """A cache's arena as one read-only array of pages (block tables index it)."""
+    dtype: str
+    num_pages: int
+    page_stride: int
+    page_tokens: int
+    k: np.ndarray  # [num_pages, layers, page_tokens, heads, head_dim]
+    v: np.ndarray
+    kv: Optional[np.ndarray]  # [num_pages, layers, 2, page_tokens, heads, head_dim]
+    k_scale: Optional[np.ndarray]  # int8: [num_pages, layers, page_tokens, heads] f32
+    v_scale: Optional[np.ndarray]
+    alive: bool
+    def torch(self) -> Any: ...  # .k, .v, .kv, .k_scale, .v_scale as torch tensors
+
+class StepView(NamedTuple):
+    """What Cache.step(writes=...) returns for a view."""
+    leases: List["Lease"]
+    spans: List[Tuple[int, int, int, int]]  # (seq, pos, first, n)
+    mask: Optional[np.ndarray]  # f32 [tokens, entries]; None with no_mask
+    block_tables: Optional[np.ndarray]  # int32 [sequences, max pages], 0 past the end
+    starts: Optional[np.ndarray]  # int32 [sequences]: the first leased row in page 0
+    ends: Optional[np.ndarray]  # int32 [sequences]: rows from page 0's first to the end
+    arena: Optional[Arena]
+    k: Optional[np.ndarray] = None  # view="gather"
+    v: Optional[np.ndarray] = None
+    positions: Optional[np.ndarray] = None
 
 class Cache:
     """An opened cache of a Client."""
@@ -145,11 +192,11 @@ class Cache:
     def put(self, seq: int, pos: int, k: Tensor, v: Tensor, tokens: Optional[TokenIds] = None,
             layers: Range = None, span_keys: Optional[SpanKeys] = None, k_scale: float = 0.0,
             v_scale: float = 0.0) -> None: ...
-    def put_batch(self, entries: Sequence[tuple], layers: Range = None) -> None: ...
+    def put_batch(self, entries: Sequence[PutEntry], layers: Range = None) -> None: ...
     def get(self, seq: int, begin: int, end: int, out: Optional[Tuple[Tensor, Tensor]] = None,
             dtype: DType = None, layers: Range = None, heads: Range = None,
             k_scale: float = 0.0, v_scale: float = 0.0) -> Tuple[Tensor, Tensor]: ...
-    def get_batch(self, entries: Sequence[tuple], dtype: DType = None, layers: Range = None,
+    def get_batch(self, entries: Sequence[GetEntry], dtype: DType = None, layers: Range = None,
                   heads: Range = None) -> List[Tuple[Tensor, Tensor]]: ...
     def get_token(self, seq: int, pos: int, dtype: DType = None, layers: Range = None,
                   heads: Range = None) -> Tuple[np.ndarray, np.ndarray]: ...
@@ -157,17 +204,23 @@ class Cache:
                  end: int) -> Tuple[np.ndarray, np.ndarray]: ...
     def get_raw(self, seq: int, begin: int, end: int, layers: Range = None,
                 heads: Range = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
-    def put_shm(self, entries: Sequence[Tuple[int, ...]], dtype: DType = None,
+    def put_shm(self, entries: Sequence[ShmEntry], dtype: DType = None,
                 layers: Range = None, heads: Range = None) -> None: ...
-    def get_shm(self, entries: Sequence[Tuple[int, ...]], dtype: DType = None,
+    def get_shm(self, entries: Sequence[ShmEntry], dtype: DType = None,
                 layers: Range = None, heads: Range = None) -> None: ...
     def xfer_bytes(self, ntokens: int, put: bool = False, dtype: DType = None,
                    layers: Range = None, heads: Range = None) -> Tuple[int, int, int]: ...
     def history(self, toks: Toks, dtype: DType = None, layers: Range = None, copy: bool = True,
                 positions: bool = False) -> Any: ...
-    def step(self, entries: Sequence[Tuple[int, ...]], view: Optional[str] = "lease",
+    def step(self, entries: Optional[Sequence[ShmEntry]] = None, view: Optional[str] = "lease",
              out: Optional[Tuple[int, int]] = None, no_mask: bool = False, dtype: DType = None,
-             layers: Range = None, copy: bool = False, positions: bool = False) -> Any: ...
+             layers: Range = None, copy: bool = False, positions: bool = False, *,
+             writes: Optional[Sequence[StepWrite]] = None) -> Any: ...
+    # writes=: a StepView (None for view=None); entries=: (leases, mask, spans) or
+    # (k, v, mask, spans), positions last with positions=True
+    def arena(self) -> Optional[Arena]: ...
+    def block_tables(self, leases: Sequence["Lease"]) -> Tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray]: ...
     def lease_batch(self, ranges: Sequence[Tuple[int, int, int]]) -> List["Lease"]: ...
     def reserve(self, toks: Toks) -> None: ...
     def remove(self, seq: int, begin: int = 0, end: int = ...) -> None: ...
@@ -208,5 +261,8 @@ class Lease:
     def k(self, layer: int) -> List[np.ndarray]: ...
     def v(self, layer: int) -> List[np.ndarray]: ...
     def scales(self, layer: int) -> Tuple[List[np.ndarray], List[np.ndarray]]: ...
+    block_table: np.ndarray  # int32: the leased pages' indices in arena
+    first_pos: int  # the position of page 0's first row
+    arena: Optional[Arena]
 
 def torch_view(a: np.ndarray, dtype: Optional[str] = None) -> Any: ...

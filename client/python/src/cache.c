@@ -208,6 +208,59 @@ fail:
   return -1;
 }
 
+/* ---- buffers born in the shared buffer ---- */
+
+/* True if every tensor of t[0..n) (NULL ptrs skipped) lies in the client's
+ * shared buffer (Client.shm_tensor): the call then sends offsets. */
+static bool in_shm(cache_t *ca, const tensor_t *t, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (t[i].ptr && shm_off(ca->client, t[i].ptr, t[i].nbytes) < 0) return false;
+  return n > 0;
+}
+
+/* The entries as kvc_put_shm / kvc_get_shm entries (their buffers in the
+ * shared buffer: in_shm), token ids copied to the start of the library's
+ * part; runs without the GIL. 1 if the ids do not fit there (the caller
+ * takes the copying path), else the call's code. */
+static int shm_xfer(cache_t *ca, const kvc_xfer_t *x, const kvc_io_t *io, size_t n, bool put) {
+  client_t *cl = ca->client;
+  kvc_shm_io_t *s = PyMem_RawCalloc(n ? n : 1, sizeof *s);
+  if (!s) return 1;
+  void *base;
+  uint64_t bytes, tok = 0;
+  kvc_client_shm(cl->c, &base, &bytes);
+  uint64_t lim = cl->nblks ? cl->blks[0].off : bytes;
+  for (size_t i = 0; i < n; i++) {
+    const kvc_io_t *e = &io[i];
+    s[i] = (kvc_shm_io_t){.seq_id = e->seq_id, .pos = e->pos, .ntokens = e->ntokens,
+                          .k_off = (uint64_t)shm_off(cl, e->k, 0),
+                          .v_off = (uint64_t)shm_off(cl, e->v, 0),
+                          .span_keys = e->span_keys, .nspan_keys = e->nspan_keys};
+    if (e->tokens && e->ntokens) {
+      uint64_t tb = 4 * e->ntokens;
+      if (tb > lim || tok > lim - tb) {
+        PyMem_RawFree(s);
+        return 1;
+      }
+      memcpy((char *)base + tok, e->tokens, tb);
+      s[i].tok_off = tok, s[i].tok_len = tb;
+      tok += tb;
+    }
+  }
+  int rc = put ? kvc_put_shm(ca->h, x, s, n) : kvc_get_shm(ca->h, x, s, n);
+  PyMem_RawFree(s);
+  return rc;
+}
+
+/* A put or get of n entries: as offsets when every buffer is in the shared
+ * buffer (no copy here), else through the library's copies. No GIL. */
+static int xfer_call(cache_t *ca, const kvc_xfer_t *x, const kvc_io_t *io, size_t n, bool put,
+                     bool shm) {
+  int rc = shm ? shm_xfer(ca, x, io, n, put) : 1;
+  if (rc == 1) rc = put ? kvc_put_batch(ca->h, x, io, n) : kvc_get_batch(ca->h, x, io, n);
+  return rc;
+}
+
 /* ---- put ---- */
 
 static PyObject *cache_put(cache_t *ca, PyObject *args, PyObject *kw) {
@@ -253,7 +306,9 @@ static PyObject *cache_put(cache_t *ca, PyObject *args, PyObject *kw) {
   kvc_io_t io = {seq, pos, (uint64_t)n, k.ptr, v.ptr, NULL, NULL, ids, spans, nspans};
   if (cache_enter(ca) < 0) goto out;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = kvc_put_batch(ca->h, &x, &io, 1);
+  tensor_t kv[2] = {k, v};
+  bool shm = in_shm(ca, kv, 2);
+  Py_BEGIN_ALLOW_THREADS rc = xfer_call(ca, &x, &io, 1, true, shm);
   Py_END_ALLOW_THREADS
   cache_leave(ca);
   if (rc) pykvc_raise(ca->client->c, rc);
@@ -329,7 +384,9 @@ static PyObject *cache_put_batch(cache_t *ca, PyObject *args, PyObject *kw) {
   x.dtype = dt == (int)ca->layout.dtype ? 0 : (kvc_dtype_t)dt;
   if (cache_enter(ca) < 0) goto out;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = kvc_put_batch(ca->h, &x, io, (size_t)n);
+  bool shm = true;
+  for (Py_ssize_t i = 0; i < n && shm; i++) shm = in_shm(ca, &ts[3 * i], 2);
+  Py_BEGIN_ALLOW_THREADS rc = xfer_call(ca, &x, io, (size_t)n, true, shm && n > 0);
   Py_END_ALLOW_THREADS
   cache_leave(ca);
   if (rc) pykvc_raise(ca->client->c, rc);
@@ -450,7 +507,9 @@ static PyObject *cache_get(cache_t *ca, PyObject *args, PyObject *kw) {
   kvc_io_t io = {seq, b, (uint64_t)n, tk.ptr, tv.ptr, NULL, NULL, NULL};
   if (cache_enter(ca) == 0) {
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = n ? kvc_get_batch(ca->h, &x, &io, 1) : 0;
+    tensor_t kv[2] = {tk, tv};
+    bool shm = in_shm(ca, kv, 2);
+    Py_BEGIN_ALLOW_THREADS rc = n ? xfer_call(ca, &x, &io, 1, false, shm) : 0;
     Py_END_ALLOW_THREADS
     cache_leave(ca);
     if (rc) pykvc_raise(ca->client->c, rc);
@@ -518,7 +577,8 @@ static PyObject *cache_get_batch(cache_t *ca, PyObject *args, PyObject *kw) {
   }
   if (cache_enter(ca) < 0) goto out;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = kvc_get_batch(ca->h, &x, io, (size_t)n);
+  bool shm = n > 0 && in_shm(ca, ts, 2 * (size_t)n);
+  Py_BEGIN_ALLOW_THREADS rc = xfer_call(ca, &x, io, (size_t)n, false, shm);
   Py_END_ALLOW_THREADS
   cache_leave(ca);
   if (rc) pykvc_raise(ca->client->c, rc);
@@ -853,9 +913,54 @@ static PyObject *cache_history_raw(cache_t *ca, PyObject *args, PyObject *kw) {
   return ret;
 }
 
-/* The raw step: view 0 None; else (entries, k_off, k_bytes, v_off, v_bytes,
- * mask_off, mask_bytes, dtype, [(seq, pos, first, n)], [Lease]);
- * kvcache.Cache.step makes the arrays. */
+/* What a step returns: view 0 None; else (entries, k_off, k_bytes, v_off,
+ * v_bytes, mask_off, mask_bytes, dtype, [(seq, pos, first, n)], [Lease],
+ * positions, tables) with tables Cache._block_tables of the leases (None
+ * without a lease view or arenas); kvcache.Cache.step makes the arrays.
+ * Takes the leases (released later on failure). */
+static PyObject *step_reply(cache_t *ca, int view, const kvc_step_t *st, int xdtype,
+                            kvc_hist_span_t *spans, kvc_lease_t **leases, size_t cap) {
+  PyObject *ret = NULL, *sl = NULL, *ll = NULL, *pos = NULL, *tables = NULL;
+  if (view == KVC_VIEW_NONE) return Py_NewRef(Py_None);
+  sl = PyList_New(0);
+  ll = PyList_New(0);
+  for (size_t i = 0; sl && ll && i < st->hist.nspans && i < cap; i++) {
+    PyObject *s = Py_BuildValue("(KKKK)", spans[i].seq_id, spans[i].pos, spans[i].first,
+                                spans[i].n);
+    if (!s || PyList_Append(sl, s) < 0) Py_CLEAR(sl);
+    Py_XDECREF(s);
+    if (view != KVC_VIEW_LEASE || !ll) continue;
+    PyObject *l = lease_new(ca, leases[i], spans[i].seq_id, spans[i].pos,
+                            spans[i].pos + spans[i].n);
+    if (l) leases[i] = NULL; /* the Lease object owns it */
+    if (!l || PyList_Append(ll, l) < 0) Py_CLEAR(ll);
+    Py_XDECREF(l);
+  }
+  if (sl && ll && view == KVC_VIEW_LEASE && PyList_GET_SIZE(ll) > 0 &&
+      kvc_lease_info(((lease_t *)PyList_GET_ITEM(ll, 0))->l)->block_table) {
+    PyObject *a = PyTuple_Pack(1, ll);
+    tables = a ? cache_block_tables(ca, a) : NULL;
+    Py_XDECREF(a);
+    if (!tables) goto out;
+  } else {
+    tables = Py_NewRef(Py_None);
+  }
+  if (sl && ll && (pos = positions_obj(&st->hist)))
+    ret = Py_BuildValue("(KKKKKKKsOONN)", st->hist.entries, st->hist.k_off, st->hist.k_bytes,
+                        st->hist.v_off, st->hist.v_bytes, st->hist.mask_off, st->hist.mask_bytes,
+                        dtype_name(get_dtype(ca, xdtype)), sl, ll, pos, Py_NewRef(tables));
+out:
+  for (size_t i = 0; view == KVC_VIEW_LEASE && leases && i < cap; i++)
+    if (leases[i]) {
+      kvc_lease_release_later(leases[i]);
+      leases[i] = NULL;
+    }
+  Py_XDECREF(tables);
+  Py_XDECREF(sl);
+  Py_XDECREF(ll);
+  return ret;
+}
+
 static PyObject *cache_step_raw(cache_t *ca, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"entries", "view", "out_off", "out_len", "no_mask", "dtype", "layers",
                            NULL};
@@ -873,7 +978,7 @@ static PyObject *cache_step_raw(cache_t *ca, PyObject *args, PyObject *kw) {
   size_t cap = n ? (size_t)n : 1;
   kvc_hist_span_t *spans = PyMem_Calloc(cap, sizeof *spans);
   kvc_lease_t **leases = PyMem_Calloc(cap, sizeof *leases);
-  PyObject *ret = NULL, *sl = NULL, *ll = NULL;
+  PyObject *ret = NULL;
   kvc_step_t st = {.view = (kvc_view_t)view, .out_off = off, .out_len = len,
                    .no_mask = no_mask != 0, .spans = spans, .spans_cap = cap,
                    .leases = view == KVC_VIEW_LEASE ? leases : NULL, .leases_cap = cap};
@@ -886,41 +991,161 @@ static PyObject *cache_step_raw(cache_t *ca, PyObject *args, PyObject *kw) {
   Py_BEGIN_ALLOW_THREADS rc = kvc_step(ca->h, &x, io, (size_t)n, &st);
   Py_END_ALLOW_THREADS
   cache_leave(ca);
-  if (rc) {
-    pykvc_raise(ca->client->c, rc);
-    goto out;
-  }
-  if (view == KVC_VIEW_NONE) {
-    ret = Py_NewRef(Py_None);
-    goto out;
-  }
-  sl = PyList_New(0);
-  ll = PyList_New(0);
-  for (size_t i = 0; sl && ll && i < st.hist.nspans && i < cap; i++) {
-    PyObject *s = Py_BuildValue("(KKKK)", spans[i].seq_id, spans[i].pos, spans[i].first,
-                                spans[i].n);
-    if (!s || PyList_Append(sl, s) < 0) Py_CLEAR(sl);
-    Py_XDECREF(s);
-    if (view != KVC_VIEW_LEASE || !ll) continue;
-    PyObject *l = lease_new(ca, leases[i], spans[i].seq_id, spans[i].pos,
-                            spans[i].pos + spans[i].n);
-    if (l) leases[i] = NULL; /* the Lease object owns it */
-    if (!l || PyList_Append(ll, l) < 0) Py_CLEAR(ll);
-    Py_XDECREF(l);
-  }
-  PyObject *pos = sl && ll ? positions_obj(&st.hist) : NULL;
-  if (pos)
-    ret = Py_BuildValue("(KKKKKKKsOON)", st.hist.entries, st.hist.k_off, st.hist.k_bytes,
-                        st.hist.v_off, st.hist.v_bytes, st.hist.mask_off, st.hist.mask_bytes,
-                        dtype_name(get_dtype(ca, x.dtype)), sl, ll, pos);
+  if (rc) pykvc_raise(ca->client->c, rc);
+  else ret = step_reply(ca, view, &st, x.dtype, spans, leases, cap);
 out:
-  for (size_t i = 0; view == KVC_VIEW_LEASE && leases && i < cap; i++)
-    if (leases[i]) kvc_lease_release_later(leases[i]);
-  Py_XDECREF(sl);
-  Py_XDECREF(ll);
   PyMem_Free(io);
   PyMem_Free(spans);
   PyMem_Free(leases);
+  return ret;
+}
+
+/* A copy into the shared buffer that _step_io makes without the GIL. */
+typedef struct {
+  uint64_t off;
+  const void *src;
+  uint64_t n;
+} stage_t;
+
+static uint64_t al64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
+
+/* The step with tensors: writes are (seq, pos, k, v[, tokens]) as put's
+ * (kvcache.StepWrite); a tensor in the shared buffer (Client.shm_tensor)
+ * goes as its offset, any other is copied into the library's part (below
+ * the lowest block) here, without the GIL, then kvc_step; the view lands
+ * after the copies. Returns step_reply's tuple. */
+PyObject *cache_step_io(cache_t *ca, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"writes", "view", "no_mask", "layers", NULL};
+  PyObject *writes, *layers = Py_None;
+  int view = 0, no_mask = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ipO:step", kwlist, &writes, &view, &no_mask,
+                                   &layers))
+    return NULL;
+  kvc_xfer_t x;
+  Py_ssize_t nl, nh;
+  if (xfer_arg(ca, layers, Py_None, Py_None, &x, &nl, &nh) < 0) return NULL;
+  PyObject *seq = PySequence_Fast(writes, "writes: a sequence of StepWrite (seq, pos, k, v[, "
+                                  "tokens])");
+  if (!seq) return NULL;
+  client_t *cl = ca->client;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), got = 0;
+  size_t cap = n ? (size_t)n : 1;
+  PyObject *ret = NULL;
+  kvc_shm_io_t *io = PyMem_Calloc(cap, sizeof *io);
+  tensor_t *ts = PyMem_Calloc(cap * 3, sizeof *ts);
+  uint32_t **owned = PyMem_Calloc(cap, sizeof *owned);
+  stage_t *cp = PyMem_Calloc(cap * 3, sizeof *cp);
+  kvc_hist_span_t *spans = PyMem_Calloc(cap, sizeof *spans);
+  kvc_lease_t **leases = PyMem_Calloc(cap, sizeof *leases);
+  size_t ncp = 0;
+  if (!io || !ts || !owned || !cp || !spans || !leases) {
+    PyErr_NoMemory();
+    goto out;
+  }
+  if (!cl->c) {
+    PyErr_SetString(PyExc_ValueError, "operation on a closed kvcache.Client");
+    goto out;
+  }
+  void *base;
+  uint64_t bytes, used = 0;
+  kvc_client_shm(cl->c, &base, &bytes);
+  uint64_t lim = cl->nblks ? cl->blks[0].off : bytes;
+  int dt = 0;
+  for (; got < n; got++) {
+    PyObject *e = PySequence_Fast_GET_ITEM(seq, got);
+    unsigned long long s, p;
+    PyObject *ko, *vo, *toks = Py_None;
+    if (!PyTuple_Check(e) ||
+        !PyArg_ParseTuple(e, "O&O&OO|O:step write", pykvc_u64, &s, pykvc_u64, &p, &ko, &vo,
+                          &toks)) {
+      if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "writes[%zd]: expected StepWrite(seq, pos, k, v[, "
+                     "tokens]) with k and v [layer, token, head, dim] tensors", got);
+      }
+      goto out;
+    }
+    tensor_t *k = &ts[3 * got], *v = k + 1, *tt = k + 2;
+    if (tensor_get(ko, k, false, "k") < 0) goto out;
+    if (tensor_get(vo, v, false, "v") < 0) {
+      tensor_release(k);
+      goto out;
+    }
+    Py_ssize_t nt = put_check(ca, k, v, nl, &dt);
+    if (nt < 0) goto fail_entry;
+    io[got] = (kvc_shm_io_t){.seq_id = s, .pos = p, .ntokens = (uint64_t)nt,
+                             .k_len = k->nbytes, .v_len = v->nbytes};
+    const tensor_t *kv[2] = {k, v};
+    uint64_t *offs[2] = {&io[got].k_off, &io[got].v_off};
+    for (int j = 0; j < 2; j++) {
+      int64_t o = shm_off(cl, kv[j]->ptr, kv[j]->nbytes);
+      if (o >= 0) {
+        *offs[j] = (uint64_t)o;
+        continue;
+      }
+      *offs[j] = al64(used);
+      used = *offs[j] + kv[j]->nbytes;
+      cp[ncp++] = (stage_t){*offs[j], kv[j]->ptr, kv[j]->nbytes};
+    }
+    if (toks != Py_None) {
+      uint32_t *ids;
+      Py_ssize_t nids;
+      if (tokens_get(toks, tt, &ids, &owned[got], &nids) < 0) goto fail_entry;
+      if (nids != nt) {
+        PyErr_Format(PyExc_ValueError, "writes[%zd]: %zd token ids for %zd tokens", got, nids,
+                     nt);
+        goto fail_entry;
+      }
+      io[got].tok_off = al64(used);
+      io[got].tok_len = 4 * (uint64_t)nt;
+      used = io[got].tok_off + io[got].tok_len;
+      cp[ncp++] = (stage_t){io[got].tok_off, ids, io[got].tok_len};
+    }
+    continue;
+  fail_entry:
+    tensor_release(k);
+    tensor_release(v);
+    tensor_release(tt);
+    goto out;
+  }
+  if (used > lim) {
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "the step's writes need %llu bytes of the shared buffer to be copied into, it has "
+             "%llu below its blocks: make K/V in it (Client.shm_tensor: no copy), or open the "
+             "client with a larger shm_bytes",
+             (unsigned long long)used, (unsigned long long)lim);
+    pykvc_raise_msg(KVC_E_SIZE, msg);
+    goto out;
+  }
+  x.dtype = dt == (int)ca->layout.dtype ? 0 : (kvc_dtype_t)dt;
+  uint64_t off = al64(used);
+  kvc_step_t st = {.view = (kvc_view_t)view, .out_off = off, .out_len = lim > off ? lim - off : 0,
+                   .no_mask = no_mask != 0, .spans = spans, .spans_cap = cap,
+                   .leases = view == KVC_VIEW_LEASE ? leases : NULL, .leases_cap = cap};
+  if (cache_enter(ca) < 0) goto out;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  for (size_t i = 0; i < ncp; i++) memcpy((char *)base + cp[i].off, cp[i].src, cp[i].n);
+  rc = kvc_step(ca->h, &x, io, (size_t)n, &st);
+  Py_END_ALLOW_THREADS
+  cache_leave(ca);
+  if (rc) pykvc_raise(cl->c, rc);
+  else ret = step_reply(ca, view, &st, x.dtype, spans, leases, cap);
+out:
+  for (Py_ssize_t i = 0; ts && i < got; i++) {
+    tensor_release(&ts[3 * i]);
+    tensor_release(&ts[3 * i + 1]);
+    tensor_release(&ts[3 * i + 2]);
+  }
+  for (Py_ssize_t i = 0; owned && i < n; i++) PyMem_Free(owned[i]);
+  PyMem_Free(io);
+  PyMem_Free(ts);
+  PyMem_Free(owned);
+  PyMem_Free(cp);
+  PyMem_Free(spans);
+  PyMem_Free(leases);
+  Py_DECREF(seq);
   return ret;
 }
 
@@ -1451,6 +1676,9 @@ static PyMethodDef cache_methods[] = {
        "lease_batch(ranges) -> list[Lease]\n\nLeases of every (seq, begin, end) in one round "
        "trip, all or nothing."),
     M_("_step", cache_step_raw, KW_, "The raw step reply (see Cache.step)."),
+    M_("_step_io", cache_step_io, KW_, "The step with tensors (see Cache.step(writes=...))."),
+    {"_block_tables", (PyCFunction)cache_block_tables, METH_VARARGS,
+     "(tables, starts, ends) int32 arrays of a list of leases (see Cache.block_tables)."},
     M_("lease", cache_lease, METH_VARARGS,
        "lease(seq, begin, end) -> Lease\n\nA zero-copy read lease of tokens [begin, end) (use "
        "it as a context manager)."),

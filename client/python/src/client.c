@@ -21,7 +21,13 @@ int client_enter(client_t *cl) {
   return 0;
 }
 
-void client_leave(client_t *cl) { cl->busy_thread = 0; }
+void client_leave(client_t *cl) {
+  cl->busy_thread = 0;
+  if (cl->limit_dirty && cl->c) { /* a block was freed while the call ran */
+    cl->limit_dirty = false;
+    kvc_client_shm_limit(cl->c, cl->nblks ? cl->blks[0].off : UINT64_MAX);
+  }
+}
 
 int client_track(client_t *cl, region_t *r) {
   if (!cl->regions && !(cl->regions = PyList_New(0))) return -1;
@@ -82,6 +88,7 @@ static int client_init(client_t *self, PyObject *args, PyObject *kw) {
     return -1;
   }
   self->c = c;
+  fast_client_opened(self);
   return 0;
 }
 
@@ -97,6 +104,7 @@ static PyObject *client_close(client_t *self, PyObject *noargs) {
   if (c) {
     Py_BEGIN_ALLOW_THREADS kvc_client_close(c);
     Py_END_ALLOW_THREADS
+    fast_client_closed(self);
   }
   Py_RETURN_NONE;
 }
@@ -105,6 +113,10 @@ static void client_dealloc(client_t *self) {
   if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
   kill_all(self);
   kvc_client_close(self->c);
+  if (self->c) {
+    self->c = NULL;
+    fast_client_closed(self);
+  }
   Py_XDECREF(self->shm);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -416,6 +428,11 @@ static PyMethodDef client_methods[] = {
     {"__enter__", (PyCFunction)client_enter_ctx, METH_NOARGS, "Returns the client."},
     {"__exit__", (PyCFunction)client_exit_ctx, METH_VARARGS, "Closes the client."},
     {"ping", (PyCFunction)client_ping, METH_NOARGS, "ping()\n\nOne round trip with no effect."},
+    {"_shm_alloc", (PyCFunction)client_shm_alloc, METH_VARARGS,
+     "_shm_alloc(nbytes, align=256) -> ShmBlock: a block from the top of the shared buffer "
+     "(Client.shm_tensor); the library's own use stays below the lowest block."},
+    {"_shm_blocks", (PyCFunction)client_shm_blocks, METH_NOARGS,
+     "[(offset, bytes)] of the live blocks, lowest first."},
     {"open_cache", (PyCFunction)(void (*)(void))client_open_cache, METH_VARARGS | METH_KEYWORDS,
      "open_cache(name, layout=None, salt=b'') -> Cache\n\nOpens the cache name, creating it "
      "with layout (a kvcache.Layout) if it does not exist; layout None opens an existing cache "

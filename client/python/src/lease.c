@@ -5,6 +5,8 @@
  */
 #include "pykvc.h"
 
+#include <string.h>
+
 static PyTypeObject *lease_cls = &pykvc_lease_type;
 
 PyObject *lease_new(cache_t *ca, kvc_lease_t *l, uint64_t seq, uint64_t b, uint64_t e) {
@@ -89,11 +91,14 @@ static PyObject *lease_geometry(lease_t *le, PyObject *noargs) {
   uint64_t bytes;
   kvc_client_pool(le->cache->client->c, &base, &bytes);
   if (!base) return pykvc_raise(NULL, KVC_E_PROTO);
+  const kvc_lease_info_t *i = kvc_lease_info(le->l);
   if (!le->pool) {
-    if (!(le->pool = region_new(base, (size_t)bytes, 1))) return NULL;
+    /* A daemon of arenas maps the pool segment by segment: the lease's own
+     * pages, duplicated at their offsets; else the one mapping of it. */
+    le->pool = i->arena_base ? lease_pages_region(le) : region_new(base, (size_t)bytes, 1);
+    if (!le->pool) return NULL;
     if (client_track(le->cache->client, le->pool) < 0) return NULL;
   }
-  const kvc_lease_info_t *i = kvc_lease_info(le->l);
   PyObject *offs = PyList_New(i->npages);
   for (uint32_t p = 0; offs && p < i->npages; p++)
     PyList_SET_ITEM(offs, p, PyLong_FromSsize_t((const char *)i->pages[p] - (const char *)base));
@@ -104,6 +109,51 @@ static PyObject *lease_geometry(lease_t *le, PyObject *noargs) {
                        i->layer_bytes, "v_offset", i->v_offset, "k_row_bytes", i->k_row_bytes,
                        "v_row_bytes", i->v_row_bytes, "k_scale_offset", i->k_scale_offset,
                        "v_scale_offset", i->v_scale_offset);
+}
+
+/* (arena Region, page_stride, arena_pages, layer_bytes, v_offset,
+ * k_row_bytes, v_row_bytes, k_scale_offset, v_scale_offset, page_tokens),
+ * or None without arenas: kvcache.Arena makes the arrays. */
+static PyObject *lease_arena(lease_t *le, PyObject *noargs) {
+  (void)noargs;
+  if (lease_live(le) < 0) return NULL;
+  region_t *r = lease_arena_region(le);
+  if (!r) {
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+  }
+  const kvc_lease_info_t *i = kvc_lease_info(le->l);
+  return Py_BuildValue("(OKKKKKKKKI)", r, i->page_stride, i->arena_pages, i->layer_bytes,
+                       i->v_offset, i->k_row_bytes, i->v_row_bytes, i->k_scale_offset,
+                       i->v_scale_offset, i->page_tokens);
+}
+
+/* The lease's pages as indices into its arena: a new int32 array. */
+static PyObject *lease_get_block_table(lease_t *le, void *c) {
+  (void)c;
+  if (lease_live(le) < 0) return NULL;
+  const kvc_lease_info_t *i = kvc_lease_info(le->l);
+  if (!i->block_table) {
+    PyErr_SetString(PyExc_ValueError, "block tables need a daemon of arenas (this one runs with "
+                    "page_bytes, deprecated): read with lease.k(layer) or get");
+    return NULL;
+  }
+  Py_ssize_t n = i->npages;
+  PyObject *a = array_new(&n, 1, T_I32);
+  Py_buffer b;
+  if (!a || PyObject_GetBuffer(a, &b, PyBUF_WRITABLE) < 0) {
+    Py_XDECREF(a);
+    return NULL;
+  }
+  memcpy(b.buf, i->block_table, (size_t)n * sizeof(int32_t));
+  PyBuffer_Release(&b);
+  return a;
+}
+
+static PyObject *lease_get_first_pos(lease_t *le, void *c) {
+  (void)c;
+  if (lease_live(le) < 0) return NULL;
+  return PyLong_FromUnsignedLongLong(kvc_lease_info(le->l)->first_pos);
 }
 
 static PyObject *lease_get_active(lease_t *le, void *c) {
@@ -141,6 +191,7 @@ static PyMethodDef lease_methods[] = {
     {"__enter__", (PyCFunction)lease_enter, METH_NOARGS, "Returns the lease."},
     {"__exit__", (PyCFunction)lease_exit, METH_VARARGS, "release_later()."},
     {"_geometry", (PyCFunction)lease_geometry, METH_NOARGS, "Where the leased tokens are."},
+    {"_arena", (PyCFunction)lease_arena, METH_NOARGS, "The arena's Region and geometry."},
     {"_register", (PyCFunction)lease_register, METH_O | METH_CLASS,
      "Makes Cache.lease return instances of this subclass."},
     {NULL, NULL, 0, NULL}};
@@ -149,6 +200,11 @@ static PyGetSetDef lease_getset[] = {
     {"active", (getter)lease_get_active, NULL, "False once released.", NULL},
     {"range", (getter)lease_get_range, NULL, "(seq, begin, end).", NULL},
     {"cache", (getter)lease_get_cache, NULL, "The Cache leased from.", NULL},
+    {"block_table", (getter)lease_get_block_table, NULL,
+     "The leased pages as indices into the cache's arena (Lease.arena): a new int32 array, "
+     "page 0 holding token first_pos. Valid while the lease is held.", NULL},
+    {"first_pos", (getter)lease_get_first_pos, NULL,
+     "The position of the first token of the lease's first page.", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject pykvc_lease_type = {

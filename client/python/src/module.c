@@ -51,6 +51,8 @@ PyObject *pykvc_raise(kvc_client_t *c, int rc) {
   return raise_code(rc, c ? kvc_client_last_error(c) : NULL, c);
 }
 
+PyObject *pykvc_raise_msg(int rc, const char *msg) { return raise_code(rc, msg, NULL); }
+
 PyObject *pykvc_raise_open(int rc) { return raise_code(rc, kvc_client_open_error(), NULL); }
 
 int pykvc_u64(PyObject *o, void *out) {
@@ -145,7 +147,7 @@ PyMODINIT_FUNC PyInit__kvcache(void) {
   KVC_ERRNO_MAP(ADD_ERR_)
 #undef ADD_ERR_
   PyTypeObject *types[] = {&pykvc_region_type, &pykvc_client_type, &pykvc_cache_type,
-                           &pykvc_lease_type};
+                           &pykvc_lease_type, &pykvc_shmblock_type};
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     if (PyType_Ready(types[i]) < 0) goto fail;
     Py_INCREF(types[i]);

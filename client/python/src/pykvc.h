@@ -34,7 +34,14 @@ typedef struct {
   size_t bytes;
   int readonly;      /* exports are read-only */
   bool dead;         /* overlaid with zeros: the owner is gone */
+  bool borrowed;     /* the library's mapping (an arena's view): never unmapped
+                        here until the client's close hands it over */
 } region_t;
+
+/* A block of the shared buffer handed out by Client._shm_alloc (fast.c). */
+typedef struct {
+  uint64_t off, len;
+} shm_blk_t;
 
 typedef struct {
   PyObject_HEAD
@@ -43,6 +50,13 @@ typedef struct {
   region_t *shm;     /* the shared buffer's Region, made on first use */
   PyObject *regions; /* list of the leases' live Regions, killed at close */
   PyObject *weakrefs;
+  PyObject *arenas;  /* {arena view base: Region (borrowed)} (fast.c) */
+  struct { void *base; size_t bytes; } *kept; /* views the close handed over */
+  size_t nkept, capkept;
+  shm_blk_t *blks;   /* live blocks of the shared buffer, by offset (fast.c) */
+  Py_ssize_t nblks, capblks;
+  bool limit_dirty;  /* a block was freed during a call: set the limit after it */
+  uint32_t gen;      /* counts opens: a block of an earlier one is not this one's */
 } client_t;
 
 typedef struct {
@@ -66,6 +80,8 @@ extern PyTypeObject pykvc_client_type, pykvc_cache_type, pykvc_lease_type, pykvc
 /* Raises the exception class of code rc with the client's last error;
  * returns NULL. c may be NULL (the message is kvc_strerror's). */
 PyObject *pykvc_raise(kvc_client_t *c, int rc);
+/* The exception class of code rc with message msg; returns NULL. */
+PyObject *pykvc_raise_msg(int rc, const char *msg);
 /* The same for kvc_client_open's failure. */
 PyObject *pykvc_raise_open(int rc);
 
@@ -94,7 +110,7 @@ int cache_enter(cache_t *ca);
 #define cache_leave(ca) client_leave((ca)->client)
 
 /* ---- tensors (tensor.c) ---- */
-enum { T_U8 = 100, T_U16, T_U32, T_I64, T_OTHER };
+enum { T_U8 = 100, T_U16, T_U32, T_I64, T_OTHER, T_I32 };
 
 typedef struct {
   void *ptr;
@@ -128,6 +144,27 @@ int tensor_check(const tensor_t *t, const char *what, const Py_ssize_t *want, in
 int tokens_get(PyObject *o, tensor_t *t, uint32_t **ids, uint32_t **owned, Py_ssize_t *n);
 /* A new NumPy array (numpy.empty) of shape and kvc dtype (bf16: uint16). */
 PyObject *array_new(const Py_ssize_t *shape, int ndim, int dtype);
+
+/* ---- the fast paths (fast.c) ---- */
+extern PyTypeObject pykvc_shmblock_type;
+/* After kvc_client_open: the views are handed over at close (keep_views). */
+void fast_client_opened(client_t *cl);
+/* After kvc_client_close: the handed-over views become dead Regions' (or are
+ * unmapped); the blocks are forgotten. */
+void fast_client_closed(client_t *cl);
+/* The offset of [p, p + n) in the client's shared buffer (as Python maps it:
+ * client.shm and blocks of Client._shm_alloc), or -1. */
+int64_t shm_off(const client_t *cl, const void *p, size_t n);
+/* The arena's Region of a lease (borrowed, one per view), or NULL (no
+ * arena: NULL without an exception). */
+region_t *lease_arena_region(lease_t *le);
+/* A lease's pages duplicated at their pool offsets in a new Region (a daemon
+ * of arenas maps the pool segment by segment: no one mapping to duplicate). */
+region_t *lease_pages_region(lease_t *le);
+PyObject *cache_step_io(cache_t *ca, PyObject *args, PyObject *kw);
+PyObject *cache_block_tables(cache_t *ca, PyObject *args);
+PyObject *client_shm_alloc(client_t *cl, PyObject *args);
+PyObject *client_shm_blocks(client_t *cl, PyObject *noargs);
 
 /* ---- types' method tables ---- */
 PyObject *cache_new(client_t *cl, kvc_cache_t *h);

@@ -27,6 +27,7 @@ region_t *region_new(const void *base, size_t bytes, int readonly) {
   r->bytes = bytes;
   r->readonly = readonly;
   r->dead = false;
+  r->borrowed = false;
   return r;
 }
 
@@ -38,7 +39,7 @@ static void region_span(const region_t *r, void **a, size_t *len) {
 }
 
 void region_kill(region_t *r) {
-  if (!r || r->dead || !r->base) return;
+  if (!r || r->dead || !r->base || r->borrowed) return; /* borrowed: the library's close */
   void *a;
   size_t len;
   region_span(r, &a, &len);
@@ -49,7 +50,7 @@ void region_kill(region_t *r) {
 }
 
 static void region_dealloc(region_t *r) {
-  if (r->base) {
+  if (r->base && !r->borrowed) {
     void *a;
     size_t len;
     region_span(r, &a, &len);

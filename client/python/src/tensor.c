@@ -318,6 +318,7 @@ PyObject *array_new(const Py_ssize_t *shape, int ndim, int dtype) {
     case KVC_DTYPE_F16: npname = "float16"; break;
     case KVC_DTYPE_BF16: case T_U16: npname = "uint16"; break;
     case KVC_DTYPE_INT8: npname = "int8"; break;
+    case T_I32: npname = "int32"; break;
     default: npname = "uint8"; break;
   }
   PyObject *sh = PyTuple_New(ndim);

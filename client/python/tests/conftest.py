@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(SRCDIR, "client", "python", "examples"))
 
 
 class Daemon:
+    """page=None: a daemon of arenas (each cache's page size its own)."""
     def __init__(self, pool="64MiB", page="64KiB", shm="8MiB", extra=()):
         self.dir = tempfile.mkdtemp(prefix="kvc-py-")
         self.sock = os.path.join(self.dir, "kvcached.sock")
@@ -35,8 +36,9 @@ class Daemon:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [os.path.join(BUILD, "kvcached"), "--socket", self.sock, "--pool-bytes", pool,
-                 "--page-bytes", page, "--shm-default-bytes", shm, "--shm-max-bytes", "64MiB",
-                 "--tenant-max-caches", "0", *extra], stdout=subprocess.DEVNULL, stderr=log, env=env)
+                 *(("--page-bytes", page) if page else ()), "--shm-default-bytes", shm,
+                 "--shm-max-bytes", "64MiB", "--tenant-max-caches", "0", *extra],
+                stdout=subprocess.DEVNULL, stderr=log, env=env)
         ns.settimeout(10)
         try:
             while True:
@@ -84,4 +86,20 @@ def shared_daemon():
 def client(shared_daemon):
     import kvcache
     with kvcache.Client(socket=shared_daemon.sock, timeout=10) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def arena_daemon():
+    """A daemon of arenas (no page_bytes): block tables, arena views."""
+    d = Daemon(pool="128MiB", page=None, shm="8MiB")
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"kvcached exited with {rc}:\n{d.logtext()}"
+
+
+@pytest.fixture
+def arena_client(arena_daemon):
+    import kvcache
+    with kvcache.Client(socket=arena_daemon.sock, timeout=10) as c:
         yield c

@@ -50,6 +50,23 @@ def test_decoder_matches_torch_cache(client, dtype, read):
           f"max |dlogit| {d:.3g}")
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_decoder_on_block_tables_matches_torch_cache(arena_client, dtype):
+    """The fewest-round-trips loop (doc/worker-guide.md): each step one
+    cache.step(writes=...) that writes step t and leases step t+1's history,
+    read in place through block tables over the arena: the same ids, and
+    logits to the last bit, as PyTorch's own cache."""
+    kc, ids, trace, ref_ids, ref_trace = run_both(arena_client, dtype, "step", f"bt-{dtype}")
+    d = max_diff(trace, ref_trace)
+    assert ids == ref_ids, f"token ids differ ({dtype}, block tables): {ids} vs {ref_ids}"
+    assert d == 0, f"logits differ by {d} ({dtype}, block tables)"
+    assert kc.view is not None and kc.view.block_tables.shape[0] == len(PROMPTS)
+    for s, p in PROMPTS.items():
+        assert kc.cache.info(s)["length"] == len(p) + STEPS - 1
+    print(f"decoder {dtype}/block tables: {STEPS} steps x {len(PROMPTS)} seqs, ids equal, "
+          f"logits equal")
+
+
 def test_decoder_history_equals_gets(client):
     """history() after the decoder's steps holds what get() holds, mask causal."""
     kc, *_ = run_both(client, "f32", "get", "dec-hist")
