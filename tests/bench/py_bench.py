@@ -26,8 +26,9 @@ figure is the median of its trials. Rows:
     the shared buffer; with torch tensors from elsewhere (copied in C without
     the GIL) the row is shown, no goal;
   reading one layer's history of a 2k-token sequence from the arena
-    (arena.torch().k[block_table, layer]) against torch.index_select of the
-    same pages' bytes out of a plain tensor: goal <= 2x (ratio >= 0.5x).
+    (arena.torch().k[:, layer].index_select(0, block_table), as
+    doc/worker-guide.md reads it) against torch.index_select of the same
+    pages' bytes out of a plain tensor: goal <= 2x (ratio >= 0.5x).
 
 The daemon, this script and the C helper all run on one CPU (the last this
 process may use): a round trip on this VM is ~5 us when both ends share a
@@ -182,8 +183,10 @@ def main():
             raise SystemExit("py_bench: the arena's history differs from what was put")
         def ref_fn():
             torch.index_select(plain, 0, bt)
+        ak7 = ak[:, 7]  # [pages, page_tokens, heads, dim] of layer 7, a view
+
         def read_fn():
-            ak[bt, 7]
+            ak7.index_select(0, bt)
         iters = max(10, int(TRIAL_S * 1e9 / max(measure_py(ref_fn, 5), 1)))
         cs, ps = [], []
         for _ in range(TRIALS):

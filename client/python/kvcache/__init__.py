@@ -426,9 +426,9 @@ class Cache(_kvcache.Cache):
         views = {None: 0, "none": 0, "lease": 1, "gather": 2}
         if view not in views:
             raise ValueError("view: None, 'lease' or 'gather'")
-        if no_mask and views[view] == 1:
-            for e in (writes if writes is not None else entries or ()):
-                n = e[2].shape[1] if writes is not None else e[2]
+        if no_mask and views[view] == 1 and writes is None:  # (_step_io checks writes)
+            for e in entries or ():
+                n = e[2]
                 if n != 1:
                     raise ValueError(
                         f"step: no_mask=True is for steps of one token a sequence (that "
@@ -486,14 +486,16 @@ def _step_writes(self, writes, view, no_mask, layers, copy, positions):
     (n_entries, k_off, k_bytes, v_off, v_bytes, m_off, m_bytes, dname, spans, leases, pos,
      tables) = raw
     np = _np()
-    shm = self.client.shm
 
     def arr(off, nbytes, shape, d):
-        a = np.frombuffer(shm, d, count=nbytes // d.itemsize, offset=off).reshape(shape)
+        a = np.frombuffer(self.client.shm, d, count=nbytes // d.itemsize,
+                          offset=off).reshape(shape)
         return a.copy() if copy else a
 
-    ntok = m_bytes // 4 // n_entries if n_entries else 0
-    mask = arr(m_off, m_bytes, (ntok, n_entries), np.dtype("float32")) if m_bytes else None
+    mask = None
+    if m_bytes:
+        ntok = m_bytes // 4 // n_entries if n_entries else 0
+        mask = arr(m_off, m_bytes, (ntok, n_entries), np.dtype("float32"))
     p = _entry_positions(n_entries, spans, pos) if positions else None
     bt, st, en = tables if tables is not None else (None, None, None)
     arena = _arena_of(self, leases[0]) if leases and tables is not None else None

@@ -1073,6 +1073,14 @@ PyObject *cache_step_io(cache_t *ca, PyObject *args, PyObject *kw) {
     }
     Py_ssize_t nt = put_check(ca, k, v, nl, &dt);
     if (nt < 0) goto fail_entry;
+    if (no_mask && view == KVC_VIEW_LEASE && nt != 1) {
+      PyErr_Format(PyExc_ValueError,
+                   "step: no_mask=True is for steps of one token a sequence (that token "
+                   "attends to its whole span, so no mask is needed); this one writes %zd "
+                   "tokens of seq %llu, each attending to a different prefix: pass "
+                   "no_mask=False and use the mask", nt, s);
+      goto fail_entry;
+    }
     io[got] = (kvc_shm_io_t){.seq_id = s, .pos = p, .ntokens = (uint64_t)nt,
                              .k_len = k->nbytes, .v_len = v->nbytes};
     const tensor_t *kv[2] = {k, v};

@@ -86,7 +86,7 @@ static int format_dtype(const char *f, size_t itemsize) {
   }
 }
 
-static int torch_dtype(PyObject *dt) {
+static int torch_dtype_named(PyObject *dt) {
   PyObject *s = PyObject_Str(dt);
   if (!s) return -1;
   const char *n = PyUnicode_AsUTF8(s);
@@ -105,32 +105,68 @@ static int torch_dtype(PyObject *dt) {
   return r;
 }
 
-static PyObject *call0(PyObject *o, const char *name) {
-  return PyObject_CallMethod(o, name, NULL);
+/* torch's dtypes are singletons: each one's code is looked up by name once,
+ * then by identity (a decode step parses 16 tensors: this is its cost). */
+static int torch_dtype(PyObject *dt) {
+  static struct { PyObject *dt; int code; } seen[16];
+  static int nseen;
+  for (int i = 0; i < nseen; i++)
+    if (seen[i].dt == dt) return seen[i].code;
+  int r = torch_dtype_named(dt);
+  if (r >= 0 && nseen < 16) {
+    Py_INCREF(dt);
+    seen[nseen].dt = dt;
+    seen[nseen++].code = r;
+  }
+  return r;
+}
+
+static PyObject *call0(PyObject *o, PyObject *name) {
+  return PyObject_CallMethodNoArgs(o, name);
 }
 
 static int tensor_get_(PyObject *o, tensor_t *t, bool writable, const char *what);
 
+static PyObject *s_device, *s_type, *s_is_cpu, *s_is_contiguous, *s_dtype, *s_shape, *s_data_ptr,
+    *s_numel, *s_element_size;
+
+static int torch_names(void) {
+  if (s_numel) return 0;
+  struct { PyObject **p; const char *n; } names[] = {
+      {&s_device, "device"}, {&s_type, "type"}, {&s_is_cpu, "is_cpu"},
+      {&s_is_contiguous, "is_contiguous"}, {&s_dtype, "dtype"}, {&s_shape, "shape"},
+      {&s_data_ptr, "data_ptr"}, {&s_element_size, "element_size"}, {&s_numel, "numel"}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!*names[i].p && !(*names[i].p = PyUnicode_InternFromString(names[i].n))) return -1;
+  return 0;
+}
+
 static int torch_get(PyObject *o, tensor_t *t, const char *what) {
   PyObject *dev = NULL, *devtype = NULL, *contig = NULL, *dt = NULL, *shape = NULL,
-           *ptr = NULL, *numel = NULL;
+           *ptr = NULL, *numel = NULL, *cpu = NULL;
   int rc = -1;
-  dev = PyObject_GetAttrString(o, "device");
-  if (!dev || !(devtype = PyObject_GetAttrString(dev, "type"))) goto out;
-  if (!PyUnicode_Check(devtype) || PyUnicode_CompareWithASCIIString(devtype, "cpu") != 0) {
-    PyErr_Format(PyExc_ValueError, "%s: a tensor on device %S; kvcache reads and writes CPU "
-                 "tensors (copy it with .cpu(), or use the shared buffer's direct forms)",
-                 what, dev);
-    goto out;
+  if (torch_names() < 0) return -1;
+  /* is_cpu: one attribute; the device's type only to name another device */
+  cpu = PyObject_GetAttr(o, s_is_cpu);
+  if (!cpu) PyErr_Clear();
+  if (!cpu || !PyObject_IsTrue(cpu)) {
+    dev = PyObject_GetAttr(o, s_device);
+    if (!dev || !(devtype = PyObject_GetAttr(dev, s_type))) goto out;
+    if (!PyUnicode_Check(devtype) || PyUnicode_CompareWithASCIIString(devtype, "cpu") != 0) {
+      PyErr_Format(PyExc_ValueError, "%s: a tensor on device %S; kvcache reads and writes CPU "
+                   "tensors (copy it with .cpu(), or use the shared buffer's direct forms)",
+                   what, dev);
+      goto out;
+    }
   }
-  if (!(contig = call0(o, "is_contiguous"))) goto out;
+  if (!(contig = call0(o, s_is_contiguous))) goto out;
   if (!PyObject_IsTrue(contig)) {
     PyErr_Format(PyExc_ValueError, "%s: the tensor is not contiguous; pass .contiguous()", what);
     goto out;
   }
-  if (!(dt = PyObject_GetAttrString(o, "dtype"))) goto out;
+  if (!(dt = PyObject_GetAttr(o, s_dtype))) goto out;
   if ((t->dtype = torch_dtype(dt)) < 0) goto out;
-  if (!(shape = PyObject_GetAttrString(o, "shape"))) goto out;
+  if (!(shape = PyObject_GetAttr(o, s_shape))) goto out;
   PyObject *tup = PySequence_Fast(shape, "shape");
   if (!tup) goto out;
   Py_ssize_t nd = PySequence_Fast_GET_SIZE(tup);
@@ -140,23 +176,31 @@ static int torch_get(PyObject *o, tensor_t *t, const char *what) {
     goto out;
   }
   t->ndim = (int)nd;
-  for (Py_ssize_t i = 0; i < nd; i++)
+  size_t count = 1;
+  for (Py_ssize_t i = 0; i < nd; i++) {
     t->shape[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(tup, i));
+    count *= (size_t)(t->shape[i] > 0 ? t->shape[i] : 0);
+  }
   Py_DECREF(tup);
-  if (!(ptr = call0(o, "data_ptr")) || !(numel = call0(o, "numel"))) goto out;
+  if (!(ptr = call0(o, s_data_ptr))) goto out;
   t->ptr = PyLong_AsVoidPtr(ptr);
   size_t es = dtype_size(t->dtype);
   if (es == 0) {
-    PyObject *e = call0(o, "element_size");
+    PyObject *e = call0(o, s_element_size);
     if (!e) goto out;
     es = PyLong_AsSize_t(e);
     Py_DECREF(e);
   }
-  t->nbytes = PyLong_AsSize_t(numel) * es;
+  if (nd == 0) { /* a scalar: numel, not the empty product of no dims */
+    if (!(numel = call0(o, s_numel))) goto out;
+    count = PyLong_AsSize_t(numel);
+  }
+  t->nbytes = count * es;
   if (PyErr_Occurred()) goto out;
   t->is_torch = true;
   rc = 0;
 out:
+  Py_XDECREF(cpu);
   Py_XDECREF(dev);
   Py_XDECREF(devtype);
   Py_XDECREF(contig);
@@ -216,7 +260,13 @@ static int tensor_get_(PyObject *o, tensor_t *t, bool writable, const char *what
     }
     return 0;
   }
-  if (PyObject_HasAttrString(o, "data_ptr")) return torch_get(o, t, what);
+  if (torch_names() < 0) return -1;
+  PyObject *dp = PyObject_GetAttr(o, s_data_ptr); /* a torch tensor (or alike) */
+  if (dp) {
+    Py_DECREF(dp);
+    return torch_get(o, t, what);
+  }
+  PyErr_Clear();
   PyErr_Format(PyExc_TypeError, "%s: expected a NumPy array, a buffer or a CPU torch tensor, "
                "got %.100s", what, Py_TYPE(o)->tp_name);
   return -1;
