@@ -23,7 +23,7 @@ from . import _kvcache
 from ._kvcache import Error, LIBRARY_VERSION, PROTOCOL_VERSION  # noqa: F401
 
 __all__ = ["Client", "Cache", "Lease", "Layout", "Error", "errors", "DTYPES", "torch_view",
-           "Arena", "StepWrite", "StepView"]
+           "Arena", "StepWrite", "StepView", "PutEntry", "GetEntry", "ShmEntry"]
 
 # One class per KVC_E_* code: kvcache.FullError, kvcache.NoseqError, ...
 errors = _kvcache._errors()  # {code: class}
@@ -218,6 +218,43 @@ class StepWrite(NamedTuple):
     k: Any
     v: Any
     tokens: Optional[Any] = None
+
+
+class PutEntry(NamedTuple):
+    """One entry of put_batch: tokens [pos, pos + n) of seq from k and v
+    ([layer, token, head, dim]), with their ids if known."""
+    seq: int
+    pos: int
+    k: Any
+    v: Any
+    tokens: Optional[Any] = None
+
+
+class GetEntry(NamedTuple):
+    """One entry of get_batch: tokens [pos, pos + n) of seq, into out_k and
+    out_v when given (else new arrays)."""
+    seq: int
+    pos: int
+    n: int
+    out_k: Optional[Any] = None
+    out_v: Optional[Any] = None
+
+
+class ShmEntry(NamedTuple):
+    """One entry of put_shm, get_shm and step(entries): tokens [pos, pos + n)
+    of seq, K and V at byte offsets of client.shm (lengths 0: as the layout
+    requires; token ids, u32, at tok_off for a put)."""
+    seq: int
+    pos: int
+    n: int
+    k_off: int
+    v_off: int
+    k_len: int = 0
+    v_len: int = 0
+    k_scale_off: int = 0
+    v_scale_off: int = 0
+    tok_off: int = 0
+    tok_len: int = 0
 
 
 class StepView(NamedTuple):

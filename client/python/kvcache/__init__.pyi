@@ -15,13 +15,37 @@ TokenIds = Union[Sequence[int], np.ndarray]  # uint32 array or ints
 SpanKeys = Sequence[Tuple[int, int, Union[bytes, str]]]  # (begin, end, key) per span
 Toks = Union[Sequence[Tuple[int, int]], np.ndarray]  # (seq, pos) pairs or [n, 2] int64
 Range = Optional[Tuple[int, int]]
-# put_batch entries: (seq, pos, k, v) or (seq, pos, k, v, tokens)
-PutEntry = Union[Tuple[int, int, Tensor, Tensor], Tuple[int, int, Tensor, Tensor, TokenIds]]
-# get_batch entries: (seq, pos, n) or (seq, pos, n, out_k, out_v)
-GetEntry = Union[Tuple[int, int, int], Tuple[int, int, int, Tensor, Tensor]]
-# put_shm / get_shm / step(entries) entries, offsets into Client.shm: (seq, pos, n, k_off,
-# v_off[, k_len, v_len, k_scale_off, v_scale_off, tok_off, tok_len])
-ShmEntry = Tuple[int, ...]
+
+# The entries of the batched calls (plain tuples of the same fields work too).
+class PutEntry(NamedTuple):
+    """put_batch: tokens [pos, pos + n) of seq from k, v [layer, token, head, dim]."""
+    seq: int
+    pos: int
+    k: Tensor
+    v: Tensor
+    tokens: Optional[TokenIds] = None
+
+class GetEntry(NamedTuple):
+    """get_batch: tokens [pos, pos + n) of seq, into out_k / out_v if given."""
+    seq: int
+    pos: int
+    n: int
+    out_k: Optional[Tensor] = None
+    out_v: Optional[Tensor] = None
+
+class ShmEntry(NamedTuple):
+    """put_shm, get_shm, step(entries): K and V at byte offsets of Client.shm."""
+    seq: int
+    pos: int
+    n: int
+    k_off: int
+    v_off: int
+    k_len: int = 0
+    v_len: int = 0
+    k_scale_off: int = 0
+    v_scale_off: int = 0
+    tok_off: int = 0
+    tok_len: int = 0
 # 'f32', 'f64', 'f16', 'bf16', 'int8', 'fp8_e4m3', 'fp8_e5m2', 'q8_0', 'q4_0'
 DType = Optional[Union[str, int]]
 
@@ -146,6 +170,7 @@ class Client:
     def shm_array(self, shape: Union[int, Sequence[int]], dtype: Any = "bf16") -> np.ndarray: ...
     def shm_tensor(self, shape: Union[int, Sequence[int]], dtype: Any = "bf16") -> Any: ...
     shm_blocks: List[Tuple[int, int]]  # (offset, bytes) of the live blocks, lowest first
+    def shm_offset(self, t: Tensor) -> int: ...  # where t starts in shm
 
 class StepWrite(NamedTuple):
     """One sequence's new tokens of a step: k, v [layer, token, head, dim]."""

@@ -431,6 +431,9 @@ static PyMethodDef client_methods[] = {
     {"_shm_alloc", (PyCFunction)client_shm_alloc, METH_VARARGS,
      "_shm_alloc(nbytes, align=256) -> ShmBlock: a block from the top of the shared buffer "
      "(Client.shm_tensor); the library's own use stays below the lowest block."},
+    {"shm_offset", (PyCFunction)client_shm_offset, METH_O,
+     "shm_offset(t) -> int\n\nWhere a tensor or array made by shm_tensor / shm_array (or a "
+     "contiguous view of one) starts in client.shm: for put_shm / get_shm entries."},
     {"_shm_blocks", (PyCFunction)client_shm_blocks, METH_NOARGS,
      "[(offset, bytes)] of the live blocks, lowest first."},
     {"open_cache", (PyCFunction)(void (*)(void))client_open_cache, METH_VARARGS | METH_KEYWORDS,

@@ -156,6 +156,19 @@ PyObject *client_shm_alloc(client_t *cl, PyObject *args) {
   return (PyObject *)blk;
 }
 
+PyObject *client_shm_offset(client_t *cl, PyObject *o) {
+  tensor_t t;
+  if (tensor_get(o, &t, false, "shm_offset") < 0) return NULL;
+  int64_t off = shm_off(cl, t.ptr, t.nbytes);
+  tensor_release(&t);
+  if (off < 0) {
+    PyErr_SetString(PyExc_ValueError, "shm_offset: not inside this client's shared buffer (make "
+                    "it with shm_tensor or shm_array)");
+    return NULL;
+  }
+  return PyLong_FromLongLong(off);
+}
+
 PyObject *client_shm_blocks(client_t *cl, PyObject *noargs) {
   (void)noargs;
   PyObject *l = PyList_New(cl->nblks);

@@ -165,6 +165,7 @@ PyObject *cache_step_io(cache_t *ca, PyObject *args, PyObject *kw);
 PyObject *cache_block_tables(cache_t *ca, PyObject *args);
 PyObject *client_shm_alloc(client_t *cl, PyObject *args);
 PyObject *client_shm_blocks(client_t *cl, PyObject *noargs);
+PyObject *client_shm_offset(client_t *cl, PyObject *o);
 
 /* ---- types' method tables ---- */
 PyObject *cache_new(client_t *cl, kvc_cache_t *h);

@@ -175,9 +175,16 @@ def test_shm_tensors_put_and_get_with_no_copy(ac):
     # A NumPy array born there, and get_batch / put_batch of them.
     na = ac.shm_array((L, 2, H, D), "bf16")
     nb = ac.shm_array((L, 2, H, D), "bf16")
-    c.put_batch([(4, 0, gk[:, :2].copy(), gv[:, :2].copy())])
-    c.get_batch([(4, 0, 2, na, nb)])
+    c.put_batch([kvcache.PutEntry(4, 0, gk[:, :2].copy(), gv[:, :2].copy())])
+    c.get_batch([kvcache.GetEntry(4, 0, 2, na, nb)])
     assert np.array_equal(na, gk[:, :2]) and np.array_equal(nb, gv[:, :2])
+    (nk, nv), = c.get_batch([kvcache.GetEntry(4, 0, 2)])  # defaults: new arrays
+    assert np.array_equal(nk, na)
+    # The offsets of such arrays, for the direct forms' entries.
+    c.put_shm([kvcache.ShmEntry(6, 0, 2, ac.shm_offset(na), ac.shm_offset(nb))])
+    assert np.array_equal(c.get(6, 0, 2)[1], gv[:, :2])
+    with pytest.raises(ValueError, match="not inside"):
+        ac.shm_offset(gk)
     c.put_batch([(5, 0, na, nb)])
     assert np.array_equal(c.get(5, 0, 2)[0], gk[:, :2])
     # A view keeps its block; the block goes with its last tensor.

@@ -736,7 +736,8 @@ def test_stubs_and_docstrings_cover_everything_public():
                 {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)})
 
     for cls in (kvcache.Client, kvcache.Cache, kvcache.Lease, kvcache.Layout, kvcache.Arena,
-                kvcache.StepWrite, kvcache.StepView):
+                kvcache.StepWrite, kvcache.StepView, kvcache.PutEntry, kvcache.GetEntry,
+                kvcache.ShmEntry):
         assert cls.__doc__, cls
         names = stub_names(stubs[cls.__name__])
         for name in dir(cls):
