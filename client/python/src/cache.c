@@ -210,26 +210,30 @@ fail:
 
 /* ---- buffers born in the shared buffer ---- */
 
-/* True if every tensor of t[0..n) (NULL ptrs skipped) lies in the client's
- * shared buffer (Client.shm_tensor): the call then sends offsets. */
-static bool in_shm(cache_t *ca, const tensor_t *t, size_t n) {
+/* If every tensor of t[0..n) (NULL ptrs skipped) lies in the client's
+ * shared buffer (Client.shm_tensor), the bytes of the library's part below
+ * the blocks (at least 1); else 0. The call then sends offsets. */
+static uint64_t in_shm(cache_t *ca, const tensor_t *t, size_t n) {
+  client_t *cl = ca->client;
   for (size_t i = 0; i < n; i++)
-    if (t[i].ptr && shm_off(ca->client, t[i].ptr, t[i].nbytes) < 0) return false;
-  return n > 0;
+    if (t[i].ptr && shm_off(cl, t[i].ptr, t[i].nbytes) < 0) return 0;
+  if (!n || !cl->shm) return 0;
+  uint64_t lim = cl->nblks ? cl->blks[0].off : cl->shm->bytes;
+  return lim ? lim : 1; /* (nonzero: a library part of 0 bytes holds no ids) */
 }
 
 /* The entries as kvc_put_shm / kvc_get_shm entries (their buffers in the
  * shared buffer: in_shm), token ids copied to the start of the library's
  * part; runs without the GIL. 1 if the ids do not fit there (the caller
  * takes the copying path), else the call's code. */
-static int shm_xfer(cache_t *ca, const kvc_xfer_t *x, const kvc_io_t *io, size_t n, bool put) {
+static int shm_xfer(cache_t *ca, const kvc_xfer_t *x, const kvc_io_t *io, size_t n, bool put,
+                    uint64_t lim) {
   client_t *cl = ca->client;
   kvc_shm_io_t *s = PyMem_RawCalloc(n ? n : 1, sizeof *s);
   if (!s) return 1;
   void *base;
-  uint64_t bytes, tok = 0;
-  kvc_client_shm(cl->c, &base, &bytes);
-  uint64_t lim = cl->nblks ? cl->blks[0].off : bytes;
+  uint64_t tok = 0;
+  kvc_client_shm(cl->c, &base, NULL);
   for (size_t i = 0; i < n; i++) {
     const kvc_io_t *e = &io[i];
     s[i] = (kvc_shm_io_t){.seq_id = e->seq_id, .pos = e->pos, .ntokens = e->ntokens,
@@ -253,10 +257,12 @@ static int shm_xfer(cache_t *ca, const kvc_xfer_t *x, const kvc_io_t *io, size_t
 }
 
 /* A put or get of n entries: as offsets when every buffer is in the shared
- * buffer (no copy here), else through the library's copies. No GIL. */
+ * buffer (no copy here; shm is then the library's part, taken with the GIL:
+ * a block freed meanwhile changes the client's list), else through the
+ * library's copies. No GIL. */
 static int xfer_call(cache_t *ca, const kvc_xfer_t *x, const kvc_io_t *io, size_t n, bool put,
-                     bool shm) {
-  int rc = shm ? shm_xfer(ca, x, io, n, put) : 1;
+                     uint64_t shm) {
+  int rc = shm ? shm_xfer(ca, x, io, n, put, shm) : 1;
   if (rc == 1) rc = put ? kvc_put_batch(ca->h, x, io, n) : kvc_get_batch(ca->h, x, io, n);
   return rc;
 }
@@ -307,7 +313,7 @@ static PyObject *cache_put(cache_t *ca, PyObject *args, PyObject *kw) {
   if (cache_enter(ca) < 0) goto out;
   int rc;
   tensor_t kv[2] = {k, v};
-  bool shm = in_shm(ca, kv, 2);
+  uint64_t shm = in_shm(ca, kv, 2);
   Py_BEGIN_ALLOW_THREADS rc = xfer_call(ca, &x, &io, 1, true, shm);
   Py_END_ALLOW_THREADS
   cache_leave(ca);
@@ -384,9 +390,9 @@ static PyObject *cache_put_batch(cache_t *ca, PyObject *args, PyObject *kw) {
   x.dtype = dt == (int)ca->layout.dtype ? 0 : (kvc_dtype_t)dt;
   if (cache_enter(ca) < 0) goto out;
   int rc;
-  bool shm = true;
+  uint64_t shm = n > 0;
   for (Py_ssize_t i = 0; i < n && shm; i++) shm = in_shm(ca, &ts[3 * i], 2);
-  Py_BEGIN_ALLOW_THREADS rc = xfer_call(ca, &x, io, (size_t)n, true, shm && n > 0);
+  Py_BEGIN_ALLOW_THREADS rc = xfer_call(ca, &x, io, (size_t)n, true, shm);
   Py_END_ALLOW_THREADS
   cache_leave(ca);
   if (rc) pykvc_raise(ca->client->c, rc);
@@ -508,7 +514,7 @@ static PyObject *cache_get(cache_t *ca, PyObject *args, PyObject *kw) {
   if (cache_enter(ca) == 0) {
     int rc;
     tensor_t kv[2] = {tk, tv};
-    bool shm = in_shm(ca, kv, 2);
+    uint64_t shm = in_shm(ca, kv, 2);
     Py_BEGIN_ALLOW_THREADS rc = n ? xfer_call(ca, &x, &io, 1, false, shm) : 0;
     Py_END_ALLOW_THREADS
     cache_leave(ca);
@@ -577,7 +583,7 @@ static PyObject *cache_get_batch(cache_t *ca, PyObject *args, PyObject *kw) {
   }
   if (cache_enter(ca) < 0) goto out;
   int rc;
-  bool shm = n > 0 && in_shm(ca, ts, 2 * (size_t)n);
+  uint64_t shm = n > 0 ? in_shm(ca, ts, 2 * (size_t)n) : 0;
   Py_BEGIN_ALLOW_THREADS rc = xfer_call(ca, &x, io, (size_t)n, false, shm);
   Py_END_ALLOW_THREADS
   cache_leave(ca);
