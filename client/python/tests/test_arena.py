@@ -271,3 +271,21 @@ def test_step_writes_larger_than_the_library_part_fail_clearly(arena_daemon):
         with pytest.raises(kvcache.SizeError, match="shm_tensor"):
             c.step(writes=[kvcache.StepWrite(1, 0, k, k)], view=None)
         assert c.seqs() == []
+
+
+def test_without_arenas_the_step_works_and_block_tables_say_why_not(client):
+    """A daemon still run with page_bytes (deprecated) has no arena views:
+    the step with tensors works, its view has no block tables, and asking a
+    lease for one says why."""
+    c = client.open_cache("legacy-step", kvcache.Layout(L, H, D, "f32", page_tokens=16))
+    k, v = kv(20, 8)
+    c.put(1, 0, k, v)
+    nk, nv = kv(1, 9)
+    st = c.step(writes=[kvcache.StepWrite(1, 20, nk, nv)], view="lease", no_mask=True)
+    assert st.block_tables is None and st.arena is None and len(st.leases) == 1
+    lease = st.leases[0]
+    assert np.array_equal(np.concatenate(lease.k(1)), np.concatenate([k[1], nk[1]]))
+    with pytest.raises(ValueError, match="arenas"):
+        lease.block_table
+    assert lease.arena is None and c.arena() is None
+    lease.release()
