@@ -328,6 +328,53 @@ out:
   return ret;
 }
 
+/* One written entry (seq, pos, k, v[, tokens]) of put_batch (what
+ * "entries") or a step (what "writes", tuple its expected form): its tensors
+ * fetched into t[0..3), checked (*dt the batch's dtype), its ids into *ids
+ * (*owned to free). Returns its tokens, or -1 with the error set and
+ * nothing held. */
+static Py_ssize_t put_entry_arg(cache_t *ca, PyObject *e, Py_ssize_t i, const char *what,
+                                const char *tuple, Py_ssize_t nl, int *dt, tensor_t *t,
+                                uint64_t *seq, uint64_t *pos, uint32_t **ids, uint32_t **owned) {
+  unsigned long long s, p;
+  PyObject *ko, *vo, *toks = Py_None;
+  *ids = *owned = NULL;
+  if (!PyTuple_Check(e) ||
+      !PyArg_ParseTuple(e, "O&O&OO|O", pykvc_u64, &s, pykvc_u64, &p, &ko, &vo, &toks)) {
+    if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_ValueError, "%s[%zd]: expected %s", what, i, tuple);
+    }
+    return -1;
+  }
+  *seq = s, *pos = p;
+  tensor_t *k = &t[0], *v = &t[1], *tt = &t[2];
+  memset(tt, 0, sizeof *tt);
+  if (tensor_get(ko, k, false, "k") < 0) return -1;
+  if (tensor_get(vo, v, false, "v") < 0) {
+    tensor_release(k);
+    return -1;
+  }
+  Py_ssize_t nt = put_check(ca, k, v, nl, dt);
+  if (nt >= 0 && toks != Py_None) {
+    Py_ssize_t nids;
+    if (tokens_get(toks, tt, ids, owned, &nids) < 0) {
+      nt = -1;
+    } else if (nids != nt) {
+      PyErr_Format(PyExc_ValueError, "%s[%zd]: %zd token ids for %zd tokens", what, i, nids, nt);
+      nt = -1;
+    }
+  }
+  if (nt < 0) {
+    tensor_release(k);
+    tensor_release(v);
+    tensor_release(tt);
+    PyMem_Free(*owned);
+    *ids = *owned = NULL;
+  }
+  return nt;
+}
+
 static PyObject *cache_put_batch(cache_t *ca, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"entries", "layers", NULL};
   PyObject *entries, *layers = Py_None;
@@ -349,43 +396,14 @@ static PyObject *cache_put_batch(cache_t *ca, PyObject *args, PyObject *kw) {
   }
   int dt = 0;
   for (; got < n; got++) {
-    PyObject *e = PySequence_Fast_GET_ITEM(seq, got);
-    unsigned long long s, p;
-    PyObject *ko, *vo, *toks = Py_None;
-    if (!PyTuple_Check(e) || !PyArg_ParseTuple(e, "O&O&OO|O:put_batch entry", pykvc_u64, &s, pykvc_u64, &p, &ko, &vo, &toks)) {
-      if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "entries[%zd]: expected (seq, pos, k, v[, tokens])", got);
-      }
-      goto out;
-    }
-    tensor_t *k = &ts[3 * got], *v = k + 1, *tt = k + 2;
-    if (tensor_get(ko, k, false, "k") < 0) goto out;
-    if (tensor_get(vo, v, false, "v") < 0) {
-      tensor_release(k);
-      goto out;
-    }
-    Py_ssize_t nt = put_check(ca, k, v, nl, &dt);
-    if (nt < 0) goto fail_entry;
-    io[got] = (kvc_io_t){s, p, (uint64_t)nt, k->ptr, v->ptr, NULL, NULL, NULL};
-    if (toks != Py_None) {
-      uint32_t *ids;
-      Py_ssize_t nids;
-      if (tokens_get(toks, tt, &ids, &owned[got], &nids) < 0) goto fail_entry;
-      if (nids != nt) {
-        PyErr_Format(PyExc_ValueError, "entries[%zd]: %zd token ids for %zd tokens", got, nids, nt);
-        goto fail_entry;
-      }
-      io[got].tokens = ids;
-    }
-    continue;
-  fail_entry:
-    tensor_release(k);
-    tensor_release(v);
-    tensor_release(tt);
-    PyMem_Free(owned[got]);
-    owned[got] = NULL;
-    goto out;
+    uint64_t s, p;
+    uint32_t *ids;
+    Py_ssize_t nt = put_entry_arg(ca, PySequence_Fast_GET_ITEM(seq, got), got, "entries",
+                                  "(seq, pos, k, v[, tokens])", nl, &dt, &ts[3 * got], &s, &p,
+                                  &ids, &owned[got]);
+    if (nt < 0) goto out;
+    io[got] = (kvc_io_t){s, p, (uint64_t)nt, ts[3 * got].ptr, ts[3 * got + 1].ptr, NULL, NULL,
+                         ids};
   }
   x.dtype = dt == (int)ca->layout.dtype ? 0 : (kvc_dtype_t)dt;
   if (cache_enter(ca) < 0) goto out;
@@ -1058,34 +1076,24 @@ PyObject *cache_step_io(cache_t *ca, PyObject *args, PyObject *kw) {
   uint64_t lim = cl->nblks ? cl->blks[0].off : bytes;
   int dt = 0;
   for (; got < n; got++) {
-    PyObject *e = PySequence_Fast_GET_ITEM(seq, got);
-    unsigned long long s, p;
-    PyObject *ko, *vo, *toks = Py_None;
-    if (!PyTuple_Check(e) ||
-        !PyArg_ParseTuple(e, "O&O&OO|O:step write", pykvc_u64, &s, pykvc_u64, &p, &ko, &vo,
-                          &toks)) {
-      if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "writes[%zd]: expected StepWrite(seq, pos, k, v[, "
-                     "tokens]) with k and v [layer, token, head, dim] tensors", got);
-      }
-      goto out;
-    }
-    tensor_t *k = &ts[3 * got], *v = k + 1, *tt = k + 2;
-    if (tensor_get(ko, k, false, "k") < 0) goto out;
-    if (tensor_get(vo, v, false, "v") < 0) {
-      tensor_release(k);
-      goto out;
-    }
-    Py_ssize_t nt = put_check(ca, k, v, nl, &dt);
-    if (nt < 0) goto fail_entry;
+    uint64_t s, p;
+    uint32_t *ids;
+    tensor_t *k = &ts[3 * got], *v = k + 1;
+    Py_ssize_t nt = put_entry_arg(ca, PySequence_Fast_GET_ITEM(seq, got), got, "writes",
+                                  "StepWrite(seq, pos, k, v[, tokens]) with k and v [layer, "
+                                  "token, head, dim] tensors", nl, &dt, k, &s, &p, &ids,
+                                  &owned[got]);
+    if (nt < 0) goto out;
     if (no_mask && view == KVC_VIEW_LEASE && nt != 1) {
+      tensor_release(k);
+      tensor_release(v);
+      tensor_release(k + 2);
       PyErr_Format(PyExc_ValueError,
                    "step: no_mask=True is for steps of one token a sequence (that token "
                    "attends to its whole span, so no mask is needed); this one writes %zd "
                    "tokens of seq %llu, each attending to a different prefix: pass "
-                   "no_mask=False and use the mask", nt, s);
-      goto fail_entry;
+                   "no_mask=False and use the mask", nt, (unsigned long long)s);
+      goto out;
     }
     io[got] = (kvc_shm_io_t){.seq_id = s, .pos = p, .ntokens = (uint64_t)nt,
                              .k_len = k->nbytes, .v_len = v->nbytes};
@@ -1101,26 +1109,12 @@ PyObject *cache_step_io(cache_t *ca, PyObject *args, PyObject *kw) {
       used = *offs[j] + kv[j]->nbytes;
       cp[ncp++] = (stage_t){*offs[j], kv[j]->ptr, kv[j]->nbytes};
     }
-    if (toks != Py_None) {
-      uint32_t *ids;
-      Py_ssize_t nids;
-      if (tokens_get(toks, tt, &ids, &owned[got], &nids) < 0) goto fail_entry;
-      if (nids != nt) {
-        PyErr_Format(PyExc_ValueError, "writes[%zd]: %zd token ids for %zd tokens", got, nids,
-                     nt);
-        goto fail_entry;
-      }
+    if (ids) {
       io[got].tok_off = al64(used);
       io[got].tok_len = 4 * (uint64_t)nt;
       used = io[got].tok_off + io[got].tok_len;
       cp[ncp++] = (stage_t){io[got].tok_off, ids, io[got].tok_len};
     }
-    continue;
-  fail_entry:
-    tensor_release(k);
-    tensor_release(v);
-    tensor_release(tt);
-    goto out;
   }
   if (used > lim) {
     char msg[256];
