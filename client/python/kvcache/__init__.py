@@ -442,9 +442,10 @@ class Cache(_kvcache.Cache):
         layer], or pass them to a paged-attention kernel); for
         view="gather" k and v gathered into the shared buffer (views,
         valid until the client's next call; copy=True copies them); None
-        for view=None. no_mask=True (a lease view) skips the mask; it is
-        for steps of one token a sequence (that token attends to its whole
-        span), so a write of several tokens is refused.
+        for view=None. no_mask=True (a lease view) skips the mask: a step
+        of one token a sequence needs none (that token attends to its whole
+        span); with several tokens a sequence (a prefill chunk) the kernel
+        must then mask causally itself (flash-attn's causal=True).
 
         entries: as put_shm's, (seq, pos, n, k_off, v_off, ...), the batch's
         new K/V already in client.shm. Writes them, then returns the history
@@ -463,15 +464,6 @@ class Cache(_kvcache.Cache):
         views = {None: 0, "none": 0, "lease": 1, "gather": 2}
         if view not in views:
             raise ValueError("view: None, 'lease' or 'gather'")
-        if no_mask and views[view] == 1 and writes is None:  # (_step_io checks writes)
-            for e in entries or ():
-                n = e[2]
-                if n != 1:
-                    raise ValueError(
-                        f"step: no_mask=True is for steps of one token a sequence (that "
-                        f"token attends to its whole span, so no mask is needed); this one "
-                        f"writes {n} tokens of seq {e[0]}, each attending to a different "
-                        f"prefix: pass no_mask=False and use the mask")
         if writes is not None:
             if entries is not None or out is not None or dtype is not None:
                 raise ValueError("step: writes= goes without entries, out and dtype (the "

@@ -1084,17 +1084,6 @@ PyObject *cache_step_io(cache_t *ca, PyObject *args, PyObject *kw) {
                                   "token, head, dim] tensors", nl, &dt, k, &s, &p, &ids,
                                   &owned[got]);
     if (nt < 0) goto out;
-    if (no_mask && view == KVC_VIEW_LEASE && nt != 1) {
-      tensor_release(k);
-      tensor_release(v);
-      tensor_release(k + 2);
-      PyErr_Format(PyExc_ValueError,
-                   "step: no_mask=True is for steps of one token a sequence (that token "
-                   "attends to its whole span, so no mask is needed); this one writes %zd "
-                   "tokens of seq %llu, each attending to a different prefix: pass "
-                   "no_mask=False and use the mask", nt, (unsigned long long)s);
-      goto out;
-    }
     io[got] = (kvc_shm_io_t){.seq_id = s, .pos = p, .ntokens = (uint64_t)nt,
                              .k_len = k->nbytes, .v_len = v->nbytes};
     const tensor_t *kv[2] = {k, v};

@@ -256,12 +256,17 @@ def test_step_with_tensors_leases_block_tables(ac):
     # Refusals name what is wrong and change nothing.
     with pytest.raises(ValueError, match="StepWrite"):
         c.step(writes=[(1, 24, nk[0])])
-    with pytest.raises(ValueError, match="one token a sequence"):
-        c.step(writes=[kvcache.StepWrite(1, 24, torch.cat([nk[0]] * 2, 1),
-                                         torch.cat([nv[0]] * 2, 1))], no_mask=True)
+    # Several tokens without the mask: the leases cover them, the kernel masks.
+    two = c.step(writes=[kvcache.StepWrite(1, 24, torch.cat([nk[0]] * 2, 1),
+                                           torch.cat([nv[0]] * 2, 1))], no_mask=True)
+    assert two.mask is None and list(two.ends) == [26]
+    for le in two.leases:
+        le.release()
+    with pytest.raises(kvcache.InvalError, match="lease view"):
+        c.step(writes=[kvcache.StepWrite(1, 26, nk[0], nv[0])], view="gather", no_mask=True)
     with pytest.raises(ValueError, match="writes= goes without"):
-        c.step([(1, 24, 1, 0, 0)], writes=[])
-    assert c.info(1)["length"] == 24
+        c.step([(1, 26, 1, 0, 0)], writes=[])
+    assert c.info(1)["length"] == 26
 
 
 def test_step_writes_larger_than_the_library_part_fail_clearly(arena_daemon):
