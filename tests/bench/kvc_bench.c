@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <zmq.h>
 
+#include "bench_floor.h"
 #include "bench_refs.h"
 #include "bench_util.h"
 #include "kvcache/kvcache.h"
@@ -53,6 +54,11 @@ static const char *const srv_names[NSRV] = {"Redis SET", "Redis GET", "memcached
                                             "memcached get"};
 static series_t srv_ser[NSRV][NSIZES];
 static double rtt_p99_ns;           /* of the bare round trip at the start */
+/* The shared-memory request floor (bench_floor.h): its server and every
+ * trial of each kind over the run. */
+static sf_ctx_t sf;
+static sf_op_t sf_ops[SF_NKINDS];
+static series_t sf_ser[SF_NKINDS];
 static meas_t rtt_start;
 
 /* BENCH_ROWS: a comma list; a group of rows runs if its name contains one
@@ -363,6 +369,14 @@ static void bench_references(void) {
   rtt_p99_ns = rtt_start.p99;
   series_add(&rtt_ser, &rtt_start);
   ref_row("Unix-socket 64-byte round trip, start of the run", &rtt_start, FMT_US, 0);
+  sf_open(&sf);
+  for (int k = 0; k < SF_NKINDS; k++) {
+    sf_ops[k] = (sf_op_t){&sf, (enum sf_kind)k};
+    sf_ser[k].name = "shm floor";
+    meas_t m = measure(op_shmfloor, &sf_ops[k], 100, 100);
+    series_add(&sf_ser[k], &m);
+    ref_row(sf_names[k], &m, FMT_US, 0);
+  }
   val_big = malloc(sizes[NSIZES - 1]);
   fill_bytes(val_big, sizes[NSIZES - 1], 5);
   for (int k = 0; k < NSRV; k++)
@@ -414,6 +428,7 @@ static void refs_stop(void) {
   stop(redis_srv.pid);
   stop(mc_srv.pid);
   close(pp.fd);
+  sf_close(&sf);
   unwatch_pid(echo_pid);
   waitpid(echo_pid, NULL, 0);
 }
@@ -434,15 +449,19 @@ typedef struct goals {
   double small, big;
 } goals_t;
 static const goals_t G_NONE = {0, 0};
-static const goals_t G_POLL = {0.25, 0.9};  /* both sides poll (the defaults) */
+/* Both sides poll (the defaults): at 4 KiB the time over the shared-memory
+ * floor moving the same 4 KiB the same way (bench_floor.h). */
+static const goals_t G_POLL = {1.5, 0.9};
 static const goals_t G_NOPOLL = {1.3, 0};   /* polling off on both sides */
 
 /* A row comparing a transfer of size i (m[0]) with the limit: the memcpy
  * (m[1], into the region for puts, out of it for gets) + the bare round
  * trip (m[2]), measured in alternating trials; at 4 KiB the round trip
- * itself is the reference. */
+ * itself is the reference, or, where the row has one (sfk >= 0), the
+ * shared-memory floor moving the same 4 KiB the same way (m[3]), with the
+ * round trip's ratio in the note. */
 static void transfer_row(const char *what, int i, const meas_t *m, bool get, goals_t g,
-                         enum xkind kind, const char *note) {
+                         enum xkind kind, const char *note, int sfk) {
   char name[64];
   snprintf(name, sizeof name, "%s %s", what, size_names[i]);
   double rtt_floor = kind == X_SPIN || kind == X_SPIN_LEASE ? 0 : 1;
@@ -453,6 +472,18 @@ static void transfer_row(const char *what, int i, const meas_t *m, bool get, goa
   series_add(&mc_ser[get][i], &m[1]);
   series_add(&rtt_ser, &m[2]);
   row_t *r;
+  if (i == 0 && sfk >= 0) {
+    series_add(&sf_ser[sfk], &m[3]);
+    r = row_add(name, g.small ? BV_GOAL_MAX : BV_GOAL_NONE, g.small);
+    row_fig(r, &m[0], FMT_US, 0);
+    row_part(r, &m[3], 1, 1, &sf_ser[sfk]); /* nothing moves the same bytes faster */
+    r->bv.fig_over_ref = true;
+    snprintf(r->ref, sizeof r->ref, "shm floor");
+    char rtt[40];
+    snprintf(rtt, sizeof rtt, "%.3fx RTT %.1f us", m[0].ns / m[2].ns, m[2].ns / 1e3);
+    snprintf(r->note, sizeof r->note, "%s%s%s", rtt, note ? "; " : "", note ? note : "");
+    return;
+  }
   if (i == 0) {
     r = row_add(name, g.small ? BV_GOAL_MAX : BV_GOAL_NONE, g.small);
     row_fig(r, &m[0], FMT_US, 0);
@@ -470,17 +501,24 @@ static void transfer_row(const char *what, int i, const meas_t *m, bool get, goa
 }
 
 /* One transfer row: op on t (a client's transfer of size i) alternating
- * with its memcpy and the bare round trip. */
-static void transfer_measure(kx_t *t, op_fn op, const char *what, int i, bool get, goals_t g,
-                             enum xkind kind, const char *note) {
+ * with its memcpy, the bare round trip and (sfk >= 0, at 4 KiB) the
+ * shared-memory floor of kind sfk. */
+static void transfer_measure_floor(kx_t *t, op_fn op, const char *what, int i, bool get,
+                                   goals_t g, enum xkind kind, const char *note, int sfk) {
   mc.bytes = sizes[i];
   mc.out = get;
-  const op_fn fns[3] = {op, op_memcpy, op_pingpong};
-  void *const ctxs[3] = {t, &mc, &pp};
-  meas_t m[3];
-  measure_side(fns, ctxs, 3, TRIAL_MS, 20, m);
+  if (i != 0) sfk = -1;
+  const op_fn fns[4] = {op, op_memcpy, op_pingpong, op_shmfloor};
+  void *const ctxs[4] = {t, &mc, &pp, sfk >= 0 ? &sf_ops[sfk] : NULL};
+  meas_t m[4];
+  measure_side(fns, ctxs, sfk >= 0 ? 4 : 3, TRIAL_MS, 20, m);
   if (!m[0].ok) must(t->c, -1, what);
-  transfer_row(what, i, m, get, g, kind, note);
+  transfer_row(what, i, m, get, g, kind, note, sfk);
+}
+
+static void transfer_measure(kx_t *t, op_fn op, const char *what, int i, bool get, goals_t g,
+                             enum xkind kind, const char *note) {
+  transfer_measure_floor(t, op, what, i, get, g, kind, note, -1);
 }
 
 static int op_ping(void *p) { return kvc_ping(p); }
@@ -660,8 +698,9 @@ static void bench_lease(const kd_t *d, kvc_client_t *c, kvc_cache_t *h) {
     kx_t t;
     kx_init(&t, c, h, 1, sizes[i], SPAN);
     warm_walk(&t);
-    transfer_measure(&t, op_lease_read, "zero-copy read, warm pages", i, true, G_POLL,
-                     X_SPIN_LEASE, i ? NULL : "lease + read; release rides on the next request");
+    transfer_measure_floor(&t, op_lease_read, "zero-copy read, warm pages", i, true, G_POLL,
+                           X_SPIN_LEASE, i ? NULL : "release rides on the next request",
+                           SF_READ);
     kx_deinit(&t);
   }
   kvc_client_t *cc = kc_open_with(d, 16 * MiB, 0, KVC_CLIENT_NO_PREFAULT);
@@ -685,17 +724,19 @@ static void bench_one_client(const kd_t *d) {
   kvc_cache_t *h = kc_cache(c, "llama", &llama);
   kc_fill(h, c, 1, SPAN); /* 512 MiB: each size walks it, reading or overwriting */
   if (want("ping")) {
-    const op_fn fns[2] = {op_ping, op_pingpong};
-    void *const ctxs[2] = {c, &pp};
-    meas_t m[2];
-    measure_side(fns, ctxs, 2, 100, 100, m);
+    const op_fn fns[3] = {op_ping, op_pingpong, op_shmfloor};
+    void *const ctxs[3] = {c, &pp, &sf_ops[SF_EMPTY]};
+    meas_t m[3];
+    measure_side(fns, ctxs, 3, 100, 100, m);
     series_add(&rtt_ser, &m[1]);
+    series_add(&sf_ser[SF_EMPTY], &m[2]);
     row_t *r = row_add("ping (a request with no body)", BV_GOAL_NONE, 0);
     row_fig(r, &m[0], FMT_US, 0);
-    row_part(r, &m[1], 1, 0, &rtt_ser);
+    row_part(r, &m[2], 1, 1, &sf_ser[SF_EMPTY]);
     r->bv.fig_over_ref = true;
-    snprintf(r->ref, sizeof r->ref, "RTT");
-    snprintf(r->note, sizeof r->note, "the floor of any request; both sides poll");
+    snprintf(r->ref, sizeof r->ref, "shm floor");
+    snprintf(r->note, sizeof r->note, "%.3fx RTT %.1f us; both sides poll", m[0].ns / m[1].ns,
+             m[1].ns / 1e3);
   }
   static const char *const path_groups[2] = {"copy", "direct"};
   for (int p = 0; p < 2; p++) {
@@ -715,8 +756,8 @@ static void bench_one_client(const kd_t *d) {
         if (p == PATH_COPY)
           transfer_measure(&t, op, what, i, dir == 1, G_NONE, X_SPIN, "2 copies by design");
         else
-          transfer_measure(&t, op, what, i, dir == 1, G_POLL, X_SPIN,
-                           i ? NULL : "rings; both sides poll (the defaults)");
+          transfer_measure_floor(&t, op, what, i, dir == 1, G_POLL, X_SPIN,
+                                 i ? NULL : "both sides poll", dir == 1 ? SF_GET : SF_PUT);
         kx_deinit(&t);
       }
   }
