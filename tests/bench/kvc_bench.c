@@ -66,7 +66,7 @@ static meas_t rtt_start;
 static const char *const groups[] = {"ping", "copy", "direct", "lease", "held", "servers",
                                      "spin", "nopoll", "stall", "multi", "decode", "step",
                                      "idle", "prefix", "eviction", "scale", "tier", "events",
-                                     "cluster", "arenas", "formats"};
+                                     "cluster", "arenas", "formats", "scaling"};
 #define NGROUPS (sizeof groups / sizeof groups[0])
 static const char *rows_filter;
 
@@ -1960,6 +1960,157 @@ static void bench_scale(void) {
   stop(d.pid);
 }
 
+/* ---- scaling: a request's cost as the daemon's state grows 100x (issue 34) ---------- */
+
+/* Two daemons side by side, one holding 100x the other's state, the same
+ * request timed on each in alternating trials; ratio = time at the large
+ * state / time at the small one, goal at most 1.3x. The pools hold 4 KiB
+ * pages of the tiny layout (8 tokens a page, 512 B a token). */
+#define SC_SEQ_TOKENS 80 /* a filler sequence: 10 pages */
+#define SC_PROMPT 4096   /* the matched prompt: 512 pages */
+#define SC_BATCH 500     /* filler sequences a put */
+
+typedef struct sc_side {
+  kd_t d;
+  kvc_client_t *c;
+  kvc_cache_t *h;
+  uint64_t pages, next_seq;
+  uint32_t next_id;      /* token ids: every page of the fill is new */
+  uint32_t *prompt;
+} sc_side_t;
+
+/* Puts n filler sequences of new token ids (every page indexed). */
+static void sc_put_seqs(sc_side_t *s, uint64_t n) {
+  void *b;
+  uint64_t cap;
+  kvc_client_shm(s->c, &b, &cap);
+  uint8_t *base = b;
+  const uint64_t kv = SC_SEQ_TOKENS * 256; /* K (or V) bytes of one sequence */
+  static kvc_shm_io_t e[SC_BATCH];
+  while (n) {
+    size_t k = n < SC_BATCH ? (size_t)n : SC_BATCH;
+    for (size_t i = 0; i < k; i++) {
+      uint64_t tok = 2 * kv + i * SC_SEQ_TOKENS * 4;
+      uint32_t *ids = (uint32_t *)(void *)(base + tok);
+      for (int t = 0; t < SC_SEQ_TOKENS; t++) ids[t] = s->next_id++;
+      e[i] = (kvc_shm_io_t){.seq_id = s->next_seq++, .pos = 0, .ntokens = SC_SEQ_TOKENS,
+                            .k_off = 0, .v_off = kv, .tok_off = tok,
+                            .tok_len = 4 * SC_SEQ_TOKENS};
+    }
+    must(s->c, kvc_put_shm(s->h, NULL, e, k), "scaling fill");
+    n -= k;
+  }
+}
+
+static void sc_open(sc_side_t *s, const char *name, uint64_t pages) {
+  memset(s, 0, sizeof *s);
+  char pool[32];
+  snprintf(pool, sizeof pool, "%" PRIu64, (uint64_t)(pages * 4 * KiB));
+  const char *args[] = {"--pool-bytes", pool, "--page-bytes", "4KiB", NULL};
+  kd_start(&s->d, name, args);
+  s->c = kc_open(&s->d, 32 * MiB);
+  s->h = kc_cache(s->c, "tiny", &tiny);
+  s->pages = pages;
+  s->next_seq = 1;
+  s->next_id = 1;
+  /* The prompt first (its own ids), then fillers up to the pool. */
+  s->prompt = malloc(SC_PROMPT * 4);
+  if (!s->prompt) die("out of memory");
+  for (uint32_t i = 0; i < SC_PROMPT; i++) s->prompt[i] = 3000000000u + i;
+  void *b;
+  kvc_client_shm(s->c, &b, NULL);
+  memcpy((uint8_t *)b + SC_PROMPT * 512, s->prompt, SC_PROMPT * 4);
+  kvc_shm_io_t e = {.seq_id = 0x7fffffff, .pos = 0, .ntokens = SC_PROMPT, .k_off = 0,
+                    .v_off = SC_PROMPT * 256, .tok_off = SC_PROMPT * 512,
+                    .tok_len = SC_PROMPT * 4};
+  must(s->c, kvc_put_shm(s->h, NULL, &e, 1), "scaling prompt");
+  sc_put_seqs(s, (pages - SC_PROMPT / 8) / (SC_SEQ_TOKENS / 8));
+}
+
+static int op_sc_match(void *p) {
+  sc_side_t *s = p;
+  kvc_match_t m;
+  int rc = kvc_match(s->h, s->prompt, SC_PROMPT, &m);
+  return rc ? rc : m.tokens == SC_PROMPT ? 0 : -1;
+}
+
+/* A put of one new 10-page sequence into the full pool: it evicts. */
+static int op_sc_put(void *p) {
+  sc_side_t *s = p;
+  sc_put_seqs(s, 1);
+  return 0;
+}
+
+static int op_sc_stats(void *p) {
+  sc_side_t *s = p;
+  kvc_stat_t *st;
+  size_t n;
+  int rc = kvc_stats(s->c, &st, &n);
+  if (rc == 0) kvc_stats_free(st);
+  return rc;
+}
+
+static void sc_row(const char *name, const meas_t *m, const char *note) {
+  row_t *r = row_add(name, BV_GOAL_MAX, 1.3);
+  row_fig(r, &m[0], FMT_US, 0);
+  row_part(r, &m[1], 1, 0, NULL);
+  r->bv.fig_over_ref = true;
+  snprintf(r->ref, sizeof r->ref, "100x less");
+  snprintf(r->note, sizeof r->note, "%s", note);
+}
+
+static void sc_close(sc_side_t *s) {
+  kvc_client_close(s->c);
+  stop(s->d.pid);
+  free(s->prompt);
+}
+
+/* `kvcachectl stats` (the Stats request) on a daemon of n caches, a
+ * sequence in each. */
+static void sc_open_caches(sc_side_t *s, const char *name, int n) {
+  memset(s, 0, sizeof *s);
+  char maxc[16];
+  snprintf(maxc, sizeof maxc, "%d", n + 8);
+  const char *args[] = {"--pool-bytes", "128MiB", "--page-bytes", "4KiB", "--max-caches", maxc,
+                        NULL};
+  kd_start(&s->d, name, args);
+  s->c = kc_open(&s->d, 1 * MiB);
+  for (int i = 0; i < n; i++) {
+    char cn[32];
+    snprintf(cn, sizeof cn, "c%05d", i);
+    kvc_cache_t *h = kc_cache(s->c, cn, &tiny);
+    kvc_shm_io_t e = {.seq_id = 1, .pos = 0, .ntokens = 8, .k_off = 0, .v_off = 8 * 256};
+    must(s->c, kvc_put_shm(h, NULL, &e, 1), "scaling caches");
+  }
+}
+
+static void bench_scaling(void) {
+  section("scaling");
+  static sc_side_t big, small_;
+  sc_open(&small_, "scaling-1e4", 10000);
+  sc_open(&big, "scaling-1e6", 1000000);
+  const op_fn match[2] = {op_sc_match, op_sc_match}, put[2] = {op_sc_put, op_sc_put};
+  void *const ctxs[2] = {&big, &small_};
+  meas_t m[2];
+  measure_side(match, ctxs, 2, TRIAL_MS, 20, m);
+  if (!m[0].ok || !m[1].ok) must(big.c, -1, "scaling match");
+  sc_row("match of a 4k-token prompt: 10^6 vs 10^4 pages indexed", m, "512 pages hit");
+  measure_side(put, ctxs, 2, TRIAL_MS, 20, m);
+  if (!m[0].ok || !m[1].ok) must(big.c, -1, "scaling put");
+  sc_row("put of a new 10-page sequence into a full pool: 10^6 vs 10^4 pages", m,
+         "with token ids: it evicts");
+  sc_close(&big);
+  sc_close(&small_);
+  sc_open_caches(&small_, "scaling-10c", 10);
+  sc_open_caches(&big, "scaling-1e4c", 10000);
+  const op_fn st[2] = {op_sc_stats, op_sc_stats};
+  measure_side(st, ctxs, 2, TRIAL_MS, 5, m);
+  if (!m[0].ok || !m[1].ok) must(big.c, -1, "scaling stats");
+  sc_row("Stats (kvcachectl stats): 10^4 vs 10 caches and sequences", m, "a sequence a cache");
+  sc_close(&big);
+  sc_close(&small_);
+}
+
 /* ---- the disk tier (doc/tiers.md) ---------------------------------------------------- */
 
 #define TIER_PAGES 64                  /* a prompt read back: 64 pages, 128 MiB */
@@ -2451,6 +2602,7 @@ int main(int argc, char **argv) {
   if (want("prefix")) bench_copy_prefix();
   if (want("eviction")) bench_full_pool();
   if (want("scale")) bench_scale();
+  if (want("scaling")) bench_scaling();
   if (want("tier")) {
     bench_tier();
     bench_resize();
