@@ -2006,7 +2006,8 @@ static void sc_open(sc_side_t *s, const char *name, uint64_t pages) {
   memset(s, 0, sizeof *s);
   char pool[32];
   snprintf(pool, sizeof pool, "%" PRIu64, (uint64_t)(pages * 4 * KiB));
-  const char *args[] = {"--pool-bytes", pool, "--page-bytes", "4KiB", NULL};
+  /* The default pool (arenas), in 8 MiB segments: 5 and 512 of them. */
+  const char *args[] = {"--pool-bytes", pool, "--segment-bytes", "8MiB", NULL};
   kd_start(&s->d, name, args);
   s->c = kc_open(&s->d, 32 * MiB);
   s->h = kc_cache(s->c, "tiny", &tiny);
@@ -2071,8 +2072,8 @@ static void sc_open_caches(sc_side_t *s, const char *name, int n) {
   memset(s, 0, sizeof *s);
   char maxc[16];
   snprintf(maxc, sizeof maxc, "%d", n + 8);
-  const char *args[] = {"--pool-bytes", "128MiB", "--page-bytes", "4KiB", "--max-caches", maxc,
-                        NULL};
+  const char *args[] = {"--pool-bytes", "128MiB", "--segment-bytes", "8MiB", "--max-caches",
+                        maxc, NULL};
   kd_start(&s->d, name, args);
   s->c = kc_open(&s->d, 1 * MiB);
   for (int i = 0; i < n; i++) {
@@ -2087,8 +2088,8 @@ static void sc_open_caches(sc_side_t *s, const char *name, int n) {
 static void bench_scaling(void) {
   section("scaling");
   static sc_side_t big, small_;
-  sc_open(&small_, "scaling-1e4", 10000);
-  sc_open(&big, "scaling-1e6", 1000000);
+  sc_open(&small_, "scaling-1e4", 10240);
+  sc_open(&big, "scaling-1e6", 1048576);
   const op_fn match[2] = {op_sc_match, op_sc_match}, put[2] = {op_sc_put, op_sc_put};
   void *const ctxs[2] = {&big, &small_};
   meas_t m[2];
