@@ -473,6 +473,18 @@ static bool turn_spent(const conn_t *c, uint64_t t0_ns, uint64_t us) {
   return us && uv_hrtime() - t0_ns >= us * 1000u;
 }
 
+/* Replies a connection may leave unsent before its requests wait: a
+ * sixteenth of write_queue_bytes (256 KiB of the default 4 MiB). Past it
+ * the connection's client is not reading, and each request run for it is
+ * work no one uses, done in the other clients' time: 16 connections
+ * pipelining Stats (18 KB replies) never read took another client's p99
+ * 6.5x (issue 34). It still reads, into its read buffer (two frames), so a
+ * client that writes a pipeline before it reads its replies goes on
+ * writing; at write_queue_bytes it stops reading too. */
+static bool held(const conn_t *c) {
+  return c->wq_bytes > c->srv->cfg.write_queue_bytes / 16;
+}
+
 /* Runs complete frames from the read buffer: up to limit of them and, if
  * budgeted, until the turn's bytes or time are spent (at least one runs).
  * A budgeted turn of a connection whose replies already wait in the write
@@ -486,7 +498,7 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
   uint64_t t0 = budgeted ? uv_hrtime() : 0, us = srv->cfg.turn_us;
   if (budgeted) turn_share(c, &limit, &us);
   c->turn_bytes = 0;
-  while (c->state < CONN_FLUSHING && !c->offloaded && !c->parked) {
+  while (c->state < CONN_FLUSHING && !c->offloaded && !c->parked && !(budgeted && held(c))) {
     uint32_t plen = 0;
     int st = frame_parse(c->rbuf + off, c->rlen - off, c->max_frame, &plen);
     if (st == FRAME_TOO_BIG) {
@@ -680,17 +692,17 @@ static void schedule(conn_t *c) {
   if (stopping(c)) return;
   server_t *srv = c->srv;
   uint32_t plen;
-  bool pressure = c->wq_bytes > srv->cfg.write_queue_bytes;
+  bool pressure = c->wq_bytes > srv->cfg.write_queue_bytes, hold = held(c);
   bool have_frame =
       frame_parse(c->rbuf + c->roff, c->rlen - c->roff, c->max_frame, &plen) != FRAME_NEED_MORE;
   if (c->eof && !have_frame && !c->offloaded && !c->parked) { /* all answered */
     conn_close_after_flush(c, c->rlen > c->roff ? "EOF inside a frame" : "EOF");
     return;
   }
-  bool want_read = !pressure && !have_frame && c->rlen < c->rcap && !c->eof;
-  bool want_idle = !pressure && have_frame && !c->offloaded && !c->parked;
-  if (pressure && !c->paused) srv->stats.write_pauses++;
-  c->paused = pressure;
+  bool want_read = !pressure && (!have_frame || hold) && c->rlen < c->rcap && !c->eof;
+  bool want_idle = !pressure && !hold && have_frame && !c->offloaded && !c->parked;
+  if (hold && !c->paused) srv->stats.write_pauses++;
+  c->paused = hold;
   if (want_read != c->reading) {
     if (want_read) {
       int rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
@@ -704,7 +716,7 @@ static void schedule(conn_t *c) {
     c->reading = want_read;
   }
   set_backlog(c, want_idle);
-  if (c->ring && !pressure && !c->offloaded && !c->parked) ring_kick(c->ring);
+  if (c->ring && !hold && !c->offloaded && !c->parked) ring_kick(c->ring);
   /* Waiting for the rest of a frame the client started (or for its Hello):
    * that wait is bounded. Not while we are the ones not reading. */
   bool want_deadline = srv->cfg.frame_timeout_ms && want_read &&

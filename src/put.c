@@ -342,6 +342,7 @@ int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   int rc = xfer_begin(eng, cache_id, x, true, entries, n, &c, &r);
   if (rc) return rc;
   for (size_t i = 0; i < n; i++) {
+    if (!entries[i].nspans) continue; /* nothing to check (and no name to format) */
     char what[32];
     snprintf(what, sizeof what, "entry %zu", i);
     if (entries[i].nspans && !entries[i].tokens)

@@ -361,3 +361,114 @@ TEST(fair_big_gets_beside_verified_work) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+/* ---- a flood of large replies never read (issue 34) ------------------------- */
+
+#define STATS_FLOODERS 4
+
+/* Stats requests the daemon answered: the count of its op="stats" latency
+ * histogram, less the Stats requests this client made to read it (each
+ * counted after its reply: *calls is how many were made before this one). */
+static uint64_t stats_answered(kvc_client_t *c, uint64_t *calls) {
+  kvc_stat_t *st;
+  size_t n;
+  ASSERT_OK(kvc_stats(c, &st, &n));
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; i++) {
+    const char *op = kvc_stat_label(&st[i], "op");
+    if (strcmp(st[i].name, "request_duration_seconds") == 0 && op && strcmp(op, "stats") == 0)
+      v = st[i].value;
+  }
+  kvc_stats_free(st);
+  ASSERT(v >= *calls);
+  return v - (*calls)++;
+}
+
+/* A greeted raw connection: one Stats request answered and read (its reply's
+ * size in *reply_bytes), then Stats requests sent, never read, until the
+ * daemon holds them (write_pauses grew) and the socket takes no more. */
+static int stats_never_reader(const daemon_t *d, kvc_client_t *c, uint64_t *calls,
+                              size_t *reply_bytes) {
+  int fd = it_connect_raw(d->sock);
+  raw_hello(fd, KVC_PROTOCOL_VERSION);
+  Kvcache__V1__Response *r = raw_reply(fd);
+  ASSERT(r && r->status == KVCACHE__V1__STATUS__OK);
+  kvcache__v1__response__free_unpacked(r, NULL);
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__StatsRequest sr = KVCACHE__V1__STATS_REQUEST__INIT;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_STATS;
+  req.stats = &sr;
+  req.id = 1u << 20;
+  uint8_t frames[64 * 16];
+  size_t n = kvcache__v1__request__get_packed_size(&req);
+  ASSERT(n < 12);
+  for (size_t i = 0; i < 64; i++) {
+    uint8_t *p = frames + i * (4 + n);
+    p[0] = (uint8_t)n, p[1] = p[2] = p[3] = 0;
+    kvcache__v1__request__pack(&req, p + 4);
+  }
+  ASSERT_EQ(write(fd, frames, 4 + n), (ssize_t)(4 + n));
+  r = raw_reply(fd);
+  ASSERT(r && r->status == KVCACHE__V1__STATUS__OK && r->body_case == KVCACHE__V1__RESPONSE__BODY_STATS);
+  *reply_bytes = kvcache__v1__response__get_packed_size(r);
+  kvcache__v1__response__free_unpacked(r, NULL);
+  uint64_t pauses = stat_get(c, "write_pauses_total", NULL);
+  (*calls)++;
+  size_t len = 64 * (4 + n), off = 0;
+  double end = hard_now_ms() + 20000;
+  for (;;) {
+    ASSERT(hard_now_ms() < end);
+    ssize_t k = send(fd, frames + off, len - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (k > 0) {
+      off = (off + (size_t)k) % len;
+      continue;
+    }
+    ASSERT(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+    (*calls)++;
+    if (stat_get(c, "write_pauses_total", NULL) > pauses) return fd;
+    struct pollfd pf = {.fd = fd, .events = POLLOUT};
+    poll(&pf, 1, 50); /* the daemon reads on: send more */
+  }
+}
+
+/* Connections pipelining Stats (large replies) they never read: the daemon
+ * answers each only until its unsent replies pass a sixteenth of
+ * write_queue_bytes (what the socket holds, then 256 KiB), and then runs
+ * none of its requests while a reader's work goes on, every byte verified.
+ * Counting only: before, each was answered until 4 MiB of replies waited
+ * (hundreds of Stats a connection). */
+TEST(fair_never_read_stats_cost_a_bounded_count) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = client_open(&d);
+  victim_rounds(&d, 5);
+  uint64_t calls = 0, a0 = stats_answered(c, &calls);
+  int fds[STATS_FLOODERS];
+  size_t reply = 0;
+  for (int i = 0; i < STATS_FLOODERS; i++) fds[i] = stats_never_reader(&d, c, &calls, &reply);
+  uint64_t a1 = stats_answered(c, &calls);
+  victim_rounds(&d, 200); /* progress beside them */
+  uint64_t a2 = stats_answered(c, &calls);
+  ASSERT_U64_EQ(a2, a1); /* held: nothing of theirs ran meanwhile */
+  /* What one may be answered: its first (read), what the socket holds
+   * (charged to the daemon's send buffer: at most twice wmem_default), the
+   * 256 KiB held and the reply that passed it. */
+  uint64_t wmem = 212992;
+  FILE *f = fopen("/proc/sys/net/core/wmem_default", "r");
+  if (f) {
+    unsigned long long v;
+    if (fscanf(f, "%llu", &v) == 1) wmem = v;
+    fclose(f);
+  }
+  uint64_t bound = 1 + (2 * wmem + (4u << 20) / 16) / reply + 1;
+  uint64_t each = (a1 - a0) / STATS_FLOODERS;
+  fprintf(stderr, "stats reply %zu bytes; answered %llu a never-read connection (bound %llu)\n",
+          reply, (unsigned long long)each, (unsigned long long)bound);
+  ASSERT(reply >= 4096);
+  ASSERT(each <= bound);
+  ASSERT(stat_get(c, "write_pauses_total", NULL) >= STATS_FLOODERS);
+  for (int i = 0; i < STATS_FLOODERS; i++) close(fds[i]);
+  (void)it_wait_stat(c, "connections_current", 1, false);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
