@@ -35,7 +35,8 @@
   X(socket_bytes_out, STAT_COUNTER, "bytes", "bytes of replies queued to client sockets") \
   X(shm_bytes, STAT_GAUGE, "bytes", "bytes of the connections' shared buffers") \
   X(deferred_turns, STAT_COUNTER, "turns", "times a connection yielded with frames still buffered") \
-  X(write_pauses, STAT_COUNTER, "pauses", "times reading paused for write backpressure") \
+  X(write_pauses, STAT_COUNTER, "pauses", "times a connection was held for write backpressure " \
+    "(its requests wait; reading too at write_queue_bytes)") \
   X(offloaded_gets, STAT_COUNTER, "requests", "gets copied on a copy thread (offload_bytes)") \
   X(offloaded_puts, STAT_COUNTER, "requests", "puts copied on a copy thread (offload_bytes)") \
   X(offloaded_shares, STAT_COUNTER, "shares", "shares the offloaded copies were split in, one a copy thread (a copy of 256 KiB or more a share)") \
