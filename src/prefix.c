@@ -224,11 +224,9 @@ static uint32_t keys_collect(engine_t *eng) {
     const seq_t *s;
     while (c && (s = hmap_next(&c->seqs, &sp, NULL))) key_mark(by_id, n, s->chain_key);
   }
-  for (const struct engine_put_job *j = eng->put_jobs; j; j = put_job_next(j)) {
-    key_mark(by_id, n, put_job_key(j)); /* interned at its begin, used at its end */
-    size_t nt;
-    const span_tag_t *st = put_job_tags(j, &nt);
-    for (size_t i = 0; i < nt; i++) key_mark(by_id, n, st[i].id);
+  for (const put_flight_t *j = eng->put_jobs; j; j = j->next) {
+    key_mark(by_id, n, j->key_id); /* interned at its begin, used at its end */
+    for (size_t i = 0; i < j->ntags; i++) key_mark(by_id, n, j->tags[i].id);
   }
   uint32_t freed = 0;
   for (uint32_t i = 0; i < n; i++) {

@@ -26,7 +26,10 @@ GROUPS = [
 
 
 def objects(build, sub, recursive):
+    """The group's object files whose source is in the tree (KVC_SRCDIR, or
+    here): a stale object of a file moved or removed is not counted."""
     root = os.path.join(build, sub)
+    srcdir = os.environ.get("KVC_SRCDIR", ".")
     out = []
     if not os.path.isdir(root):
         return out
@@ -35,6 +38,8 @@ def objects(build, sub, recursive):
             out += [os.path.join(d, f) for f in files if f.endswith(".o")]
     else:
         out = [os.path.join(root, f) for f in os.listdir(root) if f.endswith(".o")]
+    out = [o for o in out
+           if os.path.exists(os.path.join(srcdir, sub, os.path.relpath(o, root)[:-2] + ".c"))]
     return sorted(out)
 
 
