@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "conn.h"
-#include "engine.h"
+#include "engine_tier.h"
 #include "metrics.h"
 #include "server.h"
 

@@ -26,6 +26,7 @@
 #define KVC_CORE_H
 
 #include "engine.h"
+#include "engine_tier.h"
 #include "hmap.h"
 #include "layout.h"
 #include "mem.h"
@@ -274,13 +275,15 @@ struct engine {
   uint32_t *lease_ref; /* per page: leases of connections holding it (not internal ones);
                           NULL until the first (most pools never lease: 4 B a page less) */
   engine_stats_t st;   /* counters (gauges are computed by engine_stats) */
-  engine_tier_hooks_t tier; /* pages a tier may want: indexed, reclaimed (pageio.c) */
+  engine_tier_hooks_t tier; /* pages a tier may want: indexed, reclaimed (tier.c) */
   engine_err_t err;
   /* The disk tier's callback for a cached page leaving memory (tier.c),
    * and the hook prefix_reclaim calls to reach it (set with it: prefix.c
    * never calls tier.c, which calls prefix.c). */
   void (*spill)(void *ctx, const struct engine_tier_meta *m, const void *bytes);
   void *spill_ctx;
+  /* The one reclaim hook (tier.c sets it when a tier wants reclaimed pages):
+   * prefix_reclaim calls it with a cached page about to leave the index. */
   void (*reclaim_hook)(struct engine *eng, const ipage_t *ip);
   /* A segment changed owner (engine_set_segment_hook). */
   void (*seg_hook)(void *ctx, uint32_t seg, uint64_t from_owner, uint64_t to_owner);

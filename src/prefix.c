@@ -28,7 +28,6 @@
 #include "evlog.h"
 #include "lru.h"
 #include "page.h"
-#include "pageio.h"
 #include "quota.h"
 #include "seq.h"
 
@@ -420,13 +419,12 @@ static void unindex(engine_t *eng, ipage_t *ip) {
 
 void prefix_reclaim(engine_t *eng, ipage_t *ip) {
   cache_t *c = ip->cache;
-  if (eng->tier.reclaimed) pageio_reclaimed(eng, ip); /* its last chance to be kept */
+  if (eng->reclaim_hook) eng->reclaim_hook(eng, ip); /* its last chance to be kept (tier.c) */
   lru_unlink(&ip->node);
   page_cached_count(eng, c, -1);
   unindex(eng, ip);
   eng->st.cached_reclaimed++;
   c->st.cached_reclaimed++;
-  if (eng->reclaim_hook) eng->reclaim_hook(eng, ip); /* the disk tier may keep it (tier.c) */
   page_unref(eng, c, ip->page, 0); /* the index's reference was the last */
 }
 
@@ -876,11 +874,6 @@ int prefix_expect(engine_t *eng, const ipage_t *ip, const uint8_t *ph, uint8_t o
 }
 
 /* ---- for the disk tier (tier.c) --------------------------------------------------- */
-
-void prefix_root_hash(engine_t *eng, const cache_t *c, const engine_pkey_t *key,
-                      uint8_t out[32]) {
-  chain_root(eng, c, key, out);
-}
 
 void prefix_page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *tokens,
                       uint32_t T, const engine_pkey_t *key, uint8_t out[32]) {
