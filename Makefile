@@ -95,8 +95,13 @@ CODEC_SRC := $(wildcard proto/*.c)
 CODEC_OBJ := $(CODEC_SRC:%.c=$(B)/%.o)
 # The transfer geometry (src/layout.c), the engine's and the client's.
 GEOM_OBJ := $(B)/src/layout.o
-DAEMON_SRC := $(wildcard daemon/*.c)
+# daemon/ is split in folders by concern (doc/design.md, the map); its
+# files include one another's headers by name, every folder on the path.
+DAEMON_SRC := $(wildcard daemon/*.c daemon/*/*.c daemon/*/*/*.c)
 DAEMON_OBJ := $(DAEMON_SRC:%.c=$(B)/%.o)
+DAEMON_DIRS := daemon $(patsubst %/,%,$(sort $(dir $(wildcard daemon/*/*.h daemon/*/*/*.h \
+  daemon/*/*.c daemon/*/*/*.c))))
+DAEMON_INC := $(DAEMON_DIRS:%=-I%)
 CLIENT_SRC := $(filter-out client/kvcachectl.c,$(wildcard client/*.c))
 CLIENT_OBJ := $(CLIENT_SRC:%.c=$(B)/%.o)
 CTL_OBJ := $(B)/client/kvcachectl.o
@@ -182,6 +187,7 @@ $(PROTO_OBJ): $(PROTO_C)
 	$(Q)$(CC) $(CPPFLAGS) $(filter-out -Wconversion -Wshadow -Wmissing-prototypes,$(CFLAGS)) -c $< -o $@
 
 $(DAEMON_OBJ) $(CLIENT_OBJ) $(CTL_OBJ) $(CODEC_OBJ): | $(B)/gen/kvcache.pb-c.h
+$(DAEMON_OBJ): CPPFLAGS += $(DAEMON_INC)
 
 # ---- daemon ---------------------------------------------------------------
 $(B)/kvcached: $(DAEMON_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
@@ -261,7 +267,7 @@ $(B)/tests/test_main.o: tests/test_main.c
 $(B)/tests/fuzz/%.o: tests/fuzz/%.c | $(B)/gen/kvcache.pb-c.h
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CPPFLAGS) -Itests -Idaemon $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(DAEMON_INC) $(CFLAGS) -c $< -o $@
 $(B)/tests/fuzz/replay_%.o: tests/fuzz/replay.c
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)

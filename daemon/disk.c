@@ -46,6 +46,7 @@
 #include "log.h"
 #include "offload.h"
 #include "server.h"
+#include "tier.h"
 
 #define DISK_THREADS 2u           /* at most */
 #define STAGING_MAX (64ull << 20) /* spilled bytes waiting for a write thread */
@@ -563,9 +564,8 @@ static void on_turn(uv_prepare_t *h) {
 /* The engine's spill callback: a cached page leaves memory. The bytes are
  * copied here (the pool page is reused as soon as this returns); the
  * header, its checksums and the file are the thread's. */
-static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) {
-  disk_t *d = ctx;
-  server_t *srv = d->srv;
+static void on_spill(server_t *srv, const engine_tier_meta_t *m, const void *bytes) {
+  disk_t *d = srv->disk;
   if (d->closing) return;
   uint32_t hb = diskfmt_header_bytes(m->page_tokens);
   uint64_t need = hb + m->data_bytes;
@@ -646,7 +646,8 @@ typedef struct rjob {
 } rjob_t;
 
 struct rgroup {
-  uint64_t conn_id;        /* the waiting connection (it may be gone) */
+  uint64_t conn_id;        /* the waiting request's connection (it may be gone) */
+  unsigned idx;            /* this tier's place in the chain (tiers_done) */
   uint32_t n, ndone;
   rjob_t *jobs[];          /* in chain order */
 };
@@ -692,12 +693,6 @@ static void read_run(disk_t *d, djob_t *j) {
   close(fd);
 }
 
-static conn_t *conn_by_id(server_t *srv, uint64_t id) {
-  for (conn_t *c = srv->conns; c; c = c->next)
-    if (c->id == id) return c;
-  return NULL;
-}
-
 /* Every read of the group is in: import in chain order (a page verifies
  * only under its parent), then let the connection run its request again. */
 static void group_end(disk_t *d, rgroup_t *g) {
@@ -733,12 +728,10 @@ static void group_end(disk_t *d, rgroup_t *g) {
     if (e->gone && !e->readers) drop(d, e, false);
     free(r);
   }
-  conn_t *c = conn_by_id(srv, g->conn_id);
+  uint64_t conn_id = g->conn_id;
+  unsigned idx = g->idx;
   free(g);
-  if (c && c->tier_wait) {
-    c->tier_wait = false;
-    conn_unpark(c);
-  }
+  tiers_done(srv, conn_id, idx); /* the request runs again */
 }
 
 static void read_done(disk_t *d, djob_t *j) {
@@ -746,19 +739,23 @@ static void read_done(disk_t *d, djob_t *j) {
   if (++g->ndone == g->n) group_end(d, g);
 }
 
-int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-               const engine_pkey_t *key) {
-  server_t *srv = c->srv;
+/* The tier's lookup (tier.h): if pages of the query past the resident ones
+ * are on disk, starts reading them and the request waits (TIER_WAIT): each
+ * is imported as its read lands, and once all have, tiers_done. */
+static int disk_lookup(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q) {
   disk_t *d = srv->disk;
-  if (!d || d->closing || c->tier_tried || !d->count) return 0;
-  c->tier_tried = true;
+  uint32_t cache_id = q->cache_id;
+  const uint32_t *tokens = q->tokens;
+  uint64_t n = q->n;
+  const engine_pkey_t *key = q->key;
+  if (!d || d->closing || !d->count) return TIER_RUN;
   uint32_t tenant;
   engine_stats_t es;
   engine_stats(srv->eng, &es);
   /* Reads in flight hold pool pages: at most half the pool between them. */
   uint64_t room = es.pool_pages / 2 > d->importing ? es.pool_pages / 2 - d->importing : 0;
   size_t cap = room < FETCH_MAX ? (size_t)room : FETCH_MAX;
-  if (!cap || engine_cache_tenant(srv->eng, cache_id, &tenant) != 0) return 0;
+  if (!cap || engine_cache_tenant(srv->eng, cache_id, &tenant) != 0) return TIER_RUN;
   uint8_t(*h)[32] = malloc(cap * 32);
   uint64_t resident;
   size_t nh = 0, k = 0;
@@ -809,14 +806,14 @@ int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
   free(h);
   if (!got) {
     free(g);
-    return 0;
+    return TIER_RUN;
   }
-  g->conn_id = c->id;
+  g->conn_id = w->conn_id;
+  g->idx = idx;
   g->n = got;
   g->ndone = 0;
   for (uint32_t i = 0; i < got; i++) queue(d, &g->jobs[i]->j);
-  c->tier_wait = true;
-  return KVC_E_BUSY;
+  return TIER_WAIT;
 }
 
 /* ---- the start-up scan -------------------------------------------------------------- */
@@ -1125,7 +1122,6 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
   srv->stats.tier_disk_loading = 1;
   gauges(d);
   queue(d, &s->j);
-  engine_set_spill(srv->eng, on_spill, d);
   LOG_INFO("tier_disk", "op=open dir=\"%s\" tier_bytes=%llu", path,
            (unsigned long long)d->bound);
   return 0;
@@ -1218,7 +1214,6 @@ static void persist(disk_t *d) {
 void disk_close(server_t *srv, bool clean) {
   disk_t *d = srv->disk;
   if (!d) return;
-  engine_set_spill(srv->eng, NULL, NULL);
   turn_flush(d); /* the last turn's writes: the threads write them before they end */
   pthread_mutex_lock(&d->mu);
   d->stop = true;
@@ -1258,3 +1253,16 @@ void disk_reload(server_t *srv) {
 void disk_tick(server_t *srv) {
   if (srv->disk) srv->stats.tier_disk_scanned = atomic_load(&srv->disk->scanned);
 }
+
+static bool disk_on(const server_t *srv) { return srv->disk != NULL; }
+
+const tier_ops_t tier_disk = {
+    .name = "disk",
+    .open = disk_open,
+    .on = disk_on,
+    .close = disk_close,
+    .reload = disk_reload,
+    .tick = disk_tick,
+    .spill = on_spill,
+    .lookup = disk_lookup,
+};

@@ -22,7 +22,7 @@
 
 #include "codec.h"
 #include "log.h"
-#include "remote.h"
+#include "tier.h"
 #include "promtext.h"
 #include "quotas.h"
 
@@ -126,7 +126,7 @@ static int render(server_t *srv, char **out, size_t *len) {
   metrics_arena_t *ar = NULL;
   size_t nar = poolown_arena_rows(srv, NULL, &srv->arena, &ar);
   int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), &srv->arena, operator_view, srv,
-                          ref, nref, remote_view(srv, &srv->arena), ar, nar, &sr);
+                          ref, nref, tiers_view(srv, "cluster", &srv->arena), ar, nar, &sr);
   if (rc == 0) {
     size_t nlab = 0;
     for (size_t i = 0; i < sr.n_stats; i++) nlab += sr.stats[i]->n_labels;

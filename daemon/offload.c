@@ -113,7 +113,7 @@ static void finish(server_t *srv, job_t *j) {
   } else {
     engine_put_end(srv->eng, j->put);
     srv->stats.offloaded_puts++;
-    conn_unpark_all(srv); /* the sequences it held busy are free */
+    if (srv->up.seqs_free) srv->up.seqs_free(srv); /* the sequences it held busy are free */
   }
 }
 
@@ -127,13 +127,7 @@ static void end(offload_t *o, job_t *j) {
   metrics_record(&srv->stats, j->get ? OP_GET : OP_PUT, uv_hrtime() - j->t0_ns, 0);
   uint64_t id = j->id;
   free(j);
-  if (!conn_offload_end(c)) return; /* closed meanwhile: freed */
-  Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
-  resp.id = id;
-  resp.status = KVCACHE__V1__STATUS__OK;
-  resp.error = (char *)"";
-  if (conn_send(c, &resp) != 0) return; /* conn_send closed it */
-  conn_resume(c);
+  srv->up.copied(c, id); /* the reply, and what waited (conn_copied) */
 }
 
 /* Ends every job the threads sent back, oldest first. */
@@ -272,8 +266,7 @@ static bool queue(conn_t *c, const job_t *proto, uint64_t bytes) {
   if (j->nparts > 1) pthread_cond_broadcast(&o->cv);
   else pthread_cond_signal(&o->cv);
   pthread_mutex_unlock(&o->mu);
-  conn_offload_begin(c);
-  return true;
+  return true; /* the caller marks c offloaded (conn_offload_begin) */
 }
 
 /* A lone client's large copy: split between the loop and the copy threads

@@ -206,10 +206,11 @@ bool conn_offload_end(conn_t *c) {
 void conn_resume(conn_t *c) { FZ_FAIL("conn %llu resumed", (unsigned long long)c->id); }
 void conn_park(conn_t *c) { FZ_FAIL("conn %llu parked", (unsigned long long)c->id); }
 void conn_unpark_all(server_t *srv) { (void)srv; }
-void conn_unpark(conn_t *c) { FZ_FAIL("conn %llu unparked", (unsigned long long)c->id); }
-/* No cluster tier here (srv->remote NULL): nothing waits for one. */
-void conn_park_remote(conn_t *c) { FZ_FAIL("conn %llu waits for the cluster", (unsigned long long)c->id); }
-void conn_unpark_remote(conn_t *c) { FZ_FAIL("conn %llu resumed", (unsigned long long)c->id); }
+/* No tier is on here (tiers_open never runs): nothing waits for one. */
+void conn_tier_done(server_t *srv, uint64_t conn_id, unsigned idx) {
+  (void)srv;
+  FZ_FAIL("conn %llu resumed by tier %u", (unsigned long long)conn_id, idx);
+}
 
 void conn_close(conn_t *c, const char *reason) {
   (void)reason;
