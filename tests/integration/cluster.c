@@ -14,7 +14,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 
-#include "../../daemon/rvalue.h"
+#include "../../daemon/tiers/cluster/rvalue.h"
 #include "json.h"
 #include "redis.h"
 
@@ -994,7 +994,7 @@ TEST_TIMEOUT(cluster_down_loop_keeps_answering_quiet_and_busy, 240) {
 /* A fake Redis node on a loopback port (a thread): it serves the whole slot
  * map itself, answers +OK to anything but CLUSTER SLOTS and GET, and every
  * GET with the bytes of `reply` (then closes the connection when `hangup`).
- * The daemon reads these replies itself (daemon/rnode.c): a malformed,
+ * The daemon reads these replies itself (daemon/tiers/cluster/rnode.c): a malformed,
  * short, cut or oversized one must fail its lookup alone. */
 typedef struct fake {
   int lfd, port;

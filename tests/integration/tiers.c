@@ -8,7 +8,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 
-#include "../../daemon/diskfmt.h"
+#include "../../daemon/tiers/disk/diskfmt.h"
 #include "harness.h"
 
 #define T 16u        /* page_tokens of it_layout */
@@ -833,7 +833,7 @@ TEST(tier_spill_burst_drops_chain_tails) {
 
 /* Every `tier_...` name doc/tiers.md gives is real: a figure the daemon
  * exports, an option of its configuration (its event=config line) or a log
- * event of daemon/disk.c (the document named a figure that existed
+ * event of daemon/tiers/disk/disk.c (the document named a figure that existed
  * nowhere). */
 TEST(tier_doc_names_exist) {
   char path[512], dir[64];
@@ -841,7 +841,7 @@ TEST(tier_doc_names_exist) {
   size_t dlen, slen, llen;
   snprintf(path, sizeof path, "%s/doc/tiers.md", it_srcdir());
   read_file(path, &doc, &dlen);
-  snprintf(path, sizeof path, "%s/daemon/disk.c", it_srcdir());
+  snprintf(path, sizeof path, "%s/daemon/tiers/disk/disk.c", it_srcdir());
   read_file(path, &src, &slen);
   doc = realloc(doc, dlen + 1), src = realloc(src, slen + 1);
   ASSERT(doc && src);
