@@ -10,6 +10,13 @@
 # strongly connected set of two or more files; each is printed with one edge
 # path around it, so the message names the calls to cut.
 #
+# A third test holds doc/design.md to it: its "Engine modules" and "Daemon
+# modules" graphs put each file of src/ and daemon/ in a row, and a file may
+# call only files of lower rows. It fails when a file is missing from its
+# graph or named twice, when a named file does not exist, when a call of
+# the build goes sideways or up (so a new cycle fails it too), and when a
+# heading appears twice (the placeholder the map once had).
+#
 #   tests/callgraph.py --list                  the test names
 #   tests/callgraph.py [--print] BUILD [NAME...]
 #       runs the tests (the verdict lines of tests/run.sh); --print writes
@@ -17,6 +24,15 @@
 import os
 import subprocess
 import sys
+
+import re
+
+DESIGN_TEST = "callgraph_design_md_module_graphs_are_the_builds"
+DOC_GRAPHS = [
+    # (heading, group directory, recursive)
+    ("## Engine modules", "src", False),
+    ("## Daemon modules", "daemon", True),
+]
 
 GROUPS = [
     # (test name, description, directory under the build, recursive)
@@ -140,10 +156,73 @@ def describe(edges, comp):
     return lines
 
 
+def doc_rows(text, heading):
+    """The rows of the graph under heading: file (as in the build group,
+    without .c) -> row number, and the problems found reading it."""
+    problems = []
+    n = text.count("\n" + heading + "\n")
+    if n != 1:
+        problems.append("%r is a heading %d times" % (heading, n))
+        if n == 0:
+            return {}, problems
+    body = text.split("\n" + heading + "\n", 1)[1]
+    m = re.search(r"^```\n(.*?)^```", body, re.S | re.M)
+    if not m:
+        return {}, problems + ["no graph under %r" % heading]
+    rows, row = {}, None
+    for line in m.group(1).splitlines():
+        lm = re.match(r"^\s*(\d+)\s\s", line)
+        if lm:
+            row = int(lm.group(1))
+            line = line[lm.end():]
+        for f in re.findall(r"(?<![\w/.-])([a-z0-9_]+(?:/[a-z0-9_]+)*)\.c\b", line):
+            if row is None:
+                problems.append("%s.c before the first row" % f)
+            elif f in rows:
+                problems.append("%s.c is named twice" % f)
+            else:
+                rows[f] = row
+    return rows, problems
+
+
+def design_test(build):
+    srcdir = os.environ.get("KVC_SRCDIR", ".")
+    path = os.path.join(srcdir, "doc", "design.md")
+    try:
+        text = open(path).read()
+    except OSError as e:
+        print("FAIL %s %s" % (DESIGN_TEST, e))
+        return 1
+    problems = []
+    for heading, sub, rec in DOC_GRAPHS:
+        rows, p = doc_rows(text, heading)
+        problems += p
+        edges = graph(build, sub, rec)
+        have = {e[:-2] for e in edges}
+        for f in sorted(set(rows) - have):
+            problems.append("%s names %s/%s.c, which the build has not" % (heading, sub, f))
+        for f in sorted(have - set(rows)):
+            problems.append("%s does not name %s/%s.c" % (heading, sub, f))
+        for a in sorted(edges):
+            for b in sorted(edges[a]):
+                ra, rb = rows.get(a[:-2]), rows.get(b[:-2])
+                if ra is not None and rb is not None and ra <= rb:
+                    problems.append("%s/%s (row %d) calls %s/%s (row %d: not below it): %s" %
+                                    (sub, a, ra, sub, b, rb, ", ".join(sorted(edges[a][b])[:3])))
+    if problems:
+        for p in problems:
+            print(p, file=sys.stderr)
+        print("FAIL %s %d problems (first: %s)" % (DESIGN_TEST, len(problems), problems[0]))
+        return 1
+    print("PASS %s" % DESIGN_TEST)
+    return 0
+
+
 def main(argv):
     if argv and argv[0] == "--list":
         for g in GROUPS:
             print(g[0])
+        print(DESIGN_TEST)
         return 0
     show = False
     verbose = False
@@ -157,7 +236,7 @@ def main(argv):
         print("usage: tests/callgraph.py [--print] BUILD [NAME...]", file=sys.stderr)
         return 2
     build, names = argv[0], argv[1:]
-    known = [g[0] for g in GROUPS]
+    known = [g[0] for g in GROUPS] + [DESIGN_TEST]
     for n in names:
         if n not in known:
             print("no test named %s" % n, file=sys.stderr)
@@ -192,6 +271,8 @@ def main(argv):
             rc = 1
         else:
             print("PASS %s" % test)
+    if not show and (not names or DESIGN_TEST in names):
+        rc |= design_test(build)
     return rc
 
 

@@ -1,4 +1,4 @@
-/* fake_conn.c: daemon/conn.c's interface for dispatch.c, without sockets:
+/* fake_conn.c: daemon/net/conn.c's interface for dispatch.c, without sockets:
  * replies are checked and dropped, closes release pins and buffers. */
 #include <dirent.h>
 #include <fcntl.h>
@@ -150,7 +150,7 @@ void fz_conn_frame(conn_t *c, const uint8_t *payload, size_t n) {
   fz_conn_feed(c, payload, n);
 }
 
-/* ---- the interface of daemon/conn.h ----------------------------------------- */
+/* ---- the interface of daemon/net/conn.h ----------------------------------------- */
 
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
   if (c->state == CONN_CLOSED) return KVC_E_IO;
