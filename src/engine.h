@@ -591,10 +591,6 @@ void engine_arenas(const engine_t *eng, engine_arena_info_t *out, size_t cap, si
 int engine_arena_by_id(const engine_t *eng, uint16_t a, engine_arena_info_t *out);
 /* Arena id of segment seg, or ENGINE_NOARENA (free, or past the pool). */
 uint16_t engine_segment_arena(const engine_t *eng, uint32_t seg);
-/* The arena of a cache, and of a page in use: its id and the page's index
- * in the arena's array (pool_page_index). */
-int engine_cache_arena(engine_t *eng, uint32_t cache_id, engine_arena_info_t *out);
-void engine_page_place(const engine_t *eng, uint32_t page, uint16_t *arena, uint64_t *index);
 
 /* Sets the limits of tenant (ENGINE_TENANT_DEFAULT: of every tenant without
  * its own); lim NULL returns a tenant to the default. Takes effect for the

@@ -54,13 +54,6 @@ struct rcluster {
   rnode_env_t env;                /* what its nodes see of it (rnode.h) */
 };
 
-static const char *const statuses[RC_STATUSES_] = {"ok",         "timeout", "connection",
-                                                   "breaker",    "noroute", "redirects"};
-
-const char *rc_status_name(enum rc_status s) {
-  return (unsigned)s < RC_STATUSES_ ? statuses[s] : "?";
-}
-
 const rcluster_counts_t *rcluster_counts(const rcluster_t *cl) { return &cl->counts; }
 bool rcluster_ready(const rcluster_t *cl) { return cl->covered == RSLOT_COUNT; }
 uint32_t rcluster_slots_covered(const rcluster_t *cl) { return cl->covered; }
