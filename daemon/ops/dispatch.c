@@ -867,8 +867,10 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   size_t nref = quotas_refusals(srv, c->tenant, c->admin, r->a, &ref);
   metrics_arena_t *ar = NULL;
   size_t nar = poolown_arena_rows(srv, c, r->a, &ar);
+  const tier_view_t *tv[TIERS_MAX];
+  size_t ntv = tiers_views(srv, r->a, tv, TIERS_MAX);
   int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, cache_view, c, ref, nref,
-                          tiers_view(srv, "cluster", r->a), ar, nar, sr);
+                          tv, ntv, ar, nar, sr);
   if (rc) return reject(r, rc, "cannot render stats: %s", kvc_strerror(rc));
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STATS;
   r->resp->stats = sr;

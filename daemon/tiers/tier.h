@@ -124,9 +124,5 @@ void tiers_done(server_t *srv, uint64_t conn_id, unsigned idx);
 
 /* The tiers' figures, the chain's order, those on (at most cap). */
 size_t tiers_views(server_t *srv, arena_t *a, const tier_view_t **out, size_t cap);
-/* The figures of the tier of that label, NULL when it is off. */
-const tier_view_t *tiers_view(server_t *srv, const char *name, arena_t *a);
-/* The tier of that label, or NULL. */
-const tier_ops_t *tiers_find(const char *name, unsigned *idx);
 
 #endif

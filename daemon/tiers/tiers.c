@@ -125,18 +125,3 @@ size_t tiers_views(server_t *srv, arena_t *a, const tier_view_t **out, size_t ca
   }
   return n;
 }
-
-const tier_view_t *tiers_view(server_t *srv, const char *name, arena_t *a) {
-  unsigned i;
-  const tier_ops_t *t = tiers_find(name, &i);
-  return t && t->view && on(srv, i) ? t->view(srv, a) : NULL;
-}
-
-const tier_ops_t *tiers_find(const char *name, unsigned *idx) {
-  for (unsigned i = 0; i < NTIERS; i++)
-    if (strcmp(tiers[i]->name, name) == 0) {
-      if (idx) *idx = i;
-      return tiers[i];
-    }
-  return NULL;
-}

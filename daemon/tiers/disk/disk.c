@@ -109,6 +109,8 @@ struct disk {
   bool polled;            /* poll and turn are initialized (both closed at the end) */
   unsigned open_handles;
   uint64_t inflight;      /* jobs queued or running or done, not yet ended */
+  tier_stats_t st;        /* as every tier's figures (tier_*{tier="disk"}): the
+                             lookups here, the rest from tier_disk_* (disk_view) */
   unsigned nthreads;
   pthread_t threads[DISK_THREADS];
 };
@@ -648,6 +650,7 @@ typedef struct rjob {
 struct rgroup {
   uint64_t conn_id;        /* the waiting request's connection (it may be gone) */
   unsigned idx;            /* this tier's place in the chain (tiers_done) */
+  uint64_t t0_ns;          /* when its reads began (the lookup's latency) */
   uint32_t n, ndone;
   rjob_t *jobs[];          /* in chain order */
 };
@@ -714,6 +717,7 @@ static void group_end(disk_t *d, rgroup_t *g) {
     d->importing--;
     if (rc == 0) {
       srv->stats.tier_disk_hits++;
+      d->st.hit_tokens += r->info.m.page_tokens;
     } else if (ok && rc == KVC_E_INVAL) {
       r->bad = true;
       r->why = engine_last_error(srv->eng)->msg;
@@ -728,9 +732,11 @@ static void group_end(disk_t *d, rgroup_t *g) {
     if (e->gone && !e->readers) drop(d, e, false);
     free(r);
   }
-  uint64_t conn_id = g->conn_id;
+  uint64_t conn_id = g->conn_id, ns = uv_hrtime() - g->t0_ns;
   unsigned idx = g->idx;
   free(g);
+  d->st.lookup_hist[metrics_bucket(ns)]++;
+  d->st.lookup_ns += ns;
   tiers_done(srv, conn_id, idx); /* the request runs again */
 }
 
@@ -810,6 +816,9 @@ static int disk_lookup(server_t *srv, tier_wait_t *w, unsigned idx, const tier_q
   }
   g->conn_id = w->conn_id;
   g->idx = idx;
+  g->t0_ns = uv_hrtime();
+  d->st.lookups++;
+  d->st.lookup_pages += got;
   g->n = got;
   g->ndone = 0;
   for (uint32_t i = 0; i < got; i++) queue(d, &g->jobs[i]->j);
@@ -1256,6 +1265,23 @@ void disk_tick(server_t *srv) {
 
 static bool disk_on(const server_t *srv) { return srv->disk != NULL; }
 
+/* The disk's figures as every tier's (tier_*{tier="disk"}); its own, finer
+ * ones are the tier_disk_* of daemon_stats_t. */
+static const tier_view_t *disk_view(server_t *srv, arena_t *a) {
+  disk_t *d = srv->disk;
+  tier_view_t *v = arena_alloc(a, sizeof *v);
+  if (!v) return NULL;
+  const daemon_stats_t *s = &srv->stats;
+  d->st.hit_pages = s->tier_disk_hits;
+  d->st.read_bytes = s->tier_disk_read_bytes;
+  d->st.writes = s->tier_disk_writes;
+  d->st.written_bytes = s->tier_disk_write_bytes;
+  d->st.queue_drops = s->tier_disk_spill_dropped;
+  d->st.up = 1; /* open: it serves, its start-up scan too (tier_disk_loading) */
+  *v = (tier_view_t){"disk", &d->st, NULL, 0, NULL, 0};
+  return v;
+}
+
 const tier_ops_t tier_disk = {
     .name = "disk",
     .open = disk_open,
@@ -1265,4 +1291,5 @@ const tier_ops_t tier_disk = {
     .tick = disk_tick,
     .spill = on_spill,
     .lookup = disk_lookup,
+    .view = disk_view,
 };
