@@ -59,6 +59,7 @@ typedef struct server {
   config_cmdline_t cmdline;/* how it was built, read again on SIGHUP */
   char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
+  struct work *work;       /* the one work queue (work.h): copies, disk, cluster writes */
   offload_t *offload;      /* the copy threads of large gets and puts */
   ring_poller_t *rings;    /* polls the shared-memory rings of active connections */
   uint32_t nrings;         /* connections with rings (a doorbell descriptor each) */

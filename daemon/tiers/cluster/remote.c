@@ -123,7 +123,7 @@ int remote_start(server_t *srv, char *err, size_t errlen) {
   }
   if (rc == 0) rc = rcluster_new(srv->loop, &o, &r->cl, err, errlen);
   if (rc == 0) rc = rwrite_start(r);
-  if (rc == 0 && !(r->send = rsend_new(srv->loop, &so, rwrite_done, r))) rc = -1;
+  if (rc == 0 && !(r->send = rsend_new(srv->work, &so, rwrite_done, r))) rc = -1;
   explicit_bzero(secret, sizeof secret);
   explicit_bzero(pass, sizeof pass);
   if (rc != 0) {
