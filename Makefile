@@ -254,6 +254,9 @@ $(B)/tests/it_%: $(B)/tests/integration/%.o $(TEST_MAIN_OBJ) $(B)/libkvcache.a
 $(B)/tests/it_tiers: $(B)/daemon/tiers/disk/diskfmt.o
 $(B)/tests/it_tiers: IT_LIBS := -lxxhash
 $(B)/tests/unit_diskfmt: $(B)/daemon/tiers/disk/diskfmt.o
+# The one work queue, on a libuv loop of the test's own.
+$(B)/tests/unit_work: $(B)/daemon/work.o $(B)/daemon/log.o
+$(B)/tests/unit_work: UNIT_LIBS := $(UV_LIBS)
 # The cluster test drives Redis with a plain hiredis client and forges
 # values as an attacker would, with the value codec of the daemon.
 $(B)/tests/it_cluster: $(B)/daemon/tiers/cluster/rvalue.o

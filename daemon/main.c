@@ -79,7 +79,7 @@ static int start(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
     return -1;
   }
-  if (work_open(srv, err, errlen) != 0) return -1;
+  if (!(srv->work = work_new(srv->loop, err, errlen))) return -1;
   if (tiers_open(srv, err, errlen) != 0) return -1; /* the disk's registry comes first */
   if ((rc = quotas_apply(srv)) != 0) {
     snprintf(err, errlen, "engine quotas: %s", kvc_strerror(rc));
@@ -250,7 +250,8 @@ int main(int argc, char **argv) {
   }
   tiers_close(&srv, status == 0 && srv.draining); /* a clean stop persists the index */
   offload_stop(&srv); /* every copy ended: the loop ran out of work */
-  work_close(&srv);
+  work_free(srv.work);
+  srv.work = NULL;
   ring_poller_stop(&srv);
   uv_run(&loop, UV_RUN_NOWAIT); /* let closed handles finish */
   uv_loop_close(&loop);

@@ -14,7 +14,6 @@
 #include <uv.h>
 
 #include "log.h"
-#include "server.h"
 
 #define THREADS_MAX 64
 
@@ -38,7 +37,6 @@ struct work {
   _Atomic(work_job_t *) done;  /* finished, newest first: the threads push, the loop takes all */
   int efd;                     /* counts pushes onto an empty done stack: the loop's wake-up */
   uv_poll_t poll;              /* on efd, started while jobs are in flight */
-  bool polled;
   uint64_t inflight;           /* submitted, not yet done (loop only) */
 };
 
@@ -90,7 +88,7 @@ static void reap(work_t *w) {
   }
   while (fifo) {
     work_job_t *next = fifo->next;
-    if (--w->inflight == 0 && w->polled) uv_poll_stop(&w->poll); /* idle: poll nothing */
+    if (--w->inflight == 0) uv_poll_stop(&w->poll); /* idle: poll nothing */
     fifo->done(fifo);
     fifo = next;
   }
@@ -116,11 +114,18 @@ bool work_reap(work_t *w) {
   return true;
 }
 
-int work_open(server_t *srv, char *err, size_t errlen) {
+work_t *work_new(uv_loop_t *loop, char *err, size_t errlen) {
   work_t *w = calloc(1, sizeof *w);
   if (!w) {
     snprintf(err, errlen, "work queue: out of memory");
-    return -1;
+    return NULL;
+  }
+  w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (w->efd < 0 || uv_poll_init(loop, &w->poll, w->efd) != 0) {
+    snprintf(err, errlen, "work queue: eventfd: %s", strerror(errno));
+    if (w->efd >= 0) close(w->efd);
+    free(w);
+    return NULL;
   }
   pthread_mutex_init(&w->mu, NULL);
   for (int c = 0; c < WORK_CLASSES; c++) {
@@ -128,15 +133,8 @@ int work_open(server_t *srv, char *err, size_t errlen) {
     w->args[c] = (targ_t){w, (enum work_class)c};
   }
   atomic_init(&w->done, NULL);
-  srv->work = w;
-  w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (w->efd < 0 || uv_poll_init(srv->loop, &w->poll, w->efd) != 0) {
-    snprintf(err, errlen, "work queue: eventfd: %s", strerror(errno));
-    return -1;
-  }
-  w->polled = true;
   w->poll.data = w;
-  return 0;
+  return w;
 }
 
 int work_threads(work_t *w, enum work_class c, unsigned n, char *err, size_t errlen) {
@@ -164,7 +162,7 @@ void work_submit(work_t *w, work_job_t *j) {
   j->taken = 0;
   j->here = false;
   atomic_init(&j->left, n);
-  if (w->inflight++ == 0 && w->polled) uv_poll_start(&w->poll, UV_READABLE, on_done);
+  if (w->inflight++ == 0) uv_poll_start(&w->poll, UV_READABLE, on_done);
   pthread_mutex_lock(&w->mu);
   if (k->tail) k->tail->next = j;
   else k->head = j;
@@ -221,7 +219,7 @@ void work_stop(work_t *w, enum work_class c, bool drain, void (*cancel)(work_job
   k->head = k->tail = NULL;
   while (left) {
     work_job_t *next = left->next;
-    if (--w->inflight == 0 && w->polled) uv_poll_stop(&w->poll);
+    if (--w->inflight == 0) uv_poll_stop(&w->poll);
     if (cancel) cancel(left);
     left = next;
   }
@@ -229,13 +227,10 @@ void work_stop(work_t *w, enum work_class c, bool drain, void (*cancel)(work_job
 
 static void on_poll_closed(uv_handle_t *h) { free(h->data); }
 
-void work_close(server_t *srv) {
-  work_t *w = srv->work;
+void work_free(work_t *w) {
   if (!w) return;
-  srv->work = NULL;
   for (int c = 0; c < WORK_CLASSES; c++) pthread_cond_destroy(&w->cls[c].cv);
   pthread_mutex_destroy(&w->mu);
-  if (w->efd >= 0) close(w->efd);
-  if (w->polled) uv_close((uv_handle_t *)&w->poll, on_poll_closed); /* frees w once closed */
-  else free(w);
+  close(w->efd);
+  uv_close((uv_handle_t *)&w->poll, on_poll_closed); /* frees w once closed */
 }

@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct server server_t;
+#include <uv.h>
 
 enum work_class { WORK_COPY, WORK_DISK, WORK_NET, WORK_CLASSES };
 
@@ -46,9 +46,9 @@ struct work_job {
 
 typedef struct work work_t;
 
-/* The queue, its eventfd and poll handle (no thread yet): 0, or -1 with a
- * reason in err. srv->work. */
-int work_open(server_t *srv, char *err, size_t errlen);
+/* The queue, its eventfd and its poll handle on loop (no thread yet), or
+ * NULL with a reason in err. */
+work_t *work_new(uv_loop_t *loop, char *err, size_t errlen);
 /* Starts n more threads of class c: 0, or -1 with a reason in err. */
 int work_threads(work_t *w, enum work_class c, unsigned n, char *err, size_t errlen);
 /* Threads of class c running. */
@@ -71,7 +71,7 @@ bool work_reap(work_t *w);
 void work_stop(work_t *w, enum work_class c, bool drain, void (*cancel)(work_job_t *j));
 
 /* After every class stopped: frees the queue (its poll handle closes on
- * the next loop run). srv->work becomes NULL. */
-void work_close(server_t *srv);
+ * the next loop run). NULL is a no-op. */
+void work_free(work_t *w);
 
 #endif
