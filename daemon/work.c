@@ -15,14 +15,12 @@
 
 #include "log.h"
 
-#define THREADS_MAX 64
-
 typedef struct wclass {
   work_job_t *head, *tail; /* queued, oldest first (under mu) */
   pthread_cond_t cv;       /* a job of it was queued, or stop */
   bool stop, drain;        /* under mu */
-  unsigned nthreads;
-  pthread_t threads[THREADS_MAX];
+  unsigned nthreads, cap;
+  pthread_t *threads;      /* nthreads of them (cap allocated) */
 } wclass_t;
 
 typedef struct targ {
@@ -142,7 +140,16 @@ int work_threads(work_t *w, enum work_class c, unsigned n, char *err, size_t err
   pthread_mutex_lock(&w->mu);
   k->stop = k->drain = false;
   pthread_mutex_unlock(&w->mu);
-  for (unsigned i = 0; i < n && k->nthreads < THREADS_MAX; i++) {
+  if (k->nthreads + n > k->cap) {
+    pthread_t *t = realloc(k->threads, (k->nthreads + n) * sizeof *t);
+    if (!t) {
+      snprintf(err, errlen, "threads: out of memory");
+      return -1;
+    }
+    k->threads = t;
+    k->cap = k->nthreads + n;
+  }
+  for (unsigned i = 0; i < n; i++) {
     int rc = pthread_create(&k->threads[k->nthreads], NULL, worker, &w->args[c]);
     if (rc) {
       snprintf(err, errlen, "threads: %s", strerror(rc));
@@ -229,7 +236,10 @@ static void on_poll_closed(uv_handle_t *h) { free(h->data); }
 
 void work_free(work_t *w) {
   if (!w) return;
-  for (int c = 0; c < WORK_CLASSES; c++) pthread_cond_destroy(&w->cls[c].cv);
+  for (int c = 0; c < WORK_CLASSES; c++) {
+    pthread_cond_destroy(&w->cls[c].cv);
+    free(w->cls[c].threads);
+  }
   pthread_mutex_destroy(&w->mu);
   close(w->efd);
   uv_close((uv_handle_t *)&w->poll, on_poll_closed); /* frees w once closed */
