@@ -72,7 +72,7 @@ UV_LIBS := -luv
 REDIS_LIBS := -lhiredis
 ENGINE_LIBS := -lcrypto -lxxhash
 PB_LIBS := -lprotobuf-c
-# The daemon's event stream (daemon/events*.c): ZeroMQ; msgpack-c's packer
+# The daemon's event stream (daemon/events/events*.c): ZeroMQ; msgpack-c's packer
 # is all inline functions of its headers.
 EVENTS_LIBS := -lzmq
 
@@ -95,8 +95,13 @@ CODEC_SRC := $(wildcard proto/*.c)
 CODEC_OBJ := $(CODEC_SRC:%.c=$(B)/%.o)
 # The transfer geometry (src/layout.c), the engine's and the client's.
 GEOM_OBJ := $(B)/src/layout.o
-DAEMON_SRC := $(wildcard daemon/*.c)
+# daemon/ is split in folders by concern (doc/design.md, the map); its
+# files include one another's headers by name, every folder on the path.
+DAEMON_SRC := $(wildcard daemon/*.c daemon/*/*.c daemon/*/*/*.c)
 DAEMON_OBJ := $(DAEMON_SRC:%.c=$(B)/%.o)
+DAEMON_DIRS := daemon $(patsubst %/,%,$(sort $(dir $(wildcard daemon/*/*.h daemon/*/*/*.h \
+  daemon/*/*.c daemon/*/*/*.c))))
+DAEMON_INC := $(DAEMON_DIRS:%=-I%)
 CLIENT_SRC := $(filter-out client/kvcachectl.c,$(wildcard client/*.c))
 CLIENT_OBJ := $(CLIENT_SRC:%.c=$(B)/%.o)
 CTL_OBJ := $(B)/client/kvcachectl.o
@@ -113,7 +118,7 @@ TEST_MAIN_OBJ := $(B)/tests/test_main.o
 # Fuzz targets: each is a replay test in every build (tests/fuzz/replay.c,
 # any compiler) and a libFuzzer binary in the FUZZ=1 build.
 FUZZ_TARGETS := frame msg handler
-FUZZ_DAEMON_OBJ := $(filter-out $(B)/daemon/main.o $(B)/daemon/conn.o $(B)/daemon/listen.o \
+FUZZ_DAEMON_OBJ := $(filter-out $(B)/daemon/main.o $(B)/daemon/net/conn.o $(B)/daemon/net/listen.o \
   $(B)/daemon/drain.o $(B)/daemon/signals.o,$(DAEMON_OBJ))
 FUZZ_COMMON_OBJ := $(B)/tests/fuzz/fake_conn.o $(FUZZ_DAEMON_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) \
   $(B)/libkvcengine.a
@@ -182,6 +187,7 @@ $(PROTO_OBJ): $(PROTO_C)
 	$(Q)$(CC) $(CPPFLAGS) $(filter-out -Wconversion -Wshadow -Wmissing-prototypes,$(CFLAGS)) -c $< -o $@
 
 $(DAEMON_OBJ) $(CLIENT_OBJ) $(CTL_OBJ) $(CODEC_OBJ): | $(B)/gen/kvcache.pb-c.h
+$(DAEMON_OBJ): CPPFLAGS += $(DAEMON_INC)
 
 # ---- daemon ---------------------------------------------------------------
 $(B)/kvcached: $(DAEMON_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) $(B)/libkvcengine.a
@@ -232,7 +238,7 @@ $(B)/tests/unit/codec.o: | $(B)/gen/kvcache.pb-c.h
 # The byte ring both sides link (proto/ringbuf.c), with the frame header.
 $(B)/tests/unit_ringbuf: $(B)/proto/ringbuf.o $(B)/proto/frame.o
 # The cluster tier's pure parts (slots, keys and values) are the daemon's.
-$(B)/tests/unit_rvalue: $(B)/daemon/rvalue.o $(B)/daemon/rslot.o
+$(B)/tests/unit_rvalue: $(B)/daemon/tiers/cluster/rvalue.o $(B)/daemon/tiers/cluster/rslot.o
 $(B)/tests/unit/%.o: tests/unit/%.c
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
@@ -245,12 +251,15 @@ $(B)/tests/it_%: $(B)/tests/integration/%.o $(TEST_MAIN_OBJ) $(B)/libkvcache.a
 	$(call say,LD,$@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(IT_LIBS) $(PB_LIBS) -lm
 # The disk tier's tests read and forge page files with the daemon's format.
-$(B)/tests/it_tiers: $(B)/daemon/diskfmt.o
+$(B)/tests/it_tiers: $(B)/daemon/tiers/disk/diskfmt.o
 $(B)/tests/it_tiers: IT_LIBS := -lxxhash
-$(B)/tests/unit_diskfmt: $(B)/daemon/diskfmt.o
+$(B)/tests/unit_diskfmt: $(B)/daemon/tiers/disk/diskfmt.o
+# The one work queue, on a libuv loop of the test's own.
+$(B)/tests/unit_work: $(B)/daemon/work.o $(B)/daemon/log.o
+$(B)/tests/unit_work: UNIT_LIBS := $(UV_LIBS)
 # The cluster test drives Redis with a plain hiredis client and forges
 # values as an attacker would, with the value codec of the daemon.
-$(B)/tests/it_cluster: $(B)/daemon/rvalue.o
+$(B)/tests/it_cluster: $(B)/daemon/tiers/cluster/rvalue.o
 $(B)/tests/it_cluster: IT_LIBS := $(REDIS_LIBS) -lcrypto
 $(B)/tests/test_main.o: tests/test_main.c
 	$(call say,CC,$<)
@@ -261,7 +270,7 @@ $(B)/tests/test_main.o: tests/test_main.c
 $(B)/tests/fuzz/%.o: tests/fuzz/%.c | $(B)/gen/kvcache.pb-c.h
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CPPFLAGS) -Itests -Idaemon $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(DAEMON_INC) $(CFLAGS) -c $< -o $@
 $(B)/tests/fuzz/replay_%.o: tests/fuzz/replay.c
 	$(call say,CC,$<)
 	@mkdir -p $(dir $@)

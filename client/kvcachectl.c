@@ -98,10 +98,12 @@ static const struct command {
      "evictions per second, the busiest operations, caches and clients (clients\n"
      "for admins). q or Ctrl-C quits. Not a terminal: one frame, then exit"},
     {"tier", cmd_tier, O_JSON, 0, 0, "[--json]",
-     "the cluster tier behind the pool: its nodes, lookups, hits and errors",
-     "the cluster tier behind the pool (doc/cluster.md): whether its map is\n"
-     "whole, each node's role, state and slots, lookups and hits, bytes, the\n"
-     "write-behind queue, errors by kind and values discarded by reason"},
+     "the tiers below memory (disk, cluster): lookups, hits and errors of each",
+     "every tier below memory the same way, in the chain's order: the disk\n"
+     "(doc/tiers.md), the cluster (doc/cluster.md): whether it is up (the\n"
+     "cluster: whether its map is whole, each node's role, state and slots),\n"
+     "lookups and hits, bytes, the write queue, errors by kind and values\n"
+     "discarded by reason"},
     {"tenants", cmd_tenants, O_JSON, 0, 0, "[--json]",
      "connected clients and what the caches of each tenant hold",
      "connected clients and what the caches of each tenant hold (an admin sees every\n"
@@ -831,11 +833,13 @@ static void tier_show(const figs_t *f, const char *t, bool json) {
   if (json) {
     printf("  \"%s\": {\"up\": %.0f, \"slots_covered\": %.0f, \"nodes\": [", t,
            tierv(f, t, "tier_up"), tierv(f, t, "tier_slots_covered"));
-  } else {
+  } else if (fig(f, "tier_node_slots", NULL, "tier", t)) { /* a tier of nodes: the cluster */
     printf("tier %s: %s, %.0f of 16384 slots mapped, %.0f nodes connected, %.0f breakers open\n",
            t, tierv(f, t, "tier_up") ? "up" : "DOWN", tierv(f, t, "tier_slots_covered"),
            tierv(f, t, "tier_nodes_connected"), tierv(f, t, "tier_breakers_open"));
     printf("  %-24s %-8s %-13s %s\n", "NODE", "ROLE", "STATE", "SLOTS");
+  } else {
+    printf("tier %s: %s\n", t, tierv(f, t, "tier_up") ? "up" : "DOWN");
   }
   bool first = true;
   for (size_t i = 0; i < f->n; i++) {
@@ -872,7 +876,7 @@ static void tier_show(const figs_t *f, const char *t, bool json) {
          human_bytes(tierv(f, t, "tier_read_bytes_total"), a, sizeof a),
          human_bytes(tierv(f, t, "tier_written_bytes_total"), b, sizeof b),
          tierv(f, t, "tier_writes_total"), tierv(f, t, "tier_write_retries_total"));
-  printf("  write-behind queue: %.0f pages, %.0f dropped\n", tierv(f, t, "tier_queue_pages"),
+  printf("  write queue: %.0f pages, %.0f dropped\n", tierv(f, t, "tier_queue_pages"),
          tierv(f, t, "tier_queue_drops_total"));
   printf("  errors: %s\n  discarded: %s\n  redirects: %s\n", errs, disc, red);
 }
@@ -887,8 +891,7 @@ static int cmd_tier(kvc_client_t *c, const opts_t *o) {
     if (t && nt < 8) tiers[nt++] = t;
   }
   if (o->json) printf("{\"tiers\": {");
-  else if (!nt) printf("no cluster tier (cluster_nodes is empty); the disk tier's figures are "
-                       "the tier_disk_* of kvcachectl stats\n");
+  else if (!nt) printf("no tier below memory (tier_dir and cluster_nodes are empty)\n");
   for (size_t i = 0; i < nt; i++) {
     if (o->json) printf("%s\n", i ? "," : "");
     tier_show(&f, tiers[i], o->json);

@@ -11,7 +11,10 @@
  */
 #include "conn.h"
 #include "log.h"
-#include "remote.h"
+#include "events.h"
+#include "http.h"
+#include "poolresize.h"
+#include "tier.h"
 #include "server.h"
 
 static void on_drain_timeout(uv_timer_t *t) {
@@ -31,7 +34,7 @@ void server_drain(server_t *srv) {
     LOG_WARN("notify", "state=STOPPING error=\"send failed\"");
   server_unlisten(srv);
   uv_timer_stop(&srv->status_timer);
-  remote_drain(srv); /* requests waiting for the cluster run with what came */
+  tiers_drain(srv); /* requests waiting on a tier run with what came */
   /* A connection closes in a later callback, so the list stays walkable. */
   for (conn_t *c = srv->conns; c; c = c->next) conn_drain(c);
   if (!srv->conns) {
@@ -46,4 +49,20 @@ void server_conn_gone(server_t *srv) {
   LOG_INFO("drained", "connections_total=%llu",
            (unsigned long long)srv->stats.connections_total);
   server_stop(srv);
+}
+
+void server_stop(server_t *srv) {
+  if (srv->stopped) return;
+  srv->stopped = true;
+  uv_close((uv_handle_t *)&srv->sig_term, NULL);
+  uv_close((uv_handle_t *)&srv->sig_int, NULL);
+  uv_close((uv_handle_t *)&srv->sig_hup, NULL);
+  uv_close((uv_handle_t *)&srv->status_timer, NULL);
+  uv_close((uv_handle_t *)&srv->drain_timer, NULL);
+  uv_close((uv_handle_t *)&srv->expire_timer, NULL);
+  uv_close((uv_handle_t *)&srv->accept_timer, NULL);
+  http_stop(srv);
+  tiers_stop(srv);
+  pool_resize_stop(srv);
+  events_stop(srv);
 }

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "disk.h"
+#include "dispatch.h"
 #include "http.h"
 #include "conn.h"
 #include "events.h"
@@ -21,7 +21,8 @@
 #include "poolresize.h"
 #include "quotas.h"
 #include "ring.h"
-#include "remote.h"
+#include "tier.h"
+#include "work.h"
 #include "server.h"
 #include "testhook.h"
 
@@ -36,24 +37,8 @@ static void on_expire(uv_timer_t *t) {
   size_t n = engine_expire(srv->eng);
   if (n) LOG_DEBUG("pins_lapsed", "count=%zu", n);
   if ((n = engine_keys_collect(srv->eng))) LOG_DEBUG("keys_freed", "count=%zu", n);
-  quotas_idle_sweep(srv);
-  disk_tick(srv);
-}
-
-void server_stop(server_t *srv) {
-  if (srv->stopped) return;
-  srv->stopped = true;
-  uv_close((uv_handle_t *)&srv->sig_term, NULL);
-  uv_close((uv_handle_t *)&srv->sig_int, NULL);
-  uv_close((uv_handle_t *)&srv->sig_hup, NULL);
-  uv_close((uv_handle_t *)&srv->status_timer, NULL);
-  uv_close((uv_handle_t *)&srv->drain_timer, NULL);
-  uv_close((uv_handle_t *)&srv->expire_timer, NULL);
-  uv_close((uv_handle_t *)&srv->accept_timer, NULL);
-  http_stop(srv);
-  remote_stop(srv);
-  pool_resize_stop(srv);
-  events_stop(srv);
+  conn_idle_sweep(srv);
+  tiers_tick(srv);
 }
 
 /* Everything that can fail at start, in order; READY=1 comes after. */
@@ -94,7 +79,8 @@ static int start(server_t *srv, char *err, size_t errlen) {
     snprintf(err, errlen, "engine: %s", kvc_strerror(rc));
     return -1;
   }
-  if (disk_open(srv, err, errlen) != 0) return -1;
+  if (!(srv->work = work_new(srv->loop, err, errlen))) return -1;
+  if (tiers_open(srv, err, errlen) != 0) return -1; /* the disk's registry comes first */
   if ((rc = quotas_apply(srv)) != 0) {
     snprintf(err, errlen, "engine quotas: %s", kvc_strerror(rc));
     return -1;
@@ -106,7 +92,6 @@ static int start(server_t *srv, char *err, size_t errlen) {
    * are handled from the loop, so not before the start is done. */
   signals_start(srv);
   if (poolmap_stop_asked) raise(SIGTERM); /* asked before the loop took the signals: now */
-  if (remote_start(srv, err, errlen) != 0) return -1;
   if (ring_poller_start(srv, conn_run_ring) != 0) {
     snprintf(err, errlen, "ring poller: out of memory");
     return -1;
@@ -227,6 +212,14 @@ int main(int argc, char **argv) {
   sigaction(SIGINT, &early, NULL);
   uv_loop_init(&loop);
   srv.loop = &loop;
+  /* The calls up from the layers below (server.h): none of them names a
+   * file above it. */
+  srv.up = (server_up_t){.frame = dispatch_frame,
+                         .closing = events_unsubscribe,
+                         .gone = server_conn_gone,
+                         .resume = conn_tier_done,
+                         .copied = conn_copied,
+                         .seqs_free = conn_unpark_all};
   srv.next_conn_id = 1;
   srv.notify.fd = -1;
   srv.listen_spare = -1;
@@ -245,7 +238,7 @@ int main(int argc, char **argv) {
     }
     server_unlisten(&srv);
     http_stop(&srv);
-    remote_stop(&srv);
+    tiers_stop(&srv);
     events_stop(&srv);
     signals_stop(&srv);
   } else {
@@ -255,8 +248,10 @@ int main(int argc, char **argv) {
     LOG_INFO("exit", "status=0 connections_total=%llu",
              (unsigned long long)srv.stats.connections_total);
   }
-  disk_close(&srv, status == 0 && srv.draining); /* a clean stop persists the index */
+  tiers_close(&srv, status == 0 && srv.draining); /* a clean stop persists the index */
   offload_stop(&srv); /* every copy ended: the loop ran out of work */
+  work_free(srv.work);
+  srv.work = NULL;
   ring_poller_stop(&srv);
   uv_run(&loop, UV_RUN_NOWAIT); /* let closed handles finish */
   uv_loop_close(&loop);

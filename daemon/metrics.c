@@ -16,10 +16,6 @@ static const char *const op_names[OP_COUNT_] = {
 #undef OP_NAME_
 };
 
-const char *metrics_op_name(enum op op) {
-  return (unsigned)op < OP_COUNT_ ? op_names[op] : "unknown";
-}
-
 void metrics_init(daemon_stats_t *s, uint64_t now_ns) {
   memset(s, 0, sizeof *s);
   s->start_ns = now_ns;
@@ -31,13 +27,6 @@ unsigned metrics_bucket(uint64_t v) {
   if (v < 4) return (unsigned)v;
   unsigned msb = 63u - (unsigned)__builtin_clzll(v);
   return (msb - 1u) * 4u + (unsigned)((v >> (msb - 2u)) & 3u);
-}
-
-uint64_t metrics_bucket_max(unsigned idx) {
-  if (idx < 4) return idx;
-  unsigned msb = idx / 4u + 1u, sub = idx % 4u;
-  uint64_t lo = (uint64_t)(4u + sub) << (msb - 2u);
-  return lo + (((uint64_t)1 << (msb - 2u)) - 1u);
 }
 
 void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int code) {
@@ -56,23 +45,6 @@ void metrics_observe(op_stats_t *o, uint64_t ns) {
   o->requests++;
   o->sum_ns += ns;
   o->hist[metrics_bucket(ns)]++;
-}
-
-uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q) {
-  const op_stats_t *o = &s->ops[op];
-  uint64_t total = 0;
-  for (unsigned i = 0; i < STATS_HIST_BUCKETS; i++) total += o->hist[i];
-  if (total == 0) return 0;
-  /* The smallest bucket whose cumulative count reaches ceil(q * total). */
-  uint64_t rank = (uint64_t)(q * (double)total);
-  if ((double)rank < q * (double)total) rank++;
-  if (rank == 0) rank = 1;
-  uint64_t seen = 0;
-  for (unsigned i = 0; i < STATS_HIST_BUCKETS; i++) {
-    seen += o->hist[i];
-    if (seen >= rank) return metrics_bucket_max(i);
-  }
-  return metrics_bucket_max(STATS_HIST_BUCKETS - 1);
 }
 
 /* ---- building the reply ------------------------------------------------------ */
@@ -257,34 +229,44 @@ static void tier_add(builder_t *b, const char *t, const char *name, uint64_t v, 
   labels(b, st, 1 + npairs, pairs);
 }
 
-static void render_tier(builder_t *b, const tier_view_t *v) {
-  const tier_stats_t *s = v->st;
-  const char *t = v->tier;
-#define TIER_ADD_(name, kind, unit, help) tier_add(b, t, #name, s->name, kind, unit, help, 0, NULL);
+/* Every tier's figures, one family at a time (the tiers' samples of a family
+ * together, as the text format wants them): tier_*{tier="disk"|"cluster"}. */
+static void render_tiers(builder_t *b, const tier_view_t *const *v, size_t n) {
+#define TIER_ADD_(name, kind, unit, help)                                              \
+  for (size_t i = 0; i < n; i++) tier_add(b, v[i]->tier, #name, v[i]->st->name, kind, unit, help, 0, NULL);
   TIER_STATS(TIER_ADD_)
 #undef TIER_ADD_
-  for (int k = 0; k < TIER_ERR_COUNT_; k++)
-    tier_add(b, t, "errors", s->errors[k], STAT_COUNTER, "errors",
-             "tier operations that failed, by kind", 1,
-             (const char *const[]){"kind", tier_err_names[k]});
-  for (size_t k = 0; k < v->ndiscards && k < TIER_DISCARDS_MAX; k++)
-    tier_add(b, t, "discarded", s->discarded[k], STAT_COUNTER, "pages",
-             "values fetched and refused by verification, by reason", 1,
-             (const char *const[]){"reason", v->discard_names[k]});
-  tier_add(b, t, "redirects", s->moved, STAT_COUNTER, "redirects",
-           "redirections followed, by kind (MOVED, ASK)", 1, (const char *const[]){"kind", "moved"});
-  tier_add(b, t, "redirects", s->ask, STAT_COUNTER, "redirects",
-           "redirections followed, by kind (MOVED, ASK)", 1, (const char *const[]){"kind", "ask"});
-  for (size_t i = 0; i < v->nnodes; i++)
-    tier_add(b, t, "node_slots", v->nodes[i].slots, STAT_GAUGE, "slots",
-             "a node of the tier: the slots it serves as a master, its role and state", 3,
-             (const char *const[]){"node", v->nodes[i].addr, "role", v->nodes[i].role, "state",
-                                   v->nodes[i].state});
-  uint64_t count = 0;
-  for (unsigned i = 0; i < STATS_HIST_BUCKETS; i++) count += s->lookup_hist[i];
-  render_histogram(b, "tier_lookup_duration_seconds",
-                   "time a request waited for the tier, from the lookup sent to its end",
-                   s->lookup_hist, count, s->lookup_ns, "tier", t);
+  for (size_t i = 0; i < n; i++)
+    for (int k = 0; k < TIER_ERR_COUNT_; k++)
+      tier_add(b, v[i]->tier, "errors", v[i]->st->errors[k], STAT_COUNTER, "errors",
+               "tier operations that failed, by kind", 1,
+               (const char *const[]){"kind", tier_err_names[k]});
+  for (size_t i = 0; i < n; i++)
+    for (size_t k = 0; k < v[i]->ndiscards && k < TIER_DISCARDS_MAX; k++)
+      tier_add(b, v[i]->tier, "discarded", v[i]->st->discarded[k], STAT_COUNTER, "pages",
+               "values fetched and refused by verification, by reason", 1,
+               (const char *const[]){"reason", v[i]->discard_names[k]});
+  for (size_t i = 0; i < n; i++) { /* a tier of nodes (the cluster) */
+    if (!v[i]->nnodes) continue;
+    tier_add(b, v[i]->tier, "redirects", v[i]->st->moved, STAT_COUNTER, "redirects",
+             "redirections followed, by kind (MOVED, ASK)", 1, (const char *const[]){"kind", "moved"});
+    tier_add(b, v[i]->tier, "redirects", v[i]->st->ask, STAT_COUNTER, "redirects",
+             "redirections followed, by kind (MOVED, ASK)", 1, (const char *const[]){"kind", "ask"});
+  }
+  for (size_t i = 0; i < n; i++)
+    for (size_t k = 0; k < v[i]->nnodes; k++)
+      tier_add(b, v[i]->tier, "node_slots", v[i]->nodes[k].slots, STAT_GAUGE, "slots",
+               "a node of the tier: the slots it serves as a master, its role and state", 3,
+               (const char *const[]){"node", v[i]->nodes[k].addr, "role", v[i]->nodes[k].role,
+                                     "state", v[i]->nodes[k].state});
+  for (size_t i = 0; i < n; i++) {
+    const tier_stats_t *s = v[i]->st;
+    uint64_t count = 0;
+    for (unsigned k = 0; k < STATS_HIST_BUCKETS; k++) count += s->lookup_hist[k];
+    render_histogram(b, "tier_lookup_duration_seconds",
+                     "time a request waited for the tier, from the lookup sent to its end",
+                     s->lookup_hist, count, s->lookup_ns, "tier", v[i]->tier);
+  }
 }
 
 const char *const metrics_limit_names[METRICS_LIMITS] = {
@@ -333,7 +315,8 @@ static void render_arenas(builder_t *b, const metrics_arena_t *ar, size_t n) {
 
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
                    metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
-                   size_t nref, const tier_view_t *tier, const metrics_arena_t *arenas,
+                   size_t nref, const tier_view_t *const *tiers, size_t ntiers,
+                   const metrics_arena_t *arenas,
                    size_t narenas, Kvcache__V1__StatsReply *out) {
   size_t ncaches = 0;
   engine_cache_list(eng, NULL, 0, &ncaches);
@@ -373,7 +356,7 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
   render_ops(&b, s);
   render_refusals(&b, ref, nref);
   render_arenas(&b, arenas, narenas);
-  if (tier) render_tier(&b, tier);
+  render_tiers(&b, tiers, ntiers);
   render_caches(&b, eng, infos, ncaches, view, view_ctx);
   if (b.rc) return b.rc;
   out->n_stats = b.n;

@@ -124,12 +124,9 @@ void metrics_record(daemon_stats_t *s, enum op op, uint64_t elapsed_ns, int code
 /* Counts one observation of ns in o's histogram (not a request's). */
 void metrics_observe(op_stats_t *o, uint64_t ns);
 
-/* The value at quantile q (0..1) of op's latency, in ns (0 with no data). */
-uint64_t metrics_percentile(const daemon_stats_t *s, enum op op, double q);
 
-/* Histogram bucket of a value and the largest value in a bucket. */
+/* Histogram bucket of a value. */
 unsigned metrics_bucket(uint64_t v);
-uint64_t metrics_bucket_max(unsigned idx);
 
 /* ---- the tiers behind the pool (remote.c: the cluster) ----------------------
  * Each tier's figures are rendered with a tier label ("cluster"), as
@@ -194,7 +191,7 @@ typedef struct tier_node {
 
 /* What metrics_render shows of a tier. */
 typedef struct tier_view {
-  const char *tier;                 /* its label: "cluster" */
+  const char *tier;                 /* its label: "disk", "cluster" */
   const tier_stats_t *st;
   const char *const *discard_names; /* the reason of discarded[i] */
   size_t ndiscards;
@@ -222,15 +219,13 @@ typedef struct metrics_arena {
   uint64_t segments, pages_used, pages_free, padding_bytes, segs_taken, segs_given;
 } metrics_arena_t;
 
-/* The name of an operation ("put"), as its op label says it. */
-const char *metrics_op_name(enum op op);
 
 /* Fills out with every figure: engine, per cache (those view shows, with
  * their tenant label), daemon, per operation, the tier (NULL: none). Strings and arrays come from
  * a (freed with the reply). Returns 0 or KVC_E_NOMEM. */
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
                    metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
-                   size_t nref, const tier_view_t *tier, const metrics_arena_t *arenas,
-                   size_t narenas, Kvcache__V1__StatsReply *out);
+                   size_t nref, const tier_view_t *const *tiers, size_t ntiers,
+                   const metrics_arena_t *arenas, size_t narenas, Kvcache__V1__StatsReply *out);
 
 #endif

@@ -41,7 +41,8 @@ bool offload_get(conn_t *c, engine_get_job_t *job, uint64_t bytes, uint64_t requ
 
 /* The same for a put begun with engine_put_begin: its sequences are busy
  * until the copy is done; requests of other connections that need them are
- * parked meanwhile (dispatch_unpark runs them again at the end). */
+ * parked meanwhile (conn_unpark_all, through srv->up.seqs_free, runs them
+ * again at the end). */
 bool offload_put(conn_t *c, engine_put_job_t *job, uint64_t bytes, uint64_t request_id,
                  uint64_t t0_ns);
 

@@ -29,12 +29,37 @@ typedef struct remote remote_t;   /* remote.c: the cluster tier */
 typedef struct disk disk_t;       /* disk.c */
 typedef struct events events_t;   /* events.c */
 
+struct server;
+
+/* What the layers below call up into, set once by main.c before anything
+ * runs: the connection layer and the tiers name nothing above them, so no
+ * file calls back into one that calls it (tests/callgraph.py). */
+typedef struct server_up {
+  /* A whole frame of c's arrived (dispatch_frame): false when c parked. */
+  bool (*frame)(conn_t *c, const uint8_t *payload, size_t len);
+  /* c closes with a subscription to the event stream (events_unsubscribe). */
+  void (*closing)(conn_t *c);
+  /* A connection was freed (server_conn_gone: a drain ends with the last). */
+  void (*gone)(struct server *srv);
+  /* The one call back of a tier: conn_id's request waited on tier idx,
+   * whose lookup ended (tiers_done; conn_tier_done). */
+  void (*resume)(struct server *srv, uint64_t conn_id, unsigned idx);
+  /* An offloaded copy of c's request ended on the loop: reply OK and run
+   * what waited (conn_copied). */
+  void (*copied)(conn_t *c, uint64_t request_id);
+  /* A put ended: the requests parked on its busy sequences run again
+   * (conn_unpark_all). */
+  void (*seqs_free)(struct server *srv);
+} server_up_t;
+
 typedef struct server {
   uv_loop_t *loop;
+  server_up_t up;          /* the calls up (above), main.c's */
   config_t cfg;            /* the configuration in force */
   config_cmdline_t cmdline;/* how it was built, read again on SIGHUP */
   char config_file[4096];  /* the file read at start or last reload ("": none) */
   engine_t *eng;           /* the cache engine over pool */
+  struct work *work;       /* the one work queue (work.h): copies, disk, cluster writes */
   offload_t *offload;      /* the copy threads of large gets and puts */
   ring_poller_t *rings;    /* polls the shared-memory rings of active connections */
   uint32_t nrings;         /* connections with rings (a doorbell descriptor each) */
@@ -141,7 +166,8 @@ uint32_t server_tenant(server_t *srv, const char *name);
 /* At start: the shared caches' namespace gets its identity. */
 int server_tenant_shared(server_t *srv);
 
-/* main.c. Closes the signal handlers and timers so the loop can end. */
+/* drain.c. Closes the signal handlers, timers and the tiers' handles so
+ * the loop can end. */
 void server_stop(server_t *srv);
 
 #endif

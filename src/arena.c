@@ -59,10 +59,9 @@ void arena_movable(const engine_t *eng, uint8_t *movable) {
   memset(movable, 1, p->nseg);
   for (const lease_t *l = eng->lease_list; l; l = l->next)
     for (uint32_t i = 0; i < l->npages; i++) movable[pool_seg_of(p, l->pages[i])] = 0;
-  for (const struct engine_put_job *j = eng->put_jobs; j; j = put_job_next(j)) {
-    size_t n;
-    seq_t *const *seqs = put_job_seqs(j, &n);
-    for (size_t i = 0; i < n; i++)
+  for (const put_flight_t *j = eng->put_jobs; j; j = j->next) {
+    seq_t *const *seqs = j->seqs;
+    for (size_t i = 0; i < j->n; i++)
       for (uint32_t k = 0; k < seqs[i]->ntable; k++)
         if (seqs[i]->table[k] != NOPAGE) movable[pool_seg_of(p, seqs[i]->table[k])] = 0;
   }

@@ -45,3 +45,23 @@ int engine_use_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **ou
                        (unsigned long long)seq_id);
   return rc;
 }
+
+/* ---- a sequence's rarely used parts (seq_t.x) ---------------------------- */
+
+/* Read-only (a write faults): the parts of every sequence that has none. */
+const seq_ext_t seq_ext_none = {0};
+
+int seq_ext_own(engine_t *eng, seq_t *s) {
+  if (s->x != &seq_ext_none) return 0;
+  seq_ext_t *x = mem_calloc(&eng->mem, 1, sizeof *x);
+  if (!x) return KVC_E_NOMEM;
+  s->x = x;
+  return 0;
+}
+
+void seq_ext_release(engine_t *eng, seq_t *s) {
+  seq_ext_t *x = s->x;
+  if (x == &seq_ext_none || x->layer_len || x->layer_chain || x->holes || x->pos) return;
+  mem_free(&eng->mem, x);
+  s->x = (seq_ext_t *)&seq_ext_none;
+}

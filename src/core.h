@@ -26,6 +26,7 @@
 #define KVC_CORE_H
 
 #include "engine.h"
+#include "engine_tier.h"
 #include "hmap.h"
 #include "layout.h"
 #include "mem.h"
@@ -94,6 +95,20 @@ typedef struct span_tag {
   uint32_t src;  /* index in the caller's list */
   bool created;
 } span_tag_t;
+
+/* A put in flight (begun, not ended) as the rest of the engine sees it: put.c's
+ * job begins with one, on eng->put_jobs. The sequences it writes (busy), and
+ * the chain key (0: none) and span keys it interned at its begin, which stay
+ * in use until its end. Data, not calls: arena.c and prefix.c read it without
+ * calling up into put.c. */
+typedef struct put_flight {
+  struct put_flight *prev, *next;
+  struct seq **seqs;           /* per entry */
+  size_t n;                    /* entries */
+  uint32_t key_id;
+  struct span_tag *tags;       /* the entries' span keys, resolved, in a row */
+  size_t ntags;
+} put_flight_t;
 #define SPAN_UNKNOWN UINT32_MAX
 
 /* One tenant's limits, usage and refusals (quota.c). */
@@ -165,6 +180,13 @@ typedef struct seq_ext {
 } seq_ext_t;
 
 extern const seq_ext_t seq_ext_none;
+/* core.c: */
+/* Gives s parts of its own (s->x) if it points at seq_ext_none: 0 or
+ * KVC_E_NOMEM (no change). Every write to s->x comes after it. */
+int seq_ext_own(engine_t *eng, seq_t *s);
+/* Frees s's own parts once they hold nothing (no array allocated): s
+ * points at seq_ext_none again. Called wherever one of them is freed. */
+void seq_ext_release(engine_t *eng, seq_t *s);
 
 /* 160 bytes (jemalloc's class of that size): at 100,000 sequences over a
  * pool of 4 KiB pages the largest part of the engine's metadata (doc/design.md,
@@ -235,7 +257,7 @@ struct engine {
   pin_t *soft;         /* soft (TTL) pins */
   uint32_t index_sole;  /* indexed pages held by exactly one sequence */
   void *reserve;       /* ipage blocks reserved for the current call */
-  struct engine_put_job *put_jobs; /* puts in flight (begun, not ended) */
+  struct put_flight *put_jobs; /* puts in flight (begun, not ended) */
   void *md_ctx;        /* EVP_MD_CTX for SHA-256 */
   struct engine_events *ev; /* the prefix-index event log; NULL: off (evlog.c) */
   kvc_hash_t hash_kind;
@@ -253,13 +275,15 @@ struct engine {
   uint32_t *lease_ref; /* per page: leases of connections holding it (not internal ones);
                           NULL until the first (most pools never lease: 4 B a page less) */
   engine_stats_t st;   /* counters (gauges are computed by engine_stats) */
-  engine_tier_hooks_t tier; /* pages a tier may want: indexed, reclaimed (pageio.c) */
+  engine_tier_hooks_t tier; /* pages a tier may want: indexed, reclaimed (tier.c) */
   engine_err_t err;
   /* The disk tier's callback for a cached page leaving memory (tier.c),
    * and the hook prefix_reclaim calls to reach it (set with it: prefix.c
    * never calls tier.c, which calls prefix.c). */
   void (*spill)(void *ctx, const struct engine_tier_meta *m, const void *bytes);
   void *spill_ctx;
+  /* The one reclaim hook (tier.c sets it when a tier wants reclaimed pages):
+   * prefix_reclaim calls it with a cached page about to leave the index. */
   void (*reclaim_hook)(struct engine *eng, const ipage_t *ip);
   /* A segment changed owner (engine_set_segment_hook). */
   void (*seg_hook)(void *ctx, uint32_t seg, uint64_t from_owner, uint64_t to_owner);
@@ -289,13 +313,5 @@ int engine_find_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **o
  * KVC_E_BUSY while a put to it is copying (put.c). */
 int engine_use_seq(engine_t *eng, uint32_t cache_id, uint64_t seq_id, seq_t **out);
 
-/* put.c: the puts in flight (eng->put_jobs), and the chain key each
- * interned at its begin (0: none). */
-const struct engine_put_job *put_job_next(const struct engine_put_job *j);
-/* The sequences a put in flight writes (busy). */
-seq_t *const *put_job_seqs(const struct engine_put_job *j, size_t *n);
-uint32_t put_job_key(const struct engine_put_job *j);
-/* The span tags a put in flight interned (its entries' in a row). */
-const span_tag_t *put_job_tags(const struct engine_put_job *j, size_t *n);
 
 #endif

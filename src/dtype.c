@@ -1,61 +1,13 @@
-/* dtype.c: float conversions with round-to-nearest-even, and int8 absmax. */
+/* dtype.c: element conversions between the float dtypes (one element at a
+ * time), and int8 absmax. The halves are half.c's, the vector and block
+ * conversions fp8.c's and ggml.c's, and dtype_convert, which picks among
+ * them, convert.c's. */
 #include "dtype.h"
 
 #include "fp8.h"
-#include "ggml.h"
 
 #include <math.h>
 #include <string.h>
-
-static uint32_t f32_bits(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  return x;
-}
-
-static float bits_f32(uint32_t x) {
-  float f;
-  memcpy(&f, &x, 4);
-  return f;
-}
-
-uint16_t dtype_f32_to_f16(float f) {
-  uint32_t x = f32_bits(f);
-  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) /* NaN: keep the top payload bits, force quiet */
-    return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-  if (ax >= 0x477ff000u) /* >= 65520 rounds to inf; inf stays inf */
-    return (uint16_t)(sign | 0x7c00u);
-  if (ax < 0x38800000u) { /* below 2^-14: f16 subnormal or zero */
-    /* v * 2^24 is exact and below 2^10; lrintf rounds to nearest even. */
-    long r = lrintf(bits_f32(ax) * 16777216.0f);
-    return (uint16_t)(sign | (uint32_t)r);
-  }
-  uint32_t h = ((((ax >> 23) - 112u) << 10) | ((ax >> 13) & 0x3ffu));
-  uint32_t rem = ax & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* carry is correct */
-  return (uint16_t)(sign | h);
-}
-
-float dtype_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0) {
-    float v = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
-    return sign ? -v : v;
-  }
-  if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
-  return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
-}
-
-uint16_t dtype_f32_to_bf16(float f) {
-  uint32_t x = f32_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return (uint16_t)(x >> 16);
-}
-
-float dtype_bf16_to_f32(uint16_t b) { return bits_f32((uint32_t)b << 16); }
 
 /* Reads element i of a float buffer as f32 (f64 narrows, rounding to even). */
 static float load_f32(const void *src, kvc_dtype_t st, size_t i) {
@@ -89,25 +41,9 @@ static void store_from_f32(void *dst, kvc_dtype_t dt, size_t i, float v) {
   }
 }
 
-void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, size_t n) {
+void dtype_convert_elems(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, size_t n) {
   if (dt == st) {
     memcpy(dst, src, dtype_row_bytes(st, n));
-    return;
-  }
-  if (dtype_is_block(dt)) {
-    ggml_encode(dst, dt, src, st, n, ISA_BEST);
-    return;
-  }
-  if (dtype_is_block(st)) {
-    ggml_decode(dst, dt, src, st, n, ISA_BEST);
-    return;
-  }
-  if (fp8_is(dt) && !fp8_is(st)) {
-    fp8_encode(dst, dt, src, st, n, 1.0f, ISA_BEST, false);
-    return;
-  }
-  if (fp8_is(st) && !fp8_is(dt)) {
-    fp8_decode(dst, dt, src, st, n, 1.0f, ISA_BEST);
     return;
   }
   if (dt == KVC_DTYPE_F64 && st == KVC_DTYPE_F32) { /* widening is exact */

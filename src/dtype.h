@@ -47,6 +47,7 @@ static inline uint64_t dtype_row_bytes(kvc_dtype_t t, uint64_t n) {
 }
 static inline bool dtype_valid(kvc_dtype_t t) { return dtype_row_bytes(t, DTYPE_QBLOCK) != 0; }
 
+/* half.c */
 uint16_t dtype_f32_to_f16(float f);
 float dtype_f16_to_f32(uint16_t h);
 uint16_t dtype_f32_to_bf16(float f);
@@ -57,6 +58,10 @@ float dtype_bf16_to_f32(uint16_t b);
  * then a multiple of DTYPE_QBLOCK); the same dtype is a plain copy. Buffers
  * may be unaligned. */
 void dtype_convert(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, size_t n);
+/* dtype_convert between element dtypes alone (f32, f64, f16, bf16, fp8; no
+ * blocks), one element at a time (dtype.c): what ggml.c converts a block's
+ * values with. */
+void dtype_convert_elems(void *dst, kvc_dtype_t dt, const void *src, kvc_dtype_t st, size_t n);
 
 /* True if all n elements of src (a float dtype) are finite. */
 bool dtype_all_finite(const void *src, kvc_dtype_t st, size_t n);

@@ -271,20 +271,6 @@ uint16_t engine_segment_arena(const engine_t *eng, uint32_t seg) {
   return seg < eng->pool.nseg ? eng->pool.seg_arena[seg] : ENGINE_NOARENA;
 }
 
-int engine_cache_arena(engine_t *eng, uint32_t cache_id, engine_arena_info_t *out) {
-  if (!eng || !out) return KVC_E_INVAL;
-  cache_t *c;
-  int rc = engine_find_cache(eng, cache_id, &c);
-  if (rc) return rc;
-  arena_info_fill(&eng->pool, c->arena, out);
-  return 0;
-}
-
-void engine_page_place(const engine_t *eng, uint32_t page, uint16_t *arena, uint64_t *index) {
-  *arena = pool_arena_of(&eng->pool, page);
-  *index = pool_page_index(&eng->pool, page);
-}
-
 void engine_set_pin_share(engine_t *eng, bool on) { eng->pin_share = on; }
 
 void engine_pin_limit_follow(engine_t *eng, uint32_t pct) {

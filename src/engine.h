@@ -341,42 +341,6 @@ typedef struct engine_prefix_top {
 int engine_prefix_top(engine_t *eng, uint32_t cache_id, engine_prefix_top_t *out, size_t cap,
                       size_t *n);
 
-/* ---- tiers: indexed pages out of and back into the index (pageio.c) ------
- * A tier behind the pool (the cluster of doc/cluster.md, a disk) keeps pages
- * of the prefix index elsewhere and brings them back as indexed pages. The
- * engine says which pages it indexes and which it is about to reclaim
- * (hooks), hands out an indexed page's bytes and identity (export), names
- * the pages of a query past what it holds (hashes), and takes pages back
- * (import) only once it has recomputed each one's chain hash from the query
- * itself: a tier can withhold pages, never plant them. */
-
-/* An indexed page as a tier stores it. Borrowed from the engine (its pool
- * page and metadata) until the next call that may change the index. */
-typedef struct engine_page {
-  uint32_t cache_id;
-  uint32_t tenant;
-  uint8_t hash[32];       /* its chain hash (xxh3: 16 bytes, then zeros) */
-  uint8_t parent[32];     /* the page before it in its chain (zeros: a head) */
-  bool has_parent;
-  uint32_t page_tokens;
-  const uint32_t *tokens; /* its page_tokens token ids */
-  const void *bytes;      /* the layout's page bytes (K, V, scales of every layer) */
-  uint64_t nbytes;
-} engine_page_t;
-
-/* Called back from inside the engine: neither may call the engine. */
-typedef struct engine_tier_hooks {
-  void *ctx;
-  /* A page of cache_id entered the index under hash (a put, not an import). */
-  void (*indexed)(void *ctx, uint32_t cache_id, const uint8_t hash[32]);
-  /* A cached page is being reclaimed under pressure: page is valid only
-   * during the call (copy what is kept). */
-  void (*reclaimed)(void *ctx, const engine_page_t *page);
-} engine_tier_hooks_t;
-
-/* Sets the hooks (NULL members: none); borrows h->ctx. */
-void engine_set_tier_hooks(engine_t *eng, const engine_tier_hooks_t *h);
-
 /* Names tenant with 32 bytes that stand for it in chain seeds and key
  * digests instead of its number, so that two engines that name a tenant
  * alike hash its prompts alike. Only before the tenant holds a cache or a
@@ -384,65 +348,6 @@ void engine_set_tier_hooks(engine_t *eng, const engine_tier_hooks_t *h);
  * if another tenant has that identity; KVC_E_NOMEM. Borrows id. */
 int engine_tenant_identity(engine_t *eng, uint32_t tenant, const uint8_t id[32]);
 
-/* The pages of a query past what the cache holds: *local gets the pages a
- * match would find (nothing counted or touched), out[0..*nout) the chain
- * hashes of pages local, local + 1, ... (at most cap), stopping at a page
- * with a span key never interned here; before (may be NULL) the hash of
- * page local - 1 when local > 0. NOCACHE, INVAL, RANGE. */
-int engine_prefix_hashes(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                         const engine_pkey_t *key, uint64_t *local, uint8_t before[32],
-                         uint8_t (*out)[32], size_t cap, size_t *nout);
-
-/* The indexed page of cache_id with chain hash `hash` into *out (borrowed,
- * see engine_page_t). KVC_E_NOCACHE; KVC_E_NOSEQ when no such page is
- * indexed (reclaimed meanwhile). */
-int engine_page_export(engine_t *eng, uint32_t cache_id, const uint8_t hash[32],
-                       engine_page_t *out);
-
-/* engine_page_export, and the page held until engine_page_release: its
- * bytes stay as they are (whatever the index and the sequences do
- * meanwhile) while a thread outside the engine reads them, as a lease
- * keeps a page. The codes of export, and KVC_E_NOMEM. */
-typedef struct engine_hold engine_hold_t;
-int engine_page_hold(engine_t *eng, uint32_t cache_id, const uint8_t hash[32],
-                     engine_page_t *out, engine_hold_t **hold);
-/* Lets a held page go (freed if nothing else holds it). NULL is a no-op. */
-void engine_page_release(engine_t *eng, engine_hold_t *hold);
-
-/* One page a tier gives back: the chain hash it was stored under and the
- * layout's page bytes (exactly the cache's page of bytes). Borrowed. */
-typedef struct engine_page_in {
-  const uint8_t *hash;
-  const void *bytes;
-  /* Or, fill set: called (on the engine's thread, inside the import) with
-   * the pool page the page goes to; writes its n bytes there and returns
-   * true, or false to refuse it (a check of the bytes failed): the import
-   * stops at that page, which is freed. It may not call the engine. */
-  bool (*fill)(void *arg, void *dst, uint64_t n);
-  void *arg;
-  /* Or, job set: the page is in the pool already, taken for this cache by
-   * engine_tier_import_begin (engine_tier.h) and filled: the import indexes
-   * that very page, with no copy and no room to make. Every page of one
-   * import has a job, or none. */
-  struct engine_tier_job *job;
-} engine_page_in_t;
-
-/* Takes pages [first, first + n) of a query back into the index as cached
- * pages (matchable, held by the index alone, the most recent of the default
- * priority). Of pages given as jobs, those imported (the first *imported)
- * are taken: their jobs end; the others stay the caller's
- * (engine_tier_import_end with ok false frees them). Pages [0, first) must be indexed; each page's chain hash is
- * recomputed from the query (tokens, key, span keys) under the one before
- * it and must equal in[i].hash, else the import stops there (counted in
- * hash_verify_failed). A page indexed meanwhile is kept, not replaced. Room
- * is made by eviction as for a put (the query's indexed pages are held
- * meanwhile); when all of them do not fit, as many leading pages as do.
- * *imported gets how many pages were taken (0 is no error). The key is
- * interned (QUOTA_KEYS). NOCACHE, INVAL, RANGE, NOMEM, QUOTA_KEYS; FULL or
- * QUOTA_PAGES when not even one page fits. */
-int engine_prefix_import(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                         const engine_pkey_t *key, uint64_t first, const engine_page_in_t *in,
-                         size_t nin, size_t *imported);
 
 /* ---- attention (attn.c, batch.c, shift.c; doc/attention.md) ---------------
  * Token p of a sequence lives in slot p, and its position is p until a
@@ -686,10 +591,6 @@ void engine_arenas(const engine_t *eng, engine_arena_info_t *out, size_t cap, si
 int engine_arena_by_id(const engine_t *eng, uint16_t a, engine_arena_info_t *out);
 /* Arena id of segment seg, or ENGINE_NOARENA (free, or past the pool). */
 uint16_t engine_segment_arena(const engine_t *eng, uint32_t seg);
-/* The arena of a cache, and of a page in use: its id and the page's index
- * in the arena's array (pool_page_index). */
-int engine_cache_arena(engine_t *eng, uint32_t cache_id, engine_arena_info_t *out);
-void engine_page_place(const engine_t *eng, uint32_t page, uint16_t *arena, uint64_t *index);
 
 /* Sets the limits of tenant (ENGINE_TENANT_DEFAULT: of every tenant without
  * its own); lim NULL returns a tenant to the default. Takes effect for the

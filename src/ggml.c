@@ -33,7 +33,7 @@ static float block_d(const float *x, kvc_dtype_t fmt) {
 static bool check_scalar(const void *src, kvc_dtype_t st, size_t n, kvc_dtype_t fmt) {
   float x[QK];
   for (size_t b = 0; b < n / QK; b++) {
-    dtype_convert(x, KVC_DTYPE_F32, (const unsigned char *)src + dtype_row_bytes(st, b * QK),
+    dtype_convert_elems(x, KVC_DTYPE_F32, (const unsigned char *)src + dtype_row_bytes(st, b * QK),
                   st, QK);
     for (unsigned j = 0; j < QK; j++)
       if (!isfinite(x[j])) return false;
@@ -65,7 +65,7 @@ static void encode_scalar(uint8_t *dst, kvc_dtype_t fmt, const void *src, kvc_dt
   float x[QK];
   uint64_t bb = block_bytes(fmt);
   for (size_t b = 0; b < n / QK; b++) {
-    dtype_convert(x, KVC_DTYPE_F32, (const unsigned char *)src + dtype_row_bytes(st, b * QK),
+    dtype_convert_elems(x, KVC_DTYPE_F32, (const unsigned char *)src + dtype_row_bytes(st, b * QK),
                   st, QK);
     if (fmt == KVC_DTYPE_Q8_0) encode_q8_0(dst + b * bb, x);
     else encode_q4_0(dst + b * bb, x);
@@ -93,7 +93,7 @@ static void decode_scalar(void *dst, kvc_dtype_t dt, const uint8_t *src, kvc_dty
   uint64_t bb = block_bytes(fmt);
   for (size_t b = 0; b < n / QK; b++) {
     decode_block(x, src + b * bb, fmt);
-    dtype_convert((unsigned char *)dst + dtype_row_bytes(dt, b * QK), dt, x, KVC_DTYPE_F32, QK);
+    dtype_convert_elems((unsigned char *)dst + dtype_row_bytes(dt, b * QK), dt, x, KVC_DTYPE_F32, QK);
   }
 }
 

@@ -262,26 +262,6 @@ void pool_unpin(pool_t *p, uint32_t page) {
   }
 }
 
-void pool_free_rebuild(pool_t *p) {
-  p->nfree = 0;
-  for (uint32_t a = 0; a < p->narenas; a++) {
-    p->arenas[a].free_head = p->arenas[a].free_tail = POOL_NOPAGE;
-    p->arenas[a].nfree = 0;
-  }
-  for (uint32_t s = 0; s < p->nseg; s++) {
-    uint16_t a = p->seg_arena[s];
-    if (a == POOL_NOARENA) continue;
-    pool_arena_t *ar = &p->arenas[a];
-    uint32_t first = s * p->ids_per_seg;
-    for (uint32_t i = 0; i < ar->per_seg; i++) {
-      if (p->refcnt[first + i]) continue;
-      free_append(p, ar, first + i);
-      ar->nfree++;
-      p->nfree++;
-    }
-  }
-}
-
 bool pool_set_segments(pool_t *p, mem_t *m, uint32_t nseg) {
   if ((uint64_t)nseg * p->ids_per_seg >= POOL_NOPAGE) return false;
   if (nseg > p->nseg && !grow_arrays(p, m, nseg)) return false;

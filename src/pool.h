@@ -130,9 +130,6 @@ void pool_ref(pool_t *p, uint32_t page);
 bool pool_unref(pool_t *p, uint32_t page);
 void pool_pin(pool_t *p, uint32_t page);
 void pool_unpin(pool_t *p, uint32_t page);
-/* Makes each arena's free list every page of it with refcnt 0, lowest
- * first (after pages moved or the pool grew or shrank). */
-void pool_free_rebuild(pool_t *p);
 /* Grows the per-page arrays and segment arrays for nseg segments (the new
  * ones free); false: out of memory (nothing changed). Shrinking: every
  * segment past nseg must be free. */

@@ -28,7 +28,6 @@
 #include "evlog.h"
 #include "lru.h"
 #include "page.h"
-#include "pageio.h"
 #include "quota.h"
 #include "seq.h"
 
@@ -224,11 +223,9 @@ static uint32_t keys_collect(engine_t *eng) {
     const seq_t *s;
     while (c && (s = hmap_next(&c->seqs, &sp, NULL))) key_mark(by_id, n, s->chain_key);
   }
-  for (const struct engine_put_job *j = eng->put_jobs; j; j = put_job_next(j)) {
-    key_mark(by_id, n, put_job_key(j)); /* interned at its begin, used at its end */
-    size_t nt;
-    const span_tag_t *st = put_job_tags(j, &nt);
-    for (size_t i = 0; i < nt; i++) key_mark(by_id, n, st[i].id);
+  for (const put_flight_t *j = eng->put_jobs; j; j = j->next) {
+    key_mark(by_id, n, j->key_id); /* interned at its begin, used at its end */
+    for (size_t i = 0; i < j->ntags; i++) key_mark(by_id, n, j->tags[i].id);
   }
   uint32_t freed = 0;
   for (uint32_t i = 0; i < n; i++) {
@@ -422,13 +419,12 @@ static void unindex(engine_t *eng, ipage_t *ip) {
 
 void prefix_reclaim(engine_t *eng, ipage_t *ip) {
   cache_t *c = ip->cache;
-  if (eng->tier.reclaimed) pageio_reclaimed(eng, ip); /* its last chance to be kept */
+  if (eng->reclaim_hook) eng->reclaim_hook(eng, ip); /* its last chance to be kept (tier.c) */
   lru_unlink(&ip->node);
   page_cached_count(eng, c, -1);
   unindex(eng, ip);
   eng->st.cached_reclaimed++;
   c->st.cached_reclaimed++;
-  if (eng->reclaim_hook) eng->reclaim_hook(eng, ip); /* the disk tier may keep it (tier.c) */
   page_unref(eng, c, ip->page, 0); /* the index's reference was the last */
 }
 
@@ -878,11 +874,6 @@ int prefix_expect(engine_t *eng, const ipage_t *ip, const uint8_t *ph, uint8_t o
 }
 
 /* ---- for the disk tier (tier.c) --------------------------------------------------- */
-
-void prefix_root_hash(engine_t *eng, const cache_t *c, const engine_pkey_t *key,
-                      uint8_t out[32]) {
-  chain_root(eng, c, key, out);
-}
 
 void prefix_page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *tokens,
                       uint32_t T, const engine_pkey_t *key, uint8_t out[32]) {

@@ -146,22 +146,18 @@ static int put_prepare(engine_t *eng, cache_t *c, const span_t *sp, const engine
 /* A put between its begin (validated, room made, the pages it writes
  * resolved, its sequences busy) and its end (the metadata committed). */
 struct engine_put_job {
-  engine_put_job_t *prev, *next; /* eng->put_jobs: the puts in flight */
+  put_flight_t f;                 /* first: on eng->put_jobs; seqs, n, key_id, tags */
   cache_t *c;                    /* kept: a cache with busy sequences is not dropped */
   layout_xfer_t r;
-  size_t n, npages;
-  uint32_t key_id;               /* the chain key of a put with ids (interned) */
+  size_t npages;
   uint64_t index_need;           /* index entries reserved for it (c->index_pending) */
   void *reserve;                 /* its reserved ipage blocks */
   engine_pkey_t key;             /* a copy, pointing at salt and extra below */
   uint8_t salt[64], extra[64];
-  seq_t **seqs;                  /* per entry */
   copy_plan_t *plans;            /* per entry */
   engine_io_t *io;               /* per entry: the buffers */
   unsigned char **pages;         /* per page run, in entry and run order */
-  span_tag_t *tags;              /* the entries' span keys, resolved, in a row */
   size_t *tag0;                  /* per entry + 1: where its tags begin in tags */
-  size_t ntags;
 };
 
 /* Pages an entry's runs write (one per logical page its range touches). */
@@ -191,12 +187,12 @@ static engine_put_job_t *job_new(engine_t *eng, const cache_t *c, const engine_i
   memset(j, 0, sizeof *j);
   j->plans = (copy_plan_t *)(void *)(m + a);
   j->io = (engine_io_t *)(void *)(m + b);
-  j->seqs = (seq_t **)(void *)(m + d);
+  j->f.seqs = (seq_t **)(void *)(m + d);
   j->tag0 = (size_t *)(void *)(m + t0);
-  j->tags = (span_tag_t *)(void *)(m + tg);
+  j->f.tags = (span_tag_t *)(void *)(m + tg);
   j->pages = (unsigned char **)(void *)(m + f);
   memset(j->tag0, 0, (n + 1) * sizeof *j->tag0);
-  j->n = n;
+  j->f.n = n;
   j->npages = np;
   memcpy(j->io, e, n * sizeof *e);
   return j;
@@ -207,8 +203,8 @@ static engine_put_job_t *job_new(engine_t *eng, const cache_t *c, const engine_i
 static void job_stage(engine_t *eng, engine_put_job_t *j) {
   const geom_t *g = &j->c->g;
   size_t k = 0;
-  for (size_t i = 0; i < j->n; i++) {
-    seq_t *s = j->seqs[i];
+  for (size_t i = 0; i < j->f.n; i++) {
+    seq_t *s = j->f.seqs[i];
     const engine_io_t *e = &j->io[i];
     copy_plan_init(&j->plans[i], g, j->c->layout.dtype, j->r.l0, j->r.l1 - j->r.l0, 0, g->H,
                    j->r.bt, e->ntokens);
@@ -220,27 +216,15 @@ static void job_stage(engine_t *eng, engine_put_job_t *j) {
   }
   j->reserve = eng->reserve; /* what the commit's token metadata takes */
   eng->reserve = NULL;
-  j->next = eng->put_jobs;
-  if (j->next) j->next->prev = j;
-  eng->put_jobs = j;
-}
-
-seq_t *const *put_job_seqs(const struct engine_put_job *j, size_t *n) {
-  *n = j->n;
-  return j->seqs;
-}
-
-const struct engine_put_job *put_job_next(const struct engine_put_job *j) { return j->next; }
-uint32_t put_job_key(const struct engine_put_job *j) { return j->key_id; }
-const span_tag_t *put_job_tags(const struct engine_put_job *j, size_t *n) {
-  *n = j->ntags;
-  return j->tags;
+  j->f.next = eng->put_jobs;
+  if (j->f.next) j->f.next->prev = &j->f;
+  eng->put_jobs = &j->f;
 }
 
 void engine_put_run_part(const engine_put_job_t *j, unsigned part, unsigned nparts) {
   const geom_t *g = &j->c->g;
   size_t k = 0;
-  for (size_t i = 0; i < j->n; i++) {
+  for (size_t i = 0; i < j->f.n; i++) {
     const engine_io_t *e = &j->io[i];
     copy_plan_t sub;
     const void *kb = e->k, *vb = e->v;
@@ -263,7 +247,7 @@ static void put_commit(engine_t *eng, const engine_put_job_t *j, seq_t *s, const
    * positions moved below end (a seq_div, a shift of its own positions)
    * writes them as untokened (doc/attention.md). */
   if (e->tokens && !(s->x->pos && seq_pos_first_moved(s) < end))
-    prefix_put_tokens(eng, s, e, j->r.l0, j->r.l1, key, j->key_id, j->tags + j->tag0[i],
+    prefix_put_tokens(eng, s, e, j->r.l0, j->r.l1, key, j->f.key_id, j->f.tags + j->tag0[i],
                       j->tag0[i + 1] - j->tag0[i]);
   else if (e->ntokens) prefix_put_untokened(eng, s, e->pos, end);
   seq_set_lengths(eng, s, j->r.l0, j->r.l1, end);
@@ -278,16 +262,16 @@ static void put_commit(engine_t *eng, const engine_put_job_t *j, seq_t *s, const
 
 void engine_put_end(engine_t *eng, engine_put_job_t *j) {
   if (!j) return;
-  if (j->prev) j->prev->next = j->next;
-  else eng->put_jobs = j->next;
-  if (j->next) j->next->prev = j->prev;
+  if (j->f.prev) j->f.prev->next = j->f.next;
+  else eng->put_jobs = j->f.next;
+  if (j->f.next) j->f.next->prev = j->f.prev;
   eng->reserve = j->reserve;
   j->c->index_pending -= j->index_need;
-  for (size_t i = 0; i < j->n; i++) {
-    j->seqs[i]->busy = false;
+  for (size_t i = 0; i < j->f.n; i++) {
+    j->f.seqs[i]->busy = false;
     j->c->nbusy--;
   }
-  for (size_t i = 0; i < j->n; i++) put_commit(eng, j, j->seqs[i], &j->io[i]);
+  for (size_t i = 0; i < j->f.n; i++) put_commit(eng, j, j->f.seqs[i], &j->io[i]);
   page_meta_unreserve(eng);
   mem_free(&eng->mem, j);
 }
@@ -308,28 +292,28 @@ static void job_key(engine_put_job_t *j, const engine_pkey_t *key) {
 static void job_tags_forget(engine_t *eng, engine_put_job_t *j, const engine_io_t *e,
                             size_t upto, prefix_keys_cap_t cap) {
   for (size_t i = upto; i-- > 0;)
-    prefix_spans_forget(eng, j->c->q, e[i].spans, j->tags + j->tag0[i],
+    prefix_spans_forget(eng, j->c->q, e[i].spans, j->f.tags + j->tag0[i],
                         j->tag0[i + 1] - j->tag0[i], cap);
 }
 
 /* Interns the span keys of every entry, clipped to its range, into j. */
 static int job_tags(engine_t *eng, engine_put_job_t *j, const engine_io_t *e) {
   prefix_keys_cap_t cap = prefix_keys_cap(eng);
-  for (size_t i = 0; i < j->n; i++) {
+  for (size_t i = 0; i < j->f.n; i++) {
     size_t k = 0;
-    j->tag0[i] = j->ntags;
+    j->tag0[i] = j->f.ntags;
     int rc = e[i].nspans ? prefix_spans_resolve(eng, j->c->q, e[i].spans, e[i].nspans, e[i].pos,
                                                 e[i].pos + e[i].ntokens, true,
-                                                j->tags + j->ntags, &k)
+                                                j->f.tags + j->f.ntags, &k)
                          : 0;
     if (rc) {
-      j->tag0[i + 1] = j->ntags;
+      j->tag0[i + 1] = j->f.ntags;
       job_tags_forget(eng, j, e, i, cap);
       return rc;
     }
-    j->ntags += k;
+    j->f.ntags += k;
   }
-  j->tag0[j->n] = j->ntags;
+  j->tag0[j->f.n] = j->f.ntags;
   return 0;
 }
 
@@ -366,7 +350,7 @@ int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   for (size_t i = 0; i < n; i++) tokened |= entries[i].tokens != NULL;
   prefix_keys_cap_t keys_cap = prefix_keys_cap(eng);
   bool had_arrays = eng->ip != NULL, new_key = false;
-  if (tokened && (rc = prefix_key(eng, c->q, key, true, &j->key_id, &new_key))) goto out;
+  if (tokened && (rc = prefix_key(eng, c->q, key, true, &j->f.key_id, &new_key))) goto out;
   if ((rc = job_tags(eng, j, entries))) {
     if (new_key) prefix_key_forget(eng, c->q, key, keys_cap);
     goto out;
@@ -393,14 +377,14 @@ int engine_put_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
   }
   for (size_t i = 0; i < n; i++) {
     if (t[i].created) seq_enlist(eng, t[i].s);
-    j->seqs[i] = t[i].s;
+    j->f.seqs[i] = t[i].s;
   }
   c->index_pending += j->index_need;
   job_key(j, key);
   job_stage(eng, j); /* the pages it writes are its own from here */
   for (size_t i = 0; i < n; i++)
-    if (j->seqs[i]->x->nholes)
-      holes_zero(eng, j->seqs[i], entries[i].pos, entries[i].pos + entries[i].ntokens);
+    if (j->f.seqs[i]->x->nholes)
+      holes_zero(eng, j->f.seqs[i], entries[i].pos, entries[i].pos + entries[i].ntokens);
   *job = j;
   j = NULL;
 out:

@@ -23,24 +23,6 @@ seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id) {
  * next class, 192 bytes. */
 _Static_assert(sizeof(seq_t) <= 160, "seq_t outgrows its 160-byte size class");
 
-/* Read-only (a write faults): the parts of every sequence that has none. */
-const seq_ext_t seq_ext_none = {0};
-
-int seq_ext_own(engine_t *eng, seq_t *s) {
-  if (s->x != &seq_ext_none) return 0;
-  seq_ext_t *x = mem_calloc(&eng->mem, 1, sizeof *x);
-  if (!x) return KVC_E_NOMEM;
-  s->x = x;
-  return 0;
-}
-
-void seq_ext_release(engine_t *eng, seq_t *s) {
-  seq_ext_t *x = s->x;
-  if (x == &seq_ext_none || x->layer_len || x->layer_chain || x->holes || x->pos) return;
-  mem_free(&eng->mem, x);
-  s->x = (seq_ext_t *)&seq_ext_none;
-}
-
 void seq_free(engine_t *eng, seq_t *s) {
   if (!s) return;
   mem_free(&eng->mem, s->table);

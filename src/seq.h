@@ -110,12 +110,6 @@ static inline uint64_t seq_pos_first_moved(const seq_t *s) {
 }
 
 seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id);
-/* Gives s parts of its own (s->x) if it points at seq_ext_none: 0 or
- * KVC_E_NOMEM (no change). Every write to s->x comes after it. */
-int seq_ext_own(engine_t *eng, seq_t *s);
-/* Frees s's own parts once they hold nothing (no array allocated): s
- * points at seq_ext_none again. Called wherever one of them is freed. */
-void seq_ext_release(engine_t *eng, seq_t *s);
 /* Whether s has parts of its own. */
 static inline bool seq_ext_owned(const seq_t *s) { return s->x != &seq_ext_none; }
 /* Makes s->x->pos hold at least n entries: 0 or KVC_E_NOMEM (no change). */

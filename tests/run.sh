@@ -6,6 +6,7 @@
 # (--only: these tests alone, a space-separated list of names;
 #  --repeat N: every selected test N times, each run counted;
 #  --it-only: the integration tests alone, as the ThreadSanitizer build runs them)
+# tests/callgraph.py checks each build's object files for call loops.
 # The Python package's tests (tests/pytest.sh) and the README's
 # (tests/readme.sh: its command blocks, as printed) run where the build made
 # the package ($dir/python: the optimized build).
@@ -72,6 +73,16 @@ while [ $i -lt "$repeat" ]; do
     fi
   fi
   for dir in "$@"; do
+    # The build's object files call one another in no loop (src/ and
+    # daemon/, doc/design.md's module graph): tests/callgraph.py.
+    if [ -z "$itonly" ]; then
+      names=""
+      [ -n "$only" ] && names=$(selected tests/callgraph.py)
+      if [ -z "$only" ] || [ -n "$names" ]; then
+        # shellcheck disable=SC2086 # names is a list of words
+        run_one "$dir/callgraph" tests/callgraph.py "$dir" $names
+      fi
+    fi
     for bin in "$dir"/tests/unit_* "$dir"/tests/it_* "$dir"/tests/fuzz_*; do
       [ -x "$bin" ] || continue
       case "$bin" in */it_*) ;; *) [ -n "$itonly" ] && continue ;; esac

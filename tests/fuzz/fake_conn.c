@@ -1,4 +1,4 @@
-/* fake_conn.c: daemon/conn.c's interface for dispatch.c, without sockets:
+/* fake_conn.c: daemon/net/conn.c's interface for dispatch.c, without sockets:
  * replies are checked and dropped, closes release pins and buffers. */
 #include <dirent.h>
 #include <fcntl.h>
@@ -150,7 +150,7 @@ void fz_conn_frame(conn_t *c, const uint8_t *payload, size_t n) {
   fz_conn_feed(c, payload, n);
 }
 
-/* ---- the interface of daemon/conn.h ----------------------------------------- */
+/* ---- the interface of daemon/net/conn.h ----------------------------------------- */
 
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
   if (c->state == CONN_CLOSED) return KVC_E_IO;
@@ -206,10 +206,11 @@ bool conn_offload_end(conn_t *c) {
 void conn_resume(conn_t *c) { FZ_FAIL("conn %llu resumed", (unsigned long long)c->id); }
 void conn_park(conn_t *c) { FZ_FAIL("conn %llu parked", (unsigned long long)c->id); }
 void conn_unpark_all(server_t *srv) { (void)srv; }
-void conn_unpark(conn_t *c) { FZ_FAIL("conn %llu unparked", (unsigned long long)c->id); }
-/* No cluster tier here (srv->remote NULL): nothing waits for one. */
-void conn_park_remote(conn_t *c) { FZ_FAIL("conn %llu waits for the cluster", (unsigned long long)c->id); }
-void conn_unpark_remote(conn_t *c) { FZ_FAIL("conn %llu resumed", (unsigned long long)c->id); }
+/* No tier is on here (tiers_open never runs): nothing waits for one. */
+void conn_tier_done(server_t *srv, uint64_t conn_id, unsigned idx) {
+  (void)srv;
+  FZ_FAIL("conn %llu resumed by tier %u", (unsigned long long)conn_id, idx);
+}
 
 void conn_close(conn_t *c, const char *reason) {
   (void)reason;

@@ -1,7 +1,7 @@
 /* fuzz_daemon.h: the daemon's dispatch layer in process, without sockets or
  * an event loop, for the fuzzers and their replay tests.
  *
- * fake_conn.c stands in for daemon/conn.c: replies are packed, decoded again
+ * fake_conn.c stands in for daemon/net/conn.c: replies are packed, decoded again
  * and counted instead of written; closing a connection does what conn_close
  * does to the engine (unpin everything of its owner, unmap its buffer). A
  * fuzz server has a small pool, so eviction and FULL are reached quickly.

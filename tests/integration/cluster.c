@@ -14,7 +14,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 
-#include "../../daemon/rvalue.h"
+#include "../../daemon/tiers/cluster/rvalue.h"
 #include "json.h"
 #include "redis.h"
 
@@ -130,7 +130,7 @@ IT_UNUSED static uint64_t stat_of(const daemon_t *d, const char *name) {
 /* ---- the figures ----------------------------------------------------------------- */
 
 /* Every family with a tier label a daemon with the tier exports is in
- * doc/stats.md's "The cluster tier" table with its kind and unit, and every row of it
+ * doc/stats.md's "The tiers" table with its kind and unit, and every row of it
  * is exported. */
 static void tier_figures_match_the_doc(kvc_client_t *c) {
   char path[512], line[1024];
@@ -141,7 +141,7 @@ static void tier_figures_match_the_doc(kvc_client_t *c) {
   int n = 0;
   bool in = false;
   while (fgets(line, sizeof line, f)) {
-    if (strncmp(line, "## ", 3) == 0) in = strncmp(line, "## The cluster tier", 19) == 0;
+    if (strncmp(line, "## ", 3) == 0) in = strncmp(line, "## The tiers", 12) == 0;
     if (!in || strncmp(line, "| `", 3) != 0) continue;
     ASSERT(n < 64);
     char *cell[4] = {NULL}, *save = NULL; /* | `name` | kind | unit | ... */
@@ -171,7 +171,7 @@ static void tier_figures_match_the_doc(kvc_client_t *c) {
     seen[k] = true;
   }
   for (int k = 0; k < n; k++)
-    if (!seen[k]) TEST_FAIL_("in doc/stats.md's cluster tier, not exported: %s", names[k]);
+    if (!seen[k]) TEST_FAIL_("in doc/stats.md's Tiers, not exported: %s", names[k]);
   kvc_stats_free(st);
 }
 
@@ -634,6 +634,110 @@ TEST_TIMEOUT(cluster_slot_migrated_and_master_killed_while_clients_run, 240) {
 
 /* ---- the whole cluster stopped ------------------------------------------------- */
 
+/* ---- both tiers on, chained ------------------------------------------------------ */
+
+/* Pushes what a node's pool caches out of it: sequences without ids are put
+ * (kept: they are the pressure) until the disk tier has written `want`
+ * pages in all. */
+static void push_out(const daemon_t *d, kvc_cache_t *h, uint64_t *seq, uint64_t want) {
+  kvc_client_t *c = client_open(d);
+  const kvc_layout_t *l = kvc_cache_layout(h);
+  float *k = calloc(it_tok_floats(l, false) * 64, 4), *v = calloc(it_tok_floats(l, true) * 64, 4);
+  while (stat_get(c, "tier_disk_writes_total", NULL) < want) {
+    ASSERT(*seq < 100000); /* the 8 MiB pool holds 512 pages: a few hundred puts reclaim them */
+    ASSERT_OK(kvc_put(h, (*seq)++, 0, 64, k, v));
+  }
+  free(k), free(v);
+  kvc_client_close(c);
+}
+
+/* The disk and the cluster on at once, one chain: a match walks memory,
+ * then the disk, then the cluster, each asked only for the pages past what
+ * the one before it brought back. A node with a tier_dir that reads the
+ * cluster (cluster_write off: what it spills stays on its own disk) reads
+ * one prompt from the cluster alone, one from its disk alone, and one whose
+ * head is on its disk and whose tail only the cluster has; then a page it
+ * read from the cluster and let go of is kept on its disk. */
+TEST_TIMEOUT(cluster_and_disk_tiers_chained_read_a_prompt_from_each, 180) {
+  fleet_t f;
+  fleet_start(&f, NULL);
+  char tdir[64];
+  snprintf(tdir, sizeof tdir, "/tmp/kvctier-XXXXXX");
+  ASSERT(mkdtemp(tdir) != NULL);
+  daemon_t dx;
+  const char *more[] = {"--tier-dir", tdir, "--cluster-write", "off", NULL};
+  node_start(&f, &dx, more);
+  kvc_client_t *c1 = client_open(&f.d1), *cx = client_open(&dx);
+  it_wait_stat(cx, "tier_disk_loading", 0, false);
+  kvc_cache_t *h1 = open_cache(c1, "llama"), *hx = open_cache(cx, "llama");
+  /* prompt 41 on the cluster alone; 43's 8 pages there too */
+  prefill(h1, 1, 41, 64);
+  prefill(h1, 2, 43, 128);
+  wait_stat(&f.d1, "tier_writes_total", 4 + 8);
+  /* prompt 42, and 43's first 4 pages, on dx's disk alone */
+  prefill(hx, 1, 42, 64);
+  prefill(hx, 2, 43, 64);
+  ASSERT_OK(kvc_seq_remove(hx, 1, 0, UINT64_MAX));
+  ASSERT_OK(kvc_seq_remove(hx, 2, 0, UINT64_MAX));
+  uint64_t seq = 1000;
+  push_out(&dx, hx, &seq, 8);
+  ASSERT_EQ(stat_get(cx, "tier_writes_total{tier=cluster}", NULL), 0); /* read only */
+  /* from the cluster: the disk has none of it */
+  ASSERT_EQ(attach(hx, 10, 41, 64), 64);
+  ASSERT(holds(hx, 10, 41, 64));
+  ASSERT_EQ(stat_get(cx, "tier_hit_pages_total{tier=cluster}", NULL), 4);
+  ASSERT_EQ(stat_get(cx, "tier_disk_hits_total", NULL), 0);
+  /* from the disk: the cluster is not asked for pages the disk brought */
+  uint64_t asked = stat_get(cx, "tier_lookup_pages_total{tier=cluster}", NULL);
+  ASSERT_EQ(attach(hx, 11, 42, 64), 64);
+  ASSERT(holds(hx, 11, 42, 64));
+  ASSERT_EQ(stat_get(cx, "tier_disk_hits_total", NULL), 4);
+  ASSERT_EQ(stat_get(cx, "tier_hit_pages_total{tier=cluster}", NULL), 4);
+  ASSERT_EQ(stat_get(cx, "tier_lookup_pages_total{tier=cluster}", NULL), asked);
+  /* from both, in the chain's order: the head from the disk, then only the
+   * 4 pages past it from the cluster */
+  ASSERT_EQ(attach(hx, 12, 43, 128), 128);
+  ASSERT(holds(hx, 12, 43, 128));
+  ASSERT_EQ(stat_get(cx, "tier_disk_hits_total", NULL), 8);
+  ASSERT_EQ(stat_get(cx, "tier_hit_pages_total{tier=cluster}", NULL), 8);
+  ASSERT_EQ(stat_get(cx, "tier_lookup_pages_total{tier=cluster}", NULL), asked + 4);
+  /* one family for every tier, and kvcachectl shows each the same way */
+  ASSERT_EQ(stat_get(cx, "tier_hit_pages_total{tier=disk}", NULL), 8);
+  ASSERT_EQ(stat_get(cx, "tier_hit_tokens_total{tier=disk}", NULL), 8 * T);
+  ASSERT_EQ(stat_get(cx, "tier_lookup_pages_total{tier=disk}", NULL), 8);
+  ASSERT_EQ(stat_get(cx, "tier_writes_total{tier=disk}", NULL),
+            stat_get(cx, "tier_disk_writes_total", NULL));
+  char out[16384];
+  ASSERT_EQ(ctl_run(&dx, out, sizeof out, true, "tier"), 0);
+  char *disk = strstr(out, "tier disk: up"), *cl = strstr(out, "tier cluster: up, 16384 of 16384");
+  ASSERT(disk && cl && disk < cl); /* the chain's order */
+  ASSERT(strstr(disk, "8 hit") != NULL);
+  ASSERT_EQ(ctl_run(&dx, out, sizeof out, false, "tier --json"), 0);
+  json_t *j = json_parse_or_fail(out);
+  ASSERT_EQ(json_u64(json_get(j, "tiers", "disk", "hit_pages", NULL)), 8);
+  ASSERT_EQ(json_u64(json_get(j, "tiers", "cluster", "hit_pages", NULL)), 8);
+  json_free(j);
+  /* what came from the cluster is kept on the disk once the pool lets go
+   * of it: prompt 41 comes back from the disk, the cluster not asked */
+  for (uint64_t s = 10; s <= 12; s++) ASSERT_OK(kvc_seq_remove(hx, s, 0, UINT64_MAX));
+  push_out(&dx, hx, &seq, 8 + 4 + 4);
+  uint64_t hits = stat_get(cx, "tier_disk_hits_total", NULL);
+  asked = stat_get(cx, "tier_lookup_pages_total{tier=cluster}", NULL);
+  ASSERT_EQ(attach(hx, 13, 41, 64), 64);
+  ASSERT(holds(hx, 13, 41, 64));
+  ASSERT_EQ(stat_get(cx, "tier_disk_hits_total", NULL), hits + 4);
+  ASSERT_EQ(stat_get(cx, "tier_lookup_pages_total{tier=cluster}", NULL), asked);
+  kvc_cache_close(hx);
+  kvc_cache_close(h1);
+  kvc_client_close(cx);
+  kvc_client_close(c1);
+  daemon_stop(&dx);
+  fleet_stop(&f);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tdir);
+  ASSERT(system(cmd) == 0);
+}
+
 TEST_TIMEOUT(cluster_stopped_local_service_goes_on, 120) {
   fleet_t f;
   fleet_start(&f, NULL);
@@ -906,7 +1010,7 @@ TEST_TIMEOUT(cluster_down_loop_keeps_answering_quiet_and_busy, 240) {
 /* A fake Redis node on a loopback port (a thread): it serves the whole slot
  * map itself, answers +OK to anything but CLUSTER SLOTS and GET, and every
  * GET with the bytes of `reply` (then closes the connection when `hangup`).
- * The daemon reads these replies itself (daemon/rnode.c): a malformed,
+ * The daemon reads these replies itself (daemon/tiers/cluster/rnode.c): a malformed,
  * short, cut or oversized one must fail its lookup alone. */
 typedef struct fake {
   int lfd, port;
@@ -1119,11 +1223,11 @@ TEST(cluster_secret_and_auth_files_must_be_private) {
   ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --socket %s/s --pool-bytes 8MiB --page-bytes 16KiB "
                   "--cluster-nodes 127.0.0.1:1 --cluster-secret-file %s", it_build(), dir, sec), 1);
   ASSERT(strstr(out, "at least 16") != NULL);
-  /* No cluster_nodes: no tier, and kvcachectl says so. */
+  /* No cluster_nodes nor tier_dir: no tier, and kvcachectl says so. */
   daemon_t d;
   daemon_start(&d);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "tier"), 0);
-  ASSERT(strstr(out, "no cluster tier") != NULL);
+  ASSERT(strstr(out, "no tier below memory") != NULL);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "tier --json"), 0);
   json_t *j = json_parse_or_fail(out);
   ASSERT_EQ(json_len(json_get(j, "tiers", NULL)), 0);

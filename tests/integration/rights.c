@@ -1,5 +1,5 @@
 /* rights.c: the right each operation needs, from the one operation table
- * (daemon/optable.h), tested for every row of it (doc/security.md): a
+ * (daemon/ops/optable.h), tested for every row of it (doc/security.md): a
  * reader of a shared cache (r) runs every operation on it (a READ one is
  * served or refused for its empty body, never for rights; a WRITE one is
  * PERM), a tenant without a right and another tenant get NOCACHE for every
@@ -11,7 +11,7 @@
  * tenant clears and drops its shared cache. Children drop to unused uids. */
 #include <grp.h>
 
-#include "../../daemon/optable.h"
+#include "../../daemon/ops/optable.h"
 #include "raw.h"
 
 #define UID_W 64301u /* rw on the shared caches, owner of its private one */

@@ -8,7 +8,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 
-#include "../../daemon/diskfmt.h"
+#include "../../daemon/tiers/disk/diskfmt.h"
 #include "harness.h"
 
 #define T 16u        /* page_tokens of it_layout */
@@ -139,6 +139,50 @@ TEST(tier_prompt_evicted_to_disk_attached_byte_exact) {
   kvc_client_close(c);
   daemon_stop(&d);
   rm_rf(dir);
+  free(p);
+}
+
+/* A tier is its own file and one line of daemon/tiers/tiers.c's list: the
+ * test-only member (daemon/tiers/testmem.c, on with KVCACHED_TEST_TIER=mem)
+ * keeps in memory what the pool reclaims, and a prompt pushed out of the
+ * pool comes back from it byte exact, through the same lookup, wait and
+ * resume as the disk's and the cluster's. */
+TEST(tier_test_only_member_registered_by_one_line) {
+  daemon_t d;
+  const char *args[] = {POOL, NULL};
+  const char *env[] = {"KVCACHED_TEST_TIER=mem", NULL};
+  daemon_spawn(&d, NULL, args, env);
+  daemon_wait_accepting(&d);
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_cache(c, "chat", KVC_DTYPE_F32);
+  uint32_t *p = prompt(20 * T + 5, 7);
+  put_bytes(h, 1, 20 * T, p, 7);
+  ASSERT_OK(kvc_seq_remove(h, 1, 0, UINT64_MAX));
+  put_bytes(h, 2, 64 * T, NULL, 99); /* the 1 MiB pool's 64 pages: the prompt's go */
+  ASSERT_OK(kvc_seq_remove(h, 2, 0, UINT64_MAX));
+  ASSERT_U64_EQ(stat_get(c, "pages_indexed", NULL), 0); /* none left in memory */
+  uint64_t parked = stat_get(c, "parked_requests_total", NULL);
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach(h, 3, p, 20 * T + 5, false, &m));
+  ASSERT_U64_EQ(m.pages, 20);
+  ASSERT_U64_EQ(m.tokens, 20 * T);
+  check_bytes(h, 3, 20 * T, 7);
+  /* the wait on a tier is not a busy sequence's */
+  ASSERT_U64_EQ(stat_get(c, "parked_requests_total", NULL), parked);
+  /* without the variable the member is off: nothing comes back */
+  kvc_client_close(c);
+  daemon_stop(&d);
+  start_tier(&d, "", "64MiB");
+  c = client_open(&d);
+  h = open_cache(c, "chat", KVC_DTYPE_F32);
+  put_bytes(h, 1, 20 * T, p, 7);
+  ASSERT_OK(kvc_seq_remove(h, 1, 0, UINT64_MAX));
+  put_bytes(h, 2, 64 * T, NULL, 99);
+  ASSERT_OK(kvc_seq_remove(h, 2, 0, UINT64_MAX));
+  ASSERT_OK(kvc_attach(h, 3, p, 20 * T + 5, false, &m));
+  ASSERT_U64_EQ(m.pages, 0);
+  kvc_client_close(c);
+  daemon_stop(&d);
   free(p);
 }
 
@@ -789,7 +833,7 @@ TEST(tier_spill_burst_drops_chain_tails) {
 
 /* Every `tier_...` name doc/tiers.md gives is real: a figure the daemon
  * exports, an option of its configuration (its event=config line) or a log
- * event of daemon/disk.c (the document named a figure that existed
+ * event of daemon/tiers/disk/disk.c (the document named a figure that existed
  * nowhere). */
 TEST(tier_doc_names_exist) {
   char path[512], dir[64];
@@ -797,7 +841,7 @@ TEST(tier_doc_names_exist) {
   size_t dlen, slen, llen;
   snprintf(path, sizeof path, "%s/doc/tiers.md", it_srcdir());
   read_file(path, &doc, &dlen);
-  snprintf(path, sizeof path, "%s/daemon/disk.c", it_srcdir());
+  snprintf(path, sizeof path, "%s/daemon/tiers/disk/disk.c", it_srcdir());
   read_file(path, &src, &slen);
   doc = realloc(doc, dlen + 1), src = realloc(src, slen + 1);
   ASSERT(doc && src);

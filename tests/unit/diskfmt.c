@@ -2,7 +2,7 @@
  * written, and every byte of a header or of the data that changes is seen
  * (a header checksum, a data checksum), as are a cut file and another
  * version. */
-#include "../../daemon/diskfmt.h"
+#include "../../daemon/tiers/disk/diskfmt.h"
 #include "test.h"
 
 #define T 16u

@@ -2,8 +2,8 @@
  * and hash tags, as the specification gives them), and a page's key and
  * value: every reason a value is refused, and a value that verifies
  * serving exactly the page it was written from. */
-#include "../../daemon/rslot.h"
-#include "../../daemon/rvalue.h"
+#include "../../daemon/tiers/cluster/rslot.h"
+#include "../../daemon/tiers/cluster/rvalue.h"
 #include "test.h"
 
 TEST(rslot_follows_the_redis_cluster_specification) {

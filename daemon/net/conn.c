@@ -10,13 +10,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "dispatch.h"
-#include "events.h"
 #include "frame.h"
 #include "log.h"
 #include "quotas.h"
 #include "ring.h"
-#include "remote.h"
+#include "tier.h"
 
 typedef struct wreq {
   uv_write_t req;
@@ -51,7 +49,7 @@ static void free_conn(conn_t *c) {
   if (c->parked) srv->nparked--;
   srv->nconns--;
   free(c);
-  server_conn_gone(srv);
+  if (srv->up.gone) srv->up.gone(srv);
 }
 
 static void on_handle_closed(uv_handle_t *h) {
@@ -87,7 +85,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
       conn_enter(c, CONN_CLOSED, reason);
     break;
   case CONN_CLOSED:
-    if (c->rwait) remote_forget(c);
+    tiers_end(srv, &c->tw); /* its lookups in flight are let go */
     if (c->greeted) {
       size_t n = engine_unpin_all(srv->eng, c->id);
       size_t nl = engine_lease_release_all(srv->eng, c->id);
@@ -104,7 +102,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
       LOG_DEBUG("disconnect", "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id,
                 (int)c->pid, reason);
     }
-    if (c->sub) events_unsubscribe(c);
+    if (c->sub && srv->up.closing) srv->up.closing(c);
     ring_close(c->ring); /* the client hears it at once, not at its next call */
     c->ring = NULL;
     if (c->shm.base) srv->stats.shm_bytes -= c->shm.bytes;
@@ -166,30 +164,27 @@ static size_t drop_owned(conn_t *c) {
 void conn_park(conn_t *c) {
   c->parked = true;
   c->srv->nparked++;
-  if (!c->tier_wait) c->srv->stats.parked_requests++; /* a busy sequence, not a read */
+  if (!c->tw.pending) c->srv->stats.parked_requests++; /* a busy sequence, not a tier */
 }
 
-void conn_unpark(conn_t *c) {
+static void unpark(conn_t *c) {
   if (!c->parked) return;
   c->parked = false;
   c->srv->nparked--;
   schedule(c);
 }
 
-void conn_park_remote(conn_t *c) {
-  c->parked = c->remote_parked = true;
-  c->srv->nparked++;
-}
-
-void conn_unpark_remote(conn_t *c) {
-  if (!c->remote_parked) return;
-  c->remote_parked = false;
-  conn_unpark(c);
-}
-
 void conn_unpark_all(server_t *srv) {
   for (conn_t *c = srv->conns; c && srv->nparked; c = c->next)
-    if (c->parked && !c->tier_wait && !c->remote_parked) conn_unpark(c);
+    if (c->parked && !c->tw.pending) unpark(c);
+}
+
+void conn_tier_done(server_t *srv, uint64_t conn_id, unsigned idx) {
+  conn_t *c = srv->conns;
+  while (c && c->id != conn_id) c = c->next;
+  if (!c || !(c->tw.pending & (1u << idx))) return; /* gone, or not waiting on it */
+  c->tw.pending &= ~(1u << idx);
+  if (!c->tw.pending) unpark(c);
 }
 
 bool conn_offload_end(conn_t *c) {
@@ -219,6 +214,34 @@ void conn_resume(conn_t *c) {
     schedule(c);
     return;
   }
+}
+
+void conn_copied(conn_t *c, uint64_t request_id) {
+  if (!conn_offload_end(c)) return; /* closed meanwhile: freed */
+  Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
+  resp.id = request_id;
+  resp.status = KVCACHE__V1__STATUS__OK;
+  resp.error = (char *)"";
+  if (conn_send(c, &resp) != 0) return; /* conn_send closed it */
+  conn_resume(c);
+}
+
+size_t conn_idle_sweep(server_t *srv) {
+  uint32_t timeout = srv->cfg.idle_timeout_ms;
+  if (!timeout) return 0;
+  uint64_t now = uv_now(srv->loop);
+  size_t n = 0;
+  for (conn_t *c = srv->conns, *next; c; c = next) {
+    next = c->next; /* a closed connection stays listed until its handles close */
+    /* A subscriber is silent by design: it reads the stream. */
+    if (!c->counted || c->offloaded || c->sub || (c->state != CONN_NEW && c->state != CONN_READY) ||
+        now - c->last_ms < timeout)
+      continue;
+    srv->stats.connections_idle_closed++;
+    conn_close_after_flush(c, "idle timeout (idle_timeout_ms)");
+    n++;
+  }
+  return n;
 }
 
 void conn_close(conn_t *c, const char *reason) {
@@ -520,7 +543,7 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
       if (c->state >= CONN_FLUSHING || c->offloaded || c->parked) break;
     }
     c->via_ring = false;
-    if (!dispatch_frame(c, c->rbuf + off + FRAME_HEADER_BYTES, plen)) break; /* parked */
+    if (!srv->up.frame(c, c->rbuf + off + FRAME_HEADER_BYTES, plen)) break; /* parked */
     srv->stats.frames_in++;
     c->turn_bytes += FRAME_HEADER_BYTES + plen;
     off += FRAME_HEADER_BYTES + plen;
@@ -566,7 +589,7 @@ static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
       break;
     }
     c->via_ring = true;
-    if (!dispatch_frame(c, payload, len)) break; /* parked: it stays in the ring */
+    if (!c->srv->up.frame(c, payload, len)) break; /* parked: it stays in the ring */
     ring_consume(r, len);
     if (c->state == CONN_CLOSED) return true;
     srv->stats.frames_in++;
@@ -798,6 +821,7 @@ void conn_accept(server_t *srv) {
   c->rcap = 2u * (FRAME_HEADER_BYTES + c->max_frame);
   c->rbuf = malloc(c->rcap);
   c->id = srv->next_conn_id++;
+  c->tw.conn_id = c->id;
   c->accepted_ms = c->last_ms = uv_now(srv->loop);
   if (!c->rbuf) {
     free(c);

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "disk.h"
+#include "tier.h"
 #include "log.h"
 #include "poolresize.h"
 #include "quotas.h"
@@ -47,7 +47,7 @@ int server_reload(server_t *srv) {
     }
   }
   log_level = srv->cfg.log_level;
-  disk_reload(srv);
+  tiers_reload(srv);
   if (quotas_apply(srv) != 0)
     LOG_ERROR("reload_quotas", "error=\"out of memory\" action=\"kept the previous tenant limits\"");
   status_reschedule(srv);

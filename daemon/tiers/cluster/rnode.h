@@ -56,8 +56,22 @@ struct rcmd {
 
 enum rnode_state { RN_DOWN, RN_CONNECTING, RN_READY };
 
-struct rnode {
+/* What a node needs of its cluster (rcluster.c fills it once): the loop,
+ * the options and counts, and the two calls back up, as pointers, so that
+ * rnode.c calls nothing of rcluster.c. */
+typedef struct rnode_env {
   rcluster_t *cl;
+  uv_loop_t *loop;
+  const rcluster_opts_t *opts;
+  rcluster_counts_t *counts;
+  /* A reply (NULL: none, with why) to c, which is no longer in flight. */
+  void (*reply)(rcluster_t *cl, rcmd_t *c, struct redisReply *r, enum rc_status why);
+  /* The node failed: the map may be stale. */
+  void (*failed)(rcluster_t *cl, rnode_t *n);
+} rnode_env_t;
+
+struct rnode {
+  const rnode_env_t *env;
   char host[64];
   int port;
   char addr[72];        /* host:port */
@@ -87,17 +101,8 @@ struct rnode {
   } in;
 };
 
-/* What rnode.c needs of the cluster (rcluster.c). */
-uv_loop_t *rcluster_loop(const rcluster_t *cl);
-const rcluster_opts_t *rcluster_opts(const rcluster_t *cl);
-rcluster_counts_t *rcluster_counts_rw(rcluster_t *cl);
-/* A reply (NULL: none, with why) to c, which is no longer in flight. */
-void rcluster_reply(rcluster_t *cl, rcmd_t *c, struct redisReply *r, enum rc_status why);
-/* The node failed: the map may be stale. */
-void rcluster_node_failed(rcluster_t *cl, rnode_t *n);
-
-/* Initializes n (its timer on the loop). */
-void rnode_init(rnode_t *n, rcluster_t *cl, const char *host, int port, uint16_t idx);
+/* Initializes n (its timer on the loop), in the cluster of env. */
+void rnode_init(rnode_t *n, const rnode_env_t *env, const char *host, int port, uint16_t idx);
 /* Whether a command would be tried now (breaker closed). */
 bool rnode_usable(const rnode_t *n);
 /* Whether n has commands in flight and has sent nothing for stuck_ms. */

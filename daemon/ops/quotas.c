@@ -86,24 +86,6 @@ bool quotas_shm_over(server_t *srv, const conn_t *c, uint64_t bytes, char *msg, 
 
 void quotas_touch(conn_t *c) { c->last_ms = uv_now(c->srv->loop); }
 
-size_t quotas_idle_sweep(server_t *srv) {
-  uint32_t timeout = srv->cfg.idle_timeout_ms;
-  if (!timeout) return 0;
-  uint64_t now = uv_now(srv->loop);
-  size_t n = 0;
-  for (conn_t *c = srv->conns, *next; c; c = next) {
-    next = c->next; /* a closed connection stays listed until its handles close */
-    /* A subscriber is silent by design: it reads the stream. */
-    if (!c->counted || c->offloaded || c->sub || (c->state != CONN_NEW && c->state != CONN_READY) ||
-        now - c->last_ms < timeout)
-      continue;
-    srv->stats.connections_idle_closed++;
-    conn_close_after_flush(c, "idle timeout (idle_timeout_ms)");
-    n++;
-  }
-  return n;
-}
-
 void quotas_row(server_t *srv, uint32_t tenant, Kvcache__V1__TenantInfo *row) {
   engine_tenant_limits_t lim;
   engine_tenant_usage_t u;

@@ -15,7 +15,7 @@
 
 #define BREAKER_MAX_SHIFT 6 /* an open breaker waits at most 64x breaker_ms */
 
-static uint64_t now_ms(const rnode_t *n) { return uv_now(rcluster_loop(n->cl)); }
+static uint64_t now_ms(const rnode_t *n) { return uv_now(n->env->loop); }
 
 /* ---- reading the replies ----------------------------------------------------------
  * hiredis parses replies and runs their callbacks in order, but does not
@@ -354,21 +354,21 @@ void rcmd_free(rcmd_t *c) {
   free(c);
 }
 
-void rnode_init(rnode_t *n, rcluster_t *cl, const char *host, int port, uint16_t idx) {
+void rnode_init(rnode_t *n, const rnode_env_t *env, const char *host, int port, uint16_t idx) {
   memset(n, 0, sizeof *n);
-  n->cl = cl;
+  n->env = env;
   snprintf(n->host, sizeof n->host, "%s", host);
   n->port = port;
   snprintf(n->addr, sizeof n->addr, "%s:%d", host, port);
   n->idx = idx;
-  uv_timer_init(rcluster_loop(cl), &n->timer);
+  uv_timer_init(env->loop, &n->timer);
   n->timer.data = n;
 }
 
 bool rnode_usable(const rnode_t *n) { return now_ms(n) >= n->open_until; }
 
 bool rnode_stuck(const rnode_t *n) {
-  uint32_t ms = rcluster_opts(n->cl)->stuck_ms;
+  uint32_t ms = n->env->opts->stuck_ms;
   return ms && n->pending && now_ms(n) - n->heard_ms >= ms;
 }
 
@@ -376,12 +376,12 @@ bool rnode_sound(const rnode_t *n) { return !n->fails && rnode_usable(n) && !rno
 
 /* One failure more; the breaker opens at breaker_failures in a row. */
 static void breaker_fail(rnode_t *n) {
-  const rcluster_opts_t *o = rcluster_opts(n->cl);
+  const rcluster_opts_t *o = n->env->opts;
   if (++n->fails < o->breaker_failures) return;
   uint32_t shift = n->trips < BREAKER_MAX_SHIFT ? n->trips : BREAKER_MAX_SHIFT;
   n->open_until = now_ms(n) + ((uint64_t)o->breaker_ms << shift);
   n->trips++;
-  rcluster_counts_rw(n->cl)->breaker_opens++;
+  n->env->counts->breaker_opens++;
   LOG_WARN("cluster_breaker", "node=%s state=open failures=%u open_ms=%llu", n->addr, n->fails,
            (unsigned long long)((uint64_t)o->breaker_ms << shift));
 }
@@ -397,7 +397,7 @@ static void breaker_ok(rnode_t *n) {
 static void on_timer(uv_timer_t *t);
 
 static void arm(rnode_t *n) {
-  const rcluster_opts_t *o = rcluster_opts(n->cl);
+  const rcluster_opts_t *o = n->env->opts;
   if (n->st == RN_CONNECTING) {
     uv_timer_start(&n->timer, on_timer, o->connect_timeout_ms, 0);
   } else if (n->head) {
@@ -415,15 +415,15 @@ static void drop(rnode_t *n, bool silent) {
   n->ac = NULL;
   n->st = RN_DOWN;
   uv_timer_stop(&n->timer);
-  rcluster_counts_rw(n->cl)->connect_errors += !silent;
-  rcluster_counts_rw(n->cl)->timeouts += silent;
+  n->env->counts->connect_errors += !silent;
+  n->env->counts->timeouts += silent;
   breaker_fail(n);
   if (ac) {
     n->dropping = silent;
     redisAsyncFree(ac); /* runs the callbacks in flight with no reply, here */
     n->dropping = false;
   }
-  rcluster_node_failed(n->cl, n);
+  n->env->failed(n->env->cl, n);
 }
 
 static void on_timer(uv_timer_t *t) {
@@ -450,18 +450,18 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata) {
     n->ac = NULL;
     n->st = RN_DOWN;
     uv_timer_stop(&n->timer);
-    rcluster_counts_rw(n->cl)->connect_errors++;
+    n->env->counts->connect_errors++;
     breaker_fail(n);
-    rcluster_node_failed(n->cl, n);
+    n->env->failed(n->env->cl, n);
   }
   if (n->ac == ac) arm(n);
   if (r && c->landed) { /* the stand-in for a value read into its sink */
     redisReply v = {.type = REDIS_REPLY_STRING, .len = c->landed_len, .str = c->landed_buf};
     c->landed = false; /* a redirection sends it again */
-    rcluster_reply(n->cl, c, &v, why);
+    n->env->reply(n->env->cl, c, &v, why);
     return;
   }
-  rcluster_reply(n->cl, c, r, why);
+  n->env->reply(n->env->cl, c, r, why);
 }
 
 static void on_connect(const redisAsyncContext *ac, int status) {
@@ -472,13 +472,13 @@ static void on_connect(const redisAsyncContext *ac, int status) {
     n->ac = NULL;
     n->st = RN_DOWN;
     uv_timer_stop(&n->timer);
-    rcluster_counts_rw(n->cl)->connect_errors++;
+    n->env->counts->connect_errors++;
     breaker_fail(n);
-    rcluster_node_failed(n->cl, n);
+    n->env->failed(n->env->cl, n);
     return;
   }
   n->st = RN_READY;
-  rcluster_counts_rw(n->cl)->connects++;
+  n->env->counts->connects++;
   LOG_DEBUG("cluster_node", "node=%s event=connected", n->addr);
   arm(n);
 }
@@ -490,9 +490,9 @@ static void on_disconnect(const redisAsyncContext *ac, int status) {
   n->st = RN_DOWN;
   uv_timer_stop(&n->timer);
   if (status != REDIS_OK) {
-    rcluster_counts_rw(n->cl)->connect_errors++;
+    n->env->counts->connect_errors++;
     breaker_fail(n);
-    rcluster_node_failed(n->cl, n);
+    n->env->failed(n->env->cl, n);
   }
 }
 
@@ -537,7 +537,7 @@ static int setup(rnode_t *n, const char **argv, int argc) {
 }
 
 static int connect_node(rnode_t *n) {
-  const rcluster_opts_t *o = rcluster_opts(n->cl);
+  const rcluster_opts_t *o = n->env->opts;
   redisAsyncContext *ac = redisAsyncConnect(n->host, n->port);
   if (!ac) return -1;
   if (ac->err) {
@@ -549,7 +549,7 @@ static int connect_node(rnode_t *n) {
   n->in.head = n->in.tail = 0; /* nothing of an old connection's replies */
   n->in.items = n->in.bulk = 0;
   n->in.c = NULL;
-  if (rpoll_attach(ac, rcluster_loop(n->cl)) != REDIS_OK) {
+  if (rpoll_attach(ac, n->env->loop) != REDIS_OK) {
     redisAsyncFree(ac);
     return -1;
   }
@@ -579,7 +579,7 @@ enum rc_status rnode_send(rnode_t *n, rcmd_t *c) {
   /* Half open: a node that failed gets one command until it answers. */
   if (n->fails && n->st != RN_READY && n->pending) return RC_BREAKER;
   if (!n->ac && connect_node(n) != 0) {
-    rcluster_counts_rw(n->cl)->connect_errors++;
+    n->env->counts->connect_errors++;
     breaker_fail(n);
     return RC_CONN;
   }

@@ -24,6 +24,7 @@
 #include "log.h"
 #include "rslot.h"
 #include "rtier.h"
+#include "tier.h"
 
 enum pstate { P_PENDING, P_GOOD, P_MISS, P_BAD };
 
@@ -51,7 +52,8 @@ typedef struct pkey {
 
 struct rlookup {
   remote_t *r;
-  conn_t *c;            /* the connection whose request waits */
+  tier_wait_t *w;       /* the request that waits (its connection's walk) */
+  unsigned idx;         /* the cluster's place in the chain */
   rlookup_t *prev, *next; /* r->lookups, oldest first */
   uint32_t cache_id;
   rvalue_cache_t rc;    /* a copy: the memo may move on */
@@ -244,7 +246,7 @@ static void end(rlookup_t *l, bool timed_out) {
   uint64_t ns = uv_hrtime() - l->t0_ns;
   r->st.lookup_hist[metrics_bucket(ns)]++;
   r->st.lookup_ns += ns;
-  conn_unpark_remote(l->c);
+  tiers_done(r->srv, l->w->conn_id, l->idx); /* the request runs again */
 }
 
 /* Has the run of verified pages from the first been decided? */
@@ -384,7 +386,7 @@ static void on_value(void *arg, enum rc_status st, struct redisReply *reply) {
 
 /* A lookup of pages [first, first + n) of the request, their hashes taken
  * (new; nothing sent yet). */
-static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
+static rlookup_t *lookup_new(remote_t *r, tier_wait_t *w, unsigned idx, uint32_t cache_id,
                              const rvalue_cache_t *rc, const uint32_t *tokens,
                              const engine_pkey_t *key, uint64_t first, const uint8_t *before,
                              uint8_t (*hash)[32], size_t n) {
@@ -404,7 +406,8 @@ static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
   }
   l->early = !key || !key->nspans; /* span keys: at the request's own run, with its spans */
   l->r = r;
-  l->c = c;
+  l->w = w;
+  l->idx = idx;
   l->cache_id = cache_id;
   l->rc = *rc;
   l->first = first;
@@ -417,11 +420,13 @@ static rlookup_t *lookup_new(remote_t *r, conn_t *c, uint32_t cache_id,
   return l;
 }
 
-int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                  const engine_pkey_t *key) {
-  server_t *srv = c->srv;
+int rlookup_start(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q) {
+  uint32_t cache_id = q->cache_id;
+  const uint32_t *tokens = q->tokens;
+  uint64_t n = q->n;
+  const engine_pkey_t *key = q->key;
   remote_t *r = srv->remote;
-  if (!r || r->stopping || srv->draining || c->rwait) return REMOTE_RUN;
+  if (!r || r->stopping || srv->draining || w->held[idx]) return TIER_RUN;
   const rvalue_cache_t *rc = remote_cache(r, cache_id);
   uint64_t whole = rc ? n / rc->page_tokens : 0;
   size_t cap = whole < srv->cfg.cluster_lookup_max_pages ? (size_t)whole
@@ -430,9 +435,9 @@ int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t
   uint64_t vsize = rc ? rvalue_size(rc) : 1, room = srv->cfg.cluster_lookup_bytes - r->lookup_bytes;
   if (cap && cap > room / vsize && !(cap = (size_t)(room / vsize))) {
     r->st.errors[TIER_ERR_budget]++;
-    return REMOTE_RUN;
+    return TIER_RUN;
   }
-  if (!cap) return REMOTE_RUN;
+  if (!cap) return TIER_RUN;
   uint8_t(*hash)[32] = malloc(cap * 32), before[32];
   pkey_t *keys = malloc(cap * sizeof *keys);
   uint64_t first;
@@ -453,7 +458,7 @@ int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t
     remote_error(r, rcluster_ready(r->cl) ? RC_BREAKER : RC_NOROUTE, NULL);
     goto run;
   }
-  if (!(l = lookup_new(r, c, cache_id, rc, tokens, key, first, first ? before : NULL, hash, k)))
+  if (!(l = lookup_new(r, w, idx, cache_id, rc, tokens, key, first, first ? before : NULL, hash, k)))
     goto run;
   hash = NULL; /* the lookup's now */
   rlookup_t **tail = &r->lookups; /* oldest first: deadlines in order */
@@ -475,18 +480,22 @@ int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t
   l->deadline_ms = uv_now(srv->loop) + srv->cfg.cluster_lookup_timeout_ms;
   arm(r, l->deadline_ms);
   r->st.lookups++;
-  c->rwait = l;
-  return REMOTE_WAIT;
+  w->held[idx] = l;
+  return TIER_WAIT;
 run:
   free(hash);
   free(keys);
-  return REMOTE_RUN;
+  return TIER_RUN;
 }
 
-void remote_import(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                   const engine_pkey_t *key) {
-  rlookup_t *l = c->rwait;
-  c->rwait = NULL;
+void rlookup_import(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q) {
+  (void)srv;
+  uint32_t cache_id = q->cache_id;
+  const uint32_t *tokens = q->tokens;
+  uint64_t n = q->n;
+  const engine_pkey_t *key = q->key;
+  rlookup_t *l = w->held[idx];
+  w->held[idx] = NULL;
   if (!l) return;
   if (!l->ended) end(l, false);
   /* What was not imported as it came (span keys), with the request's own
@@ -494,14 +503,15 @@ void remote_import(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_
   if (l->cache_id == cache_id && l->good > l->imported) {
     uint64_t before = l->r->st.hit_pages;
     import_run(l, tokens, n, key, l->good);
-    c->turn_bytes += (l->r->st.hit_pages - before) * l->rc.page_bytes; /* copied on the loop */
+    *q->turn_bytes += (l->r->st.hit_pages - before) * l->rc.page_bytes; /* copied on the loop */
   }
   lookup_free(l);
 }
 
-void remote_forget(conn_t *c) {
-  rlookup_t *l = c->rwait;
-  c->rwait = NULL;
+void rlookup_forget(server_t *srv, tier_wait_t *w, unsigned idx) {
+  (void)srv;
+  rlookup_t *l = w->held[idx];
+  w->held[idx] = NULL;
   if (l) lookup_free(l);
 }
 
@@ -510,7 +520,7 @@ void rlookup_end_all(remote_t *r) {
     nx = l->next;
     if (!l->ended) end(l, false);
     if (r->stopping) { /* the connections' requests run without them */
-      l->c->rwait = NULL;
+      l->w->held[l->idx] = NULL;
       lookup_free(l);
     }
   }

@@ -1,7 +1,6 @@
-/* rsend.c: the write-behind's sender thread (rsend.h draws it). Jobs come
- * in through a list under a mutex held only to link or unlink one, and go
- * back through a lock-free stack and an eventfd the loop polls, as the copy
- * threads' do (offload.c says why not libuv's thread pool). */
+/* rsend.c: the write-behind's sender thread (rsend.h draws it): the
+ * WORK_NET class of the daemon's one work queue (work.h), one thread, so
+ * that the connections below are its own. */
 #include "rsend.h"
 
 #include <errno.h>
@@ -19,6 +18,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "work.h"
 
 #define MAX_CONNS 64
 #define MAX_REDIRECTS 5
@@ -31,7 +31,7 @@ typedef struct sconn {
 } sconn_t;
 
 struct rsend {
-  uv_loop_t *loop;
+  work_t *work;
   void (*done_fn)(void *ctx, rsend_job_t *j);
   void *done_ctx;
   /* the thread's own */
@@ -42,17 +42,6 @@ struct rsend {
   uint32_t nconns;
   char *buf;                  /* the command being sent */
   size_t cap;
-  /* in */
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  rsend_job_t *head, *tail;
-  bool stop;
-  /* out */
-  _Atomic(rsend_job_t *) done;
-  int efd;
-  uv_poll_t poll;
-  pthread_t thread;
-  bool started;
 };
 
 static uint64_t mono_ms(void) {
@@ -223,123 +212,67 @@ static enum rsend_result send_set(rsend_t *s, rsend_job_t *j, size_t len) {
   return RS_REDIRECTS;
 }
 
-/* ---- the thread and the hand-offs --------------------------------------------------- */
+/* ---- the thread and the hand-offs: the work queue's WORK_NET class ---------------- */
 
-static void push_done(rsend_t *s, rsend_job_t *j) {
-  rsend_job_t *top = atomic_load(&s->done);
-  do j->next = top;
-  while (!atomic_compare_exchange_weak(&s->done, &top, j));
-  uint64_t one = 1;
-  while (write(s->efd, &one, sizeof one) < 0 && errno == EINTR) {}
+static void send_run(work_job_t *w, unsigned part, unsigned nparts) {
+  (void)part, (void)nparts;
+  rsend_job_t *j = (rsend_job_t *)(void *)w;
+  rsend_t *s = j->sender;
+  size_t len = format_set(s, j);
+  j->res = len ? send_set(s, j, len) : RS_ERROR;
 }
 
-static void *sender(void *arg) {
-  rsend_t *s = arg;
-  (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
-  pthread_mutex_lock(&s->mu);
-  for (;;) {
-    while (!s->head && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
-    rsend_job_t *j = s->head;
-    if (!j || s->stop) break;
-    s->head = j->next;
-    if (!s->head) s->tail = NULL;
-    pthread_mutex_unlock(&s->mu);
-    size_t len = format_set(s, j);
-    j->res = len ? send_set(s, j, len) : RS_ERROR;
-    push_done(s, j);
-    pthread_mutex_lock(&s->mu);
-  }
-  pthread_mutex_unlock(&s->mu);
-  for (uint32_t i = 0; i < s->nconns; i++) redisFree(s->conns[i].ctx);
-  return NULL;
+static void send_done(work_job_t *w) {
+  rsend_job_t *j = (rsend_job_t *)(void *)w;
+  j->sender->done_fn(j->sender->done_ctx, j);
 }
 
-static void on_done(uv_poll_t *p, int status, int events) {
-  (void)status;
-  (void)events;
-  rsend_t *s = p->data;
-  uint64_t n;
-  while (read(s->efd, &n, sizeof n) < 0 && errno == EINTR) {}
-  rsend_job_t *j = atomic_exchange(&s->done, NULL);
-  while (j) {
-    rsend_job_t *next = j->next;
-    s->done_fn(s->done_ctx, j);
-    j = next;
-  }
+static void send_cancel(work_job_t *w) {
+  rsend_job_t *j = (rsend_job_t *)(void *)w;
+  j->res = RS_CANCELLED;
+  j->sender->done_fn(j->sender->done_ctx, j);
 }
 
-rsend_t *rsend_new(uv_loop_t *loop, const rsend_opts_t *o,
+rsend_t *rsend_new(work_t *work, const rsend_opts_t *o,
                    void (*done)(void *ctx, rsend_job_t *j), void *ctx) {
   rsend_t *s = calloc(1, sizeof *s);
   if (!s) return NULL;
-  s->loop = loop;
+  s->work = work;
   s->done_fn = done;
   s->done_ctx = ctx;
   s->connect_ms = o->connect_timeout_ms;
   s->command_ms = o->command_timeout_ms;
   s->down_ms = o->down_ms;
-  s->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   s->sec = rvalue_secret_new(o->secret, o->secret_len);
   s->user = o->user ? strdup(o->user) : NULL;
   s->password = o->password ? strdup(o->password) : NULL;
-  pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->cv, NULL);
-  if (s->efd < 0 || !s->sec || (o->user && !s->user) || (o->password && !s->password) ||
-      uv_poll_init(loop, &s->poll, s->efd) != 0) {
-    if (s->efd >= 0) close(s->efd);
-    rvalue_secret_free(s->sec);
-    free(s->user);
-    free(s->password);
-    free(s);
-    return NULL;
-  }
-  s->poll.data = s;
-  if (pthread_create(&s->thread, NULL, sender, s) != 0) {
-    s->started = false;
+  char why[256];
+  if (!s->sec || (o->user && !s->user) || (o->password && !s->password) ||
+      work_threads(work, WORK_NET, 1, why, sizeof why) != 0) {
     rsend_stop(s);
     return NULL;
   }
-  s->started = true;
-  uv_poll_start(&s->poll, UV_READABLE, on_done);
   return s;
 }
 
 void rsend_submit(rsend_t *s, rsend_job_t *j) {
-  j->next = NULL;
-  pthread_mutex_lock(&s->mu);
-  if (s->tail) s->tail->next = j;
-  else s->head = j;
-  s->tail = j;
-  pthread_cond_signal(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-}
-
-static void on_closed(uv_handle_t *h) {
-  rsend_t *s = h->data;
-  close(s->efd);
-  free(s->buf);
-  free(s);
+  j->sender = s;
+  j->wj = (work_job_t){.run = send_run, .done = send_done, .cls = WORK_NET};
+  work_submit(s->work, &j->wj);
 }
 
 void rsend_stop(rsend_t *s) {
   if (!s) return;
-  pthread_mutex_lock(&s->mu);
-  s->stop = true;
-  pthread_cond_broadcast(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-  if (s->started) pthread_join(s->thread, NULL);
-  on_done(&s->poll, 0, 0); /* what the thread finished */
-  for (rsend_job_t *j = s->head, *next; j; j = next) {
-    next = j->next;
-    j->res = RS_CANCELLED;
-    s->done_fn(s->done_ctx, j);
-  }
-  s->head = s->tail = NULL;
+  /* Waits for the SET in progress (at most the command timeout); the jobs
+   * not begun come back cancelled, then those it finished. */
+  work_stop(s->work, WORK_NET, false, send_cancel);
+  work_reap(s->work);
+  for (uint32_t i = 0; i < s->nconns; i++) /* its thread's, and it is gone */
+    if (s->conns[i].ctx) redisFree(s->conns[i].ctx);
   rvalue_secret_free(s->sec);
   if (s->password) explicit_bzero(s->password, strlen(s->password));
   free(s->user);
   free(s->password);
-  pthread_mutex_destroy(&s->mu);
-  pthread_cond_destroy(&s->cv);
-  uv_close((uv_handle_t *)&s->poll, on_closed);
+  free(s->buf);
+  free(s);
 }

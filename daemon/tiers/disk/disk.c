@@ -2,11 +2,11 @@
  *
  * The loop keeps the tier's index: the pages on disk by chain hash, on one
  * LRU list (most recent at head), their bytes within tier_bytes. Files are
- * touched only by the tier's own I/O threads, which take jobs from a list
- * under a mutex and hand them back on a lock-free stack with an eventfd the
- * loop polls while jobs are in flight (offload.c's hand-off, for the same
- * reasons; separate threads, because a job here waits on the disk and must
- * not hold up the copies of gets and puts).
+ * touched only by the tier's own I/O threads: the WORK_DISK class of the
+ * daemon's one work queue (work.h: jobs taken from a list under a mutex and
+ * handed back on a lock-free stack with an eventfd the loop polls while
+ * jobs are in flight; threads of their own, because a job here waits on
+ * the disk and must not hold up the copies of gets and puts).
  *
  *   dent (loop)   hash, tenant, sizes, state  WRITING -> READY
  *                 readers: reads in flight (kept on disk meanwhile)
@@ -46,6 +46,8 @@
 #include "log.h"
 #include "offload.h"
 #include "server.h"
+#include "tier.h"
+#include "work.h"
 
 #define DISK_THREADS 2u           /* at most */
 #define STAGING_MAX (64ull << 20) /* spilled bytes waiting for a write thread */
@@ -73,7 +75,8 @@ typedef struct dent {
 
 typedef struct djob djob_t;
 struct djob {
-  djob_t *next;
+  work_job_t wj;                      /* first: class WORK_DISK */
+  disk_t *d;
   void (*run)(disk_t *d, djob_t *j);  /* on an I/O thread */
   void (*done)(disk_t *d, djob_t *j); /* on the loop; frees the job */
 };
@@ -97,19 +100,11 @@ struct disk {
   bool full_logged;
   _Atomic uint64_t scanned; /* files the start-up scan has looked at */
   log_limit_t limit_bad;
-  pthread_mutex_t mu;     /* guards qhead, qtail, stop */
-  pthread_cond_t cv;
-  djob_t *qhead, *qtail;
-  bool stop;
-  _Atomic(djob_t *) done;
-  int efd;
-  uv_poll_t poll;
   uv_prepare_t turn;      /* active while this turn spilled: hands its writes over */
-  bool polled;            /* poll and turn are initialized (both closed at the end) */
-  unsigned open_handles;
+  bool polled;            /* turn is initialized (closed at the end) */
   uint64_t inflight;      /* jobs queued or running or done, not yet ended */
-  unsigned nthreads;
-  pthread_t threads[DISK_THREADS];
+  tier_stats_t st;        /* as every tier's figures (tier_*{tier="disk"}): the
+                             lookups here, the rest from tier_disk_* (disk_view) */
 };
 
 /* ---- the index and the LRU --------------------------------------------------- */
@@ -198,71 +193,25 @@ static void unindex(disk_t *d, dent_t *e) {
   gauges(d);
 }
 
-/* ---- the I/O threads ------------------------------------------------------------ */
+/* ---- the I/O threads: the work queue's WORK_DISK class ----------------------------- */
 
-static void *worker(void *arg) {
-  disk_t *d = arg;
-  pthread_mutex_lock(&d->mu);
-  for (;;) {
-    while (!d->qhead && !d->stop) pthread_cond_wait(&d->cv, &d->mu);
-    djob_t *j = d->qhead;
-    if (!j) break;
-    d->qhead = j->next;
-    if (!d->qhead) d->qtail = NULL;
-    pthread_mutex_unlock(&d->mu);
-    j->run(d, j);
-    djob_t *top = atomic_load(&d->done);
-    do j->next = top;
-    while (!atomic_compare_exchange_weak(&d->done, &top, j));
-    /* Only a push onto an empty stack wakes the loop: a stack that was not
-     * empty has a wake-up pending (the loop reads the eventfd before it
-     * takes the stack), which takes this job too. */
-    uint64_t one = 1;
-    while (!top && write(d->efd, &one, sizeof one) < 0 && errno == EINTR) {}
-    pthread_mutex_lock(&d->mu);
-  }
-  pthread_mutex_unlock(&d->mu);
-  return NULL;
+static void job_run(work_job_t *w, unsigned part, unsigned nparts) {
+  (void)part, (void)nparts;
+  djob_t *j = (djob_t *)(void *)w;
+  j->run(j->d, j);
 }
 
-static void on_done(uv_poll_t *h, int status, int events);
+static void job_done(work_job_t *w) {
+  djob_t *j = (djob_t *)(void *)w;
+  j->d->inflight--;
+  j->done(j->d, j);
+}
 
 static void queue(disk_t *d, djob_t *j) {
-  j->next = NULL;
-  if (d->inflight++ == 0 && d->polled) uv_poll_start(&d->poll, UV_READABLE, on_done);
-  pthread_mutex_lock(&d->mu);
-  if (d->qtail) d->qtail->next = j;
-  else d->qhead = j;
-  d->qtail = j;
-  pthread_cond_signal(&d->cv);
-  pthread_mutex_unlock(&d->mu);
-}
-
-/* Ends every job the threads handed back, oldest first. */
-static void take_done(disk_t *d) {
-  djob_t *list = atomic_exchange(&d->done, NULL), *fifo = NULL;
-  while (list) {
-    djob_t *next = list->next;
-    list->next = fifo;
-    fifo = list;
-    list = next;
-  }
-  while (fifo) {
-    djob_t *next = fifo->next;
-    if (--d->inflight == 0 && d->polled) uv_poll_stop(&d->poll); /* idle: poll nothing */
-    fifo->done(d, fifo);
-    fifo = next;
-  }
-}
-
-static void on_done(uv_poll_t *h, int status, int events) {
-  disk_t *d = h->data;
-  uint64_t n;
-  (void)status;
-  (void)events;
-  if (read(d->efd, &n, sizeof n) < 0 && errno != EAGAIN)
-    LOG_WARN("tier_disk", "read eventfd: %s", strerror(errno));
-  take_done(d);
+  j->d = d;
+  j->wj = (work_job_t){.run = job_run, .done = job_done, .cls = WORK_DISK};
+  d->inflight++;
+  work_submit(d->srv->work, &j->wj);
 }
 
 /* ---- files ------------------------------------------------------------------------- */
@@ -563,9 +512,8 @@ static void on_turn(uv_prepare_t *h) {
 /* The engine's spill callback: a cached page leaves memory. The bytes are
  * copied here (the pool page is reused as soon as this returns); the
  * header, its checksums and the file are the thread's. */
-static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) {
-  disk_t *d = ctx;
-  server_t *srv = d->srv;
+static void on_spill(server_t *srv, const engine_tier_meta_t *m, const void *bytes) {
+  disk_t *d = srv->disk;
   if (d->closing) return;
   uint32_t hb = diskfmt_header_bytes(m->page_tokens);
   uint64_t need = hb + m->data_bytes;
@@ -646,7 +594,9 @@ typedef struct rjob {
 } rjob_t;
 
 struct rgroup {
-  uint64_t conn_id;        /* the waiting connection (it may be gone) */
+  uint64_t conn_id;        /* the waiting request's connection (it may be gone) */
+  unsigned idx;            /* this tier's place in the chain (tiers_done) */
+  uint64_t t0_ns;          /* when its reads began (the lookup's latency) */
   uint32_t n, ndone;
   rjob_t *jobs[];          /* in chain order */
 };
@@ -692,12 +642,6 @@ static void read_run(disk_t *d, djob_t *j) {
   close(fd);
 }
 
-static conn_t *conn_by_id(server_t *srv, uint64_t id) {
-  for (conn_t *c = srv->conns; c; c = c->next)
-    if (c->id == id) return c;
-  return NULL;
-}
-
 /* Every read of the group is in: import in chain order (a page verifies
  * only under its parent), then let the connection run its request again. */
 static void group_end(disk_t *d, rgroup_t *g) {
@@ -719,6 +663,7 @@ static void group_end(disk_t *d, rgroup_t *g) {
     d->importing--;
     if (rc == 0) {
       srv->stats.tier_disk_hits++;
+      d->st.hit_tokens += r->info.m.page_tokens;
     } else if (ok && rc == KVC_E_INVAL) {
       r->bad = true;
       r->why = engine_last_error(srv->eng)->msg;
@@ -733,12 +678,12 @@ static void group_end(disk_t *d, rgroup_t *g) {
     if (e->gone && !e->readers) drop(d, e, false);
     free(r);
   }
-  conn_t *c = conn_by_id(srv, g->conn_id);
+  uint64_t conn_id = g->conn_id, ns = uv_hrtime() - g->t0_ns;
+  unsigned idx = g->idx;
   free(g);
-  if (c && c->tier_wait) {
-    c->tier_wait = false;
-    conn_unpark(c);
-  }
+  d->st.lookup_hist[metrics_bucket(ns)]++;
+  d->st.lookup_ns += ns;
+  tiers_done(srv, conn_id, idx); /* the request runs again */
 }
 
 static void read_done(disk_t *d, djob_t *j) {
@@ -746,19 +691,23 @@ static void read_done(disk_t *d, djob_t *j) {
   if (++g->ndone == g->n) group_end(d, g);
 }
 
-int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-               const engine_pkey_t *key) {
-  server_t *srv = c->srv;
+/* The tier's lookup (tier.h): if pages of the query past the resident ones
+ * are on disk, starts reading them and the request waits (TIER_WAIT): each
+ * is imported as its read lands, and once all have, tiers_done. */
+static int disk_lookup(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q) {
   disk_t *d = srv->disk;
-  if (!d || d->closing || c->tier_tried || !d->count) return 0;
-  c->tier_tried = true;
+  uint32_t cache_id = q->cache_id;
+  const uint32_t *tokens = q->tokens;
+  uint64_t n = q->n;
+  const engine_pkey_t *key = q->key;
+  if (!d || d->closing || !d->count) return TIER_RUN;
   uint32_t tenant;
   engine_stats_t es;
   engine_stats(srv->eng, &es);
   /* Reads in flight hold pool pages: at most half the pool between them. */
   uint64_t room = es.pool_pages / 2 > d->importing ? es.pool_pages / 2 - d->importing : 0;
   size_t cap = room < FETCH_MAX ? (size_t)room : FETCH_MAX;
-  if (!cap || engine_cache_tenant(srv->eng, cache_id, &tenant) != 0) return 0;
+  if (!cap || engine_cache_tenant(srv->eng, cache_id, &tenant) != 0) return TIER_RUN;
   uint8_t(*h)[32] = malloc(cap * 32);
   uint64_t resident;
   size_t nh = 0, k = 0;
@@ -809,14 +758,17 @@ int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
   free(h);
   if (!got) {
     free(g);
-    return 0;
+    return TIER_RUN;
   }
-  g->conn_id = c->id;
+  g->conn_id = w->conn_id;
+  g->idx = idx;
+  g->t0_ns = uv_hrtime();
+  d->st.lookups++;
+  d->st.lookup_pages += got;
   g->n = got;
   g->ndone = 0;
   for (uint32_t i = 0; i < got; i++) queue(d, &g->jobs[i]->j);
-  c->tier_wait = true;
-  return KVC_E_BUSY;
+  return TIER_WAIT;
 }
 
 /* ---- the start-up scan -------------------------------------------------------------- */
@@ -1043,10 +995,7 @@ static void tmp_clear(int top) {
   closedir(dir);
 }
 
-static void on_handle_closed(uv_handle_t *h) {
-  disk_t *d = h->data;
-  if (--d->open_handles == 0) free(d);
-}
+static void on_turn_closed(uv_handle_t *h) { free(h->data); }
 
 int disk_open(server_t *srv, char *err, size_t errlen) {
   const char *path = srv->cfg.tier_dir;
@@ -1058,11 +1007,7 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
   }
   d->srv = srv;
   d->dirfd = -1;
-  d->efd = -1;
   d->bound = d->cap = srv->cfg.tier_bytes;
-  pthread_mutex_init(&d->mu, NULL);
-  pthread_cond_init(&d->cv, NULL);
-  atomic_init(&d->done, NULL);
   atomic_init(&d->scanned, 0);
   srv->disk = d;
   struct stat st;
@@ -1093,25 +1038,16 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
   }
   tmp_clear(d->dirfd);
   registry_restore(d);
-  d->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (d->efd < 0 || uv_poll_init(srv->loop, &d->poll, d->efd) != 0) {
-    snprintf(err, errlen, "tier_dir: eventfd: %s", strerror(errno));
-    return -1;
-  }
   uv_prepare_init(srv->loop, &d->turn);
   d->polled = true;
-  d->open_handles = 2;
-  d->poll.data = d;
   d->turn.data = d;
   /* One a CPU the daemon may use, up to two: the reads are copies out of
    * the page cache and checksums, threads beyond the CPUs only wait. */
   unsigned want = offload_cpus() < DISK_THREADS ? offload_cpus() : DISK_THREADS;
-  for (; d->nthreads < want; d->nthreads++) {
-    int rc = pthread_create(&d->threads[d->nthreads], NULL, worker, d);
-    if (rc) {
-      snprintf(err, errlen, "tier_dir: threads: %s", strerror(rc));
-      return -1;
-    }
+  char why[256];
+  if (work_threads(srv->work, WORK_DISK, want, why, sizeof why) != 0) {
+    snprintf(err, errlen, "tier_dir: %s", why);
+    return -1;
   }
   scanjob_t *s = calloc(1, sizeof *s);
   if (!s) {
@@ -1125,7 +1061,6 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
   srv->stats.tier_disk_loading = 1;
   gauges(d);
   queue(d, &s->j);
-  engine_set_spill(srv->eng, on_spill, d);
   LOG_INFO("tier_disk", "op=open dir=\"%s\" tier_bytes=%llu", path,
            (unsigned long long)d->bound);
   return 0;
@@ -1218,15 +1153,10 @@ static void persist(disk_t *d) {
 void disk_close(server_t *srv, bool clean) {
   disk_t *d = srv->disk;
   if (!d) return;
-  engine_set_spill(srv->eng, NULL, NULL);
   turn_flush(d); /* the last turn's writes: the threads write them before they end */
-  pthread_mutex_lock(&d->mu);
-  d->stop = true;
-  pthread_cond_broadcast(&d->cv);
-  pthread_mutex_unlock(&d->mu);
-  for (unsigned i = 0; i < d->nthreads; i++) pthread_join(d->threads[i], NULL);
-  d->closing = true; /* from here on files are removed at once, nothing is queued */
-  take_done(d);      /* what the threads ran last (the queue runs dry before they end) */
+  work_stop(srv->work, WORK_DISK, true, NULL); /* the queue runs dry before they end */
+  d->closing = true;     /* from here on files are removed at once, nothing is queued */
+  work_reap(srv->work);  /* what the threads ran last */
   if (clean && d->dirfd >= 0) persist(d);
   for (dent_t *e = d->head, *next; e; e = next) {
     next = e->next;
@@ -1234,13 +1164,9 @@ void disk_close(server_t *srv, bool clean) {
   }
   free(d->buckets);
   if (d->dirfd >= 0) close(d->dirfd); /* and its lock */
-  pthread_mutex_destroy(&d->mu);
-  pthread_cond_destroy(&d->cv);
-  if (d->efd >= 0) close(d->efd);
   srv->disk = NULL;
-  if (d->polled) { /* d is freed once both are closed */
-    uv_close((uv_handle_t *)&d->poll, on_handle_closed);
-    uv_close((uv_handle_t *)&d->turn, on_handle_closed);
+  if (d->polled) { /* d is freed once it is closed */
+    uv_close((uv_handle_t *)&d->turn, on_turn_closed);
   } else {
     free(d);
   }
@@ -1258,3 +1184,34 @@ void disk_reload(server_t *srv) {
 void disk_tick(server_t *srv) {
   if (srv->disk) srv->stats.tier_disk_scanned = atomic_load(&srv->disk->scanned);
 }
+
+static bool disk_on(const server_t *srv) { return srv->disk != NULL; }
+
+/* The disk's figures as every tier's (tier_*{tier="disk"}); its own, finer
+ * ones are the tier_disk_* of daemon_stats_t. */
+static const tier_view_t *disk_view(server_t *srv, arena_t *a) {
+  disk_t *d = srv->disk;
+  tier_view_t *v = arena_alloc(a, sizeof *v);
+  if (!v) return NULL;
+  const daemon_stats_t *s = &srv->stats;
+  d->st.hit_pages = s->tier_disk_hits;
+  d->st.read_bytes = s->tier_disk_read_bytes;
+  d->st.writes = s->tier_disk_writes;
+  d->st.written_bytes = s->tier_disk_write_bytes;
+  d->st.queue_drops = s->tier_disk_spill_dropped;
+  d->st.up = 1; /* open: it serves, its start-up scan too (tier_disk_loading) */
+  *v = (tier_view_t){"disk", &d->st, NULL, 0, NULL, 0};
+  return v;
+}
+
+const tier_ops_t tier_disk = {
+    .name = "disk",
+    .open = disk_open,
+    .on = disk_on,
+    .close = disk_close,
+    .reload = disk_reload,
+    .tick = disk_tick,
+    .spill = on_spill,
+    .lookup = disk_lookup,
+    .view = disk_view,
+};

@@ -20,9 +20,6 @@ bool quotas_conn_over(server_t *srv, const conn_t *c, char *msg, size_t len);
 /* Whether a shared buffer of bytes more for c would pass shm_bytes_per_uid
  * or shm_bytes_total: then the reason is in msg, the refusal counted. */
 bool quotas_shm_over(server_t *srv, const conn_t *c, uint64_t bytes, char *msg, size_t len);
-/* Closes the connections that sent no request for idle_timeout_ms (the
- * daemon's once-a-second tick); returns how many. */
-size_t quotas_idle_sweep(server_t *srv);
 /* Fills the quota fields of tenant's row of the Tenants reply (usage,
  * limits, refusals); shm_bytes is the caller's sum. */
 void quotas_row(server_t *srv, uint32_t tenant, Kvcache__V1__TenantInfo *row);

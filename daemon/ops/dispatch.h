@@ -20,7 +20,8 @@
 /* Decodes and runs the request in payload (borrowed) and queues its reply. */
 bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len);
 
-/* The wire status of a KVC_E_* code (0 is OK; unknown codes are INTERNAL). */
+/* The wire status of a KVC_E_* code (0 is OK; unknown codes are INTERNAL):
+ * wirestatus.c. */
 Kvcache__V1__Status dispatch_status(int code);
 
 #endif

@@ -23,6 +23,7 @@
 #include <uv.h>
 
 #include "rvalue.h"
+#include "work.h"
 
 typedef struct rsend rsend_t;
 
@@ -37,7 +38,8 @@ enum rsend_result {
 };
 
 typedef struct rsend_job {
-  struct rsend_job *next;
+  work_job_t wj;                /* first: the work queue's (WORK_NET) */
+  struct rsend *sender;         /* set by rsend_submit */
   void *owner;                  /* the loop's */
   /* in: set on the loop */
   char key[RVALUE_KEY_MAX];
@@ -65,15 +67,16 @@ typedef struct rsend_opts {
   uint32_t connect_timeout_ms, command_timeout_ms, down_ms;
 } rsend_opts_t;
 
-/* Starts the thread; done runs on the loop for every job submitted, in
- * some order. NULL out of memory (or no thread). */
-rsend_t *rsend_new(uv_loop_t *loop, const rsend_opts_t *o,
+/* Starts the thread (the work queue's WORK_NET class); done runs on the
+ * loop for every job submitted, in some order. NULL out of memory (or no
+ * thread). */
+rsend_t *rsend_new(work_t *work, const rsend_opts_t *o,
                    void (*done)(void *ctx, rsend_job_t *j), void *ctx);
 /* Queues j (taken until done gives it back). */
 void rsend_submit(rsend_t *s, rsend_job_t *j);
 /* Stops the thread (waiting for the SET in progress, at most the command
  * timeout), gives back every job not done with RS_CANCELLED through done,
- * closes its handle and frees s in a later loop turn. */
+ * and frees s. */
 void rsend_stop(rsend_t *s);
 
 #endif

@@ -23,14 +23,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "conn.h"
-#include "engine.h"
+#include "engine_tier.h"
 #include "metrics.h"
 #include "server.h"
-
-/* remote_lookup's answers. */
-#define REMOTE_RUN 0  /* nothing to wait for: run the request */
-#define REMOTE_WAIT 1 /* parked: the request runs again when the lookup ends */
 
 /* Starts the tier when cluster_nodes is set: reads the auth and secret
  * files (each owned by the daemon's user, readable by nobody else),
@@ -42,19 +37,6 @@ int remote_start(server_t *srv, char *err, size_t errlen);
 void remote_stop(server_t *srv);
 /* The daemon drains: every lookup ends now with what it has. */
 void remote_drain(server_t *srv);
-
-/* c's request, a match or attach of tokens[0..n) under key in cache_id,
- * validated: looks up the pages past what the pool holds. REMOTE_WAIT
- * parks c until the lookup ends; then the request runs again, and calls
- * remote_import before its engine call. */
-int remote_lookup(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                  const engine_pkey_t *key);
-/* The request runs again after its lookup: the verified pages go into the
- * pool (before the request's own engine call), and the lookup is freed. */
-void remote_import(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                   const engine_pkey_t *key);
-/* c closes, or its request ran without importing: its lookup is freed. */
-void remote_forget(conn_t *c);
 
 /* The tier's figures for metrics_render, NULL when off (strings in a). */
 const tier_view_t *remote_view(server_t *srv, arena_t *a);

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine.h"
+#include "engine_tier.h"
 
 #define RVALUE_VERSION 1
 #define RVALUE_KEY_MAX 96 /* bytes of a key, with its NUL */

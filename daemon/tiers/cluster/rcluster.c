@@ -51,18 +51,9 @@ struct rcluster {
   uint32_t open_handles;          /* closing: handles not yet closed */
   bool closing;
   rcluster_counts_t counts;
+  rnode_env_t env;                /* what its nodes see of it (rnode.h) */
 };
 
-static const char *const statuses[RC_STATUSES_] = {"ok",         "timeout", "connection",
-                                                   "breaker",    "noroute", "redirects"};
-
-const char *rc_status_name(enum rc_status s) {
-  return (unsigned)s < RC_STATUSES_ ? statuses[s] : "?";
-}
-
-uv_loop_t *rcluster_loop(const rcluster_t *cl) { return cl->loop; }
-const rcluster_opts_t *rcluster_opts(const rcluster_t *cl) { return &cl->o; }
-rcluster_counts_t *rcluster_counts_rw(rcluster_t *cl) { return &cl->counts; }
 const rcluster_counts_t *rcluster_counts(const rcluster_t *cl) { return &cl->counts; }
 bool rcluster_ready(const rcluster_t *cl) { return cl->covered == RSLOT_COUNT; }
 uint32_t rcluster_slots_covered(const rcluster_t *cl) { return cl->covered; }
@@ -79,7 +70,7 @@ static rnode_t *node_get(rcluster_t *cl, const char *host, int port) {
   rnode_t *n = node_find(cl, host, port);
   if (n || cl->nnodes == MAX_NODES || strlen(host) >= sizeof n->host) return n;
   if (!(n = malloc(sizeof *n))) return NULL;
-  rnode_init(n, cl, host, port, (uint16_t)cl->nnodes);
+  rnode_init(n, &cl->env, host, port, (uint16_t)cl->nnodes);
   cl->nodes[cl->nnodes++] = n;
   return n;
 }
@@ -267,7 +258,7 @@ static void refresh_soon(rcluster_t *cl) {
   uv_timer_start(&cl->refresh, on_refresh_timer, wait, 0);
 }
 
-void rcluster_node_failed(rcluster_t *cl, rnode_t *n) {
+static void rcluster_node_failed(rcluster_t *cl, rnode_t *n) {
   (void)n;
   refresh_soon(cl); /* a failover may have moved its slots */
 }
@@ -302,7 +293,7 @@ static rnode_t *redirect_target(rcluster_t *cl, const redisReply *r, size_t skip
   return node_get(cl, host, port);
 }
 
-void rcluster_reply(rcluster_t *cl, rcmd_t *c, struct redisReply *r, enum rc_status why) {
+static void rcluster_reply(rcluster_t *cl, rcmd_t *c, struct redisReply *r, enum rc_status why) {
   if (cl->closing || c->cancelled) {
     rcmd_free(c);
     return;
@@ -458,6 +449,7 @@ int rcluster_new(uv_loop_t *loop, const rcluster_opts_t *o, rcluster_t **out, ch
   cl->o.user = cl->user;
   cl->o.password = cl->password;
   cl->o.seeds = NULL;
+  cl->env = (rnode_env_t){cl, loop, &cl->o, &cl->counts, rcluster_reply, rcluster_node_failed};
   for (uint32_t s = 0; s < RSLOT_COUNT; s++) cl->slots[s] = (slot_t){NONE, {NONE, NONE, NONE}, 0};
   uv_timer_init(loop, &cl->refresh);
   cl->refresh.data = cl;
@@ -493,7 +485,7 @@ static void closed_one(rcluster_t *cl) {
   if (--cl->open_handles == 0) free_cluster(cl);
 }
 
-static void on_node_closed(uv_handle_t *h) { closed_one(((rnode_t *)h->data)->cl); }
+static void on_node_closed(uv_handle_t *h) { closed_one(((rnode_t *)h->data)->env->cl); }
 static void on_refresh_closed(uv_handle_t *h) { closed_one(h->data); }
 
 void rcluster_close(rcluster_t *cl) {

@@ -23,8 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "conn.h"
 #include "engine.h"
+#include "server.h"
 
 typedef struct disk disk_t;
 
@@ -40,13 +40,6 @@ int disk_open(server_t *srv, char *err, size_t errlen);
  * threads and frees everything (the poll handle closes on the next loop
  * run). Accepts a server without a tier. */
 void disk_close(server_t *srv, bool clean);
-
-/* Before a match or attach of c: if pages of the query past the resident
- * ones are on disk, starts reading them and returns KVC_E_BUSY (the caller
- * parks c; it runs again once they are imported, and then does not look at
- * the disk a second time for that request). 0: nothing to read. */
-int disk_fetch(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-               const engine_pkey_t *key);
 
 /* A reload: tier_bytes again (and the bound a full disk lowered, reset). */
 void disk_reload(server_t *srv);

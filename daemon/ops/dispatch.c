@@ -9,13 +9,12 @@
 
 #include "admin.h"
 #include "codec.h"
-#include "disk.h"
 #include "events.h"
 #include "kvcache/kvcache.h"
 #include "layout.h"
 #include "log.h"
 #include "quotas.h"
-#include "remote.h"
+#include "tier.h"
 #include "offload.h"
 #include "ring.h"
 #include "ringbuf.h"
@@ -43,7 +42,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define SEQ_LIST_MAX 4096u
 #define LEASES_PER_CONN 4096u /* leases one connection may hold at once */
 #define DEFERRED 1            /* a handler's "the reply comes later" */
-#define CLUSTER_WAIT 2        /* a handler's "run me again once the cluster answered" */
+#define TIERS_WAIT 2          /* a handler's "run me again once the tiers answered" */
 #define TOP_DEFAULT 10u
 #define TOP_MAX 1000u
 
@@ -64,12 +63,6 @@ typedef struct reply {
 } reply_t;
 
 typedef int (*handler_fn)(conn_t *c, const Kvcache__V1__Request *req, reply_t *r);
-
-Kvcache__V1__Status dispatch_status(int code) {
-  if (code == 0) return KVCACHE__V1__STATUS__OK;
-  if (code < 0 && code > KVC_E_MIN_) return (Kvcache__V1__Status)(-code);
-  return KVCACHE__V1__STATUS__INTERNAL;
-}
 
 static int reject(reply_t *r, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -541,6 +534,14 @@ static copy_where_t copy_where(conn_t *c, const engine_io_t *e, size_t n, reply_
   return COPY_THREADS;
 }
 
+/* A copy queued to the copy threads (offload.c) leaves c waiting for it:
+ * its reply comes when the copy ends (conn_copied). */
+static int offloaded(conn_t *c, bool queued) {
+  if (!queued) return 0;
+  conn_offload_begin(c);
+  return DEFERRED;
+}
+
 static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   NEED_BODY(r, req->put, "put");
   engine_xfer_t x;
@@ -555,7 +556,7 @@ static int h_put(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     uint64_t bytes = io_bytes(e, req->put->n_entries);
     ENGINE_CALL(r, engine_put_begin(c->srv->eng, req->put->cache_id, &x, e,
                                     req->put->n_entries, &job));
-    if (where == COPY_THREADS) return offload_put(c, job, bytes, req->id, r->t0_ns) ? DEFERRED : 0;
+    if (where == COPY_THREADS) return offloaded(c, offload_put(c, job, bytes, req->id, r->t0_ns));
     c->turn_bytes += bytes;
     if (!offload_run_here(c->srv, NULL, job, bytes)) engine_put_run(job);
     engine_put_end(c->srv->eng, job);
@@ -578,7 +579,7 @@ static int h_get(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
     uint64_t bytes = io_bytes(e, req->get->n_entries);
     ENGINE_CALL(r, engine_get_begin(c->srv->eng, req->get->cache_id, &x, e,
                                     req->get->n_entries, &job));
-    if (where == COPY_THREADS) return offload_get(c, job, bytes, req->id, r->t0_ns) ? DEFERRED : 0;
+    if (where == COPY_THREADS) return offloaded(c, offload_get(c, job, bytes, req->id, r->t0_ns));
     c->turn_bytes += bytes;
     if (!offload_run_here(c->srv, job, NULL, bytes)) engine_get_run(job);
     engine_get_end(c->srv->eng, job);
@@ -875,8 +876,10 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   size_t nref = quotas_refusals(srv, c->tenant, c->admin, r->a, &ref);
   metrics_arena_t *ar = NULL;
   size_t nar = poolown_arena_rows(srv, c, r->a, &ar);
+  const tier_view_t *tv[TIERS_MAX];
+  size_t ntv = tiers_views(srv, r->a, tv, TIERS_MAX);
   int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, cache_view, c, ref, nref,
-                          remote_view(srv, r->a), ar, nar, sr);
+                          tv, ntv, ar, nar, sr);
   if (rc) return reject(r, rc, "cannot render stats: %s", kvc_strerror(rc));
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STATS;
   r->resp->stats = sr;
@@ -1166,16 +1169,13 @@ static int match_reply(conn_t *c, reply_t *r, const engine_match_t *m) {
   return 0;
 }
 
-/* A match or attach that is past what the pool holds goes on in the
- * cluster tier first: the request waits (CLUSTER_WAIT), then runs again
- * and takes in what came before its own engine call (remote.h). */
-static int cluster_step(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                        const engine_pkey_t *key) {
-  if (c->rwait) {
-    remote_import(c, cache_id, tokens, n, key);
-    return 0;
-  }
-  return remote_lookup(c, cache_id, tokens, n, key) == REMOTE_WAIT ? CLUSTER_WAIT : 0;
+/* A match or attach that is past what the pool holds goes on in the tiers
+ * below it, in the chain's order (tier.h): the request waits (TIERS_WAIT),
+ * then runs again, whole, and what came goes in before its own engine call. */
+static int tiers_step(conn_t *c, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                      const engine_pkey_t *key) {
+  tier_query_t q = {cache_id, tokens, n, key, &c->turn_bytes};
+  return tiers_lookup(c->srv, &c->tw, &q) == TIER_WAIT ? TIERS_WAIT : 0;
 }
 
 static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
@@ -1188,8 +1188,7 @@ static int h_match(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
       (rc = span_keys(r, b->span_keys, b->n_span_keys, &key.spans)))
     return rc;
   key.nspans = b->n_span_keys;
-  if ((rc = disk_fetch(c, b->cache_id, tokens, b->ntokens, &key))) return rc; /* BUSY: reading */
-  if ((rc = cluster_step(c, b->cache_id, tokens, b->ntokens, &key))) return rc;
+  if ((rc = tiers_step(c, b->cache_id, tokens, b->ntokens, &key))) return rc;
   engine_match_t m;
   ENGINE_CALL(r, engine_match(c->srv->eng, b->cache_id, tokens, b->ntokens, &key, &m));
   return match_reply(c, r, &m);
@@ -1206,8 +1205,7 @@ static int h_attach(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
       (rc = refuse_replace(c, r, b->no_replace, b->cache_id, b->dst_seq)))
     return rc;
   key.nspans = b->n_span_keys;
-  if ((rc = disk_fetch(c, b->cache_id, tokens, b->ntokens, &key))) return rc; /* BUSY: reading */
-  if ((rc = cluster_step(c, b->cache_id, tokens, b->ntokens, &key))) return rc;
+  if ((rc = tiers_step(c, b->cache_id, tokens, b->ntokens, &key))) return rc;
   engine_match_t m;
   ENGINE_CALL(r, engine_attach(c->srv->eng, b->cache_id, b->dst_seq, tokens, b->ntokens, &key,
                                b->pin ? c->id : 0, &m));
@@ -1488,15 +1486,14 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   c->requests++;
   c->last_ms = uv_now(srv->loop);
   int rc = run(c, req, &r, &op);
-  if (!r.large && rc != CLUSTER_WAIT) srv->small_ns = t0;
+  if (!r.large && rc != TIERS_WAIT) srv->small_ns = t0;
   TESTHOOK(after, srv->eng);
-  if (c->rwait && rc != CLUSTER_WAIT) remote_forget(c); /* refused before its import */
-  if (rc == CLUSTER_WAIT) {
-    /* Nothing ran: the frame runs again, whole, when the lookup ends. */
+  if (rc == TIERS_WAIT) {
+    /* Nothing ran: the frame runs again, whole, when the lookups end. */
     req_done();
     arena_reset(&srv->arena);
     c->requests--;
-    conn_park_remote(c);
+    conn_park(c);
     return false;
   }
   if (rc == DEFERRED || (rc == KVC_E_BUSY && !c->offloaded && !r.no_park)) {
@@ -1510,7 +1507,7 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     conn_park(c);
     return false;
   }
-  c->tier_tried = false; /* answered: the next request may read the disk tier */
+  tiers_end(srv, &c->tw); /* answered: the next request walks the tiers anew */
   resp.id = req->id;
   resp.status = dispatch_status(rc);
   resp.error = rc ? r.err : (char *)"";

@@ -22,7 +22,7 @@
 
 #include "codec.h"
 #include "log.h"
-#include "remote.h"
+#include "tier.h"
 #include "promtext.h"
 #include "quotas.h"
 
@@ -125,8 +125,10 @@ static int render(server_t *srv, char **out, size_t *len) {
   size_t nref = quotas_refusals(srv, UINT32_MAX, true, &srv->arena, &ref);
   metrics_arena_t *ar = NULL;
   size_t nar = poolown_arena_rows(srv, NULL, &srv->arena, &ar);
+  const tier_view_t *tv[TIERS_MAX];
+  size_t ntv = tiers_views(srv, &srv->arena, tv, TIERS_MAX);
   int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), &srv->arena, operator_view, srv,
-                          ref, nref, remote_view(srv, &srv->arena), ar, nar, &sr);
+                          ref, nref, tv, ntv, ar, nar, &sr);
   if (rc == 0) {
     size_t nlab = 0;
     for (size_t i = 0; i < sr.n_stats; i++) nlab += sr.stats[i]->n_labels;

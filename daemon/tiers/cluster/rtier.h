@@ -9,6 +9,7 @@
 #include "rcluster.h"
 #include "remote.h"
 #include "rvalue.h"
+#include "tier.h"
 
 #define RTIER_MEMO 64 /* caches whose key prefix and shape are remembered */
 
@@ -45,6 +46,7 @@ typedef struct remote {
   bool stopping;
 } remote_t;
 
+/* rshared.c */
 /* The cluster's names of a cache's pages (key prefix, shape, tenant), or
  * NULL when the cache is gone. Valid until the next call. */
 const rvalue_cache_t *remote_cache(remote_t *r, uint32_t cache_id);
@@ -65,6 +67,12 @@ void rwrite_indexed(void *ctx, uint32_t cache_id, const uint8_t hash[32]);
 void rwrite_reclaimed(void *ctx, const engine_page_t *page);
 
 /* rlookup.c */
+/* The tier's lookup, import and forget (tier.h's): the pages of q past
+ * what the pool holds, GET from the cluster while the request waits; at its
+ * run again, what came goes in; or it is let go. */
+int rlookup_start(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q);
+void rlookup_import(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q);
+void rlookup_forget(server_t *srv, tier_wait_t *w, unsigned idx);
 /* Ends every lookup now (drain, stop). */
 void rlookup_end_all(remote_t *r);
 /* Frees the value buffers kept for later lookups. */

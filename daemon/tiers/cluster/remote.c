@@ -1,6 +1,6 @@
-/* remote.c: the cluster tier's life (its files and options, the engine's
- * hooks), the names of a cache's pages in the cluster, and its figures
- * (remote.h draws the tier; rlookup.c and rwrite.c are its two paths). */
+/* remote.c: the cluster tier's life (its files and options), its figures,
+ * and its table as a tier (tier_cluster, tier.h) (remote.h draws the tier;
+ * rlookup.c and rwrite.c are its two paths, rshared.c what they share). */
 #include "remote.h"
 
 #include <errno.h>
@@ -14,6 +14,7 @@
 #include "log.h"
 #include "rsend.h"
 #include "rtier.h"
+#include "tier.h"
 
 #define SECRET_MAX 4096
 
@@ -122,7 +123,7 @@ int remote_start(server_t *srv, char *err, size_t errlen) {
   }
   if (rc == 0) rc = rcluster_new(srv->loop, &o, &r->cl, err, errlen);
   if (rc == 0) rc = rwrite_start(r);
-  if (rc == 0 && !(r->send = rsend_new(srv->loop, &so, rwrite_done, r))) rc = -1;
+  if (rc == 0 && !(r->send = rsend_new(srv->work, &so, rwrite_done, r))) rc = -1;
   explicit_bzero(secret, sizeof secret);
   explicit_bzero(pass, sizeof pass);
   if (rc != 0) {
@@ -136,10 +137,7 @@ int remote_start(server_t *srv, char *err, size_t errlen) {
     uv_close((uv_handle_t *)&r->deadline, on_timer_closed);
     return -1;
   }
-  srv->remote = r;
-  engine_tier_hooks_t h = {r, cfg->cluster_write == CLUSTER_WRITE_INDEXED ? rwrite_indexed : NULL,
-                           cfg->cluster_write == CLUSTER_WRITE_EVICTED ? rwrite_reclaimed : NULL};
-  engine_set_tier_hooks(srv->eng, &h);
+  srv->remote = r; /* tiers.c hooks the engine: cluster_indexed, cluster_reclaimed */
   LOG_INFO("cluster", "nodes=\"%s\" write=%s read_replicas=%d auth=%s secret=%s",
            cfg->cluster_nodes,
            cfg->cluster_write == CLUSTER_WRITE_INDEXED   ? "indexed"
@@ -156,8 +154,7 @@ void remote_drain(server_t *srv) {
 void remote_stop(server_t *srv) {
   remote_t *r = srv->remote;
   if (!r || r->stopping) return;
-  r->stopping = true;
-  engine_set_tier_hooks(srv->eng, NULL);
+  r->stopping = true; /* tiers.c unhooks the engine after */
   rlookup_end_all(r);
   rlookup_spare_free(r);
   rwrite_stop(r);        /* the sender's jobs come back, their pages released */
@@ -168,39 +165,6 @@ void remote_stop(server_t *srv) {
   srv->remote = NULL;
   uv_close((uv_handle_t *)&r->kick, on_timer_closed); /* the last frees r */
   uv_close((uv_handle_t *)&r->deadline, on_timer_closed);
-}
-
-const rvalue_cache_t *remote_cache(remote_t *r, uint32_t cache_id) {
-  server_t *srv = r->srv;
-  __typeof__(r->memo[0]) *m = &r->memo[cache_id % RTIER_MEMO];
-  if (m->valid && m->cache_id == cache_id) return &m->rc;
-  kvc_cache_info_t ci;
-  uint32_t tenant;
-  if (engine_cache_info(srv->eng, cache_id, &ci) != 0 ||
-      engine_cache_tenant(srv->eng, cache_id, &tenant) != 0)
-    return NULL;
-  int64_t pb = engine_layout_page_bytes(&ci.layout);
-  if (pb <= 0) return NULL;
-  if (!ci.layout.page_tokens) ci.layout.page_tokens = KVC_DEFAULT_PAGE_TOKENS;
-  uint8_t ident[32];
-  rvalue_tenant_identity(tenant == TENANT_SHARED ? NULL : tenants_name(&srv->tenants, tenant),
-                         ident);
-  rvalue_cache_init(&m->rc, r->sec, ident, &ci.layout, (uint64_t)pb);
-  m->cache_id = cache_id;
-  m->valid = true;
-  return &m->rc;
-}
-
-void remote_error(remote_t *r, enum rc_status st, const redisReply *reply) {
-  static const enum tier_err by_status[RC_STATUSES_] = {
-      [RC_OK] = TIER_ERR_server,        [RC_TIMEOUT] = TIER_ERR_timeout,
-      [RC_CONN] = TIER_ERR_connection,  [RC_BREAKER] = TIER_ERR_breaker,
-      [RC_NOROUTE] = TIER_ERR_noroute,  [RC_REDIRECTS] = TIER_ERR_redirects};
-  enum tier_err k = (unsigned)st < RC_STATUSES_ ? by_status[st] : TIER_ERR_server;
-  if (st == RC_OK && reply && reply->type == REDIS_REPLY_ERROR && reply->len >= 3 &&
-      strncmp(reply->str, "OOM", 3) == 0)
-    k = TIER_ERR_oom;
-  r->st.errors[k]++;
 }
 
 /* ---- figures ---------------------------------------------------------------------- */
@@ -241,3 +205,30 @@ const tier_view_t *remote_view(server_t *srv, arena_t *a) {
   *v = (tier_view_t){"cluster", &r->st, reasons, RV_VERDICTS_ - 1, nodes, nn};
   return v;
 }
+
+/* ---- the tier (tier.h) ------------------------------------------------------------ */
+
+static bool cluster_on(const server_t *srv) { return srv->remote != NULL; }
+
+/* The engine's store hooks: cluster_write says which one writes. */
+static void cluster_indexed(server_t *srv, uint32_t cache_id, const uint8_t hash[32]) {
+  if (srv->cfg.cluster_write == CLUSTER_WRITE_INDEXED) rwrite_indexed(srv->remote, cache_id, hash);
+}
+
+static void cluster_reclaimed(server_t *srv, const engine_page_t *page) {
+  if (srv->cfg.cluster_write == CLUSTER_WRITE_EVICTED) rwrite_reclaimed(srv->remote, page);
+}
+
+const tier_ops_t tier_cluster = {
+    .name = "cluster",
+    .open = remote_start,
+    .on = cluster_on,
+    .drain = remote_drain,
+    .stop = remote_stop,
+    .indexed = cluster_indexed,
+    .reclaimed = cluster_reclaimed,
+    .lookup = rlookup_start,
+    .import = rlookup_import,
+    .forget = rlookup_forget,
+    .view = remote_view,
+};

@@ -50,6 +50,7 @@
 #include "kvcache.pb-c.h"
 #include "server.h"
 #include "shm.h"
+#include "tier.h"
 
 enum conn_state {
   CONN_NEW,      /* accepted, waiting for its Hello */
@@ -109,15 +110,12 @@ struct conn {
                                 through the ring: its reply goes into the CQ */
   bool offloaded;            /* a get or put copies on the thread pool: no
                                 other request runs, the buffer stays mapped */
-  bool parked;               /* its next request needs a sequence another
-                                connection's put holds busy: it runs again,
-                                from the start, when a put ends */
-  bool tier_wait;            /* parked until pages its match reached on the
-                                disk tier are read back (disk.c) */
-  bool tier_tried;           /* its current request looked at the disk tier
-                                already: when it runs again, it does not */
-  bool remote_parked;        /* parked until its cluster lookup ends (rwait) */
-  struct rlookup *rwait;     /* the cluster lookup of its next request (rlookup.c) */
+  bool parked;               /* the one flag of a request that waits: it runs
+                                again, from the start, when what it waits on
+                                ends: a sequence another connection's put
+                                holds busy (a put ends: conn_unpark_all), or
+                                the tiers of tw.pending (tiers_done) */
+  tier_wait_t tw;            /* its request's walk of the tiers (tier.h) */
   bool greeted;              /* said Hello (stays set through FLUSHING, CLOSED) */
   bool counted;              /* counted in connections_current */
   bool eof;                  /* the peer closed its side; never read again */
@@ -164,17 +162,17 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
 int conn_own_reserve(conn_t *c, uint32_t n);
 void conn_own(conn_t *c, uint32_t cache_id, uint64_t seq_id);
 
-/* Parks c: the frame at the head of its buffer stays there, and nothing
- * runs until conn_unpark_all. */
+/* Parks c: the frame at the head of its buffer (or ring) stays there, and
+ * nothing runs until what it waits on ends: with c->tw.pending, the tiers'
+ * lookups (conn_tier_done), else a busy sequence (conn_unpark_all). */
 void conn_park(conn_t *c);
 /* Runs the parked connections of srv again (a put ended); those waiting
- * for the disk tier or the cluster stay parked. */
+ * on a tier stay parked (srv->up.seqs_free). */
 void conn_unpark_all(server_t *srv);
-/* Runs c again (its disk tier reads are in). */
-void conn_unpark(conn_t *c);
-/* Parks c until its cluster lookup ends (remote.c), then runs it again. */
-void conn_park_remote(conn_t *c);
-void conn_unpark_remote(conn_t *c);
+/* The one resume of a request that waited on a tier (srv->up.resume, which
+ * tiers_done calls): conn_id's wait on tier idx ended; with no other
+ * pending, its request runs again. */
+void conn_tier_done(server_t *srv, uint64_t conn_id, unsigned idx);
 
 /* READY: the Hello was accepted (dispatch). */
 void conn_greeted(conn_t *c);
@@ -194,6 +192,13 @@ bool conn_offload_end(conn_t *c);
 /* Runs what waited for the offloaded request (buffered frames, a pending
  * close after flush). */
 void conn_resume(conn_t *c);
+/* An offloaded copy of c's request ended (srv->up.copied): conn_offload_end,
+ * the OK reply, conn_resume. */
+void conn_copied(conn_t *c, uint64_t request_id);
+
+/* Closes the connections idle past idle_timeout_ms (the expire timer);
+ * returns how many. */
+size_t conn_idle_sweep(server_t *srv);
 
 /* Runs every complete buffered frame and every request waiting in the
  * submission ring, ignoring the per-turn bound (drain). */

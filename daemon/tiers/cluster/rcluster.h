@@ -42,8 +42,6 @@ enum rc_status {
   RC_REDIRECTS,  /* too many MOVED/ASK in a row */
   RC_STATUSES_
 };
-/* "ok", "timeout", ...: the kind label of an error. */
-const char *rc_status_name(enum rc_status s);
 
 /* Called once per command: reply is the final reply with RC_OK (valid
  * during the call; the callee may take reply->str, see rcluster_take_str),

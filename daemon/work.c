@@ -1,0 +1,246 @@
+/* work.c: the one work queue (work.h). */
+#include "work.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "log.h"
+
+typedef struct wclass {
+  work_job_t *head, *tail; /* queued, oldest first (under mu) */
+  pthread_cond_t cv;       /* a job of it was queued, or stop */
+  bool stop, drain;        /* under mu */
+  unsigned nthreads, cap;
+  pthread_t *threads;      /* nthreads of them (cap allocated) */
+} wclass_t;
+
+typedef struct targ {
+  work_t *w;
+  enum work_class c;
+} targ_t;
+
+struct work {
+  pthread_mutex_t mu;          /* guards every class's list and flags */
+  wclass_t cls[WORK_CLASSES];
+  targ_t args[WORK_CLASSES];
+  _Atomic(work_job_t *) done;  /* finished, newest first: the threads push, the loop takes all */
+  int efd;                     /* counts pushes onto an empty done stack: the loop's wake-up */
+  uv_poll_t poll;              /* on efd, started while jobs are in flight */
+  uint64_t inflight;           /* submitted, not yet done (loop only) */
+};
+
+/* The last part of j was run: onto the done stack. Only a push onto an
+ * empty stack wakes the loop: a stack that was not empty has a wake-up
+ * pending (the loop reads the eventfd before it takes the stack). */
+static void push_done(work_t *w, work_job_t *j) {
+  work_job_t *top = atomic_load(&w->done);
+  do j->next = top;
+  while (!atomic_compare_exchange_weak(&w->done, &top, j));
+  uint64_t one = 1;
+  while (!top && write(w->efd, &one, sizeof one) < 0 && errno == EINTR) {}
+}
+
+static void *worker(void *arg) {
+  targ_t *a = arg;
+  work_t *w = a->w;
+  wclass_t *k = &w->cls[a->c];
+  (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    while (!k->head && !k->stop) pthread_cond_wait(&k->cv, &w->mu);
+    work_job_t *j = k->head;
+    if (!j || (k->stop && !k->drain)) break;
+    unsigned n = j->nparts ? j->nparts : 1, part = j->taken++;
+    if (j->taken == n) { /* its last part: off the list */
+      k->head = j->next;
+      if (!k->head) k->tail = NULL;
+    }
+    pthread_mutex_unlock(&w->mu);
+    j->run(j, part, n);
+    /* The loop owns a job of work_run_here and frees it once left is 0:
+     * read here first, touch nothing after the decrement. */
+    bool here = j->here;
+    if (atomic_fetch_sub(&j->left, 1) == 1 && !here) push_done(w, j);
+    pthread_mutex_lock(&w->mu);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+static void reap(work_t *w) {
+  work_job_t *list = atomic_exchange(&w->done, NULL), *fifo = NULL;
+  while (list) { /* oldest first */
+    work_job_t *next = list->next;
+    list->next = fifo;
+    fifo = list;
+    list = next;
+  }
+  while (fifo) {
+    work_job_t *next = fifo->next;
+    if (--w->inflight == 0) uv_poll_stop(&w->poll); /* idle: poll nothing */
+    fifo->done(fifo);
+    fifo = next;
+  }
+}
+
+static void on_done(uv_poll_t *h, int status, int events) {
+  work_t *w = h->data;
+  uint64_t n;
+  (void)status;
+  (void)events;
+  /* Read, then take: a push after the take writes the eventfd again. */
+  if (read(w->efd, &n, sizeof n) < 0 && errno != EAGAIN)
+    LOG_WARN("work", "read eventfd: %s", strerror(errno));
+  reap(w);
+}
+
+bool work_reap(work_t *w) {
+  if (!w || !atomic_load_explicit(&w->done, memory_order_relaxed)) return false;
+  uint64_t n;
+  if (read(w->efd, &n, sizeof n) < 0 && errno != EAGAIN)
+    LOG_WARN("work", "read eventfd: %s", strerror(errno));
+  reap(w);
+  return true;
+}
+
+work_t *work_new(uv_loop_t *loop, char *err, size_t errlen) {
+  work_t *w = calloc(1, sizeof *w);
+  if (!w) {
+    snprintf(err, errlen, "work queue: out of memory");
+    return NULL;
+  }
+  w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (w->efd < 0 || uv_poll_init(loop, &w->poll, w->efd) != 0) {
+    snprintf(err, errlen, "work queue: eventfd: %s", strerror(errno));
+    if (w->efd >= 0) close(w->efd);
+    free(w);
+    return NULL;
+  }
+  pthread_mutex_init(&w->mu, NULL);
+  for (int c = 0; c < WORK_CLASSES; c++) {
+    pthread_cond_init(&w->cls[c].cv, NULL);
+    w->args[c] = (targ_t){w, (enum work_class)c};
+  }
+  atomic_init(&w->done, NULL);
+  w->poll.data = w;
+  return w;
+}
+
+int work_threads(work_t *w, enum work_class c, unsigned n, char *err, size_t errlen) {
+  wclass_t *k = &w->cls[c];
+  pthread_mutex_lock(&w->mu);
+  k->stop = k->drain = false;
+  pthread_mutex_unlock(&w->mu);
+  if (k->nthreads + n > k->cap) {
+    pthread_t *t = realloc(k->threads, (k->nthreads + n) * sizeof *t);
+    if (!t) {
+      snprintf(err, errlen, "threads: out of memory");
+      return -1;
+    }
+    k->threads = t;
+    k->cap = k->nthreads + n;
+  }
+  for (unsigned i = 0; i < n; i++) {
+    int rc = pthread_create(&k->threads[k->nthreads], NULL, worker, &w->args[c]);
+    if (rc) {
+      snprintf(err, errlen, "threads: %s", strerror(rc));
+      return -1;
+    }
+    k->nthreads++;
+  }
+  return 0;
+}
+
+unsigned work_nthreads(const work_t *w, enum work_class c) { return w ? w->cls[c].nthreads : 0; }
+
+void work_submit(work_t *w, work_job_t *j) {
+  wclass_t *k = &w->cls[j->cls];
+  unsigned n = j->nparts ? j->nparts : 1;
+  j->next = NULL;
+  j->taken = 0;
+  j->here = false;
+  atomic_init(&j->left, n);
+  if (w->inflight++ == 0) uv_poll_start(&w->poll, UV_READABLE, on_done);
+  pthread_mutex_lock(&w->mu);
+  if (k->tail) k->tail->next = j;
+  else k->head = j;
+  k->tail = j;
+  if (n > 1) pthread_cond_broadcast(&k->cv);
+  else pthread_cond_signal(&k->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+void work_run_here(work_t *w, work_job_t *j) {
+  wclass_t *k = &w->cls[j->cls];
+  unsigned n = j->nparts ? j->nparts : 1;
+  j->taken = 0;
+  j->here = true;
+  atomic_init(&j->left, n);
+  pthread_mutex_lock(&w->mu);
+  j->next = k->head;
+  k->head = j;
+  if (!k->tail) k->tail = j;
+  if (n > 2) pthread_cond_broadcast(&k->cv);
+  else pthread_cond_signal(&k->cv);
+  for (;;) {
+    if (j->taken == n) break;
+    unsigned part = j->taken++;
+    if (j->taken == n) { /* still the head: only the loop queues */
+      k->head = j->next;
+      if (!k->head) k->tail = NULL;
+    }
+    pthread_mutex_unlock(&w->mu);
+    j->run(j, part, n);
+    atomic_fetch_sub(&j->left, 1);
+    pthread_mutex_lock(&w->mu);
+  }
+  pthread_mutex_unlock(&w->mu);
+  for (unsigned i = 0; atomic_load(&j->left); i++) { /* a thread's part, being run */
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if ((i & 1023) == 1023) sched_yield();
+  }
+}
+
+void work_stop(work_t *w, enum work_class c, bool drain, void (*cancel)(work_job_t *j)) {
+  if (!w) return;
+  wclass_t *k = &w->cls[c];
+  pthread_mutex_lock(&w->mu);
+  k->stop = true;
+  k->drain = drain;
+  pthread_cond_broadcast(&k->cv);
+  pthread_mutex_unlock(&w->mu);
+  for (unsigned i = 0; i < k->nthreads; i++) pthread_join(k->threads[i], NULL);
+  k->nthreads = 0;
+  work_job_t *left = k->head; /* not begun (a drain leaves none) */
+  k->head = k->tail = NULL;
+  while (left) {
+    work_job_t *next = left->next;
+    if (--w->inflight == 0) uv_poll_stop(&w->poll);
+    if (cancel) cancel(left);
+    left = next;
+  }
+}
+
+static void on_poll_closed(uv_handle_t *h) { free(h->data); }
+
+void work_free(work_t *w) {
+  if (!w) return;
+  for (int c = 0; c < WORK_CLASSES; c++) {
+    pthread_cond_destroy(&w->cls[c].cv);
+    free(w->cls[c].threads);
+  }
+  pthread_mutex_destroy(&w->mu);
+  close(w->efd);
+  uv_close((uv_handle_t *)&w->poll, on_poll_closed); /* frees w once closed */
+}

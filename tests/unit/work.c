@@ -1,0 +1,157 @@
+/* work.c: the daemon's one work queue (daemon/work.c): every part of a job
+ * runs once and its done once after the last; a class's jobs never wait on
+ * another class's threads; a drain runs what is queued, a stop without one
+ * hands the jobs not begun back; the loop takes parts itself. A real libuv
+ * loop and real threads; no sleeps (the blocked job waits on a condition
+ * the test sets). */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "../../daemon/work.h"
+#include "test.h"
+
+typedef struct tjob {
+  work_job_t wj;
+  atomic_uint ran[8];      /* per part: times it ran */
+  atomic_int entered;      /* a thread began a part */
+  int done;                /* times done ran (loop) */
+  int cancelled;
+  pthread_mutex_t *gate;   /* held: the job waits for it */
+} tjob_t;
+
+static int ndone;
+
+static void t_run(work_job_t *w, unsigned part, unsigned nparts) {
+  tjob_t *j = (tjob_t *)(void *)w;
+  ASSERT(part < nparts && nparts <= 8);
+  atomic_store(&j->entered, 1);
+  if (j->gate) {
+    pthread_mutex_lock(j->gate);
+    pthread_mutex_unlock(j->gate);
+  }
+  atomic_fetch_add(&j->ran[part], 1);
+}
+
+static void t_done(work_job_t *w) {
+  ((tjob_t *)(void *)w)->done++;
+  ndone++;
+}
+
+static void t_cancel(work_job_t *w) { ((tjob_t *)(void *)w)->cancelled++; }
+
+static void job(tjob_t *j, enum work_class c, unsigned nparts) {
+  memset(j, 0, sizeof *j);
+  j->wj = (work_job_t){.run = t_run, .done = t_done, .nparts = nparts, .cls = (uint8_t)c};
+}
+
+/* Runs the loop until n jobs are done in all (each turn waits on the
+ * queue's eventfd: no polling of our own). */
+static void until_done(uv_loop_t *loop, int n) {
+  while (ndone < n) uv_run(loop, UV_RUN_ONCE);
+}
+
+TEST(work_every_part_once_done_once_after_the_last) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  char err[256];
+  work_t *w = work_new(&loop, err, sizeof err);
+  ASSERT(w != NULL);
+  ASSERT_EQ(work_threads(w, WORK_COPY, 3, err, sizeof err), 0);
+  ASSERT_EQ(work_nthreads(w, WORK_COPY), 3);
+  static tjob_t j[16];
+  ndone = 0;
+  for (int i = 0; i < 16; i++) {
+    job(&j[i], WORK_COPY, (unsigned)(i % 5) + 1);
+    work_submit(w, &j[i].wj);
+  }
+  until_done(&loop, 16);
+  for (int i = 0; i < 16; i++) {
+    ASSERT_EQ(j[i].done, 1);
+    for (int p = 0; p < 8; p++) ASSERT_EQ(atomic_load(&j[i].ran[p]), p < i % 5 + 1 ? 1u : 0u);
+  }
+  work_stop(w, WORK_COPY, true, NULL);
+  work_free(w);
+  uv_run(&loop, UV_RUN_DEFAULT); /* the poll handle closes */
+  ASSERT_EQ(uv_loop_close(&loop), 0);
+}
+
+TEST(work_a_blocked_class_holds_up_no_other) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  char err[256];
+  work_t *w = work_new(&loop, err, sizeof err);
+  ASSERT(w != NULL);
+  ASSERT_EQ(work_threads(w, WORK_NET, 1, err, sizeof err), 0);
+  ASSERT_EQ(work_threads(w, WORK_COPY, 1, err, sizeof err), 0);
+  ASSERT_EQ(work_threads(w, WORK_DISK, 1, err, sizeof err), 0);
+  pthread_mutex_t gate = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&gate);
+  static tjob_t net[3], copy, disk;
+  ndone = 0;
+  for (int i = 0; i < 3; i++) {
+    job(&net[i], WORK_NET, 1);
+    net[i].gate = &gate; /* a silent node: the SET hangs */
+    work_submit(w, &net[i].wj);
+  }
+  job(&copy, WORK_COPY, 2);
+  job(&disk, WORK_DISK, 1);
+  work_submit(w, &copy.wj);
+  work_submit(w, &disk.wj);
+  until_done(&loop, 2); /* the copy and the disk job, while the SETs hang */
+  ASSERT_EQ(copy.done, 1);
+  ASSERT_EQ(disk.done, 1);
+  ASSERT_EQ(net[0].done + net[1].done + net[2].done, 0);
+  /* A stop without a drain: the SET in progress ends, the others come
+   * back not begun (or run, if the thread took them before the stop). */
+  while (!atomic_load(&net[0].entered)) sched_yield(); /* in progress (the copy's done came first) */
+  pthread_mutex_unlock(&gate);
+  work_stop(w, WORK_NET, false, t_cancel);
+  work_reap(w);
+  int done = 0, cancelled = 0;
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ(net[i].done + net[i].cancelled, 1);
+    done += net[i].done, cancelled += net[i].cancelled;
+  }
+  ASSERT_EQ(net[0].done, 1);
+  ASSERT_EQ(done + cancelled, 3);
+  work_stop(w, WORK_COPY, true, NULL);
+  work_stop(w, WORK_DISK, true, NULL);
+  work_free(w);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  ASSERT_EQ(uv_loop_close(&loop), 0);
+}
+
+TEST(work_drain_runs_what_is_queued_and_the_loop_takes_parts) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  char err[256];
+  work_t *w = work_new(&loop, err, sizeof err);
+  ASSERT(w != NULL);
+  ASSERT_EQ(work_threads(w, WORK_DISK, 2, err, sizeof err), 0);
+  ASSERT_EQ(work_threads(w, WORK_COPY, 2, err, sizeof err), 0);
+  static tjob_t d[32], here;
+  ndone = 0;
+  for (int i = 0; i < 32; i++) {
+    job(&d[i], WORK_DISK, 1);
+    work_submit(w, &d[i].wj);
+  }
+  work_stop(w, WORK_DISK, true, t_cancel); /* every one runs before the threads end */
+  work_reap(w);
+  for (int i = 0; i < 32; i++) {
+    ASSERT_EQ(d[i].done, 1);
+    ASSERT_EQ(d[i].cancelled, 0);
+  }
+  /* The loop runs the parts no thread took, then waits for the others;
+   * done is not called (the caller ends it). */
+  job(&here, WORK_COPY, 8);
+  work_run_here(w, &here.wj);
+  for (int p = 0; p < 8; p++) ASSERT_EQ(atomic_load(&here.ran[p]), 1u);
+  ASSERT_EQ(here.done, 0);
+  ASSERT(!work_reap(w));
+  work_stop(w, WORK_COPY, true, NULL);
+  work_free(w);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  ASSERT_EQ(uv_loop_close(&loop), 0);
+}
