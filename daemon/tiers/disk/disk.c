@@ -303,14 +303,16 @@ static void drop(disk_t *d, dent_t *e, bool bad) {
   free(e);
 }
 
-/* Least recent out until the files fit the bound (writes in flight stay,
- * and so do files being read back: a read-back holds what it reads). */
-static void trim(disk_t *d) {
-  for (dent_t *e = d->tail, *prev; e && d->bytes > d->cap; e = prev) {
+/* Least recent out until the files fit within limit (writes in flight
+ * stay, and so do files being read back: a read-back holds what it reads). */
+static void trim_to(disk_t *d, uint64_t limit) {
+  for (dent_t *e = d->tail, *prev; e && d->bytes > limit; e = prev) {
     prev = e->prev;
     if (e->state == D_READY && !e->readers) drop(d, e, false);
   }
 }
+
+static void trim(disk_t *d) { trim_to(d, d->cap); }
 
 /* ---- the tenant registry ---------------------------------------------------------- */
 
@@ -433,6 +435,14 @@ static void write_done(disk_t *d, djob_t *j) {
   if (!w->err) {
     srv->stats.tier_disk_writes++;
     srv->stats.tier_disk_write_bytes += bytes;
+    /* After a full file system: what is written fits (the bound learned
+     * at an error leaves out the writes then in flight; those that
+     * succeed raise it again, up to tier_bytes). */
+    uint64_t held = d->bytes > d->staging ? d->bytes - d->staging : 0;
+    if (d->full_logged && held > d->cap) {
+      d->cap = held < d->bound ? held : d->bound;
+      gauges(d);
+    }
     if (e->gone) drop(d, e, false);
   } else {
     srv->stats.tier_disk_write_errors++;
@@ -440,8 +450,12 @@ static void write_done(disk_t *d, djob_t *j) {
     free(e); /* write_file removed its tmp file: nothing to unlink */
     if (w->err == ENOSPC || w->err == EDQUOT) {
       /* The file system holds less than tier_bytes: the tier keeps to what
-       * it holds now (until a reload), least recent out, and puts go on. */
-      d->cap = d->bytes;
+       * it holds now (until a reload), least recent out, and puts go on.
+       * What it holds is its written files: the writes still in flight
+       * (staging) may fail as this one did (the first error of a burst saw
+       * 29 pages counted on a 12-page file system, and the bound stayed
+       * above what fits); those that succeed raise it (above). */
+      d->cap = d->bytes > d->staging ? d->bytes - d->staging : 0;
       gauges(d);
       if (!d->full_logged)
         LOG_WARN("tier_disk_full", "bytes=%llu tier_bytes=%llu action=\"keeping the tier "
@@ -478,8 +492,9 @@ static void turn_drop_oldest(disk_t *d) {
  * threads, the newest first (a chain's head before its tail), the event
  * stream hears of their pages in that order (a parent before its
  * children; of a page dropped, nothing), and the tier's bound is kept for
- * them: the files that make their room are removed by the first of them,
- * before it writes. */
+ * them: each write removes the files that make its own room before it
+ * writes (the threads run writes side by side: room made by another write
+ * may not be made yet, and a full file system would refuse this one). */
 static void turn_flush(disk_t *d) {
   wjob_t *rev = NULL;
   for (wjob_t *w = d->turn_head, *next; w; w = next) {
@@ -490,8 +505,13 @@ static void turn_flush(disk_t *d) {
   d->turn_head = d->turn_tail = NULL;
   d->turn_bytes = 0;
   if (!rev) return;
-  d->collect = rev;
-  trim(d);
+  uint64_t later = 0; /* bytes of the writes after the one collecting */
+  for (wjob_t *w = rev; w; w = w->tnext) later += w->e->header_bytes + w->e->data_bytes;
+  for (wjob_t *w = rev; w; w = w->tnext) {
+    later -= w->e->header_bytes + w->e->data_bytes;
+    d->collect = w;
+    trim_to(d, d->cap > UINT64_MAX - later ? UINT64_MAX : d->cap + later);
+  }
   d->collect = NULL;
   for (wjob_t *w = rev, *next; w; w = next) {
     next = w->tnext;
