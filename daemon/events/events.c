@@ -35,8 +35,9 @@ struct events {
   bool checking;
   zpub_t *zpub;        /* the ZeroMQ stream; NULL: not configured */
   scope_t zscope;
-  bool zfresh;         /* nothing published yet: the first batch starts with
-                          AllBlocksCleared (the daemon (re)started empty) */
+  bool zfresh;         /* no change published yet (the daemon (re)started empty):
+                          a subscriber that joins gets AllBlocksCleared alone, and
+                          the first batch of changes starts with it */
   vhash_t *vhash;      /* events_hash = vllm: the vLLM hash of each page published */
   msgpack_sbuffer sb;
   engine_event_t *evs; /* the turn's records */
@@ -92,6 +93,21 @@ static bool in_scope(events_t *e, const scope_t *s, size_t n, size_t i) {
   return !s->cache[0] || strcmp(turn_name(e, n, i), s->cache) == 0;
 }
 
+/* Doubles the room for a turn's records (256 the first time); false out of
+ * memory (what was there stays). */
+static bool grow(events_t *e) {
+  size_t cap = e->cap ? 2 * e->cap : 256;
+  engine_event_t *evs = realloc(e->evs, cap * sizeof *evs);
+  if (evs) e->evs = evs;
+  wire_ev_t *wev = evs ? realloc(e->wev, (cap + 2) * sizeof *wev) : NULL;
+  if (wev) e->wev = wev;
+  uint8_t(*vh)[2][32] = wev ? realloc(e->vh, (cap + 2) * sizeof *vh) : NULL;
+  if (vh) e->vh = vh;
+  if (!evs || !wev || !vh) return false;
+  e->cap = cap;
+  return true;
+}
+
 /* Reads the log into e->evs; returns how many records, or SIZE_MAX when
  * there is no room for them (out of memory: the turn counts as lost). */
 static size_t read_log(events_t *e) {
@@ -99,17 +115,7 @@ static size_t read_log(events_t *e) {
   size_t cur = 0, n = 0;
   engine_event_t ev;
   while (engine_events_next(eng, &cur, &ev)) {
-    if (n == e->cap) {
-      size_t cap = e->cap ? 2 * e->cap : 256;
-      engine_event_t *evs = realloc(e->evs, cap * sizeof *evs);
-      if (evs) e->evs = evs;
-      wire_ev_t *wev = evs ? realloc(e->wev, (cap + 2) * sizeof *wev) : NULL;
-      if (wev) e->wev = wev;
-      uint8_t(*vh)[2][32] = wev ? realloc(e->vh, (cap + 2) * sizeof *vh) : NULL;
-      if (vh) e->vh = vh;
-      if (!evs || !wev || !vh) return SIZE_MAX;
-      e->cap = cap;
-    }
+    if (n == e->cap && !grow(e)) return SIZE_MAX;
     e->evs[n++] = ev;
   }
   return n;
@@ -130,7 +136,11 @@ static bool published(events_t *e, const engine_event_t *ev, size_t m, wire_ev_t
   return ok;
 }
 
-static void zmq_turn(events_t *e, size_t n, bool lost, double ts) {
+/* Publishes this turn's changes; with none, and no change published since
+ * the start, AllBlocksCleared alone when a subscriber joined: a router that
+ * held a view of this node before it restarted drops it at once (a PUB
+ * sends nothing to a subscriber that has not joined yet, so not at start). */
+static void zmq_turn(events_t *e, size_t n, bool lost, bool joined, double ts) {
   server_t *srv = e->srv;
   size_t m = 0;
   if (e->zfresh) e->wev[m++] = (wire_ev_t){NULL, NULL, NULL};
@@ -146,7 +156,8 @@ static void zmq_turn(events_t *e, size_t n, bool lost, double ts) {
     e->wev[m++] = (wire_ev_t){NULL, NULL, NULL};
     if (e->vhash) vhash_clear(e->vhash);
   }
-  if (m == head) return; /* nothing for this stream */
+  bool changes = m > head;
+  if (!changes && !(e->zfresh && joined)) return; /* nothing for this stream */
   wire_opts_t o = {.map = srv->cfg.events_format == EVENTS_FORMAT_MAP,
                    .token_ids = srv->cfg.events_token_ids,
                    .hash_int = srv->cfg.events_hash_int,
@@ -158,7 +169,7 @@ static void zmq_turn(events_t *e, size_t n, bool lost, double ts) {
     return;
   }
   zpub_publish(e->zpub, e->sb.data, e->sb.size);
-  e->zfresh = false;
+  if (changes) e->zfresh = false;
   srv->stats.events_batches++;
   srv->stats.events_published += (uint64_t)k;
 }
@@ -258,7 +269,8 @@ static void on_turn(uv_check_t *h) {
     lost += 1; /* cannot even read them: all of this turn's count as lost */
     n = 0;
   }
-  if (n == 0 && lost == 0) return;
+  bool joined = e->zpub && e->zfresh && zpub_take_joins(e->zpub);
+  if (n == 0 && lost == 0 && !joined) return;
   if (lost) {
     srv->stats.events_log_dropped += lost;
     LOG_WARN("events_lost", "records=%llu reason=\"the event log was full (events_log_bytes=%llu)\"",
@@ -266,7 +278,10 @@ static void on_turn(uv_check_t *h) {
   }
   double ts = now_s();
   e->memo.valid = false;
-  if (e->zpub) zmq_turn(e, n, lost != 0, ts);
+  if (e->zpub) zmq_turn(e, n, lost != 0, joined, ts);
+  /* A join seen while publishing (zpub_publish reads the subscriptions)
+   * gets its AllBlocksCleared now, not at the loop's next wakeup. */
+  while (e->zpub && e->zfresh && zpub_take_joins(e->zpub)) zmq_turn(e, 0, false, true, ts);
   if (e->nsubs)
     for (conn_t *c = srv->conns; c; c = c->next)
       if (c->sub && c->state < CONN_FLUSHING) sub_push(e, c, n, lost != 0, ts);
@@ -317,7 +332,8 @@ int events_init(server_t *srv, char *err, size_t errlen) {
     return -1;
   }
   e->zfresh = true;
-  if (cfg->events_hash == EVENTS_HASH_VLLM && !(e->vhash = vhash_new(cfg->events_hash_seed))) {
+  if (!grow(e) || /* room for a turn with no records: AllBlocksCleared alone */
+      (cfg->events_hash == EVENTS_HASH_VLLM && !(e->vhash = vhash_new(cfg->events_hash_seed)))) {
     snprintf(err, errlen, "events: out of memory");
     return -1;
   }

@@ -27,6 +27,7 @@ struct zpub {
   uv_poll_t pub_poll, router_poll;
   int open_polls;        /* uv_poll handles not yet through their close callback */
   uint64_t next_seq;
+  uint32_t joins;        /* subscriptions to the topic seen since zpub_take_joins */
   kept_t *ring;          /* cfg.events_buffer slots, the oldest at head */
   uint32_t cap, head, n;
   size_t ring_bytes;
@@ -56,7 +57,9 @@ static int send_frames(void *s, const frame_t *f, int n) {
 
 /* Subscriptions arrive on the XPUB as messages: 1 + topic subscribes, 0 +
  * topic unsubscribes (XPUB_VERBOSER passes every one, a subscriber's
- * departure included), so their balance is the subscriptions now. */
+ * departure included), so their balance is the subscriptions now. A
+ * subscription to a prefix of events_topic (the messages it will get) is a
+ * join, counted for zpub_take_joins. */
 static void pub_drain(zpub_t *z) {
   for (;;) {
     int ev = 0;
@@ -67,8 +70,14 @@ static void pub_drain(zpub_t *z) {
     if (zmq_msg_recv(&m, z->pub, ZMQ_DONTWAIT) >= 0 && zmq_msg_size(&m) >= 1) {
       const uint8_t *d = zmq_msg_data(&m);
       uint64_t *subs = &z->srv->stats.events_subscriptions;
-      if (d[0] == 1) (*subs)++;
-      else if (d[0] == 0 && *subs) (*subs)--;
+      const char *topic = z->srv->cfg.events_topic;
+      size_t tlen = zmq_msg_size(&m) - 1;
+      if (d[0] == 1) {
+        (*subs)++;
+        if (tlen <= strlen(topic) && memcmp(d + 1, topic, tlen) == 0) z->joins++;
+      } else if (d[0] == 0 && *subs) {
+        (*subs)--;
+      }
     }
     zmq_msg_close(&m);
   }
@@ -114,6 +123,13 @@ int zpub_publish(zpub_t *z, const void *payload, size_t len) {
   keep(z, seq, payload, len);
   pub_drain(z); /* a send may have taken the edge of ZMQ_FD */
   return rc;
+}
+
+uint32_t zpub_take_joins(zpub_t *z) {
+  pub_drain(z);
+  uint32_t n = z->joins;
+  z->joins = 0;
+  return n;
 }
 
 /* ---- the replay socket --------------------------------------------------------- */

@@ -34,6 +34,10 @@ int zpub_open(server_t *srv, zpub_t **out, char *err, size_t errlen);
  * number is used all the same, so subscribers see the gap). */
 int zpub_publish(zpub_t *z, const void *payload, size_t len);
 
+/* The subscriptions to the stream's topic that arrived since the last call
+ * (read from the socket first): subscribers that will get the next batch. */
+uint32_t zpub_take_joins(zpub_t *z);
+
 /* Stops servicing, closes both sockets and the context, frees z. NULL is
  * accepted. */
 void zpub_close(zpub_t *z);
