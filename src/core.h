@@ -84,7 +84,6 @@ static inline const uint32_t *ipage_tags_c(const ipage_t *ip, uint32_t T) {
 }
 
 typedef struct lease lease_t; /* lease.h */
-struct engine_tier_meta;      /* engine_tier.h */
 
 /* A span key resolved for a call (put.c, a match): positions [begin, end)
  * of the sequence carry the interned key id (SPAN_UNKNOWN: a query's key
@@ -277,11 +276,6 @@ struct engine {
   engine_stats_t st;   /* counters (gauges are computed by engine_stats) */
   engine_tier_hooks_t tier; /* pages a tier may want: indexed, reclaimed (tier.c) */
   engine_err_t err;
-  /* The disk tier's callback for a cached page leaving memory (tier.c),
-   * and the hook prefix_reclaim calls to reach it (set with it: prefix.c
-   * never calls tier.c, which calls prefix.c). */
-  void (*spill)(void *ctx, const struct engine_tier_meta *m, const void *bytes);
-  void *spill_ctx;
   /* The one reclaim hook (tier.c sets it when a tier wants reclaimed pages):
    * prefix_reclaim calls it with a cached page about to leave the index. */
   void (*reclaim_hook)(struct engine *eng, const ipage_t *ip);
@@ -289,7 +283,7 @@ struct engine {
   void (*seg_hook)(void *ctx, uint32_t seg, uint64_t from_owner, uint64_t to_owner);
   void *seg_ctx;
   uint64_t reclaims_left; /* cached pages the eviction running plans to reclaim still
-                             (evict.c; a spill says it: engine_tier_meta_t.more) */
+                             (evict.c; a reclaimed page says it: engine_page_t.more) */
   uint64_t plan_reclaims; /* of the last evict_plan: the cached pages it reclaims */
 };
 

@@ -392,7 +392,7 @@ int evict_make_room(engine_t *eng, const evict_need_t *nd) {
    * arena whose victim is the oldest evicts it, and gives a segment once it
    * has a segment's worth of free pages (arena.c moves what is left). */
   plan_t mine = {.arena = a, .by = nd->q};
-  eng->reclaims_left = eng->plan_reclaims; /* what a spill is told is still to come */
+  eng->reclaims_left = eng->plan_reclaims; /* what a reclaimed page says is still to come */
   enum { UNKNOWN = 0, WORN = 1, GIVES = 2 }; /* plan_segs, per other arena */
   for (uint32_t b = 0; b < p->narenas; b++) p->arenas[b].plan_segs = UNKNOWN;
   while (ar->nfree < need_now(eng, nd)) {

@@ -873,12 +873,7 @@ int prefix_expect(engine_t *eng, const ipage_t *ip, const uint8_t *ph, uint8_t o
                                                                           : KVC_E_INTERNAL;
 }
 
-/* ---- for the disk tier (tier.c) --------------------------------------------------- */
-
-void prefix_page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *tokens,
-                      uint32_t T, const engine_pkey_t *key, uint8_t out[32]) {
-  (void)page_hash(eng, parent, tokens, NULL, T, key, out); /* no tags: cannot fail */
-}
+/* ---- for the tiers (tier.c) ------------------------------------------------------- */
 
 bool prefix_key_get(const engine_t *eng, uint32_t id, engine_pkey_t *out) {
   const pkey_t *k = key_by_id(eng, id);

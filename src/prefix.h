@@ -87,11 +87,8 @@ void prefix_insert(engine_t *eng, cache_t *c, ipage_t *ip);
  * ids and its key: for the audit. KVC_E_INTERNAL if its key is unknown. */
 int prefix_expect(engine_t *eng, const ipage_t *ip, const uint8_t *ph, uint8_t out[32]);
 
-/* For the tiers (tier.c; the chain root is prefix_root): the hash of a
- * page without span keys under parent, and the bytes of an interned key
- * (borrowed from the engine; false for an unknown id). */
-void prefix_page_hash(engine_t *eng, const uint8_t parent[32], const uint32_t *tokens,
-                      uint32_t T, const engine_pkey_t *key, uint8_t out[32]);
+/* For the tiers (tier.c): the bytes of an interned key (borrowed from the
+ * engine; false for an unknown id). */
 bool prefix_key_get(const engine_t *eng, uint32_t id, engine_pkey_t *out);
 
 #endif

@@ -1,23 +1,35 @@
 /* tier.c: the engine's one tier API (engine_tier.h): what leaves memory,
  * what a match asks of the tiers below, and what comes back, verified,
  * into the prefix index. Its users are the daemon's tiers (the disk,
- * doc/tiers.md; the cluster, doc/cluster.md). One reclaim hook in prefix.c
- * (eng->reclaim_hook) is its only way in from below.
+ * doc/tiers.md; the cluster, doc/cluster.md; a test's), all through the
+ * same calls. One reclaim hook in prefix.c (eng->reclaim_hook) is its only
+ * way in from below.
  *
- * The disk's side: hands reclaimed cached pages to a callback, probes a
- * query's chain past what is resident, and takes pages back into the
- * prefix index once they verify.
- *
- *   spill:   evict -> prefix_reclaim -> tier_spill(meta, bytes) -> (freed)
- *   import:  begin: page_alloc (evicting as a put would), held by an
+ *   out:     put indexes page -> hooks.indexed(cache, hash) -> the tier may
+ *            ask engine_page_export / engine_page_hold(cache, hash)
+ *            evict -> prefix_reclaim -> hooks.reclaimed(page) -> (freed)
+ *   probe:   the query's local pages m (the most recent now), hashes of
+ *            pages m, m+1, ...: the tier looks them up
+ *   back:    begin: page_alloc (evicting as a put would), held by an
  *            internal lease                  refcnt 1 (the lease)
- *            caller fills the bytes (any thread)
- *            end:   verify, index            refcnt 2 (lease + index)
- *                   drop the lease           refcnt 1: cached, most recent
+ *            the tier fills the bytes (any thread)
+ *            import(query, first = m, pages): each page's hash recomputed
+ *            from the query under the one before; indexed
+ *                                            refcnt 2 (lease + index)
+ *            the lease dropped               refcnt 1: cached, most recent
  *
- * Holding the page with an internal lease (lease.c) means the audit, the
- * eviction planner and the stats already know what it is: a page held by a
- * reader, never a victim, freed with its last reference.
+ *   query  [p0 p1 p2 | p3 p4 p5 ...]    p0..p2 indexed here (held meanwhile)
+ *                     ^ first          p3.. imported while each hash recomputed
+ *                                      from the query equals the tier's
+ *
+ * The tier is never trusted with identity: a page enters the index only
+ * under the hash this engine computes from the caller's own query, so what
+ * a tier returns can be missing or wrong bytes under a right name (the
+ * tier verifies bytes: checksums, doc/tiers.md; MACs, doc/cluster.md),
+ * never another prompt's page. Holding a page with an internal lease
+ * (lease.c) means the audit, the eviction planner and the stats already
+ * know what it is: a page held by a reader, never a victim, freed with its
+ * last reference.
  */
 #include <string.h>
 
@@ -35,351 +47,68 @@
 struct engine_tier_job {
   uint32_t cache_id;
   uint32_t page;
-  lease_t *hold;   /* the page's only reference until the end */
+  lease_t *hold;   /* the page's only reference until the import or the abort */
 };
 
-static uint64_t key64(const uint8_t h[32]) {
-  uint64_t k;
-  memcpy(&k, h, 8);
-  return k;
-}
+/* ---- out ----------------------------------------------------------------------- */
 
-static void reclaim_hook_set(engine_t *eng);
-
-void engine_set_spill(engine_t *eng, engine_spill_fn fn, void *ctx) {
-  if (!eng) return;
-  eng->spill = fn;
-  eng->spill_ctx = fn ? ctx : NULL;
-  reclaim_hook_set(eng);
-}
-
-/* The metadata of an indexed page; false if it cannot go to the tier (a
- * position with a span key, an unknown key). */
-static bool meta_of(engine_t *eng, const ipage_t *ip, engine_tier_meta_t *m) {
+/* An indexed page as a tier sees it. */
+static void page_fill(engine_t *eng, const ipage_t *ip, engine_page_t *out) {
   const cache_t *c = ip->cache;
   uint32_t T = c->g.T;
-  const uint32_t *tags = ipage_tags_c(ip, T);
-  for (uint32_t t = 0; t < T; t++)
-    if (tags[t]) return false;
+  memset(out, 0, sizeof *out);
+  out->cache_id = c->id;
+  out->tenant = c->tenant;
+  memcpy(out->cache, c->name, sizeof out->cache);
+  out->layout = c->layout;
+  out->hash_kind = (uint32_t)eng->hash_kind;
+  out->page_tokens = T;
+  out->data_bytes = c->g.page_bytes;
+  memcpy(out->hash, ip->hash, 32);
+  out->head = ip->parent == NOPAGE;
+  if (!out->head) memcpy(out->parent, page_meta(eng, ip->parent)->hash, 32);
+  out->tokens = ip->tokens;
+  out->bytes = pool_page(&eng->pool, ip->page);
   engine_pkey_t k;
-  if (!prefix_key_get(eng, ip->key, &k)) return false;
-  memset(m, 0, sizeof *m);
-  m->tenant = c->tenant;
-  memcpy(m->cache, c->name, sizeof m->cache);
-  m->layout = c->layout;
-  m->hash_kind = (uint32_t)eng->hash_kind;
-  m->page_tokens = T;
-  m->data_bytes = c->g.page_bytes;
-  memcpy(m->hash, ip->hash, 32);
-  m->head = ip->parent == NOPAGE;
-  if (!m->head) memcpy(m->parent, page_meta(eng, ip->parent)->hash, 32);
-  m->salt.len = (uint8_t)k.salt_len;
-  if (k.salt_len) memcpy(m->salt.bytes, k.salt, k.salt_len);
-  m->extra.len = (uint8_t)k.extra_len;
-  if (k.extra_len) memcpy(m->extra.bytes, k.extra, k.extra_len);
-  m->tokens = ip->tokens;
-  return true;
+  out->portable = prefix_key_get(eng, ip->key, &k);
+  const uint32_t *tags = ipage_tags_c(ip, T);
+  for (uint32_t t = 0; out->portable && t < T; t++)
+    if (tags[t]) out->portable = false;
+  if (!out->portable) return;
+  out->salt.len = (uint8_t)k.salt_len;
+  if (k.salt_len) memcpy(out->salt.bytes, k.salt, k.salt_len);
+  out->extra.len = (uint8_t)k.extra_len;
+  if (k.extra_len) memcpy(out->extra.bytes, k.extra, k.extra_len);
 }
 
-/* A cached page is being reclaimed (prefix_reclaim, before the page is
- * freed): the disk's spill callback may keep it. */
-static void spill_hook(engine_t *eng, const ipage_t *ip) {
-  engine_tier_meta_t m;
-  if (eng->spill && meta_of(eng, ip, &m)) {
-    m.more = eng->reclaims_left;
-    eng->spill(eng->spill_ctx, &m, pool_page(&eng->pool, ip->page));
-  }
+/* The one reclaim hook (eng->reclaim_hook): prefix_reclaim calls it with a
+ * cached page about to leave the index, still whole (indexed, its bytes and
+ * parent there), under pressure: the tiers' last look. */
+static void reclaim_hook(engine_t *eng, const ipage_t *ip) {
+  engine_page_t p;
+  page_fill(eng, ip, &p);
+  p.more = eng->reclaims_left;
+  eng->tier.reclaimed(eng->tier.ctx, &p);
 }
-
-size_t engine_tier_each(engine_t *eng, engine_spill_fn fn, void *ctx) {
-  size_t n = 0;
-  engine_tier_meta_t m;
-  for (uint32_t page = 0; eng && fn && eng->ip && page < eng->pool.npages; page++) {
-    const ipage_t *ip = eng->ip[page];
-    if (!ip || !ip->indexed || !meta_of(eng, ip, &m)) continue;
-    fn(ctx, &m, pool_page(&eng->pool, page));
-    n++;
-  }
-  return n;
-}
-
-static int key_check(engine_t *eng, const engine_pkey_t *key) {
-  if (key && (key->salt_len > KVC_MAX_KEY_BYTES || key->extra_len > KVC_MAX_KEY_BYTES ||
-              (key->salt_len && !key->salt) || (key->extra_len && !key->extra)))
-    return engine_fail(eng, KVC_E_INVAL, "salt and extra key are at most %u bytes",
-                       KVC_MAX_KEY_BYTES);
-  return 0;
-}
-
-/* Whether a span key of the query covers a position of [b, e). */
-static bool spanned(const engine_pkey_t *key, uint64_t b, uint64_t e) {
-  for (size_t i = 0; key && i < key->nspans; i++)
-    if (key->spans[i].begin < e && key->spans[i].end > b) return true;
-  return false;
-}
-
-int engine_tier_probe(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                      const engine_pkey_t *key, uint8_t (*hashes)[32], size_t cap,
-                      uint64_t *resident, size_t *nout) {
-  if (!eng) return KVC_E_INVAL;
-  if (!resident || !nout || (cap && !hashes) || (n && !tokens))
-    return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c;
-  int rc = engine_find_cache(eng, cache_id, &c);
-  if (rc || (rc = key_check(eng, key))) return rc;
-  if (n > KVC_MAX_SEQ_TOKENS)
-    return engine_fail(eng, KVC_E_RANGE, "%llu tokens: more than a sequence holds",
-                       (unsigned long long)n);
-  uint32_t T = c->g.T;
-  uint8_t prev[32], h[32];
-  bool in_memory = true;
-  *resident = 0;
-  *nout = 0;
-  prefix_root(eng, c, key, prev);
-  /* Advisory: the ids are hashed in place (they may change meanwhile); the
-   * match that follows copies and verifies them. */
-  for (uint64_t m = 0; (m + 1) * T <= n && *nout < cap; m++) {
-    if (spanned(key, m * T, (m + 1) * T)) break;
-    prefix_page_hash(eng, prev, tokens + m * T, T, key, h);
-    memcpy(prev, h, 32);
-    if (in_memory) {
-      ipage_t *ip = hmap_get(&c->index, key64(h));
-      if (ip && memcmp(ip->hash, h, 32) == 0) {
-        /* Most recent, as a hit makes it: the pages read after it must not
-         * push out the parent they are imported under. */
-        if (ip->node.prev) {
-          lru_unlink(&ip->node);
-          lru_link(eng, &ip->node, false);
-        }
-        (*resident)++;
-        continue;
-      }
-      in_memory = false;
-    }
-    memcpy(hashes[(*nout)++], h, 32);
-  }
-  return 0;
-}
-
-int engine_tier_import_begin(engine_t *eng, uint32_t cache_id, engine_tier_job_t **job,
-                             void **bytes) {
-  if (!eng) return KVC_E_INVAL;
-  if (!job || !bytes) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
-  cache_t *c;
-  int rc = engine_find_cache(eng, cache_id, &c);
-  if (rc) return rc;
-  engine_tier_job_t *j = mem_alloc(&eng->mem, sizeof *j);
-  if (!j) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
-  eng->epoch++; /* no sequence of this call to spare */
-  evict_need_t nd = {.new_pages = 1, .q = c->q, .arena = c->arena};
-  if ((rc = evict_make_room(eng, &nd))) {
-    mem_free(&eng->mem, j);
-    return rc;
-  }
-  /* Out of memory after eviction keeps the evictions: they are what any
-   * later call would have done, and the engine stays consistent. */
-  uint32_t page = page_alloc(eng, c);
-  lease_t *l = lease_pages(eng, &page, 1, c->g.page_bytes);
-  page_unref(eng, c, page, PRIO_DEFAULT); /* the lease's reference alone, or freed */
-  if (!l) {
-    mem_free(&eng->mem, j);
-    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
-  }
-  *j = (engine_tier_job_t){cache_id, page, l};
-  *job = j;
-  *bytes = pool_page(&eng->pool, page);
-  return 0;
-}
-
-void engine_tier_import_abort(engine_t *eng, engine_tier_job_t *job) {
-  if (!eng || !job) return;
-  lease_t *hold = job->hold;
-  mem_free(&eng->mem, job);
-  lease_drop(eng, hold); /* frees the page */
-}
-
-static uint32_t tier_job_page(const engine_tier_job_t *job, uint32_t *cache_id) {
-  *cache_id = job->cache_id;
-  return job->page;
-}
-
-static void tier_job_indexed(engine_t *eng, engine_tier_job_t *job) {
-  uint32_t page = job->page;
-  lease_t *hold = job->hold;
-  mem_free(&eng->mem, job);
-  pool_ref(&eng->pool, page); /* the index's */
-  page_index_sole(eng, page, 0, eng->pool.refcnt[page]);
-  lease_drop(eng, hold); /* only the index holds it now: cached, most recent */
-}
-
-/* Whether m describes a page of c as this engine would write it. */
-static int meta_check(engine_t *eng, const cache_t *c, const engine_tier_meta_t *m) {
-  if (m->tenant != c->tenant || strncmp(m->cache, c->name, sizeof m->cache) != 0)
-    return engine_fail(eng, KVC_E_INVAL, "a page of another cache or tenant");
-  if (!layout_equal(&m->layout, &c->layout) || m->page_tokens != c->g.T ||
-      m->data_bytes != c->g.page_bytes || !m->tokens)
-    return engine_fail(eng, KVC_E_INVAL, "a page of another layout");
-  if (m->hash_kind != (uint32_t)eng->hash_kind)
-    return engine_fail(eng, KVC_E_INVAL, "a page hashed with another prefix_hash");
-  if (m->salt.len > KVC_MAX_KEY_BYTES || m->extra.len > KVC_MAX_KEY_BYTES)
-    return engine_fail(eng, KVC_E_INVAL, "a key longer than %u bytes", KVC_MAX_KEY_BYTES);
-  return 0;
-}
-
-int engine_tier_import_end(engine_t *eng, engine_tier_job_t *job, const engine_tier_meta_t *m,
-                           bool ok) {
-  if (!eng || !job) return KVC_E_INVAL;
-  engine_tier_job_t j = *job;
-  mem_free(&eng->mem, job);
-  cache_t *c = NULL;
-  ipage_t *par = NULL;
-  int rc = ok && m ? engine_find_cache(eng, j.cache_id, &c)
-                   : engine_fail(eng, KVC_E_INVAL, "the page was not read whole");
-  if (rc || (rc = meta_check(eng, c, m))) goto drop;
-  uint32_t T = c->g.T;
-  if (hmap_get(&c->index, key64(m->hash))) {
-    rc = engine_fail(eng, KVC_E_EXISTS, "the page is indexed already");
-    goto drop;
-  }
-  engine_pkey_t key = {m->salt.bytes, m->salt.len, m->extra.bytes, m->extra.len, NULL, 0};
-  uint8_t ph[32], h[32];
-  if (m->head) {
-    prefix_root(eng, c, &key, ph);
-  } else {
-    /* A chain in the index is whole from its head: the parent must be in. */
-    par = hmap_get(&c->index, key64(m->parent));
-    if (!par || memcmp(par->hash, m->parent, 32) != 0) {
-      rc = engine_fail(eng, KVC_E_INVAL, "its parent page is not in the index");
-      goto drop;
-    }
-    memcpy(ph, par->hash, 32);
-  }
-  /* The seed is the cache's tenant, name and layout: a page of any other
-   * cache, or with other ids or key, cannot give this hash. */
-  prefix_page_hash(eng, ph, m->tokens, T, &key, h);
-  if (memcmp(h, m->hash, 32) != 0) {
-    rc = engine_fail(eng, KVC_E_INVAL, "its chain hash does not verify");
-    goto drop;
-  }
-  size_t icap = c->index.cap;
-  if (page_meta_arrays(eng) ||
-      hmap_reserve(&c->index, &eng->mem, 1 + c->index_pending) ||
-      page_meta_reserve(eng, T, 1)) {
-    (void)hmap_resize(&c->index, &eng->mem, icap);
-    rc = engine_fail(eng, KVC_E_NOMEM, "out of memory");
-    goto drop;
-  }
-  prefix_keys_cap_t kcap = prefix_keys_cap(eng);
-  uint32_t key_id;
-  bool created;
-  if ((rc = prefix_key(eng, c->q, &key, true, &key_id, &created)) ||
-      (par && par->key != key_id)) {
-    if (!rc) {
-      if (created) prefix_key_forget(eng, c->q, &key, kcap);
-      rc = engine_fail(eng, KVC_E_INVAL, "its key differs from its parent's");
-    }
-    page_meta_unreserve(eng);
-    (void)hmap_resize(&c->index, &eng->mem, icap);
-    goto drop;
-  }
-  ipage_t *ip = page_meta_take(eng, c, j.page);
-  memcpy(ip->tokens, m->tokens, (size_t)T * sizeof *ip->tokens); /* tags stay 0 */
-  memcpy(ip->hash, m->hash, 32);
-  ip->hashed = true;
-  ip->key = key_id;
-  ip->parent = par ? par->page : NOPAGE;
-  hmap_insert(&c->index, key64(ip->hash), ip);
-  ip->indexed = true;
-  pool_ref(&eng->pool, j.page); /* the index's reference */
-  page_index_sole(eng, j.page, 0, eng->pool.refcnt[j.page]);
-  if (par) par->nchildren++;
-  eng->st.pages_indexed++;
-  c->st.pages_indexed++;
-  if (eng->ev) evlog_stored(eng, c, ip, par ? par->hash : NULL); /* back in the index */
-  page_meta_unreserve(eng);
-  lease_drop(eng, j.hold); /* only the index holds it now: cached, most recent */
-  return 0;
-drop:
-  lease_drop(eng, j.hold); /* frees the page */
-  return rc;
-}
-
-/* ---- indexed pages out and back, by chain hash (the cluster's side) ----------
-out:  put indexes page -> hooks.indexed(cache, hash) -> the tier asks
- *         engine_page_export(cache, hash): bytes, ids, hash, parent hash
- *         reclaim of a cached page -> hooks.reclaimed(page): last look
- *   back: engine_prefix_hashes(query): local pages m, hashes of m, m+1, ...
- *         the tier fetches what it has of those hashes
- *         engine_prefix_import(query, first = m, pages): each page's hash
- *         recomputed from the query under the one before; stored cached
- *
- *   query  [p0 p1 p2 | p3 p4 p5 ...]    p0..p2 indexed here (held meanwhile)
- *                     ^ first          p3.. imported while each hash recomputed
- *                                      from the query equals the tier's
- *
- * The tier is never trusted with identity: a page enters the index only
- * under the hash this engine computes from the caller's own query, so what
- * a tier returns can be missing or wrong bytes under a right name (the
- * tier verifies bytes, doc/cluster.md), never another prompt's page.
- */
-
-static void reclaim_hook_set(engine_t *eng);
 
 void engine_set_tier_hooks(engine_t *eng, const engine_tier_hooks_t *h) {
   if (!eng) return;
   if (h) eng->tier = *h;
   else memset(&eng->tier, 0, sizeof eng->tier);
-  reclaim_hook_set(eng);
+  eng->reclaim_hook = eng->tier.reclaimed ? reclaim_hook : NULL;
 }
 
-int engine_tenant_identity(engine_t *eng, uint32_t tenant, const uint8_t id[32]) {
-  if (!eng) return KVC_E_INVAL;
-  if (!id) return engine_fail(eng, KVC_E_INVAL, "NULL identity");
-  for (uint32_t i = 0; i < eng->nquotas; i++)
-    if (eng->quotas[i]->tenant != tenant && memcmp(eng->quotas[i]->ident, id, 32) == 0)
-      return engine_fail(eng, KVC_E_EXISTS, "tenant %u has that identity already",
-                         eng->quotas[i]->tenant);
-  quota_t *q = quota_find(eng, tenant);
-  if (q && memcmp(q->ident, id, 32) == 0) return 0;
-  if (q && (q->use.caches || q->use.keys))
-    return engine_fail(eng, KVC_E_BUSY, "tenant %u holds caches: its identity is fixed", tenant);
-  if (!q && quota_open(eng, tenant, &q)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
-  memcpy(q->ident, id, 32);
-  return 0;
-}
-
-/* ---- out ----------------------------------------------------------------------- */
-
-static void page_fill(const engine_t *eng, const ipage_t *ip, engine_page_t *out) {
-  const cache_t *c = ip->cache;
-  memset(out, 0, sizeof *out);
-  out->cache_id = c->id;
-  out->tenant = c->tenant;
-  memcpy(out->hash, ip->hash, 32);
-  out->has_parent = ip->parent != NOPAGE;
-  if (out->has_parent) memcpy(out->parent, page_meta(eng, ip->parent)->hash, 32);
-  out->page_tokens = c->g.T;
-  out->tokens = ip->tokens;
-  out->bytes = pool_page(&eng->pool, ip->page);
-  out->nbytes = c->g.page_bytes;
-}
-
-/* The one reclaim hook (eng->reclaim_hook): prefix_reclaim calls it with a
- * cached page about to leave the index, still whole (indexed, its bytes and
- * parent there), under pressure; each tier that asked for such pages gets
- * its last look (the cluster's reclaimed hook, then the disk's spill). */
-static void spill_hook(engine_t *eng, const ipage_t *ip);
-static void reclaim_hook(engine_t *eng, const ipage_t *ip) {
-  if (eng->tier.reclaimed) {
-    engine_page_t p;
+size_t engine_tier_each(engine_t *eng, engine_page_fn fn, void *ctx) {
+  size_t n = 0;
+  engine_page_t p;
+  for (uint32_t page = 0; eng && fn && eng->ip && page < eng->pool.npages; page++) {
+    const ipage_t *ip = eng->ip[page];
+    if (!ip || !ip->indexed) continue;
     page_fill(eng, ip, &p);
-    eng->tier.reclaimed(eng->tier.ctx, &p);
+    fn(ctx, &p);
+    n++;
   }
-  spill_hook(eng, ip);
-}
-
-static void reclaim_hook_set(engine_t *eng) {
-  eng->reclaim_hook = eng->spill || eng->tier.reclaimed ? reclaim_hook : NULL;
+  return n;
 }
 
 int engine_page_export(engine_t *eng, uint32_t cache_id, const uint8_t hash[32],
@@ -412,9 +141,11 @@ void engine_page_release(engine_t *eng, engine_hold_t *hold) {
   if (eng && hold) lease_drop(eng, (lease_t *)hold);
 }
 
-int engine_prefix_hashes(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                         const engine_pkey_t *key, uint64_t *local, uint8_t before[32],
-                         uint8_t (*out)[32], size_t cap, size_t *nout) {
+/* ---- probe -------------------------------------------------------------------- */
+
+int engine_tier_probe(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                      const engine_pkey_t *key, uint64_t *local, uint8_t before[32],
+                      uint8_t (*out)[32], size_t cap, size_t *nout) {
   if (!eng) return KVC_E_INVAL;
   if (!local || !nout || (cap && !out)) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   cache_t *c;
@@ -423,6 +154,15 @@ int engine_prefix_hashes(engine_t *eng, uint32_t cache_id, const uint32_t *token
   if (rc) return rc;
   uint32_t T = c->g.T;
   uint64_t m = prefix_match_pages(eng, c, tokens, n, key, key_id, NULL);
+  /* The most recent, as a hit makes them, in chain order: the pages read
+   * after them must not push out the parents they are imported under. */
+  for (uint64_t i = 0; i < m; i++) {
+    ipage_t *ip = page_meta(eng, eng->scratch[i]);
+    if (ip->node.prev) {
+      lru_unlink(&ip->node);
+      lru_link(eng, &ip->node, false);
+    }
+  }
   uint8_t prev[32];
   if (m) memcpy(prev, page_meta(eng, eng->scratch[m - 1])->hash, 32);
   else prefix_root(eng, c, key, prev);
@@ -439,6 +179,58 @@ int engine_prefix_hashes(engine_t *eng, uint32_t cache_id, const uint32_t *token
 }
 
 /* ---- back in ------------------------------------------------------------------ */
+
+int engine_tier_import_begin(engine_t *eng, uint32_t cache_id, engine_tier_job_t **job,
+                             void **bytes, uint64_t *nbytes) {
+  if (!eng) return KVC_E_INVAL;
+  if (!job || !bytes) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
+  engine_tier_job_t *j = mem_alloc(&eng->mem, sizeof *j);
+  if (!j) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  eng->epoch++; /* no sequence of this call to spare */
+  evict_need_t nd = {.new_pages = 1, .q = c->q, .arena = c->arena};
+  if ((rc = evict_make_room(eng, &nd))) {
+    mem_free(&eng->mem, j);
+    return rc;
+  }
+  /* Out of memory after eviction keeps the evictions: they are what any
+   * later call would have done, and the engine stays consistent. */
+  uint32_t page = page_alloc(eng, c);
+  lease_t *l = lease_pages(eng, &page, 1, c->g.page_bytes);
+  page_unref(eng, c, page, PRIO_DEFAULT); /* the lease's reference alone, or freed */
+  if (!l) {
+    mem_free(&eng->mem, j);
+    return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  }
+  *j = (engine_tier_job_t){cache_id, page, l};
+  *job = j;
+  *bytes = pool_page(&eng->pool, page);
+  if (nbytes) *nbytes = c->g.page_bytes;
+  return 0;
+}
+
+void engine_tier_import_abort(engine_t *eng, engine_tier_job_t *job) {
+  if (!eng || !job) return;
+  lease_t *hold = job->hold;
+  mem_free(&eng->mem, job);
+  lease_drop(eng, hold); /* frees the page */
+}
+
+static uint32_t tier_job_page(const engine_tier_job_t *job, uint32_t *cache_id) {
+  *cache_id = job->cache_id;
+  return job->page;
+}
+
+static void tier_job_indexed(engine_t *eng, engine_tier_job_t *job) {
+  uint32_t page = job->page;
+  lease_t *hold = job->hold;
+  mem_free(&eng->mem, job);
+  pool_ref(&eng->pool, page); /* the index's */
+  page_index_sole(eng, page, 0, eng->pool.refcnt[page]);
+  lease_drop(eng, hold); /* only the index holds it now: cached, most recent */
+}
 
 /* An import's walk of the query: the indexed pages it holds, and the run of
  * pages it may import after them. */
@@ -559,9 +351,9 @@ static size_t import_pages(engine_t *eng, cache_t *c, const uint32_t *tokens,
   return k;
 }
 
-int engine_prefix_import(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
-                         const engine_pkey_t *key, uint64_t first, const engine_page_in_t *in,
-                         size_t nin, size_t *imported) {
+int engine_tier_import(engine_t *eng, uint32_t cache_id, const uint32_t *tokens, uint64_t n,
+                       const engine_pkey_t *key, uint64_t first, const engine_page_in_t *in,
+                       size_t nin, size_t *imported) {
   if (!eng) return KVC_E_INVAL;
   if (!imported || (nin && !in)) return engine_fail(eng, KVC_E_INVAL, "NULL argument");
   *imported = 0;
@@ -624,4 +416,22 @@ out:
   mem_free(&eng->mem, w.held);
   prefix_match_end(eng);
   return rc;
+}
+
+/* ---- tenants ------------------------------------------------------------------ */
+
+int engine_tenant_identity(engine_t *eng, uint32_t tenant, const uint8_t id[32]) {
+  if (!eng) return KVC_E_INVAL;
+  if (!id) return engine_fail(eng, KVC_E_INVAL, "NULL identity");
+  for (uint32_t i = 0; i < eng->nquotas; i++)
+    if (eng->quotas[i]->tenant != tenant && memcmp(eng->quotas[i]->ident, id, 32) == 0)
+      return engine_fail(eng, KVC_E_EXISTS, "tenant %u has that identity already",
+                         eng->quotas[i]->tenant);
+  quota_t *q = quota_find(eng, tenant);
+  if (q && memcmp(q->ident, id, 32) == 0) return 0;
+  if (q && (q->use.caches || q->use.keys))
+    return engine_fail(eng, KVC_E_BUSY, "tenant %u holds caches: its identity is fixed", tenant);
+  if (!q && quota_open(eng, tenant, &q)) return engine_fail(eng, KVC_E_NOMEM, "out of memory");
+  memcpy(q->ident, id, 32);
+  return 0;
 }

@@ -3,12 +3,13 @@
  * process's memory, and a match past the pool takes them back. On only
  * with KVCACHED_TEST_TIER=mem in the daemon's environment (read at open).
  *
- *   store:  spill (a reclaimed cached page: its identity and bytes) -> kept
+ *   store:  reclaimed (a cached page leaving memory: its identity and
+ *           bytes) -> kept
  *   lookup: engine_tier_probe -> the hashes past the pool that are kept, a
  *           run from the first -> the request waits one loop turn (a timer
- *           of 0 ms: the wait and the resume are the real ones) -> each
- *           page imported (engine_tier_import_begin/_end: verified by the
- *           engine) -> tiers_done
+ *           of 0 ms: the wait and the resume are the real ones) -> tiers_done
+ *   import: the request runs again: engine_tier_import of the run (each
+ *           hash recomputed by the engine from the request's own query)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -21,25 +22,27 @@
 #define LOOKUP_MAX 1024u  /* pages one lookup takes back */
 
 typedef struct kept {
-  engine_tier_meta_t m;   /* m.tokens points at tokens */
+  engine_page_t m;        /* m.tokens points at tokens; m.bytes NULL */
   uint32_t *tokens;
   uint8_t *bytes;
 } kept_t;
 
 typedef struct fetch {
-  struct fetch *next;
-  uint64_t conn_id;
+  struct fetch *prev, *next; /* tm->fetches */
+  tier_wait_t *w;         /* the waiting request's walk (w->held[idx] is this) */
   unsigned idx;
+  bool fired;             /* the timer ran: its request runs again */
   uint32_t cache_id;
+  uint64_t first;         /* the query's pages the pool held */
   size_t n;
-  uint32_t at[];          /* indexes into kept */
+  uint32_t at[];          /* indexes into kept: pages first, first + 1, ... */
 } fetch_t;
 
 typedef struct testmem {
   server_t *srv;
   kept_t *kept;
   size_t nkept;
-  fetch_t *fetches;       /* waiting for the timer */
+  fetch_t *fetches;       /* lookups not imported or forgotten */
   uv_timer_t timer;
   tier_stats_t st;
 } testmem_t;
@@ -71,7 +74,7 @@ static size_t find(const uint8_t hash[32], uint32_t tenant) {
   return SIZE_MAX;
 }
 
-static void tm_spill(server_t *srv, const engine_tier_meta_t *m, const void *bytes) {
+static void tm_reclaimed(server_t *srv, const engine_page_t *m) {
   (void)srv;
   if (tm->nkept == KEPT_MAX || find(m->hash, m->tenant) != SIZE_MAX) return;
   kept_t *k = &tm->kept[tm->nkept];
@@ -85,42 +88,27 @@ static void tm_spill(server_t *srv, const engine_tier_meta_t *m, const void *byt
   k->m = *m;
   memcpy(k->tokens, m->tokens, m->page_tokens * sizeof *k->tokens);
   k->m.tokens = k->tokens;
+  k->m.bytes = NULL;
   k->m.more = 0;
-  memcpy(k->bytes, bytes, m->data_bytes);
+  memcpy(k->bytes, m->bytes, m->data_bytes);
   tm->nkept++;
   tm->st.writes++;
   tm->st.written_bytes += m->data_bytes;
 }
 
-/* The timer: every waiting lookup's pages go in, then its request runs. */
+static void fetch_unlink(testmem_t *s, fetch_t *f) {
+  if (f->prev) f->prev->next = f->next;
+  else s->fetches = f->next;
+  if (f->next) f->next->prev = f->prev;
+}
+
+/* The timer: every waiting lookup's request runs again. */
 static void on_timer(uv_timer_t *t) {
   testmem_t *s = t->data;
-  server_t *srv = s->srv;
-  fetch_t *f = s->fetches;
-  s->fetches = NULL;
-  while (f) {
-    fetch_t *next = f->next;
-    for (size_t i = 0; i < f->n; i++) {
-      const kept_t *k = &s->kept[f->at[i]];
-      engine_tier_job_t *job;
-      void *dst;
-      if (engine_tier_import_begin(srv->eng, f->cache_id, &job, &dst) != 0) {
-        s->st.errors[TIER_ERR_import]++;
-        break;
-      }
-      memcpy(dst, k->bytes, k->m.data_bytes);
-      int rc = engine_tier_import_end(srv->eng, job, &k->m, true);
-      if (rc == 0) {
-        s->st.hit_pages++;
-        s->st.hit_tokens += k->m.page_tokens;
-        s->st.read_bytes += k->m.data_bytes;
-      } else if (rc != KVC_E_EXISTS) {
-        break; /* the chain stops at a page that does not go in */
-      }
-    }
-    tiers_done(srv, f->conn_id, f->idx);
-    free(f);
-    f = next;
+  for (fetch_t *f = s->fetches; f; f = f->next) {
+    if (f->fired) continue;
+    f->fired = true;
+    tiers_done(s->srv, f->w->conn_id, f->idx);
   }
 }
 
@@ -129,11 +117,11 @@ static int tm_lookup(server_t *srv, tier_wait_t *w, unsigned idx, const tier_que
   if (!tm->nkept || engine_cache_tenant(srv->eng, q->cache_id, &tenant) != 0) return TIER_RUN;
   uint8_t(*h)[32] = malloc(LOOKUP_MAX * 32);
   fetch_t *f = malloc(sizeof *f + LOOKUP_MAX * sizeof f->at[0]);
-  uint64_t resident;
+  uint64_t local = 0;
   size_t nh = 0;
   if (!h || !f ||
-      engine_tier_probe(srv->eng, q->cache_id, q->tokens, q->n, q->key, h, LOOKUP_MAX, &resident,
-                        &nh) != 0)
+      engine_tier_probe(srv->eng, q->cache_id, q->tokens, q->n, q->key, &local, NULL, h,
+                        LOOKUP_MAX, &nh) != 0)
     nh = 0;
   tm->st.lookups++;
   size_t k = 0;
@@ -143,11 +131,54 @@ static int tm_lookup(server_t *srv, tier_wait_t *w, unsigned idx, const tier_que
     free(f);
     return TIER_RUN;
   }
-  *f = (fetch_t){.next = tm->fetches, .conn_id = w->conn_id, .idx = idx, .cache_id = q->cache_id,
-                 .n = k};
+  *f = (fetch_t){.next = tm->fetches, .w = w, .idx = idx, .cache_id = q->cache_id,
+                 .first = local, .n = k};
+  if (tm->fetches) tm->fetches->prev = f;
   tm->fetches = f;
+  w->held[idx] = f;
   uv_timer_start(&tm->timer, on_timer, 0, 0);
   return TIER_WAIT;
+}
+
+/* The request runs again: the run goes in, each page's hash recomputed by
+ * the engine from the request's own query. */
+static void tm_import(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q) {
+  fetch_t *f = w->held[idx];
+  w->held[idx] = NULL;
+  if (!f) return;
+  fetch_unlink(tm, f);
+  engine_page_in_t in[64];
+  size_t done = 0, got = 0;
+  while (f->cache_id == q->cache_id && done < f->n) {
+    size_t b = f->n - done < 64 ? f->n - done : 64;
+    for (size_t i = 0; i < b; i++) {
+      const kept_t *k = &tm->kept[f->at[done + i]];
+      in[i] = (engine_page_in_t){.hash = k->m.hash, .bytes = k->bytes};
+    }
+    int rc = engine_tier_import(srv->eng, q->cache_id, q->tokens, q->n, q->key, f->first + done,
+                                in, b, &got);
+    for (size_t i = 0; i < got; i++) {
+      const kept_t *k = &tm->kept[f->at[done + i]];
+      tm->st.hit_pages++;
+      tm->st.hit_tokens += k->m.page_tokens;
+      tm->st.read_bytes += k->m.data_bytes;
+    }
+    if (rc || got < b) {
+      tm->st.errors[TIER_ERR_import] += rc != 0;
+      break; /* the chain stops at a page that does not go in */
+    }
+    done += b;
+  }
+  free(f);
+}
+
+static void tm_forget(server_t *srv, tier_wait_t *w, unsigned idx) {
+  (void)srv;
+  fetch_t *f = w->held[idx];
+  w->held[idx] = NULL;
+  if (!f) return;
+  fetch_unlink(tm, f);
+  free(f);
 }
 
 static void on_closed(uv_handle_t *h) {
@@ -167,7 +198,8 @@ static void tm_stop(server_t *srv) {
   uv_timer_stop(&s->timer);
   for (fetch_t *f = s->fetches, *next; f; f = next) { /* their requests run without them */
     next = f->next;
-    tiers_done(s->srv, f->conn_id, f->idx);
+    f->w->held[f->idx] = NULL;
+    if (!f->fired) tiers_done(s->srv, f->w->conn_id, f->idx);
     free(f);
   }
   s->fetches = NULL;
@@ -188,7 +220,9 @@ const tier_ops_t tier_testmem = {
     .open = tm_open,
     .on = tm_on,
     .stop = tm_stop,
-    .spill = tm_spill,
+    .reclaimed = tm_reclaimed,
     .lookup = tm_lookup,
+    .import = tm_import,
+    .forget = tm_forget,
     .view = tm_view,
 };

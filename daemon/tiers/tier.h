@@ -20,10 +20,10 @@
  *           -> answered: tiers_end(w), the walk is over
  *
  * What leaves memory goes to each tier that asks for it through the
- * engine's hooks, which tiers.c alone sets and shares out: spill (a cached
- * page reclaimed, its bytes and identity), indexed (a page entered the
- * index), reclaimed (the same reclaim, as the cluster's page). No tier calls
- * the connection layer, and the connection layer calls only tiers.c.
+ * engine's two hooks, which tiers.c alone sets and shares out: indexed (a
+ * page entered the index) and reclaimed (a cached page is about to leave
+ * memory: its identity and bytes). No tier calls the connection layer, and
+ * the connection layer calls only tiers.c.
  */
 #ifndef KVCD_TIER_H
 #define KVCD_TIER_H
@@ -78,9 +78,8 @@ typedef struct tier_ops {
   /* A reload, and the once-a-second tick. */
   void (*reload)(server_t *srv);
   void (*tick)(server_t *srv);
-  /* Store: pages leaving memory or entering the index (the engine's
-   * hooks, on the loop; none may call the engine). */
-  void (*spill)(server_t *srv, const engine_tier_meta_t *m, const void *bytes);
+  /* Store: pages entering the index or leaving memory (the engine's
+   * hooks, engine_tier.h, on the loop; neither may call the engine). */
   void (*indexed)(server_t *srv, uint32_t cache_id, const uint8_t hash[32]);
   void (*reclaimed)(server_t *srv, const engine_page_t *page);
   /* Lookup, asynchronous with a deadline: TIER_RUN, or TIER_WAIT with

@@ -18,12 +18,6 @@ static bool on(const server_t *srv, unsigned i) { return tiers[i]->on && tiers[i
 
 /* ---- store: the engine's hooks, shared out ------------------------------------- */
 
-static void on_spill(void *ctx, const engine_tier_meta_t *m, const void *bytes) {
-  server_t *srv = ctx;
-  for (unsigned i = 0; i < NTIERS; i++)
-    if (tiers[i]->spill && on(srv, i)) tiers[i]->spill(srv, m, bytes);
-}
-
 static void on_indexed(void *ctx, uint32_t cache_id, const uint8_t hash[32]) {
   server_t *srv = ctx;
   for (unsigned i = 0; i < NTIERS; i++)
@@ -39,14 +33,12 @@ static void on_reclaimed(void *ctx, const engine_page_t *page) {
 /* The engine calls a hook only when a tier that is on has that member: a
  * daemon without tiers pays nothing per put or eviction. */
 static void hook(server_t *srv) {
-  bool spill = false, indexed = false, reclaimed = false;
+  bool indexed = false, reclaimed = false;
   for (unsigned i = 0; i < NTIERS; i++) {
     if (!on(srv, i)) continue;
-    spill |= tiers[i]->spill != NULL;
     indexed |= tiers[i]->indexed != NULL;
     reclaimed |= tiers[i]->reclaimed != NULL;
   }
-  engine_set_spill(srv->eng, spill ? on_spill : NULL, srv);
   engine_tier_hooks_t h = {srv, indexed ? on_indexed : NULL, reclaimed ? on_reclaimed : NULL};
   engine_set_tier_hooks(srv->eng, indexed || reclaimed ? &h : NULL);
 }
@@ -72,7 +64,6 @@ void tiers_stop(server_t *srv) {
 }
 
 void tiers_close(server_t *srv, bool clean) {
-  engine_set_spill(srv->eng, NULL, NULL);
   engine_set_tier_hooks(srv->eng, NULL);
   for (unsigned i = 0; i < NTIERS; i++)
     if (tiers[i]->close) tiers[i]->close(srv, clean);

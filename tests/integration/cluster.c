@@ -397,8 +397,8 @@ static char *forge(const stored_t *s, const char *secret, const char *tenant, ui
   uint32_t *ids = prompt(p, 64);
   static uint8_t bytes[16384];
   memset(bytes, 0x5a, sizeof bytes);
-  engine_page_t pg = {.has_parent = true, .page_tokens = T, .tokens = ids + 2 * T,
-                      .bytes = bytes, .nbytes = sizeof bytes};
+  engine_page_t pg = {.head = false, .page_tokens = T, .tokens = ids + 2 * T,
+                      .bytes = bytes, .data_bytes = sizeof bytes};
   memcpy(pg.hash, s->val + 88, 32);
   memcpy(pg.parent, s->val + 120, 32);
   *len = rvalue_size(&rcache);

@@ -8,7 +8,7 @@
 #define T 16u
 #define DATA 1000u
 
-static void meta(engine_tier_meta_t *m, uint32_t *ids) {
+static void meta(engine_page_t *m, uint32_t *ids) {
   memset(m, 0, sizeof *m);
   m->tenant = 3;
   snprintf(m->cache, sizeof m->cache, "chat");
@@ -24,7 +24,7 @@ static void meta(engine_tier_meta_t *m, uint32_t *ids) {
 }
 
 TEST(diskfmt_round_trip_and_every_change_seen) {
-  engine_tier_meta_t m;
+  engine_page_t m;
   uint32_t ids[T];
   uint8_t data[DATA];
   meta(&m, ids);

@@ -60,9 +60,9 @@ static void export_all(fx_t *f, tier_t *t) {
   for (size_t i = 0; i < t->n; i++) {
     engine_page_t pg;
     ASSERT_OK(engine_page_export(f->eng, f->cid, t->hash[i], &pg));
-    ASSERT_EQ(pg.nbytes, 1536);
+    ASSERT_EQ(pg.data_bytes, 1536);
     ASSERT_EQ(pg.page_tokens, T);
-    ASSERT_EQ(pg.has_parent, i > 0);
+    ASSERT_EQ(!pg.head, i > 0);
     if (i) ASSERT_MEM_EQ(pg.parent, t->hash[i - 1], 32);
     for (uint32_t j = 0; j < T; j++) ASSERT_EQ(pg.tokens[j], tok(1, i * T + j));
     memcpy(t->bytes[i], pg.bytes, 1536);
@@ -75,7 +75,7 @@ static size_t import(fx_t *f, uint32_t p, uint64_t n, uint64_t first, tier_t *t,
   engine_page_in_t in[16];
   for (size_t i = 0; i < k; i++) in[i] = (engine_page_in_t){t->hash[from + i], t->bytes[from + i]};
   size_t got = 99;
-  *rc = engine_prefix_import(f->eng, f->cid, ids, n, &KEY, first, in, k, &got);
+  *rc = engine_tier_import(f->eng, f->cid, ids, n, &KEY, first, in, k, &got);
   free(ids);
   return got;
 }
@@ -112,12 +112,12 @@ TEST(pageio_bad_arguments) {
   ASSERT_ERR(engine_page_export(f.eng, f.cid, NULL, &pg), KVC_E_INVAL);
   ASSERT_ERR(engine_page_export(f.eng, f.cid + 1, h, &pg), KVC_E_NOCACHE);
   ASSERT_ERR(engine_page_export(f.eng, f.cid, h, &pg), KVC_E_NOSEQ);
-  ASSERT_ERR(engine_prefix_hashes(f.eng, f.cid, ids, 8, &KEY, NULL, NULL, out, 4, &n), KVC_E_INVAL);
-  ASSERT_ERR(engine_prefix_hashes(f.eng, f.cid, NULL, 8, &KEY, &local, NULL, out, 4, &n), KVC_E_INVAL);
-  ASSERT_ERR(engine_prefix_import(f.eng, f.cid, ids, 8, &KEY, 0, NULL, 1, &n), KVC_E_INVAL);
+  ASSERT_ERR(engine_tier_probe(f.eng, f.cid, ids, 8, &KEY, NULL, NULL, out, 4, &n), KVC_E_INVAL);
+  ASSERT_ERR(engine_tier_probe(f.eng, f.cid, NULL, 8, &KEY, &local, NULL, out, 4, &n), KVC_E_INVAL);
+  ASSERT_ERR(engine_tier_import(f.eng, f.cid, ids, 8, &KEY, 0, NULL, 1, &n), KVC_E_INVAL);
   engine_page_in_t in[3] = {{h, h}, {h, h}, {h, h}};
-  ASSERT_ERR(engine_prefix_import(f.eng, f.cid, ids, 8, &KEY, 1, in, 2, &n), KVC_E_RANGE);
-  ASSERT_ERR(engine_prefix_import(f.eng, f.cid + 1, ids, 8, &KEY, 0, in, 1, &n), KVC_E_NOCACHE);
+  ASSERT_ERR(engine_tier_import(f.eng, f.cid, ids, 8, &KEY, 1, in, 2, &n), KVC_E_RANGE);
+  ASSERT_ERR(engine_tier_import(f.eng, f.cid + 1, ids, 8, &KEY, 0, in, 1, &n), KVC_E_NOCACHE);
   fx_close(&f);
 }
 
@@ -141,15 +141,15 @@ TEST(pageio_same_identity_same_hashes_across_engines) {
   uint8_t hb[8][32], hc[8][32];
   uint64_t local;
   size_t n;
-  ASSERT_OK(engine_prefix_hashes(b.eng, b.cid, ids, 4 * T + 2, &KEY, &local, NULL, hb, 8, &n));
+  ASSERT_OK(engine_tier_probe(b.eng, b.cid, ids, 4 * T + 2, &KEY, &local, NULL, hb, 8, &n));
   ASSERT_EQ(local, 0);
   ASSERT_EQ(n, 4); /* whole pages only */
   for (size_t i = 0; i < 4; i++) ASSERT_MEM_EQ(hb[i], t.hash[i], 32);
-  ASSERT_OK(engine_prefix_hashes(c.eng, c.cid, ids, 4 * T + 2, &KEY, &local, NULL, hc, 8, &n));
+  ASSERT_OK(engine_tier_probe(c.eng, c.cid, ids, 4 * T + 2, &KEY, &local, NULL, hc, 8, &n));
   ASSERT_EQ(n, 4);
   ASSERT(memcmp(hc[0], t.hash[0], 32) != 0);
   /* past a local match: a has all four */
-  ASSERT_OK(engine_prefix_hashes(a.eng, a.cid, ids, 4 * T + 2, &KEY, &local, NULL, hb, 8, &n));
+  ASSERT_OK(engine_tier_probe(a.eng, a.cid, ids, 4 * T + 2, &KEY, &local, NULL, hb, 8, &n));
   ASSERT_EQ(local, 4);
   ASSERT_EQ(n, 0);
   free(ids);
@@ -197,7 +197,7 @@ TEST(pageio_import_under_a_local_prefix) {
   uint64_t local;
   size_t n;
   uint8_t before[32];
-  ASSERT_OK(engine_prefix_hashes(b.eng, b.cid, ids, 4 * T, &KEY, &local, before, hb, 8, &n));
+  ASSERT_OK(engine_tier_probe(b.eng, b.cid, ids, 4 * T, &KEY, &local, before, hb, 8, &n));
   ASSERT_EQ(local, 1);
   ASSERT_EQ(n, 3);
   ASSERT_MEM_EQ(before, t.hash[0], 32);
@@ -239,7 +239,7 @@ TEST(pageio_import_stops_at_a_page_whose_hash_is_not_the_querys) {
   for (size_t i = 0; i < 4; i++) in[i] = (engine_page_in_t){t.hash[i], t.bytes[i]};
   engine_pkey_t other = {"pepper", 6, NULL, 0};
   size_t got;
-  ASSERT_OK(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &other, 0, in, 4, &got));
+  ASSERT_OK(engine_tier_import(b.eng, b.cid, ids, 4 * T, &other, 0, in, 4, &got));
   ASSERT_EQ(got, 0);
   free(ids);
   fx_close(&a);
@@ -282,7 +282,7 @@ static void reclaimed_hook(void *ctx, const engine_page_t *pg) {
   kept_t *k = ctx;
   k->n++;
   memcpy(k->hash, pg->hash, 32);
-  memcpy(k->bytes, pg->bytes, (size_t)pg->nbytes);
+  memcpy(k->bytes, pg->bytes, (size_t)pg->data_bytes);
 }
 
 TEST(pageio_reclaimed_hook_sees_the_page_before_it_goes) {
@@ -310,7 +310,7 @@ TEST(pageio_import_failing_allocations_change_nothing) {
   uint8_t h[4][32];
   uint64_t local;
   size_t n;
-  ASSERT_OK(engine_prefix_hashes(b.eng, b.cid, ids, 4 * T, &KEY, &local, NULL, h, 4, &n));
+  ASSERT_OK(engine_tier_probe(b.eng, b.cid, ids, 4 * T, &KEY, &local, NULL, h, 4, &n));
   free(ids); /* (a query's scratch, kept by the first match as by any) */
   for (int k = 0;; k++) {
     ASSERT(k < 1000);
@@ -361,7 +361,7 @@ TEST(pageio_import_fill_writes_in_place_and_a_refusal_stops_there) {
   }
   engine_stats_t before = fx_stats(&b);
   size_t got;
-  ASSERT_OK(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, in, 4, &got));
+  ASSERT_OK(engine_tier_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, in, 4, &got));
   ASSERT_EQ(got, 2);
   engine_stats_t after = fx_stats(&b);
   ASSERT_EQ(after.pages_indexed, 2);
@@ -373,7 +373,7 @@ TEST(pageio_import_fill_writes_in_place_and_a_refusal_stops_there) {
   fx_close(&a); /* (its pages were exported already) */
   node_open(&a, 16, 9, ID_A);
   for (size_t i = 0; i < 4; i++) fl[i].refuse = 0;
-  ASSERT_OK(engine_prefix_import(a.eng, a.cid, ids, 4 * T, &KEY, 0, in, 4, &got));
+  ASSERT_OK(engine_tier_import(a.eng, a.cid, ids, 4 * T, &KEY, 0, in, 4, &got));
   ASSERT_EQ(got, 0);
   ASSERT_EQ(fx_stats(&a).pages_used, 0);
   free(ids);
@@ -398,7 +398,7 @@ TEST(pageio_import_of_pages_filled_in_the_pool_takes_their_jobs) {
   engine_page_in_t in[4];
   void *dst;
   for (size_t i = 0; i < 4; i++) {
-    ASSERT_OK(engine_tier_import_begin(b.eng, b.cid, &job[i], &dst));
+    ASSERT_OK(engine_tier_import_begin(b.eng, b.cid, &job[i], &dst, NULL));
     memcpy(dst, t.bytes[i], 1536);
     in[i] = (engine_page_in_t){.hash = t.hash[i], .job = job[i]};
   }
@@ -406,10 +406,10 @@ TEST(pageio_import_of_pages_filled_in_the_pool_takes_their_jobs) {
   size_t got = 99;
   /* jobs mixed with bytes; a job of another cache */
   engine_page_in_t mixed[2] = {in[0], {.hash = t.hash[1], .bytes = t.bytes[1]}};
-  ASSERT_ERR(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, mixed, 2, &got), KVC_E_INVAL);
-  ASSERT_OK(engine_tier_import_begin(b.eng, other, &stray, &dst));
+  ASSERT_ERR(engine_tier_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, mixed, 2, &got), KVC_E_INVAL);
+  ASSERT_OK(engine_tier_import_begin(b.eng, other, &stray, &dst, NULL));
   engine_page_in_t wrong[2] = {in[0], {.hash = t.hash[1], .job = stray}};
-  ASSERT_ERR(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, wrong, 2, &got), KVC_E_INVAL);
+  ASSERT_ERR(engine_tier_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, wrong, 2, &got), KVC_E_INVAL);
   engine_tier_import_abort(b.eng, stray); /* freed */
   engine_tier_import_abort(b.eng, NULL);
   /* the run stops at page 2, whose hash is not the query's: pages 0, 1 taken */
@@ -418,7 +418,7 @@ TEST(pageio_import_of_pages_filled_in_the_pool_takes_their_jobs) {
   bad[0] ^= 1;
   in[2].hash = bad;
   engine_stats_t before = fx_stats(&b);
-  ASSERT_OK(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, in, 4, &got));
+  ASSERT_OK(engine_tier_import(b.eng, b.cid, ids, 4 * T, &KEY, 0, in, 4, &got));
   ASSERT_EQ(got, 2);
   engine_stats_t after = fx_stats(&b);
   ASSERT_EQ(after.pages_indexed, before.pages_indexed + 2);
@@ -426,7 +426,7 @@ TEST(pageio_import_of_pages_filled_in_the_pool_takes_their_jobs) {
   FX_AUDIT(b.eng);
   /* the others are still the caller's: page 2 filled in place, imported after */
   in[2].hash = t.hash[2];
-  ASSERT_OK(engine_prefix_import(b.eng, b.cid, ids, 4 * T, &KEY, 2, in + 2, 2, &got));
+  ASSERT_OK(engine_tier_import(b.eng, b.cid, ids, 4 * T, &KEY, 2, in + 2, 2, &got));
   ASSERT_EQ(got, 2);
   ASSERT_EQ(fx_stats(&b).pages_used, 4);
   FX_AUDIT(b.eng);
@@ -434,7 +434,7 @@ TEST(pageio_import_of_pages_filled_in_the_pool_takes_their_jobs) {
   FX_EXPECT_RNG(&b, 5, 0, 4 * T, fx_all(&b.lay), 1, 0);
   FX_AUDIT(b.eng);
   /* a job given back: its page freed, no error counted */
-  ASSERT_OK(engine_tier_import_begin(b.eng, b.cid, &stray, &dst));
+  ASSERT_OK(engine_tier_import_begin(b.eng, b.cid, &stray, &dst, NULL));
   ASSERT_EQ(fx_stats(&b).pages_used, 5);
   uint64_t errors = fx_stats(&b).errors;
   engine_tier_import_abort(b.eng, stray);

@@ -36,9 +36,9 @@ static void page_make(page_t *p, uint8_t fill, bool parent) {
   p->pg.page_tokens = PT;
   p->pg.tokens = p->ids;
   p->pg.bytes = p->bytes;
-  p->pg.nbytes = PB;
+  p->pg.data_bytes = PB;
   memset(p->pg.hash, 0x11 + fill, 32);
-  p->pg.has_parent = parent;
+  p->pg.head = !parent;
   if (parent) memset(p->pg.parent, 0x22, 32);
 }
 
@@ -153,7 +153,7 @@ TEST(rvalue_serves_only_what_verifies) {
   ASSERT(!rvalue_copy_verified(s, w, len, dst));
   ASSERT(!rvalue_copy_verified(bad, v, len, dst));
   /* a page of another shape is not encoded */
-  head.pg.nbytes = PB / 2;
+  head.pg.data_bytes = PB / 2;
   ASSERT_EQ(rvalue_encode(&rc, s, &head.pg, w), -1);
   for (int k = RV_OK; k < RV_VERDICTS_; k++) ASSERT(strcmp(rvalue_verdict_name((enum rvalue_verdict)k), "?") != 0);
   free(v), free(w);

@@ -9,7 +9,7 @@
  *   the connection waits (parked, at most cluster_lookup_timeout_ms); each
  *   value is read into the pool page it will be (rnode.c), its claims and
  *   its MAC checked as it comes (rvalue.c), and the run of pages from the
- *   first is imported as it grows (engine_prefix_import, which recomputes
+ *   first is imported as it grows (engine_tier_import, which recomputes
  *   every hash from the query and indexes the pages where they are); then
  *   the request runs again and matches them as any cached pages (rlookup.c)
  *

@@ -202,8 +202,8 @@ static void import_run(rlookup_t *l, const uint32_t *query, uint64_t n, const en
       in[b] = jobs ? (engine_page_in_t){.hash = l->hash[l->imported + b], .job = p->job}
                    : (engine_page_in_t){l->hash[l->imported + b], NULL, mac_fill, p, NULL};
     }
-    int rc = engine_prefix_import(r->srv->eng, l->cache_id, query, n, key, l->first + l->imported,
-                                  in, b, &got);
+    int rc = engine_tier_import(r->srv->eng, l->cache_id, query, n, key, l->first + l->imported,
+                                in, b, &got);
     r->st.hit_pages += got;
     r->st.hit_tokens += got * l->rc.page_tokens;
     for (size_t i = 0; i < b; i++) {
@@ -313,7 +313,7 @@ static int on_sink(void *arg, size_t len, struct iovec iov[RCMD_SINK_IOV]) {
   if (l->ended || len > vsize || p->val) return 0;
   void *page;
   if (len == vsize && (p->val = malloc(head + RVALUE_TAG_BYTES)) &&
-      engine_tier_import_begin(r->srv->eng, l->cache_id, &p->job, &page) == 0) {
+      engine_tier_import_begin(r->srv->eng, l->cache_id, &p->job, &page, NULL) == 0) {
     p->len = head + RVALUE_TAG_BYTES;
     p->page = page;
     iov[0] = (struct iovec){p->val, head};
@@ -444,7 +444,7 @@ int rlookup_start(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_
   size_t nh = 0, k = 0;
   rlookup_t *l = NULL;
   if (!hash || !keys ||
-      engine_prefix_hashes(srv->eng, cache_id, tokens, n, key, &first, before, hash, cap, &nh) ||
+      engine_tier_probe(srv->eng, cache_id, tokens, n, key, &first, before, hash, cap, &nh) ||
       !nh)
     goto run;
   /* Only a run from the first page can be used: stop at the first page

@@ -166,19 +166,19 @@ static bool tag_of(rvalue_secret_t *s, const uint8_t nonce[NONCE_BYTES], const u
 
 int rvalue_encode(const rvalue_cache_t *rc, rvalue_secret_t *s, const engine_page_t *pg,
                   uint8_t *out) {
-  if (pg->page_tokens != rc->page_tokens || pg->nbytes != rc->page_bytes) return -1;
+  if (pg->page_tokens != rc->page_tokens || pg->data_bytes != rc->page_bytes) return -1;
   hdr_t h;
   memset(&h, 0, sizeof h);
   memcpy(h.magic, MAGIC, 4);
   h.version = RVALUE_VERSION;
   h.hdr_bytes = sizeof h;
   h.page_tokens = rc->page_tokens;
-  h.flags = pg->has_parent ? 1u : 0u;
+  h.flags = !pg->head ? 1u : 0u;
   h.page_bytes = rc->page_bytes;
   memcpy(h.tenant, rc->tenant, 32);
   memcpy(h.layout, rc->layout, 32);
   memcpy(h.hash, pg->hash, 32);
-  if (pg->has_parent) memcpy(h.parent, pg->parent, 32);
+  if (!pg->head) memcpy(h.parent, pg->parent, 32);
   if (RAND_bytes(h.nonce, NONCE_BYTES) != 1) return -1;
   size_t ids = (size_t)rc->page_tokens * 4, body = sizeof h + ids + rc->page_bytes;
   memcpy(out, &h, sizeof h);

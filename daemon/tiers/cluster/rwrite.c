@@ -97,17 +97,17 @@ void rwrite_reclaimed(void *ctx, const engine_page_t *pg) {
     return;
   }
   size_t ids = (size_t)pg->page_tokens * 4;
-  if (!(e.copy = malloc(sizeof *e.copy + ids + pg->nbytes))) {
+  if (!(e.copy = malloc(sizeof *e.copy + ids + pg->data_bytes))) {
     drop(r, &e);
     return;
   }
   memcpy(e.hash, pg->hash, 32);
   memcpy(e.copy->parent, pg->parent, 32);
-  e.copy->has_parent = pg->has_parent;
+  e.copy->has_parent = !pg->head;
   e.copy->page_tokens = pg->page_tokens;
-  e.copy->nbytes = pg->nbytes;
+  e.copy->nbytes = pg->data_bytes;
   memcpy(e.copy->data, pg->tokens, ids);
-  memcpy(e.copy->data + ids, pg->bytes, pg->nbytes);
+  memcpy(e.copy->data + ids, pg->bytes, pg->data_bytes);
   push(r, &e);
 }
 
@@ -136,7 +136,7 @@ static void stored_event(remote_t *r, const wjob_t *w, const rsend_job_t *j) {
       engine_cache_tenant(eng, w->e.cache_id, &tenant))
     return; /* off, or its cache is gone */
   engine_events_tier(eng, ENGINE_EV_STORED, ENGINE_MEDIUM_REMOTE, tenant, ci.name,
-                     j->pg.page_tokens, w->e.hash, j->pg.has_parent ? j->pg.parent : NULL,
+                     j->pg.page_tokens, w->e.hash, !j->pg.head ? j->pg.parent : NULL,
                      j->ids);
 }
 
@@ -186,9 +186,9 @@ static bool page_of(remote_t *r, wjob_t *w, engine_page_t *pg) {
   const wentry_t *e = &w->e;
   if (!e->copy) return engine_page_hold(r->srv->eng, e->cache_id, e->hash, pg, &w->hold) == 0;
   const wcopy_t *c = e->copy;
-  *pg = (engine_page_t){.cache_id = e->cache_id, .has_parent = c->has_parent,
+  *pg = (engine_page_t){.cache_id = e->cache_id, .head = !c->has_parent,
                         .page_tokens = c->page_tokens,
-                        .bytes = c->data + (size_t)c->page_tokens * 4, .nbytes = c->nbytes};
+                        .bytes = c->data + (size_t)c->page_tokens * 4, .data_bytes = c->nbytes};
   memcpy(pg->hash, e->hash, 32);
   memcpy(pg->parent, c->parent, 32);
   pg->tokens = (const uint32_t *)(const void *)c->data;

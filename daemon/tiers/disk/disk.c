@@ -22,8 +22,13 @@
  *                 save    (registry) the tenant names, for stable numbers
  *
  * The engine's pages are only ever written by a read job into a pool page
- * that engine_tier_import_begin handed it (held by the import alone), and
- * only read here by the spill callback, on the loop, in the engine's call.
+ * that engine_tier_import_begin handed it (held by its job alone), and only
+ * read here by the reclaimed hook, on the loop, in the engine's call. A
+ * lookup's reads are a group, kept in the waiting request's walk
+ * (tier_wait_t.held): when all are in, the request runs again and imports
+ * them (engine_tier_import, each page's hash recomputed from its own
+ * query); a request gone meanwhile leaves its group orphaned, its pages
+ * given back as its reads end.
  */
 #include "disk.h"
 
@@ -394,7 +399,7 @@ typedef struct wjob {
   djob_t j;
   struct wjob *tnext;      /* this turn's list, until handed over */
   dent_t *e;
-  engine_tier_meta_t m;    /* m.tokens -> ids below */
+  engine_page_t m;         /* m.tokens -> ids below; m.bytes NULL */
   char tenant[DISKFMT_TENANT_MAX];
   char name[DISKFMT_NAME_MAX];
   int err;
@@ -515,7 +520,7 @@ static void turn_flush(disk_t *d) {
   d->collect = NULL;
   for (wjob_t *w = rev, *next; w; w = next) {
     next = w->tnext;
-    const engine_tier_meta_t *m = &w->m;
+    const engine_page_t *m = &w->m;
     w->e->untold = false;
     engine_events_tier(d->srv->eng, ENGINE_EV_STORED, ENGINE_MEDIUM_DISK, m->tenant, m->cache,
                        m->page_tokens, m->hash, m->head ? NULL : m->parent, m->tokens);
@@ -529,12 +534,15 @@ static void on_turn(uv_prepare_t *h) {
   turn_flush(d);
 }
 
-/* The engine's spill callback: a cached page leaves memory. The bytes are
+/* The engine's reclaimed hook: a cached page leaves memory. The bytes are
  * copied here (the pool page is reused as soon as this returns); the
- * header, its checksums and the file are the thread's. */
-static void on_spill(server_t *srv, const engine_tier_meta_t *m, const void *bytes) {
+ * header, its checksums and the file are the thread's. A page that is not
+ * portable (a span key's id means nothing after a restart) stays
+ * memory-only. */
+static void disk_reclaimed(server_t *srv, const engine_page_t *m) {
   disk_t *d = srv->disk;
-  if (d->closing) return;
+  if (d->closing || !m->portable) return;
+  const void *bytes = m->bytes;
   uint32_t hb = diskfmt_header_bytes(m->page_tokens);
   uint64_t need = hb + m->data_bytes;
   dent_t *e = find(d, m->hash);
@@ -573,6 +581,7 @@ static void on_spill(server_t *srv, const engine_tier_meta_t *m, const void *byt
   memcpy(w->ids, m->tokens, 4ull * m->page_tokens);
   w->m = *m;
   w->m.tokens = w->ids;
+  w->m.bytes = NULL;
   snprintf(w->tenant, sizeof w->tenant, "%s", tenants_name(&srv->tenants, m->tenant));
   diskfmt_name(m->hash, w->name);
   memcpy(e->hash, m->hash, 32);
@@ -601,8 +610,8 @@ typedef struct rjob {
   djob_t j;
   rgroup_t *g;
   dent_t *e;
-  engine_tier_job_t *ej;
-  uint8_t *dst;            /* the pool page import_begin gave */
+  engine_tier_job_t *ej;   /* the pool page it is read into (given back unless imported) */
+  uint8_t *dst;            /* that page's bytes */
   uint8_t hash[32];
   uint32_t hb;
   uint64_t db;
@@ -614,10 +623,13 @@ typedef struct rjob {
 } rjob_t;
 
 struct rgroup {
-  uint64_t conn_id;        /* the waiting request's connection (it may be gone) */
+  tier_wait_t *w;          /* the waiting request's walk; NULL: orphaned (it is gone) */
   unsigned idx;            /* this tier's place in the chain (tiers_done) */
+  uint32_t cache_id;
+  uint64_t first;          /* the query's pages the pool held: jobs[0] is page first */
   uint64_t t0_ns;          /* when its reads began (the lookup's latency) */
   uint32_t n, ndone;
+  bool ended;              /* every read is in */
   rjob_t *jobs[];          /* in chain order */
 };
 
@@ -662,33 +674,15 @@ static void read_run(disk_t *d, djob_t *j) {
   close(fd);
 }
 
-/* Every read of the group is in: import in chain order (a page verifies
- * only under its parent), then let the connection run its request again. */
-static void group_end(disk_t *d, rgroup_t *g) {
+/* Lets go of the group: every page not imported goes back to the pool,
+ * every file read is let go (dropped if it was bad, or out of the index). */
+static void group_free(disk_t *d, rgroup_t *g) {
   server_t *srv = d->srv;
-  bool chain = true;
   for (uint32_t i = 0; i < g->n; i++) {
     rjob_t *r = g->jobs[i];
     dent_t *e = r->e;
-    if (r->ok) {
-      srv->stats.tier_disk_reads++;
-      srv->stats.tier_disk_read_bytes += r->hb + r->db;
-    }
-    /* A page names its tenant: its number must be that name's here, or the
-     * registry moved and the page is another tenant's. */
-    if (r->ok && strcmp(r->info.tenant, tenants_name(&srv->tenants, r->info.m.tenant)) != 0)
-      r->ok = false, r->bad = true, r->why = "its tenant's name and number disagree";
-    bool ok = r->ok && chain;
-    int rc = engine_tier_import_end(srv->eng, r->ej, ok ? &r->info.m : NULL, ok);
+    engine_tier_import_abort(srv->eng, r->ej);
     d->importing--;
-    if (rc == 0) {
-      srv->stats.tier_disk_hits++;
-      d->st.hit_tokens += r->info.m.page_tokens;
-    } else if (ok && rc == KVC_E_INVAL) {
-      r->bad = true;
-      r->why = engine_last_error(srv->eng)->msg;
-    }
-    if (rc && rc != KVC_E_EXISTS) chain = false;
     if (r->bad) {
       LOG_LIMITED(&d->limit_bad, uv_now(srv->loop), LOG_LEVEL_WARN, "tier_disk_discard",
                   "reason=\"%s\"", r->why ? r->why : "?");
@@ -698,12 +692,33 @@ static void group_end(disk_t *d, rgroup_t *g) {
     if (e->gone && !e->readers) drop(d, e, false);
     free(r);
   }
-  uint64_t conn_id = g->conn_id, ns = uv_hrtime() - g->t0_ns;
-  unsigned idx = g->idx;
   free(g);
+}
+
+/* Every read of the group is in: the request runs again (and imports them,
+ * disk_import), or, gone, its pages go back. */
+static void group_end(disk_t *d, rgroup_t *g) {
+  server_t *srv = d->srv;
+  for (uint32_t i = 0; i < g->n; i++) {
+    rjob_t *r = g->jobs[i];
+    if (r->ok) {
+      srv->stats.tier_disk_reads++;
+      srv->stats.tier_disk_read_bytes += r->hb + r->db;
+    }
+    /* A page names its tenant: its number must be that name's here, or the
+     * registry moved and the page is another tenant's. */
+    if (r->ok && strcmp(r->info.tenant, tenants_name(&srv->tenants, r->info.m.tenant)) != 0)
+      r->ok = false, r->bad = true, r->why = "its tenant's name and number disagree";
+  }
+  uint64_t ns = uv_hrtime() - g->t0_ns;
   d->st.lookup_hist[metrics_bucket(ns)]++;
   d->st.lookup_ns += ns;
-  tiers_done(srv, conn_id, idx); /* the request runs again */
+  g->ended = true;
+  if (!g->w) {
+    group_free(d, g);
+    return;
+  }
+  tiers_done(srv, g->w->conn_id, g->idx); /* the request runs again */
 }
 
 static void read_done(disk_t *d, djob_t *j) {
@@ -711,9 +726,10 @@ static void read_done(disk_t *d, djob_t *j) {
   if (++g->ndone == g->n) group_end(d, g);
 }
 
-/* The tier's lookup (tier.h): if pages of the query past the resident ones
- * are on disk, starts reading them and the request waits (TIER_WAIT): each
- * is imported as its read lands, and once all have, tiers_done. */
+/* The tier's lookup (tier.h): if pages of the query past those in the pool
+ * are on disk, starts reading them into pool pages and the request waits
+ * (TIER_WAIT) until all are in (tiers_done), then imports them
+ * (disk_import). */
 static int disk_lookup(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q) {
   disk_t *d = srv->disk;
   uint32_t cache_id = q->cache_id;
@@ -729,9 +745,9 @@ static int disk_lookup(server_t *srv, tier_wait_t *w, unsigned idx, const tier_q
   size_t cap = room < FETCH_MAX ? (size_t)room : FETCH_MAX;
   if (!cap || engine_cache_tenant(srv->eng, cache_id, &tenant) != 0) return TIER_RUN;
   uint8_t(*h)[32] = malloc(cap * 32);
-  uint64_t resident;
+  uint64_t local, nbytes = 0;
   size_t nh = 0, k = 0;
-  if (!h || engine_tier_probe(srv->eng, cache_id, tokens, n, key, h, cap, &resident, &nh) != 0)
+  if (!h || engine_tier_probe(srv->eng, cache_id, tokens, n, key, &local, NULL, h, cap, &nh) != 0)
     nh = 0;
   dent_t **ents = nh ? malloc(nh * sizeof *ents) : NULL;
   for (dent_t *e; ents && k < nh && (e = find(d, h[k])) && e->state == D_READY &&
@@ -754,8 +770,13 @@ static int disk_lookup(server_t *srv, tier_wait_t *w, unsigned idx, const tier_q
     rjob_t *r = calloc(1, sizeof *r + e->header_bytes);
     engine_tier_job_t *ej;
     void *dst;
-    if (!r || engine_tier_import_begin(srv->eng, cache_id, &ej, &dst) != 0) {
+    if (!r || engine_tier_import_begin(srv->eng, cache_id, &ej, &dst, &nbytes) != 0) {
       free(r); /* no room (or memory): what was begun is read */
+      break;
+    }
+    if (e->data_bytes != nbytes) { /* not a page of this cache's size: never read in */
+      engine_tier_import_abort(srv->eng, ej);
+      free(r);
       break;
     }
     r->ej = ej;
@@ -780,15 +801,67 @@ static int disk_lookup(server_t *srv, tier_wait_t *w, unsigned idx, const tier_q
     free(g);
     return TIER_RUN;
   }
-  g->conn_id = w->conn_id;
+  g->w = w;
   g->idx = idx;
+  g->cache_id = cache_id;
+  g->first = local;
+  g->ended = false;
   g->t0_ns = uv_hrtime();
   d->st.lookups++;
   d->st.lookup_pages += got;
   g->n = got;
   g->ndone = 0;
+  w->held[idx] = g;
   for (uint32_t i = 0; i < got; i++) queue(d, &g->jobs[i]->j);
   return TIER_WAIT;
+}
+
+/* The request runs again, its reads in: the run of pages read whole, whose
+ * files name the query's own ids, goes into the index (the engine
+ * recomputes each hash from the query under the page before it); what is
+ * not taken goes back to the pool. */
+static void disk_import(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q) {
+  disk_t *d = srv->disk;
+  rgroup_t *g = w->held[idx];
+  w->held[idx] = NULL;
+  if (!g) return;
+  if (!g->ended) { /* not over (cannot be: the request waited for it): orphaned */
+    g->w = NULL;
+    return;
+  }
+  engine_page_in_t *in = g->cache_id == q->cache_id ? calloc(g->n, sizeof *in) : NULL;
+  size_t k = 0, got = 0;
+  for (; in && k < g->n; k++) {
+    rjob_t *r = g->jobs[k];
+    uint64_t T = r->info.m.page_tokens, at = (g->first + k) * T;
+    if (!r->ok) break;
+    if (at + T > q->n || memcmp(r->info.m.tokens, q->tokens + at, T * 4) != 0) {
+      r->bad = true; /* its header names other ids under this page's hash */
+      r->why = "ids of another page";
+      break;
+    }
+    in[k] = (engine_page_in_t){.hash = r->hash, .job = r->ej};
+  }
+  if (k && engine_tier_import(srv->eng, q->cache_id, q->tokens, q->n, q->key, g->first, in, k,
+                              &got) != 0)
+    got = 0;
+  for (size_t i = 0; i < got; i++) {
+    g->jobs[i]->ej = NULL; /* the engine's now */
+    srv->stats.tier_disk_hits++;
+    d->st.hit_tokens += g->jobs[i]->info.m.page_tokens;
+  }
+  free(in);
+  group_free(d, g);
+}
+
+/* The request is answered or gone: its group is let go, now or (reads in
+ * flight) as they end. */
+static void disk_forget(server_t *srv, tier_wait_t *w, unsigned idx) {
+  rgroup_t *g = w->held[idx];
+  w->held[idx] = NULL;
+  if (!g) return;
+  if (g->ended) group_free(srv->disk, g);
+  else g->w = NULL;
 }
 
 /* ---- the start-up scan -------------------------------------------------------------- */
@@ -1106,9 +1179,11 @@ static void persist_tell(persist_t *p, uint64_t now_ns) {
               (unsigned long long)p->touched);
 }
 
-static void persist_one(void *ctx, const engine_tier_meta_t *m, const void *bytes) {
+static void persist_one(void *ctx, const engine_page_t *m) {
   persist_t *p = ctx;
   disk_t *d = p->d;
+  const void *bytes = m->bytes;
+  if (!m->portable) return; /* memory-only */
   if (((p->written + p->touched + p->skipped) & 63) == 63) {
     uint64_t now = uv_hrtime();
     if (now - p->told_ns >= 1000000000ull) persist_tell(p, now);
@@ -1231,7 +1306,9 @@ const tier_ops_t tier_disk = {
     .close = disk_close,
     .reload = disk_reload,
     .tick = disk_tick,
-    .spill = on_spill,
+    .reclaimed = disk_reclaimed,
     .lookup = disk_lookup,
+    .import = disk_import,
+    .forget = disk_forget,
     .view = disk_view,
 };

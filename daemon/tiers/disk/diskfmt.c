@@ -50,7 +50,7 @@ uint32_t diskfmt_header_bytes(uint32_t page_tokens) {
   return (uint32_t)((n + 4095) / 4096 * 4096);
 }
 
-void diskfmt_encode(const engine_tier_meta_t *m, const char *tenant, const void *data,
+void diskfmt_encode(const engine_page_t *m, const char *tenant, const void *data,
                     uint8_t *hdr) {
   uint32_t hb = diskfmt_header_bytes(m->page_tokens);
   memset(hdr, 0, hb);
@@ -113,12 +113,13 @@ int diskfmt_decode(const uint8_t *hdr, size_t len, diskfmt_info_t *out, const ch
       hdr[OFF_CACHE + KVC_MAX_NAME] || get64(hdr + OFF_DATA_BYTES) == 0)
     return -1;
   memset(out, 0, sizeof *out);
-  engine_tier_meta_t *m = &out->m;
+  engine_page_t *m = &out->m;
   m->tenant = get32(hdr + OFF_TENANT);
   m->hash_kind = get32(hdr + OFF_HASH_KIND);
   m->page_tokens = get32(hdr + OFF_PAGE_TOKENS);
   m->data_bytes = get64(hdr + OFF_DATA_BYTES);
   m->head = get32(hdr + OFF_FLAGS) & FLAG_HEAD;
+  m->portable = true; /* only such pages are written */
   memcpy(m->hash, hdr + OFF_HASH, 32);
   memcpy(m->parent, hdr + OFF_PARENT, 32);
   memcpy(out->tenant, hdr + OFF_TENANT_NAME, DISKFMT_TENANT_MAX);

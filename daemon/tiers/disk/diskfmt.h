@@ -45,7 +45,7 @@
 
 /* What a header says. m.tokens points into the header it was read from. */
 typedef struct diskfmt_info {
-  engine_tier_meta_t m;
+  engine_page_t m;
   char tenant[DISKFMT_TENANT_MAX]; /* the tenant's name */
   uint32_t header_bytes;
   uint64_t data_sum;
@@ -57,7 +57,7 @@ uint32_t diskfmt_header_bytes(uint32_t page_tokens);
 /* Writes the header of m, of tenant `tenant` (a name, truncated to 47
  * bytes), over data (m->data_bytes of it) into hdr (header_bytes of
  * m->page_tokens). Borrows everything. */
-void diskfmt_encode(const engine_tier_meta_t *m, const char *tenant, const void *data,
+void diskfmt_encode(const engine_page_t *m, const char *tenant, const void *data,
                     uint8_t *hdr);
 
 /* Reads the header at hdr (len bytes of the file's start): 0 and *out, or
