@@ -599,7 +599,7 @@ static const struct {
                           "offloaded_gets_total", "offloaded_puts_total",
                           "offloaded_shares_total", "split_copies_total"},
      {"ring_", "offloaded_"}},
-    {"Disk tier (tier_dir)", {NULL}, {"tier_disk_"}},
+    {"Disk tier (disk_dir)", {NULL}, {"tier_disk_"}},
     {"Event stream (events_endpoint)", {NULL}, {"events_"}},
     {"Daemon", {"uptime_seconds", "process_start_time_seconds", "config_reloads_total",
                 "config_reload_failures_total", "metrics_scrapes_total",
@@ -891,7 +891,7 @@ static int cmd_tier(kvc_client_t *c, const opts_t *o) {
     if (t && nt < 8) tiers[nt++] = t;
   }
   if (o->json) printf("{\"tiers\": {");
-  else if (!nt) printf("no tier below memory (tier_dir and cluster_nodes are empty)\n");
+  else if (!nt) printf("no tier below memory (disk_dir and cluster_nodes are empty)\n");
   for (size_t i = 0; i < nt; i++) {
     if (o->json) printf("%s\n", i ? "," : "");
     tier_show(&f, tiers[i], o->json);

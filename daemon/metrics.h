@@ -62,7 +62,7 @@
   X(pool_resize_evicted_pages, STAT_COUNTER, "pages", "pages a shrink freed by eviction") \
   X(tier_disk_bytes, STAT_GAUGE, "bytes", "bytes of page files in the disk tier (writes in flight included)") \
   X(tier_disk_pages, STAT_GAUGE, "pages", "pages in the disk tier") \
-  X(tier_disk_bound_bytes, STAT_GAUGE, "bytes", "the disk tier's bound in force: tier_bytes, or less after the file system was full") \
+  X(tier_disk_bound_bytes, STAT_GAUGE, "bytes", "the disk tier's bound in force: disk_bytes, or less after the file system was full") \
   X(tier_disk_loading, STAT_GAUGE, "scans", "1 while the start-up scan indexes the disk tier's files (the daemon serves meanwhile)") \
   X(tier_disk_scanned, STAT_GAUGE, "files", "page files the start-up scan has looked at") \
   X(tier_disk_loaded, STAT_GAUGE, "pages", "pages the start-up scan indexed (what a restart kept)") \

@@ -89,27 +89,9 @@ uint64_t offload_shares(const server_t *srv) { return srv->offload ? srv->offloa
 
 bool offload_reap(server_t *srv) { return work_reap(srv->work); }
 
-/* CPUs this process may run on: its affinity, capped by a cgroup v2 quota. */
-unsigned offload_cpus(void) {
-  cpu_set_t set;
-  unsigned n = 1;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-    n = (unsigned)CPU_COUNT(&set);
-  FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
-  if (f) {
-    char quota[32];
-    unsigned long long period;
-    if (fscanf(f, "%31s %llu", quota, &period) == 2 && strcmp(quota, "max") != 0 && period) {
-      unsigned long long q = strtoull(quota, NULL, 10), cpus = (q + period - 1) / period;
-      if (cpus >= 1 && cpus < n) n = (unsigned)cpus;
-    }
-    fclose(f);
-  }
-  return n;
-}
 
 int offload_start(server_t *srv, unsigned nthreads, char *err, size_t errlen) {
-  if (nthreads == 0) nthreads = offload_cpus();
+  if (nthreads == 0) nthreads = work_cpus();
   offload_t *o = calloc(1, sizeof *o);
   if (!o) {
     snprintf(err, errlen, "copy threads: out of memory");

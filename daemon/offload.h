@@ -22,14 +22,12 @@
 #include "conn.h"
 #include "engine.h"
 
-/* The copy threads (offload_threads of them; 0: as many as offload_cpus).
+/* The copy threads (offload_threads of them; 0: as many as work_cpus).
  * Returns 0, or -1 with err (the caller then calls offload_stop). */
 int offload_start(server_t *srv, unsigned nthreads, char *err, size_t errlen);
 /* After the loop ran out of work: joins the threads, closes the poll handle
  * (the loop must run once more to finish closing it). */
 void offload_stop(server_t *srv);
-/* CPUs the daemon may use: its affinity, capped by a cgroup v2 cpu.max quota. */
-unsigned offload_cpus(void);
 /* Copy threads running (kvcachectl config, stats). */
 unsigned offload_threads(const server_t *srv);
 

@@ -27,6 +27,7 @@ typedef struct offload offload_t; /* offload.c */
 typedef struct ring_poller ring_poller_t; /* ring.c */
 typedef struct remote remote_t;   /* remote.c: the cluster tier */
 typedef struct disk disk_t;       /* disk.c */
+typedef struct tiers tiers_t;     /* tiers.c: the chain's deadlines */
 typedef struct events events_t;   /* events.c */
 
 struct server;
@@ -64,7 +65,8 @@ typedef struct server {
   ring_poller_t *rings;    /* polls the shared-memory rings of active connections */
   uint32_t nrings;         /* connections with rings (a doorbell descriptor each) */
   remote_t *remote;        /* the cluster tier; NULL: none (cluster_nodes empty) */
-  disk_t *disk;            /* the disk tier (tier_dir), or NULL */
+  disk_t *disk;            /* the disk tier (disk_dir), or NULL */
+  tiers_t *tiers;          /* the requests waiting on a tier, by deadline (tiers.c) */
   events_t *events;        /* the stream of prefix-index changes (events.c) */
   uint32_t floored[TENANT_RULES_MAX]; /* tenants given a floor by the last quotas_apply */
   uint32_t nfloored;

@@ -244,3 +244,22 @@ void work_free(work_t *w) {
   close(w->efd);
   uv_close((uv_handle_t *)&w->poll, on_poll_closed); /* frees w once closed */
 }
+
+/* CPUs this process may run on: its affinity, capped by a cgroup v2 quota. */
+unsigned work_cpus(void) {
+  cpu_set_t set;
+  unsigned n = 1;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    n = (unsigned)CPU_COUNT(&set);
+  FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
+  if (f) {
+    char quota[32];
+    unsigned long long period;
+    if (fscanf(f, "%31s %llu", quota, &period) == 2 && strcmp(quota, "max") != 0 && period) {
+      unsigned long long q = strtoull(quota, NULL, 10), cpus = (q + period - 1) / period;
+      if (cpus >= 1 && cpus < n) n = (unsigned)cpus;
+    }
+    fclose(f);
+  }
+  return n;
+}

@@ -74,4 +74,8 @@ void work_stop(work_t *w, enum work_class c, bool drain, void (*cancel)(work_job
  * the next loop run). NULL is a no-op. */
 void work_free(work_t *w);
 
+/* CPUs the daemon may use: its affinity, capped by a cgroup v2 cpu.max quota
+ * (how many threads a class gets by default). */
+unsigned work_cpus(void);
+
 #endif

@@ -198,13 +198,17 @@ static const option_t options[] = {
    "shared-buffer bytes the connections of one uid may hold together (QUOTA_SHM)"},
   {"shm_bytes_total", OPT_SIZE, "8GiB", 1 * MiB, 64 * TiB, true, F(shm_bytes_total),
    "shared-buffer bytes all connections may hold together (QUOTA_SHM)"},
-  {"tier_dir", OPT_DIR, "", 0, 0, false, F(tier_dir),
+  {"disk_dir", OPT_DIR, "", 0, 0, false, F(disk_dir),
    "directory of the disk tier: prefix pages evicted from memory are written here and read "
    "back by a match, and a clean stop keeps the prefix index here for the next start "
    "(created mode 0700; it must be the daemon's own); empty: no disk tier"},
-  {"tier_bytes", OPT_SIZE, "4GiB", 1 * MiB, 64 * TiB, true, F(tier_bytes),
+  {"disk_bytes", OPT_SIZE, "4GiB", 1 * MiB, 64 * TiB, true, F(disk_bytes),
    "bytes of page files the disk tier keeps, least recently used out first (a reload also "
    "lifts the lower bound a full file system set)"},
+  {"tier_lookup_timeout_ms", OPT_U32, "1000", 1, 600000, true, F(tier_lookup_timeout_ms),
+   "the longest a match or attach waits on any one tier below memory (the disk, the "
+   "cluster): a lookup not over by then is let go (tier_errors_total{kind=\"timeout\"}) and "
+   "the request runs with what the tiers before it brought back"},
   {"events_endpoint", OPT_ENDPOINT, "", 0, 0, false, F(events_endpoint),
    "publish every change of the prefix index as vLLM's KV events (ZeroMQ PUB, msgpack; "
    "doc/events.md) on this endpoint, bound: tcp://127.0.0.1:5557 or ipc:///run/kvcached/"
@@ -311,12 +315,28 @@ static void fail(char *err, size_t errlen, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* Options that were renamed: the old name is still read (a file or a
+ * command line of before), logged once as such; --print-config and the
+ * example file give the new one. "tier" names every tier below memory, so
+ * the disk tier's own options say "disk". */
+static const struct { const char *old, *now; } renamed[] = {
+    {"tier_dir", "disk_dir"},
+    {"tier_bytes", "disk_bytes"},
+};
+
 /* "pool-bytes" and "pool_bytes" name the same option. */
 static const option_t *find_option(const char *name) {
   char norm[64];
   size_t n = strlen(name);
   if (n >= sizeof norm) return NULL;
   for (size_t i = 0; i <= n; i++) norm[i] = name[i] == '-' ? '_' : name[i];
+  for (size_t r = 0; r < sizeof renamed / sizeof renamed[0]; r++)
+    if (strcmp(norm, renamed[r].old) == 0) {
+      static bool told[sizeof renamed / sizeof renamed[0]];
+      if (!told[r]) LOG_WARN("config_renamed", "option=%s now=%s", renamed[r].old, renamed[r].now);
+      told[r] = true;
+      snprintf(norm, sizeof norm, "%s", renamed[r].now);
+    }
   for (size_t i = 0; i < NOPTIONS; i++)
     if (strcmp(options[i].name, norm) == 0) return &options[i];
   return NULL;
@@ -627,13 +647,13 @@ static int set_value(config_t *cfg, const option_t *o, const char *value, char *
     snprintf(field, sizeof cfg->cluster_auth_file, "%s", value);
     return 0;
   case OPT_DIR:
-    if (*value && (*value != '/' || strlen(value) >= sizeof cfg->tier_dir ||
+    if (*value && (*value != '/' || strlen(value) >= sizeof cfg->disk_dir ||
                    strpbrk(value, "\"\n"))) {
       fail(err, errlen, "%s: expected an absolute path of at most %zu bytes without '\"' or "
-           "a newline (or empty: off), got '%s'", o->name, sizeof cfg->tier_dir - 1, value);
+           "a newline (or empty: off), got '%s'", o->name, sizeof cfg->disk_dir - 1, value);
       return -1;
     }
-    snprintf(field, sizeof cfg->tier_dir, "%s", value);
+    snprintf(field, sizeof cfg->disk_dir, "%s", value);
     return 0;
   case OPT_TEXT:
     if (strlen(value) >= o->max || strpbrk(value, "\"\n")) {

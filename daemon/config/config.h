@@ -96,8 +96,9 @@ typedef struct config {
   uint64_t shm_bytes_per_uid;     /* shared-buffer bytes the connections of one uid hold */
   uint64_t shm_bytes_total;       /* shared-buffer bytes all connections hold */
   /* The disk tier (doc/tiers.md). */
-  char tier_dir[256];        /* directory of the disk tier; "": no disk tier */
-  uint64_t tier_bytes;       /* bytes of page files the tier keeps at most */
+  char disk_dir[256];        /* directory of the disk tier; "": no disk tier */
+  uint64_t disk_bytes;       /* bytes of page files the tier keeps at most */
+  uint32_t tier_lookup_timeout_ms; /* the longest a request waits on one tier's lookup */
   /* The KV event stream (doc/events.md); off while events_endpoint is "". */
   char events_endpoint[CONFIG_EVENTS_TEXT];        /* ZeroMQ PUB endpoint */
   char events_replay_endpoint[CONFIG_EVENTS_TEXT]; /* ZeroMQ ROUTER endpoint; "": none */

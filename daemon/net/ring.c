@@ -25,6 +25,7 @@
 
 #include "frame.h"
 #include "offload.h"
+#include "work.h"
 #include "ringbuf.h"
 
 #define SLICE_NS 30000u    /* longest the poll loop keeps the event loop waiting */
@@ -43,7 +44,7 @@ typedef struct ring_poller {
   uint8_t *rep;            /* a reply packed before it goes into a CQ */
   bool one_cpu;            /* the machine has one CPU: spinning on it only delays
                               the client it waits for, so it never polls */
-  unsigned ncpus;          /* CPUs the daemon may use (offload_cpus) */
+  unsigned ncpus;          /* CPUs the daemon may use (work_cpus) */
   bool in_pass;            /* running rings (on_idle, ring_preempt): no second pass inside */
 } ring_poller_t;
 
@@ -231,7 +232,7 @@ int ring_poller_start(server_t *srv, ring_run_fn run) {
    * there while its clients run on the others. Sharing that CPU with a
    * client, it sees itself preempted and backs off. */
   p->one_cpu = sysconf(_SC_NPROCESSORS_ONLN) < 2;
-  p->ncpus = offload_cpus();
+  p->ncpus = work_cpus();
   p->req_cap = (uint32_t)srv->cfg.max_frame_bytes;
   p->req = malloc(p->req_cap ? p->req_cap : 1);
   p->rep = malloc(CQ_BYTES);

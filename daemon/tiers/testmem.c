@@ -1,7 +1,9 @@
 /* testmem.c: a tier for the tests alone, and the proof that a tier is one
  * file and one line in tiers.c: pages the pool reclaims are kept in this
  * process's memory, and a match past the pool takes them back. On only
- * with KVCACHED_TEST_TIER=mem in the daemon's environment (read at open).
+ * with KVCACHED_TEST_TIER=mem in the daemon's environment (read at open);
+ * with KVCACHED_TEST_TIER=mem-silent its lookups never end (a tier that
+ * stopped answering: the chain's deadline lets them go, tiers.c).
  *
  *   store:  reclaimed (a cached page leaving memory: its identity and
  *           bytes) -> kept
@@ -45,6 +47,7 @@ typedef struct testmem {
   fetch_t *fetches;       /* lookups not imported or forgotten */
   uv_timer_t timer;
   tier_stats_t st;
+  bool silent;            /* lookups never end */
 } testmem_t;
 
 /* One daemon a process: the tier's state (off: NULL). */
@@ -52,7 +55,7 @@ static testmem_t *tm;
 
 static int tm_open(server_t *srv, char *err, size_t errlen) {
   const char *on = getenv("KVCACHED_TEST_TIER");
-  if (!on || strcmp(on, "mem") != 0) return 0;
+  if (!on || (strcmp(on, "mem") != 0 && strcmp(on, "mem-silent") != 0)) return 0;
   tm = calloc(1, sizeof *tm);
   if (tm) tm->kept = calloc(KEPT_MAX, sizeof *tm->kept);
   if (!tm || !tm->kept) {
@@ -60,6 +63,7 @@ static int tm_open(server_t *srv, char *err, size_t errlen) {
     return -1;
   }
   tm->srv = srv;
+  tm->silent = strcmp(on, "mem-silent") == 0;
   uv_timer_init(srv->loop, &tm->timer);
   tm->timer.data = tm;
   LOG_INFO("tier_testmem", "op=open");
@@ -136,7 +140,7 @@ static int tm_lookup(server_t *srv, tier_wait_t *w, unsigned idx, const tier_que
   if (tm->fetches) tm->fetches->prev = f;
   tm->fetches = f;
   w->held[idx] = f;
-  uv_timer_start(&tm->timer, on_timer, 0, 0);
+  if (!tm->silent) uv_timer_start(&tm->timer, on_timer, 0, 0);
   return TIER_WAIT;
 }
 

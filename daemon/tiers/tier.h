@@ -9,14 +9,18 @@
  * when the next is asked), each page verified by the engine before it joins
  * the pool (engine_tier.h: a tier can withhold pages, never plant them).
  *
- *   request -> tiers_lookup(w, q): tier i not tried yet -> lookup
+ *   request -> tiers_lookup(w, q): tier i not tried yet -> lookup, with
+ *              q->deadline_ms (tier_lookup_timeout_ms from now)
  *                 TIER_RUN:  nothing to wait for, ask the next tier
  *                 TIER_WAIT: the request parks (conn: one flag, parked);
- *                            the tier's lookup ends (or its deadline
- *                            passes) -> tiers_done(srv, conn_id, i), the one
- *                            call: the request runs again, whole; then
- *                            tier i's import takes in what it holds, and
- *                            the walk goes on with tier i + 1
+ *                            the tier's lookup ends -> tiers_done(srv,
+ *                            conn_id, i), the one call: the request runs
+ *                            again, whole; then tier i's import takes in
+ *                            what it holds, and the walk goes on with
+ *                            tier i + 1
+ *                 deadline:  the lookup has not ended: tiers.c lets it go
+ *                            (forget, counted as the tier's timeout) and
+ *                            the request runs again without it
  *           -> answered: tiers_end(w), the walk is over
  *
  * What leaves memory goes to each tier that asks for it through the
@@ -50,6 +54,9 @@ typedef struct tier_wait {
   uint32_t tried;        /* tiers asked for this request (bit i: tier i) */
   uint32_t pending;      /* tiers it waits on now */
   void *held[TIERS_MAX]; /* what tier i keeps for the request's run again */
+  uint64_t deadline_ms;  /* while pending: when tiers.c lets the lookup go */
+  struct tier_wait *prev, *next; /* tiers.c's list of the walks that wait */
+  bool listed;
 } tier_wait_t;
 
 /* What a match or attach asks of the tiers: pages of tokens[0..n) under key
@@ -60,6 +67,9 @@ typedef struct tier_query {
   uint64_t n;
   const engine_pkey_t *key;
   uint64_t *turn_bytes;  /* the request's bytes moved on the loop (its budget) */
+  uint64_t deadline_ms;  /* the loop's time (uv_now) by which the lookup ends: a tier
+                            that waits ends it by then with what it has, or tiers.c
+                            lets it go (forget) and the request runs without it */
 } tier_query_t;
 
 typedef struct tier_ops {
@@ -82,15 +92,17 @@ typedef struct tier_ops {
    * hooks, engine_tier.h, on the loop; neither may call the engine). */
   void (*indexed)(server_t *srv, uint32_t cache_id, const uint8_t hash[32]);
   void (*reclaimed)(server_t *srv, const engine_page_t *page);
-  /* Lookup, asynchronous with a deadline: TIER_RUN, or TIER_WAIT with
-   * tiers_done(srv, w->conn_id, idx) to come. What it keeps for the run
-   * again goes in w->held[idx]. */
+  /* Lookup, asynchronous with a deadline (q->deadline_ms): TIER_RUN, or
+   * TIER_WAIT with tiers_done(srv, w->conn_id, idx) to come, by the
+   * deadline (else forget comes). What it keeps for the run again goes in
+   * w->held[idx]. */
   int (*lookup)(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q);
   /* The request runs again after its wait: takes in what w->held[idx]
    * holds, frees it (NULL for a tier whose reads import as they land). */
   void (*import)(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_t *q);
-  /* The request is answered, or its connection closes: w->held[idx] and
-   * any lookup of w in flight are let go (tiers_done is not called). */
+  /* The request is answered, its connection closes, or its lookup's
+   * deadline passed: w->held[idx] and any lookup of w in flight are let go
+   * (tiers_done is not called). */
   void (*forget)(server_t *srv, tier_wait_t *w, unsigned idx);
   /* Stats: its figures for metrics_render (strings in a), NULL when off. */
   const tier_view_t *(*view)(server_t *srv, arena_t *a);
@@ -121,7 +133,9 @@ void tiers_end(server_t *srv, tier_wait_t *w);
  * reaches the connection layer through srv->up.resume, which main.c sets. */
 void tiers_done(server_t *srv, uint64_t conn_id, unsigned idx);
 
-/* The tiers' figures, the chain's order, those on (at most cap). */
+/* The tiers' figures, the chain's order, those on (at most cap): each
+ * tier's own, with the lookups tiers.c let go at their deadline counted in
+ * its errors[TIER_ERR_timeout]. */
 size_t tiers_views(server_t *srv, arena_t *a, const tier_view_t **out, size_t cap);
 
 #endif

@@ -2202,8 +2202,8 @@ static void bench_tier(void) {
   char dir[128], pool[32], log[160];
   snprintf(dir, sizeof dir, "%s/tier", tmpdir);
   snprintf(pool, sizeof pool, "%llu", TIER_POOL_PAGES * 2 * MiB);
-  const char *args[] = {"--pool-bytes", pool, "--page-bytes", "2MiB", "--tier-dir", dir,
-                        "--tier-bytes", "5GiB", NULL};
+  const char *args[] = {"--pool-bytes", pool, "--page-bytes", "2MiB", "--disk-dir", dir,
+                        "--disk-bytes", "5GiB", NULL};
   kd_t d;
   /* Every CPU: the tier reads with a thread a CPU (two here); the client
    * only waits meanwhile. */

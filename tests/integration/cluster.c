@@ -653,7 +653,7 @@ static void push_out(const daemon_t *d, kvc_cache_t *h, uint64_t *seq, uint64_t 
 
 /* The disk and the cluster on at once, one chain: a match walks memory,
  * then the disk, then the cluster, each asked only for the pages past what
- * the one before it brought back. A node with a tier_dir that reads the
+ * the one before it brought back. A node with a disk_dir that reads the
  * cluster (cluster_write off: what it spills stays on its own disk) reads
  * one prompt from the cluster alone, one from its disk alone, and one whose
  * head is on its disk and whose tail only the cluster has; then a page it
@@ -665,7 +665,7 @@ TEST_TIMEOUT(cluster_and_disk_tiers_chained_read_a_prompt_from_each, 180) {
   snprintf(tdir, sizeof tdir, "/tmp/kvctier-XXXXXX");
   ASSERT(mkdtemp(tdir) != NULL);
   daemon_t dx;
-  const char *more[] = {"--tier-dir", tdir, "--cluster-write", "off", NULL};
+  const char *more[] = {"--disk-dir", tdir, "--cluster-write", "off", NULL};
   node_start(&f, &dx, more);
   kvc_client_t *c1 = client_open(&f.d1), *cx = client_open(&dx);
   it_wait_stat(cx, "tier_disk_loading", 0, false);
@@ -1223,7 +1223,7 @@ TEST(cluster_secret_and_auth_files_must_be_private) {
   ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --socket %s/s --pool-bytes 8MiB --page-bytes 16KiB "
                   "--cluster-nodes 127.0.0.1:1 --cluster-secret-file %s", it_build(), dir, sec), 1);
   ASSERT(strstr(out, "at least 16") != NULL);
-  /* No cluster_nodes nor tier_dir: no tier, and kvcachectl says so. */
+  /* No cluster_nodes nor disk_dir: no tier, and kvcachectl says so. */
   daemon_t d;
   daemon_start(&d);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "tier"), 0);

@@ -57,10 +57,11 @@ static const struct {
     {"idle_timeout_ms", "60000", "60000", "70000", "70000"},
     {"shm_bytes_per_uid", "2GiB", "2GiB", "4GiB", "4GiB"},
     {"shm_bytes_total", "16GiB", "16GiB", "32GiB", "32GiB"},
-    {"tier_dir", "/var/lib/kvcached/tier", "/var/lib/kvcached/tier", "", "\"\""},
+    {"disk_dir", "/var/lib/kvcached/tier", "/var/lib/kvcached/tier", "", "\"\""},
     {"pool_reserve_bytes", "64GiB", "64GiB", "0", "0"},
     {"pool_huge_pages", "no", "false", "true", "true"},
-    {"tier_bytes", "2GiB", "2GiB", "1T", "1TiB"},
+    {"disk_bytes", "2GiB", "2GiB", "1T", "1TiB"},
+    {"tier_lookup_timeout_ms", "500", "500", "2000", "2000"},
     {"events_endpoint", "ipc:///tmp/kvc-ev", "ipc:///tmp/kvc-ev", "tcp://127.0.0.1:5557",
      "tcp://127.0.0.1:5557"},
     {"events_replay_endpoint", "", "\"\"", "tcp://127.0.0.1:5558", "tcp://127.0.0.1:5558"},
@@ -164,6 +165,25 @@ TEST(config_every_option_from_file_and_flag) {
   ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached%s --print-config", it_build(), args), 0);
   for (size_t i = 0; i < NOPTS; i++)
     ASSERT_STR_EQ(shown(out, opts[i].name, v, sizeof v), opts[i].flag_shown);
+  rmdir_all(dir);
+}
+
+/* The disk tier's options were tier_dir and tier_bytes ("tier" names every
+ * tier below memory now): a file or a command line of before still works,
+ * printed under the new names, with a warning that says which. */
+TEST(config_renamed_options_still_read) {
+  static char out[8192];
+  char dir[64], path[128], v[256];
+  tmpdir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/old.conf", dir);
+  it_write_file(path, "tier_dir = /var/lib/kvcached/old\n");
+  ASSERT_EQ(it_sh(out, sizeof out, "%s/kvcached --config %s --tier-bytes 3GiB --print-config 2>&1",
+                  it_build(), path), 0);
+  ASSERT_STR_EQ(shown(out, "disk_dir", v, sizeof v), "/var/lib/kvcached/old");
+  ASSERT_STR_EQ(shown(out, "disk_bytes", v, sizeof v), "3GiB");
+  ASSERT(strstr(out, "option=tier_dir now=disk_dir") != NULL);
+  ASSERT(strstr(out, "option=tier_bytes now=disk_bytes") != NULL);
+  ASSERT(strstr(out, "\ntier_dir") == NULL);
   rmdir_all(dir);
 }
 

@@ -901,9 +901,9 @@ TEST_TIMEOUT(events_disk_tier_moves_and_warm_restart, 120) {
   endpoints(dir, ep, rp);
   snprintf(tier, sizeof tier, "%s/tier", dir);
   ASSERT(mkdir(tier, 0700) == 0);
-  /* tier_bytes: 51 page files (16 KiB and a 4 KiB header each) */
+  /* disk_bytes: 51 page files (16 KiB and a 4 KiB header each) */
   const char *args[] = {SMALL_POOL, "--events-endpoint", ep, "--events-replay-endpoint", rp,
-                        "--events-tenant", "*", "--tier-dir", tier, "--tier-bytes", "1MiB",
+                        "--events-tenant", "*", "--disk-dir", tier, "--disk-bytes", "1MiB",
                         NULL};
   daemon_t d;
   daemon_start_args(&d, args);

@@ -85,7 +85,7 @@ static void rm_rf(const char *dir) {
 }
 
 static void start_tier(daemon_t *d, const char *dir, const char *bytes) {
-  const char *args[] = {POOL, "--tier-dir", dir, "--tier-bytes", bytes, NULL};
+  const char *args[] = {POOL, "--disk-dir", dir, "--disk-bytes", bytes, NULL};
   daemon_start_args(d, args);
 }
 
@@ -186,6 +186,39 @@ TEST(tier_test_only_member_registered_by_one_line) {
   free(p);
 }
 
+/* Every lookup has a deadline (tier_lookup_timeout_ms, kept by tiers.c for
+ * every tier): a tier that never answers (the test tier, silent) is let go
+ * then, counted as its timeout, and the request runs with what the pool
+ * holds; the connection, and the tier's next lookups, go on. */
+TEST(tier_lookup_past_its_deadline_lets_the_request_run) {
+  daemon_t d;
+  const char *args[] = {POOL, "--tier-lookup-timeout-ms", "50", NULL};
+  const char *env[] = {"KVCACHED_TEST_TIER=mem-silent", NULL};
+  daemon_spawn(&d, NULL, args, env);
+  daemon_wait_accepting(&d);
+  kvc_client_t *c = client_open(&d);
+  kvc_cache_t *h = open_cache(c, "chat", KVC_DTYPE_F32);
+  uint32_t *p = prompt(20 * T + 5, 8);
+  put_bytes(h, 1, 20 * T, p, 8);
+  ASSERT_OK(kvc_seq_remove(h, 1, 0, UINT64_MAX));
+  put_bytes(h, 2, 64 * T, NULL, 99); /* the prompt's pages go to the test tier */
+  ASSERT_OK(kvc_seq_remove(h, 2, 0, UINT64_MAX));
+  ASSERT_U64_EQ(stat_get(c, "tier_writes_total{tier=testmem}", NULL), 20);
+  ASSERT_U64_EQ(stat_get(c, "tier_errors_total{tier=testmem,kind=timeout}", NULL), 0);
+  kvc_match_t m;
+  ASSERT_OK(kvc_attach(h, 3, p, 20 * T + 5, false, &m)); /* waits 50 ms, then runs */
+  ASSERT_U64_EQ(m.pages, 0);
+  ASSERT_U64_EQ(stat_get(c, "tier_lookups_total{tier=testmem}", NULL), 1);
+  ASSERT_U64_EQ(stat_get(c, "tier_errors_total{tier=testmem,kind=timeout}", NULL), 1);
+  ASSERT_U64_EQ(match(h, p, 20 * T).pages, 0); /* asked again, let go again */
+  ASSERT_U64_EQ(stat_get(c, "tier_errors_total{tier=testmem,kind=timeout}", NULL), 2);
+  put_bytes(h, 4, 2 * T, NULL, 4); /* the connection serves the rest as ever */
+  check_bytes(h, 4, 2 * T, 4);
+  kvc_client_close(c);
+  daemon_stop(&d);
+  free(p);
+}
+
 TEST(tier_disk_bounded_least_recent_out) {
   char dir[64];
   tier_mkdir(dir, sizeof dir);
@@ -234,8 +267,8 @@ static void read_back_at_the_bound(bool full_fs) {
       TEST_SKIP("cannot mount a tmpfs here");
   }
   daemon_t d;
-  const char *args[] = {"--pool-bytes", "64MiB", "--page-bytes", "256KiB", "--tier-dir", dir,
-                        "--tier-bytes", full_fs ? "1GiB" : "128MiB", "--shm-default-bytes",
+  const char *args[] = {"--pool-bytes", "64MiB", "--page-bytes", "256KiB", "--disk-dir", dir,
+                        "--disk-bytes", full_fs ? "1GiB" : "128MiB", "--shm-default-bytes",
                         "8MiB", NULL};
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open(&d);
@@ -365,7 +398,7 @@ TEST(tier_clean_stop_extends_systemd_stop_timeout) {
   setsockopt(nfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   snprintf(env, sizeof env, "NOTIFY_SOCKET=%s", addr);
   const char *const envs[] = {env, NULL};
-  const char *const args[] = {POOL, "--tier-dir", dir, "--tier-bytes", "64MiB", NULL};
+  const char *const args[] = {POOL, "--disk-dir", dir, "--disk-bytes", "64MiB", NULL};
   daemon_t d;
   daemon_start_full(&d, NULL, args, envs);
   uint32_t *p = prompt(12 * T, 9);
@@ -582,7 +615,7 @@ static int tenant_run(const daemon_t *d, uid_t uid, bool write, uint64_t want) {
 }
 
 static void start_shared(daemon_t *d, const char *dir) {
-  const char *args[] = {POOL, "--tier-dir", dir, "--allow-uids", "self,root,64011,64012",
+  const char *args[] = {POOL, "--disk-dir", dir, "--allow-uids", "self,root,64011,64012",
                         "--socket-mode", "0666", NULL};
   daemon_start_args(d, args);
   ASSERT_EQ(chmod(d->dir, 0755), 0);
@@ -721,7 +754,7 @@ TEST(tier_at_its_bound_reads_back_the_oldest) {
   char dir[64];
   tier_mkdir(dir, sizeof dir);
   daemon_t d;
-  const char *args[] = {BIG_POOL, "--tier-dir", dir, "--tier-bytes", "128MiB", NULL};
+  const char *args[] = {BIG_POOL, "--disk-dir", dir, "--disk-bytes", "128MiB", NULL};
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open(&d);
   kvc_cache_t *h = open_big(c);
@@ -753,7 +786,7 @@ TEST(tier_disk_full_reads_back) {
       mount("tmpfs", dir, "tmpfs", 0, "size=32m,mode=0700") != 0)
     TEST_SKIP("cannot mount a tmpfs here");
   daemon_t d;
-  const char *args[] = {BIG_POOL, "--tier-dir", dir, "--tier-bytes", "1GiB", NULL};
+  const char *args[] = {BIG_POOL, "--disk-dir", dir, "--disk-bytes", "1GiB", NULL};
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open(&d);
   kvc_cache_t *h = open_big(c);
@@ -795,7 +828,7 @@ TEST(tier_spill_burst_drops_chain_tails) {
   char dir[64];
   tier_mkdir(dir, sizeof dir);
   daemon_t d;
-  const char *args[] = {BIG_POOL, "--tier-dir", dir, "--tier-bytes", "1GiB", NULL};
+  const char *args[] = {BIG_POOL, "--disk-dir", dir, "--disk-bytes", "1GiB", NULL};
   daemon_start_args(&d, args);
   kvc_client_t *c = client_open(&d);
   ASSERT_OK(kvc_pool_resize(c, 192u << 20, NULL)); /* 768 pages */

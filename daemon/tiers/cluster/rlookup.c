@@ -477,7 +477,11 @@ int rlookup_start(server_t *srv, tier_wait_t *w, unsigned idx, const tier_query_
     lookup_free(l);
     goto run;
   }
-  l->deadline_ms = uv_now(srv->loop) + srv->cfg.cluster_lookup_timeout_ms;
+  /* Its own bound, or just before the chain's (tiers.c would let it go with
+   * nothing; ending first, it keeps the run it has). */
+  uint64_t now = uv_now(srv->loop), chain = q->deadline_ms > now + 1 ? q->deadline_ms - 1 : now;
+  l->deadline_ms = now + srv->cfg.cluster_lookup_timeout_ms;
+  if (l->deadline_ms > chain) l->deadline_ms = chain;
   arm(r, l->deadline_ms);
   r->st.lookups++;
   w->held[idx] = l;

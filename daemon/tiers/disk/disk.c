@@ -1,7 +1,7 @@
 /* disk.c: the local disk tier (disk.h; doc/tiers.md).
  *
  * The loop keeps the tier's index: the pages on disk by chain hash, on one
- * LRU list (most recent at head), their bytes within tier_bytes. Files are
+ * LRU list (most recent at head), their bytes within disk_bytes. Files are
  * touched only by the tier's own I/O threads: the WORK_DISK class of the
  * daemon's one work queue (work.h: jobs taken from a list under a mutex and
  * handed back on a lock-free stack with an eventfd the loop polls while
@@ -49,7 +49,6 @@
 #include "diskfmt.h"
 #include "engine_tier.h"
 #include "log.h"
-#include "offload.h"
 #include "server.h"
 #include "tier.h"
 #include "work.h"
@@ -88,12 +87,12 @@ struct djob {
 
 struct disk {
   server_t *srv;
-  int dirfd;              /* tier_dir, flock'ed */
+  int dirfd;              /* disk_dir, flock'ed */
   dent_t **buckets;       /* the index: first 8 bytes of the hash -> dents */
   size_t nbuckets, count;
   dent_t *head, *tail;    /* LRU */
   uint64_t bytes;         /* files' bytes (writes in flight included) */
-  uint64_t bound;         /* tier_bytes */
+  uint64_t bound;         /* disk_bytes */
   uint64_t cap;           /* the bound in force: lower after the disk was full */
   uint64_t staging;       /* bytes spilled, not yet written (this turn's included) */
   struct wjob *turn_head, *turn_tail; /* this turn's spilled pages, oldest first */
@@ -442,7 +441,7 @@ static void write_done(disk_t *d, djob_t *j) {
     srv->stats.tier_disk_write_bytes += bytes;
     /* After a full file system: what is written fits (the bound learned
      * at an error leaves out the writes then in flight; those that
-     * succeed raise it again, up to tier_bytes). */
+     * succeed raise it again, up to disk_bytes). */
     uint64_t held = d->bytes > d->staging ? d->bytes - d->staging : 0;
     if (d->full_logged && held > d->cap) {
       d->cap = held < d->bound ? held : d->bound;
@@ -454,7 +453,7 @@ static void write_done(disk_t *d, djob_t *j) {
     if (!e->gone) unindex(d, e);
     free(e); /* write_file removed its tmp file: nothing to unlink */
     if (w->err == ENOSPC || w->err == EDQUOT) {
-      /* The file system holds less than tier_bytes: the tier keeps to what
+      /* The file system holds less than disk_bytes: the tier keeps to what
        * it holds now (until a reload), least recent out, and puts go on.
        * What it holds is its written files: the writes still in flight
        * (staging) may fail as this one did (the first error of a burst saw
@@ -463,7 +462,7 @@ static void write_done(disk_t *d, djob_t *j) {
       d->cap = d->bytes > d->staging ? d->bytes - d->staging : 0;
       gauges(d);
       if (!d->full_logged)
-        LOG_WARN("tier_disk_full", "bytes=%llu tier_bytes=%llu action=\"keeping the tier "
+        LOG_WARN("tier_disk_full", "bytes=%llu disk_bytes=%llu action=\"keeping the tier "
                  "within what the file system holds\"", (unsigned long long)d->bytes,
                  (unsigned long long)d->bound);
       d->full_logged = true;
@@ -1091,42 +1090,42 @@ static void tmp_clear(int top) {
 static void on_turn_closed(uv_handle_t *h) { free(h->data); }
 
 int disk_open(server_t *srv, char *err, size_t errlen) {
-  const char *path = srv->cfg.tier_dir;
+  const char *path = srv->cfg.disk_dir;
   if (!path[0]) return 0;
   disk_t *d = calloc(1, sizeof *d);
   if (!d) {
-    snprintf(err, errlen, "tier_dir: out of memory");
+    snprintf(err, errlen, "disk_dir: out of memory");
     return -1;
   }
   d->srv = srv;
   d->dirfd = -1;
-  d->bound = d->cap = srv->cfg.tier_bytes;
+  d->bound = d->cap = srv->cfg.disk_bytes;
   atomic_init(&d->scanned, 0);
   srv->disk = d;
   struct stat st;
   if (mkdir(path, 0700) != 0 && errno != EEXIST) {
-    snprintf(err, errlen, "tier_dir %s: %s", path, strerror(errno));
+    snprintf(err, errlen, "disk_dir %s: %s", path, strerror(errno));
     return -1;
   }
   d->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (d->dirfd < 0 || fstat(d->dirfd, &st) != 0) {
-    snprintf(err, errlen, "tier_dir %s: %s", path, strerror(errno));
+    snprintf(err, errlen, "disk_dir %s: %s", path, strerror(errno));
     return -1;
   }
   /* Whoever may write here could plant pages: only this daemon's user. */
   if (st.st_uid != geteuid() || (st.st_mode & 022)) {
-    snprintf(err, errlen, "tier_dir %s: must be owned by uid %u and not writable by group or "
+    snprintf(err, errlen, "disk_dir %s: must be owned by uid %u and not writable by group or "
              "others (it is uid %u, mode %04o)", path, (unsigned)geteuid(), (unsigned)st.st_uid,
              (unsigned)(st.st_mode & 07777));
     return -1;
   }
   if (flock(d->dirfd, LOCK_EX | LOCK_NB) != 0) {
-    snprintf(err, errlen, "tier_dir %s: %s", path,
+    snprintf(err, errlen, "disk_dir %s: %s", path,
              errno == EWOULDBLOCK ? "in use by another kvcached" : strerror(errno));
     return -1;
   }
   if (mkdirat(d->dirfd, "tmp", 0700) != 0 && errno != EEXIST) {
-    snprintf(err, errlen, "tier_dir %s/tmp: %s", path, strerror(errno));
+    snprintf(err, errlen, "disk_dir %s/tmp: %s", path, strerror(errno));
     return -1;
   }
   tmp_clear(d->dirfd);
@@ -1136,15 +1135,15 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
   d->turn.data = d;
   /* One a CPU the daemon may use, up to two: the reads are copies out of
    * the page cache and checksums, threads beyond the CPUs only wait. */
-  unsigned want = offload_cpus() < DISK_THREADS ? offload_cpus() : DISK_THREADS;
+  unsigned want = work_cpus() < DISK_THREADS ? work_cpus() : DISK_THREADS;
   char why[256];
   if (work_threads(srv->work, WORK_DISK, want, why, sizeof why) != 0) {
-    snprintf(err, errlen, "tier_dir: %s", why);
+    snprintf(err, errlen, "disk_dir: %s", why);
     return -1;
   }
   scanjob_t *s = calloc(1, sizeof *s);
   if (!s) {
-    snprintf(err, errlen, "tier_dir: out of memory");
+    snprintf(err, errlen, "disk_dir: out of memory");
     return -1;
   }
   s->t0_ns = uv_hrtime();
@@ -1154,7 +1153,7 @@ int disk_open(server_t *srv, char *err, size_t errlen) {
   srv->stats.tier_disk_loading = 1;
   gauges(d);
   queue(d, &s->j);
-  LOG_INFO("tier_disk", "op=open dir=\"%s\" tier_bytes=%llu", path,
+  LOG_INFO("tier_disk", "op=open dir=\"%s\" disk_bytes=%llu", path,
            (unsigned long long)d->bound);
   return 0;
 }
@@ -1270,7 +1269,7 @@ void disk_close(server_t *srv, bool clean) {
 void disk_reload(server_t *srv) {
   disk_t *d = srv->disk;
   if (!d) return;
-  d->bound = d->cap = srv->cfg.tier_bytes;
+  d->bound = d->cap = srv->cfg.disk_bytes;
   d->full_logged = false;
   trim(d);
   gauges(d);

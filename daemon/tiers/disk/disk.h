@@ -1,7 +1,7 @@
 /* disk.h: the local disk tier and the warm restart (doc/tiers.md).
  *
- * Pages of the prefix index that eviction reclaims are written to tier_dir
- * (one file a page, diskfmt.h) instead of being dropped, within tier_bytes,
+ * Pages of the prefix index that eviction reclaims are written to disk_dir
+ * (one file a page, diskfmt.h) instead of being dropped, within disk_bytes,
  * least recently used out first. A match or attach that reaches pages on
  * disk reads them back on the tier's I/O threads while its connection waits
  * (parked, as for a busy sequence), imports those that verify, and runs
@@ -28,7 +28,7 @@
 
 typedef struct disk disk_t;
 
-/* With tier_dir set: makes or checks the directory (ours, mode 0700: not
+/* With disk_dir set: makes or checks the directory (ours, mode 0700: not
  * writable by others), locks it against a second daemon, restores the
  * tenant registry (call before any tenant is registered), starts the I/O
  * threads and the start-up scan, and sets the engine's spill callback.
@@ -41,7 +41,7 @@ int disk_open(server_t *srv, char *err, size_t errlen);
  * run). Accepts a server without a tier. */
 void disk_close(server_t *srv, bool clean);
 
-/* A reload: tier_bytes again (and the bound a full disk lowered, reset). */
+/* A reload: disk_bytes again (and the bound a full disk lowered, reset). */
 void disk_reload(server_t *srv);
 
 /* The once-a-second timer: the start-up scan's progress into the stats. */

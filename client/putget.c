@@ -1,4 +1,4 @@
-/* xfer.c: put and get: sizing a transfer from the layout, packing entries into
+/* putget.c: put and get: sizing a transfer from the layout, packing entries into
  * the shared buffer and splitting what does not fit into several requests.
  *
  * A caller's entry is [layer][token][head][dim] over all its tokens. When an
