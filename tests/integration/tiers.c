@@ -897,7 +897,8 @@ TEST(tier_doc_names_exist) {
   for (char *a = strchr((char *)doc, '`'), *b; a && (b = strchr(a + 1, '`')); a = strchr(b + 1, '`')) {
     char name[128], needle[140];
     size_t len = (size_t)(b - a - 1);
-    if (len >= sizeof name || strncmp(a + 1, "tier_", 5) != 0 ||
+    bool ours = strncmp(a + 1, "tier_", 5) == 0 || strncmp(a + 1, "disk_", 5) == 0;
+    if (len >= sizeof name || !ours ||
         strspn(a + 1, "abcdefghijklmnopqrstuvwxyz0123456789_") != len)
       continue;
     snprintf(name, sizeof name, "%.*s", (int)len, a + 1);
