@@ -16,6 +16,7 @@ static struct {
   uint64_t period; /* KVCACHED_TEST_FAILALLOC, 0: off */
   uint64_t nreq;   /* requests seen */
   const char *gate; /* KVCACHED_TEST_OFFLOAD_GATE */
+  const char *disk_gate; /* KVCACHED_TEST_DISK_GATE */
 } hook;
 
 void testhook_init(void) {
@@ -25,10 +26,13 @@ void testhook_init(void) {
   hook.period = f ? strtoull(f, NULL, 10) : 0;
   hook.gate = getenv("KVCACHED_TEST_OFFLOAD_GATE");
   if (hook.gate && !*hook.gate) hook.gate = NULL;
-  testhook_active = hook.audit || hook.period || hook.gate;
+  hook.disk_gate = getenv("KVCACHED_TEST_DISK_GATE");
+  if (hook.disk_gate && !*hook.disk_gate) hook.disk_gate = NULL;
+  testhook_active = hook.audit || hook.period || hook.gate || hook.disk_gate;
   if (testhook_active)
-    LOG_WARN("testhook", "audit=%d failalloc_period=%llu offload_gate=\"%s\" (test build behaviour)",
-             hook.audit, (unsigned long long)hook.period, hook.gate ? hook.gate : "");
+    LOG_WARN("testhook", "audit=%d failalloc_period=%llu offload_gate=\"%s\" disk_gate=\"%s\" "
+             "(test build behaviour)", hook.audit, (unsigned long long)hook.period,
+             hook.gate ? hook.gate : "", hook.disk_gate ? hook.disk_gate : "");
 }
 
 void testhook_before(engine_t *eng) {
@@ -49,9 +53,9 @@ void testhook_after(engine_t *eng) {
 
 /* Opens, writes or reads one byte, closes: the FIFOs block until the test
  * opens its end, which is the point. */
-static void gate_byte(const char *name, bool write_it) {
+static void gate_byte(const char *dir, const char *name, bool write_it) {
   char path[512];
-  snprintf(path, sizeof path, "%s/%s", hook.gate, name);
+  snprintf(path, sizeof path, "%s/%s", dir, name);
   int fd = open(path, write_it ? O_WRONLY | O_CLOEXEC : O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
   char b = 'g';
@@ -64,6 +68,14 @@ void testhook_offload(engine_t *eng) {
   static atomic_bool passed; /* pool threads: the first one takes the gate */
   (void)eng;
   if (!hook.gate || atomic_exchange(&passed, true)) return;
-  gate_byte("reached", true);
-  gate_byte("go", false);
+  gate_byte(hook.gate, "reached", true);
+  gate_byte(hook.gate, "go", false);
+}
+
+void testhook_disk(engine_t *eng) {
+  static atomic_bool passed; /* I/O threads: the first one takes the gate */
+  (void)eng;
+  if (!hook.disk_gate || atomic_exchange(&passed, true)) return;
+  gate_byte(hook.disk_gate, "reached", true);
+  gate_byte(hook.disk_gate, "go", false);
 }

@@ -17,6 +17,9 @@
  *                               DIR/go: a test holds that copy in flight for
  *                               as long as it wants, and knows when it is
  *                               (no sleeps); later copies pass.
+ *   KVCACHED_TEST_DISK_GATE=DIR the same for the disk tier's first read of
+ *                               a page back (on its I/O thread): a test
+ *                               holds a lookup's read in flight.
  *
  * The integration harness sets KVCACHED_TEST_AUDIT; the fuzzers call the
  * engine hooks directly and leave these unset (they never call
@@ -41,6 +44,8 @@ void testhook_before(engine_t *eng);
 void testhook_after(engine_t *eng);
 /* On a pool thread, before an offloaded copy. */
 void testhook_offload(engine_t *eng);
+/* On a disk I/O thread, before a page is read back (eng unused). */
+void testhook_disk(engine_t *eng);
 
 #define TESTHOOK(call, eng)                                                    \
   do {                                                                         \

@@ -50,6 +50,7 @@
 #include "engine_tier.h"
 #include "log.h"
 #include "server.h"
+#include "testhook.h"
 #include "tier.h"
 #include "work.h"
 
@@ -649,6 +650,7 @@ static bool read_summed(int fd, uint8_t *dst, uint64_t n, off_t off, const diskf
 
 static void read_run(disk_t *d, djob_t *j) {
   rjob_t *r = (rjob_t *)(void *)j;
+  TESTHOOK(disk, NULL);
   char name[DISKFMT_NAME_MAX];
   struct stat st;
   diskfmt_name(r->hash, name);
