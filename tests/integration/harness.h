@@ -55,6 +55,42 @@ IT_UNUSED static void it_sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
+/* A test gate (daemon/testhook.h): makes dir (a mkdtemp template,
+ * "/tmp/kvcgate-XXXXXX") with its FIFOs reached and go, and env, the
+ * daemon's environment line var=dir. */
+IT_UNUSED static void it_gate_open(char *dir, const char *var, char *env, size_t envlen) {
+  char fifo[300];
+  if (mkdtemp(dir) == NULL) TEST_FAIL_("mkdtemp %s: %s", dir, strerror(errno));
+  snprintf(fifo, sizeof fifo, "%s/reached", dir);
+  if (mkfifo(fifo, 0600) != 0) TEST_FAIL_("mkfifo %s: %s", fifo, strerror(errno));
+  snprintf(fifo, sizeof fifo, "%s/go", dir);
+  if (mkfifo(fifo, 0600) != 0) TEST_FAIL_("mkfifo %s: %s", fifo, strerror(errno));
+  snprintf(env, envlen, "%s=%s", var, dir);
+}
+
+/* Removes the gate's FIFOs and its directory. */
+IT_UNUSED static void it_gate_close(const char *dir) {
+  char fifo[300];
+  snprintf(fifo, sizeof fifo, "%s/reached", dir);
+  unlink(fifo);
+  snprintf(fifo, sizeof fifo, "%s/go", dir);
+  unlink(fifo);
+  rmdir(dir);
+}
+
+/* Opens the gate's FIFO dir/name, reads (reached: the daemon is there) or
+ * writes (go: it goes on) one byte. */
+IT_UNUSED static void it_gate(const char *dir, const char *name, bool write_it) {
+  char path[300];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  int fd = open(path, write_it ? O_WRONLY : O_RDONLY);
+  if (fd < 0) TEST_FAIL_("open %s: %s", path, strerror(errno));
+  char b = 'g';
+  if ((write_it ? write(fd, &b, 1) : read(fd, &b, 1)) != 1) TEST_FAIL_("gate %s", path);
+  close(fd);
+}
+
+
 /* A raw connection to the daemon's socket; -1 if it does not accept. */
 IT_UNUSED static int it_connect_raw(const char *path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -327,31 +327,14 @@ static void parked_call_start(parked_call_t *p, const daemon_t *d, int op, size_
 
 /* One byte through the gate FIFO dir/name (blocks until the daemon opens
  * its end: that is the signal). */
-static void gate(const char *dir, const char *name, bool write_it) {
-  char path[256];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  int fd = open(path, write_it ? O_WRONLY : O_RDONLY);
-  ASSERT(fd >= 0);
-  char b = 'g';
-  ASSERT(write_it ? write(fd, &b, 1) == 1 : read(fd, &b, 1) == 1);
-  close(fd);
-}
-
 /* A put held in flight on a pool thread (the test gate): reads of its
  * sequence's metadata answer at once, from before the put; a get and a
  * copy_prefix of other connections park and then see the new bytes;
  * eviction under a flood of other sequences passes the busy one over; the
  * audit runs after every request throughout. */
 TEST(offload_put_in_flight_parks_others_and_escapes_eviction) {
-  char gdir[] = "/tmp/kvcgate-XXXXXX"; /* mkdtemp's template */
-  ASSERT(mkdtemp(gdir) != NULL);
-  char fifo[300];
-  snprintf(fifo, sizeof fifo, "%s/reached", gdir);
-  ASSERT(mkfifo(fifo, 0600) == 0);
-  snprintf(fifo, sizeof fifo, "%s/go", gdir);
-  ASSERT(mkfifo(fifo, 0600) == 0);
-  char genv[300];
-  snprintf(genv, sizeof genv, "KVCACHED_TEST_OFFLOAD_GATE=%s", gdir);
+  char gdir[] = "/tmp/kvcgate-XXXXXX", genv[300];
+  it_gate_open(gdir, "KVCACHED_TEST_OFFLOAD_GATE", genv, sizeof genv);
   const char *env[] = {genv, NULL};
   daemon_t d;
   daemon_start_full(&d, NULL, offload_args, env);
@@ -363,7 +346,7 @@ TEST(offload_put_in_flight_parks_others_and_escapes_eviction) {
   put_seq(h, 1, NTOK, 1); /* alone: on the loop, no gate */
   parked_call_t put, get, copy;
   parked_call_start(&put, &d, 0, nk, nv);
-  gate(gdir, "reached", false); /* the put's copy is in flight, held */
+  it_gate(gdir, "reached", false); /* the put's copy is in flight, held */
   kvc_seq_info_t si;
   ASSERT_OK(kvc_seq_info(h, 1, &si));
   ASSERT_U64_EQ(si.length, NTOK); /* as before the put */
@@ -383,7 +366,7 @@ TEST(offload_put_in_flight_parks_others_and_escapes_eviction) {
   ASSERT(stat_get(c, "evicted_sequences_total", NULL) > 0);
   ASSERT_OK(kvc_seq_info(h, 1, &si));
   ASSERT(!atomic_load(&put.done) && !atomic_load(&get.done) && !atomic_load(&copy.done));
-  gate(gdir, "go", true); /* the copy runs; the put ends; the parked run */
+  it_gate(gdir, "go", true); /* the copy runs; the put ends; the parked run */
   ASSERT(pthread_join(put.t, NULL) == 0);
   ASSERT(pthread_join(get.t, NULL) == 0);
   ASSERT(pthread_join(copy.t, NULL) == 0);
@@ -401,11 +384,7 @@ TEST(offload_put_in_flight_parks_others_and_escapes_eviction) {
   free(sk), free(sv), free(gk), free(gv);
   kvc_client_close(c);
   daemon_stop(&d);
-  snprintf(fifo, sizeof fifo, "%s/reached", gdir);
-  unlink(fifo);
-  snprintf(fifo, sizeof fifo, "%s/go", gdir);
-  unlink(fifo);
-  rmdir(gdir);
+  it_gate_close(gdir);
 }
 
 /* ---- every operation waits for a busy sequence -------------------------------- */
@@ -462,14 +441,8 @@ static void *busy_call_run(void *arg) {
  * reads of metadata and pins answer at once; eviction under a flood passes
  * the busy sequences over. */
 TEST(offload_busy_sequence_honoured_by_eviction_and_every_operation) {
-  char gdir[] = "/tmp/kvcgate-XXXXXX";
-  ASSERT(mkdtemp(gdir) != NULL);
-  char fifo[300], genv[300];
-  snprintf(fifo, sizeof fifo, "%s/reached", gdir);
-  ASSERT(mkfifo(fifo, 0600) == 0);
-  snprintf(fifo, sizeof fifo, "%s/go", gdir);
-  ASSERT(mkfifo(fifo, 0600) == 0);
-  snprintf(genv, sizeof genv, "KVCACHED_TEST_OFFLOAD_GATE=%s", gdir);
+  char gdir[] = "/tmp/kvcgate-XXXXXX", genv[300];
+  it_gate_open(gdir, "KVCACHED_TEST_OFFLOAD_GATE", genv, sizeof genv);
   const char *env[] = {genv, NULL};
   daemon_t d;
   daemon_start_full(&d, NULL, offload_args, env);
@@ -495,7 +468,7 @@ TEST(offload_busy_sequence_honoured_by_eviction_and_every_operation) {
   pid_t putter = fork();
   ASSERT(putter >= 0);
   if (putter == 0) _exit(kvc_put_batch(ph, NULL, io, 4) == 0 ? 0 : 1);
-  gate(gdir, "reached", false); /* held in flight */
+  it_gate(gdir, "reached", false); /* held in flight */
   kvc_seq_info_t si;
   ASSERT_OK(kvc_seq_info(h, 1, &si)); /* metadata answers at once, from before */
   ASSERT_U64_EQ(si.length, NTOK);
@@ -523,7 +496,7 @@ TEST(offload_busy_sequence_honoured_by_eviction_and_every_operation) {
   ASSERT(stat_get(c, "evicted_sequences_total", NULL) > 0);
   for (int i = 0; i < 4; i++) ASSERT_OK(kvc_seq_info(h, busy[i], &si));
   for (int op = 0; op < NBUSY_OPS; op++) ASSERT(!atomic_load(&calls[op].done));
-  gate(gdir, "go", true);
+  it_gate(gdir, "go", true);
   int st;
   ASSERT(waitpid(putter, &st, 0) == putter && WIFEXITED(st) && WEXITSTATUS(st) == 0);
   for (int op = 0; op < NBUSY_OPS; op++) {
@@ -548,9 +521,5 @@ TEST(offload_busy_sequence_honoured_by_eviction_and_every_operation) {
   kvc_client_close(p);
   kvc_client_close(c);
   daemon_stop(&d);
-  snprintf(fifo, sizeof fifo, "%s/reached", gdir);
-  unlink(fifo);
-  snprintf(fifo, sizeof fifo, "%s/go", gdir);
-  unlink(fifo);
-  rmdir(gdir);
+  it_gate_close(gdir);
 }

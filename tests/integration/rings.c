@@ -356,14 +356,8 @@ TEST(rings_sleeping_daemon_woken_by_the_doorbell) {
  * FUTEX_WAKE: the request is held on a copy thread (the offload gate) until
  * the client says it sleeps. */
 TEST(rings_sleeping_client_woken_by_the_futex) {
-  char gdir[] = "/tmp/kvcgate-XXXXXX";
-  ASSERT(mkdtemp(gdir) != NULL);
-  char path[300], genv[300];
-  snprintf(path, sizeof path, "%s/reached", gdir);
-  ASSERT(mkfifo(path, 0600) == 0);
-  snprintf(path, sizeof path, "%s/go", gdir);
-  ASSERT(mkfifo(path, 0600) == 0);
-  snprintf(genv, sizeof genv, "KVCACHED_TEST_OFFLOAD_GATE=%s", gdir);
+  char gdir[] = "/tmp/kvcgate-XXXXXX", path[300], genv[300];
+  it_gate_open(gdir, "KVCACHED_TEST_OFFLOAD_GATE", genv, sizeof genv);
   const char *env[] = {genv, NULL};
   static const char *const args[] = {"--offload-bytes", "16KiB", "--offload-quiet-us", "0", NULL};
   daemon_t d;
@@ -416,10 +410,7 @@ TEST(rings_sleeping_client_woken_by_the_futex) {
   rr_close(&r);
   kvc_client_close(c);
   daemon_stop(&d);
-  unlink(path);
-  snprintf(path, sizeof path, "%s/reached", gdir);
-  unlink(path);
-  rmdir(gdir);
+  it_gate_close(gdir);
 }
 
 /* Clients that die with requests in their ring, or publish what no ring can

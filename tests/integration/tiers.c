@@ -221,30 +221,14 @@ TEST(tier_lookup_past_its_deadline_lets_the_request_run) {
   free(p);
 }
 
-/* Opens dir/name (a FIFO the daemon's gate opens too), reads or writes a byte. */
-static void gate(const char *dir, const char *name, bool write_it) {
-  char path[256];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  int fd = open(path, write_it ? O_WRONLY : O_RDONLY);
-  ASSERT(fd >= 0);
-  char b = 'g';
-  ASSERT(write_it ? write(fd, &b, 1) == 1 : read(fd, &b, 1) == 1);
-  close(fd);
-}
-
 /* A disk lookup let go at its deadline while its reads are in flight (the
  * first held by the test gate): the request runs without them; the reads,
  * orphaned, give their pool pages back as they end; the next attach reads
  * the prompt whole. The audit runs after every request. */
 TEST(tier_disk_reads_past_the_deadline_give_their_pages_back) {
-  char dir[64], gdir[] = "/tmp/kvcgate-XXXXXX", fifo[300], genv[300];
+  char dir[64], gdir[] = "/tmp/kvcgate-XXXXXX", genv[300];
   tier_mkdir(dir, sizeof dir);
-  ASSERT(mkdtemp(gdir) != NULL);
-  snprintf(fifo, sizeof fifo, "%s/reached", gdir);
-  ASSERT(mkfifo(fifo, 0600) == 0);
-  snprintf(fifo, sizeof fifo, "%s/go", gdir);
-  ASSERT(mkfifo(fifo, 0600) == 0);
-  snprintf(genv, sizeof genv, "KVCACHED_TEST_DISK_GATE=%s", gdir);
+  it_gate_open(gdir, "KVCACHED_TEST_DISK_GATE", genv, sizeof genv);
   const char *args[] = {POOL, "--disk-dir", dir, "--tier-lookup-timeout-ms", "50", NULL};
   const char *env[] = {genv, NULL};
   daemon_t d;
@@ -261,8 +245,8 @@ TEST(tier_disk_reads_past_the_deadline_give_their_pages_back) {
   ASSERT_U64_EQ(m.pages, 0);
   ASSERT_U64_EQ(stat_get(c, "tier_errors_total{tier=disk,kind=timeout}", NULL), 1);
   ASSERT(stat_get(c, "pages_free", NULL) < free0); /* the reads hold pool pages */
-  gate(gdir, "reached", false);
-  gate(gdir, "go", true); /* the reads end, orphaned: their pages go back */
+  it_gate(gdir, "reached", false);
+  it_gate(gdir, "go", true); /* the reads end, orphaned: their pages go back */
   it_wait_stat(c, "pages_free", free0, false);
   ASSERT_U64_EQ(stat_get(c, "tier_disk_hits_total", NULL), 0);
   ASSERT_OK(kvc_attach(h, 4, p, 20 * T + 5, false, &m));
@@ -272,7 +256,7 @@ TEST(tier_disk_reads_past_the_deadline_give_their_pages_back) {
   kvc_client_close(c);
   daemon_stop(&d);
   rm_rf(dir);
-  rm_rf(gdir);
+  it_gate_close(gdir);
   free(p);
 }
 
