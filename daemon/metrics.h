@@ -220,12 +220,15 @@ typedef struct metrics_arena {
 } metrics_arena_t;
 
 
-/* Fills out with every figure: engine, per cache (those view shows, with
- * their tenant label), daemon, per operation, the tier (NULL: none). Strings and arrays come from
- * a (freed with the reply). Returns 0 or KVC_E_NOMEM. */
+/* Fills out with every figure of the node (engine, daemon, per operation,
+ * quota refusals, arenas, tiers) and those of the caches cache_ids[0..ncaches)
+ * that view shows, with their tenant label; cache_ids NULL: every cache (the
+ * scrape). Strings and arrays come from a (freed with the reply). Returns 0
+ * or KVC_E_NOMEM. */
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
-                   metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
-                   size_t nref, const tier_view_t *const *tiers, size_t ntiers,
-                   const metrics_arena_t *arenas, size_t narenas, Kvcache__V1__StatsReply *out);
+                   const uint32_t *cache_ids, size_t ncaches, metrics_cache_view_fn view,
+                   void *view_ctx, const metrics_refusals_t *ref, size_t nref,
+                   const tier_view_t *const *tiers, size_t ntiers, const metrics_arena_t *arenas,
+                   size_t narenas, Kvcache__V1__StatsReply *out);
 
 #endif
