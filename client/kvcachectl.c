@@ -98,8 +98,9 @@ static const struct command {
     {"top", cmd_top, O_INTERVAL | O_COUNT, 0, 0, "[--interval SECONDS] [--count N]",
      "a live view of request rates, hit rate, free pages and the busiest caches (q quits)",
      "a live view refreshing in place: request rates, hit rate, free pages,\n"
-     "evictions per second, the busiest operations, caches and clients (clients\n"
-     "for admins). q or Ctrl-C quits. Not a terminal: one frame, then exit"},
+     "evictions per second, the busiest operations, caches (among the 100 holding\n"
+     "the most pages) and clients (clients for admins). q or Ctrl-C quits. Not a\n"
+     "terminal: one frame, then exit"},
     {"tier", cmd_tier, O_JSON, 0, 0, "[--json]",
      "the tiers below memory (disk, cluster): lookups, hits and errors of each",
      "every tier below memory the same way, in the chain's order: the disk\n"
