@@ -88,6 +88,18 @@ static const char *export_name(builder_t *b, const char *prefix, const char *nam
   return s;
 }
 
+/* export_name of a figure of the lists (ENGINE_STATS, DAEMON_STATS,
+ * CACHE_STATS), made once into *slot: a reply of hundreds of figures prints
+ * none of their names (the daemon's one loop is the only caller). */
+static const char *list_name(builder_t *b, const char **slot, const char *prefix,
+                             const char *name, int kind) {
+  if (*slot) return *slot;
+  const char *s = export_name(b, prefix, name, kind);
+  char *keep = s ? strdup(s) : NULL;
+  if (s && !keep) b->rc = KVC_E_NOMEM;
+  return keep ? (*slot = keep) : NULL;
+}
+
 static Kvcache__V1__Stat *add(builder_t *b, const char *name, uint64_t value,
                               Kvcache__V1__StatKind kind, const char *unit, const char *help,
                               const char *cache) {
@@ -208,8 +220,11 @@ static void render_caches(builder_t *b, engine_t *eng, const uint32_t *ids, size
       return;
     }
 #define CACHE_ADD_(name, kind, unit, help)                                     \
-  labels(b, add(b, export_name(b, "cache_", #name, kind), cs.name, wire_kind(kind), unit, help, \
-                cname), 1, (const char *const[]){"tenant", tenant});
+  {                                                                            \
+    static const char *nm_;                                                    \
+    labels(b, add(b, list_name(b, &nm_, "cache_", #name, kind), cs.name, wire_kind(kind), unit, \
+                  help, cname), 1, (const char *const[]){"tenant", tenant});   \
+  }
     CACHE_STATS(CACHE_ADD_)
 #undef CACHE_ADD_
   }
@@ -359,11 +374,17 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
   engine_stats_t es;
   engine_stats(eng, &es);
 #define ENGINE_ADD_(name, kind, unit, help)                                    \
-  add(&b, export_name(&b, "", #name, kind), es.name, wire_kind(kind), unit, help, "");
+  {                                                                            \
+    static const char *nm_;                                                    \
+    add(&b, list_name(&b, &nm_, "", #name, kind), es.name, wire_kind(kind), unit, help, ""); \
+  }
   ENGINE_STATS(ENGINE_ADD_)
 #undef ENGINE_ADD_
 #define DAEMON_ADD_(name, kind, unit, help)                                    \
-  add(&b, export_name(&b, "", #name, kind), s->name, wire_kind(kind), unit, help, "");
+  {                                                                            \
+    static const char *nm_;                                                    \
+    add(&b, list_name(&b, &nm_, "", #name, kind), s->name, wire_kind(kind), unit, help, ""); \
+  }
   DAEMON_STATS(DAEMON_ADD_)
 #undef DAEMON_ADD_
   render_histogram(&b, "ring_poll_seconds",

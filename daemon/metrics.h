@@ -37,6 +37,8 @@
   X(deferred_turns, STAT_COUNTER, "turns", "times a connection yielded with frames still buffered") \
   X(write_pauses, STAT_COUNTER, "pauses", "times a connection was held for write backpressure " \
     "(its requests wait; reading too at write_queue_bytes)") \
+  X(background_waits, STAT_COUNTER, "waits", "times a connection's requests went to wait in the " \
+    "background: its client had not read its replies while clients that read theirs were busy") \
   X(offloaded_gets, STAT_COUNTER, "requests", "gets copied on a copy thread (offload_bytes)") \
   X(offloaded_puts, STAT_COUNTER, "requests", "puts copied on a copy thread (offload_bytes)") \
   X(offloaded_shares, STAT_COUNTER, "shares", "shares the offloaded copies were split in, one a copy thread (a copy of 256 KiB or more a share)") \
