@@ -629,7 +629,7 @@ static const struct {
                      "connections_timed_out_total", "connections_idle_closed_total",
                      "accept_pauses_total", "shm_bytes", "frames_in_total",
                      "socket_bytes_in_total", "socket_bytes_out_total", "deferred_turns_total",
-                     "write_pauses_total", "parked_requests_total"},
+                     "write_pauses_total", "background_waits_total", "parked_requests_total"},
      {"connections_"}},
     {"Rings and copies", {"ring_connections", "ring_requests_total", "ring_preempts_total",
                           "ring_doorbells_total", "ring_client_wakeups_total",
