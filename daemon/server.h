@@ -107,6 +107,7 @@ typedef struct server {
   uint64_t bg_ns;          /* when the background's share last ran a frame */
   uint64_t bg_last;        /* the connection it ran (round robin by id) */
   uint32_t nbg;            /* connections in the background (conn.c) */
+  uint32_t bg_ticks;       /* ticks of bg_timer (every tenth sweeps the gone) */
   uv_timer_t bg_timer;     /* runs the background while it holds any */
   uint64_t small_ns;       /* when the last request that was not a large copy began */
   arena_t arena;           /* scratch for building the current reply */

@@ -333,8 +333,9 @@ static int tail_add(conn_t *c, const uint8_t *frame, size_t len) {
   return 0;
 }
 
-static wreq_t *pack(const Kvcache__V1__Response *resp) {
-  size_t n = kvcache__v1__response__get_packed_size(resp);
+/* resp packed into a new frame; n is its packed size (the caller's: a walk
+ * of a large reply's every field costs as much as packing it). */
+static wreq_t *pack(const Kvcache__V1__Response *resp, size_t n) {
   if (n > UINT32_MAX) return NULL;
   wreq_t *w = malloc(sizeof *w + FRAME_HEADER_BYTES + n);
   if (!w) return NULL;
@@ -403,7 +404,7 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
     if ((size_t)sent == len) return 0;
     return write_rest(c, frame, len, (size_t)sent);
   }
-  wreq_t *w = pack(resp);
+  wreq_t *w = pack(resp, n);
   if (!w) {
     conn_close(c, "out of memory packing a reply");
     return KVC_E_NOMEM;
@@ -426,7 +427,7 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
   if (c->state == CONN_CLOSED || uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) != 0 ||
       uv_fileno((uv_handle_t *)&c->pipe, &sock) != 0)
     return KVC_E_INTERNAL;
-  wreq_t *w = pack(resp);
+  wreq_t *w = pack(resp, kvcache__v1__response__get_packed_size(resp));
   if (!w) return KVC_E_NOMEM;
   union {
     struct cmsghdr h;
@@ -530,9 +531,10 @@ static bool held(const conn_t *c) {
  * A background connection reads on into its read buffer (two frames), as
  * a held one does; one whose client is gone (POLLHUP) is closed at the next
  * tick, not when a reply to it would fail. */
-#define BG_QUIET_NS 1000000u  /* 1 ms */
+#define BG_QUIET_NS 10000000u /* 10 ms: a scheduler's slice or two away */
 #define BG_SHARE_NS 10000000u /* 10 ms */
 #define BG_TICK_MS 1
+#define BG_SWEEP_TICKS 10     /* a gone client is looked for every 10 ms */
 
 /* Whether c's client has not read all that was sent to it: replies queued
  * in the daemon, or bytes still in its socket (SIOCOUTQ, asked only after
@@ -605,7 +607,7 @@ static conn_t *bg_next(server_t *srv) {
 }
 
 /* Closes the background connections whose client is gone: nothing is read
- * from a full read buffer, so no EOF would tell. A client that only shut
+ * into a full read buffer, so no EOF would tell (one poll(2) of 64 of them). A client that only shut
  * its writing side (POLLRDHUP) still reads its replies: not closed. */
 static void bg_sweep(server_t *srv) {
   struct pollfd pf[64];
@@ -626,7 +628,7 @@ static void bg_sweep(server_t *srv) {
 
 static void on_bg_tick(uv_timer_t *t) {
   server_t *srv = t->data;
-  bg_sweep(srv);
+  if (++srv->bg_ticks % BG_SWEEP_TICKS == 0) bg_sweep(srv);
   uint64_t now = uv_hrtime();
   if (now - srv->fg_ns >= BG_QUIET_NS) { /* the readers are quiet: all run */
     for (conn_t *c = srv->conns; c && srv->nbg; c = c->next) {
@@ -930,7 +932,7 @@ static void refuse(conn_t *c, Kvcache__V1__Status status, const char *msg) {
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
   resp.status = status;
   resp.error = (char *)msg;
-  wreq_t *w = pack(&resp);
+  wreq_t *w = pack(&resp, kvcache__v1__response__get_packed_size(&resp));
   if (!w) {
     conn_close(c, "out of memory packing a refusal");
     return;
