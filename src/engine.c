@@ -89,6 +89,7 @@ void engine_free(engine_t *eng) {
     for (uint32_t i = 0; i < eng->ncaches; i++) {
       if (!eng->caches[i]) continue;
       cache_free(eng, eng->caches[i], false);
+      rank_remove(eng->caches[i]); /* the others' pages still move in the ranking */
       mem_free(&eng->mem, eng->caches[i]);
     }
     mem_free(&eng->mem, eng->caches);

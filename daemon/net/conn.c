@@ -607,8 +607,10 @@ static conn_t *bg_next(server_t *srv) {
 }
 
 /* Closes the background connections whose client is gone: nothing is read
- * into a full read buffer, so no EOF would tell (one poll(2) of 64 of them). A client that only shut
- * its writing side (POLLRDHUP) still reads its replies: not closed. */
+ * into a full read buffer, so no EOF would tell (one poll(2) of 64 of them).
+ * A client that only shut its writing side (POLLRDHUP) still reads its
+ * replies: not closed. One that has read them all since leaves the
+ * background. */
 static void bg_sweep(server_t *srv) {
   struct pollfd pf[64];
   conn_t *who[64];
@@ -620,9 +622,15 @@ static void bg_sweep(server_t *srv) {
       pf[n] = (struct pollfd){.fd = fd, .events = 0};
       who[n++] = c;
     }
-    if (n == 0 || poll(pf, n, 0) <= 0) continue;
-    for (nfds_t i = 0; i < n; i++)
-      if (pf[i].revents & (POLLHUP | POLLERR)) conn_close(who[i], "the client closed");
+    if (n == 0 || poll(pf, n, 0) < 0) continue;
+    for (nfds_t i = 0; i < n; i++) {
+      if (pf[i].revents & (POLLHUP | POLLERR)) {
+        conn_close(who[i], "the client closed");
+      } else if (!behind(who[i])) { /* it read its replies meanwhile */
+        bg_leave(who[i]);
+        schedule(who[i]);
+      }
+    }
   }
 }
 
