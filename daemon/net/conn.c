@@ -524,14 +524,14 @@ static bool held(const conn_t *c) {
  * requests run meanwhile is time the clients that do read theirs wait for
  * (one request runs whole: a 40 us Stats is a 40 us wait for a 4 us get).
  * So while a client that reads its replies made a request within
- * BG_QUIET_NS, the requests of one behind wait in the background: it runs
+ * background_quiet_us (10 ms: a scheduler's slice or two; 0: never), the
+ * requests of one behind wait in the background: it runs
  * one of their frames every BG_SHARE_NS (round robin, so none starves),
  * and all of them again, as any, once the readers are quiet. A libkvcache
  * client reads each reply before it sends its next request: never behind.
  * A background connection reads on into its read buffer (two frames), as
  * a held one does; one whose client is gone (POLLHUP) is closed at the next
  * tick, not when a reply to it would fail. */
-#define BG_QUIET_NS 10000000u /* 10 ms: a scheduler's slice or two away */
 #define BG_SHARE_NS 10000000u /* 10 ms */
 #define BG_TICK_MS 1
 #define BG_SWEEP_TICKS 10     /* a gone client is looked for every 10 ms */
@@ -566,6 +566,8 @@ static void fg_seen(server_t *srv, uint64_t id, uint64_t now) {
  * alone is nobody's wait). */
 static bool to_background(conn_t *c) {
   server_t *srv = c->srv;
+  uint64_t quiet_ns = (uint64_t)srv->cfg.background_quiet_us * 1000u;
+  if (!quiet_ns) return false;
   uint64_t now = uv_hrtime();
   if (!behind(c)) {
     fg_seen(srv, c->id, now);
@@ -576,7 +578,7 @@ static bool to_background(conn_t *c) {
     return false;
   }
   uint64_t other = c->id == srv->fg_id ? srv->fg2_ns : srv->fg_ns;
-  return other && now - other < BG_QUIET_NS;
+  return other && now - other < quiet_ns;
 }
 
 static void on_bg_tick(uv_timer_t *t);
@@ -638,7 +640,7 @@ static void on_bg_tick(uv_timer_t *t) {
   server_t *srv = t->data;
   if (++srv->bg_ticks % BG_SWEEP_TICKS == 0) bg_sweep(srv);
   uint64_t now = uv_hrtime();
-  if (now - srv->fg_ns >= BG_QUIET_NS) { /* the readers are quiet: all run */
+  if (now - srv->fg_ns >= (uint64_t)srv->cfg.background_quiet_us * 1000u) { /* readers quiet */
     for (conn_t *c = srv->conns; c && srv->nbg; c = c->next) {
       if (!c->bg) continue;
       bg_leave(c);
