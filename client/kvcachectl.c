@@ -29,7 +29,7 @@
 typedef struct opts {
   const char *socket, *cache;
   bool json, prometheus, raw;
-  unsigned top;        /* prefix: chain heads to show */
+  unsigned top;        /* stats: caches to show; prefix: chain heads to show */
   double interval;     /* top: seconds between frames */
   long count;          /* top: frames to draw (0: until q) */
   int npos;
@@ -71,16 +71,19 @@ static const struct command {
     {"ping", cmd_ping, 0, 0, 0, "",
      "one round trip: the daemon's version and the time it took",
      "one round trip: the daemon's version and the time it took"},
-    {"stats", cmd_stats, O_JSON | O_PROM | O_RAW | O_CACHE, 0, 0,
-     "[--json | --prometheus | --raw] [--cache NAME]",
-     "every figure, in sections with human units and rates; --raw, --json or "
-     "--prometheus for programs",
-     "every figure: in sections with human units and rates (per second, averaged\n"
-     "since the daemon started); --raw one `name{labels} value` line each, exact;\n"
-     "--json with each figure's kind, unit and help; --prometheus the text format\n"
-     "of a scrape (for node_exporter's textfile collector). --cache NAME: the\n"
-     "figures of that cache only. A figure has one name in every form but the\n"
-     "Prometheus text, which puts kvcached_ before it (doc/stats.md)"},
+    {"stats", cmd_stats, O_JSON | O_PROM | O_RAW | O_CACHE | O_TOP, 0, 0,
+     "[--json | --prometheus | --raw] [--top N | --cache NAME]",
+     "the node's figures, in sections with human units and rates, and the caches "
+     "holding the most pages; --raw, --json or --prometheus for programs",
+     "the node's figures: in sections with human units and rates (per second,\n"
+     "averaged since the daemon started); then the caches you may see holding the\n"
+     "most pages, most first: 10, or N with --top N (1..1000); --cache NAME: the\n"
+     "figures of that cache only (an admin's: of that name in every tenant). --raw\n"
+     "one `name{labels} value` line each, exact; --json with each figure's kind,\n"
+     "unit and help; --prometheus the text format of a scrape (node_exporter's\n"
+     "textfile collector; the daemon's metrics_listen endpoint has every cache).\n"
+     "A figure has one name in every form but the Prometheus text, which puts\n"
+     "kvcached_ before it (doc/stats.md)"},
     {"caches", cmd_caches, O_JSON, 0, 0, "[--json]",
      "the caches, their layouts and sizes", "the caches, their layouts and sizes"},
     {"seqs", cmd_seqs, O_JSON | O_CACHE, 0, 0, "[--cache NAME] [--json]",
@@ -95,8 +98,9 @@ static const struct command {
     {"top", cmd_top, O_INTERVAL | O_COUNT, 0, 0, "[--interval SECONDS] [--count N]",
      "a live view of request rates, hit rate, free pages and the busiest caches (q quits)",
      "a live view refreshing in place: request rates, hit rate, free pages,\n"
-     "evictions per second, the busiest operations, caches and clients (clients\n"
-     "for admins). q or Ctrl-C quits. Not a terminal: one frame, then exit"},
+     "evictions per second, the busiest operations, caches (among the 100 holding\n"
+     "the most pages) and clients (clients for admins). q or Ctrl-C quits. Not a\n"
+     "terminal: one frame, then exit"},
     {"tier", cmd_tier, O_JSON, 0, 0, "[--json]",
      "the tiers below memory (disk, cluster): lookups, hits and errors of each",
      "every tier below memory the same way, in the chain's order: the disk\n"
@@ -410,9 +414,55 @@ static double hist_quantile(const kvc_stat_t *h, double q) {
   return lo;
 }
 
-static int fetch(kvc_client_t *c, figs_t *f) {
-  int rc = kvc_stats(c, &f->st, &f->n);
+static const char *stat_tenant(const kvc_stat_t *s);
+
+/* The node's figures and the caches q asks for (NULL: the default top). */
+static int fetch(kvc_client_t *c, figs_t *f, const kvc_stats_opts_t *q) {
+  int rc = kvc_stats_query(c, q, &f->st, &f->n);
   return rc ? fail(c, rc, "stats") : 0;
+}
+
+/* One cache's figures in a reply: a run of samples of one cache and tenant
+ * (the daemon sends each cache's together), and whether the viewer (an
+ * admin) sees a cache of that name in another tenant too. */
+typedef struct scope {
+  size_t lo, hi;
+  bool ambiguous;
+} scope_t;
+
+static bool same_cache(const kvc_stat_t *a, const kvc_stat_t *b) {
+  return strcmp(a->cache, b->cache) == 0 && strcmp(stat_tenant(a), stat_tenant(b)) == 0;
+}
+
+/* The caches of f, in the reply's order (most pages first): new *out
+ * (free it) and their count; 0 and NULL when none (or out of memory). */
+static size_t cache_scopes(const figs_t *f, scope_t **out) {
+  size_t n = 0;
+  for (size_t i = 0; i < f->n; i++)
+    n += f->st[i].cache[0] && (i == 0 || !same_cache(&f->st[i], &f->st[i - 1]));
+  scope_t *v = n ? calloc(n, sizeof *v) : NULL;
+  *out = v;
+  if (!v) return 0;
+  size_t k = 0;
+  for (size_t i = 0; i < f->n; i++) {
+    if (!f->st[i].cache[0]) continue;
+    if (k && v[k - 1].hi == i && same_cache(&f->st[i], &f->st[v[k - 1].lo])) v[k - 1].hi = i + 1;
+    else v[k++] = (scope_t){i, i + 1, false};
+  }
+  for (size_t a = 0; a < k; a++)
+    for (size_t b = 0; b < k; b++)
+      if (strcmp(f->st[v[a].lo].cache, f->st[v[b].lo].cache) == 0 &&
+          !same_cache(&f->st[v[a].lo], &f->st[v[b].lo]))
+        v[a].ambiguous = true;
+  return k;
+}
+
+/* The sum of one cache's family over its samples (0 when absent). */
+static double scope_sum(const figs_t *f, const scope_t *sc, const char *name) {
+  double v = 0;
+  for (size_t i = sc->lo; i < sc->hi; i++)
+    if (strcmp(f->st[i].name, name) == 0) v += (double)f->st[i].value;
+  return v;
 }
 
 /* ---- stats: JSON ---------------------------------------------------------------- */
@@ -455,20 +505,6 @@ static const char *stat_tenant(const kvc_stat_t *s) {
   return t ? t : "";
 }
 
-/* The JSON key of a figure's cache: its name, or NAME@TENANT where the
- * viewer (an admin) sees caches of that name in several tenants. */
-static const char *scope_key(const figs_t *f, const kvc_stat_t *s, char *buf, size_t len) {
-  for (size_t j = 0; j < f->n; j++)
-    if (strcmp(f->st[j].cache, s->cache) == 0 && strcmp(stat_tenant(&f->st[j]), stat_tenant(s)))
-      return snprintf(buf, len, "%s@%s", s->cache, stat_tenant(s)), buf;
-  return s->cache;
-}
-
-static bool same_scope(const figs_t *f, const kvc_stat_t *a, const kvc_stat_t *b) {
-  char x[160], y[160];
-  return strcmp(scope_key(f, a, x, sizeof x), scope_key(f, b, y, sizeof y)) == 0;
-}
-
 static void json_sample(const kvc_stat_t *s) {
   printf("{\"labels\": {");
   bool firstl = true;
@@ -490,20 +526,20 @@ static void json_sample(const kvc_stat_t *s) {
   printf("}");
 }
 
-/* The families of one scope (global: NULL, else the scope of figure sc) as
- * one JSON object. */
-static void json_scope(const figs_t *f, const kvc_stat_t *sc) {
+/* The families of samples [lo, hi) as one JSON object: the global ones
+ * (global), or every one of the range (a cache's). */
+static void json_scope(const figs_t *f, size_t lo, size_t hi, bool global) {
   bool first = true;
-#define IN_SCOPE_(x) (sc ? ((x)->cache[0] && same_scope(f, (x), sc)) : !(x)->cache[0])
-  for (size_t i = 0; i < f->n; i++) {
+#define IN_SCOPE_(x) (global ? !(x)->cache[0] : true)
+  for (size_t i = lo; i < hi; i++) {
     const kvc_stat_t *s = &f->st[i];
     if (!IN_SCOPE_(s)) continue;
     bool seen = false;
-    for (size_t j = 0; j < i && !seen; j++)
+    for (size_t j = lo; j < i && !seen; j++)
       seen = IN_SCOPE_(&f->st[j]) && strcmp(f->st[j].name, s->name) == 0;
     if (seen) continue;
     bool labelled = own_labels(s) > 0 || s->kind == KVC_STAT_HISTOGRAM;
-    for (size_t j = i + 1; j < f->n && !labelled; j++)
+    for (size_t j = i + 1; j < hi && !labelled; j++)
       labelled = IN_SCOPE_(&f->st[j]) && strcmp(f->st[j].name, s->name) == 0;
     printf("%s\n    ", first ? "" : ",");
     first = false;
@@ -518,7 +554,7 @@ static void json_scope(const figs_t *f, const kvc_stat_t *sc) {
     }
     printf(", \"samples\": [");
     bool firsts = true;
-    for (size_t j = i; j < f->n; j++) {
+    for (size_t j = i; j < hi; j++) {
       if (!IN_SCOPE_(&f->st[j]) || strcmp(f->st[j].name, s->name) != 0) continue;
       printf("%s", firsts ? "" : ", ");
       firsts = false;
@@ -529,32 +565,33 @@ static void json_scope(const figs_t *f, const kvc_stat_t *sc) {
 #undef IN_SCOPE_
 }
 
-static void stats_json(const figs_t *f, const char *only_cache) {
+/* The global figures (unless one cache was asked for), then each cache's,
+ * keyed by its name, or NAME@TENANT where the viewer (an admin) sees caches
+ * of that name in several tenants. */
+static void stats_json(const figs_t *f, bool one_cache) {
   printf("{");
-  if (!only_cache) {
+  if (!one_cache) {
     printf("\"global\": {");
-    json_scope(f, NULL);
+    json_scope(f, 0, f->n, true);
     printf("\n  },\n  ");
   }
   printf("\"caches\": {");
-  bool first = true;
-  for (size_t i = 0; i < f->n; i++) {
-    const char *cache = f->st[i].cache;
-    if (!cache[0] || (only_cache && strcmp(cache, only_cache) != 0)) continue;
-    bool seen = false;
-    for (size_t j = 0; j < i && !seen; j++)
-      seen = f->st[j].cache[0] && same_scope(f, &f->st[j], &f->st[i]);
-    if (seen) continue;
-    printf("%s\n  ", first ? "" : ",");
-    first = false;
+  scope_t *sc;
+  size_t n = cache_scopes(f, &sc);
+  for (size_t i = 0; i < n; i++) {
+    const kvc_stat_t *st = &f->st[sc[i].lo];
     char key[160];
-    json_string(scope_key(f, &f->st[i], key, sizeof key));
+    if (sc[i].ambiguous) snprintf(key, sizeof key, "%s@%s", st->cache, stat_tenant(st));
+    else snprintf(key, sizeof key, "%s", st->cache);
+    printf("%s\n  ", i ? "," : "");
+    json_string(key);
     printf(": {\"tenant\": ");
-    json_string(stat_tenant(&f->st[i]));
+    json_string(stat_tenant(st));
     printf(",");
-    json_scope(f, &f->st[i]);
+    json_scope(f, sc[i].lo, sc[i].hi, false);
     printf("\n  }");
   }
+  free(sc);
   printf("\n}}\n");
 }
 
@@ -592,7 +629,7 @@ static const struct {
                      "connections_timed_out_total", "connections_idle_closed_total",
                      "accept_pauses_total", "shm_bytes", "frames_in_total",
                      "socket_bytes_in_total", "socket_bytes_out_total", "deferred_turns_total",
-                     "write_pauses_total", "parked_requests_total"},
+                     "write_pauses_total", "background_waits_total", "parked_requests_total"},
      {"connections_"}},
     {"Rings and copies", {"ring_connections", "ring_requests_total", "ring_preempts_total",
                           "ring_doorbells_total", "ring_client_wakeups_total",
@@ -649,7 +686,9 @@ static void table_row(const kvc_stat_t *s, double uptime) {
   putchar('\n');
 }
 
-static void stats_table(const figs_t *f, const char *only_cache) {
+/* The node's figures in sections, then the caches of the reply, most pages
+ * first: the top (as many as asked) or those of only_cache. */
+static void stats_table(const figs_t *f, const char *only_cache, unsigned top) {
   double uptime = figv(f, "uptime_seconds");
   char a[32], b[32], c2[32], d[32];
   const kvc_stat_t *bi = fig(f, "build_info", NULL, NULL, NULL);
@@ -712,37 +751,39 @@ static void stats_table(const figs_t *f, const char *only_cache) {
     }
   }
   /* Caches: one row each. */
-  printf("\nCaches\n  %-20s %9s %9s %9s %9s %9s %9s %7s\n", "CACHE", "SEQS", "TOKENS", "PAGES",
-         "PUTS", "GETS", "EVICTED", "HIT");
-  size_t shown = 0;
-  for (size_t i = 0; i < f->n; i++) {
-    const char *cache = f->st[i].cache;
-    if (!cache[0] || (only_cache && strcmp(cache, only_cache) != 0)) continue;
-    bool seen = false;
-    for (size_t j = 0; j < i && !seen; j++) seen = strcmp(f->st[j].cache, cache) == 0;
-    if (seen) continue;
-    shown++;
-    double q = fam_sum(f, "cache_prefix_tokens_queried_total", cache);
-    double hit = fam_sum(f, "cache_prefix_tokens_hit_total", cache);
-    char h2[32], e[32], g[32];
+  scope_t *sc;
+  size_t n = cache_scopes(f, &sc);
+  if (only_cache) printf("\nCaches\n");
+  else printf("\nCaches (the %u holding the most pages; --top N for more, --cache NAME for one)\n", top);
+  printf("  %-20s %9s %9s %9s %9s %9s %9s %7s\n", "CACHE", "SEQS", "TOKENS", "PAGES", "PUTS",
+         "GETS", "EVICTED", "HIT");
+  for (size_t i = 0; i < n; i++) {
+    const scope_t *x = &sc[i];
+    const kvc_stat_t *st = &f->st[x->lo];
+    double q = scope_sum(f, x, "cache_prefix_tokens_queried_total");
+    double hit = scope_sum(f, x, "cache_prefix_tokens_hit_total");
+    char h2[32], e[32], g[32], name[160];
     if (q > 0) snprintf(h2, sizeof h2, "%.1f%%", 100.0 * hit / q);
     else snprintf(h2, sizeof h2, "-");
-    printf("  %-20s %9s %9s %9s %9s %9s %9s %7s\n", cache,
-           human_count(fam_sum(f, "cache_sequences", cache), a, sizeof a),
-           human_count(fam_sum(f, "cache_tokens", cache), b, sizeof b),
-           human_count(fam_sum(f, "cache_pages", cache), c2, sizeof c2),
-           human_count(fam_sum(f, "cache_puts_total", cache), d, sizeof d),
-           human_count(fam_sum(f, "cache_gets_total", cache), e, sizeof e),
-           human_count(fam_sum(f, "cache_evicted_sequences_total", cache), g, sizeof g), h2);
+    if (x->ambiguous) snprintf(name, sizeof name, "%s@%s", st->cache, stat_tenant(st));
+    else snprintf(name, sizeof name, "%s", st->cache);
+    printf("  %-20s %9s %9s %9s %9s %9s %9s %7s\n", name,
+           human_count(scope_sum(f, x, "cache_sequences"), a, sizeof a),
+           human_count(scope_sum(f, x, "cache_tokens"), b, sizeof b),
+           human_count(scope_sum(f, x, "cache_pages"), c2, sizeof c2),
+           human_count(scope_sum(f, x, "cache_puts_total"), d, sizeof d),
+           human_count(scope_sum(f, x, "cache_gets_total"), e, sizeof e),
+           human_count(scope_sum(f, x, "cache_evicted_sequences_total"), g, sizeof g), h2);
   }
-  if (!shown) printf("  (none)\n");
+  if (!n) printf("  (none)\n");
+  free(sc);
 }
 
-/* memcached's stats: one exact figure a line. */
-static void stats_raw(const figs_t *f, const char *only_cache) {
+/* memcached's stats: one exact figure a line (one_cache: its figures only). */
+static void stats_raw(const figs_t *f, bool one_cache) {
   for (size_t i = 0; i < f->n; i++) {
     const kvc_stat_t *s = &f->st[i];
-    if (only_cache && strcmp(s->cache, only_cache) != 0) continue;
+    if (one_cache && !s->cache[0]) continue;
     printf("%s", s->name);
     bool any = false;
     if (s->cache[0]) printf("{cache=\"%s\"", s->cache), any = true;
@@ -755,30 +796,27 @@ static void stats_raw(const figs_t *f, const char *only_cache) {
 }
 
 static int cmd_stats(kvc_client_t *c, const opts_t *o) {
+  if (o->cache && o->top)
+    return bad_usage(find_command("stats"), "%s", "--cache and --top exclude each other");
   figs_t f;
-  if (fetch(c, &f)) return 1;
-  if (o->cache) {
-    bool known = false;
-    for (size_t i = 0; i < f.n && !known; i++) known = strcmp(f.st[i].cache, o->cache) == 0;
-    if (!known) {
-      kvc_stats_free(f.st);
-      return die("stats: no cache named '%s' (kvcachectl caches lists them)", o->cache);
-    }
-  }
-  int rc = 0;
+  int rc = kvc_stats_query(c, &(kvc_stats_opts_t){.cache = o->cache, .top = o->top}, &f.st, &f.n);
+  if (rc == KVC_E_NOCACHE)
+    return die("stats: no cache named '%s' (kvcachectl caches lists them)", o->cache);
+  if (rc) return fail(c, rc, "stats");
+  bool one = o->cache != NULL;
   if (o->json) {
-    stats_json(&f, o->cache);
+    stats_json(&f, one);
   } else if (o->prometheus) {
     char *text;
     size_t len;
     /* --cache: that cache's figures only (a copy of the list). */
     kvc_stat_t *sel = f.st;
     size_t n = f.n;
-    if (o->cache) {
+    if (one) {
       sel = calloc(f.n + 1, sizeof *sel);
       n = 0;
       for (size_t i = 0; sel && i < f.n; i++)
-        if (strcmp(f.st[i].cache, o->cache) == 0) sel[n++] = f.st[i];
+        if (f.st[i].cache[0]) sel[n++] = f.st[i];
     }
     if (!sel || kvc_stats_prometheus(sel, n, &text, &len) != 0) {
       rc = die("%s", "out of memory");
@@ -788,9 +826,9 @@ static int cmd_stats(kvc_client_t *c, const opts_t *o) {
     }
     if (sel != f.st) free(sel);
   } else if (o->raw) {
-    stats_raw(&f, o->cache);
+    stats_raw(&f, one);
   } else {
-    stats_table(&f, o->cache);
+    stats_table(&f, o->cache, o->top ? o->top : KVC_STATS_TOP_DEFAULT);
   }
   kvc_stats_free(f.st);
   return rc;
@@ -883,7 +921,7 @@ static void tier_show(const figs_t *f, const char *t, bool json) {
 
 static int cmd_tier(kvc_client_t *c, const opts_t *o) {
   figs_t f;
-  if (fetch(c, &f)) return 1;
+  if (fetch(c, &f, &(kvc_stats_opts_t){.node_only = true})) return 1;
   const char *tiers[8];
   size_t nt = 0;
   for (size_t i = 0; i < f.n; i++) { /* the tiers: the labels of tier_up */
@@ -1104,21 +1142,28 @@ static void hex(const uint8_t *p, size_t n) {
   for (size_t i = 0; i < n; i++) printf("%02x", p[i]);
 }
 
-static int print_prefix(kvc_client_t *c, const opts_t *o, const figs_t *f, const char *name,
-                        bool first) {
+/* One cache's prefix figures (a Stats request by its name) and chain heads. */
+static int print_prefix(kvc_client_t *c, const opts_t *o, const char *name, bool first) {
   kvc_cache_t *h;
   int rc = kvc_cache_find(c, name, &h);
   if (rc) return fail(c, rc, name);
+  figs_t figs, *f = &figs;
+  if ((rc = kvc_stats_query(c, &(kvc_stats_opts_t){.cache = name}, &figs.st, &figs.n)) != 0) {
+    kvc_cache_close(h);
+    return fail(c, rc, name);
+  }
   size_t cap = o->top ? o->top : 10, nheads = 0;
   kvc_prefix_head_t *heads = calloc(cap, sizeof *heads);
   if (!heads) {
     kvc_cache_close(h);
+    kvc_stats_free(figs.st);
     return die("%s", "out of memory");
   }
   rc = kvc_prefix_top(h, heads, cap, &nheads);
   kvc_cache_close(h);
   if (rc) {
     free(heads);
+    kvc_stats_free(figs.st);
     return fail(c, rc, "prefix");
   }
   uint64_t v[NPREFIX_FIGURES];
@@ -1155,34 +1200,30 @@ static int print_prefix(kvc_client_t *c, const opts_t *o, const figs_t *f, const
     }
   }
   free(heads);
+  kvc_stats_free(figs.st);
   return 0;
 }
 
+/* Each cache's prefix figures and chain heads: of one cache, or of every
+ * cache the caller may see. */
 static int cmd_prefix(kvc_client_t *c, const opts_t *o) {
-  figs_t f;
-  if (fetch(c, &f)) return 1;
   kvc_cache_info_t *infos = NULL;
   size_t n = 0;
   int rc;
   if (o->cache) {
     kvc_cache_t *h;
-    if ((rc = kvc_cache_find(c, o->cache, &h)) != 0) {
-      kvc_stats_free(f.st);
-      return fail(c, rc, o->cache);
-    }
+    if ((rc = kvc_cache_find(c, o->cache, &h)) != 0) return fail(c, rc, o->cache);
     kvc_cache_close(h);
   } else if ((rc = list_caches(c, &infos, &n)) != 0) {
     free(infos);
-    kvc_stats_free(f.st);
     return fail(c, rc, "caches");
   }
   if (o->json) printf("{\"caches\": {");
   else if (!o->cache && n == 0) printf("no caches\n");
-  if (o->cache) rc = print_prefix(c, o, &f, o->cache, true);
-  for (size_t i = 0; i < n && rc == 0; i++) rc = print_prefix(c, o, &f, infos[i].name, i == 0);
+  if (o->cache) rc = print_prefix(c, o, o->cache, true);
+  for (size_t i = 0; i < n && rc == 0; i++) rc = print_prefix(c, o, infos[i].name, i == 0);
   if (o->json && rc == 0) printf("\n}}\n");
   free(infos);
-  kvc_stats_free(f.st);
   return rc;
 }
 
@@ -1743,6 +1784,10 @@ static void top_frame(kvc_client_t *c, const figs_t *cur, const figs_t *prev, do
   fflush(stdout);
 }
 
+/* The caches `top` ranks by their rates: those holding the most pages (the
+ * most a reply may hold would be a large reply every frame). */
+#define TOP_CACHES 100
+
 static int cmd_top(kvc_client_t *c, const opts_t *o) {
   double interval = o->interval > 0 ? o->interval : 1.0;
   bool tty = isatty(STDOUT_FILENO) && isatty(STDIN_FILENO);
@@ -1769,7 +1814,8 @@ static int cmd_top(kvc_client_t *c, const opts_t *o) {
   double tprev = 0;
   int rc = 0;
   for (long k = 0; !top_stop && (frames == 0 || k < frames); k++) {
-    if ((rc = kvc_stats(c, &cur.st, &cur.n)) != 0) break;
+    if ((rc = kvc_stats_query(c, &(kvc_stats_opts_t){.top = TOP_CACHES}, &cur.st, &cur.n)) != 0)
+      break;
     /* A non-admin is refused once: not asked again every frame. */
     static int cl_rc = 0;
     if (cl_rc != KVC_E_PERM) cl_rc = kvc_clients(c, &cl, &ncl);

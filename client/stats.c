@@ -10,11 +10,30 @@
 #include "promtext.h"
 
 KVC_API int kvc_stats(kvc_client_t *c, kvc_stat_t **out, size_t *n) {
+  return kvc_stats_query(c, NULL, out, n);
+}
+
+KVC_API int kvc_stats_query(kvc_client_t *c, const kvc_stats_opts_t *opts, kvc_stat_t **out,
+                            size_t *n) {
   if (!c) return KVC_E_INVAL;
   if (!out || !n) return client_fail(c, KVC_E_INVAL, "kvc_stats: out and n are required");
   *out = NULL;
   *n = 0;
   Kvcache__V1__StatsRequest sr = KVCACHE__V1__STATS_REQUEST__INIT;
+  if (opts) {
+    const char *name = opts->cache ? opts->cache : "";
+    if (name[0] && opts->top)
+      return client_fail(c, KVC_E_INVAL, "kvc_stats_query: name a cache or ask for the top "
+                         "caches, not both");
+    if (opts->node_only && (name[0] || opts->top))
+      return client_fail(c, KVC_E_INVAL, "kvc_stats_query: node_only asks for no cache's "
+                         "figures, neither a cache by name nor the top caches");
+    if (strlen(name) > KVC_MAX_NAME)
+      return client_fail(c, KVC_E_NAME, "a cache name is at most %u bytes", KVC_MAX_NAME);
+    sr.cache = (char *)name;
+    sr.top = opts->top;
+    sr.node_only = opts->node_only;
+  }
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
   req.body_case = KVCACHE__V1__REQUEST__BODY_STATS;
   req.stats = &sr;

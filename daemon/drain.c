@@ -60,6 +60,7 @@ void server_stop(server_t *srv) {
   uv_close((uv_handle_t *)&srv->status_timer, NULL);
   uv_close((uv_handle_t *)&srv->drain_timer, NULL);
   uv_close((uv_handle_t *)&srv->expire_timer, NULL);
+  uv_close((uv_handle_t *)&srv->bg_timer, NULL);
   uv_close((uv_handle_t *)&srv->accept_timer, NULL);
   http_stop(srv);
   tiers_stop(srv);

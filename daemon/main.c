@@ -105,6 +105,8 @@ static int start(server_t *srv, char *err, size_t errlen) {
   status_start(srv);
   uv_timer_init(srv->loop, &srv->expire_timer);
   srv->expire_timer.data = srv;
+  uv_timer_init(srv->loop, &srv->bg_timer); /* conn.c starts it */
+  srv->bg_timer.data = srv;
   uv_timer_start(&srv->expire_timer, on_expire, EXPIRE_INTERVAL_MS, EXPIRE_INTERVAL_MS);
   fdbudget_adjust(srv); /* every descriptor of an idle daemon is open now */
   return 0;

@@ -88,6 +88,18 @@ static const char *export_name(builder_t *b, const char *prefix, const char *nam
   return s;
 }
 
+/* export_name of a figure of the lists (ENGINE_STATS, DAEMON_STATS,
+ * CACHE_STATS), made once into *slot: a reply of hundreds of figures prints
+ * none of their names (the daemon's one loop is the only caller). */
+static const char *list_name(builder_t *b, const char **slot, const char *prefix,
+                             const char *name, int kind) {
+  if (*slot) return *slot;
+  const char *s = export_name(b, prefix, name, kind);
+  char *keep = s ? strdup(s) : NULL;
+  if (s && !keep) b->rc = KVC_E_NOMEM;
+  return keep ? (*slot = keep) : NULL;
+}
+
 static Kvcache__V1__Stat *add(builder_t *b, const char *name, uint64_t value,
                               Kvcache__V1__StatKind kind, const char *unit, const char *help,
                               const char *cache) {
@@ -192,24 +204,48 @@ static void render_ops(builder_t *b, const daemon_stats_t *s) {
                        op_names[op]);
 }
 
-static void render_caches(builder_t *b, engine_t *eng, const kvc_cache_info_t *infos,
-                          size_t ncaches, metrics_cache_view_fn view, void *view_ctx) {
-  for (size_t i = 0; i < ncaches && !b->rc; i++) {
-    const char *tenant = view(view_ctx, &infos[i]);
-    if (!tenant) continue;
+/* The figures of each cache of ids[0..n) that view shows. */
+static void render_caches(builder_t *b, engine_t *eng, const uint32_t *ids, size_t n,
+                          metrics_cache_view_fn view, void *view_ctx) {
+  for (size_t i = 0; i < n && !b->rc; i++) {
+    kvc_cache_info_t ci;
     cache_stats_t cs;
-    if (engine_cache_stats(eng, infos[i].cache_id, &cs) != 0) memset(&cs, 0, sizeof cs);
-    char *cname = arena_printf(b->a, "%s", infos[i].name);
+    if (engine_cache_info(eng, ids[i], &ci) != 0 || engine_cache_stats(eng, ids[i], &cs) != 0)
+      continue;
+    const char *tenant = view(view_ctx, &ci);
+    if (!tenant) continue;
+    char *cname = arena_printf(b->a, "%s", ci.name);
     if (!cname) {
       b->rc = KVC_E_NOMEM;
       return;
     }
 #define CACHE_ADD_(name, kind, unit, help)                                     \
-  labels(b, add(b, export_name(b, "cache_", #name, kind), cs.name, wire_kind(kind), unit, help, \
-                cname), 1, (const char *const[]){"tenant", tenant});
+  {                                                                            \
+    static const char *nm_;                                                    \
+    labels(b, add(b, list_name(b, &nm_, "cache_", #name, kind), cs.name, wire_kind(kind), unit, \
+                  help, cname), 1, (const char *const[]){"tenant", tenant});   \
+  }
     CACHE_STATS(CACHE_ADD_)
 #undef CACHE_ADD_
   }
+}
+
+/* Every cache's id, in the engine's order (the scrape's view). */
+static int all_caches(engine_t *eng, arena_t *a, uint32_t **ids, size_t *n) {
+  size_t count = 0;
+  engine_cache_list(eng, NULL, 0, &count);
+  *ids = NULL;
+  *n = 0;
+  if (!count) return 0;
+  kvc_cache_info_t *infos = arena_alloc(a, count * sizeof *infos);
+  uint32_t *v = arena_alloc(a, count * sizeof *v);
+  if (!infos || !v) return KVC_E_NOMEM;
+  size_t got = 0;
+  engine_cache_list(eng, infos, count, &got);
+  for (size_t i = 0; i < got && i < count; i++) v[i] = infos[i].cache_id;
+  *ids = v;
+  *n = got < count ? got : count;
+  return 0;
 }
 
 const char *const tier_err_names[TIER_ERR_COUNT_] = {
@@ -314,19 +350,15 @@ static void render_arenas(builder_t *b, const metrics_arena_t *ar, size_t n) {
 }
 
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
-                   metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
-                   size_t nref, const tier_view_t *const *tiers, size_t ntiers,
-                   const metrics_arena_t *arenas,
+                   const uint32_t *cache_ids, size_t ncaches, metrics_cache_view_fn view,
+                   void *view_ctx, const metrics_refusals_t *ref, size_t nref,
+                   const tier_view_t *const *tiers, size_t ntiers, const metrics_arena_t *arenas,
                    size_t narenas, Kvcache__V1__StatsReply *out) {
-  size_t ncaches = 0;
-  engine_cache_list(eng, NULL, 0, &ncaches);
-  kvc_cache_info_t *infos = NULL;
-  if (ncaches) {
-    infos = arena_alloc(a, ncaches * sizeof *infos);
-    if (!infos) return KVC_E_NOMEM;
-    size_t got = 0;
-    engine_cache_list(eng, infos, ncaches, &got);
-    if (got < ncaches) ncaches = got;
+  uint32_t *every = NULL;
+  if (!cache_ids) {
+    int rc = all_caches(eng, a, &every, &ncaches);
+    if (rc) return rc;
+    cache_ids = every;
   }
   builder_t b = {.a = a};
   Kvcache__V1__Stat *info =
@@ -342,11 +374,17 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
   engine_stats_t es;
   engine_stats(eng, &es);
 #define ENGINE_ADD_(name, kind, unit, help)                                    \
-  add(&b, export_name(&b, "", #name, kind), es.name, wire_kind(kind), unit, help, "");
+  {                                                                            \
+    static const char *nm_;                                                    \
+    add(&b, list_name(&b, &nm_, "", #name, kind), es.name, wire_kind(kind), unit, help, ""); \
+  }
   ENGINE_STATS(ENGINE_ADD_)
 #undef ENGINE_ADD_
 #define DAEMON_ADD_(name, kind, unit, help)                                    \
-  add(&b, export_name(&b, "", #name, kind), s->name, wire_kind(kind), unit, help, "");
+  {                                                                            \
+    static const char *nm_;                                                    \
+    add(&b, list_name(&b, &nm_, "", #name, kind), s->name, wire_kind(kind), unit, help, ""); \
+  }
   DAEMON_STATS(DAEMON_ADD_)
 #undef DAEMON_ADD_
   render_histogram(&b, "ring_poll_seconds",
@@ -357,7 +395,7 @@ int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, aren
   render_refusals(&b, ref, nref);
   render_arenas(&b, arenas, narenas);
   render_tiers(&b, tiers, ntiers);
-  render_caches(&b, eng, infos, ncaches, view, view_ctx);
+  render_caches(&b, eng, cache_ids, ncaches, view, view_ctx);
   if (b.rc) return b.rc;
   out->n_stats = b.n;
   out->stats = b.items;

@@ -37,6 +37,8 @@
   X(deferred_turns, STAT_COUNTER, "turns", "times a connection yielded with frames still buffered") \
   X(write_pauses, STAT_COUNTER, "pauses", "times a connection was held for write backpressure " \
     "(its requests wait; reading too at write_queue_bytes)") \
+  X(background_waits, STAT_COUNTER, "waits", "times a connection's requests went to wait in the " \
+    "background: its client had not read its replies while clients that read theirs were busy") \
   X(offloaded_gets, STAT_COUNTER, "requests", "gets copied on a copy thread (offload_bytes)") \
   X(offloaded_puts, STAT_COUNTER, "requests", "puts copied on a copy thread (offload_bytes)") \
   X(offloaded_shares, STAT_COUNTER, "shares", "shares the offloaded copies were split in, one a copy thread (a copy of 256 KiB or more a share)") \
@@ -220,12 +222,15 @@ typedef struct metrics_arena {
 } metrics_arena_t;
 
 
-/* Fills out with every figure: engine, per cache (those view shows, with
- * their tenant label), daemon, per operation, the tier (NULL: none). Strings and arrays come from
- * a (freed with the reply). Returns 0 or KVC_E_NOMEM. */
+/* Fills out with every figure of the node (engine, daemon, per operation,
+ * quota refusals, arenas, tiers) and those of the caches cache_ids[0..ncaches)
+ * that view shows, with their tenant label; cache_ids NULL: every cache (the
+ * scrape). Strings and arrays come from a (freed with the reply). Returns 0
+ * or KVC_E_NOMEM. */
 int metrics_render(const daemon_stats_t *s, engine_t *eng, uint64_t now_ns, arena_t *a,
-                   metrics_cache_view_fn view, void *view_ctx, const metrics_refusals_t *ref,
-                   size_t nref, const tier_view_t *const *tiers, size_t ntiers,
-                   const metrics_arena_t *arenas, size_t narenas, Kvcache__V1__StatsReply *out);
+                   const uint32_t *cache_ids, size_t ncaches, metrics_cache_view_fn view,
+                   void *view_ctx, const metrics_refusals_t *ref, size_t nref,
+                   const tier_view_t *const *tiers, size_t ntiers, const metrics_arena_t *arenas,
+                   size_t narenas, Kvcache__V1__StatsReply *out);
 
 #endif

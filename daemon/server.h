@@ -102,6 +102,15 @@ typedef struct server {
   log_limit_t limit_accept;/* budget of "accept" error lines */
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */
   uint32_t backlogged;     /* connections with frames waiting for a turn */
+  uint64_t fg_ns;          /* when a request of a client not behind on its replies
+                              last ran (uv_hrtime): the background waits while recent */
+  uint64_t fg_id;          /* the connection it was */
+  uint64_t fg2_ns;         /* the last such request of another connection than fg_id */
+  uint64_t bg_ns;          /* when the background's share last ran a frame */
+  uint64_t bg_last;        /* the connection it ran (round robin by id) */
+  uint32_t nbg;            /* connections in the background (conn.c) */
+  uint32_t bg_ticks;       /* ticks of bg_timer (every tenth sweeps the gone) */
+  uv_timer_t bg_timer;     /* runs the background while it holds any */
   uint64_t small_ns;       /* when the last request that was not a large copy began */
   arena_t arena;           /* scratch for building the current reply */
   tenants_t tenants;       /* tenant names seen, by id */

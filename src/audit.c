@@ -368,7 +368,18 @@ static int audit_quotas(const engine_t *eng, char *why, size_t len) {
                    c->arena);
       u.caches++;
       u.seqs += c->st.sequences;
+      if (c->rank_pos >= q->nrank || q->rank[c->rank_pos] != c)
+        return bad(why, len, "cache '%s': not at its place %u of its tenant's ranking", c->name,
+                   c->rank_pos);
     }
+    if (q->nrank != u.caches || q->nrank > q->rank_cap)
+      return bad(why, len, "tenant %u: %u caches ranked (room %u), %u counted", q->tenant,
+                 q->nrank, q->rank_cap, u.caches);
+    for (uint32_t r = 1; r < q->nrank; r++)
+      if (q->rank[r - 1]->st.pages < q->rank[r]->st.pages)
+        return bad(why, len, "tenant %u: ranking out of order at %u (%llu pages before %llu)",
+                   q->tenant, r, (unsigned long long)q->rank[r - 1]->st.pages,
+                   (unsigned long long)q->rank[r]->st.pages);
     if (u.bytes != q->use.bytes || u.pinned_bytes != q->use.pinned_bytes ||
         u.leased_bytes != q->use.leased_bytes)
       return bad(why, len, "tenant %u: bytes %llu/%llu pinned %llu/%llu leased %llu/%llu "
@@ -399,9 +410,11 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
   uint32_t *pins = mem_calloc(&scratch, n, sizeof *pins);
   int rc = (!refs || !pins) ? KVC_E_NOMEM : 0;
   uint64_t nseqs = 0, npinned = 0, tokens = 0, lru = 0;
+  uint32_t nopen = 0;
   for (uint32_t ci = 0; rc == 0 && ci < eng->ncaches; ci++) {
     const cache_t *c = eng->caches[ci];
     if (!c) continue;
+    nopen++;
     if (c->id != (ci | (uint32_t)eng->cache_gen[ci] << CACHE_GEN_SHIFT))
       rc = bad(why, why_len, "cache '%s' in slot %u: id %#x", c->name, ci, c->id);
     uint64_t cseqs = 0, ctokens = 0, cpages = 0;
@@ -425,6 +438,8 @@ int engine_audit(engine_t *eng, char *why, size_t why_len) {
     nseqs += cseqs;
     tokens += ctokens;
   }
+  if (rc == 0 && nopen != eng->ncaches_open)
+    rc = bad(why, why_len, "%u caches open, %u counted", eng->ncaches_open, nopen);
   for (uint32_t page = 0; rc == 0 && page < n; page++)
     if (page_meta(eng, page) && page_meta(eng, page)->indexed) refs[page]++; /* the index's own */
   if (rc == 0) rc = audit_leases(eng, refs, why, why_len);

@@ -122,6 +122,8 @@ typedef struct quota {
   uint64_t plan_freed;         /* eviction planning: its pages the plan frees */
   engine_tenant_limits_t lim;
   engine_tenant_usage_t use;   /* gauges kept current, refusal counters */
+  cache_t **rank;              /* its caches by pages held, most first (rank.h) */
+  uint32_t nrank, rank_cap;    /* caches in rank, room */
 } quota_t;
 
 /* One pin: owner pins seq. Linked into both the owner's and the seq's list. */
@@ -152,6 +154,7 @@ struct cache {
   hmap_t index;        /* first 8 bytes of a page hash -> indexed ipage_t */
   uint8_t seed[32];    /* hash chain seed: the cache's tenant, name and layout */
   cache_stats_t st;    /* counters; gauges kept current */
+  uint32_t rank_pos;   /* its place in q->rank (rank.h) */
   uint32_t nbusy;      /* its sequences with a put in flight: not dropped meanwhile */
   uint64_t index_pending; /* index entries the puts in flight will insert */
 };
@@ -227,6 +230,7 @@ struct engine {
   cache_t **caches;    /* by slot; NULL once dropped (a slot is reused) */
   uint16_t *cache_gen; /* per slot: generation, bumped at each drop */
   uint32_t ncaches;    /* slots ever used */
+  uint32_t ncaches_open; /* caches open (slots not NULL) */
   uint32_t max_caches;
   uint64_t max_seqs;   /* 0: unlimited */
   uint64_t nseqs;

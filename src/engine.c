@@ -12,6 +12,7 @@
 #include "page.h"
 #include "prefix.h"
 #include "quota.h"
+#include "rank.h"
 #include "seq.h"
 #include "units.h"
 
@@ -88,6 +89,7 @@ void engine_free(engine_t *eng) {
     for (uint32_t i = 0; i < eng->ncaches; i++) {
       if (!eng->caches[i]) continue;
       cache_free(eng, eng->caches[i], false);
+      rank_remove(eng->caches[i]); /* the others' pages still move in the ranking */
       mem_free(&eng->mem, eng->caches[i]);
     }
     mem_free(&eng->mem, eng->caches);
@@ -198,7 +200,8 @@ int engine_cache_open_group(engine_t *eng, uint32_t tenant, uint32_t group, cons
                        eng->pool.arenas_cap);
   }
   cache_t *c = mem_calloc(&eng->mem, 1, sizeof *c);
-  if (!c || (!q && quota_open(eng, tenant, &q))) {
+  /* A new tenant's record comes with room in its ranking (rank.h). */
+  if (!c || (q ? rank_reserve(eng, q) : quota_open(eng, tenant, &q))) {
     mem_free(&eng->mem, c);
     pool_arena_close(&eng->pool, arena);
     return engine_fail(eng, KVC_E_NOMEM, "out of memory");
@@ -216,8 +219,10 @@ int engine_cache_open_group(engine_t *eng, uint32_t tenant, uint32_t group, cons
   c->g = g;
   hmap_init(&c->seqs);
   prefix_cache_init(eng, c);
+  rank_add(c);
   eng->caches[slot] = c;
   if (slot == eng->ncaches) eng->ncaches++;
+  eng->ncaches_open++;
   *cache_id = c->id;
   return 0;
 }
@@ -306,6 +311,8 @@ int engine_cache_drop(engine_t *eng, uint32_t cache_id) {
   cache_free(eng, c, false);
   if (eng->ev) evlog_cache(eng, c, ENGINE_EV_DROPPED);
   c->q->use.caches--;
+  rank_remove(c);
+  eng->ncaches_open--;
   pool_arena_close(&eng->pool, c->arena);
   uint32_t slot = cache_id & CACHE_SLOT_MASK;
   eng->caches[slot] = NULL;
@@ -364,6 +371,31 @@ int engine_cache_stats(engine_t *eng, uint32_t cache_id, cache_stats_t *out) {
   return 0;
 }
 
+int engine_cache_ranked(const engine_t *eng, uint32_t tenant, size_t pos, uint32_t *cache_id,
+                        uint64_t *pages) {
+  const quota_t *q = eng ? quota_find(eng, tenant) : NULL;
+  if (!q || pos >= q->nrank) return KVC_E_RANGE;
+  if (cache_id) *cache_id = q->rank[pos]->id;
+  if (pages) *pages = q->rank[pos]->st.pages;
+  return 0;
+}
+
+size_t engine_tenants(const engine_t *eng, uint32_t *out, size_t cap) {
+  for (uint32_t i = 0; i < eng->nquotas && i < cap; i++) out[i] = eng->quotas[i]->tenant;
+  return eng->nquotas;
+}
+
+size_t engine_caches_named(const engine_t *eng, const char *name, uint32_t *ids, size_t cap) {
+  size_t k = 0;
+  for (uint32_t i = 0; i < eng->ncaches; i++) {
+    const cache_t *c = eng->caches[i];
+    if (!c || strcmp(c->name, name) != 0) continue;
+    if (k < cap) ids[k] = c->id;
+    k++;
+  }
+  return k;
+}
+
 void engine_stats(const engine_t *eng, engine_stats_t *out) {
   *out = eng->st;
   const pool_t *p = &eng->pool;
@@ -394,8 +426,7 @@ void engine_stats(const engine_t *eng, engine_stats_t *out) {
   out->bytes_padding = carved - layout;
   out->bytes_free = out->pool_bytes - p->used_bytes;
   out->metadata_bytes = eng->mem.live_bytes;
-  out->caches = 0;
-  for (uint32_t i = 0; i < eng->ncaches; i++) out->caches += eng->caches[i] != NULL;
+  out->caches = eng->ncaches_open;
   out->sequences = eng->nseqs;
   out->sequences_pinned = eng->nseqs_pinned;
   out->tokens = eng->ntokens;

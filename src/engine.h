@@ -182,6 +182,18 @@ int engine_cache_drop(engine_t *eng, uint32_t cache_id);
 int engine_cache_list(engine_t *eng, kvc_cache_info_t *out, size_t cap, size_t *n);
 int engine_cache_info(engine_t *eng, uint32_t cache_id, kvc_cache_info_t *out);
 int engine_cache_stats(engine_t *eng, uint32_t cache_id, cache_stats_t *out);
+/* The cache of tenant holding the pos-th most pages (0: the most; ties in
+ * no set order), and how many it holds: 0, or KVC_E_RANGE past the
+ * tenant's last cache (or for a tenant with none). O(1): the engine keeps
+ * each tenant's caches in that order as pages come and go (rank.h). */
+int engine_cache_ranked(const engine_t *eng, uint32_t tenant, size_t pos, uint32_t *cache_id,
+                        uint64_t *pages);
+/* The tenants that ever opened a cache (or got limits of their own): fills
+ * up to cap of out; returns how many there are. */
+size_t engine_tenants(const engine_t *eng, uint32_t *out, size_t cap);
+/* The ids of the caches named name, in any tenant: fills up to cap of ids;
+ * returns how many there are. Walks the caches (as opening one does). */
+size_t engine_caches_named(const engine_t *eng, const char *name, uint32_t *ids, size_t cap);
 
 /* Writes n entries, all or nothing. Each entry's pos must not exceed the
  * written length of any layer in the range (append or overwrite; no holes)

@@ -10,6 +10,7 @@
  * for caches, prefix.c for keys); the audit recomputes it.
  */
 #include "quota.h"
+#include "rank.h"
 #include "units.h"
 
 #include <string.h>
@@ -27,7 +28,9 @@ int quota_open(engine_t *eng, uint32_t tenant, quota_t **out) {
   size_t map_cap = eng->quota_map.cap;
   q = mem_calloc(&eng->mem, 1, sizeof *q);
   /* page_quota holds an idx in 16 bits: 2 B a page (the metadata budget) */
-  if (eng->nquotas > UINT16_MAX || !q || hmap_reserve(&eng->quota_map, &eng->mem, 1)) goto fail;
+  if (eng->nquotas > UINT16_MAX || !q || hmap_reserve(&eng->quota_map, &eng->mem, 1) ||
+      rank_init(eng, q))
+    goto fail;
   if (eng->nquotas == eng->quotas_cap) {
     uint32_t cap = eng->quotas_cap ? eng->quotas_cap * 2 : 8;
     quota_t **v = mem_realloc(&eng->mem, eng->quotas, cap * sizeof *v);
@@ -43,6 +46,7 @@ int quota_open(engine_t *eng, uint32_t tenant, quota_t **out) {
   *out = q;
   return 0;
 fail: /* nothing kept */
+  if (q) rank_deinit(eng, q);
   mem_free(&eng->mem, q);
   (void)hmap_resize(&eng->quota_map, &eng->mem, map_cap);
   return KVC_E_NOMEM;
@@ -53,7 +57,10 @@ const engine_tenant_limits_t *quota_lim(const engine_t *eng, const quota_t *q) {
 }
 
 void quota_free_all(engine_t *eng) {
-  for (uint32_t i = 0; i < eng->nquotas; i++) mem_free(&eng->mem, eng->quotas[i]);
+  for (uint32_t i = 0; i < eng->nquotas; i++) {
+    rank_deinit(eng, eng->quotas[i]);
+    mem_free(&eng->mem, eng->quotas[i]);
+  }
   mem_free(&eng->mem, eng->quotas);
   eng->quotas = NULL;
   eng->nquotas = eng->quotas_cap = 0;

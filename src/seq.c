@@ -6,6 +6,7 @@
 #include "lru.h"
 #include "page.h"
 #include "pin.h"
+#include "rank.h"
 
 seq_t *seq_new(engine_t *eng, cache_t *c, uint64_t id) {
   seq_t *s = mem_calloc(&eng->mem, 1, sizeof *s);
@@ -114,14 +115,14 @@ void seq_page_add(engine_t *eng, seq_t *s, uint32_t page) {
   if (page == POOL_NOPAGE) return;
   if (s->npins) page_pin(eng, page);
   s->npages++;
-  s->cache->st.pages++;
+  rank_page_add(s->cache);
 }
 
 void seq_page_release(engine_t *eng, seq_t *s, uint32_t page) {
   if (page == POOL_NOPAGE) return;
   if (s->npins) page_unpin(eng, page);
   s->npages--;
-  s->cache->st.pages--;
+  rank_page_release(s->cache);
   page_unref(eng, s->cache, page, s->node.prio);
 }
 

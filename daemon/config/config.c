@@ -114,6 +114,10 @@ static const option_t options[] = {
   {"write_queue_bytes", OPT_SIZE, "4MiB", 64 * KiB, 1 * GiB, true, F(write_queue_bytes),
    "pending reply bytes of one connection (frames and their write requests) that pause "
    "reading from it"},
+  {"background_quiet_us", OPT_U32, "10000", 0, 1000000, true, F(background_quiet_us),
+   "a client that has not read its replies runs one request every 10 ms while a client that "
+   "reads its own made a request within this many microseconds, all of them once none has; "
+   "0: never waits"},
   {"offload_bytes", OPT_SIZE, "512KiB", 0, 64 * GiB, true, F(offload_bytes),
    "a get or put of this many bytes or more is copied on a copy thread while other "
    "clients are connected; 0: never"},

@@ -58,6 +58,8 @@ typedef struct config {
   uint64_t turn_bytes;       /* bytes one connection moves per loop turn */
   uint32_t turn_us;          /* us one connection runs per loop turn; 0: unbounded */
   uint64_t write_queue_bytes;/* pending reply bytes that pause reading */
+  uint32_t background_quiet_us; /* a client behind on its replies waits while readers
+                              made a request within it (conn.c); 0: never waits */
   uint32_t frame_timeout_ms; /* a started frame must be whole within it; 0: none */
   uint64_t offload_bytes;    /* gets and puts this large copy on a copy thread; 0: never */
   uint32_t offload_threads;  /* copy threads; 0: the CPUs the daemon may use */

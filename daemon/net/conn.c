@@ -4,9 +4,12 @@
 #include "poolown.h"
 
 #include <errno.h>
+#include <linux/sockios.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,6 +37,7 @@ typedef struct wreq {
 static void schedule(conn_t *c);
 static void set_backlog(conn_t *c, bool on);
 static void on_idle(uv_idle_t *h);
+static void bg_leave(conn_t *c);
 
 static void free_conn(conn_t *c) {
   server_t *srv = c->srv;
@@ -78,6 +82,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
     if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
     c->reading = false;
     set_backlog(c, false);
+    bg_leave(c);
     uv_timer_stop(&c->deadline);
     if (c->tail && write_tail(c) != 0) break; /* the gathered replies go before the FIN */
     c->shutdown_req.data = c;
@@ -110,6 +115,7 @@ static void conn_enter(conn_t *c, enum conn_state to, const char *reason) {
      * unless a pool thread still copies into it (then when it is done). */
     if (!c->offloaded) shm_close(&c->shm);
     set_backlog(c, false);
+    bg_leave(c);
     uv_close((uv_handle_t *)&c->pipe, on_handle_closed);
     uv_close((uv_handle_t *)&c->idle, on_handle_closed);
     uv_close((uv_handle_t *)&c->deadline, on_handle_closed);
@@ -327,8 +333,9 @@ static int tail_add(conn_t *c, const uint8_t *frame, size_t len) {
   return 0;
 }
 
-static wreq_t *pack(const Kvcache__V1__Response *resp) {
-  size_t n = kvcache__v1__response__get_packed_size(resp);
+/* resp packed into a new frame; n is its packed size (the caller's: a walk
+ * of a large reply's every field costs as much as packing it). */
+static wreq_t *pack(const Kvcache__V1__Response *resp, size_t n) {
   if (n > UINT32_MAX) return NULL;
   wreq_t *w = malloc(sizeof *w + FRAME_HEADER_BYTES + n);
   if (!w) return NULL;
@@ -372,6 +379,7 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
     /* Too large for the ring: its marker holds the place, the frame follows
      * on the socket. */
   }
+  c->sent = true; /* behind() asks the socket whether its client read it */
   size_t n = kvcache__v1__response__get_packed_size(resp);
   if (n + FRAME_HEADER_BYTES <= SMALL_REPLY && c->nwrites) { /* the socket is full */
     _Alignas(8) uint8_t frame[SMALL_REPLY];
@@ -396,7 +404,7 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
     if ((size_t)sent == len) return 0;
     return write_rest(c, frame, len, (size_t)sent);
   }
-  wreq_t *w = pack(resp);
+  wreq_t *w = pack(resp, n);
   if (!w) {
     conn_close(c, "out of memory packing a reply");
     return KVC_E_NOMEM;
@@ -414,11 +422,12 @@ int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, 
       return KVC_E_IO;
     }
   }
+  c->sent = true;
   uv_os_fd_t sock;
   if (c->state == CONN_CLOSED || uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) != 0 ||
       uv_fileno((uv_handle_t *)&c->pipe, &sock) != 0)
     return KVC_E_INTERNAL;
-  wreq_t *w = pack(resp);
+  wreq_t *w = pack(resp, kvcache__v1__response__get_packed_size(resp));
   if (!w) return KVC_E_NOMEM;
   union {
     struct cmsghdr h;
@@ -508,6 +517,147 @@ static bool held(const conn_t *c) {
   return c->wq_bytes > c->srv->cfg.write_queue_bytes / 16;
 }
 
+/* ---- clients behind on their replies: the background ------------------------ */
+
+/* A client that has not read what the daemon sent it (replies in its
+ * socket, or queued for it) gets nothing from more replies now; each of its
+ * requests run meanwhile is time the clients that do read theirs wait for
+ * (one request runs whole: a 40 us Stats is a 40 us wait for a 4 us get).
+ * So while a client that reads its replies made a request within
+ * background_quiet_us (10 ms: a scheduler's slice or two; 0: never), the
+ * requests of one behind wait in the background: it runs
+ * one of their frames every BG_SHARE_NS (round robin, so none starves),
+ * and all of them again, as any, once the readers are quiet. A libkvcache
+ * client reads each reply before it sends its next request: never behind.
+ * A background connection reads on into its read buffer (two frames), as
+ * a held one does; one whose client is gone (POLLHUP) is closed at the next
+ * tick, not when a reply to it would fail. */
+#define BG_SHARE_NS 10000000u /* 10 ms */
+#define BG_TICK_MS 1
+#define BG_SWEEP_TICKS 10     /* a gone client is looked for every 10 ms */
+
+/* Whether c's client has not read all that was sent to it: replies queued
+ * in the daemon, or bytes still in its socket (SIOCOUTQ, asked only after
+ * a write: a client that reads its replies empties it before it asks
+ * again). */
+static bool behind(conn_t *c) {
+  if (c->nwrites || c->tail) return true;
+  if (!c->sent) return false;
+  uv_os_fd_t fd;
+  int unread = 0;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0 || ioctl(fd, SIOCOUTQ, &unread) != 0)
+    return false;
+  if (unread > 0) return true;
+  c->sent = false;
+  return false;
+}
+
+/* A request of connection id, whose client reads its replies, runs now. */
+static void fg_seen(server_t *srv, uint64_t id, uint64_t now) {
+  if (id != srv->fg_id) {
+    srv->fg2_ns = srv->fg_ns;
+    srv->fg_id = id;
+  }
+  srv->fg_ns = now;
+}
+
+/* Whether c's next socket frame waits in the background (else it runs):
+ * behind, beside a reader that is not c itself (a client that pipelines
+ * alone is nobody's wait). */
+static bool to_background(conn_t *c) {
+  server_t *srv = c->srv;
+  uint64_t quiet_ns = (uint64_t)srv->cfg.background_quiet_us * 1000u;
+  if (!quiet_ns) return false;
+  uint64_t now = uv_hrtime();
+  if (!behind(c)) {
+    fg_seen(srv, c->id, now);
+    return false;
+  }
+  if (c->bg_pass) {
+    c->bg_pass = false;
+    return false;
+  }
+  uint64_t other = c->id == srv->fg_id ? srv->fg2_ns : srv->fg_ns;
+  return other && now - other < quiet_ns;
+}
+
+static void on_bg_tick(uv_timer_t *t);
+
+static void bg_enter(conn_t *c) {
+  if (c->bg) return;
+  c->bg = true;
+  c->srv->stats.background_waits++;
+  if (c->srv->nbg++ == 0)
+    uv_timer_start(&c->srv->bg_timer, on_bg_tick, BG_TICK_MS, BG_TICK_MS);
+}
+
+static void bg_leave(conn_t *c) {
+  if (!c->bg) return;
+  c->bg = false;
+  if (--c->srv->nbg == 0) uv_timer_stop(&c->srv->bg_timer);
+}
+
+/* The background connection after the one that ran last, by id (wrapping). */
+static conn_t *bg_next(server_t *srv) {
+  conn_t *first = NULL, *after = NULL;
+  for (conn_t *c = srv->conns; c; c = c->next) {
+    if (!c->bg) continue;
+    if (!first || c->id < first->id) first = c;
+    if (c->id > srv->bg_last && (!after || c->id < after->id)) after = c;
+  }
+  return after ? after : first;
+}
+
+/* Closes the background connections whose client is gone: nothing is read
+ * into a full read buffer, so no EOF would tell (one poll(2) of 64 of them).
+ * A client that only shut its writing side (POLLRDHUP) still reads its
+ * replies: not closed. One that has read them all since leaves the
+ * background. */
+static void bg_sweep(server_t *srv) {
+  struct pollfd pf[64];
+  conn_t *who[64];
+  for (conn_t *c = srv->conns; c;) {
+    nfds_t n = 0;
+    for (; c && n < 64; c = c->next) {
+      uv_os_fd_t fd;
+      if (!c->bg || uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0) continue;
+      pf[n] = (struct pollfd){.fd = fd, .events = 0};
+      who[n++] = c;
+    }
+    if (n == 0 || poll(pf, n, 0) < 0) continue;
+    for (nfds_t i = 0; i < n; i++) {
+      if (pf[i].revents & (POLLHUP | POLLERR)) {
+        conn_close(who[i], "the client closed");
+      } else if (!behind(who[i])) { /* it read its replies meanwhile */
+        bg_leave(who[i]);
+        schedule(who[i]);
+      }
+    }
+  }
+}
+
+static void on_bg_tick(uv_timer_t *t) {
+  server_t *srv = t->data;
+  if (++srv->bg_ticks % BG_SWEEP_TICKS == 0) bg_sweep(srv);
+  uint64_t now = uv_hrtime();
+  if (now - srv->fg_ns >= (uint64_t)srv->cfg.background_quiet_us * 1000u) { /* readers quiet */
+    for (conn_t *c = srv->conns; c && srv->nbg; c = c->next) {
+      if (!c->bg) continue;
+      bg_leave(c);
+      schedule(c);
+    }
+    return;
+  }
+  if (now - srv->bg_ns < BG_SHARE_NS) return;
+  conn_t *c = bg_next(srv);
+  if (!c) return;
+  srv->bg_ns = now;
+  srv->bg_last = c->id;
+  c->bg_pass = true;
+  bg_leave(c);
+  schedule(c);
+}
+
 /* Runs complete frames from the read buffer: up to limit of them and, if
  * budgeted, until the turn's bytes or time are spent (at least one runs).
  * A budgeted turn of a connection whose replies already wait in the write
@@ -535,6 +685,10 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
     if (st == FRAME_NEED_MORE) break;
     if (n == limit || (budgeted && n > 0 && turn_spent(c, t0, us))) {
       srv->stats.deferred_turns++;
+      break;
+    }
+    if (budgeted && to_background(c)) { /* behind on its replies, beside readers */
+      bg_enter(c);
       break;
     }
     if (budgeted) { /* requests through rings go before each of this turn's frames */
@@ -597,6 +751,8 @@ static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
     n++;
     if (c->wq_bytes > srv->cfg.write_queue_bytes) break;
   }
+  /* A ring's client reads its replies (a full CQ stops it): a reader. */
+  if (n) fg_seen(srv, c->id, uv_hrtime());
   return n > 0;
 }
 
@@ -619,6 +775,7 @@ void conn_drain(conn_t *c) {
   }
   server_t *srv = c->srv;
   uv_os_fd_t fd = -1;
+  bg_leave(c);
   if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
   c->reading = false;
   (void)uv_fileno((uv_handle_t *)&c->pipe, &fd);
@@ -722,8 +879,8 @@ static void schedule(conn_t *c) {
     conn_close_after_flush(c, c->rlen > c->roff ? "EOF inside a frame" : "EOF");
     return;
   }
-  bool want_read = !pressure && (!have_frame || hold) && c->rlen < c->rcap && !c->eof;
-  bool want_idle = !pressure && !hold && have_frame && !c->offloaded && !c->parked;
+  bool want_read = !pressure && (!have_frame || hold || c->bg) && c->rlen < c->rcap && !c->eof;
+  bool want_idle = !pressure && !hold && !c->bg && have_frame && !c->offloaded && !c->parked;
   if (hold && !c->paused) srv->stats.write_pauses++;
   c->paused = hold;
   if (want_read != c->reading) {
@@ -743,7 +900,7 @@ static void schedule(conn_t *c) {
   /* Waiting for the rest of a frame the client started (or for its Hello):
    * that wait is bounded. Not while we are the ones not reading. */
   bool want_deadline = srv->cfg.frame_timeout_ms && want_read &&
-                       (!c->greeted || c->rlen > c->roff);
+                       (!c->greeted || (c->rlen > c->roff && !have_frame));
   if (want_deadline != (uv_is_active((uv_handle_t *)&c->deadline) != 0)) {
     if (want_deadline) uv_timer_start(&c->deadline, on_deadline, srv->cfg.frame_timeout_ms, 0);
     else uv_timer_stop(&c->deadline);
@@ -785,7 +942,7 @@ static void refuse(conn_t *c, Kvcache__V1__Status status, const char *msg) {
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
   resp.status = status;
   resp.error = (char *)msg;
-  wreq_t *w = pack(&resp);
+  wreq_t *w = pack(&resp, kvcache__v1__response__get_packed_size(&resp));
   if (!w) {
     conn_close(c, "out of memory packing a refusal");
     return;

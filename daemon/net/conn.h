@@ -122,6 +122,12 @@ struct conn {
   bool reading;              /* uv_read_start in effect */
   bool backlog;              /* frames buffered, waiting for a turn (idle runs) */
   bool paused;               /* over write_queue_bytes: not reading or running */
+  bool sent;                 /* bytes written to its socket since it was last seen
+                                empty (behind(): its client may not have read them) */
+  bool bg;                   /* behind on its replies while clients that read
+                                theirs are busy: its requests wait in the
+                                background (conn.c; srv->nbg counts it) */
+  bool bg_pass;              /* the background's share: one frame may run */
   int open_handles;          /* handles not yet through their close callback */
   char name[48];             /* client_name from Hello, for logs */
   uint64_t requests;         /* requests run (kvcachectl clients) */

@@ -127,8 +127,8 @@ static int render(server_t *srv, char **out, size_t *len) {
   size_t nar = poolown_arena_rows(srv, NULL, &srv->arena, &ar);
   const tier_view_t *tv[TIERS_MAX];
   size_t ntv = tiers_views(srv, &srv->arena, tv, TIERS_MAX);
-  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), &srv->arena, operator_view, srv,
-                          ref, nref, tv, ntv, ar, nar, &sr);
+  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), &srv->arena, NULL, 0,
+                          operator_view, srv, ref, nref, tv, ntv, ar, nar, &sr);
   if (rc == 0) {
     size_t nlab = 0;
     for (size_t i = 0; i < sr.n_stats; i++) nlab += sr.stats[i]->n_labels;

@@ -23,6 +23,7 @@
 #include "poolresize.h"
 #include "tenant.h"
 #include "testhook.h"
+#include "topcaches.h"
 
 /* Every KVC_E_* code is the wire status of the same name, negated. */
 #define STATUS_CHECK_(name, code, msg)                                         \
@@ -866,9 +867,82 @@ static int h_seq_list(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   return 0;
 }
 
+/* Whether the caller may see cache_id of tenant (topcaches_pick's filter). */
+static bool stats_sees(void *ctx, uint32_t tenant, uint32_t cache_id) {
+  const conn_t *c = ctx;
+  if (c->admin || tenant == c->tenant) return true;
+  kvc_cache_info_t ci;
+  return engine_cache_info(c->srv->eng, cache_id, &ci) == 0 &&
+         cache_right(c, tenant, ci.name) != RIGHT_NONE;
+}
+
+/* The caches of name the caller may see (an admin's: in every tenant). */
+static int stats_named(conn_t *c, const char *name, reply_t *r, uint32_t **ids, size_t *n) {
+  engine_t *eng = c->srv->eng;
+  if (strlen(name) > KVC_MAX_NAME)
+    return reject(r, KVC_E_NAME, "a cache name is at most %u bytes", KVC_MAX_NAME);
+  size_t all = engine_caches_named(eng, name, NULL, 0), k = 0;
+  uint32_t *v = all ? arena_alloc(r->a, all * sizeof *v) : NULL;
+  if (all && !v) return reject(r, KVC_E_NOMEM, "out of memory");
+  if (all) all = engine_caches_named(eng, name, v, all);
+  for (size_t i = 0; i < all; i++) {
+    uint32_t owner;
+    if (engine_cache_tenant(eng, v[i], &owner) == 0 && stats_sees(c, owner, v[i])) v[k++] = v[i];
+  }
+  if (!k) return reject(r, KVC_E_NOCACHE, "no cache named '%s'", name);
+  *ids = v;
+  *n = k;
+  return 0;
+}
+
+/* The top caches by pages held that the caller may see: its tenant's and
+ * the shared ones it has a right on (an admin's: every tenant's). */
+static int stats_top(conn_t *c, uint32_t top, reply_t *r, uint32_t **ids, size_t *n) {
+  engine_t *eng = c->srv->eng;
+  size_t want = top == 0                   ? KVC_STATS_TOP_DEFAULT
+                : top > KVC_STATS_TOP_MAX ? KVC_STATS_TOP_MAX
+                                          : top;
+  uint32_t mine[2] = {c->tenant, TENANT_SHARED}, *ts = mine;
+  size_t nt = c->tenant == TENANT_SHARED ? 1 : 2;
+  if (c->admin) {
+    nt = engine_tenants(eng, NULL, 0);
+    ts = nt ? arena_alloc(r->a, nt * sizeof *ts) : NULL;
+    if (nt && !ts) return reject(r, KVC_E_NOMEM, "out of memory");
+    if (nt) nt = engine_tenants(eng, ts, nt);
+  }
+  uint32_t *v = arena_alloc(r->a, want * sizeof *v);
+  bool nomem = false;
+  size_t k = v ? topcaches_pick(eng, ts, nt, stats_sees, c, want, v, r->a, &nomem) : 0;
+  if (!v || nomem) return reject(r, KVC_E_NOMEM, "out of memory");
+  *ids = v;
+  *n = k;
+  return 0;
+}
+
+/* The node's figures, and those of the caches asked for (doc/protocol.md,
+ * "Stats"): of one name, or the top N by pages held (an empty request: the
+ * top KVC_STATS_TOP_DEFAULT), or none. Never a walk of every cache. */
 static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
-  (void)req;
   server_t *srv = c->srv;
+  const Kvcache__V1__StatsRequest *b = req->stats;
+  const char *name = b && b->cache ? b->cache : "";
+  uint32_t top = b ? b->top : 0;
+  uint32_t *ids = NULL;
+  size_t nids = 0;
+  int rc = 0;
+  if (b && b->node_only) {
+    if (name[0] || top)
+      return reject(r, KVC_E_INVAL, "stats: node_only asks for no cache's figures, "
+                    "neither a cache by name nor the top caches");
+  } else if (name[0]) {
+    if (top)
+      return reject(r, KVC_E_INVAL, "stats: name a cache or ask for the top %u caches, "
+                    "not both", top);
+    rc = stats_named(c, name, r, &ids, &nids);
+  } else {
+    rc = stats_top(c, top, r, &ids, &nids);
+  }
+  if (rc) return rc;
   Kvcache__V1__StatsReply *sr = arena_alloc(r->a, sizeof *sr);
   if (!sr) return reject(r, KVC_E_NOMEM, "out of memory");
   kvcache__v1__stats_reply__init(sr);
@@ -878,8 +952,8 @@ static int h_stats(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   size_t nar = poolown_arena_rows(srv, c, r->a, &ar);
   const tier_view_t *tv[TIERS_MAX];
   size_t ntv = tiers_views(srv, r->a, tv, TIERS_MAX);
-  int rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, cache_view, c, ref, nref,
-                          tv, ntv, ar, nar, sr);
+  rc = metrics_render(&srv->stats, srv->eng, uv_hrtime(), r->a, ids ? ids : (uint32_t[]){0},
+                      nids, cache_view, c, ref, nref, tv, ntv, ar, nar, sr);
   if (rc) return reject(r, rc, "cannot render stats: %s", kvc_strerror(rc));
   r->resp->body_case = KVCACHE__V1__RESPONSE__BODY_STATS;
   r->resp->stats = sr;

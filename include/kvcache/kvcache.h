@@ -764,10 +764,33 @@ typedef struct kvc_stat {
   double sum;        /* histograms: sum of the observations, in unit */
 } kvc_stat_t;
 
-/* Fetches every figure. Returns new *out (one block, strings included; free
- * with kvc_stats_free) and *n. */
+/* What a Stats request asks for besides the node's figures, which every
+ * reply holds (constant in size: doc/protocol.md, "Stats"). Zeroed: the
+ * KVC_STATS_TOP_DEFAULT caches holding the most pages. A client sees its
+ * own tenant's caches and the shared ones it has a right on (an admin:
+ * every tenant's). */
+typedef struct kvc_stats_opts {
+  const char *cache; /* the caches of this name (NULL or "": none by name);
+                        an admin's name matches in every tenant */
+  uint32_t top;      /* the caches holding the most pages, most first (ties
+                        in no set order): 0 is KVC_STATS_TOP_DEFAULT, more
+                        than KVC_STATS_TOP_MAX is KVC_STATS_TOP_MAX */
+  bool node_only;    /* no cache's figures */
+} kvc_stats_opts_t;
+#define KVC_STATS_TOP_DEFAULT 10
+#define KVC_STATS_TOP_MAX 1000
+
+/* Fetches the node's figures and those of the caches opts asks for (NULL:
+ * as zeroed). Returns new *out (one block, strings included; free with
+ * kvc_stats_free) and *n. KVC_E_NOCACHE: no cache of that name the caller
+ * may see; KVC_E_INVAL: a name with top, or node_only with either;
+ * KVC_E_NAME: a name longer than KVC_MAX_NAME. */
+KVC_API int kvc_stats_query(kvc_client_t *client, const kvc_stats_opts_t *opts,
+                            kvc_stat_t **out, size_t *n);
+/* kvc_stats_query with opts NULL: the node's figures and the
+ * KVC_STATS_TOP_DEFAULT caches holding the most pages. */
 KVC_API int kvc_stats(kvc_client_t *client, kvc_stat_t **out, size_t *n);
-/* Frees what kvc_stats returned. Accepts NULL. */
+/* Frees what kvc_stats and kvc_stats_query returned. Accepts NULL. */
 KVC_API void kvc_stats_free(kvc_stat_t *stats);
 /* The label value of key in st, or NULL ("cache" answers st->cache). */
 KVC_API const char *kvc_stat_label(const kvc_stat_t *st, const char *key);

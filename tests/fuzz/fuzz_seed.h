@@ -271,7 +271,9 @@ SEED_UNUSED static size_t seed_seqop(uint8_t *out, uint64_t id, enum seed_seqop 
   case SEED_CLEAR: r.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_CLEAR, r.cache_clear = &cr; break;
   case SEED_DROP: r.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_DROP, r.cache_drop = &cr; break;
   case SEED_CLIST: r.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_LIST, r.cache_list = &cl; break;
-  case SEED_STATS: r.body_case = KVCACHE__V1__REQUEST__BODY_STATS, r.stats = &st; break;
+  case SEED_STATS: /* a: the top caches; b: 1 node_only, 2 a cache by name */
+    st.top = (uint32_t)a, st.node_only = b == 1, st.cache = (char *)(b == 2 ? "c" : "");
+    r.body_case = KVCACHE__V1__REQUEST__BODY_STATS, r.stats = &st; break;
   case SEED_PRIORITY: pr.priority = (uint32_t)a;
     r.body_case = KVCACHE__V1__REQUEST__BODY_SET_PRIORITY, r.set_priority = &pr; break;
   case SEED_PIN_TTL: pt.ttl_ms = a;

@@ -326,6 +326,9 @@ static void msg_seeds(void) {
   M("cache_clear", seed_seqop(buf, 7, SEED_CLEAR, 0, 0, 0, 0));
   M("cache_drop", seed_seqop(buf, 7, SEED_DROP, 0, 0, 0, 0));
   M("stats", seed_seqop(buf, 7, SEED_STATS, 0, 0, 0, 0));
+  M("stats_top", seed_seqop(buf, 7, SEED_STATS, 0, 0, 3, 0));
+  M("stats_node_only", seed_seqop(buf, 7, SEED_STATS, 0, 0, 0, 1));
+  M("stats_cache", seed_seqop(buf, 7, SEED_STATS, 0, 0, 0, 2));
   M("put_near_max", seed_io(buf, 7, 1, 0, 1, UINT64_MAX - 1, 2, 1, SEED_TOKEN_BYTES, NULL));
   M("get_huge", seed_io(buf, 7, 0, 0, 1, 0, UINT64_MAX / 64, 1, SEED_TOKEN_BYTES, NULL));
   M("put_tokens", seed_put_tokens(buf, 7, 0, 4, 0, 8, 1, "", ""));

@@ -27,6 +27,7 @@ static const struct {
     {"turn_bytes", "64KiB", "64KiB", "2MiB", "2MiB"},
     {"turn_us", "300", "300", "0", "0"},
     {"write_queue_bytes", "1MiB", "1MiB", "2MiB", "2MiB"},
+    {"background_quiet_us", "5000", "5000", "0", "0"},
     {"allow_uids", "1,2", "1,2", "3", "3"},
     {"allow_gids", "5,6", "5,6", "", "\"\""},
     {"admin_uids", "7,8", "7,8", "9", "9"},

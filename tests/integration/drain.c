@@ -4,6 +4,7 @@
  * still unread in the socket when the signal comes are answered too; a
  * client that stops reading cannot hold the exit past drain_timeout_ms; a
  * second signal exits at once. */
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 
 #include "raw.h"
@@ -16,11 +17,14 @@ static uint64_t now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* Waits until the daemon has paused reading a connection because its replies
- * pile up (write_pauses, asked on a second connection), then closes that
- * second connection and waits for its disconnect: the stuck connection is
- * then the only one. */
-static void wait_write_paused(const daemon_t *d) {
+/* Waits until the daemon has paused a connection because its replies pile
+ * up (write_pauses, asked on a second connection), then closes that second
+ * connection and waits for its disconnect: the stuck connection is then
+ * the only one. Beside a client that reads (the second), one that does not
+ * waits in the background (doc/protocol.md), so its socket fills once that
+ * one is gone: wait until the stuck client's socket holds at least 128 KiB
+ * and no more comes (the daemon holds the rest). */
+static void wait_write_paused(const daemon_t *d, int stuck) {
   kvc_client_t *c = client_open(d);
   uint64_t pauses = 0;
   for (int i = 0; i < 2000 && (pauses = stat_get(c, "write_pauses_total", NULL)) == 0; i++)
@@ -28,6 +32,13 @@ static void wait_write_paused(const daemon_t *d) {
   ASSERT(pauses >= 1);
   kvc_client_close(c);
   ASSERT(it_log_wait(d, "event=disconnect", 10000));
+  int prev = -1, have = 0;
+  for (int i = 0; i < 2000; i++, prev = have) {
+    ASSERT_EQ(ioctl(stuck, FIONREAD, &have), 0);
+    if (have >= (128 << 10) && have == prev) return;
+    it_sleep_ms(10);
+  }
+  TEST_FAIL_("the stuck client's socket holds %d bytes, still growing or under 128 KiB", have);
 }
 
 typedef struct progress {
@@ -209,7 +220,7 @@ TEST(drain_timeout_closes_a_client_that_does_not_read) {
     kvcache__v1__request__pack(&req, frame + 4);
     if (send(fd, frame, 4 + n, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)(4 + n)) break;
   }
-  wait_write_paused(&d);
+  wait_write_paused(&d, fd);
   uint64_t t0 = now_ms();
   ASSERT_EQ(kill(d.pid, SIGTERM), 0);
   int st;
@@ -248,7 +259,7 @@ TEST(drain_second_signal_exits_at_once) {
     if (send(fd, frame, 4 + n, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)(4 + n)) break;
   }
   ASSERT_EQ(kill(d.pid, SIGCONT), 0);
-  wait_write_paused(&d);
+  wait_write_paused(&d, fd);
   ASSERT_EQ(kill(d.pid, SIGTERM), 0);
   ASSERT(it_log_wait(&d, "mode=drain", 5000));
   ASSERT_EQ(kill(d.pid, SIGINT), 0);

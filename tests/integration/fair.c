@@ -472,3 +472,117 @@ TEST(fair_never_read_stats_cost_a_bounded_count) {
   kvc_client_close(c);
   daemon_stop(&d);
 }
+
+/* ---- a client behind on its replies waits in the background ------------------- */
+
+/* A reader: pings in a loop, each reply read before the next request. */
+static void flood_pings(const daemon_t *d, int ready) {
+  kvc_client_t *c = client_open(d);
+  for (;;) {
+    if (kvc_ping(c)) _exit(3);
+    ready_once(&ready);
+  }
+}
+
+/* A raw connection that says Hello and sends n CacheList requests (ids
+ * first_id...) without reading anything, not even the Hello's reply. */
+static int behind_conn(const daemon_t *d, int n, uint64_t first_id) {
+  int fd = it_connect_raw(d->sock);
+  ASSERT(fd >= 0);
+  raw_hello(fd, KVC_PROTOCOL_VERSION);
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Empty e = KVCACHE__V1__EMPTY__INIT;
+  req.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_LIST;
+  req.cache_list = &e;
+  for (int i = 0; i < n; i++) {
+    req.id = first_id + (uint64_t)i;
+    raw_send_request(fd, &req);
+  }
+  return fd;
+}
+
+#define BEHIND_FRAMES 64
+#define BEHIND_TRIES 50
+
+/* A client that has not read its replies waits in the background while a
+ * client that reads its own is busy (background_waits), and every one of
+ * its requests is answered, in order, once the reader stops. Counting
+ * only: whether a given request ran in the reader's gaps is the
+ * scheduler's; that the background is entered and left is not. */
+TEST(fair_client_behind_on_its_replies_waits_in_the_background) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = client_open(&d);
+  pid_t reader = flood_start(&d, flood_pings);
+  uint64_t w0 = stat_get(c, "background_waits_total", NULL);
+  uint64_t lists0 = stat_get(c, "requests_total{op=cache_list}", NULL);
+  int fds[BEHIND_TRIES], n = 0;
+  /* Each try a fresh connection: its requests may all run in a gap of the
+   * reader (a CPU it lost for a millisecond); the next one waits. */
+  while (stat_get(c, "background_waits_total", NULL) == w0) {
+    ASSERT(n < BEHIND_TRIES);
+    fds[n] = behind_conn(&d, BEHIND_FRAMES, 1000);
+    n++;
+  }
+  ASSERT(stat_get(c, "write_pauses_total", NULL) == 0); /* not held: a few small replies */
+  flood_stop(reader);
+  /* The reader gone, the background runs: every request is answered. */
+  (void)it_wait_stat(c, "requests_total{op=cache_list}", lists0 + (uint64_t)n * BEHIND_FRAMES,
+                     false);
+  for (int i = 0; i < n; i++) {
+    Kvcache__V1__Response *r = raw_reply(fds[i]);
+    ASSERT(r && r->status == KVCACHE__V1__STATUS__OK); /* the Hello's */
+    kvcache__v1__response__free_unpacked(r, NULL);
+    for (int k = 0; k < BEHIND_FRAMES; k++) {
+      r = raw_reply(fds[i]);
+      ASSERT(r != NULL);
+      ASSERT_U64_EQ(r->id, 1000 + (uint64_t)k);
+      ASSERT(r->status == KVCACHE__V1__STATUS__OK &&
+             r->body_case == KVCACHE__V1__RESPONSE__BODY_CACHE_LIST);
+      kvcache__v1__response__free_unpacked(r, NULL);
+    }
+    close(fds[i]);
+  }
+  (void)it_wait_stat(c, "connections_current", 1, false);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}
+
+/* A client that fills its read buffer with requests it never reads the
+ * replies of, and goes: the daemon, which no longer reads from it, closes
+ * it all the same while a reader is busy (a background connection's client
+ * gone is swept: POLLHUP), and holds no more than its read buffer for it
+ * meanwhile. Each round a new such client: none is left behind. */
+TEST(fair_client_gone_while_behind_is_closed) {
+  daemon_t d;
+  daemon_start(&d);
+  kvc_client_t *c = client_open(&d);
+  pid_t reader = flood_start(&d, flood_pings);
+  for (int round = 0; round < 8; round++) {
+    int fd = behind_conn(&d, 1, 1);
+    uint8_t frames[1024];
+    Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+    Kvcache__V1__Empty e = KVCACHE__V1__EMPTY__INIT;
+    req.body_case = KVCACHE__V1__REQUEST__BODY_CACHE_LIST;
+    req.cache_list = &e;
+    req.id = 7;
+    size_t len = kvcache__v1__request__get_packed_size(&req), per = 4 + len, nf = sizeof frames / per;
+    for (size_t i = 0; i < nf; i++) {
+      frames[i * per] = (uint8_t)len, frames[i * per + 1] = frames[i * per + 2] = frames[i * per + 3] = 0;
+      kvcache__v1__request__pack(&req, frames + i * per + 4);
+    }
+    /* Until the socket takes no more: the daemon stopped reading (its read
+     * buffer full) or it is a long way behind. */
+    for (;;) {
+      ssize_t k = send(fd, frames, nf * per, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (k > 0) continue;
+      ASSERT(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+      break;
+    }
+    close(fd);
+    (void)it_wait_stat(c, "connections_current", 2, false); /* c and the reader */
+  }
+  flood_stop(reader);
+  kvc_client_close(c);
+  daemon_stop(&d);
+}

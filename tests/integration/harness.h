@@ -316,7 +316,9 @@ IT_UNUSED static uint64_t stat_get(kvc_client_t *c, const char *name, const char
   if (brace) snprintf(sel, sizeof sel, "%.*s", (int)(strlen(brace + 1) - 1), brace + 1);
   kvc_stat_t *st;
   size_t n;
-  ASSERT_OK(kvc_stats(c, &st, &n));
+  /* A cache's figures come by its name (a reply holds only the top caches). */
+  kvc_stats_opts_t q = {.cache = cache};
+  ASSERT_OK(kvc_stats_query(c, cache ? &q : NULL, &st, &n));
   uint64_t v = 0;
   bool found = false;
   for (size_t i = 0; i < n; i++) {

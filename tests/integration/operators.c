@@ -256,6 +256,12 @@ TEST(ops_ctl_commands_good_and_bad_arguments) {
   ASSERT(strstr(out, "\ncache_sequences{cache=\"busy\",tenant=\"uid:0\"} 2\n") != NULL);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "stats --cache other --raw"), 0);
   ASSERT(strstr(out, "busy") == NULL && strstr(out, "cache_tokens{cache=\"other\",tenant=\"uid:0\"} 4\n"));
+  ASSERT(strstr(out, "\npages_used ") == NULL); /* that cache's figures only */
+  /* --top 1: the cache holding the most pages, and the node's figures. */
+  ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "stats --top 1 --raw"), 0);
+  ASSERT(strstr(out, "\npages_used ") != NULL);
+  ASSERT((strstr(out, "cache_pages{cache=\"busy\"") != NULL) !=
+         (strstr(out, "cache_pages{cache=\"other\"") != NULL));
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "seqs --cache busy"), 0);
   ASSERT_EQ(lines(out), 3);
   ASSERT_EQ(ctl_run(&d, out, sizeof out, false, "top --count 1"), 0); /* not a tty: a frame */
@@ -265,7 +271,8 @@ TEST(ops_ctl_commands_good_and_bad_arguments) {
   static const struct { const char *args, *says; } bad[] = {
       {"stats --json --prometheus", "exclude each other"},
       {"stats --cache", "--cache needs a value"},
-      {"stats --top 3", "stats does not take this option"},
+      {"stats --top 3 --cache busy", "--cache and --top exclude each other"},
+      {"stats --top 1001", "--top takes 1..1000"},
       {"ping --top 3 a b", "ping does not take this option"},
       {"ping extra", "unexpected argument 'extra'"},
       {"caches --raw", "caches does not take this option"},

@@ -525,6 +525,121 @@ TEST(tenants_grouped_uids_share_one_namespace_others_do_not) {
   daemon_stop(&d);
 }
 
+/* ---- stats: a tenant's own caches, by name and by pages held ----------------- */
+
+/* Opens name and puts pages * 16 tokens (page_tokens 16) as sequence 1. */
+static void stats_cache(kvc_client_t *c, const char *name, uint64_t pages) {
+  kvc_layout_t l = it_layout(KVC_DTYPE_F32);
+  kvc_cache_t *h;
+  ASSERT_OK(kvc_cache_open(c, name, &l, &h));
+  uint64_t n = pages * 16;
+  float *k = calloc(n * it_tok_floats(&l, false), sizeof *k);
+  float *v = calloc(n * it_tok_floats(&l, true), sizeof *v);
+  ASSERT(k && v);
+  if (n) ASSERT_OK(kvc_put(h, 1, 0, n, k, v));
+  free(k);
+  free(v);
+  kvc_cache_close(h);
+}
+
+/* The caches of a reply, in its order: "name@tenant:pages" joined by
+ * spaces; and that their pages never grow from one to the next. */
+static void stats_caches(kvc_client_t *c, const kvc_stats_opts_t *q, char *out, size_t len) {
+  kvc_stat_t *st;
+  size_t n;
+  ASSERT_OK(kvc_stats_query(c, q, &st, &n));
+  size_t used = 0;
+  uint64_t prev = UINT64_MAX;
+  out[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(st[i].name, "cache_pages") != 0) continue;
+    const char *t = kvc_stat_label(&st[i], "tenant");
+    ASSERT(t != NULL);
+    ASSERT(st[i].value <= prev);
+    prev = st[i].value;
+    int w = snprintf(out + used, len - used, "%s%s@%s:%" PRIu64, used ? " " : "", st[i].cache, t,
+                     st[i].value);
+    ASSERT(w > 0 && (size_t)w < len - used);
+    used += (size_t)w;
+  }
+  /* The node's figures whatever was asked: node-wide. */
+  bool node = false;
+  for (size_t i = 0; i < n; i++) node |= strcmp(st[i].name, "pages_used") == 0 && !st[i].cache[0];
+  ASSERT(node);
+  kvc_stats_free(st);
+}
+
+static void stats_step(void *p) {
+  step_t *s = p;
+  kvc_client_t *c = client_open(s->d);
+  char got[512];
+  const kvc_stats_opts_t top = {.top = 1000}, big = {.cache = "big"}, sys = {.cache = "sys"},
+                         same = {.cache = "same"};
+  kvc_stat_t *st;
+  size_t n;
+  switch (s->what) {
+  case 0: /* A: its caches, the shared one (rw), a name C uses too (no two
+           caches of a reply hold as many pages: ties have no set order) */
+    stats_cache(c, "big", 6);
+    stats_cache(c, "a1", 5);
+    stats_cache(c, "sys", 4);
+    stats_cache(c, "same", 2);
+    stats_caches(c, &top, got, sizeof got);
+    ASSERT_STR_EQ(got, "big@uid:64001:6 a1@uid:64001:5 sys@shared:4 same@uid:64001:2");
+    stats_caches(c, NULL, got, sizeof got); /* the default top: all four */
+    ASSERT_STR_EQ(got, "big@uid:64001:6 a1@uid:64001:5 sys@shared:4 same@uid:64001:2");
+    stats_caches(c, &(kvc_stats_opts_t){.top = 2}, got, sizeof got);
+    ASSERT_STR_EQ(got, "big@uid:64001:6 a1@uid:64001:5");
+    break;
+  case 1: /* B: reads the shared cache, sees none of A's own */
+    stats_cache(c, "b1", 3);
+    stats_caches(c, &top, got, sizeof got);
+    ASSERT_STR_EQ(got, "sys@shared:4 b1@uid:64002:3");
+    stats_caches(c, &sys, got, sizeof got);
+    ASSERT_STR_EQ(got, "sys@shared:4");
+    ASSERT_ERR(kvc_stats_query(c, &big, &st, &n), KVC_E_NOCACHE);
+    ASSERT(st == NULL && n == 0);
+    break;
+  case 2: /* C: no right on the shared cache; its own "same" only */
+    stats_cache(c, "same", 1);
+    stats_cache(c, "c0", 0);
+    stats_caches(c, &top, got, sizeof got);
+    ASSERT_STR_EQ(got, "same@uid:64003:1 c0@uid:64003:0");
+    stats_caches(c, &same, got, sizeof got);
+    ASSERT_STR_EQ(got, "same@uid:64003:1");
+    ASSERT_ERR(kvc_stats_query(c, &big, &st, &n), KVC_E_NOCACHE);
+    ASSERT_ERR(kvc_stats_query(c, &sys, &st, &n), KVC_E_NOCACHE);
+    stats_caches(c, &(kvc_stats_opts_t){.node_only = true}, got, sizeof got);
+    ASSERT_STR_EQ(got, "");
+    break;
+  default: /* root, an admin: every tenant's, merged by pages */
+    stats_caches(c, &top, got, sizeof got);
+    ASSERT_STR_EQ(got, "big@uid:64001:6 a1@uid:64001:5 sys@shared:4 b1@uid:64002:3 "
+                       "same@uid:64001:2 same@uid:64003:1 c0@uid:64003:0");
+    stats_caches(c, &same, got, sizeof got);
+    ASSERT_STR_EQ(got, "same@uid:64001:2 same@uid:64003:1");
+    stats_caches(c, &(kvc_stats_opts_t){.top = 3}, got, sizeof got);
+    ASSERT_STR_EQ(got, "big@uid:64001:6 a1@uid:64001:5 sys@shared:4");
+    break;
+  }
+  kvc_client_close(c);
+}
+
+/* A Stats reply shows a tenant its own caches and the shared ones it may
+ * read, by name or the top by pages held, never another tenant's (an
+ * admin: every tenant's, merged); the node's figures to everyone. */
+TEST(tenants_stats_show_a_tenant_only_the_caches_it_may_see) {
+  if (geteuid() != 0) TEST_SKIP("needs root to take other uids");
+  daemon_t d;
+  const char *more[] = {"--shared-caches", "sys=uid:64001:rw,uid:64002:r", NULL};
+  start_shared(&d, more);
+  step_t s = {&d, 0};
+  for (s.what = 0; s.what < 3; s.what++)
+    ASSERT_EQ(as_uid(s.what == 0 ? UID_A : s.what == 1 ? UID_B : UID_C, stats_step, &s), 0);
+  ASSERT_EQ(as_uid(0, stats_step, &s), 0); /* what 3: root */
+  daemon_stop(&d);
+}
+
 static void single_step(void *p) {
   step_t *s = p;
   kvc_client_t *c = client_open(s->d);

@@ -233,13 +233,24 @@ static PyObject *client_list_caches(client_t *self, PyObject *noargs) {
   return l;
 }
 
-static PyObject *client_stats(client_t *self, PyObject *noargs) {
-  (void)noargs;
+static PyObject *client_stats(client_t *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"cache", "top", "node_only", NULL};
+  const char *cache = NULL;
+  long long top = 0;
+  int node_only = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zLp:stats", kwlist, &cache, &top, &node_only))
+    return NULL;
+  if (top < 0 || top > UINT32_MAX) {
+    PyErr_Format(PyExc_ValueError, "top is 0 (the default, %d) or a count of caches, got %lld",
+                 KVC_STATS_TOP_DEFAULT, top);
+    return NULL;
+  }
+  kvc_stats_opts_t q = {.cache = cache, .top = (uint32_t)top, .node_only = node_only != 0};
   if (client_enter(self) < 0) return NULL;
   kvc_stat_t *s = NULL;
   size_t n = 0;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = kvc_stats(self->c, &s, &n);
+  Py_BEGIN_ALLOW_THREADS rc = kvc_stats_query(self->c, &q, &s, &n);
   Py_END_ALLOW_THREADS
   client_leave(self);
   if (rc) return pykvc_raise(self->c, rc);
@@ -461,9 +472,12 @@ static PyMethodDef client_methods[] = {
      "(the batch: 1, 2, ...), missed (batches dropped just before this one for reading too "
      "slowly), ts (Unix seconds the daemon published it). ShutdownError when the daemon "
      "drains, IoError when it went away."},
-    {"stats", (PyCFunction)client_stats, METH_NOARGS,
-     "stats() -> dict\n\nEvery figure of the daemon by name (doc/stats.md), a labelled one as "
-     "'requests_total{op=put}'; the per-cache figures under stats()['caches'][name]."},
+    {"stats", (PyCFunction)(void (*)(void))client_stats, METH_VARARGS | METH_KEYWORDS,
+     "stats(cache=None, top=0, node_only=False) -> dict\n\nThe node's figures by name "
+     "(doc/stats.md), a labelled one as 'requests_total{op=put}', and under "
+     "stats()['caches'][name] the figures of the caches asked for: those named cache, or "
+     "the top (0: 10; at most 1000) holding the most pages, or none with node_only "
+     "(doc/protocol.md, \"Stats\"). NocacheError: no cache of that name you may see."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef client_getset[] = {

@@ -225,7 +225,7 @@ def test_ggml_block_cache_as_given_converted_and_leased(client, name, bb):
 def test_batches_one_request(client):
     c = client.open_cache("batch", layout())
     ents = [(s, 0) + kv(s + 1, s) for s in range(5)]
-    before = client.stats()["caches"].get("batch", {})
+    before = client.stats(cache="batch")["caches"]["batch"]
     c.put_batch(ents)
     out = c.get_batch([(s, 0, s + 1) for s in range(5)])
     for (s, _, k, v), (gk, gv) in zip(ents, out):
@@ -381,11 +381,32 @@ def test_sequence_operations(client):
 def test_stats_and_lists(client):
     client.ping()
     client.open_cache("st", layout()).put(1, 0, *kv(3))
-    s = client.stats()
-    assert s["pool_pages"] > 0 and "st" in s["caches"]
+    s = client.stats(cache="st")
+    assert s["pool_pages"] > 0 and list(s["caches"]) == ["st"]
     assert s["caches"]["st"]["cache_sequences"] == 1
     assert any(c["name"] == "st" for c in client.list_caches())
     assert client.open_cache("st").layout == layout()
+
+
+def test_stats_top_caches_and_node_figures(client):
+    for i, tokens in enumerate((1, 40, 20)):  # 1, 3 and 2 pages of 16 tokens
+        client.open_cache(f"top{i}", layout()).put(1, 0, *kv(tokens))
+    node = client.stats(node_only=True)
+    assert node["caches"] == {} and node["pool_pages"] > 0
+    top = client.stats(top=1000)["caches"]  # every cache of this tenant, most pages first
+    pages = [c["cache_pages"] for c in top.values()]
+    assert pages == sorted(pages, reverse=True)
+    assert top["top1"]["cache_pages"] == 3 and top["top2"]["cache_pages"] == 2
+    assert len(client.stats(top=2)["caches"]) == 2
+    assert len(client.stats()["caches"]) <= 10  # the default: the 10 holding the most
+    with pytest.raises(kvcache.NocacheError):
+        client.stats(cache="no-such-cache")
+    with pytest.raises(kvcache.InvalError):
+        client.stats(cache="top0", top=3)
+    with pytest.raises(kvcache.InvalError):
+        client.stats(node_only=True, top=3)
+    with pytest.raises(ValueError):
+        client.stats(top=-1)
 
 
 # ---- leases, the shared buffer ---------------------------------------------------

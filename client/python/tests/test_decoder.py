@@ -89,14 +89,14 @@ def test_decoder_two_workers_share_system_prompt_by_attach(shared_daemon, dtype)
     with kvcache.Client(socket=shared_daemon.sock, timeout=30) as c:
         kc = rd.KvcachedCache(c.open_cache("ref-" + dtype, rd.layout(dtype)), dtype)
         rd.generate(model, kc, {100: rd.SYSTEM + [1, 2, 3]}, 2, tokens_for_index=True)
-        before = c.stats()["caches"]["ref-" + dtype]
+        before = c.stats(cache="ref-" + dtype)["caches"]["ref-" + dtype]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         out = subprocess.run([sys.executable, rd.__file__, "--socket", shared_daemon.sock,
                               "--dtype", dtype, "--steps", "6"], capture_output=True, text=True,
                              env=env, timeout=120)
         assert out.returncode == 0, out.stderr
         b = json.loads(out.stdout)
-        after = c.stats()["caches"]["ref-" + dtype]
+        after = c.stats(cache="ref-" + dtype)["caches"]["ref-" + dtype]
     assert b["matched"] == len(rd.SYSTEM), f"attached {b['matched']} tokens, not the 32 shared"
     prompt = rd.SYSTEM + [11, 12, 13, 14, 15]
     ref_ids, ref_trace = rd.generate(model, rd.TorchCache(dtype), {200: prompt}, 6)
