@@ -104,6 +104,15 @@ int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Respons
  * fds (*nfds; returns new descriptors, closed here unless the call is 0). */
 int client_call_fds(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp,
                     int *fds, int maxfds, int *nfds);
+/* Whether a request may go through the fast slots now (ring.h): they are
+ * served, the connection is sound and not subscribed, and at most one
+ * deferred lease release waits (a fast request carries one). */
+bool client_fast_ok(const kvc_client_t *c);
+/* Sends q through the fast slots (with the deferred release, if any) and
+ * waits for its reply: 0 and *rep; a non-OK status returns its code, with
+ * the daemon's message in c->err (and FULL's figures); the codes of a broken
+ * connection as client_call. */
+int client_call_fast(kvc_client_t *c, ringfast_req_t *q, ringfast_rep_t *rep);
 /* Maps the pool's segments again (PoolMap) when gen is not the generation
  * mapped (an older daemon's 0 never is) or `need` bytes from the pool's
  * start are not mapped: segments new at an offset are mapped over what was

@@ -1,6 +1,7 @@
 /* lease.c: zero-copy reads: leasing a token range and reading it in place in
  * the read-only pool mapping. */
 #include "client.h"
+#include "layout.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +96,35 @@ int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_
   return 0;
 }
 
+/* A lease through the fast slots: its reply holds the pages; the rest of a
+ * LeaseReply is the cache's page geometry (src/layout.c, as the engine's). */
+static int lease_fast(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t end,
+                      kvc_lease_t **out) {
+  kvc_client_t *c = h->client;
+  ringfast_req_t q = {.kind = RINGFAST_LEASE, .cache_id = h->id, .seq_id = seq_id,
+                      .pos = begin, .ntokens = (uint32_t)(end - begin)};
+  ringfast_rep_t rep;
+  int rc = client_call_fast(c, &q, &rep);
+  if (rc) return rc;
+  geom_t g;
+  if (layout_geom(&h->layout, &g) != 0 || rep.npages == 0)
+    return client_fail(c, KVC_E_PROTO, "lease reply without a lease");
+  Kvcache__V1__LeaseReply lr = KVCACHE__V1__LEASE_REPLY__INIT;
+  lr.lease_id = rep.lease_id;
+  lr.first_pos = rep.first_pos;
+  lr.n_page_offsets = rep.npages;
+  lr.page_offsets = rep.page_off;
+  lr.page_tokens = g.T;
+  lr.layer_bytes = g.layer_bytes;
+  lr.v_offset = g.k_off_v;
+  lr.k_row_bytes = g.k_row;
+  lr.v_row_bytes = g.v_row;
+  lr.k_scale_offset = g.int8 ? g.ks_off : 0;
+  lr.v_scale_offset = g.int8 ? g.vs_off : 0;
+  lr.pool_gen = rep.pool_gen;
+  return client_lease_take(h, &lr, seq_id, begin, end, out);
+}
+
 KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t end,
                       kvc_lease_t **out) {
   if (!h || !out) return KVC_E_INVAL;
@@ -102,6 +132,10 @@ KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t 
   kvc_client_t *c = h->client;
   if (!client_may_lease(c))
     return client_need_pool(c, "read with a get (C: kvc_get, Python: cache.get)");
+  if (end > begin && end - begin <= UINT32_MAX && client_fast_ok(c)) {
+    uint64_t t = h->layout.page_tokens, pages = (end - 1) / t - begin / t + 1;
+    if (pages <= RINGFAST_LEASE_PAGES) return lease_fast(h, seq_id, begin, end, out);
+  }
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
   Kvcache__V1__Lease b = KVCACHE__V1__LEASE__INIT;
   b.cache_id = h->id;

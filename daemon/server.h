@@ -37,6 +37,9 @@ struct server;
 typedef struct server_up {
   /* A whole frame of c's arrived (dispatch_frame): false when c parked. */
   bool (*frame)(conn_t *c, const uint8_t *payload, size_t len);
+  /* A fast request of c's, its slot's body copied out (dispatch_fast): false
+   * when c parked. */
+  bool (*fast)(conn_t *c, const uint8_t *body, uint32_t seq);
   /* c closes with a subscription to the event stream (events_unsubscribe). */
   void (*closing)(conn_t *c);
   /* A connection was freed (server_conn_gone: a drain ends with the last). */

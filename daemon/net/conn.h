@@ -59,6 +59,13 @@ enum conn_state {
   CONN_CLOSED,   /* uv_close called; freed when its handles are closed */
 };
 
+/* How a request came, and so where its reply goes. */
+enum conn_via {
+  VIA_SOCKET, /* a frame on the socket: the reply too */
+  VIA_RING,   /* a record in the submission ring: the reply into the CQ */
+  VIA_FAST,   /* the fast request slot (ring.h): the reply into the fast reply slot */
+};
+
 /* What waits for an offloaded get to finish (conn_resume runs it). */
 enum conn_after_offload {
   AFTER_OFFLOAD_RESUME, /* carry on: schedule reading and running */
@@ -106,8 +113,8 @@ struct conn {
   char flush_reason[64];     /* the reason of AFTER_OFFLOAD_FLUSH */
   shm_region_t shm;          /* the shared buffer (after Hello) */
   struct ring *ring;         /* its shared-memory rings (ring.h), if it asked for them */
-  bool via_ring;             /* the request running (or offloaded, or parked) came
-                                through the ring: its reply goes into the CQ */
+  enum conn_via via;         /* how the request running (or offloaded, or parked)
+                                came: its reply goes back that way */
   bool offloaded;            /* a get or put copies on the thread pool: no
                                 other request runs, the buffer stays mapped */
   bool parked;               /* the one flag of a request that waits: it runs
@@ -147,8 +154,10 @@ const char *conn_tenant(const conn_t *c);
  * starts reading or refuses it (PERM, CONNLIMIT, SHUTDOWN). */
 void conn_accept(server_t *srv);
 
-/* Packs resp into a frame and queues it. Returns 0 or a negative code (the
- * connection is then closed). */
+/* Sends resp back the way its request came (c->via): packs it into a frame
+ * and queues it, or puts it into the CQ, or, for a fast request, writes it
+ * into the fast reply slot. Returns 0 or a negative code (the connection is
+ * then closed). */
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
 
 /* Sends resp with nfds (1 to POOLMAP_FDS_MAX) descriptors passed along

@@ -64,6 +64,8 @@ struct ring {
   uint64_t budget_ns;      /* how long to poll after a reply (adapted) */
   unsigned long_gaps;      /* requests in a row that came later than the cap */
   uint64_t turn_tail;      /* sq_tail when this loop turn began to run the ring */
+  uint32_t fast_seen;      /* seq of the last fast request run (0: none yet) */
+  uint32_t fast_cur;       /* seq of the fast request running (ring_fast_next) */
 };
 
 static void cpu_relax(void) {
@@ -105,7 +107,12 @@ static void unlink_active(ring_t *r) {
   r->active = false;
 }
 
-static bool sq_pending(const ring_t *r) { return atomic_load(&r->hdr->sq_tail) != r->sq.pos; }
+/* A request waits: a record in the SQ, or a fast request not yet run
+ * (seq_cst loads: deactivate's look after its flag). */
+static bool sq_pending(const ring_t *r) {
+  return atomic_load(&r->hdr->sq_tail) != r->sq.pos ||
+         atomic_load(&r->hdr->fast_req.seq) != r->fast_seen;
+}
 
 /* Puts r on the poller's list: its requests run from the poll loop. With
  * poll, the client is told that it need not ring the doorbell; without (a
@@ -428,4 +435,40 @@ int ring_reply(ring_t *r, const Kvcache__V1__Response *resp) {
 void ring_kick(ring_t *r) {
   if (!r || r->closed || r->active || !runnable(r->c)) return;
   if (sq_pending(r)) activate(r, false);
+}
+
+/* ---- the fast slots -------------------------------------------------------- */
+
+int ring_fast_next(ring_t *r, uint8_t body[RING_FAST_BODY], uint32_t *seq) {
+  uint32_t s = atomic_load_explicit(&r->hdr->fast_req.seq, memory_order_acquire);
+  if (s == r->fast_seen) return 0;
+  /* Copied once: the client could change the line under the decoder. */
+  memcpy(body, r->hdr->fast_req.body, RING_FAST_BODY);
+  r->fast_cur = *seq = s;
+  return 1;
+}
+
+void ring_fast_consume(ring_t *r, uint32_t seq) {
+  if (r->closed) return;
+  r->fast_seen = seq;
+  r->c->srv->stats.ring_requests++;
+}
+
+int ring_fast_reply(ring_t *r, const ringfast_rep_t *p) {
+  ring_hdr_t *h = r->hdr;
+  ring_fast_rep_t *slot = &h->fast_rep;
+  ringfast_rep_encode(p, slot->body, slot->more);
+  /* The seq, then (seq_cst) the look at client_waiting; the client sets
+   * its flag, then looks at the seq (proto/ringbuf.h). cq_seq, its futex
+   * word, moves only for a sleeper: a polling client never loses the line
+   * it polls to a bump it does not need. */
+  atomic_store(&slot->seq, r->fast_cur);
+  if (atomic_load(&h->client_waiting)) {
+    atomic_fetch_add(&h->cq_seq, 1);
+    futex_wake(&h->cq_seq);
+    r->c->srv->stats.ring_client_wakeups++;
+  }
+  r->idle_ns = uv_hrtime();
+  if (r->budget_ns && cap_ns(r->p)) activate(r, true);
+  return 0;
 }

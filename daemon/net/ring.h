@@ -41,6 +41,7 @@
 
 #include "conn.h"
 #include "kvcache.pb-c.h"
+#include "ringfast.h"
 #include "server.h"
 
 typedef struct ring ring_t;
@@ -106,5 +107,16 @@ int ring_reply(ring_t *r, const Kvcache__V1__Response *resp);
 /* c may run requests again (it was parked, offloaded or paused): polls its
  * SQ if a request waits there. */
 void ring_kick(ring_t *r);
+
+/* The fast slots (proto/ringfast.h). The request in the slot if one is new:
+ * copies its body out, sets *seq and returns 1, without consuming it; else
+ * 0. */
+int ring_fast_next(ring_t *r, uint8_t body[RING_FAST_BODY], uint32_t *seq);
+/* Consumes the fast request seq (it ran, or was refused). */
+void ring_fast_consume(ring_t *r, uint32_t seq);
+/* Writes the reply to the fast request ring_fast_next gave, wakes the
+ * client if it sleeps, and starts polling for the connection's budget as
+ * ring_reply does: 0. */
+int ring_fast_reply(ring_t *r, const ringfast_rep_t *p);
 
 #endif

@@ -18,6 +18,7 @@
 #include "offload.h"
 #include "ring.h"
 #include "ringbuf.h"
+#include "ringfast.h"
 #include "optable.h"
 #include "poolown.h"
 #include "poolresize.h"
@@ -58,6 +59,9 @@ typedef struct reply {
   bool no_park;      /* a BUSY is the answer, not a reason to park and run again */
   bool close_after;  /* close the connection once the reply is flushed */
   bool large;        /* a get or put of at least offload_bytes (copy_where) */
+  bool fast;         /* a fast request (ringfast.h): an entry's K and V lengths
+                        are the transfer's own, a lease at most
+                        RINGFAST_LEASE_PAGES pages */
   uint64_t t0_ns;    /* when decoding began */
   char err[256];     /* the one-line reason of a failure */
 } reply_t;
@@ -493,8 +497,8 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
     e[i].ntokens = w->ntokens;
     e[i].k_bytes = kb;
     e[i].v_bytes = vb;
-    if ((rc = check_region(c, r, i, "k", w->k_off, w->k_len, kb, &e[i].k)) ||
-        (rc = check_region(c, r, i, "v", w->v_off, w->v_len, vb, &e[i].v)) ||
+    if ((rc = check_region(c, r, i, "k", w->k_off, r->fast ? kb : w->k_len, kb, &e[i].k)) ||
+        (rc = check_region(c, r, i, "v", w->v_off, r->fast ? vb : w->v_len, vb, &e[i].v)) ||
         (rc = check_region(c, r, i, "ks", w->ks_off, w->ks_len, sb, &e[i].k_scale)) ||
         (rc = check_region(c, r, i, "vs", w->vs_off, w->vs_len, sb, &e[i].v_scale)) ||
         (rc = check_entry_tokens(c, r, i, w, is_put, &e[i].tokens)) ||
@@ -933,10 +937,25 @@ static int lease_take(conn_t *c, reply_t *r, uint32_t cache_id, uint64_t seq_id,
   return 0;
 }
 
+/* A fast lease's reply holds RINGFAST_LEASE_PAGES pages: a range that
+ * spans more is refused before anything changes. */
+static int fast_lease_fits(conn_t *c, reply_t *r, const Kvcache__V1__Lease *b) {
+  kvc_cache_info_t ci;
+  if (!r->fast || b->end <= b->begin || engine_cache_info(c->srv->eng, b->cache_id, &ci) != 0)
+    return 0; /* the engine's own error */
+  uint64_t t = ci.layout.page_tokens, pages = (b->end - 1) / t - b->begin / t + 1;
+  if (pages > RINGFAST_LEASE_PAGES)
+    return reject(r, KVC_E_TOOMANY, "a fast lease spans at most %u pages; [%llu, %llu) spans "
+                  "%llu: send a Lease", RINGFAST_LEASE_PAGES, (unsigned long long)b->begin,
+                  (unsigned long long)b->end, (unsigned long long)pages);
+  return 0;
+}
+
 static int h_lease(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Lease *b = req->lease;
   NEED_BODY(r, b, "lease");
   int rc0 = lease_allowed(c, r, 1);
+  if (!rc0) rc0 = fast_lease_fits(c, r, b);
   if (rc0) return rc0;
   Kvcache__V1__LeaseReply *lr;
   int rc = lease_take(c, r, b->cache_id, b->seq_id, b->begin, b->end, &lr);
@@ -1460,26 +1479,13 @@ static void release_deferred(conn_t *c, const Kvcache__V1__Request *req) {
     if (engine_lease_release(c->srv->eng, c->id, req->release_leases[i]) == 0) c->nleases--;
 }
 
-bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
+/* Runs a decoded request (a frame's, or a fast request's) and replies. */
+static bool dispatch_request(conn_t *c, const Kvcache__V1__Request *req, uint64_t t0, bool fast) {
   server_t *srv = c->srv;
-  uint64_t t0 = uv_hrtime();
-  quotas_touch(c);
-  budget_t budget = {srv->cfg.max_decode_bytes};
-  ProtobufCAllocator alloc = {budget_alloc, budget_free, &budget};
-  Kvcache__V1__Request *req = kvcache__v1__request__unpack(&alloc, len, payload);
-  if (!req) {
-    req_done();
-    LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",
-                "conn=%llu pid=%d frame_bytes=%zu reason=\"does not decode within "
-                "max_decode_bytes\"", (unsigned long long)c->id, (int)c->pid, len);
-    srv->stats.connections_dropped++;
-    conn_close(c, "frame does not decode");
-    return true;
-  }
   engine_set_now(srv->eng, uv_now(srv->loop));
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
   reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1, .fd3 = -1,
-               .t0_ns = t0};
+               .t0_ns = t0, .fast = fast};
   int op;
   TESTHOOK(before, srv->eng);
   if (c->greeted) release_deferred(c, req);
@@ -1535,4 +1541,85 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   if (sent != 0) conn_close(c, "cannot send a reply");
   else if (r.close_after) conn_close_after_flush(c, r.err);
   return true;
+}
+
+bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
+  server_t *srv = c->srv;
+  uint64_t t0 = uv_hrtime();
+  quotas_touch(c);
+  budget_t budget = {srv->cfg.max_decode_bytes};
+  ProtobufCAllocator alloc = {budget_alloc, budget_free, &budget};
+  Kvcache__V1__Request *req = kvcache__v1__request__unpack(&alloc, len, payload);
+  if (!req) {
+    req_done();
+    LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",
+                "conn=%llu pid=%d frame_bytes=%zu reason=\"does not decode within "
+                "max_decode_bytes\"", (unsigned long long)c->id, (int)c->pid, len);
+    srv->stats.connections_dropped++;
+    conn_close(c, "frame does not decode");
+    return true;
+  }
+  return dispatch_request(c, req, t0, false);
+}
+
+/* ---- the fast slots (proto/ringfast.h) ---------------------------------------- */
+
+bool dispatch_fast(conn_t *c, const uint8_t *body, uint32_t seq) {
+  server_t *srv = c->srv;
+  uint64_t t0 = uv_hrtime();
+  quotas_touch(c);
+  ringfast_req_t q;
+  const char *why;
+  if (ringfast_req_decode(body, &q, &why) != 0) {
+    LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",
+                "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id, (int)c->pid, why);
+    srv->stats.connections_dropped++;
+    conn_close(c, why);
+    return true;
+  }
+  /* The Request it stands for, on the stack: a frame with the same fields
+   * decodes to the same structure (lengths aside: r.fast). */
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
+  Kvcache__V1__Xfer x = KVCACHE__V1__XFER__INIT;
+  Kvcache__V1__IoEntry e = KVCACHE__V1__IO_ENTRY__INIT, *ep = &e;
+  Kvcache__V1__Lease l = KVCACHE__V1__LEASE__INIT;
+  uint64_t release = q.release;
+  req.id = seq;
+  if (release) {
+    req.n_release_leases = 1;
+    req.release_leases = &release;
+  }
+  if (q.kind == RINGFAST_LEASE) {
+    l.cache_id = q.cache_id;
+    l.seq_id = q.seq_id;
+    l.begin = q.pos;
+    l.end = q.pos + q.ntokens; /* cannot wrap to a valid range: the engine refuses */
+    if (l.end < l.begin) l.end = UINT64_MAX;
+    req.body_case = KVCACHE__V1__REQUEST__BODY_LEASE;
+    req.lease = &l;
+  } else {
+    x.layer_begin = q.layer_begin;
+    x.layer_end = q.layer_end;
+    x.head_begin = q.head_begin;
+    x.head_end = q.head_end;
+    x.dtype = (Kvcache__V1__DType)q.dtype;
+    e.seq_id = q.seq_id;
+    e.pos = q.pos;
+    e.ntokens = q.ntokens;
+    e.k_off = q.k_off;
+    e.v_off = q.v_off;
+    io.cache_id = q.cache_id;
+    io.xfer = &x;
+    io.n_entries = 1;
+    io.entries = &ep;
+    if (q.kind == RINGFAST_PUT) {
+      req.body_case = KVCACHE__V1__REQUEST__BODY_PUT;
+      req.put = &io;
+    } else {
+      req.body_case = KVCACHE__V1__REQUEST__BODY_GET;
+      req.get = &io;
+    }
+  }
+  return dispatch_request(c, &req, t0, true);
 }
