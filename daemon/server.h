@@ -39,7 +39,7 @@ typedef struct server_up {
   bool (*frame)(conn_t *c, const uint8_t *payload, size_t len);
   /* A fast request of c's, its slot's body copied out (dispatch_fast): false
    * when c parked. */
-  bool (*fast)(conn_t *c, const uint8_t *body, uint32_t seq);
+  bool (*fast)(conn_t *c, const uint8_t *body, uint32_t seq, uint64_t t0_ns);
   /* c closes with a subscription to the event stream (events_unsubscribe). */
   void (*closing)(conn_t *c);
   /* A connection was freed (server_conn_gone: a drain ends with the last). */

@@ -599,11 +599,11 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
 
 /* run_frames for the submission ring: the same budgets, the same dispatch;
  * a frame leaves the ring once it ran (a parked one stays for its rerun). */
-static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
+static bool run_ring(conn_t *c, unsigned limit, bool budgeted, uint64_t t0) {
   server_t *srv = c->srv;
   ring_t *r = c->ring;
   unsigned n = 0;
-  uint64_t t0 = budgeted ? uv_hrtime() : 0, us = srv->cfg.turn_us;
+  uint64_t us = srv->cfg.turn_us;
   if (budgeted) turn_share(c, &limit, &us);
   c->turn_bytes = 0;
   if (budgeted) ring_turn_begin(r);
@@ -619,7 +619,8 @@ static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
         break;
       }
       c->via = VIA_FAST;
-      if (!srv->up.fast(c, body, seq)) break; /* parked: it stays in the slot */
+      if (!srv->up.fast(c, body, seq, n == 0 && t0 ? t0 : uv_hrtime()))
+        break; /* parked: it stays in the slot */
       ring_fast_consume(r, seq);
       if (c->state == CONN_CLOSED) return true;
       srv->stats.frames_in++;
@@ -657,15 +658,15 @@ static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
   return n > 0;
 }
 
-bool conn_run_ring(conn_t *c) {
-  bool ran = run_ring(c, c->srv->cfg.frames_per_turn, true);
+bool conn_run_ring(conn_t *c, uint64_t now_ns) {
+  bool ran = run_ring(c, c->srv->cfg.frames_per_turn, true, now_ns);
   if (c->state != CONN_CLOSED) schedule(c);
   return ran;
 }
 
 void conn_run_all(conn_t *c) {
   run_frames(c, UINT32_MAX, false);
-  if (c->state != CONN_CLOSED) run_ring(c, UINT32_MAX, false);
+  if (c->state != CONN_CLOSED) run_ring(c, UINT32_MAX, false, 0);
 }
 
 void conn_drain(conn_t *c) {

@@ -213,9 +213,10 @@ size_t conn_idle_sweep(server_t *srv);
  * submission ring, ignoring the per-turn bound (drain). */
 void conn_run_all(conn_t *c);
 
-/* Runs the requests waiting in c's submission ring, one turn's budget;
- * returns whether it ran any (the ring poller's ring_run_fn). */
-bool conn_run_ring(conn_t *c);
+/* Runs the requests waiting in c's submission ring and fast slot, one
+ * turn's budget from now_ns (uv_hrtime, just read); returns whether it ran
+ * any (the ring poller's ring_run_fn). */
+bool conn_run_ring(conn_t *c, uint64_t now_ns);
 
 /* The drain of one connection: answers every complete request the client has
  * sent (what is buffered and what is still in the socket, up to write

@@ -29,8 +29,9 @@
  * served without wakeups, one that thinks longer costs no polling at all
  * after a few requests, and an idle daemon polls nothing (the loop's idle
  * handle runs only while some ring is polled). The poll loop returns to the
- * event loop every 30 us, and after any work, so sockets, timers and copy
- * completions are served meanwhile. The histogram ring_poll_seconds sums the
+ * event loop every 30 us (after a request that ran past that, at once), so
+ * sockets, timers and copy completions are served meanwhile; between, a
+ * client's next request is caught as soon as it is written. The histogram ring_poll_seconds sums the
  * time spent polling without finding work.
  */
 #ifndef KVCD_RING_H
@@ -47,8 +48,9 @@
 typedef struct ring ring_t;
 
 /* Runs the request frames waiting in c's SQ, within one turn's budget
- * (conn.c); returns whether it ran any. The poller calls it. */
-typedef bool (*ring_run_fn)(conn_t *c);
+ * (conn.c) counted from now_ns (uv_hrtime, just read); returns whether it
+ * ran any. The poller calls it. */
+typedef bool (*ring_run_fn)(conn_t *c, uint64_t now_ns);
 
 /* The poller of srv (its idle handle); run is how it runs a connection's
  * frames. Returns 0 or -1 (out of memory). */

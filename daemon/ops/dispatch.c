@@ -1564,9 +1564,8 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
 
 /* ---- the fast slots (proto/ringfast.h) ---------------------------------------- */
 
-bool dispatch_fast(conn_t *c, const uint8_t *body, uint32_t seq) {
+bool dispatch_fast(conn_t *c, const uint8_t *body, uint32_t seq, uint64_t t0) {
   server_t *srv = c->srv;
-  uint64_t t0 = uv_hrtime();
   quotas_touch(c);
   ringfast_req_t q;
   const char *why;
