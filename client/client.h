@@ -14,6 +14,7 @@
 
 #include "kvcache.pb-c.h"
 #include "kvcache/kvcache.h"
+#include "layout.h"
 #include "prefault.h"
 #include "ring.h"
 
@@ -67,6 +68,7 @@ struct kvc_client {
   prefault_t *prefault;      /* populating the pool mapping in the background */
   bool prefault_tried;       /* started it once (or could not) */
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
+  kvc_lease_t *lease_spare;  /* a released small lease's handle, for the next one */
   void *io_wire, *io_ptrs, *io_parts; /* transfer scratch, max_io_entries each,
                                          allocated at the first transfer */
   int64_t *hist_pos;         /* the last history view's positions (kvc_hist_t.positions) */
@@ -86,6 +88,8 @@ struct kvc_cache {
   uint32_t id;
   uint64_t page_bytes;
   kvc_layout_t layout;       /* page_tokens filled in */
+  geom_t geom;               /* its page geometry (src/layout.c), a lease's */
+  bool geom_ok;              /* geom was computed (a layout the daemon took) */
   char name[KVC_MAX_NAME + 1];
   uint8_t salt[KVC_MAX_KEY_BYTES];  /* tenant salt of the prefix cache */
   uint8_t extra[KVC_MAX_KEY_BYTES]; /* extra key of token-aware calls */

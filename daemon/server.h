@@ -104,6 +104,8 @@ typedef struct server {
   uint64_t next_conn_id;   /* next conn_id to hand out; starts at 1 */
   uint32_t backlogged;     /* connections with frames waiting for a turn */
   uint64_t small_ns;       /* when the last request that was not a large copy began */
+  uint64_t answered_ns;    /* uv_hrtime when the last request was answered (its
+                              figures' clock read, which the poll loop reuses) */
   arena_t arena;           /* scratch for building the current reply */
   tenants_t tenants;       /* tenant names seen, by id */
   uv_tcp_t http;           /* metrics_listen (http.c), when http_on */

@@ -1,36 +1,46 @@
 /* ringfast.c: the fast frame's little-endian fields, written and read. */
 #include "ringfast.h"
 
+#include <endian.h>
+#include <stddef.h>
 #include <string.h>
 
 /* Offsets in a slot's body (the slot's offset minus 4: seq comes first). */
 #define B(off) ((off) - 4u)
 
+/* Little-endian fields at any alignment: one load or store each on a
+ * little-endian host. */
 static void put16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
+  v = htole16(v);
+  memcpy(p, &v, sizeof v);
 }
 
 static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+  v = htole32(v);
+  memcpy(p, &v, sizeof v);
 }
 
 static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+  v = htole64(v);
+  memcpy(p, &v, sizeof v);
 }
 
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint16_t get16(const uint8_t *p) {
+  uint16_t v;
+  memcpy(&v, p, sizeof v);
+  return le16toh(v);
+}
 
 static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-  return v;
+  uint32_t v;
+  memcpy(&v, p, sizeof v);
+  return le32toh(v);
 }
 
 static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-  return v;
+  uint64_t v;
+  memcpy(&v, p, sizeof v);
+  return le64toh(v);
 }
 
 void ringfast_req_encode(const ringfast_req_t *q, uint8_t body[RING_FAST_BODY]) {
@@ -91,6 +101,16 @@ static bool needs_more(uint32_t status, uint32_t npages) {
   return status != 0 || npages > RINGFAST_LINE_PAGES;
 }
 
+void ringfast_rep_error(ringfast_rep_t *p, const char *msg, uint64_t full_needed,
+                        uint64_t full_freeable) {
+  size_t n = msg ? strlen(msg) : 0;
+  p->err_len = (uint32_t)(n < RINGFAST_ERR_MAX ? n : RINGFAST_ERR_MAX);
+  memcpy(p->err, msg ? msg : "", p->err_len);
+  p->err[p->err_len] = '\0';
+  p->full_needed = full_needed;
+  p->full_freeable = full_freeable;
+}
+
 void ringfast_rep_encode(const ringfast_rep_t *p, uint8_t body[RING_FAST_BODY],
                          uint8_t more[RING_FAST_MORE]) {
   put32(body + B(4), p->status);
@@ -111,7 +131,8 @@ void ringfast_rep_encode(const ringfast_rep_t *p, uint8_t body[RING_FAST_BODY],
 
 int ringfast_rep_decode(const uint8_t body[RING_FAST_BODY], const uint8_t more[RING_FAST_MORE],
                         ringfast_rep_t *p) {
-  memset(p, 0, sizeof *p);
+  memset(p, 0, offsetof(ringfast_rep_t, err)); /* the message only as long as it is */
+  p->err[0] = '\0';
   p->status = get32(body + B(4));
   p->npages = get32(body + B(8));
   p->err_len = get32(body + B(12));

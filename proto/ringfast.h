@@ -73,6 +73,10 @@ void ringfast_req_encode(const ringfast_req_t *q, uint8_t body[RING_FAST_BODY]);
 int ringfast_req_decode(const uint8_t body[RING_FAST_BODY], ringfast_req_t *q,
                         const char **why);
 
+/* Sets an error reply's message (cut to RINGFAST_ERR_MAX bytes) and FULL's
+ * figures. */
+void ringfast_rep_error(ringfast_rep_t *p, const char *msg, uint64_t full_needed,
+                        uint64_t full_freeable);
 /* Writes p into a reply slot: body always, more only when p needs it (a
  * status other than OK, or more than RINGFAST_LINE_PAGES pages). p's npages
  * and err_len must be within their bounds. */

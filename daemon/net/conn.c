@@ -358,18 +358,24 @@ static int write_rest(conn_t *c, const uint8_t *frame, size_t len, size_t sent) 
  * What the socket does not take goes through the write queue. */
 #define SMALL_REPLY 1024
 
-/* The fast reply of resp (a put's, get's or lease's: no other body). */
+int conn_send_fast(conn_t *c, const ringfast_rep_t *p) {
+  if (c->state == CONN_CLOSED) return KVC_E_IO;
+  if (c->via != VIA_FAST || !c->ring) {
+    conn_close(c, "a fast reply to a request that was not one");
+    return KVC_E_INTERNAL;
+  }
+  c->via = VIA_SOCKET;
+  return ring_fast_reply(c->ring, p);
+}
+
+/* The fast reply of resp (a put's, get's or lease's: no other body; a
+ * copy's that ended on a copy thread, conn_copied). */
 static int send_fast(conn_t *c, const Kvcache__V1__Response *resp) {
   ringfast_rep_t p;
   memset(&p, 0, offsetof(ringfast_rep_t, err));
   p.status = (uint32_t)resp->status;
   if (resp->status != KVCACHE__V1__STATUS__OK) {
-    const char *e = resp->error ? resp->error : "";
-    size_t n = strlen(e);
-    p.err_len = (uint32_t)(n < RINGFAST_ERR_MAX ? n : RINGFAST_ERR_MAX);
-    memcpy(p.err, e, p.err_len);
-    p.full_needed = resp->full_needed;
-    p.full_freeable = resp->full_freeable;
+    ringfast_rep_error(&p, resp->error, resp->full_needed, resp->full_freeable);
   } else if (resp->body_case == KVCACHE__V1__RESPONSE__BODY_LEASE && resp->lease) {
     const Kvcache__V1__LeaseReply *lr = resp->lease;
     if (lr->n_page_offsets > RINGFAST_LEASE_PAGES) goto broken; /* h_lease bounds it */

@@ -48,6 +48,7 @@
 #include <uv.h>
 
 #include "kvcache.pb-c.h"
+#include "ringfast.h"
 #include "server.h"
 #include "shm.h"
 #include "tier.h"
@@ -159,6 +160,11 @@ void conn_accept(server_t *srv);
  * into the fast reply slot. Returns 0 or a negative code (the connection is
  * then closed). */
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
+
+/* Sends the reply of the fast request running (c->via is VIA_FAST) into
+ * the fast reply slot: 0, or a negative code (the connection is then
+ * closed). */
+int conn_send_fast(conn_t *c, const ringfast_rep_t *p);
 
 /* Sends resp with nfds (1 to POOLMAP_FDS_MAX) descriptors passed along
  * (one SCM_RIGHTS message) on the raw socket; only while the write queue is

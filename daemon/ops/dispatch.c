@@ -54,8 +54,7 @@ typedef struct reply {
   int fd;            /* sent with the reply (SCM_RIGHTS) when >= 0 */
   int fd2;           /* a second one in the same message, when >= 0 */
   int fd3;           /* a third, when >= 0 */
-  int fdv[POOLMAP_FDS_MAX]; /* else these nfdv (the pool's segments) */
-  int nfdv;
+  int nfdv;          /* else the nfdv of fdv (the pool's segments) */
   bool no_park;      /* a BUSY is the answer, not a reason to park and run again */
   bool close_after;  /* close the connection once the reply is flushed */
   bool large;        /* a get or put of at least offload_bytes (copy_where) */
@@ -63,7 +62,12 @@ typedef struct reply {
                         are the transfer's own, a lease at most
                         RINGFAST_LEASE_PAGES pages */
   uint64_t t0_ns;    /* when decoding began */
-  char err[256];     /* the one-line reason of a failure */
+  uint32_t cache_id; /* a fast request's cache (the tenant gate's, no reflection) */
+  ringfast_rep_t *rep; /* a fast request's reply: a lease's pages go here, not
+                          into a LeaseReply */
+  /* Last, and not zeroed for each request (reply_init): */
+  char err[256];     /* the one-line reason of a failure ("" until one is said) */
+  int fdv[POOLMAP_FDS_MAX];
 } reply_t;
 
 typedef int (*handler_fn)(conn_t *c, const Kvcache__V1__Request *req, reply_t *r);
@@ -139,13 +143,15 @@ static bool request_cache_id(const Kvcache__V1__Request *req, uint32_t *cache_id
 }
 
 /* Every request that names a cache passes here before its handler: a cache
- * of another tenant answers exactly as one that does not exist. */
-static int tenant_gate(conn_t *c, const Kvcache__V1__Request *req, enum op op, reply_t *r) {
-  uint32_t cache_id, owner;
-  if (!request_cache_id(req, &cache_id)) return 0;
+ * of another tenant answers exactly as one that does not exist. A fast
+ * request names its cache in a field of its own (ringfast.h). */
+static int gate_cache(conn_t *c, uint32_t cache_id, enum op op, reply_t *r) {
+  uint32_t owner;
   kvc_cache_info_t ci;
-  if (engine_cache_tenant(c->srv->eng, cache_id, &owner) != 0 ||
-      engine_cache_info(c->srv->eng, cache_id, &ci) != 0)
+  if (engine_cache_tenant(c->srv->eng, cache_id, &owner) != 0)
+    return reject(r, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  if (c->admin || owner == c->tenant) return 0; /* cache_right: RIGHT_WRITE */
+  if (engine_cache_info(c->srv->eng, cache_id, &ci) != 0)
     return reject(r, KVC_E_NOCACHE, "no cache with id %u", cache_id);
   enum tenant_right right = cache_right(c, owner, ci.name);
   if (right == RIGHT_NONE) return reject(r, KVC_E_NOCACHE, "no cache with id %u", cache_id);
@@ -156,6 +162,12 @@ static int tenant_gate(conn_t *c, const Kvcache__V1__Request *req, enum op op, r
     return reject(r, KVC_E_PERM, "tenant %s may only read shared cache '%s'",
                   conn_tenant_name(c), ci.name);
   return 0;
+}
+
+static int tenant_gate(conn_t *c, const Kvcache__V1__Request *req, enum op op, reply_t *r) {
+  uint32_t cache_id;
+  if (!request_cache_id(req, &cache_id)) return 0;
+  return gate_cache(c, cache_id, op, r);
 }
 
 #define ENGINE_CALL(r, expr)                                                   \
@@ -452,14 +464,14 @@ static int check_entry_tokens(conn_t *c, reply_t *r, size_t i, const Kvcache__V1
  * cache is the engine's NOCACHE; where is prefixed to the reason. */
 static int resolve_xfer(conn_t *c, reply_t *r, const char *where, uint32_t cache_id,
                         const kvc_xfer_t *x, bool is_put, layout_xfer_t *g) {
-  kvc_cache_info_t ci;
+  const kvc_layout_t *l;
   char why[sizeof r->err];
-  int rc = engine_cache_info(c->srv->eng, cache_id, &ci);
+  int rc = engine_cache_layout(c->srv->eng, cache_id, &l);
   if (rc) {
     reply_engine_error(r, rc);
     snprintf(why, sizeof why, "%s", r->err);
   } else {
-    rc = layout_xfer(&ci.layout, x, is_put, g, why, sizeof why);
+    rc = layout_xfer(l, x, is_put, g, why, sizeof why);
   }
   if (rc) return reject(r, rc, "%s%s", where, why);
   return 0;
@@ -940,14 +952,29 @@ static int lease_take(conn_t *c, reply_t *r, uint32_t cache_id, uint64_t seq_id,
 /* A fast lease's reply holds RINGFAST_LEASE_PAGES pages: a range that
  * spans more is refused before anything changes. */
 static int fast_lease_fits(conn_t *c, reply_t *r, const Kvcache__V1__Lease *b) {
-  kvc_cache_info_t ci;
-  if (!r->fast || b->end <= b->begin || engine_cache_info(c->srv->eng, b->cache_id, &ci) != 0)
+  const kvc_layout_t *l;
+  if (!r->fast || b->end <= b->begin || engine_cache_layout(c->srv->eng, b->cache_id, &l) != 0)
     return 0; /* the engine's own error */
-  uint64_t t = ci.layout.page_tokens, pages = (b->end - 1) / t - b->begin / t + 1;
+  uint64_t t = l->page_tokens, pages = (b->end - 1) / t - b->begin / t + 1;
   if (pages > RINGFAST_LEASE_PAGES)
     return reject(r, KVC_E_TOOMANY, "a fast lease spans at most %u pages; [%llu, %llu) spans "
                   "%llu: send a Lease", RINGFAST_LEASE_PAGES, (unsigned long long)b->begin,
                   (unsigned long long)b->end, (unsigned long long)pages);
+  return 0;
+}
+
+/* A fast lease: its pages go straight into the fast reply. */
+static int lease_take_fast(conn_t *c, reply_t *r, const Kvcache__V1__Lease *b) {
+  engine_lease_t l;
+  ENGINE_CALL(r, engine_lease(c->srv->eng, b->cache_id, b->seq_id, b->begin, b->end, c->id, &l));
+  c->nleases++;
+  ringfast_rep_t *p = r->rep;
+  p->npages = l.npages; /* <= RINGFAST_LEASE_PAGES: fast_lease_fits */
+  p->lease_id = l.id;
+  p->first_pos = l.first_pos;
+  p->pool_gen = c->srv->pool.gen;
+  for (uint32_t i = 0; i < l.npages; i++)
+    p->page_off[i] = engine_page_pool_offset(c->srv->eng, l.pages[i]);
   return 0;
 }
 
@@ -957,6 +984,7 @@ static int h_lease(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   int rc0 = lease_allowed(c, r, 1);
   if (!rc0) rc0 = fast_lease_fits(c, r, b);
   if (rc0) return rc0;
+  if (r->rep) return lease_take_fast(c, r, b);
   Kvcache__V1__LeaseReply *lr;
   int rc = lease_take(c, r, b->cache_id, b->seq_id, b->begin, b->end, &lr);
   if (rc) return rc;
@@ -1469,7 +1497,8 @@ static int run(conn_t *c, const Kvcache__V1__Request *req, reply_t *r, int *op) 
   if (bc >= NHANDLERS || !handlers[bc].fn)
     return reject(r, KVC_E_PROTO, "unknown or empty request (body %u)", bc);
   *op = (int)handlers[bc].op;
-  int rc = tenant_gate(c, req, handlers[bc].op, r);
+  int rc = r->fast ? gate_cache(c, r->cache_id, handlers[bc].op, r)
+                   : tenant_gate(c, req, handlers[bc].op, r);
   return rc ? rc : handlers[bc].fn(c, req, r);
 }
 
@@ -1480,12 +1509,32 @@ static void release_deferred(conn_t *c, const Kvcache__V1__Request *req) {
 }
 
 /* Runs a decoded request (a frame's, or a fast request's) and replies. */
-static bool dispatch_request(conn_t *c, const Kvcache__V1__Request *req, uint64_t t0, bool fast) {
+/* The fields of a reply before its handler runs: the message and the
+ * descriptor list (a third of a kilobyte) are not zeroed, only emptied. */
+static void reply_init(reply_t *r, server_t *srv, Kvcache__V1__Response *resp, uint64_t t0) {
+  memset(r, 0, offsetof(reply_t, err));
+  r->srv = srv;
+  r->resp = resp;
+  r->a = &srv->arena;
+  r->fd = r->fd2 = r->fd3 = -1;
+  r->t0_ns = t0;
+  r->err[0] = '\0';
+}
+
+static bool dispatch_request(conn_t *c, const Kvcache__V1__Request *req, uint64_t t0,
+                             const ringfast_req_t *fast) {
   server_t *srv = c->srv;
   engine_set_now(srv->eng, uv_now(srv->loop));
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
-  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1, .fd3 = -1,
-               .t0_ns = t0, .fast = fast};
+  reply_t r;
+  ringfast_rep_t rep;
+  reply_init(&r, srv, &resp, t0);
+  if (fast) {
+    r.fast = true;
+    r.cache_id = fast->cache_id;
+    r.rep = &rep;
+    memset(&rep, 0, offsetof(ringfast_rep_t, err));
+  }
   int op;
   TESTHOOK(before, srv->eng);
   if (c->greeted) release_deferred(c, req);
@@ -1533,11 +1582,16 @@ static bool dispatch_request(conn_t *c, const Kvcache__V1__Request *req, uint64_
     shm_close_fd(&c->shm);
   } else if (r.nfdv && !rc) {
     sent = conn_send_fds(c, &resp, r.fdv, r.nfdv);
+  } else if (fast) { /* the same Response, as the fast reply holds it */
+    rep.status = (uint32_t)resp.status;
+    if (rc) ringfast_rep_error(&rep, r.err, resp.full_needed, resp.full_freeable);
+    sent = conn_send_fast(c, &rep);
   } else {
     sent = conn_send(c, &resp);
   }
   arena_reset(&srv->arena);
-  if (op >= 0) metrics_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc);
+  srv->answered_ns = uv_hrtime();
+  if (op >= 0) metrics_record(&srv->stats, (enum op)op, srv->answered_ns - t0, rc);
   if (sent != 0) conn_close(c, "cannot send a reply");
   else if (r.close_after) conn_close_after_flush(c, r.err);
   return true;
@@ -1559,7 +1613,7 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     conn_close(c, "frame does not decode");
     return true;
   }
-  return dispatch_request(c, req, t0, false);
+  return dispatch_request(c, req, t0, NULL);
 }
 
 /* ---- the fast slots (proto/ringfast.h) ---------------------------------------- */
@@ -1620,5 +1674,5 @@ bool dispatch_fast(conn_t *c, const uint8_t *body, uint32_t seq, uint64_t t0) {
       req.get = &io;
     }
   }
-  return dispatch_request(c, &req, t0, true);
+  return dispatch_request(c, &req, t0, &q);
 }

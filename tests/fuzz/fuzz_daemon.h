@@ -29,6 +29,7 @@ typedef struct fz_seen {
   uint64_t last_id;          /* id of the last one */
   int last_status;           /* its status */
   uint64_t fds;              /* fds attached (Hello replies) */
+  uint64_t fast_replies;     /* of the replies, those to fast requests */
 } fz_seen_t;
 
 /* Creates the server: config defaults made small, an engine over a heap
