@@ -157,9 +157,10 @@ KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t 
   kvc_client_t *c = h->client;
   if (!client_may_lease(c))
     return client_need_pool(c, "read with a get (C: kvc_get, Python: cache.get)");
-  if (end > begin && end - begin <= UINT32_MAX && client_fast_ok(c)) {
-    uint64_t t = h->layout.page_tokens, pages = (end - 1) / t - begin / t + 1;
-    if (pages <= RINGFAST_LEASE_PAGES) return lease_fast(h, seq_id, begin, end, out);
+  if (end > begin && end - begin <= UINT32_MAX && h->geom_ok && client_fast_ok(c)) {
+    uint32_t sh = h->geom.tshift; /* pages the daemon's lease will hold */
+    if (((end - 1) >> sh) - (begin >> sh) + 1 <= RINGFAST_LEASE_PAGES)
+      return lease_fast(h, seq_id, begin, end, out);
   }
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
   Kvcache__V1__Lease b = KVCACHE__V1__LEASE__INIT;

@@ -955,7 +955,9 @@ static int fast_lease_fits(conn_t *c, reply_t *r, const Kvcache__V1__Lease *b) {
   const kvc_layout_t *l;
   if (!r->fast || b->end <= b->begin || engine_cache_layout(c->srv->eng, b->cache_id, &l) != 0)
     return 0; /* the engine's own error */
-  uint64_t t = l->page_tokens, pages = (b->end - 1) / t - b->begin / t + 1;
+  /* page_tokens is a power of two (layout_geom): shifts, not two divisions. */
+  unsigned sh = (unsigned)__builtin_ctz(l->page_tokens);
+  uint64_t pages = ((b->end - 1) >> sh) - (b->begin >> sh) + 1;
   if (pages > RINGFAST_LEASE_PAGES)
     return reject(r, KVC_E_TOOMANY, "a fast lease spans at most %u pages; [%llu, %llu) spans "
                   "%llu: send a Lease", RINGFAST_LEASE_PAGES, (unsigned long long)b->begin,
@@ -1631,12 +1633,9 @@ bool dispatch_fast(conn_t *c, const uint8_t *body, uint32_t seq, uint64_t t0) {
     return true;
   }
   /* The Request it stands for, on the stack: a frame with the same fields
-   * decodes to the same structure (lengths aside: r.fast). */
+   * decodes to the same structure (lengths aside: r.fast). Only the kind's
+   * own parts are initialized. */
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
-  Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
-  Kvcache__V1__Xfer x = KVCACHE__V1__XFER__INIT;
-  Kvcache__V1__IoEntry e = KVCACHE__V1__IO_ENTRY__INIT, *ep = &e;
-  Kvcache__V1__Lease l = KVCACHE__V1__LEASE__INIT;
   uint64_t release = q.release;
   req.id = seq;
   if (release) {
@@ -1644,6 +1643,7 @@ bool dispatch_fast(conn_t *c, const uint8_t *body, uint32_t seq, uint64_t t0) {
     req.release_leases = &release;
   }
   if (q.kind == RINGFAST_LEASE) {
+    Kvcache__V1__Lease l = KVCACHE__V1__LEASE__INIT;
     l.cache_id = q.cache_id;
     l.seq_id = q.seq_id;
     l.begin = q.pos;
@@ -1651,28 +1651,31 @@ bool dispatch_fast(conn_t *c, const uint8_t *body, uint32_t seq, uint64_t t0) {
     if (l.end < l.begin) l.end = UINT64_MAX;
     req.body_case = KVCACHE__V1__REQUEST__BODY_LEASE;
     req.lease = &l;
+    return dispatch_request(c, &req, t0, &q);
+  }
+  Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
+  Kvcache__V1__Xfer x = KVCACHE__V1__XFER__INIT;
+  Kvcache__V1__IoEntry e = KVCACHE__V1__IO_ENTRY__INIT, *ep = &e;
+  x.layer_begin = q.layer_begin;
+  x.layer_end = q.layer_end;
+  x.head_begin = q.head_begin;
+  x.head_end = q.head_end;
+  x.dtype = (Kvcache__V1__DType)q.dtype;
+  e.seq_id = q.seq_id;
+  e.pos = q.pos;
+  e.ntokens = q.ntokens;
+  e.k_off = q.k_off;
+  e.v_off = q.v_off;
+  io.cache_id = q.cache_id;
+  io.xfer = &x;
+  io.n_entries = 1;
+  io.entries = &ep;
+  if (q.kind == RINGFAST_PUT) {
+    req.body_case = KVCACHE__V1__REQUEST__BODY_PUT;
+    req.put = &io;
   } else {
-    x.layer_begin = q.layer_begin;
-    x.layer_end = q.layer_end;
-    x.head_begin = q.head_begin;
-    x.head_end = q.head_end;
-    x.dtype = (Kvcache__V1__DType)q.dtype;
-    e.seq_id = q.seq_id;
-    e.pos = q.pos;
-    e.ntokens = q.ntokens;
-    e.k_off = q.k_off;
-    e.v_off = q.v_off;
-    io.cache_id = q.cache_id;
-    io.xfer = &x;
-    io.n_entries = 1;
-    io.entries = &ep;
-    if (q.kind == RINGFAST_PUT) {
-      req.body_case = KVCACHE__V1__REQUEST__BODY_PUT;
-      req.put = &io;
-    } else {
-      req.body_case = KVCACHE__V1__REQUEST__BODY_GET;
-      req.get = &io;
-    }
+    req.body_case = KVCACHE__V1__REQUEST__BODY_GET;
+    req.get = &io;
   }
   return dispatch_request(c, &req, t0, &q);
 }
