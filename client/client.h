@@ -90,6 +90,12 @@ struct kvc_cache {
   kvc_layout_t layout;       /* page_tokens filled in */
   geom_t geom;               /* its page geometry (src/layout.c), a lease's */
   bool geom_ok;              /* geom was computed (a layout the daemon took) */
+  struct xfer_memo {         /* the last transfer resolved (xfer.c): a loop of puts
+                                or gets resolves its transfer once */
+    kvc_xfer_t x;            /* as asked (NULL: zeros) */
+    bool is_put, ok;
+    layout_xfer_t r;
+  } memo;
   char name[KVC_MAX_NAME + 1];
   uint8_t salt[KVC_MAX_KEY_BYTES];  /* tenant salt of the prefix cache */
   uint8_t extra[KVC_MAX_KEY_BYTES]; /* extra key of token-aware calls */

@@ -27,6 +27,22 @@ static int resolve(const kvc_cache_t *h, const kvc_xfer_t *x, bool is_put, layou
   return rc ? client_fail(h->client, rc, "%s", why) : 0;
 }
 
+_Static_assert(sizeof(kvc_xfer_t) == 7 * 4, "kvc_xfer_t compares whole: no padding");
+
+/* resolve, remembering the last transfer that resolved: the same one again
+ * (a decode loop's) costs a comparison. */
+static int resolve_memo(kvc_cache_t *h, const kvc_xfer_t *x, bool is_put, layout_xfer_t *r) {
+  kvc_xfer_t want = x ? *x : (kvc_xfer_t){0};
+  struct xfer_memo *m = &h->memo;
+  if (m->ok && m->is_put == is_put && memcmp(&m->x, &want, sizeof want) == 0) {
+    *r = m->r;
+    return 0;
+  }
+  int rc = resolve(h, x, is_put, r);
+  if (rc == 0) *m = (struct xfer_memo){.x = want, .is_put = is_put, .ok = true, .r = *r};
+  return rc;
+}
+
 static uint32_t nlayers(const layout_xfer_t *r) { return r->l1 - r->l0; }
 
 KVC_API int kvc_xfer_bytes(const kvc_cache_t *h, const kvc_xfer_t *x, bool is_put,
@@ -449,7 +465,7 @@ static int transfer_shm(kvc_cache_t *h, const kvc_xfer_t *x, const kvc_shm_io_t 
   io_req_t b;
   /* Entries go out as they are: the daemon judges (and counts) bad ranges,
    * dtypes, sizes and offsets; lengths it cannot derive are sent as 0. */
-  bool sized = resolve(h, x, is_put, &r) == 0;
+  bool sized = resolve_memo(h, x, is_put, &r) == 0;
   c->err[0] = '\0';
   ringfast_req_t q;
   if (n == 1 && sized && client_fast_ok(c) && fast_entry(h, x, &r, entries, is_put, &q)) {

@@ -48,6 +48,7 @@
 #include <uv.h>
 
 #include "kvcache.pb-c.h"
+#include "layout.h"
 #include "ringfast.h"
 #include "server.h"
 #include "shm.h"
@@ -106,6 +107,14 @@ struct conn {
   uint64_t turn_bytes;       /* bytes its requests moved in this loop turn
                                 (dispatch adds, run_frames resets) */
   uint32_t nleases;          /* zero-copy read leases this connection holds */
+  struct xfer_memo {         /* its last transfer resolved (dispatch.c): a loop of
+                                puts or gets resolves its transfer once */
+    uint32_t cache_id;
+    const kvc_layout_t *layout; /* the cache's, as engine_cache_layout gave it */
+    kvc_xfer_t x;
+    bool is_put, ok;
+    layout_xfer_t g;
+  } xfer_memo;
   struct events_sub *sub;    /* subscribed to the event stream (events.c), or NULL */
   struct owned { uint32_t cache_id; uint64_t seq_id; } *owned; /* dropped at close */
   uint32_t nowned, owned_cap;
