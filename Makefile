@@ -117,7 +117,7 @@ BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(B)/bench/%)
 TEST_MAIN_OBJ := $(B)/tests/test_main.o
 # Fuzz targets: each is a replay test in every build (tests/fuzz/replay.c,
 # any compiler) and a libFuzzer binary in the FUZZ=1 build.
-FUZZ_TARGETS := frame msg handler
+FUZZ_TARGETS := frame msg fast handler
 FUZZ_DAEMON_OBJ := $(filter-out $(B)/daemon/main.o $(B)/daemon/net/conn.o $(B)/daemon/net/listen.o \
   $(B)/daemon/drain.o $(B)/daemon/signals.o,$(DAEMON_OBJ))
 FUZZ_COMMON_OBJ := $(B)/tests/fuzz/fake_conn.o $(FUZZ_DAEMON_OBJ) $(CODEC_OBJ) $(PROTO_OBJ) \
@@ -235,8 +235,9 @@ $(B)/tests/unit_%: $(B)/tests/unit/%.o $(TEST_MAIN_OBJ) $(B)/libkvcengine.a
 $(B)/tests/unit_codec: $(CODEC_OBJ) $(PROTO_OBJ)
 $(B)/tests/unit_codec: UNIT_LIBS := $(PB_LIBS)
 $(B)/tests/unit/codec.o: | $(B)/gen/kvcache.pb-c.h
-# The byte ring both sides link (proto/ringbuf.c), with the frame header.
-$(B)/tests/unit_ringbuf: $(B)/proto/ringbuf.o $(B)/proto/frame.o
+# The byte ring both sides link (proto/ringbuf.c), with the frame header, and
+# the fast slots' structs (proto/ringfast.c).
+$(B)/tests/unit_ringbuf: $(B)/proto/ringbuf.o $(B)/proto/frame.o $(B)/proto/ringfast.o
 # The cluster tier's pure parts (slots, keys and values) are the daemon's.
 $(B)/tests/unit_rvalue: $(B)/daemon/tiers/cluster/rvalue.o $(B)/daemon/tiers/cluster/rslot.o
 $(B)/tests/unit/%.o: tests/unit/%.c

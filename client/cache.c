@@ -22,6 +22,8 @@ static kvc_cache_t *cache_new(kvc_client_t *c, const char *name, uint32_t id,
   h->page_bytes = page_bytes;
   h->layout = *layout;
   if (h->layout.page_tokens == 0) h->layout.page_tokens = KVC_DEFAULT_PAGE_TOKENS;
+  kvc_layout_t n = layout_normalize(&h->layout); /* as the engine keeps it */
+  h->geom_ok = layout_geom(&n, &h->geom) == 0;
   strncpy(h->name, name, KVC_MAX_NAME);
   h->next = c->caches;
   if (c->caches) c->caches->prev = h;

@@ -194,6 +194,43 @@ static int reply_status(kvc_client_t *c, const Kvcache__V1__Response *r) {
   return code;
 }
 
+/* ---- the fast slots (proto/ringfast.h) --------------------------------------- */
+
+bool client_fast_ok(const kvc_client_t *c) {
+  return !c->broken && c->fd >= 0 && !c->ev_req_id && c->nrelease <= 1 && ring_fast_usable(c);
+}
+
+/* The daemon closed the rings before the fast reply came: its word is on
+ * the socket (the goodbye: the request did not run), or EOF. */
+static int fast_socket_word(kvc_client_t *c) {
+  int64_t n = recv_frame(c, NULL, 0, NULL, 0);
+  if (n < 0) return (int)n;
+  Kvcache__V1__Response *r =
+      kvcache__v1__response__unpack(NULL, (size_t)n, c->rbuf + FRAME_HEADER_BYTES);
+  bool bye = r && is_goodbye(r);
+  if (r) kvcache__v1__response__free_unpacked(r, NULL);
+  if (bye) return broken(c, KVC_E_SHUTDOWN, "kvcached is shutting down (request not run)", 0);
+  return broken(c, KVC_E_PROTO, r ? "reply id does not match the request" : "reply does not decode",
+                0);
+}
+
+int client_call_fast(kvc_client_t *c, ringfast_req_t *q, ringfast_rep_t *rep) {
+  q->release = c->nrelease ? c->release_q[0] : 0;
+  ring_fast_submit(c, q);
+  c->nrelease = 0; /* sent: the daemon releases it before the request runs */
+  int rc = ring_fast_wait(c, rep);
+  if (rc == RING_WAIT_SOCKET) return fast_socket_word(c);
+  if (rc < 0) return broken(c, rc, c->err, 0); /* the reply stream is out of step */
+  int code = client_code((Kvcache__V1__Status)rep->status);
+  if (code == 0) return 0;
+  snprintf(c->err, sizeof c->err, "%s", rep->err[0] ? rep->err : kvc_strerror(code));
+  if (code == KVC_E_FULL) {
+    c->full_needed = rep->full_needed;
+    c->full_freeable = rep->full_freeable;
+  }
+  return code;
+}
+
 int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp) {
   return client_call_fds(c, req, resp, NULL, 0, NULL);
 }

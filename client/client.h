@@ -14,6 +14,7 @@
 
 #include "kvcache.pb-c.h"
 #include "kvcache/kvcache.h"
+#include "layout.h"
 #include "prefault.h"
 #include "ring.h"
 
@@ -67,6 +68,7 @@ struct kvc_client {
   prefault_t *prefault;      /* populating the pool mapping in the background */
   bool prefault_tried;       /* started it once (or could not) */
   kvc_lease_t *leases;       /* leases held, freed by kvc_client_close */
+  kvc_lease_t *lease_spare;  /* a released small lease's handle, for the next one */
   void *io_wire, *io_ptrs, *io_parts; /* transfer scratch, max_io_entries each,
                                          allocated at the first transfer */
   int64_t *hist_pos;         /* the last history view's positions (kvc_hist_t.positions) */
@@ -86,6 +88,14 @@ struct kvc_cache {
   uint32_t id;
   uint64_t page_bytes;
   kvc_layout_t layout;       /* page_tokens filled in */
+  geom_t geom;               /* its page geometry (src/layout.c), a lease's */
+  bool geom_ok;              /* geom was computed (a layout the daemon took) */
+  struct xfer_memo {         /* the last transfer resolved (xfer.c): a loop of puts
+                                or gets resolves its transfer once */
+    kvc_xfer_t x;            /* as asked (NULL: zeros) */
+    bool is_put, ok;
+    layout_xfer_t r;
+  } memo;
   char name[KVC_MAX_NAME + 1];
   uint8_t salt[KVC_MAX_KEY_BYTES];  /* tenant salt of the prefix cache */
   uint8_t extra[KVC_MAX_KEY_BYTES]; /* extra key of token-aware calls */
@@ -104,6 +114,15 @@ int client_call(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Respons
  * fds (*nfds; returns new descriptors, closed here unless the call is 0). */
 int client_call_fds(kvc_client_t *c, Kvcache__V1__Request *req, Kvcache__V1__Response **resp,
                     int *fds, int maxfds, int *nfds);
+/* Whether a request may go through the fast slots now (ring.h): they are
+ * served, the connection is sound and not subscribed, and at most one
+ * deferred lease release waits (a fast request carries one). */
+bool client_fast_ok(const kvc_client_t *c);
+/* Sends q through the fast slots (with the deferred release, if any) and
+ * waits for its reply: 0 and *rep; a non-OK status returns its code, with
+ * the daemon's message in c->err (and FULL's figures); the codes of a broken
+ * connection as client_call. */
+int client_call_fast(kvc_client_t *c, ringfast_req_t *q, ringfast_rep_t *rep);
 /* Maps the pool's segments again (PoolMap) when gen is not the generation
  * mapped (an older daemon's 0 never is) or `need` bytes from the pool's
  * start are not mapped: segments new at an offset are mapped over what was

@@ -8,6 +8,7 @@
 struct kvc_lease {
   kvc_client_t *client;
   kvc_lease_t *prev, *next; /* the client's list */
+  uint32_t cap;             /* pages the handle has room for */
   uint32_t num_layers;
   kvc_lease_info_t info;
   int32_t *block_table;     /* info.block_table: after pages[] */
@@ -27,6 +28,31 @@ void client_leases_free(kvc_client_t *c) {
     unlink_lease(l);
     free(l);
   }
+  free(c->lease_spare);
+  c->lease_spare = NULL;
+}
+
+/* Handles of small leases (a read loop's: one a read) are kept for the next
+ * one, one spare: a lease costs no allocation in a loop. */
+#define SPARE_PAGES RINGFAST_LEASE_PAGES
+
+static kvc_lease_t *lease_alloc(kvc_client_t *c, size_t npages) {
+  size_t cap = npages <= SPARE_PAGES ? SPARE_PAGES : npages;
+  size_t bytes = sizeof(kvc_lease_t) + cap * (sizeof(((kvc_lease_t *)0)->pages[0]) + 4);
+  kvc_lease_t *l = c->lease_spare;
+  if (l && cap == SPARE_PAGES) {
+    c->lease_spare = NULL;
+    memset(l, 0, bytes);
+  } else if (!(l = calloc(1, bytes))) {
+    return NULL;
+  }
+  l->cap = (uint32_t)cap;
+  return l;
+}
+
+static void lease_free(kvc_client_t *c, kvc_lease_t *l) {
+  if (l->cap == SPARE_PAGES && !c->lease_spare) c->lease_spare = l;
+  else free(l);
 }
 
 /* Builds the handle from the reply, checking every page lies in the pool. */
@@ -48,13 +74,13 @@ int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_
   int rc = client_pool_sync(c, lr->pool_gen, need);
   if (rc) return rc;
   client_pool_read(c);
-  kvc_lease_t *l = calloc(1, sizeof *l + lr->n_page_offsets * (sizeof l->pages[0] + 4));
+  kvc_lease_t *l = lease_alloc(c, lr->n_page_offsets);
   if (!l) return client_fail(c, KVC_E_NOMEM, "out of memory");
-  l->block_table = (int32_t *)(void *)&l->pages[lr->n_page_offsets];
+  l->block_table = (int32_t *)(void *)&l->pages[l->cap];
   for (size_t i = 0; i < lr->n_page_offsets; i++) {
     uint64_t off = lr->page_offsets[i];
     if (!client_pool_holds(c, off, pb)) {
-      free(l);
+      lease_free(c, l);
       return client_fail(c, KVC_E_PROTO, "lease page at %llu lies outside the pool",
                          (unsigned long long)off);
     }
@@ -95,6 +121,35 @@ int client_lease_take(kvc_cache_t *h, const Kvcache__V1__LeaseReply *lr, uint64_
   return 0;
 }
 
+/* A lease through the fast slots: its reply holds the pages; the rest of a
+ * LeaseReply is the cache's page geometry (src/layout.c, as the engine's). */
+static int lease_fast(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t end,
+                      kvc_lease_t **out) {
+  kvc_client_t *c = h->client;
+  ringfast_req_t q = {.kind = RINGFAST_LEASE, .cache_id = h->id, .seq_id = seq_id,
+                      .pos = begin, .ntokens = (uint32_t)(end - begin)};
+  ringfast_rep_t rep;
+  int rc = client_call_fast(c, &q, &rep);
+  if (rc) return rc;
+  const geom_t *g = &h->geom;
+  if (!h->geom_ok || rep.npages == 0)
+    return client_fail(c, KVC_E_PROTO, "lease reply without a lease");
+  Kvcache__V1__LeaseReply lr = KVCACHE__V1__LEASE_REPLY__INIT;
+  lr.lease_id = rep.lease_id;
+  lr.first_pos = rep.first_pos;
+  lr.n_page_offsets = rep.npages;
+  lr.page_offsets = rep.page_off;
+  lr.page_tokens = g->T;
+  lr.layer_bytes = g->layer_bytes;
+  lr.v_offset = g->k_off_v;
+  lr.k_row_bytes = g->k_row;
+  lr.v_row_bytes = g->v_row;
+  lr.k_scale_offset = g->int8 ? g->ks_off : 0;
+  lr.v_scale_offset = g->int8 ? g->vs_off : 0;
+  lr.pool_gen = rep.pool_gen;
+  return client_lease_take(h, &lr, seq_id, begin, end, out);
+}
+
 KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t end,
                       kvc_lease_t **out) {
   if (!h || !out) return KVC_E_INVAL;
@@ -102,6 +157,11 @@ KVC_API int kvc_lease(kvc_cache_t *h, uint64_t seq_id, uint64_t begin, uint64_t 
   kvc_client_t *c = h->client;
   if (!client_may_lease(c))
     return client_need_pool(c, "read with a get (C: kvc_get, Python: cache.get)");
+  if (end > begin && end - begin <= UINT32_MAX && h->geom_ok && client_fast_ok(c)) {
+    uint32_t sh = h->geom.tshift; /* pages the daemon's lease will hold */
+    if (((end - 1) >> sh) - (begin >> sh) + 1 <= RINGFAST_LEASE_PAGES)
+      return lease_fast(h, seq_id, begin, end, out);
+  }
   Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
   Kvcache__V1__Lease b = KVCACHE__V1__LEASE__INIT;
   b.cache_id = h->id;
@@ -198,7 +258,7 @@ KVC_API int kvc_lease_release_later(kvc_lease_t *l) {
   kvc_client_t *c = l->client;
   uint64_t id = l->info.lease_id;
   unlink_lease(l);
-  free(l);
+  lease_free(c, l);
   if (c->nrelease == sizeof c->release_q / sizeof c->release_q[0]) {
     /* The queue is full: send it with an explicit release. */
     Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
@@ -223,6 +283,6 @@ KVC_API int kvc_lease_release(kvc_lease_t *l) {
   req.body_case = KVCACHE__V1__REQUEST__BODY_LEASE_RELEASE;
   req.lease_release = &b;
   unlink_lease(l);
-  free(l);
+  lease_free(c, l);
   return client_call(c, &req, NULL);
 }

@@ -19,6 +19,7 @@
 
 #include "kvcache.pb-c.h"
 #include "ringbuf.h"
+#include "ringfast.h"
 
 typedef struct kvc_client kvc_client_t;
 
@@ -31,6 +32,8 @@ typedef struct client_ring {
   uint8_t *buf;           /* a reply copied out of the CQ (cq size) */
   uint64_t spin_ns;       /* how long the next wait spins: adapts below the
                              client's spin_ns (ring.c, adapt) */
+  bool fast;              /* the daemon serves the fast slots (ring_hdr_t.fast) */
+  uint32_t fast_seq;      /* seq of the last fast request sent (0: none yet) */
 } client_ring_t;
 
 #define RING_WAIT_SOCKET (-1000) /* ring_wait: the reply, or the daemon's word, is on the socket */
@@ -54,5 +57,16 @@ int ring_submit(kvc_client_t *c, const uint8_t *frame, size_t len);
  * the next wait); RING_WAIT_SOCKET if it is on the socket; or a negative
  * KVC_E_* code (KVC_E_TIMEOUT after timeout_ms; KVC_E_PROTO). */
 int64_t ring_wait(kvc_client_t *c, const uint8_t **payload);
+
+/* The fast slots (proto/ringfast.h): whether requests may use them (the
+ * daemon serves them, the client did not opt out: KVC_CLIENT_NO_FAST). */
+bool ring_fast_usable(const kvc_client_t *c);
+/* Writes q into the fast request slot under the next seq and rings if the
+ * daemon sleeps. One fast request is in flight at a time, and none with a
+ * request on the ring or the socket. */
+void ring_fast_submit(kvc_client_t *c, const ringfast_req_t *q);
+/* Waits for its reply as ring_wait does: 0 and *rep; RING_WAIT_SOCKET when
+ * the daemon closed the rings first; or a negative KVC_E_* code. */
+int ring_fast_wait(kvc_client_t *c, ringfast_rep_t *rep);
 
 #endif

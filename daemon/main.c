@@ -217,6 +217,7 @@ int main(int argc, char **argv) {
   /* The calls up from the layers below (server.h): none of them names a
    * file above it. */
   srv.up = (server_up_t){.frame = dispatch_frame,
+                         .fast = dispatch_fast,
                          .closing = events_unsubscribe,
                          .gone = server_conn_gone,
                          .resume = conn_tier_done,

@@ -38,6 +38,9 @@ struct server;
 typedef struct server_up {
   /* A whole frame of c's arrived (dispatch_frame): false when c parked. */
   bool (*frame)(conn_t *c, const uint8_t *payload, size_t len);
+  /* A fast request of c's, its slot's body copied out (dispatch_fast): false
+   * when c parked. */
+  bool (*fast)(conn_t *c, const uint8_t *body, uint32_t seq, uint64_t t0_ns);
   /* c closes with a subscription to the event stream (events_unsubscribe). */
   void (*closing)(conn_t *c);
   /* A connection was freed (server_conn_gone: a drain ends with the last). */
@@ -112,6 +115,8 @@ typedef struct server {
   uint32_t bg_ticks;       /* ticks of bg_timer (every tenth sweeps the gone) */
   uv_timer_t bg_timer;     /* runs the background while it holds any */
   uint64_t small_ns;       /* when the last request that was not a large copy began */
+  uint64_t answered_ns;    /* uv_hrtime when the last request was answered (its
+                              figures' clock read, which the poll loop reuses) */
   arena_t arena;           /* scratch for building the current reply */
   tenants_t tenants;       /* tenant names seen, by id */
   uv_tcp_t http;           /* metrics_listen (http.c), when http_on */

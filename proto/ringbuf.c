@@ -25,6 +25,7 @@ void ringbuf_hdr_init(ring_hdr_t *h, uint32_t sq_bytes, uint32_t cq_bytes) {
   h->version = RING_VERSION;
   h->sq_bytes = sq_bytes;
   h->cq_bytes = cq_bytes;
+  h->fast = RING_FAST_VERSION;
   atomic_store(&h->sq_wakeup, 1);
 }
 

@@ -14,6 +14,17 @@
  *   memfd:  [ shared buffer: shm_bytes ][ header: 4 KiB ][ SQ: sq_bytes ][ CQ: cq_bytes ]
  *                                        ^ ring_off
  *
+ * The header page also holds the fast slots (fast is RING_FAST_VERSION): a
+ * request line the client writes and a reply line the daemon writes, each
+ * one cache line whose first word, written last, says a new one is there.
+ * They carry the hot requests (a put, get or lease of one small run) as
+ * fixed little-endian structs (proto/ringfast.h): a round trip then moves
+ * one line each way, where a ring record moves its counter's line and the
+ * record's.
+ *
+ *   header:  0 setup | 64 client line | 128 daemon line | ... |
+ *            1024 fast request (64) | ... | 2048 fast reply (64 + 320) | ...
+ *
  *   SQ:  ....[len|request][len|req....uest]....      head <= tail, tail - head <= size
  *            ^ sq_head (daemon)              ^ sq_tail (client)
  *
@@ -44,6 +55,25 @@
 #define RING_VERSION 1u
 #define RING_HDR_BYTES 4096u    /* the header's page */
 #define RING_ON_SOCKET 0xffffffffu /* a CQ record: this reply comes on the socket */
+#define RING_FAST_VERSION 1u       /* ring_hdr_t.fast: the fast slots are served */
+#define RING_FAST_BODY 60u         /* bytes of a fast slot's line after its seq */
+#define RING_FAST_MORE 320u        /* bytes of the reply slot past its first line */
+
+/* A fast slot: seq, then the struct (proto/ringfast.h). The writer fills
+ * body (and more), then stores seq (seq_cst); the reader sees a new seq with
+ * acquire and then reads the rest. */
+typedef struct ring_fast_req {
+  _Atomic uint32_t seq;              /* client: this request's number (never 0) */
+  uint8_t body[RING_FAST_BODY];
+} ring_fast_req_t;
+
+typedef struct ring_fast_rep {
+  _Atomic uint32_t seq;              /* daemon: the seq of the request answered */
+  uint8_t body[RING_FAST_BODY];
+  uint8_t more[RING_FAST_MORE];      /* written only when needed: an error's
+                                        message and figures, a lease's pages past
+                                        the third */
+} ring_fast_rep_t;
 
 /* The header page. Client-written and daemon-written fields sit on separate
  * cache lines, so that each side's polling reads a line only the other
@@ -51,6 +81,8 @@
 typedef struct ring_hdr {
   uint32_t magic, version;          /* RING_MAGIC, RING_VERSION (daemon, at setup) */
   uint32_t sq_bytes, cq_bytes;      /* ring sizes, powers of two (daemon, at setup) */
+  uint32_t fast;                    /* RING_FAST_VERSION: the fast slots are served;
+                                       0: not (daemon, at setup) */
   alignas(64) _Atomic uint64_t sq_tail;  /* client: SQ bytes published */
   _Atomic uint64_t cq_head;              /* client: CQ bytes consumed */
   _Atomic uint32_t client_waiting;       /* client: 1 while it sleeps on cq_seq */
@@ -64,9 +96,16 @@ typedef struct ring_hdr {
                                             room: ring the doorbell after reading */
   _Atomic uint32_t closed;               /* daemon: nothing more comes through the
                                             rings; look at the socket */
+  /* Apart from the lines above and from each other (the adjacent-line
+   * prefetcher pairs lines by 128 bytes). */
+  alignas(1024) ring_fast_req_t fast_req; /* client: one fast request */
+  alignas(1024) ring_fast_rep_t fast_rep; /* daemon: its reply */
 } ring_hdr_t;
 
 _Static_assert(sizeof(ring_hdr_t) <= RING_HDR_BYTES, "ring header fits its page");
+_Static_assert(offsetof(ring_hdr_t, fast_req) == 1024 && offsetof(ring_hdr_t, fast_rep) == 2048 &&
+                   sizeof(ring_fast_req_t) == 64,
+               "the fast slots sit where doc/protocol.md says");
 
 /* One side's view of one ring: where its bytes are, and the counter this
  * side owns (kept privately; the shared copy is only published). */
@@ -95,7 +134,7 @@ uint32_t ringbuf_pow2(uint32_t n);
 bool ringbuf_sizes_ok(uint32_t sq_bytes, uint32_t cq_bytes);
 
 /* Writes a fresh header (the daemon, before the client maps it): counters 0,
- * sq_wakeup 1 (nobody polls yet). */
+ * sq_wakeup 1 (nobody polls yet), the fast slots served and empty (seq 0). */
 void ringbuf_hdr_init(ring_hdr_t *h, uint32_t sq_bytes, uint32_t cq_bytes);
 
 /* Consumer: looks at the record at v->pos given the producer's published

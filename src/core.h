@@ -269,6 +269,7 @@ struct engine {
   uint64_t epoch;      /* bumped by every call that marks sequences */
   hmap_t leases;       /* lease id -> lease_t */
   lease_t *lease_list; /* every lease, newest first */
+  lease_t *lease_spare; /* a released small lease's memory, for the next (lease.c) */
   uint64_t next_lease_id;
   quota_t **quotas;    /* per tenant seen, by idx; kept for the engine's life */
   uint32_t nquotas, quotas_cap;

@@ -147,6 +147,15 @@ int engine_cache_tenant(engine_t *eng, uint32_t cache_id, uint32_t *tenant) {
   return 0;
 }
 
+int engine_cache_layout(engine_t *eng, uint32_t cache_id, const kvc_layout_t **layout) {
+  if (!eng || !layout) return KVC_E_INVAL;
+  cache_t *c;
+  int rc = engine_find_cache(eng, cache_id, &c);
+  if (rc) return rc;
+  *layout = &c->layout;
+  return 0;
+}
+
 int engine_cache_open_in(engine_t *eng, uint32_t tenant, const char *name,
                          const kvc_layout_t *layout, uint32_t *cache_id) {
   return engine_cache_open_group(eng, tenant, 0, name, layout, cache_id);

@@ -173,6 +173,10 @@ uint64_t engine_page_pool_offset(const engine_t *eng, uint32_t page);
 uint64_t engine_cache_stride(engine_t *eng, uint32_t cache_id);
 /* The tenant a cache belongs to: 0 or KVC_E_NOCACHE. */
 int engine_cache_tenant(engine_t *eng, uint32_t cache_id, uint32_t *tenant);
+/* A cache's layout (page_tokens filled in), borrowed until the cache is
+ * dropped: 0 or KVC_E_NOCACHE. engine_cache_info without the copy, for the
+ * checks every put, get and lease makes. */
+int engine_cache_layout(engine_t *eng, uint32_t cache_id, const kvc_layout_t **layout);
 /* Drops every sequence of a cache (pins included); the cache stays. */
 int engine_cache_clear(engine_t *eng, uint32_t cache_id);
 /* Drops a cache and all its sequences. Its slot is reused by a later open,

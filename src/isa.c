@@ -1,10 +1,21 @@
 /* isa.c: the CPU's vector extensions, as __builtin_cpu_supports reads them. */
 #include "isa.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+
+/* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
+ * does not know "f16c" and refuses to compile it (make fuzz). */
+static bool have_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 bool isa_have(isa_t isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
-  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  bool avx2 = __builtin_cpu_supports("avx2") && have_f16c();
   switch (isa) {
   case ISA_SCALAR: return true;
   case ISA_AVX2: return avx2;

@@ -27,6 +27,22 @@
 #include "seq.h"
 
 
+/* A lease of at most this many pages keeps its memory, once released, for
+ * the next one (one spare): a read loop's lease, one a read, allocates
+ * nothing. */
+#define SPARE_PAGES 8u
+
+static void lease_mem_free(engine_t *eng, lease_t *l) {
+  if (l && l->q && l->cap == SPARE_PAGES && !eng->lease_spare) eng->lease_spare = l;
+  else mem_free(&eng->mem, l);
+}
+
+/* A lease record for n pages: a connection's (spare) from the spare, if
+ * it is small; its id, owner 0, pages referenced, listed. NULL: out of
+ * memory, nothing changed (the spare stays). */
+static lease_t *lease_new(engine_t *eng, const uint32_t *pages, uint32_t n,
+                          uint64_t layout_bytes, bool spare);
+
 static void lease_unlink(engine_t *eng, lease_t *l) {
   if (l->prev) l->prev->next = l->next;
   else eng->lease_list = l->next;
@@ -44,7 +60,7 @@ static void lease_unlink(engine_t *eng, lease_t *l) {
     page_unref_bytes(eng, l->layout_bytes, l->pages[i], PRIO_DEFAULT);
   eng->st.leases--;
   eng->st.leased_pages -= l->npages;
-  mem_free(&eng->mem, l);
+  lease_mem_free(eng, l);
 }
 
 int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t begin,
@@ -86,7 +102,7 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
   for (uint32_t i = 0; i < n; i++) more += eng->lease_ref[pages[i]] == 0;
   lease_t *l = NULL;
   if ((rc = quota_check_pins(eng, s->cache->q, more, pool_arena(&eng->pool, s->cache->arena)->stride, false)) ||
-      !(l = lease_pages(eng, s->table + (first - s->base), n, g->page_bytes))) {
+      !(l = lease_new(eng, s->table + (first - s->base), n, g->page_bytes, true))) {
     if (fresh) {
       mem_free(&eng->mem, eng->lease_ref);
       eng->lease_ref = NULL;
@@ -113,9 +129,19 @@ int engine_lease(engine_t *eng, uint32_t cache_id, uint64_t seq_id, uint64_t beg
 }
 
 lease_t *lease_pages(engine_t *eng, const uint32_t *pages, uint32_t n, uint64_t layout_bytes) {
-  lease_t *l = mem_alloc(&eng->mem, sizeof *l + (size_t)n * sizeof l->pages[0]);
+  return lease_new(eng, pages, n, layout_bytes, false);
+}
+
+static lease_t *lease_new(engine_t *eng, const uint32_t *pages, uint32_t n,
+                          uint64_t layout_bytes, bool spare) {
+  uint32_t cap = spare && n <= SPARE_PAGES ? SPARE_PAGES : n;
+  lease_t *l = cap == SPARE_PAGES && spare ? eng->lease_spare : NULL;
+  bool from_spare = l != NULL;
+  if (l) eng->lease_spare = NULL;
+  else if ((l = mem_alloc(&eng->mem, sizeof *l + (size_t)cap * sizeof l->pages[0]))) l->cap = cap;
   if (!l || hmap_reserve(&eng->leases, &eng->mem, 1) != 0) {
-    mem_free(&eng->mem, l);
+    if (from_spare) eng->lease_spare = l; /* a failed call keeps what was */
+    else mem_free(&eng->mem, l);
     return NULL;
   }
   l->id = ++eng->next_lease_id;
@@ -166,6 +192,8 @@ void lease_free_all(engine_t *eng) {
     mem_free(&eng->mem, l);
   }
   eng->lease_list = NULL;
+  mem_free(&eng->mem, eng->lease_spare);
+  eng->lease_spare = NULL;
   hmap_deinit(&eng->leases, &eng->mem);
 }
 

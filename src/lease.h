@@ -12,6 +12,7 @@ struct lease {
   quota_t *q;                /* set: a connection's lease, counted in lease_ref and
                                 as leased pages of their tenant; NULL: internal */
   lease_t *prev, *next;      /* eng->lease_list */
+  uint32_t cap;              /* pages it has room for */
   uint32_t npages;
   uint32_t pages[];          /* referenced pool pages, in token order */
 };
@@ -22,7 +23,8 @@ struct lease {
 lease_t *lease_pages(engine_t *eng, const uint32_t *pages, uint32_t n, uint64_t layout_bytes);
 /* Releases a lease (pages no one else holds are freed). */
 void lease_drop(engine_t *eng, lease_t *l);
-/* Frees every lease without touching page counts (the engine is going away). */
+/* Frees every lease without touching page counts (the engine is going away),
+ * and the spare. */
 void lease_free_all(engine_t *eng);
 
 #endif

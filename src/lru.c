@@ -43,6 +43,9 @@ void lru_touch(engine_t *eng, seq_t *s) {
                              ? UINT64_MAX : p->deadline_ms;
     return;
   }
+  /* Already the most recent (a client's one busy sequence): moving it would
+   * write the same pointers, and its neighbour's line. */
+  if (eng->lru[s->node.prio].next == &s->node) return;
   lru_unlink(&s->node);
   lru_link(eng, &s->node, false);
 }

@@ -94,7 +94,11 @@ static int put_target(engine_t *eng, cache_t *c, const layout_xfer_t *r, const e
                        "entry %zu: pos %llu outside [start %llu, written length %llu]", i,
                        (unsigned long long)e->pos, (unsigned long long)s->start,
                        (unsigned long long)have);
-  if ((r->l0 != 0 || r->l1 != c->g.L) && !s->x->layer_len) {
+  /* Per-layer lengths only when a layer range can make them differ: an
+   * overwrite below the length changes none (seq_set_lengths), and
+   * allocating them for it, to free them again at the end, was a third of
+   * a one-token put's bookkeeping. */
+  if ((r->l0 != 0 || r->l1 != c->g.L) && !s->x->layer_len && e->pos + e->ntokens > s->len) {
     if (seq_ext_own(eng, s) ||
         !(s->x->layer_len = mem_calloc(&eng->mem, c->g.L, sizeof *s->x->layer_len)))
       return engine_fail(eng, KVC_E_NOMEM, "out of memory"); /* the rollback releases x */

@@ -365,10 +365,49 @@ static int write_rest(conn_t *c, const uint8_t *frame, size_t len, size_t sent) 
  * What the socket does not take goes through the write queue. */
 #define SMALL_REPLY 1024
 
+int conn_send_fast(conn_t *c, const ringfast_rep_t *p) {
+  if (c->state == CONN_CLOSED) return KVC_E_IO;
+  if (c->via != VIA_FAST || !c->ring) {
+    conn_close(c, "a fast reply to a request that was not one");
+    return KVC_E_INTERNAL;
+  }
+  c->via = VIA_SOCKET;
+  return ring_fast_reply(c->ring, p);
+}
+
+/* The fast reply of resp (a put's, get's or lease's: no other body; a
+ * copy's that ended on a copy thread, conn_copied). */
+static int send_fast(conn_t *c, const Kvcache__V1__Response *resp) {
+  ringfast_rep_t p;
+  memset(&p, 0, offsetof(ringfast_rep_t, err));
+  p.status = (uint32_t)resp->status;
+  if (resp->status != KVCACHE__V1__STATUS__OK) {
+    ringfast_rep_error(&p, resp->error, resp->full_needed, resp->full_freeable);
+  } else if (resp->body_case == KVCACHE__V1__RESPONSE__BODY_LEASE && resp->lease) {
+    const Kvcache__V1__LeaseReply *lr = resp->lease;
+    if (lr->n_page_offsets > RINGFAST_LEASE_PAGES) goto broken; /* h_lease bounds it */
+    p.npages = (uint32_t)lr->n_page_offsets;
+    p.lease_id = lr->lease_id;
+    p.first_pos = lr->first_pos;
+    p.pool_gen = lr->pool_gen;
+    memcpy(p.page_off, lr->page_offsets, p.npages * sizeof p.page_off[0]);
+  } else if (resp->body_case != KVCACHE__V1__RESPONSE__BODY__NOT_SET) {
+    goto broken;
+  }
+  return ring_fast_reply(c->ring, &p);
+broken:
+  conn_close(c, "a reply the fast slot cannot hold");
+  return KVC_E_INTERNAL;
+}
+
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
   if (c->state == CONN_CLOSED) return KVC_E_IO;
-  if (c->via_ring && c->ring) {
-    c->via_ring = false;
+  if (c->via == VIA_FAST && c->ring) {
+    c->via = VIA_SOCKET;
+    return send_fast(c, resp);
+  }
+  if (c->via == VIA_RING && c->ring) {
+    c->via = VIA_SOCKET;
     int rc = ring_reply(c->ring, resp);
     if (rc == 0) return 0;
     if (rc < 0) {
@@ -415,8 +454,12 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
 int conn_send_fds(conn_t *c, const Kvcache__V1__Response *resp, const int *fds, int nfds) {
   /* Descriptors travel on the socket only: a request that came through the
    * ring gets its marker there. */
-  if (c->via_ring && c->ring) {
-    c->via_ring = false;
+  if (c->via == VIA_FAST) { /* never: put, get and lease pass none */
+    conn_close(c, "descriptors for a fast request");
+    return KVC_E_INTERNAL;
+  }
+  if (c->via == VIA_RING && c->ring) {
+    c->via = VIA_SOCKET;
     if (ring_reply(c->ring, NULL) < 0) {
       conn_close(c, "the client broke its completion ring");
       return KVC_E_IO;
@@ -696,7 +739,7 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
       ring_preempt(srv);
       if (c->state >= CONN_FLUSHING || c->offloaded || c->parked) break;
     }
-    c->via_ring = false;
+    c->via = VIA_SOCKET;
     if (!srv->up.frame(c, c->rbuf + off + FRAME_HEADER_BYTES, plen)) break; /* parked */
     srv->stats.frames_in++;
     c->turn_bytes += FRAME_HEADER_BYTES + plen;
@@ -716,16 +759,37 @@ static void run_frames(conn_t *c, unsigned limit, bool budgeted) {
 
 /* run_frames for the submission ring: the same budgets, the same dispatch;
  * a frame leaves the ring once it ran (a parked one stays for its rerun). */
-static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
+static bool run_ring(conn_t *c, unsigned limit, bool budgeted, uint64_t t0) {
   server_t *srv = c->srv;
   ring_t *r = c->ring;
   unsigned n = 0;
-  uint64_t t0 = budgeted ? uv_hrtime() : 0, us = srv->cfg.turn_us;
+  uint64_t us = srv->cfg.turn_us;
   if (budgeted) turn_share(c, &limit, &us);
   c->turn_bytes = 0;
   if (budgeted) ring_turn_begin(r);
+  bool fast_done = false; /* a turn runs one fast request: the client's next
+                             waits for the next turn, as a ring record does */
   while (r && c->state == CONN_READY && !c->offloaded && !c->parked &&
          c->after_offload == AFTER_OFFLOAD_RESUME) {
+    uint8_t body[RING_FAST_BODY];
+    uint32_t seq;
+    if (!fast_done && ring_fast_next(r, body, &seq)) {
+      if (n == limit || (budgeted && n > 0 && turn_spent(c, t0, us))) {
+        srv->stats.deferred_turns++;
+        break;
+      }
+      c->via = VIA_FAST;
+      if (!srv->up.fast(c, body, seq, n == 0 && t0 ? t0 : uv_hrtime()))
+        break; /* parked: it stays in the slot */
+      ring_fast_consume(r, seq);
+      if (c->state == CONN_CLOSED) return true;
+      srv->stats.frames_in++;
+      c->turn_bytes += FRAME_HEADER_BYTES + RING_FAST_BODY;
+      n++;
+      fast_done = budgeted;
+      if (c->wq_bytes > srv->cfg.write_queue_bytes) break;
+      continue;
+    }
     const uint8_t *payload;
     uint32_t len;
     int st = ring_next(r, &payload, &len, budgeted);
@@ -742,7 +806,7 @@ static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
       srv->stats.deferred_turns++;
       break;
     }
-    c->via_ring = true;
+    c->via = VIA_RING;
     if (!c->srv->up.frame(c, payload, len)) break; /* parked: it stays in the ring */
     ring_consume(r, len);
     if (c->state == CONN_CLOSED) return true;
@@ -756,15 +820,15 @@ static bool run_ring(conn_t *c, unsigned limit, bool budgeted) {
   return n > 0;
 }
 
-bool conn_run_ring(conn_t *c) {
-  bool ran = run_ring(c, c->srv->cfg.frames_per_turn, true);
+bool conn_run_ring(conn_t *c, uint64_t now_ns) {
+  bool ran = run_ring(c, c->srv->cfg.frames_per_turn, true, now_ns);
   if (c->state != CONN_CLOSED) schedule(c);
   return ran;
 }
 
 void conn_run_all(conn_t *c) {
   run_frames(c, UINT32_MAX, false);
-  if (c->state != CONN_CLOSED) run_ring(c, UINT32_MAX, false);
+  if (c->state != CONN_CLOSED) run_ring(c, UINT32_MAX, false, 0);
 }
 
 void conn_drain(conn_t *c) {
@@ -797,7 +861,7 @@ void conn_drain(conn_t *c) {
     break; /* EAGAIN: nothing more was sent; an error: the goodbye will fail */
   }
   Kvcache__V1__Response bye = KVCACHE__V1__RESPONSE__INIT;
-  c->via_ring = false; /* the goodbye goes on the socket; the ring says closed */
+  c->via = VIA_SOCKET; /* the goodbye goes on the socket; the ring says closed */
   bye.id = 0;
   bye.status = KVCACHE__V1__STATUS__SHUTDOWN;
   bye.error = (char *)"kvcached is shutting down";

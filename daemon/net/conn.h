@@ -48,6 +48,8 @@
 #include <uv.h>
 
 #include "kvcache.pb-c.h"
+#include "layout.h"
+#include "ringfast.h"
 #include "server.h"
 #include "shm.h"
 #include "tier.h"
@@ -57,6 +59,13 @@ enum conn_state {
   CONN_READY,    /* greeted: requests run */
   CONN_FLUSHING, /* runs nothing more; flushes its replies, then closes */
   CONN_CLOSED,   /* uv_close called; freed when its handles are closed */
+};
+
+/* How a request came, and so where its reply goes. */
+enum conn_via {
+  VIA_SOCKET, /* a frame on the socket: the reply too */
+  VIA_RING,   /* a record in the submission ring: the reply into the CQ */
+  VIA_FAST,   /* the fast request slot (ring.h): the reply into the fast reply slot */
 };
 
 /* What waits for an offloaded get to finish (conn_resume runs it). */
@@ -98,6 +107,14 @@ struct conn {
   uint64_t turn_bytes;       /* bytes its requests moved in this loop turn
                                 (dispatch adds, run_frames resets) */
   uint32_t nleases;          /* zero-copy read leases this connection holds */
+  struct xfer_memo {         /* its last transfer resolved (dispatch.c): a loop of
+                                puts or gets resolves its transfer once */
+    uint32_t cache_id;
+    const kvc_layout_t *layout; /* the cache's, as engine_cache_layout gave it */
+    kvc_xfer_t x;
+    bool is_put, ok;
+    layout_xfer_t g;
+  } xfer_memo;
   struct events_sub *sub;    /* subscribed to the event stream (events.c), or NULL */
   struct owned { uint32_t cache_id; uint64_t seq_id; } *owned; /* dropped at close */
   uint32_t nowned, owned_cap;
@@ -106,8 +123,8 @@ struct conn {
   char flush_reason[64];     /* the reason of AFTER_OFFLOAD_FLUSH */
   shm_region_t shm;          /* the shared buffer (after Hello) */
   struct ring *ring;         /* its shared-memory rings (ring.h), if it asked for them */
-  bool via_ring;             /* the request running (or offloaded, or parked) came
-                                through the ring: its reply goes into the CQ */
+  enum conn_via via;         /* how the request running (or offloaded, or parked)
+                                came: its reply goes back that way */
   bool offloaded;            /* a get or put copies on the thread pool: no
                                 other request runs, the buffer stays mapped */
   bool parked;               /* the one flag of a request that waits: it runs
@@ -153,9 +170,16 @@ const char *conn_tenant(const conn_t *c);
  * starts reading or refuses it (PERM, CONNLIMIT, SHUTDOWN). */
 void conn_accept(server_t *srv);
 
-/* Packs resp into a frame and queues it. Returns 0 or a negative code (the
- * connection is then closed). */
+/* Sends resp back the way its request came (c->via): packs it into a frame
+ * and queues it, or puts it into the CQ, or, for a fast request, writes it
+ * into the fast reply slot. Returns 0 or a negative code (the connection is
+ * then closed). */
 int conn_send(conn_t *c, const Kvcache__V1__Response *resp);
+
+/* Sends the reply of the fast request running (c->via is VIA_FAST) into
+ * the fast reply slot: 0, or a negative code (the connection is then
+ * closed). */
+int conn_send_fast(conn_t *c, const ringfast_rep_t *p);
 
 /* Sends resp with nfds (1 to POOLMAP_FDS_MAX) descriptors passed along
  * (one SCM_RIGHTS message) on the raw socket; only while the write queue is
@@ -210,9 +234,10 @@ size_t conn_idle_sweep(server_t *srv);
  * submission ring, ignoring the per-turn bound (drain). */
 void conn_run_all(conn_t *c);
 
-/* Runs the requests waiting in c's submission ring, one turn's budget;
- * returns whether it ran any (the ring poller's ring_run_fn). */
-bool conn_run_ring(conn_t *c);
+/* Runs the requests waiting in c's submission ring and fast slot, one
+ * turn's budget from now_ns (uv_hrtime, just read); returns whether it ran
+ * any (the ring poller's ring_run_fn). */
+bool conn_run_ring(conn_t *c, uint64_t now_ns);
 
 /* The drain of one connection: answers every complete request the client has
  * sent (what is buffered and what is still in the socket, up to write

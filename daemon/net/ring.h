@@ -29,8 +29,9 @@
  * served without wakeups, one that thinks longer costs no polling at all
  * after a few requests, and an idle daemon polls nothing (the loop's idle
  * handle runs only while some ring is polled). The poll loop returns to the
- * event loop every 30 us, and after any work, so sockets, timers and copy
- * completions are served meanwhile. The histogram ring_poll_seconds sums the
+ * event loop every 30 us (after a request that ran past that, at once), so
+ * sockets, timers and copy completions are served meanwhile; between, a
+ * client's next request is caught as soon as it is written. The histogram ring_poll_seconds sums the
  * time spent polling without finding work.
  */
 #ifndef KVCD_RING_H
@@ -41,13 +42,15 @@
 
 #include "conn.h"
 #include "kvcache.pb-c.h"
+#include "ringfast.h"
 #include "server.h"
 
 typedef struct ring ring_t;
 
 /* Runs the request frames waiting in c's SQ, within one turn's budget
- * (conn.c); returns whether it ran any. The poller calls it. */
-typedef bool (*ring_run_fn)(conn_t *c);
+ * (conn.c) counted from now_ns (uv_hrtime, just read); returns whether it
+ * ran any. The poller calls it. */
+typedef bool (*ring_run_fn)(conn_t *c, uint64_t now_ns);
 
 /* The poller of srv (its idle handle); run is how it runs a connection's
  * frames. Returns 0 or -1 (out of memory). */
@@ -106,5 +109,16 @@ int ring_reply(ring_t *r, const Kvcache__V1__Response *resp);
 /* c may run requests again (it was parked, offloaded or paused): polls its
  * SQ if a request waits there. */
 void ring_kick(ring_t *r);
+
+/* The fast slots (proto/ringfast.h). The request in the slot if one is new:
+ * copies its body out, sets *seq and returns 1, without consuming it; else
+ * 0. */
+int ring_fast_next(ring_t *r, uint8_t body[RING_FAST_BODY], uint32_t *seq);
+/* Consumes the fast request seq (it ran, or was refused). */
+void ring_fast_consume(ring_t *r, uint32_t seq);
+/* Writes the reply to the fast request ring_fast_next gave, wakes the
+ * client if it sleeps, and starts polling for the connection's budget as
+ * ring_reply does: 0. */
+int ring_fast_reply(ring_t *r, const ringfast_rep_t *p);
 
 #endif

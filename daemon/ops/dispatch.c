@@ -18,6 +18,7 @@
 #include "offload.h"
 #include "ring.h"
 #include "ringbuf.h"
+#include "ringfast.h"
 #include "optable.h"
 #include "poolown.h"
 #include "poolresize.h"
@@ -54,13 +55,20 @@ typedef struct reply {
   int fd;            /* sent with the reply (SCM_RIGHTS) when >= 0 */
   int fd2;           /* a second one in the same message, when >= 0 */
   int fd3;           /* a third, when >= 0 */
-  int fdv[POOLMAP_FDS_MAX]; /* else these nfdv (the pool's segments) */
-  int nfdv;
+  int nfdv;          /* else the nfdv of fdv (the pool's segments) */
   bool no_park;      /* a BUSY is the answer, not a reason to park and run again */
   bool close_after;  /* close the connection once the reply is flushed */
   bool large;        /* a get or put of at least offload_bytes (copy_where) */
+  bool fast;         /* a fast request (ringfast.h): an entry's K and V lengths
+                        are the transfer's own, a lease at most
+                        RINGFAST_LEASE_PAGES pages */
   uint64_t t0_ns;    /* when decoding began */
-  char err[256];     /* the one-line reason of a failure */
+  uint32_t cache_id; /* a fast request's cache (the tenant gate's, no reflection) */
+  ringfast_rep_t *rep; /* a fast request's reply: a lease's pages go here, not
+                          into a LeaseReply */
+  /* Last, and not zeroed for each request (reply_init): */
+  char err[256];     /* the one-line reason of a failure ("" until one is said) */
+  int fdv[POOLMAP_FDS_MAX];
 } reply_t;
 
 typedef int (*handler_fn)(conn_t *c, const Kvcache__V1__Request *req, reply_t *r);
@@ -136,13 +144,15 @@ static bool request_cache_id(const Kvcache__V1__Request *req, uint32_t *cache_id
 }
 
 /* Every request that names a cache passes here before its handler: a cache
- * of another tenant answers exactly as one that does not exist. */
-static int tenant_gate(conn_t *c, const Kvcache__V1__Request *req, enum op op, reply_t *r) {
-  uint32_t cache_id, owner;
-  if (!request_cache_id(req, &cache_id)) return 0;
+ * of another tenant answers exactly as one that does not exist. A fast
+ * request names its cache in a field of its own (ringfast.h). */
+static int gate_cache(conn_t *c, uint32_t cache_id, enum op op, reply_t *r) {
+  uint32_t owner;
   kvc_cache_info_t ci;
-  if (engine_cache_tenant(c->srv->eng, cache_id, &owner) != 0 ||
-      engine_cache_info(c->srv->eng, cache_id, &ci) != 0)
+  if (engine_cache_tenant(c->srv->eng, cache_id, &owner) != 0)
+    return reject(r, KVC_E_NOCACHE, "no cache with id %u", cache_id);
+  if (c->admin || owner == c->tenant) return 0; /* cache_right: RIGHT_WRITE */
+  if (engine_cache_info(c->srv->eng, cache_id, &ci) != 0)
     return reject(r, KVC_E_NOCACHE, "no cache with id %u", cache_id);
   enum tenant_right right = cache_right(c, owner, ci.name);
   if (right == RIGHT_NONE) return reject(r, KVC_E_NOCACHE, "no cache with id %u", cache_id);
@@ -153,6 +163,12 @@ static int tenant_gate(conn_t *c, const Kvcache__V1__Request *req, enum op op, r
     return reject(r, KVC_E_PERM, "tenant %s may only read shared cache '%s'",
                   conn_tenant_name(c), ci.name);
   return 0;
+}
+
+static int tenant_gate(conn_t *c, const Kvcache__V1__Request *req, enum op op, reply_t *r) {
+  uint32_t cache_id;
+  if (!request_cache_id(req, &cache_id)) return 0;
+  return gate_cache(c, cache_id, op, r);
 }
 
 #define ENGINE_CALL(r, expr)                                                   \
@@ -449,16 +465,26 @@ static int check_entry_tokens(conn_t *c, reply_t *r, size_t i, const Kvcache__V1
  * cache is the engine's NOCACHE; where is prefixed to the reason. */
 static int resolve_xfer(conn_t *c, reply_t *r, const char *where, uint32_t cache_id,
                         const kvc_xfer_t *x, bool is_put, layout_xfer_t *g) {
-  kvc_cache_info_t ci;
+  const kvc_layout_t *l;
   char why[sizeof r->err];
-  int rc = engine_cache_info(c->srv->eng, cache_id, &ci);
+  int rc = engine_cache_layout(c->srv->eng, cache_id, &l);
+  struct xfer_memo *m = &c->xfer_memo;
+  /* A cache's id is never reused and its layout never changes: the same
+   * transfer of the same cache resolves as it did. */
+  if (!rc && m->ok && m->cache_id == cache_id && m->layout == l && m->is_put == is_put &&
+      memcmp(&m->x, x, sizeof *x) == 0) {
+    *g = m->g;
+    return 0;
+  }
   if (rc) {
     reply_engine_error(r, rc);
     snprintf(why, sizeof why, "%s", r->err);
   } else {
-    rc = layout_xfer(&ci.layout, x, is_put, g, why, sizeof why);
+    rc = layout_xfer(l, x, is_put, g, why, sizeof why);
   }
   if (rc) return reject(r, rc, "%s%s", where, why);
+  *m = (struct xfer_memo){.cache_id = cache_id, .layout = l, .x = *x, .is_put = is_put,
+                          .ok = true, .g = *g};
   return 0;
 }
 
@@ -494,8 +520,8 @@ static int check_io(conn_t *c, const Kvcache__V1__Io *io, bool is_put, reply_t *
     e[i].ntokens = w->ntokens;
     e[i].k_bytes = kb;
     e[i].v_bytes = vb;
-    if ((rc = check_region(c, r, i, "k", w->k_off, w->k_len, kb, &e[i].k)) ||
-        (rc = check_region(c, r, i, "v", w->v_off, w->v_len, vb, &e[i].v)) ||
+    if ((rc = check_region(c, r, i, "k", w->k_off, r->fast ? kb : w->k_len, kb, &e[i].k)) ||
+        (rc = check_region(c, r, i, "v", w->v_off, r->fast ? vb : w->v_len, vb, &e[i].v)) ||
         (rc = check_region(c, r, i, "ks", w->ks_off, w->ks_len, sb, &e[i].k_scale)) ||
         (rc = check_region(c, r, i, "vs", w->vs_off, w->vs_len, sb, &e[i].v_scale)) ||
         (rc = check_entry_tokens(c, r, i, w, is_put, &e[i].tokens)) ||
@@ -1007,11 +1033,44 @@ static int lease_take(conn_t *c, reply_t *r, uint32_t cache_id, uint64_t seq_id,
   return 0;
 }
 
+/* A fast lease's reply holds RINGFAST_LEASE_PAGES pages: a range that
+ * spans more is refused before anything changes. */
+static int fast_lease_fits(conn_t *c, reply_t *r, const Kvcache__V1__Lease *b) {
+  const kvc_layout_t *l;
+  if (!r->fast || b->end <= b->begin || engine_cache_layout(c->srv->eng, b->cache_id, &l) != 0)
+    return 0; /* the engine's own error */
+  /* page_tokens is a power of two (layout_geom): shifts, not two divisions. */
+  unsigned sh = (unsigned)__builtin_ctz(l->page_tokens);
+  uint64_t pages = ((b->end - 1) >> sh) - (b->begin >> sh) + 1;
+  if (pages > RINGFAST_LEASE_PAGES)
+    return reject(r, KVC_E_TOOMANY, "a fast lease spans at most %u pages; [%llu, %llu) spans "
+                  "%llu: send a Lease", RINGFAST_LEASE_PAGES, (unsigned long long)b->begin,
+                  (unsigned long long)b->end, (unsigned long long)pages);
+  return 0;
+}
+
+/* A fast lease: its pages go straight into the fast reply. */
+static int lease_take_fast(conn_t *c, reply_t *r, const Kvcache__V1__Lease *b) {
+  engine_lease_t l;
+  ENGINE_CALL(r, engine_lease(c->srv->eng, b->cache_id, b->seq_id, b->begin, b->end, c->id, &l));
+  c->nleases++;
+  ringfast_rep_t *p = r->rep;
+  p->npages = l.npages; /* <= RINGFAST_LEASE_PAGES: fast_lease_fits */
+  p->lease_id = l.id;
+  p->first_pos = l.first_pos;
+  p->pool_gen = c->srv->pool.gen;
+  for (uint32_t i = 0; i < l.npages; i++)
+    p->page_off[i] = engine_page_pool_offset(c->srv->eng, l.pages[i]);
+  return 0;
+}
+
 static int h_lease(conn_t *c, const Kvcache__V1__Request *req, reply_t *r) {
   const Kvcache__V1__Lease *b = req->lease;
   NEED_BODY(r, b, "lease");
   int rc0 = lease_allowed(c, r, 1);
+  if (!rc0) rc0 = fast_lease_fits(c, r, b);
   if (rc0) return rc0;
+  if (r->rep) return lease_take_fast(c, r, b);
   Kvcache__V1__LeaseReply *lr;
   int rc = lease_take(c, r, b->cache_id, b->seq_id, b->begin, b->end, &lr);
   if (rc) return rc;
@@ -1524,7 +1583,8 @@ static int run(conn_t *c, const Kvcache__V1__Request *req, reply_t *r, int *op) 
   if (bc >= NHANDLERS || !handlers[bc].fn)
     return reject(r, KVC_E_PROTO, "unknown or empty request (body %u)", bc);
   *op = (int)handlers[bc].op;
-  int rc = tenant_gate(c, req, handlers[bc].op, r);
+  int rc = r->fast ? gate_cache(c, r->cache_id, handlers[bc].op, r)
+                   : tenant_gate(c, req, handlers[bc].op, r);
   return rc ? rc : handlers[bc].fn(c, req, r);
 }
 
@@ -1534,26 +1594,36 @@ static void release_deferred(conn_t *c, const Kvcache__V1__Request *req) {
     if (engine_lease_release(c->srv->eng, c->id, req->release_leases[i]) == 0) c->nleases--;
 }
 
-bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
+/* Runs a decoded request (a frame's, or a fast request's) and replies. */
+/* The fields of a reply before its handler runs: the message and the
+ * descriptor list (a third of a kilobyte) are not zeroed, only emptied. */
+static void reply_init(reply_t *r, server_t *srv, Kvcache__V1__Response *resp, uint64_t t0) {
+  memset(r, 0, offsetof(reply_t, err));
+  r->srv = srv;
+  r->resp = resp;
+  r->a = &srv->arena;
+  r->fd = r->fd2 = r->fd3 = -1;
+  r->t0_ns = t0;
+  r->err[0] = '\0';
+}
+
+static bool dispatch_request(conn_t *c, const Kvcache__V1__Request *req, uint64_t t0,
+                             const ringfast_req_t *fast) {
   server_t *srv = c->srv;
-  uint64_t t0 = uv_hrtime();
-  quotas_touch(c);
-  budget_t budget = {srv->cfg.max_decode_bytes};
-  ProtobufCAllocator alloc = {budget_alloc, budget_free, &budget};
-  Kvcache__V1__Request *req = kvcache__v1__request__unpack(&alloc, len, payload);
-  if (!req) {
-    req_done();
-    LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",
-                "conn=%llu pid=%d frame_bytes=%zu reason=\"does not decode within "
-                "max_decode_bytes\"", (unsigned long long)c->id, (int)c->pid, len);
-    srv->stats.connections_dropped++;
-    conn_close(c, "frame does not decode");
-    return true;
-  }
   engine_set_now(srv->eng, uv_now(srv->loop));
   Kvcache__V1__Response resp = KVCACHE__V1__RESPONSE__INIT;
-  reply_t r = {.srv = srv, .resp = &resp, .a = &srv->arena, .fd = -1, .fd2 = -1, .fd3 = -1,
-               .t0_ns = t0};
+  reply_t r;
+  ringfast_rep_t rep;
+  reply_init(&r, srv, &resp, t0);
+  if (fast) {
+    r.fast = true;
+    r.cache_id = fast->cache_id;
+    r.rep = &rep;
+    /* Field by field: a memset of this size is a rep stos, slow to start. */
+    rep.status = rep.npages = rep.err_len = 0;
+    rep.lease_id = rep.first_pos = rep.pool_gen = rep.full_needed = rep.full_freeable = 0;
+    rep.err[0] = '\0';
+  }
   int op;
   TESTHOOK(before, srv->eng);
   if (c->greeted) release_deferred(c, req);
@@ -1581,7 +1651,6 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     conn_park(c);
     return false;
   }
-  tiers_end(srv, &c->tw); /* answered: the next request walks the tiers anew */
   resp.id = req->id;
   resp.status = dispatch_status(rc);
   resp.error = rc ? r.err : (char *)"";
@@ -1590,7 +1659,6 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     LOG_DEBUG("request_error", "conn=%llu op=%u status=%s error=\"%s\"",
               (unsigned long long)c->id, (unsigned)req->body_case, kvc_err_name(rc), r.err);
   }
-  req_done();
   int sent;
   if (r.fd >= 0) {
     int fds[3], nfds = 0;
@@ -1601,12 +1669,102 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
     shm_close_fd(&c->shm);
   } else if (r.nfdv && !rc) {
     sent = conn_send_fds(c, &resp, r.fdv, r.nfdv);
+  } else if (fast) { /* the same Response, as the fast reply holds it */
+    rep.status = (uint32_t)resp.status;
+    if (rc) ringfast_rep_error(&rep, r.err, resp.full_needed, resp.full_freeable);
+    sent = conn_send_fast(c, &rep);
   } else {
     sent = conn_send(c, &resp);
   }
+  /* After the reply, what nothing in it needs: the decoded request, the
+   * reply's arena, the tiers' walk (the next request walks them anew). */
+  req_done();
+  tiers_end(srv, &c->tw);
   arena_reset(&srv->arena);
-  if (op >= 0) metrics_record(&srv->stats, (enum op)op, uv_hrtime() - t0, rc);
+  srv->answered_ns = uv_hrtime();
+  if (op >= 0) metrics_record(&srv->stats, (enum op)op, srv->answered_ns - t0, rc);
   if (sent != 0) conn_close(c, "cannot send a reply");
   else if (r.close_after) conn_close_after_flush(c, r.err);
   return true;
+}
+
+bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
+  server_t *srv = c->srv;
+  uint64_t t0 = uv_hrtime();
+  quotas_touch(c);
+  budget_t budget = {srv->cfg.max_decode_bytes};
+  ProtobufCAllocator alloc = {budget_alloc, budget_free, &budget};
+  Kvcache__V1__Request *req = kvcache__v1__request__unpack(&alloc, len, payload);
+  if (!req) {
+    req_done();
+    LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",
+                "conn=%llu pid=%d frame_bytes=%zu reason=\"does not decode within "
+                "max_decode_bytes\"", (unsigned long long)c->id, (int)c->pid, len);
+    srv->stats.connections_dropped++;
+    conn_close(c, "frame does not decode");
+    return true;
+  }
+  return dispatch_request(c, req, t0, NULL);
+}
+
+/* ---- the fast slots (proto/ringfast.h) ---------------------------------------- */
+
+bool dispatch_fast(conn_t *c, const uint8_t *body, uint32_t seq, uint64_t t0) {
+  server_t *srv = c->srv;
+  quotas_touch(c);
+  ringfast_req_t q;
+  const char *why;
+  if (ringfast_req_decode(body, &q, &why) != 0) {
+    LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",
+                "conn=%llu pid=%d reason=\"%s\"", (unsigned long long)c->id, (int)c->pid, why);
+    srv->stats.connections_dropped++;
+    conn_close(c, why);
+    return true;
+  }
+  /* The Request it stands for, on the stack: a frame with the same fields
+   * decodes to the same structure (lengths aside: r.fast). Only the kind's
+   * own parts are initialized. */
+  Kvcache__V1__Request req = KVCACHE__V1__REQUEST__INIT;
+  uint64_t release = q.release;
+  req.id = seq;
+  if (release) {
+    req.n_release_leases = 1;
+    req.release_leases = &release;
+  }
+  if (q.kind == RINGFAST_LEASE) {
+    Kvcache__V1__Lease l = KVCACHE__V1__LEASE__INIT;
+    l.cache_id = q.cache_id;
+    l.seq_id = q.seq_id;
+    l.begin = q.pos;
+    l.end = q.pos + q.ntokens; /* cannot wrap to a valid range: the engine refuses */
+    if (l.end < l.begin) l.end = UINT64_MAX;
+    req.body_case = KVCACHE__V1__REQUEST__BODY_LEASE;
+    req.lease = &l;
+    return dispatch_request(c, &req, t0, &q);
+  }
+  Kvcache__V1__Io io = KVCACHE__V1__IO__INIT;
+  Kvcache__V1__Xfer x = KVCACHE__V1__XFER__INIT;
+  Kvcache__V1__IoEntry e = KVCACHE__V1__IO_ENTRY__INIT, *ep = &e;
+  x.layer_begin = q.layer_begin;
+  x.layer_end = q.layer_end;
+  x.head_begin = q.head_begin;
+  x.head_end = q.head_end;
+  x.dtype = (Kvcache__V1__DType)q.dtype;
+  e.seq_id = q.seq_id;
+  e.pos = q.pos;
+  e.ntokens = q.ntokens;
+  e.k_off = q.k_off;
+  e.v_off = q.v_off;
+  io.cache_id = q.cache_id;
+  io.xfer = &x;
+  io.n_entries = 1;
+  io.entries = &ep;
+  if (q.kind == RINGFAST_PUT) {
+    req.body_case = KVCACHE__V1__REQUEST__BODY_PUT;
+    req.put = &io;
+  } else {
+    req.body_case = KVCACHE__V1__REQUEST__BODY_GET;
+    req.get = &io;
+  }
+  return dispatch_request(c, &req, t0, &q);
 }

@@ -17,8 +17,17 @@
 
 #include "conn.h"
 
-/* Decodes and runs the request in payload (borrowed) and queues its reply. */
+/* Decodes and runs the request in payload (borrowed) and queues its reply.
+ * Returns false when c parked (the frame runs again, whole, later). */
 bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len);
+
+/* Runs the fast request whose slot body (RING_FAST_BODY bytes, a copy) is
+ * body, numbered seq, as the Request it stands for: the same handlers,
+ * validation and figures (lengths of K and V are the transfer's own). A
+ * malformed one (ringfast_req_decode) closes the connection. t0_ns: when it
+ * was seen (uv_hrtime), the start of its request_duration_seconds. Returns
+ * false when c parked. */
+bool dispatch_fast(conn_t *c, const uint8_t *body, uint32_t seq, uint64_t t0_ns);
 
 /* The wire status of a KVC_E_* code (0 is OK; unknown codes are INTERNAL):
  * wirestatus.c. */

@@ -106,6 +106,9 @@ typedef struct kvc_client_opts {
                                      reads) to fault page by page on first read,
                                      instead of populating it in the background
                                      from the first lease on */
+#define KVC_CLIENT_NO_FAST 0x8u   /* no fast slots: puts, gets and leases of one
+                                     small run go through the ring as Requests
+                                     too (doc/protocol.md, "The fast slots") */
 #define KVC_SPIN_US_DEFAULT 50u   /* the poll for a reply through the rings, spin_us 0 */
 /* A client given the pool's read-only mapping populates at most this much
  * of it in the background from its first lease on, on an idle-priority

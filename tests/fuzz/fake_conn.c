@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "fuzz_daemon.h"
+#include "fuzz_seed.h"
 #include "kvcache/errors.h"
 #include "log.h"
 
@@ -101,8 +102,40 @@ conn_t *fz_conn_open(server_t *srv) {
   c->rbuf = malloc(c->rcap);
   if (!c->rbuf) FZ_FAIL("malloc");
   c->counted = true;
+  c->pool_mapped = true; /* as conn.c gives an admin (conn_is_admin below): leases */
   srv->stats.connections_current++;
   return c;
+}
+
+void fz_seed_state(conn_t *c) {
+  static uint8_t buf[FZ_MAX_FRAME];
+  fz_conn_frame(c, buf, seed_hello(buf, 1));
+  fz_conn_frame(c, buf, seed_cache_open(buf, 2, "f", KVCACHE__V1__DTYPE__F32));
+  memset(c->shm.base, 0x3c, SEED_V_OFF + 8 * 8 * SEED_TOKEN_BYTES); /* the seeds' regions */
+  for (uint32_t i = 0; i < 64; i++) {
+    uint32_t id = i + 1;
+    memcpy(c->shm.base + SEED_TOK_OFF + 4 * i, &id, 4);
+  }
+  fz_conn_frame(c, buf, seed_io(buf, 3, 1, 0, 1, 0, 8, 1, SEED_TOKEN_BYTES, NULL));
+  fz_conn_frame(c, buf, seed_io(buf, 4, 1, 0, 2, 0, 3, 1, SEED_TOKEN_BYTES, NULL));
+  fz_conn_frame(c, buf, seed_seqop(buf, 5, SEED_PIN, 0, 2, 0, 0));
+  fz_conn_frame(c, buf, seed_put_tokens(buf, 6, 0, 3, 0, 8, 1, "", ""));
+  fz_seen_t *s = fz_seen(c);
+  engine_stats_t st;
+  engine_stats(c->srv->eng, &st);
+  if (s->replies != 6 || s->last_status != 0 || st.sequences != 3)
+    FZ_FAIL("the fixed state did not build (%u replies, last status %d)", (unsigned)s->replies,
+            (int)s->last_status);
+}
+
+void fz_conn_fast(conn_t *c, const uint8_t *p, size_t n) {
+  /* A client has rings, so a fast slot, only once its Hello is answered. */
+  if (!c->greeted || c->state >= CONN_FLUSHING) return;
+  uint8_t body[RING_FAST_BODY] = {0};
+  memcpy(body, p, n < sizeof body ? n : sizeof body);
+  c->via = VIA_FAST; /* as conn.c's run_ring */
+  dispatch_fast(c, body, ++fz_seen(c)->fast_seq, 0);
+  fz_audit(c->srv, "a fast request");
 }
 
 fz_seen_t *fz_seen(conn_t *c) { return &((fz_conn_t *)c)->seen; }
@@ -177,10 +210,50 @@ int conn_send(conn_t *c, const Kvcache__V1__Response *resp) {
             (unsigned long long)resp->id, kvc_err_name(-(int)resp->status),
             resp->error ? resp->error : "");
   fz_seen_t *s = fz_seen(c);
+  c->via = VIA_SOCKET;
   s->replies++;
   s->last_id = resp->id;
   s->last_status = (int)resp->status;
+  snprintf(s->last_error, sizeof s->last_error, "%s", resp->error ? resp->error : "");
+  s->last_lease_id = 0;
+  s->last_npages = 0;
+  if (resp->body_case == KVCACHE__V1__RESPONSE__BODY_LEASE && resp->lease) {
+    s->last_lease_id = resp->lease->lease_id;
+    for (size_t i = 0; i < resp->lease->n_page_offsets && i < 8; i++)
+      s->last_pages[i] = resp->lease->page_offsets[i];
+    s->last_npages = (uint32_t)resp->lease->n_page_offsets;
+  }
   c->srv->stats.socket_bytes_out += n + FRAME_HEADER_BYTES;
+  return 0;
+}
+
+/* A fast request's reply: written into a slot as the daemon writes it and
+ * read back as the client reads it; the same checks as a Response's. */
+int conn_send_fast(conn_t *c, const ringfast_rep_t *p) {
+  if (c->state == CONN_CLOSED) return KVC_E_IO;
+  static ring_fast_rep_t slot;
+  ringfast_rep_t back;
+  ringfast_rep_encode(p, slot.body, slot.more);
+  if (ringfast_rep_decode(slot.body, slot.more, &back) != 0) FZ_FAIL("a fast reply does not decode");
+  if (back.status != p->status || back.npages != p->npages || back.lease_id != p->lease_id ||
+      memcmp(back.page_off, p->page_off, back.npages * sizeof back.page_off[0]) != 0)
+    FZ_FAIL("fast reply round trip");
+  if (!protobuf_c_enum_descriptor_get_value(&kvcache__v1__status__descriptor, (int)p->status))
+    FZ_FAIL("status %u is not in the protocol", p->status);
+  if (p->status != KVCACHE__V1__STATUS__OK && (back.err_len == 0 || strcmp(back.err, p->err) != 0))
+    FZ_FAIL("fast status %u without its message", p->status);
+  if (p->status == KVCACHE__V1__STATUS__INTERNAL) FZ_FAIL("INTERNAL: %s", p->err);
+  if (p->status == KVCACHE__V1__STATUS__OK && p->npages == 0 && p->lease_id)
+    FZ_FAIL("a lease without pages");
+  c->via = VIA_SOCKET;
+  fz_seen_t *s = fz_seen(c);
+  s->replies++;
+  s->fast_replies++;
+  s->last_status = (int)p->status;
+  snprintf(s->last_error, sizeof s->last_error, "%s", back.err);
+  s->last_lease_id = back.lease_id;
+  s->last_npages = back.npages;
+  memcpy(s->last_pages, back.page_off, sizeof s->last_pages);
   return 0;
 }
 

@@ -19,6 +19,7 @@
 #include "conn.h"
 #include "dispatch.h"
 #include "frame.h"
+#include "ringfast.h"
 #include "server.h"
 
 #define FZ_MAX_FRAME 8192u /* max_frame_bytes of a fuzz server */
@@ -29,6 +30,12 @@ typedef struct fz_seen {
   uint64_t last_id;          /* id of the last one */
   int last_status;           /* its status */
   uint64_t fds;              /* fds attached (Hello replies) */
+  uint64_t fast_replies;     /* of the replies, those to fast requests */
+  uint32_t fast_seq;         /* the last fast request's seq (fz_conn_fast) */
+  char last_error[256];      /* the last reply's message */
+  uint64_t last_lease_id;    /* the last reply's lease, if it was one */
+  uint32_t last_npages;
+  uint64_t last_pages[8];    /* its pages' offsets (the first 8) */
 } fz_seen_t;
 
 /* Creates the server: config defaults made small, an engine over a heap
@@ -46,6 +53,15 @@ void fz_conn_free(conn_t *c);
 void fz_conn_feed(conn_t *c, const uint8_t *p, size_t n);
 /* Queues a framed copy of payload and runs it. */
 void fz_conn_frame(conn_t *c, const uint8_t *payload, size_t n);
+
+/* Runs a fast request (ringfast.h) whose slot body is p (zero-padded or cut
+ * to RING_FAST_BODY bytes) on c, as conn.c's run_ring would, if c said
+ * Hello (a client has the slots only then); then the engine audit. */
+void fz_conn_fast(conn_t *c, const uint8_t *p, size_t n);
+/* The fixed state of fuzz_msg and fuzz_fast, through c: Hello, cache 0 ("f",
+ * fuzz_seed.h), sequence 1 of 8 tokens, 2 of 3 (pinned), 3 of 8 with token
+ * ids 1..8; the buffer's seed regions filled. Aborts if it does not build. */
+void fz_seed_state(conn_t *c);
 
 fz_seen_t *fz_seen(conn_t *c);
 /* The pool bytes of the current fuzz server. */

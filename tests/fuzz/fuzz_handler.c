@@ -3,7 +3,9 @@
  * The input is a list of records, each [ctl][len lo][len hi][len bytes]:
  *   conn = ctl & 3 (four simulated connections)
  *   op = ctl >> 2 & 7:
- *     0..2  a frame: the bytes get a correct header and are fed in
+ *     0..1  a frame: the bytes get a correct header and are fed in
+ *     2     a fast request (proto/ringfast.h): the bytes are the slot's body
+ *           (zero-padded or cut to its 60 bytes), run as conn.c runs one
  *     3     raw bytes fed to the stream (partial frames, bad headers)
  *     4     the connection disconnects; a fresh one takes its place
  *     5     the next frame's k-th engine allocation fails (k = first byte)
@@ -63,6 +65,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       break;
     case 6:
       fz_conn_frame(*c, buf, seed_hello(buf, len));
+      break;
+    case 2:
+      if (fail_next >= 0) engine_fail_alloc_after(srv.eng, fail_next);
+      fz_conn_fast(*c, p, len);
+      engine_fail_alloc_after(srv.eng, -1);
+      fail_next = -1;
       break;
     case 7:
       if ((*c)->shm.base && len >= 3) {

@@ -26,12 +26,6 @@
     }                                                                          \
   } while (0)
 
-static uint64_t engine_stats_sequences(conn_t *c) {
-  engine_stats_t s;
-  engine_stats(c->srv->eng, &s);
-  return s.sequences;
-}
-
 /* The gauges a failed request must leave alone. */
 static void snapshot(server_t *srv, engine_stats_t *s) {
   engine_stats(srv->eng, s);
@@ -97,35 +91,13 @@ static void repack_stable(const uint8_t *data, size_t size) {
   free(b2);
 }
 
-/* Hello, cache 0, seq 1 (8 tokens), seq 2 (3 tokens, pinned), seq 3 (8
- * tokens with ids). */
-static void seed_prepare(conn_t *c) {
-  static uint8_t buf[FZ_MAX_FRAME];
-  fz_conn_frame(c, buf, seed_hello(buf, 1));
-  fz_conn_frame(c, buf, seed_cache_open(buf, 2, "f", KVCACHE__V1__DTYPE__F32));
-  memset(c->shm.base, 0x3c, SEED_V_OFF + 8 * 8 * SEED_TOKEN_BYTES); /* the seeds' regions */
-  for (uint32_t i = 0; i < 64; i++) {
-    uint32_t id = i + 1;
-    memcpy(c->shm.base + SEED_TOK_OFF + 4 * i, &id, 4);
-  }
-  fz_conn_frame(c, buf, seed_io(buf, 3, 1, 0, 1, 0, 8, 1, SEED_TOKEN_BYTES, NULL));
-  fz_conn_frame(c, buf, seed_io(buf, 4, 1, 0, 2, 0, 3, 1, SEED_TOKEN_BYTES, NULL));
-  fz_conn_frame(c, buf, seed_seqop(buf, 5, SEED_PIN, 0, 2, 0, 0));
-  fz_conn_frame(c, buf, seed_put_tokens(buf, 6, 0, 3, 0, 8, 1, "", ""));
-  fz_seen_t *s = fz_seen(c);
-  if (s->replies != 6 || s->last_status != 0 || engine_stats_sequences(c) != 3) {
-    fprintf(stderr, "fuzz_msg: the fixed state did not build (%u replies, last status %d)\n", (unsigned)s->replies, (int)s->last_status);
-    abort();
-  }
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size > FZ_MAX_FRAME) return 0;
   static server_t srv;
   fz_server_init(&srv, 16, 4096);
   conn_t *c = fz_conn_open(&srv);
-  seed_prepare(c); /* hello, cache 0, seqs 1 and 2 */
+  fz_seed_state(c); /* hello, cache 0, seqs 1, 2 and 3 */
   fz_seen_t before = *fz_seen(c);
   engine_stats_t s0, s1;
   snapshot(&srv, &s0);

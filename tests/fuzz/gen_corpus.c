@@ -1,10 +1,12 @@
 /* gen_corpus.c: writes the fuzzers' seed corpus from valid requests.
  *
- *   gen_corpus DIR    writes the files of DIR/frame, DIR/msg and DIR/handler
+ *   gen_corpus DIR    writes the files of DIR/frame, DIR/msg, DIR/fast and DIR/handler
  *
  * msg seeds are single payloads for fuzz_msg's fixed state (cache 0, seqs 1
- * and 2, seq 3 written with token ids); handler seeds are scenarios of several connections in
- * fuzz_handler's record format; frame seeds are framed streams.
+ * and 2, seq 3 written with token ids); fast seeds are fast request slot
+ * bodies (proto/ringfast.h) for the same state; handler seeds are scenarios
+ * of several connections in fuzz_handler's record format; frame seeds are
+ * framed streams.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -46,6 +48,12 @@ static void rec(unsigned conn, unsigned op, const uint8_t *p, size_t n) {
   scen_len += n;
 }
 static void frame(unsigned conn, size_t n) { rec(conn, 0, buf, n); }
+/* A fast request's slot body (op 2). */
+static void fast(unsigned conn, const ringfast_req_t *q) {
+  uint8_t body[RING_FAST_BODY];
+  ringfast_req_encode(q, body);
+  rec(conn, 2, body, sizeof body);
+}
 static void hello(unsigned conn) { rec(conn, 6, NULL, 0); }
 static void disconnect(unsigned conn) { rec(conn, 4, NULL, 0); }
 static void fail_alloc(unsigned k) {
@@ -300,6 +308,36 @@ static void handler_seeds(void) {
   uint8_t bad[4] = {0xff, 0xff, 0xff, 0xff};
   rec(0, 3, bad, 4);
   scenario("split_bytes_bad_header");
+
+  /* Fast requests (proto/ringfast.h) beside frames, on two connections: a
+   * lease held across a disconnect, a lease released by the next request,
+   * a busy pool, allocation failures, a malformed slot. */
+  hello(0);
+  hello(1);
+  frame(0, seed_cache_open(buf, 1, "f", F32));
+  frame(1, seed_cache_open(buf, 1, "f", F32));
+  fast(0, &(ringfast_req_t){.kind = RINGFAST_PUT, .seq_id = 1, .ntokens = 8, .v_off = SEED_V_OFF});
+  fast(0, &(ringfast_req_t){.kind = RINGFAST_GET, .seq_id = 1, .pos = 2, .ntokens = 4,
+                            .v_off = SEED_V_OFF});
+  fast(1, &(ringfast_req_t){.kind = RINGFAST_LEASE, .seq_id = 1, .ntokens = 8});
+  fast(0, &(ringfast_req_t){.kind = RINGFAST_PUT, .seq_id = 1, .pos = 4, .ntokens = 2,
+                            .v_off = SEED_V_OFF}); /* copy on write: leased */
+  fast(0, &(ringfast_req_t){.kind = RINGFAST_LEASE, .seq_id = 1, .pos = 1, .ntokens = 2});
+  fast(0, &(ringfast_req_t){.kind = RINGFAST_LEASE, .seq_id = 1, .pos = 3, .ntokens = 1,
+                            .release = 2});
+  disconnect(1);
+  for (unsigned k = 0; k < 6; k++) {
+    fail_alloc(k);
+    fast(0, &(ringfast_req_t){.kind = RINGFAST_PUT, .seq_id = 30 + k, .ntokens = 6,
+                              .v_off = SEED_V_OFF});
+    fail_alloc(k);
+    fast(0, &(ringfast_req_t){.kind = RINGFAST_LEASE, .seq_id = 30 + k, .ntokens = 5});
+  }
+  fast(0, &(ringfast_req_t){.kind = RINGFAST_PUT, .seq_id = 50, .layer_begin = 1, .layer_end = 2,
+                            .ntokens = 3, .v_off = SEED_V_OFF});
+  fast(0, &(ringfast_req_t){.kind = 7, .seq_id = 1, .ntokens = 1}); /* closes 0 */
+  fast(1, &(ringfast_req_t){.kind = RINGFAST_GET, .seq_id = 1, .ntokens = 1}); /* no Hello yet */
+  scenario("fast_slots");
 }
 
 /* ---- msg seeds: one payload each, for fuzz_msg's fixed state ------------------ */
@@ -350,6 +388,56 @@ static void msg_seeds(void) {
 #undef M
 }
 
+/* ---- fast seeds: one slot body each, for fuzz_fast's fixed state -------------- */
+
+static void fast_seed(const char *name, ringfast_req_t q, uint16_t flags) {
+  uint8_t body[RING_FAST_BODY];
+  ringfast_req_encode(&q, body);
+  body[2] = (uint8_t)flags; /* the flags field, at offset 6 of the slot */
+  body[3] = (uint8_t)(flags >> 8);
+  write_file("fast", name, body, sizeof body);
+}
+
+static void fast_seeds(void) {
+  const uint8_t PUT = RINGFAST_PUT, GET = RINGFAST_GET, LEASE = RINGFAST_LEASE;
+#define F(nm, ...) fast_seed(nm, (ringfast_req_t){__VA_ARGS__}, 0)
+  F("put_append", .kind = PUT, .seq_id = 1, .pos = 8, .ntokens = 2, .v_off = SEED_V_OFF);
+  F("put_overwrite", .kind = PUT, .seq_id = 1, .pos = 2, .ntokens = 3, .v_off = SEED_V_OFF);
+  F("put_layer", .kind = PUT, .seq_id = 1, .pos = 8, .ntokens = 1, .layer_begin = 1,
+    .layer_end = 2, .v_off = SEED_V_OFF);
+  F("put_new_seq", .kind = PUT, .seq_id = 9, .ntokens = 4, .v_off = SEED_V_OFF);
+  F("put_pinned_seq", .kind = PUT, .seq_id = 2, .pos = 3, .ntokens = 2, .v_off = SEED_V_OFF);
+  F("put_f16", .kind = PUT, .seq_id = 1, .pos = 8, .ntokens = 1, .dtype = KVC_DTYPE_F16,
+    .v_off = SEED_V_OFF);
+  F("put_heads", .kind = PUT, .seq_id = 1, .pos = 8, .ntokens = 1, .head_begin = 1,
+    .head_end = 2, .v_off = SEED_V_OFF);
+  F("get", .kind = GET, .seq_id = 1, .ntokens = 8, .v_off = SEED_V_OFF);
+  F("get_layer_head", .kind = GET, .seq_id = 3, .pos = 1, .ntokens = 4, .layer_end = 1,
+    .head_begin = 1, .head_end = 2, .v_off = SEED_V_OFF);
+  F("get_bf16", .kind = GET, .seq_id = 1, .ntokens = 2, .dtype = KVC_DTYPE_BF16,
+    .v_off = SEED_V_OFF);
+  F("get_past_length", .kind = GET, .seq_id = 1, .pos = 6, .ntokens = 4, .v_off = SEED_V_OFF);
+  F("get_no_seq", .kind = GET, .seq_id = 77, .ntokens = 1, .v_off = SEED_V_OFF);
+  F("get_bad_layer", .kind = GET, .seq_id = 1, .ntokens = 1, .layer_end = 5);
+  F("get_offset_out", .kind = GET, .seq_id = 1, .ntokens = 1, .k_off = UINT64_MAX - 8);
+  F("put_near_max", .kind = PUT, .seq_id = 1, .pos = UINT64_MAX - 1, .ntokens = 2);
+  F("put_other_cache", .kind = PUT, .cache_id = 5000, .seq_id = 1, .ntokens = 1);
+  F("lease", .kind = LEASE, .seq_id = 1, .ntokens = 8);
+  F("lease_one", .kind = LEASE, .seq_id = 3, .pos = 5, .ntokens = 1);
+  F("lease_release", .kind = LEASE, .seq_id = 1, .pos = 1, .ntokens = 2, .release = 1);
+  F("lease_past_length", .kind = LEASE, .seq_id = 1, .pos = 5, .ntokens = 10);
+  F("lease_many_pages", .kind = LEASE, .seq_id = 1, .ntokens = 40);
+  F("lease_empty", .kind = LEASE, .seq_id = 1, .pos = 3);
+  F("lease_wraps", .kind = LEASE, .seq_id = 1, .pos = UINT64_MAX - 1, .ntokens = 4);
+  F("lease_no_seq", .kind = LEASE, .seq_id = 42, .ntokens = 1);
+  /* malformed: the connection closes */
+  F("bad_kind", .kind = 9, .seq_id = 1, .ntokens = 1);
+  F("lease_with_offset", .kind = LEASE, .seq_id = 1, .ntokens = 1, .k_off = 64);
+  F("zeros", .kind = 0);
+  fast_seed("flags_set", (ringfast_req_t){.kind = PUT, .seq_id = 1, .ntokens = 1}, 1);
+#undef F
+}
+
 /* ---- frame seeds: [max_payload u32][stream] ---------------------------------- */
 
 static void frame_seeds(void) {
@@ -385,6 +473,7 @@ int main(int argc, char **argv) {
   }
   handler_seeds();
   msg_seeds();
+  fast_seeds();
   frame_seeds();
   return 0;
 }
