@@ -952,6 +952,9 @@ TEST_TIMEOUT(events_disk_tier_moves_and_warm_restart, 120) {
     ASSERT(found);
   }
   ASSERT_U64_EQ(stat_get(c, "tier_disk_pages", NULL), 3);
+  /* The stream tells of the pages as their turn hands them to the I/O
+   * threads; a page is read back once its write is done. */
+  it_wait_stat(c, "tier_disk_writes_total", 3, true);
 
   /* 3. Attached back from disk: stored on CPU again, as one chain. */
   uint32_t ids[3 * T];
