@@ -168,6 +168,13 @@ static void stamp(ring_t *r, uint64_t now) {
   r->idle_ns = now;
 }
 
+/* Changes of the prefix index wait in the engine's event log. */
+static bool events_waiting(const server_t *srv) {
+  size_t cursor = 0;
+  engine_event_t ev;
+  return engine_events_on(srv->eng) && engine_events_next(srv->eng, &cursor, &ev);
+}
+
 static void on_idle(uv_idle_t *h) {
   ring_poller_t *p = h->data;
   daemon_stats_t *st = &p->srv->stats;
@@ -208,6 +215,10 @@ static void on_idle(uv_idle_t *h) {
       for (ring_t *r = p->active; r; r = r->next) stamp(r, now);
     }
     if (!p->active) break; /* back to the loop: sockets, timers, completions */
+    /* A request that changed the prefix index with the event stream on
+     * ends the pass: the loop's check publishes its changes as their own
+     * batch (doc/events.md), not merged with the next requests'. */
+    if (ran && events_waiting(p->srv)) break;
     /* Copies that could keep every CPU the daemon may use busy: a CPU this
      * loop spins on is one the copy threads (at nice 10) do not get. Sleep;
      * the doorbells and the threads' eventfd wake the loop. Not on one CPU:
