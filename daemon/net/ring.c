@@ -207,6 +207,10 @@ static void on_idle(uv_idle_t *h) {
       for (ring_t *r = p->active; r; r = r->next) stamp(r, now);
     }
     if (!p->active) break; /* back to the loop: sockets, timers, completions */
+    /* While the event stream runs, a loop turn is a batch of it (events.c):
+     * the loop gets its turn after each request, so each of a synchronous
+     * client's requests is a batch of its own. */
+    if (ran && engine_events_on(p->srv->eng)) break;
     /* Copies that could keep every CPU the daemon may use busy: a CPU this
      * loop spins on is one the copy threads (at nice 10) do not get. Sleep;
      * the doorbells and the threads' eventfd wake the loop. Not on one CPU:
@@ -219,10 +223,10 @@ static void on_idle(uv_idle_t *h) {
       }
       break;
     }
-    /* After work the pass goes on: a client's next request, written as soon
-     * as it read the reply, is caught without a turn of the event loop in
-     * between (its epoll_wait is about a fifth of a 4 KiB put). The slice
-     * still bounds how long sockets and timers wait. */
+    /* Otherwise, after work the pass goes on: a client's next request,
+     * written as soon as it read the reply, is caught without a turn of the
+     * event loop in between (its epoll_wait is about a fifth of a 4 KiB
+     * put). The slice still bounds how long sockets and timers wait. */
     /* The clock every few looks (a look is a few loads and a pause). */
     if (!ran && ++looks % 4 == 0) {
       now = uv_hrtime();
