@@ -231,10 +231,10 @@ static void on_idle(uv_idle_t *h) {
       }
       break;
     }
-    /* After work the pass goes on: a client's next request, written as soon
-     * as it read the reply, is caught without a turn of the event loop in
-     * between (its epoll_wait is about a fifth of a 4 KiB put). The slice
-     * still bounds how long sockets and timers wait. */
+    /* Otherwise, after work the pass goes on: a client's next request,
+     * written as soon as it read the reply, is caught without a turn of the
+     * event loop in between (its epoll_wait is about a fifth of a 4 KiB
+     * put). The slice still bounds how long sockets and timers wait. */
     /* The clock every few looks (a look is a few loads and a pause). */
     if (!ran && ++looks % 4 == 0) {
       now = uv_hrtime();

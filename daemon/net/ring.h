@@ -31,7 +31,9 @@
  * handle runs only while some ring is polled). The poll loop returns to the
  * event loop every 30 us (after a request that ran past that, at once), so
  * sockets, timers and copy completions are served meanwhile; between, a
- * client's next request is caught as soon as it is written. The histogram ring_poll_seconds sums the
+ * client's next request is caught as soon as it is written (while the event
+ * stream runs, after a request that changed the index the loop gets its turn:
+ * a turn is a batch). The histogram ring_poll_seconds sums the
  * time spent polling without finding work.
  */
 #ifndef KVCD_RING_H
