@@ -55,11 +55,14 @@ IT_UNUSED static void it_sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
-/* A test gate (daemon/testhook.h): makes dir (a mkdtemp template,
- * "/tmp/kvcgate-XXXXXX") with its FIFOs reached and go, and env, the
- * daemon's environment line var=dir. */
-IT_UNUSED static void it_gate_open(char *dir, const char *var, char *env, size_t envlen) {
+/* A test gate (daemon/testhook.h): makes a fresh directory under /tmp
+ * (its path into dir) with its FIFOs reached and go, and env, the daemon's
+ * environment line var=dir. */
+#define IT_GATE_DIR 32
+IT_UNUSED static void it_gate_open(char dir[IT_GATE_DIR], const char *var, char *env,
+                                   size_t envlen) {
   char fifo[300];
+  snprintf(dir, IT_GATE_DIR, "/tmp/kvcgate-%s", "XXXXXX"); /* mkdtemp's pattern */
   if (mkdtemp(dir) == NULL) TEST_FAIL_("mkdtemp %s: %s", dir, strerror(errno));
   snprintf(fifo, sizeof fifo, "%s/reached", dir);
   if (mkfifo(fifo, 0600) != 0) TEST_FAIL_("mkfifo %s: %s", fifo, strerror(errno));

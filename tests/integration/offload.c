@@ -333,7 +333,7 @@ static void parked_call_start(parked_call_t *p, const daemon_t *d, int op, size_
  * eviction under a flood of other sequences passes the busy one over; the
  * audit runs after every request throughout. */
 TEST(offload_put_in_flight_parks_others_and_escapes_eviction) {
-  char gdir[] = "/tmp/kvcgate-XXXXXX", genv[300];
+  char gdir[IT_GATE_DIR], genv[300];
   it_gate_open(gdir, "KVCACHED_TEST_OFFLOAD_GATE", genv, sizeof genv);
   const char *env[] = {genv, NULL};
   daemon_t d;
@@ -441,7 +441,7 @@ static void *busy_call_run(void *arg) {
  * reads of metadata and pins answer at once; eviction under a flood passes
  * the busy sequences over. */
 TEST(offload_busy_sequence_honoured_by_eviction_and_every_operation) {
-  char gdir[] = "/tmp/kvcgate-XXXXXX", genv[300];
+  char gdir[IT_GATE_DIR], genv[300];
   it_gate_open(gdir, "KVCACHED_TEST_OFFLOAD_GATE", genv, sizeof genv);
   const char *env[] = {genv, NULL};
   daemon_t d;

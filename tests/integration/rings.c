@@ -229,7 +229,7 @@ TEST(rings_sleeping_daemon_woken_by_the_doorbell) {
  * FUTEX_WAKE: the request is held on a copy thread (the offload gate) until
  * the client says it sleeps. */
 TEST(rings_sleeping_client_woken_by_the_futex) {
-  char gdir[] = "/tmp/kvcgate-XXXXXX", path[300], genv[300];
+  char gdir[IT_GATE_DIR], path[300], genv[300];
   it_gate_open(gdir, "KVCACHED_TEST_OFFLOAD_GATE", genv, sizeof genv);
   const char *env[] = {genv, NULL};
   static const char *const args[] = {"--offload-bytes", "16KiB", "--offload-quiet-us", "0", NULL};

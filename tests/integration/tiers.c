@@ -226,7 +226,7 @@ TEST(tier_lookup_past_its_deadline_lets_the_request_run) {
  * orphaned, give their pool pages back as they end; the next attach reads
  * the prompt whole. The audit runs after every request. */
 TEST(tier_disk_reads_past_the_deadline_give_their_pages_back) {
-  char dir[64], gdir[] = "/tmp/kvcgate-XXXXXX", genv[300];
+  char dir[64], gdir[IT_GATE_DIR], genv[300];
   tier_mkdir(dir, sizeof dir);
   it_gate_open(gdir, "KVCACHED_TEST_DISK_GATE", genv, sizeof genv);
   const char *args[] = {POOL, "--disk-dir", dir, "--tier-lookup-timeout-ms", "50", NULL};
