@@ -634,7 +634,7 @@ static const struct {
     {"Rings and copies", {"ring_connections", "ring_requests_total", "ring_preempts_total",
                           "ring_doorbells_total", "ring_client_wakeups_total",
                           "offloaded_gets_total", "offloaded_puts_total",
-                          "offloaded_shares_total", "split_copies_total"},
+                          "offloaded_shares_total", "helped_shares_total", "split_copies_total"},
      {"ring_", "offloaded_"}},
     {"Disk tier (disk_dir)", {NULL}, {"tier_disk_"}},
     {"Event stream (events_endpoint)", {NULL}, {"events_"}},

@@ -12,11 +12,12 @@
  * only to link or unlink one job, and come back through a lock-free stack
  * and an eventfd the loop polls.
  *
- * A large copy is split in shares, one a thread (its layers split: no two
- * shares write the same bytes): the job stays at the head of the queue
- * until every share is taken, and the thread that finishes the last one
- * sends it back. So one client's 4 MiB put moves at the speed of every CPU
- * the daemon may use, not one. */
+ * A large copy is split in shares (its layers split: no two shares write
+ * the same bytes), more than there are copiers: the job stays at the head of
+ * the queue until every share is taken, whoever is free takes the next, and
+ * whoever finishes the last one sends it back. So one client's 4 MiB put
+ * moves at the speed of every CPU the daemon may use, not one; while only
+ * large copies come, the loop takes shares too (on_help). */
 #include "offload.h"
 
 #include <sched.h>
@@ -32,6 +33,7 @@
 #include "work.h"
 
 #define SHARE_BYTES (256u << 10)
+#define MAX_SHARES 16
 
 typedef struct job {
   work_job_t wj;         /* first: class WORK_COPY, its parts the shares */
@@ -47,9 +49,10 @@ struct offload {
   server_t *srv;
   uint64_t shares;       /* shares queued or copying or done, not yet ended (loop only) */
   daemon_stats_t *stats; /* the loop's figures (offloaded_shares) */
+  uv_idle_t help;        /* active while the loop takes queued shares itself */
 };
 
-/* Set on the loop while it copies shares itself (offload_run_here). */
+/* Set on the loop while it copies shares itself (offload_run_here, on_help). */
 static _Thread_local bool on_loop;
 
 /* A share of the copy, on a copy thread (or the loop: offload_run_here). */
@@ -87,6 +90,29 @@ static void copied(work_job_t *w) {
 
 uint64_t offload_shares(const server_t *srv) { return srv->offload ? srv->offload->shares : 0; }
 
+bool offload_quiet(const server_t *srv, uint64_t now_ns) {
+  uint64_t quiet_ns = (uint64_t)srv->cfg.offload_quiet_us * 1000u;
+  return quiet_ns && now_ns - srv->small_ns > quiet_ns;
+}
+
+/* While only large copies come (no small request within offload_quiet_us
+ * to keep waiting), the loop is a copy thread too: each turn of the loop
+ * it takes one share of the queued copies, between the turns' looks at
+ * the sockets, the rings and the timers. So the CPU the loop runs on
+ * copies rather than waits, and a copy the loop ends replies at once. */
+static void on_help(uv_idle_t *h) {
+  offload_t *o = h->data;
+  server_t *srv = o->srv;
+  on_loop = true;
+  bool took = offload_quiet(srv, uv_hrtime()) && work_help(srv->work, WORK_COPY);
+  on_loop = false;
+  if (!took) {
+    uv_idle_stop(h);
+    return;
+  }
+  o->stats->helped_shares++;
+}
+
 bool offload_reap(server_t *srv) { return work_reap(srv->work); }
 
 
@@ -99,6 +125,8 @@ int offload_start(server_t *srv, unsigned nthreads, char *err, size_t errlen) {
   }
   o->srv = srv;
   o->stats = &srv->stats;
+  uv_idle_init(srv->loop, &o->help);
+  o->help.data = o;
   srv->offload = o;
   char why[256];
   if (work_threads(srv->work, WORK_COPY, nthreads, why, sizeof why) != 0) {
@@ -108,21 +136,29 @@ int offload_start(server_t *srv, unsigned nthreads, char *err, size_t errlen) {
   return 0;
 }
 
+static void on_help_closed(uv_handle_t *h) { free(h->data); }
+
 void offload_stop(server_t *srv) {
   offload_t *o = srv->offload;
   if (!o) return;
   work_stop(srv->work, WORK_COPY, true, NULL); /* every copy ended: the loop ran out of work */
   srv->offload = NULL;
-  free(o);
+  uv_close((uv_handle_t *)&o->help, on_help_closed); /* frees o once closed */
 }
 
 unsigned offload_threads(const server_t *srv) { return work_nthreads(srv->work, WORK_COPY); }
 
-/* Shares of a copy of bytes: one a copy thread, each at least SHARE_BYTES
- * (a smaller one costs more in hand-offs than it saves). */
-static unsigned shares(const server_t *srv, uint64_t bytes) {
-  uint64_t n = bytes / SHARE_BYTES, t = offload_threads(srv);
-  if (n > t) n = t;
+/* Shares of a copy of bytes: each at least SHARE_BYTES (a smaller one
+ * costs more in hand-offs than it saves), at most MAX_SHARES and the layers it moves. More shares
+ * than copiers: whoever is free takes the next one, so a copier that
+ * started late (a thread waking, the loop finishing a request) or runs
+ * slower (a CPU it shares) takes fewer, and none waits long for another's
+ * last one. */
+static unsigned shares(const engine_get_job_t *get, const engine_put_job_t *put, uint64_t bytes) {
+  uint64_t n = bytes / SHARE_BYTES, layers = get ? engine_get_job_layers(get)
+                                                 : engine_put_job_layers(put);
+  if (n > MAX_SHARES) n = MAX_SHARES;
+  if (n > layers) n = layers; /* a share is a range of layers */
   return n ? (unsigned)n : 1u;
 }
 
@@ -139,11 +175,13 @@ static bool queue(conn_t *c, const job_t *proto, uint64_t bytes) {
   }
   *j = *proto;
   j->srv = srv;
-  j->wj = (work_job_t){.run = copy_part, .done = copied, .nparts = shares(srv, bytes),
-                       .cls = WORK_COPY};
+  j->wj = (work_job_t){.run = copy_part, .done = copied, .cls = WORK_COPY,
+                       .nparts = shares(proto->get, proto->put, bytes)};
   o->stats->offloaded_shares += j->wj.nparts;
   o->shares += j->wj.nparts;
   work_submit(srv->work, &j->wj);
+  if (offload_quiet(srv, uv_hrtime()) && !uv_is_active((uv_handle_t *)&o->help))
+    uv_idle_start(&o->help, on_help);
   return true; /* the caller marks c offloaded (conn_offload_begin) */
 }
 
@@ -157,8 +195,9 @@ static bool queue(conn_t *c, const job_t *proto, uint64_t bytes) {
 bool offload_run_here(server_t *srv, engine_get_job_t *get, engine_put_job_t *put,
                       uint64_t bytes) {
   offload_t *o = srv->offload;
-  if (!o || offload_threads(srv) < 2 || shares(srv, bytes) < 2) return false;
-  job_t j = {.wj = {.run = copy_part, .nparts = shares(srv, bytes), .cls = WORK_COPY},
+  unsigned n = o ? shares(get, put, bytes) : 1;
+  if (n < 2 || offload_threads(srv) < 2) return false;
+  job_t j = {.wj = {.run = copy_part, .nparts = n, .cls = WORK_COPY},
              .srv = srv, .get = get, .put = put};
   o->stats->split_copies++;
   on_loop = true;

@@ -56,6 +56,10 @@ bool offload_run_here(server_t *srv, engine_get_job_t *get, engine_put_job_t *pu
  * for the loop's next look at the threads' eventfd. */
 bool offload_reap(server_t *srv);
 
+/* Whether no request but large copies began within offload_quiet_us of
+ * now_ns (uv_hrtime): nobody waits behind the loop, so it may copy too. */
+bool offload_quiet(const server_t *srv, uint64_t now_ns);
+
 /* Shares of copies handed to the threads and not yet ended. */
 uint64_t offload_shares(const server_t *srv);
 

@@ -212,6 +212,28 @@ void work_run_here(work_t *w, work_job_t *j) {
   }
 }
 
+bool work_help(work_t *w, enum work_class c) {
+  wclass_t *k = &w->cls[c];
+  pthread_mutex_lock(&w->mu);
+  work_job_t *j = k->head;
+  if (!j || j->here || k->stop) { /* a job of work_run_here's is the loop's own already */
+    pthread_mutex_unlock(&w->mu);
+    return false;
+  }
+  unsigned n = j->nparts ? j->nparts : 1, part = j->taken++;
+  if (j->taken == n) {
+    k->head = j->next;
+    if (!k->head) k->tail = NULL;
+  }
+  pthread_mutex_unlock(&w->mu);
+  j->run(j, part, n);
+  if (atomic_fetch_sub(&j->left, 1) == 1) { /* its last part to end ended here: done now */
+    if (--w->inflight == 0) uv_poll_stop(&w->poll);
+    j->done(j);
+  }
+  return true;
+}
+
 void work_stop(work_t *w, enum work_class c, bool drain, void (*cancel)(work_job_t *j)) {
   if (!w) return;
   wclass_t *k = &w->cls[c];

@@ -14,8 +14,9 @@
  * (below the loop: where they share a CPU, the loop's small requests come
  * first):
  *
- *   WORK_COPY  a large get's or put's copy (offload.c), split in parts, one
- *              a thread; the loop may take parts itself (work_run_here)
+ *   WORK_COPY  a large get's or put's copy (offload.c), split in parts that
+ *              whoever is free takes; the loop may take parts itself
+ *              (work_run_here, work_help)
  *   WORK_DISK  the disk tier's reads, writes and start-up scan (disk.c)
  *   WORK_NET   the cluster tier's SETs, blocking, on connections its one
  *              thread keeps (rsend.c)
@@ -61,6 +62,10 @@ void work_submit(work_t *w, work_job_t *j);
  * loop runs every part no thread has taken by the time it is free, then
  * waits for the parts being run; done is not called. */
 void work_run_here(work_t *w, work_job_t *j);
+/* The loop takes the next part of class c's head job as a thread would and
+ * runs it; if that part was the job's last to end, done runs now. Whether
+ * there was a part to take (a job of work_run_here's is never taken). */
+bool work_help(work_t *w, enum work_class c);
 /* Ends the jobs the threads finished, now (the eventfd's poll does it
  * otherwise): whether there were any. */
 bool work_reap(work_t *w);

@@ -231,6 +231,8 @@ void engine_put_run(const engine_put_job_t *job);
  * nparts ranges; no two shares write the same bytes): nparts copy threads
  * may run them at once, and the job is copied once all have run. */
 void engine_put_run_part(const engine_put_job_t *job, unsigned part, unsigned nparts);
+/* Layers the job moves: more shares than this would leave some empty. */
+unsigned engine_put_job_layers(const engine_put_job_t *job);
 void engine_put_end(engine_t *eng, engine_put_job_t *job);
 
 /* Reads n entries; each range must lie in [start, written length of every
@@ -519,6 +521,7 @@ int engine_get_begin(engine_t *eng, uint32_t cache_id, const engine_xfer_t *x,
 void engine_get_run(const engine_get_job_t *job);
 /* The part-th of nparts shares of engine_get_run, as for puts. */
 void engine_get_run_part(const engine_get_job_t *job, unsigned part, unsigned nparts);
+unsigned engine_get_job_layers(const engine_get_job_t *job);
 void engine_get_end(engine_t *eng, engine_get_job_t *job);
 
 /* Page bytes for zero-copy readers: the pool offset of a sequence's page

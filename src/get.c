@@ -229,6 +229,8 @@ void engine_get_run_part(const engine_get_job_t *j, unsigned part, unsigned npar
 
 void engine_get_run(const engine_get_job_t *j) { engine_get_run_part(j, 0, 1); }
 
+unsigned engine_get_job_layers(const engine_get_job_t *j) { return j->n ? j->plans[0].nl : 1; }
+
 void engine_get_end(engine_t *eng, engine_get_job_t *j) {
   if (!j) return;
   lease_drop(eng, j->lease);

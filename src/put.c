@@ -241,6 +241,8 @@ void engine_put_run_part(const engine_put_job_t *j, unsigned part, unsigned npar
 
 void engine_put_run(const engine_put_job_t *j) { engine_put_run_part(j, 0, 1); }
 
+unsigned engine_put_job_layers(const engine_put_job_t *j) { return j->r.l1 - j->r.l0; }
+
 /* The metadata of a written entry: token ids and chain, lengths, holes,
  * the attention's trim, LRU, counters. */
 static void put_commit(engine_t *eng, const engine_put_job_t *j, seq_t *s, const engine_io_t *e) {

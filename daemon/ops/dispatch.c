@@ -552,12 +552,12 @@ static copy_where_t copy_where(conn_t *c, const engine_io_t *e, size_t n, reply_
   server_t *srv = c->srv;
   if (!srv->cfg.offload_bytes || io_bytes(e, n) < srv->cfg.offload_bytes) return COPY_LOOP;
   r->large = true;
-  /* Nobody to stall (a client alone, or no request but large copies within
-   * offload_quiet_us: small requests' clients keep coming sooner): the loop
-   * copies a share itself and saves the hand-offs of both ways. */
-  uint64_t quiet_ns = (uint64_t)srv->cfg.offload_quiet_us * 1000u;
-  if (srv->stats.connections_current < 2 || (quiet_ns && r->t0_ns - srv->small_ns > quiet_ns))
-    return COPY_HERE;
+  /* A client alone: the loop copies shares of it beside the threads and
+   * saves the hand-offs of both ways. Else the copy is queued and the loop
+   * goes on to the other clients' requests; while only large copies come
+   * (offload_quiet_us), it takes queued shares itself between them
+   * (offload.c), so several clients' copies run at once on every CPU. */
+  if (srv->stats.connections_current < 2) return COPY_HERE;
   return COPY_THREADS;
 }
 

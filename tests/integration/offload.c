@@ -239,51 +239,69 @@ TEST(offload_client_alone_splits_within_its_request) {
   daemon_stop(&d);
 }
 
-/* Beside other clients, a large copy goes to the copy threads only while
- * small requests keep coming (within offload_quiet_us): with a window of
- * 1 us, two clients putting and getting 1 MiB and nothing else have theirs
- * split by the loop and the threads; with one of a minute, after a ping,
- * they go to the threads; 0 keeps them on the threads. */
-static void quiet_run(const char *quiet_us, uint64_t *split, uint64_t *threads) {
-  const char *const args[] = {"--offload-threads", "2", "--offload-quiet-us", quiet_us, NULL};
+/* Beside other clients a large copy goes to the queue, and the loop takes
+ * queued shares itself only while no request but large copies came within
+ * offload_quiet_us. One copy thread, held by the gate in its first share of
+ * b's 1 MiB put (2 shares: the layout has 2 layers): with the window at 0
+ * (never quiet) nobody takes the other share; reloaded to 1 us, a's 1 MiB
+ * put is copied by the loop alone, which takes b's other share on the way
+ * (3 helped), and answered while b's is still held; the gate opened, b's
+ * ends. Every byte reads back. */
+TEST(offload_loop_copies_queued_shares_only_while_only_large_copies_come) {
+  char gdir[IT_GATE_DIR], genv[300], conf[IT_GATE_DIR + 32], out[64];
+  it_gate_open(gdir, "KVCACHED_TEST_OFFLOAD_GATE", genv, sizeof genv);
+  snprintf(conf, sizeof conf, "%s/kvcached.conf", gdir);
+  it_write_file(conf, "offload_quiet_us = 0\n");
+  const char *env[] = {genv, NULL};
+  const char *const args[] = {"--config", conf, "--offload-threads", "1", NULL};
   daemon_t d;
-  daemon_start_args(&d, args);
+  daemon_start_full(&d, NULL, args, env);
   kvc_client_t *a = client_open(&d), *b = client_open(&d);
   kvc_layout_t l = it_layout(KVC_DTYPE_F32);
   kvc_cache_t *ha, *hb;
-  ASSERT_OK(kvc_cache_open(a, "quiet", &l, &ha));
-  ASSERT_OK(kvc_cache_open(b, "quiet", &l, &hb));
+  ASSERT_OK(kvc_cache_open(a, "help", &l, &ha));
+  ASSERT_OK(kvc_cache_open(b, "help", &l, &hb));
   const uint64_t n = 1024; /* 1 MiB */
   size_t nk = it_tok_floats(&l, false) * n, nv = it_tok_floats(&l, true) * n;
-  float *k = malloc(nk * 4), *v = malloc(nv * 4), *gk = malloc(nk * 4), *gv = malloc(nv * 4);
-  ASSERT_OK(kvc_ping(b));
-  for (uint32_t i = 0; i < 4; i++) {
-    kvc_cache_t *h = i % 2 ? hb : ha;
-    it_fill_f32(k, v, &l, 1 + i, 0, n, i);
-    ASSERT_OK(kvc_put(h, 1 + i, 0, n, k, v));
-    ASSERT_OK(kvc_get(h, 1 + i, 0, n, gk, gv));
-    ASSERT_MEM_EQ(gk, k, nk * 4);
-    ASSERT_MEM_EQ(gv, v, nv * 4);
+  float *k1 = malloc(nk * 4), *v1 = malloc(nv * 4), *k2 = malloc(nk * 4), *v2 = malloc(nv * 4);
+  float *gk = malloc(nk * 4), *gv = malloc(nv * 4);
+  it_fill_f32(k1, v1, &l, 1, 0, n, 1);
+  it_fill_f32(k2, v2, &l, 2, 0, n, 2);
+  fflush(NULL);
+  pid_t putter = fork();
+  ASSERT(putter >= 0);
+  if (putter == 0) _exit(kvc_put(hb, 1, 0, n, k1, v1) == 0 ? 0 : 1);
+  it_gate(gdir, "reached", false); /* b's put: its first share held on the thread */
+  ASSERT_U64_EQ(stat_get(a, "helped_shares_total", NULL), 0);
+  ASSERT_U64_EQ(stat_get(a, "offloaded_shares_total", NULL), 2);
+
+  it_write_file(conf, "offload_quiet_us = 1\n");
+  ASSERT_EQ(kill(d.pid, SIGHUP), 0);
+  for (int i = 0; it_sh(out, sizeof out, "grep -q 'event=reloaded' '%s'", d.log) != 0; i++) {
+    if (i == 2000) TEST_FAIL_("no reload within 20 s");
+    it_sleep_ms(10);
   }
-  *split = stat_get(a, "split_copies_total", NULL);
-  *threads = stat_get(a, "offloaded_puts_total", NULL) + stat_get(a, "offloaded_gets_total", NULL);
-  free(k), free(v), free(gk), free(gv);
+  ASSERT_OK(kvc_put(ha, 2, 0, n, k2, v2)); /* the thread is held: the loop copied it */
+  ASSERT_U64_EQ(stat_get(a, "helped_shares_total", NULL), 3);
+  ASSERT_U64_EQ(stat_get(a, "offloaded_puts_total", NULL), 1);
+  int st;
+  ASSERT_EQ(waitpid(putter, &st, WNOHANG), 0); /* b's still waits for its held share */
+  it_gate(gdir, "go", true);
+  ASSERT(waitpid(putter, &st, 0) == putter && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ASSERT_U64_EQ(stat_get(a, "offloaded_puts_total", NULL), 2);
+  ASSERT_OK(kvc_get(ha, 1, 0, n, gk, gv));
+  ASSERT_MEM_EQ(gk, k1, nk * 4);
+  ASSERT_MEM_EQ(gv, v1, nv * 4);
+  ASSERT_OK(kvc_get(ha, 2, 0, n, gk, gv));
+  ASSERT_MEM_EQ(gk, k2, nk * 4);
+  ASSERT_MEM_EQ(gv, v2, nv * 4);
+  ASSERT_U64_EQ(stat_get(a, "split_copies_total", NULL), 0);
+  free(k1), free(v1), free(k2), free(v2), free(gk), free(gv);
   kvc_client_close(b);
   kvc_client_close(a);
   daemon_stop(&d);
-}
-
-TEST(offload_beside_others_threads_only_while_small_requests_come) {
-  uint64_t split, threads;
-  quiet_run("1", &split, &threads);
-  ASSERT_U64_EQ(split, 8);
-  ASSERT_U64_EQ(threads, 0);
-  quiet_run("60000000", &split, &threads);
-  ASSERT_U64_EQ(split, 0);
-  ASSERT_U64_EQ(threads, 8);
-  quiet_run("0", &split, &threads);
-  ASSERT_U64_EQ(split, 0);
-  ASSERT_U64_EQ(threads, 8);
+  unlink(conf);
+  it_gate_close(gdir);
 }
 
 /* A client of its own in a thread: one call that may park. */
