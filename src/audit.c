@@ -202,7 +202,7 @@ static int audit_seq(const engine_t *eng, const seq_t *s, uint32_t *refs, uint32
 static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t *pins,
                        char *why, size_t len) {
   const pool_t *p = &eng->pool;
-  uint32_t used = 0, shared = 0, pinned = 0, nfree = 0, seg_free = 0;
+  uint32_t used = 0, shared = 0, pinned = 0, nfree = 0, seg_free = 0, seg_empty = 0;
   uint64_t used_bytes = 0, pinned_bytes = 0;
   for (uint32_t i = 0; i < p->npages; i++) {
     if (refs[i] != p->refcnt[i])
@@ -238,7 +238,10 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
     uint32_t u = 0;
     for (uint32_t q = s * p->ids_per_seg, e = q + p->arenas[a].per_seg; q < e; q++) u += refs[q] > 0;
     if (u != p->seg_used[s]) rc = bad(why, len, "segment %u: %u pages in use, %u recorded", s, u, p->seg_used[s]);
+    seg_empty += u == 0;
   }
+  if (rc == 0 && seg_empty != p->nseg_empty)
+    rc = bad(why, len, "%u empty segments, %u recorded", seg_empty, p->nseg_empty);
   /* Each arena's free list: nfree pages of its own segments, each with
    * refcnt 0, then its end. A walk that ends where it should visits no
    * page twice (a repeat would loop), so with the counts below it holds

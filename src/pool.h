@@ -70,6 +70,7 @@ typedef struct pool {
   uint32_t nseg;         /* segments in the region */
   uint32_t npages;       /* page ids: nseg * ids_per_seg */
   uint32_t nseg_free;    /* segments of no arena */
+  uint32_t nseg_empty;   /* segments of an arena with no page in use */
   uint32_t seg_free_head; /* the free segments, linked through seg_link */
   uint32_t *seg_link;
   uint64_t next_uid;
