@@ -41,7 +41,7 @@
     "background: its client had not read its replies while clients that read theirs were busy") \
   X(offloaded_gets, STAT_COUNTER, "requests", "gets copied on a copy thread (offload_bytes)") \
   X(offloaded_puts, STAT_COUNTER, "requests", "puts copied on a copy thread (offload_bytes)") \
-  X(offloaded_shares, STAT_COUNTER, "shares", "shares the offloaded copies were split in (256 KiB or more a share, at most 16), each taken by whichever copier is free") \
+  X(offloaded_shares, STAT_COUNTER, "shares", "shares the offloaded copies were split in (256 KiB or more a share, at most 16 and the layers moved), each taken by whichever copier is free") \
   X(helped_shares, STAT_COUNTER, "shares", "shares of the offloaded copies the loop took itself while only large copies came (offload_quiet_us)") \
   X(split_copies, STAT_COUNTER, "requests", "gets and puts of a client alone split between the loop and the copy threads") \
   X(parked_requests, STAT_COUNTER, "requests", "times a request waited for a sequence another connection's put held busy") \

@@ -149,11 +149,11 @@ void offload_stop(server_t *srv) {
 unsigned offload_threads(const server_t *srv) { return work_nthreads(srv->work, WORK_COPY); }
 
 /* Shares of a copy of bytes: each at least SHARE_BYTES (a smaller one
- * costs more in hand-offs than it saves), at most MAX_SHARES and the layers it moves. More shares
- * than copiers: whoever is free takes the next one, so a copier that
- * started late (a thread waking, the loop finishing a request) or runs
- * slower (a CPU it shares) takes fewer, and none waits long for another's
- * last one. */
+ * costs more in hand-offs than it saves), at most MAX_SHARES and the
+ * layers it moves. More shares than copiers: whoever is free takes the
+ * next one, so a copier that started late (a thread waking, the loop
+ * finishing a request) or runs slower (a CPU it shares) takes fewer, and
+ * none waits long for another's last one. */
 static unsigned shares(const engine_get_job_t *get, const engine_put_job_t *put, uint64_t bytes) {
   uint64_t n = bytes / SHARE_BYTES, layers = get ? engine_get_job_layers(get)
                                                  : engine_put_job_layers(put);

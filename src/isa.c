@@ -1,6 +1,8 @@
 /* isa.c: the CPU's vector extensions, as __builtin_cpu_supports reads them. */
 #include "isa.h"
 
+#include <stdatomic.h>
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 
@@ -12,22 +14,39 @@ static bool have_f16c(void) {
 }
 #endif
 
-bool isa_have(isa_t isa) {
+/* What the CPU has, read once: CPUID traps to the hypervisor on a VM (a
+ * microsecond or more), and a converting copy asks for every run. Bit 0:
+ * read; 1: AVX2 (and F16C); 2: AVX-512 (F, BW, VL, DQ). Threads that race
+ * to read it first store the same value. */
+static _Atomic unsigned isa_bits;
+
+static unsigned read_bits(void) {
+  unsigned bits = 1;
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
-  bool avx2 = __builtin_cpu_supports("avx2") && have_f16c();
+  if (__builtin_cpu_supports("avx2") && have_f16c()) {
+    bits |= 2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      bits |= 4;
+  }
+#endif
+  return bits;
+}
+
+bool isa_have(isa_t isa) {
+  unsigned bits = atomic_load_explicit(&isa_bits, memory_order_relaxed);
+  if (!bits) {
+    bits = read_bits();
+    atomic_store_explicit(&isa_bits, bits, memory_order_relaxed);
+  }
   switch (isa) {
   case ISA_SCALAR: return true;
-  case ISA_AVX2: return avx2;
-  case ISA_AVX512:
-    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  case ISA_AVX2: return bits & 2;
+  case ISA_AVX512: return bits & 4;
   case ISA_BEST: return true;
   }
   return false;
-#else
-  return isa == ISA_SCALAR || isa == ISA_BEST;
-#endif
 }
 
 isa_t isa_pick(isa_t isa, kvc_dtype_t t) {
