@@ -42,9 +42,10 @@ bool arena_take_free(engine_t *eng, uint16_t a, bool empty_too) {
     take(eng, s, a, ENGINE_OWNER_NONE);
     return true;
   }
-  /* An empty segment of another arena: none at all is the common case of a
-   * full pool, known without a walk over every segment. */
-  for (s = 0; empty_too && p->nseg_empty && s < p->nseg; s++) {
+  /* An empty segment of another arena: none is the common case of a full
+   * pool (while a evicts, the segments it empties are its own), known
+   * without a walk over every segment. */
+  for (s = 0; empty_too && p->nseg_empty > p->arenas[a].nempty && s < p->nseg; s++) {
     uint16_t b = p->seg_arena[s];
     if (b == POOL_NOARENA || b == a || p->seg_used[s]) continue;
     uint64_t from = owner_of(&p->arenas[b]);
@@ -126,7 +127,7 @@ uint64_t arena_vacate(engine_t *eng, uint32_t s, uint32_t *mp) {
     p->refcnt[old] = p->pinref[old] = p->plan[old] = 0;
     p->nused--; /* old leaves use: pool_alloc counted dst */
     p->used_bytes -= ab->stride;
-    if (--p->seg_used[s] == 0) p->nseg_empty++;
+    if (--p->seg_used[s] == 0) pool_seg_emptied(p, s);
     eng->page_quota[dst] = eng->page_quota[old];
     if (eng->lease_ref) eng->lease_ref[dst] = 0;
     if (eng->ip) {

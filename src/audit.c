@@ -221,7 +221,8 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
   /* Segments: each of one live arena or free; the pages in use of each. */
   mem_t scratch;
   mem_init(&scratch);
-  uint32_t *segs = mem_calloc(&scratch, p->narenas ? p->narenas : 1, sizeof *segs);
+  /* segs[a]: arena a's segments; segs[narenas + a]: its empty ones */
+  uint32_t *segs = mem_calloc(&scratch, 2 * (p->narenas ? p->narenas : 1), sizeof *segs);
   if (!segs) return KVC_E_NOMEM;
   int rc = 0;
   for (uint32_t s = 0; rc == 0 && s < p->nseg; s++) {
@@ -239,6 +240,7 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
     for (uint32_t q = s * p->ids_per_seg, e = q + p->arenas[a].per_seg; q < e; q++) u += refs[q] > 0;
     if (u != p->seg_used[s]) rc = bad(why, len, "segment %u: %u pages in use, %u recorded", s, u, p->seg_used[s]);
     seg_empty += u == 0;
+    segs[p->narenas + a] += u == 0;
   }
   if (rc == 0 && seg_empty != p->nseg_empty)
     rc = bad(why, len, "%u empty segments, %u recorded", seg_empty, p->nseg_empty);
@@ -251,6 +253,11 @@ static int audit_pages(const engine_t *eng, const uint32_t *refs, const uint32_t
     if (!ar->live) continue;
     if (segs[a] != ar->nseg) {
       rc = bad(why, len, "arena %u: %u segments, %u recorded", a, segs[a], ar->nseg);
+      break;
+    }
+    if (segs[p->narenas + a] != ar->nempty) {
+      rc = bad(why, len, "arena %u: %u empty segments, %u recorded", a, segs[p->narenas + a],
+               ar->nempty);
       break;
     }
     if (ar->stride % p->align || ar->stride < ar->page_bytes || ar->stride < p->grain ||

@@ -160,7 +160,7 @@ void pool_seg_carve(pool_t *p, uint32_t s, uint16_t a) {
   p->seg_arena[s] = a;
   p->seg_used[s] = 0;
   p->nseg_free--;
-  p->nseg_empty++;
+  pool_seg_emptied(p, s);
   ar->nseg++;
   ar->segs_taken++;
   /* After the free pages it has, lowest first: pages in use stay low. */
@@ -195,7 +195,7 @@ uint32_t pool_seg_detach_free(pool_t *p, uint32_t s) {
 
 void pool_seg_release(pool_t *p, uint32_t s) {
   pool_arena_t *ar = &p->arenas[p->seg_arena[s]];
-  if (!p->seg_used[s]) p->nseg_empty--;
+  if (!p->seg_used[s]) pool_seg_filled(p, s); /* leaves the arena: no longer its empty one */
   ar->nseg--;
   ar->segs_given++;
   p->seg_arena[s] = POOL_NOARENA;
@@ -219,7 +219,7 @@ uint32_t pool_alloc(pool_t *p, uint16_t a) {
   p->nfree--;
   p->nused++;
   p->used_bytes += ar->stride;
-  if (p->seg_used[page / p->ids_per_seg]++ == 0) p->nseg_empty--;
+  if (p->seg_used[page / p->ids_per_seg]++ == 0) pool_seg_filled(p, page / p->ids_per_seg);
   p->pinref[page] = 0; /* a link no more: no pins yet */
   p->refcnt[page] = 1;
   return page;
@@ -244,7 +244,7 @@ bool pool_unref(pool_t *p, uint32_t page) {
   uint32_t s = page / p->ids_per_seg;
   /* An arena no cache uses any more gives back each segment it empties. */
   if (--p->seg_used[s] == 0) {
-    p->nseg_empty++;
+    pool_seg_emptied(p, s);
     if (ar->ncaches == 0) {
       pool_seg_uncarve(p, s);
       if (!ar->nseg) ar->live = false;

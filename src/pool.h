@@ -52,6 +52,7 @@ typedef struct pool_arena {
   uint64_t stride;        /* bytes between its pages (page_bytes rounded up) */
   uint32_t per_seg;       /* pages a segment holds */
   uint32_t nseg;          /* segments it owns */
+  uint32_t nempty;        /* of them, with no page in use */
   uint32_t nfree;         /* of its pages, free */
   uint32_t free_head;     /* first free page; POOL_NOPAGE: none */
   uint32_t free_tail;     /* last (a carved segment's pages join here) */
@@ -70,7 +71,7 @@ typedef struct pool {
   uint32_t nseg;         /* segments in the region */
   uint32_t npages;       /* page ids: nseg * ids_per_seg */
   uint32_t nseg_free;    /* segments of no arena */
-  uint32_t nseg_empty;   /* segments of an arena with no page in use */
+  uint32_t nseg_empty;   /* segments of an arena with no page in use (every arena's nempty) */
   uint32_t seg_free_head; /* the free segments, linked through seg_link */
   uint32_t *seg_link;
   uint64_t next_uid;
@@ -89,6 +90,16 @@ typedef struct pool {
   uint32_t *pinref;      /* in use: pinned holders; free: the next free page */
   uint32_t *plan;
 } pool_t;
+
+/* A segment of an arena lost its last page in use, or got its first. */
+static inline void pool_seg_emptied(pool_t *p, uint32_t s) {
+  p->nseg_empty++;
+  p->arenas[p->seg_arena[s]].nempty++;
+}
+static inline void pool_seg_filled(pool_t *p, uint32_t s) {
+  p->nseg_empty--;
+  p->arenas[p->seg_arena[s]].nempty--;
+}
 
 /* 0, KVC_E_INVAL (a grain not a multiple of 64, a segment not a multiple of
  * the grain or larger than the pool, more than 2^32-2 page ids),
