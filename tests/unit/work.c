@@ -18,7 +18,7 @@ typedef struct tjob {
   atomic_int entered;      /* a thread began a part */
   int done;                /* times done ran (loop) */
   int cancelled;
-  pthread_mutex_t *gate;   /* held: the job waits for it */
+  pthread_mutex_t *gate;   /* held: the job's part 0 waits for it */
 } tjob_t;
 
 static int ndone;
@@ -27,7 +27,7 @@ static void t_run(work_job_t *w, unsigned part, unsigned nparts) {
   tjob_t *j = (tjob_t *)(void *)w;
   ASSERT(part < nparts && nparts <= 8);
   atomic_store(&j->entered, 1);
-  if (j->gate) {
+  if (j->gate && part == 0) {
     pthread_mutex_lock(j->gate);
     pthread_mutex_unlock(j->gate);
   }
@@ -150,6 +150,60 @@ TEST(work_drain_runs_what_is_queued_and_the_loop_takes_parts) {
   for (int p = 0; p < 8; p++) ASSERT_EQ(atomic_load(&here.ran[p]), 1u);
   ASSERT_EQ(here.done, 0);
   ASSERT(!work_reap(w));
+  work_stop(w, WORK_COPY, true, NULL);
+  work_free(w);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  ASSERT_EQ(uv_loop_close(&loop), 0);
+}
+
+/* work_help: the loop takes the head job's parts as a thread would; the
+ * part that ends a job runs its done at once (no reap, and nothing keeps
+ * the loop alive after); a part a thread holds is left to it, and the job
+ * comes back through the done stack when that thread ends it. */
+TEST(work_help_takes_parts_and_ends_the_jobs_it_finishes) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  char err[256];
+  work_t *w = work_new(&loop, err, sizeof err);
+  ASSERT(w != NULL);
+  static tjob_t a, b, c;
+  ndone = 0;
+  /* No thread of the class: the loop alone, in order. */
+  job(&a, WORK_COPY, 3);
+  job(&b, WORK_COPY, 2);
+  work_submit(w, &a.wj);
+  work_submit(w, &b.wj);
+  ASSERT(uv_loop_alive(&loop)); /* the queue's poll, while jobs are in flight */
+  for (int i = 0; i < 3; i++) {
+    ASSERT(work_help(w, WORK_COPY));
+    ASSERT_EQ(a.done, i == 2 ? 1 : 0);
+  }
+  ASSERT(work_help(w, WORK_COPY));
+  ASSERT(work_help(w, WORK_COPY));
+  ASSERT_EQ(b.done, 1);
+  ASSERT(!work_help(w, WORK_COPY)); /* nothing left */
+  for (int p = 0; p < 8; p++) {
+    ASSERT_EQ(atomic_load(&a.ran[p]), p < 3 ? 1u : 0u);
+    ASSERT_EQ(atomic_load(&b.ran[p]), p < 2 ? 1u : 0u);
+  }
+  ASSERT(!work_reap(w));
+  ASSERT(!uv_loop_alive(&loop)); /* nothing in flight: the poll stopped */
+  /* A thread holds part 0; the loop takes the others; the thread ends it. */
+  ASSERT_EQ(work_threads(w, WORK_COPY, 1, err, sizeof err), 0);
+  pthread_mutex_t gate = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&gate);
+  job(&c, WORK_COPY, 3);
+  c.gate = &gate;
+  work_submit(w, &c.wj);
+  while (!atomic_load(&c.entered)) sched_yield(); /* the thread is in part 0 */
+  ASSERT(work_help(w, WORK_COPY));
+  ASSERT(work_help(w, WORK_COPY));
+  ASSERT(!work_help(w, WORK_COPY));
+  ASSERT_EQ(c.done, 0);
+  pthread_mutex_unlock(&gate);
+  until_done(&loop, 3);
+  ASSERT_EQ(c.done, 1);
+  for (int p = 0; p < 3; p++) ASSERT_EQ(atomic_load(&c.ran[p]), 1u);
   work_stop(w, WORK_COPY, true, NULL);
   work_free(w);
   uv_run(&loop, UV_RUN_DEFAULT);
