@@ -122,9 +122,9 @@ static const option_t options[] = {
    "a get or put of this many bytes or more is copied on a copy thread while other "
    "clients are connected; 0: never"},
   {"offload_quiet_us", OPT_U32, "10000", 0, 60000000, true, F(offload_quiet_us),
-   "a large get or put goes to the copy threads only if a request that was not one came "
-   "within this long (a client it would stall); else the loop copies a share itself; 0: "
-   "always the threads while other clients are connected"},
+   "beside other clients a large get or put goes to the copy threads; while no request "
+   "that was not one came within this long (no client it would stall), the loop takes "
+   "queued shares of them itself too; 0: never"},
   {"offload_threads", OPT_U32, "0", 0, 256, false, F(offload_threads),
    "threads that copy large gets and puts; 0: as many as the CPUs the daemon may use "
    "(its affinity, capped by a cgroup cpu.max quota)"},
