@@ -34,6 +34,10 @@
 
 #define SHARE_BYTES (256u << 10)
 #define MAX_SHARES 16
+/* How long an idle copy thread looks for the next copy before it sleeps:
+ * longer than the loop's own work between two of a client's large
+ * requests (a decode step's decoding, begin and end: about 40 us here). */
+#define COPY_POLL_NS 200000u
 
 typedef struct job {
   work_job_t wj;         /* first: class WORK_COPY, its parts the shares */
@@ -48,6 +52,7 @@ typedef struct job {
 struct offload {
   server_t *srv;
   uint64_t shares;       /* shares queued or copying or done, not yet ended (loop only) */
+  unsigned ncpus;        /* CPUs the daemon may use (work_cpus) */
   daemon_stats_t *stats; /* the loop's figures (offloaded_shares) */
   uv_idle_t help;        /* active while the loop takes queued shares itself */
 };
@@ -117,7 +122,8 @@ bool offload_reap(server_t *srv) { return work_reap(srv->work); }
 
 
 int offload_start(server_t *srv, unsigned nthreads, char *err, size_t errlen) {
-  if (nthreads == 0) nthreads = work_cpus();
+  unsigned ncpus = work_cpus();
+  if (nthreads == 0) nthreads = ncpus;
   offload_t *o = calloc(1, sizeof *o);
   if (!o) {
     snprintf(err, errlen, "copy threads: out of memory");
@@ -125,10 +131,15 @@ int offload_start(server_t *srv, unsigned nthreads, char *err, size_t errlen) {
   }
   o->srv = srv;
   o->stats = &srv->stats;
+  o->ncpus = ncpus;
   uv_idle_init(srv->loop, &o->help);
   o->help.data = o;
   srv->offload = o;
   char why[256];
+  /* The loop copies a lone client's copy too (offload_run_here): one
+   * thread fewer than the CPUs joins it, and that one looks for the next
+   * copy a while before it sleeps. Every thread takes queued copies. */
+  if (ncpus > 1) work_companions(srv->work, WORK_COPY, ncpus - 1, COPY_POLL_NS);
   if (work_threads(srv->work, WORK_COPY, nthreads, why, sizeof why) != 0) {
     snprintf(err, errlen, "copy %s", why);
     return -1;
@@ -149,15 +160,21 @@ void offload_stop(server_t *srv) {
 unsigned offload_threads(const server_t *srv) { return work_nthreads(srv->work, WORK_COPY); }
 
 /* Shares of a copy of bytes: each at least SHARE_BYTES (a smaller one
- * costs more in hand-offs than it saves), at most MAX_SHARES and the
- * layers it moves. More shares than copiers: whoever is free takes the
- * next one, so a copier that started late (a thread waking, the loop
- * finishing a request) or runs slower (a CPU it shares) takes fewer, and
- * none waits long for another's last one. */
-static unsigned shares(const engine_get_job_t *get, const engine_put_job_t *put, uint64_t bytes) {
+ * costs more in hand-offs than it saves), two a CPU the daemon may use
+ * (at most MAX_SHARES), never more than the layers it moves. More shares
+ * than copiers: whoever is free takes the next one, so a copier that
+ * started late (a thread waking, the loop finishing a request) or runs
+ * slower (a CPU it shares) takes fewer. But not many more: a share is a
+ * range of layers of every run, and narrower ranges copy slower (the
+ * decode step's get, 8 MiB on two CPUs: 16 shares copied in 430 us, 4 in
+ * 360 us, doc/offload.md). */
+static unsigned shares(const offload_t *o, const engine_get_job_t *get,
+                       const engine_put_job_t *put, uint64_t bytes) {
   uint64_t n = bytes / SHARE_BYTES, layers = get ? engine_get_job_layers(get)
                                                  : engine_put_job_layers(put);
-  if (n > MAX_SHARES) n = MAX_SHARES;
+  uint64_t most = 2u * (uint64_t)o->ncpus;
+  if (most > MAX_SHARES) most = MAX_SHARES;
+  if (n > most) n = most;
   if (n > layers) n = layers; /* a share is a range of layers */
   return n ? (unsigned)n : 1u;
 }
@@ -176,7 +193,7 @@ static bool queue(conn_t *c, const job_t *proto, uint64_t bytes) {
   *j = *proto;
   j->srv = srv;
   j->wj = (work_job_t){.run = copy_part, .done = copied, .cls = WORK_COPY,
-                       .nparts = shares(proto->get, proto->put, bytes)};
+                       .nparts = shares(o, proto->get, proto->put, bytes)};
   o->stats->offloaded_shares += j->wj.nparts;
   o->shares += j->wj.nparts;
   work_submit(srv->work, &j->wj);
@@ -195,8 +212,8 @@ static bool queue(conn_t *c, const job_t *proto, uint64_t bytes) {
 bool offload_run_here(server_t *srv, engine_get_job_t *get, engine_put_job_t *put,
                       uint64_t bytes) {
   offload_t *o = srv->offload;
-  unsigned n = o ? shares(get, put, bytes) : 1;
-  if (n < 2 || offload_threads(srv) < 2) return false;
+  unsigned n = o ? shares(o, get, put, bytes) : 1;
+  if (n < 2 || o->ncpus < 2 || !offload_threads(srv)) return false;
   job_t j = {.wj = {.run = copy_part, .nparts = n, .cls = WORK_COPY},
              .srv = srv, .get = get, .put = put};
   o->stats->split_copies++;

@@ -10,6 +10,7 @@
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -21,6 +22,10 @@ typedef struct wclass {
   bool stop, drain;        /* under mu */
   unsigned nthreads, cap;
   pthread_t *threads;      /* nthreads of them (cap allocated) */
+  unsigned companions;     /* the most threads joining a job run here; 0: any (work_companions) */
+  unsigned polling;        /* threads looking for the next job now (under mu) */
+  uint64_t poll_ns;        /* how long an idle thread looks before it sleeps */
+  atomic_uint_fast64_t posted; /* jobs queued so far (bumped under mu): a job's seq */
 } wclass_t;
 
 typedef struct targ {
@@ -49,20 +54,63 @@ static void push_done(work_t *w, work_job_t *j) {
   while (!top && write(w->efd, &one, sizeof one) < 0 && errno == EINTR) {}
 }
 
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* An idle thread looks for the next job for poll_ns before it sleeps
+ * (called and returns with mu held): a job queued meanwhile starts at once,
+ * not after the thread's wake-up (on a VM, a halted vCPU's: tens of
+ * microseconds), which a copy split with the loop waits for. One load a
+ * look, at nice 10: a client waking on this CPU preempts it. */
+static void poll_for_job(work_t *w, wclass_t *k) {
+  uint64_t seen = atomic_load_explicit(&k->posted, memory_order_relaxed);
+  k->polling++;
+  pthread_mutex_unlock(&w->mu);
+  uint64_t end = mono_ns() + k->poll_ns;
+  for (unsigned i = 1; atomic_load_explicit(&k->posted, memory_order_relaxed) == seen; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if (i % 64 == 0 && mono_ns() >= end) break;
+  }
+  pthread_mutex_lock(&w->mu);
+  k->polling--;
+}
+
+/* Whether a thread that last joined the job numbered mine may take a part
+ * of the head job: any queued job; a job the loop runs here only up to
+ * the class's companions (so the loop and they are no more copiers than
+ * CPUs: a third copier on two CPUs leaves one holding a part while it
+ * waits for a CPU, and the loop waits for that part). */
+static bool may_take(const wclass_t *k, uint64_t mine) {
+  const work_job_t *j = k->head;
+  return j && (!j->here || !k->companions || j->seq == mine || j->joined < k->companions);
+}
+
 static void *worker(void *arg) {
   targ_t *a = arg;
   work_t *w = a->w;
   wclass_t *k = &w->cls[a->c];
+  uint64_t mine = 0; /* the job run here this thread joined last (seqs start at 1) */
   (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
   pthread_mutex_lock(&w->mu);
   for (;;) {
-    while (!k->head && !k->stop) pthread_cond_wait(&k->cv, &w->mu);
+    if (!k->head && !k->stop && k->poll_ns && k->polling < k->companions) poll_for_job(w, k);
+    while (!k->stop && !may_take(k, mine)) pthread_cond_wait(&k->cv, &w->mu);
     work_job_t *j = k->head;
     if (!j || (k->stop && !k->drain)) break;
+    if (j->here && j->seq != mine) {
+      j->joined++;
+      mine = j->seq;
+    }
     unsigned n = j->nparts ? j->nparts : 1, part = j->taken++;
     if (j->taken == n) { /* its last part: off the list */
       k->head = j->next;
       if (!k->head) k->tail = NULL;
+      else if (j->here) pthread_cond_signal(&k->cv); /* as work_run_here does */
     }
     pthread_mutex_unlock(&w->mu);
     j->run(j, part, n);
@@ -160,6 +208,11 @@ int work_threads(work_t *w, enum work_class c, unsigned n, char *err, size_t err
   return 0;
 }
 
+void work_companions(work_t *w, enum work_class c, unsigned n, uint64_t poll_ns) {
+  w->cls[c].companions = n;
+  w->cls[c].poll_ns = n ? poll_ns : 0;
+}
+
 unsigned work_nthreads(const work_t *w, enum work_class c) { return w ? w->cls[c].nthreads : 0; }
 
 void work_submit(work_t *w, work_job_t *j) {
@@ -171,6 +224,7 @@ void work_submit(work_t *w, work_job_t *j) {
   atomic_init(&j->left, n);
   if (w->inflight++ == 0) uv_poll_start(&w->poll, UV_READABLE, on_done);
   pthread_mutex_lock(&w->mu);
+  j->seq = atomic_fetch_add_explicit(&k->posted, 1, memory_order_relaxed) + 1;
   if (k->tail) k->tail->next = j;
   else k->head = j;
   k->tail = j;
@@ -184,19 +238,25 @@ void work_run_here(work_t *w, work_job_t *j) {
   unsigned n = j->nparts ? j->nparts : 1;
   j->taken = 0;
   j->here = true;
+  j->joined = 0;
   atomic_init(&j->left, n);
   pthread_mutex_lock(&w->mu);
+  j->seq = atomic_fetch_add_explicit(&k->posted, 1, memory_order_relaxed) + 1;
   j->next = k->head;
   k->head = j;
   if (!k->tail) k->tail = j;
-  if (n > 2) pthread_cond_broadcast(&k->cv);
-  else pthread_cond_signal(&k->cv);
+  /* As many threads as may join and would find a part, less those looking
+   * for a job already (they see the new seq). */
+  unsigned want = n - 1;
+  if (k->companions && want > k->companions) want = k->companions;
+  for (unsigned i = k->polling; i < want; i++) pthread_cond_signal(&k->cv);
   for (;;) {
     if (j->taken == n) break;
     unsigned part = j->taken++;
     if (j->taken == n) { /* still the head: only the loop queues */
       k->head = j->next;
       if (!k->head) k->tail = NULL;
+      else pthread_cond_signal(&k->cv); /* a thread kept off j may sleep by a queued job */
     }
     pthread_mutex_unlock(&w->mu);
     j->run(j, part, n);

@@ -42,6 +42,8 @@ struct work_job {
   unsigned taken;                       /* parts a thread took (under the mutex) */
   atomic_uint left;                     /* parts not yet run */
   bool here;                            /* work_run_here's: the loop waits for it */
+  unsigned joined;                      /* threads that took a part of it (here; under the mutex) */
+  uint64_t seq;                         /* its number in its class (under the mutex) */
   uint8_t cls;                          /* enum work_class */
 };
 
@@ -52,6 +54,11 @@ typedef struct work work_t;
 work_t *work_new(uv_loop_t *loop, char *err, size_t errlen);
 /* Starts n more threads of class c: 0, or -1 with a reason in err. */
 int work_threads(work_t *w, enum work_class c, unsigned n, char *err, size_t errlen);
+/* Makes n the most threads of class c that join the loop on a job it runs
+ * (work_run_here), and lets up to n idle threads look for the next job for
+ * poll_ns before they sleep (0: they sleep at once). Set once, before any
+ * job; without it every thread may join and none polls. */
+void work_companions(work_t *w, enum work_class c, unsigned n, uint64_t poll_ns);
 /* Threads of class c running. */
 unsigned work_nthreads(const work_t *w, enum work_class c);
 

@@ -209,3 +209,73 @@ TEST(work_help_takes_parts_and_ends_the_jobs_it_finishes) {
   uv_run(&loop, UV_RUN_DEFAULT);
   ASSERT_EQ(uv_loop_close(&loop), 0);
 }
+
+/* work_companions: a job the loop runs here is joined by at most that many
+ * threads, even when every thread is awake and looking (a job queued behind
+ * it wakes them all), and a job queued behind it still runs once the loop's
+ * is off the head. Each part works a while (no sleep: a spin on the clock)
+ * so that threads left free to join would. */
+typedef struct cjob {
+  work_job_t wj;
+  work_t *w;
+  tjob_t *behind;          /* queued by the loop's first part: wakes every thread */
+  _Atomic(pthread_t) by[8]; /* who ran each part */
+  pthread_t loop;
+} cjob_t;
+
+static void c_run(work_job_t *w, unsigned part, unsigned nparts) {
+  cjob_t *j = (cjob_t *)(void *)w;
+  ASSERT(part < nparts && nparts <= 8);
+  atomic_store(&j->by[part], pthread_self());
+  if (pthread_equal(pthread_self(), j->loop) && j->behind) {
+    work_submit(j->w, &j->behind->wj); /* on the loop: it may queue */
+    j->behind = NULL;
+  }
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do clock_gettime(CLOCK_MONOTONIC, &t);
+  while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 100000L);
+}
+
+TEST(work_companions_cap_the_threads_joining_a_job_run_here) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  char err[256];
+  work_t *w = work_new(&loop, err, sizeof err);
+  ASSERT(w != NULL);
+  work_companions(w, WORK_COPY, 1, 2000000); /* one joins; it looks 2 ms for the next job */
+  ASSERT_EQ(work_threads(w, WORK_COPY, 3, err, sizeof err), 0);
+  static tjob_t behind[20];
+  ndone = 0;
+  unsigned joined_by_threads = 0;
+  for (int rep = 0; rep < 20; rep++) {
+    static cjob_t j;
+    memset(&j, 0, sizeof j);
+    j.wj = (work_job_t){.run = c_run, .nparts = 8, .cls = WORK_COPY};
+    j.w = w;
+    j.loop = pthread_self();
+    job(&behind[rep], WORK_COPY, 1);
+    j.behind = &behind[rep];
+    work_run_here(w, &j.wj);
+    pthread_t seen[8];
+    unsigned nseen = 0;
+    for (int p = 0; p < 8; p++) {
+      pthread_t t = atomic_load(&j.by[p]);
+      ASSERT(!pthread_equal(t, (pthread_t)0));
+      if (pthread_equal(t, j.loop)) continue;
+      bool known = false;
+      for (unsigned i = 0; i < nseen; i++) known |= pthread_equal(seen[i], t);
+      if (!known) seen[nseen++] = t;
+    }
+    ASSERT(nseen <= 1); /* the loop and one thread, never more */
+    joined_by_threads += nseen;
+    until_done(&loop, rep + 1); /* the job behind it ran, on a thread */
+    ASSERT_EQ(behind[rep].done, 1);
+    ASSERT_EQ(atomic_load(&behind[rep].ran[0]), 1u);
+  }
+  ASSERT(joined_by_threads > 0); /* a thread did join: the loop is not left alone */
+  work_stop(w, WORK_COPY, true, NULL);
+  work_free(w);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  ASSERT_EQ(uv_loop_close(&loop), 0);
+}
