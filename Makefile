@@ -235,6 +235,10 @@ $(B)/tests/unit_%: $(B)/tests/unit/%.o $(TEST_MAIN_OBJ) $(B)/libkvcengine.a
 $(B)/tests/unit_codec: $(CODEC_OBJ) $(PROTO_OBJ)
 $(B)/tests/unit_codec: UNIT_LIBS := $(PB_LIBS)
 $(B)/tests/unit/codec.o: | $(B)/gen/kvcache.pb-c.h
+# The hand-packed frames, against protobuf-c itself.
+$(B)/tests/unit_iowire: $(B)/proto/iowire.o $(PROTO_OBJ)
+$(B)/tests/unit_iowire: UNIT_LIBS := $(PB_LIBS)
+$(B)/tests/unit/iowire.o: | $(B)/gen/kvcache.pb-c.h
 # The byte ring both sides link (proto/ringbuf.c), with the frame header, and
 # the fast slots' structs (proto/ringfast.c).
 $(B)/tests/unit_ringbuf: $(B)/proto/ringbuf.o $(B)/proto/frame.o $(B)/proto/ringfast.o

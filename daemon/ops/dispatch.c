@@ -10,6 +10,7 @@
 #include "admin.h"
 #include "codec.h"
 #include "events.h"
+#include "iowire.h"
 #include "kvcache/kvcache.h"
 #include "layout.h"
 #include "log.h"
@@ -1694,7 +1695,14 @@ bool dispatch_frame(conn_t *c, const uint8_t *payload, size_t len) {
   quotas_touch(c);
   budget_t budget = {srv->cfg.max_decode_bytes};
   ProtobufCAllocator alloc = {budget_alloc, budget_free, &budget};
-  Kvcache__V1__Request *req = kvcache__v1__request__unpack(&alloc, len, payload);
+  /* A put or get in the canonical form unpacks by hand (proto/iowire.h),
+   * to the same message; anything else, from a fresh budget, as before. */
+  Kvcache__V1__Request *req = iowire_unpack(&alloc, len, payload);
+  if (!req) {
+    req_done();
+    budget.left = srv->cfg.max_decode_bytes;
+    req = kvcache__v1__request__unpack(&alloc, len, payload);
+  }
   if (!req) {
     req_done();
     LOG_LIMITED(&srv->limit_bad_frame, uv_now(srv->loop), LOG_LEVEL_WARN, "bad_frame",

@@ -9,6 +9,8 @@
  * - the reply echoes the request id, and a failed request changed no gauge
  *   of the engine and no byte of the pool;
  * - decode, pack, decode, pack gives the same bytes twice (known fields);
+ * - a frame the hand unpacker of puts and gets takes (proto/iowire.h, the
+ *   daemon's first try) is one protobuf-c takes, to the same message;
  * - the engine audit passes.
  */
 #include <stdio.h>
@@ -17,6 +19,7 @@
 
 #include "fuzz_daemon.h"
 #include "fuzz_seed.h"
+#include "iowire.h"
 
 #define CHECK(cond)                                                            \
   do {                                                                         \
@@ -64,6 +67,15 @@ static bool has_unknown(const ProtobufCMessage *m) {
   return false;
 }
 
+static void *fz_malloc(void *d, size_t n) {
+  (void)d;
+  return malloc(n);
+}
+static void fz_free(void *d, void *p) {
+  (void)d;
+  free(p);
+}
+
 static void repack_stable(const uint8_t *data, size_t size) {
   Kvcache__V1__Request *a = kvcache__v1__request__unpack(NULL, size, data);
   if (!a) return;
@@ -87,6 +99,22 @@ static void repack_stable(const uint8_t *data, size_t size) {
   CHECK(n1 == n2 && memcmp(b1, b2, n1) == 0);
   kvcache__v1__request__free_unpacked(a, NULL);
   kvcache__v1__request__free_unpacked(b, NULL);
+  free(b1);
+  free(b2);
+}
+
+/* iowire_unpack takes only frames protobuf-c takes, to the same message:
+ * whichever decoder the daemon used, it ran the same request. */
+static void hand_same(const uint8_t *data, size_t size, const Kvcache__V1__Request *pb) {
+  ProtobufCAllocator mal = {fz_malloc, fz_free, NULL};
+  Kvcache__V1__Request *h = iowire_unpack(&mal, size, data);
+  if (!h) return;
+  CHECK(pb != NULL);
+  size_t n1 = kvcache__v1__request__get_packed_size(h), n2 = kvcache__v1__request__get_packed_size(pb);
+  uint8_t *b1 = malloc(n1 + 1), *b2 = malloc(n2 + 1);
+  CHECK(kvcache__v1__request__pack(h, b1) == n1 && kvcache__v1__request__pack(pb, b2) == n2);
+  CHECK(n1 == n2 && memcmp(b1, b2, n1) == 0);
+  kvcache__v1__request__free_unpacked(h, NULL);
   free(b1);
   free(b2);
 }
@@ -121,6 +149,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* Closed without a reply: the frame did not decode within the budget. */
     CHECK(after->replies == before.replies);
   }
+  hand_same(data, size, req);
   if (req) kvcache__v1__request__free_unpacked(req, NULL);
   repack_stable(data, size);
   free(pool0);
