@@ -2,6 +2,7 @@
 #include "iowire.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <string.h>
 
 /* Wire types. */
@@ -18,16 +19,11 @@ enum {
 
 /* ---- packing ----------------------------------------------------------------- */
 
-static size_t vsize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    n++;
-  }
-  return n;
+static inline size_t vsize(uint64_t v) { /* 1 + floor(log2(v | 1) / 7) */
+  return 1 + (size_t)(63 - __builtin_clzll(v | 1)) / 7;
 }
 
-static uint8_t *vput(uint8_t *p, uint64_t v) {
+static inline uint8_t *vput(uint8_t *p, uint64_t v) {
   while (v >= 0x80) {
     *p++ = (uint8_t)(v | 0x80);
     v >>= 7;
@@ -41,19 +37,18 @@ static uint64_t tag(unsigned field, unsigned wt) { return (uint64_t)field << 3 |
 /* An enum is an int32: a negative one goes as its 64-bit sign extension. */
 static uint64_t enum_wire(int32_t v) { return (uint64_t)(int64_t)v; }
 
-static void entry_fields(const Kvcache__V1__IoEntry *e, uint64_t f[E_FIELDS]) {
-  const uint64_t v[E_FIELDS] = {e->seq_id, e->pos,    e->ntokens, e->k_off,  e->k_len,
-                                e->v_off,  e->v_len,  e->ks_off,  e->ks_len, e->vs_off,
-                                e->vs_len, e->tok_off, e->tok_len};
-  memcpy(f, v, sizeof v);
-}
+/* IoEntry's fields 1..13, in field order, as an array (the struct keeps
+ * them so: checked below). */
+_Static_assert(offsetof(Kvcache__V1__IoEntry, tok_len) - offsetof(Kvcache__V1__IoEntry, seq_id) ==
+                   (E_FIELDS - 1) * sizeof(uint64_t),
+               "IoEntry's uint64 fields are consecutive");
+static inline const uint64_t *entry_fields(const Kvcache__V1__IoEntry *e) { return &e->seq_id; }
+static inline uint64_t *entry_fields_w(Kvcache__V1__IoEntry *e) { return &e->seq_id; }
 
-static size_t entry_size(const Kvcache__V1__IoEntry *e) {
-  uint64_t f[E_FIELDS];
-  entry_fields(e, f);
+static inline size_t entry_size(const Kvcache__V1__IoEntry *e) {
+  const uint64_t *f = entry_fields(e);
   size_t n = 0;
-  for (unsigned i = 0; i < E_FIELDS; i++)
-    if (f[i]) n += 1 + vsize(f[i]);
+  for (unsigned i = 0; i < E_FIELDS; i++) n += f[i] ? 1 + vsize(f[i]) : 0;
   return n;
 }
 
@@ -141,11 +136,23 @@ size_t iowire_pack(const Kvcache__V1__Request *req, uint8_t *out) {
     if (x->v_scale != 0) p = put_i32(p, X_V_SCALE, x->v_scale);
   }
   for (size_t i = 0; i < io->n_entries; i++) {
-    uint64_t f[E_FIELDS];
-    entry_fields(io->entries[i], f);
-    p = vput(vput(p, tag(IO_ENTRY, WT_LEN)), entry_size(io->entries[i]));
+    const uint64_t *f = entry_fields(io->entries[i]);
+    /* The entry after a 1-byte length (it is under 128 bytes unless most
+     * fields are wide), moved up one byte if not. */
+    uint8_t *len = vput(p, tag(IO_ENTRY, WT_LEN)), *q = len + 1;
     for (unsigned k = 0; k < E_FIELDS; k++)
-      if (f[k]) p = vput(vput(p, tag(k + 1, WT_VARINT)), f[k]);
+      if (f[k]) {
+        *q++ = (uint8_t)tag(k + 1, WT_VARINT);
+        q = vput(q, f[k]);
+      }
+    size_t n = (size_t)(q - len - 1);
+    if (n < 0x80) {
+      *len = (uint8_t)n;
+    } else {
+      memmove(len + 2, len + 1, n);
+      vput(len, n);
+    }
+    p = len + vsize(n) + n;
   }
   if (io->salt.len) p = put_bytes(p, IO_SALT, &io->salt);
   if (io->extra.len) p = put_bytes(p, IO_EXTRA, &io->extra);
@@ -166,7 +173,7 @@ typedef struct rd {
 } rd_t;
 
 /* A varint of at most 10 bytes whose value fits 64 bits. */
-static bool vget(rd_t *r, uint64_t *v) {
+static bool vget_long(rd_t *r, uint64_t *v) {
   uint64_t x = 0;
   for (unsigned i = 0; i < 10; i++) {
     if (r->p == r->end) return false;
@@ -181,8 +188,16 @@ static bool vget(rd_t *r, uint64_t *v) {
   return false;
 }
 
+static inline bool vget(rd_t *r, uint64_t *v) {
+  if (r->p < r->end && *r->p < 0x80) { /* one byte: most tags and values */
+    *v = *r->p++;
+    return true;
+  }
+  return vget_long(r, v);
+}
+
 /* The next field's number and wire type. */
-static bool tget(rd_t *r, unsigned *field, unsigned *wt) {
+static inline bool tget(rd_t *r, unsigned *field, unsigned *wt) {
   uint64_t t;
   if (!vget(r, &t) || t >> 3 == 0 || t >> 3 > 0x1fffffff) return false;
   *field = (unsigned)(t >> 3);
@@ -208,13 +223,14 @@ static bool u32get(rd_t *r, uint32_t *v) {
 }
 
 static bool entry_unpack(rd_t r, Kvcache__V1__IoEntry *e) {
-  uint64_t *f[E_FIELDS] = {&e->seq_id, &e->pos,    &e->ntokens, &e->k_off,  &e->k_len,
-                           &e->v_off,  &e->v_len,  &e->ks_off,  &e->ks_len, &e->vs_off,
-                           &e->vs_len, &e->tok_off, &e->tok_len};
-  unsigned last = 0, field, wt;
+  uint64_t *f = entry_fields_w(e);
+  unsigned last = 0;
   while (r.p < r.end) {
-    if (!tget(&r, &field, &wt) || wt != WT_VARINT || field <= last || field > E_FIELDS ||
-        !vget(&r, f[field - 1]))
+    /* Fields 1..13 of wire type 0: one-byte tags, (field << 3); any other
+     * byte is not the canonical form. */
+    uint8_t t = *r.p++;
+    unsigned field = t >> 3;
+    if ((t & 0x87) || field <= last || field > E_FIELDS || !vget(&r, &f[field - 1]))
       return false;
     last = field;
   }
@@ -223,7 +239,7 @@ static bool entry_unpack(rd_t r, Kvcache__V1__IoEntry *e) {
 
 static bool xfer_unpack(rd_t r, Kvcache__V1__Xfer *x) {
   uint32_t *u[4] = {&x->layer_begin, &x->layer_end, &x->head_begin, &x->head_end};
-  unsigned last = 0, field, wt;
+  unsigned last = 0, field = 0, wt = 0;
   while (r.p < r.end) {
     if (!tget(&r, &field, &wt) || field <= last) return false;
     last = field;
@@ -266,7 +282,7 @@ static bool io_unpack(ProtobufCAllocator *a, rd_t r, Kvcache__V1__Io *io) {
   /* First pass: the fields in order, each once (entries one run), and how
    * many entries. */
   rd_t s = r;
-  unsigned last = 0, field, wt;
+  unsigned last = 0, field = 0, wt = 0;
   size_t n = 0;
   while (s.p < s.end) {
     rd_t sub;
@@ -313,7 +329,7 @@ static bool io_unpack(ProtobufCAllocator *a, rd_t r, Kvcache__V1__Io *io) {
 
 /* Reads the request's fields into req: false as io_unpack. */
 static bool req_unpack(ProtobufCAllocator *a, rd_t r, Kvcache__V1__Request *req) {
-  unsigned last = 0, field, wt;
+  unsigned last = 0, field = 0, wt = 0;
   while (r.p < r.end) {
     rd_t sub;
     if (!tget(&r, &field, &wt) || field <= last) return false;

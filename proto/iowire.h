@@ -7,7 +7,7 @@
  * its unpacker looks each field up: for the decode step's 64 entries, 10 us
  * to pack on the client and 8.6 us to unpack on the daemon, a tenth of the
  * request's time besides its copy (doc/protocol.md, "Frames packed by
- * hand"). Here it is one pass each way, about a microsecond.
+ * hand"). Here: 2.8 us to pack, 3.1 us to unpack.
  *
  *   client: iowire_pack(req) -> the bytes protobuf-c would pack, or 0 for
  *           a request it does not cover (the caller packs it as before)
