@@ -46,7 +46,7 @@
   X(split_copies, STAT_COUNTER, "requests", "gets and puts of a client alone split between the loop and the copy threads") \
   X(parked_requests, STAT_COUNTER, "requests", "times a request waited for a sequence another connection's put held busy") \
   X(ring_connections, STAT_GAUGE, "connections", "connections with shared-memory rings now") \
-  X(ring_requests, STAT_COUNTER, "requests", "requests received through a submission ring") \
+  X(ring_requests, STAT_COUNTER, "requests", "requests received through a submission ring or its fast slot") \
   X(ring_preempts, STAT_COUNTER, "passes", "times requests waiting in rings ran between two frames of a socket connection's turn") \
   X(ring_doorbells, STAT_COUNTER, "wakeups", "times a client woke the daemon through its ring's doorbell (the daemon was not polling)") \
   X(ring_client_wakeups, STAT_COUNTER, "wakeups", "times the daemon woke a client sleeping on its completion ring") \
