@@ -358,19 +358,30 @@ IT_UNUSED static uint64_t it_mono_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Polls the sum of the daemon's figures names[0..n) (each as stat_get)
+ * until it equals want or, with at_least, reaches it; fails the test after
+ * IT_WAIT_MS. Returns the sum. The daemon's counters are its word that
+ * something happened: the pace only spaces the looks. */
+IT_UNUSED static uint64_t it_wait_sum(kvc_client_t *c, const char *const *names, int n,
+                                      uint64_t want, bool at_least) {
+  uint64_t end = it_mono_ms() + IT_WAIT_MS;
+  for (long pace = 1;; pace = pace < 10 ? pace * 2 : 10) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v += stat_get(c, names[i], NULL);
+    if (at_least ? v >= want : v == want) return v;
+    if (it_mono_ms() > end)
+      TEST_FAIL_("%s%s stayed at %llu for %d s, expected %s%llu", names[0],
+                 n > 1 ? " (and the figures summed with it)" : "", (unsigned long long)v,
+                 IT_WAIT_MS / 1000, at_least ? "at least " : "", (unsigned long long)want);
+    it_sleep_ms(pace);
+  }
+}
+
 /* Polls the daemon's figure name (as stat_get) until it equals want or,
  * with at_least, reaches it; fails the test after IT_WAIT_MS. Returns it. */
 IT_UNUSED static uint64_t it_wait_stat(kvc_client_t *c, const char *name, uint64_t want,
                                        bool at_least) {
-  uint64_t end = it_mono_ms() + IT_WAIT_MS;
-  for (long pace = 1;; pace = pace < 10 ? pace * 2 : 10) {
-    uint64_t v = stat_get(c, name, NULL);
-    if (at_least ? v >= want : v == want) return v;
-    if (it_mono_ms() > end)
-      TEST_FAIL_("%s stayed at %llu for %d s, expected %s%llu", name, (unsigned long long)v,
-                 IT_WAIT_MS / 1000, at_least ? "at least " : "", (unsigned long long)want);
-    it_sleep_ms(pace);
-  }
+  return it_wait_sum(c, &name, 1, want, at_least);
 }
 
 /* Runs `kvcachectl --socket SOCK ARGS` (ARGS a printf format), keeping its
