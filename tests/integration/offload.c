@@ -244,9 +244,11 @@ TEST(offload_client_alone_splits_within_its_request) {
  * offload_quiet_us. One copy thread, held by the gate in its first share of
  * b's 1 MiB put (2 shares: the layout has 2 layers): with the window at 0
  * (never quiet) nobody takes the other share; reloaded to 1 us, a's 1 MiB
- * put is copied by the loop alone, which takes b's other share on the way
- * (3 helped), and answered while b's is still held; the gate opened, b's
- * ends. Every byte reads back. */
+ * put is copied by the loop alone, which takes b's other share on the way,
+ * and answered while b's is still held; the gate opened, b's ends. a's put
+ * came while the one thread had shares to copy: it went whole, one share
+ * (2 helped, 3 offloaded); a 1 MiB put after the others ended is split
+ * again (5 offloaded). Every byte reads back. */
 TEST(offload_loop_copies_queued_shares_only_while_only_large_copies_come) {
   char gdir[IT_GATE_DIR], genv[300], conf[IT_GATE_DIR + 32];
   it_gate_open(gdir, "KVCACHED_TEST_OFFLOAD_GATE", genv, sizeof genv);
@@ -279,13 +281,19 @@ TEST(offload_loop_copies_queued_shares_only_while_only_large_copies_come) {
   ASSERT_EQ(kill(d.pid, SIGHUP), 0);
   (void)it_wait_stat(a, "config_reloads_total", 1, false); /* the daemon's word: applied */
   ASSERT_OK(kvc_put(ha, 2, 0, n, k2, v2)); /* the thread is held: the loop copied it */
-  ASSERT_U64_EQ(stat_get(a, "helped_shares_total", NULL), 3);
+  ASSERT_U64_EQ(stat_get(a, "helped_shares_total", NULL), 2);
+  ASSERT_U64_EQ(stat_get(a, "offloaded_shares_total", NULL), 3);
   ASSERT_U64_EQ(stat_get(a, "offloaded_puts_total", NULL), 1);
   int st;
   ASSERT_EQ(waitpid(putter, &st, WNOHANG), 0); /* b's still waits for its held share */
   it_gate(gdir, "go", true);
   ASSERT(waitpid(putter, &st, 0) == putter && WIFEXITED(st) && WEXITSTATUS(st) == 0);
   ASSERT_U64_EQ(stat_get(a, "offloaded_puts_total", NULL), 2);
+  ASSERT_OK(kvc_put(ha, 3, 0, n, k2, v2)); /* the thread idle again: split */
+  ASSERT_U64_EQ(stat_get(a, "offloaded_shares_total", NULL), 5);
+  ASSERT_OK(kvc_get(ha, 3, 0, n, gk, gv));
+  ASSERT_MEM_EQ(gk, k2, nk * 4);
+  ASSERT_MEM_EQ(gv, v2, nv * 4);
   ASSERT_OK(kvc_get(ha, 1, 0, n, gk, gv));
   ASSERT_MEM_EQ(gk, k1, nk * 4);
   ASSERT_MEM_EQ(gv, v1, nv * 4);
