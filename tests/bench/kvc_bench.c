@@ -871,11 +871,180 @@ static double mthreads_trial(uint64_t bytes, int mode) {
   return total;
 }
 
-/* The median totals over MC_TRIALS trials, GB/s, of the 8 clients and of
- * the 8 threads' memcpy in alternating trials; lo and hi: the clients'
- * extremes. */
+/* The hand-off floor of the 8-client rows: NCLIENTS processes, each asking
+ * for its copies through a cache line of shared memory and waiting for the
+ * answer as a client of the library does when the CPUs are crowded (a few
+ * looks, then a futex), and a server of one thread a CPU (as the daemon's
+ * copy threads) making each client's copies as mthread_run does, clients
+ * dealt to the threads in turn; for a zero-copy read the server answers at
+ * once and the client reads the rows in place. What 8 processes that each
+ * wait for another's work cost on this machine with no protocol, no pool
+ * and no daemon: beside the 8 threads that hand nothing off, the floor of
+ * the rows' work as 8 clients do it (doc/benchmarks.md, "Floors"). */
+typedef struct hslot {
+  _Atomic uint32_t req, rep, waiting; /* rep == req: answered */
+  uint8_t pad[64 - 3 * sizeof(uint32_t)];
+} hslot_t;
+
+typedef struct hshared {
+  hslot_t s[NCLIENTS];
+  _Atomic uint32_t bell, sleepers, stop; /* the server's */
+} hshared_t;
+
+typedef struct hserver {
+  pthread_t t;
+  unsigned me, n;
+  uint64_t bytes;
+  int mode;
+  hshared_t *h;
+} hserver_t;
+
+static uint8_t *mpages(unsigned i, uint64_t k) {
+  return mpool + ((uint64_t)i * (MULTI_SPAN / FL_PAGE_TOKENS) + k) * FL_PAGE_BYTES;
+}
+
+/* The rows of tokens [pos, pos + nt) of nl layers of client i's pages, read
+ * in place (a zero-copy read, as mthread_run). */
+static void mread_rows(unsigned i, uint64_t pos, uint64_t nt, uint32_t nl) {
+  for (uint64_t p = pos; p < pos + nt;) {
+    uint64_t pt = p % FL_PAGE_TOKENS, cnt = FL_PAGE_TOKENS - pt;
+    if (cnt > pos + nt - p) cnt = pos + nt - p;
+    for (uint32_t l = 0; l < nl; l++) {
+      const uint8_t *k = mpages(i, p / FL_PAGE_TOKENS) + l * FL_LAYER_BYTES + pt * FL_ROW;
+      fl_sink += fl_read_rows(k, cnt * FL_ROW) + fl_read_rows(k + FL_PAGE_TOKENS * FL_ROW, cnt * FL_ROW);
+    }
+    p += cnt;
+  }
+}
+
+static void *hserver_run(void *arg) {
+  hserver_t *sv = arg;
+  hshared_t *h = sv->h;
+  place_free();
+  uint32_t nl, seen[NCLIENTS] = {0};
+  uint64_t nt, pos[NCLIENTS] = {0};
+  size_shape(sv->bytes, &nl, &nt);
+  uint8_t *pages[MULTI_SPAN / FL_PAGE_TOKENS];
+  double idle_since = 0;
+  while (!atomic_load(&h->stop)) {
+    bool did = false;
+    for (unsigned i = sv->me; i < NCLIENTS; i += sv->n) {
+      hslot_t *sl = &h->s[i];
+      uint32_t r = atomic_load_explicit(&sl->req, memory_order_acquire);
+      if (r == seen[i]) continue;
+      seen[i] = r;
+      did = true;
+      if (sv->mode < 2) {
+        pos[i] += nt; /* as kx_step */
+        if (pos[i] + nt > MULTI_SPAN) pos[i] = 0;
+        for (uint64_t k = 0; k < MULTI_SPAN / FL_PAGE_TOKENS; k++) pages[k] = mpages(i, k);
+        copy_xfer(pages, pos[i], nt, nl, 0, nl, mbuf[i], sv->mode == 1);
+      }
+      atomic_store(&sl->rep, r); /* seq_cst: before the look at waiting */
+      if (atomic_load(&sl->waiting)) fl_futex_wake(&sl->rep);
+    }
+    if (did) {
+      idle_since = 0;
+      continue;
+    }
+    fl_relax();
+    double now = now_ns();
+    if (idle_since == 0) idle_since = now;
+    if (now - idle_since < FL_SPIN_NS) continue;
+    /* Idle a while: sleep until a client rings (it looks at sleepers). */
+    uint32_t b = atomic_load(&h->bell);
+    atomic_fetch_add(&h->sleepers, 1);
+    bool asked = false;
+    for (unsigned i = sv->me; i < NCLIENTS; i += sv->n)
+      asked |= atomic_load(&h->s[i].req) != seen[i];
+    if (!asked && !atomic_load(&h->stop)) fl_futex_wait(&h->bell, b);
+    atomic_fetch_sub(&h->sleepers, 1);
+    idle_since = 0;
+  }
+  return NULL;
+}
+
+/* A client of the hand-off floor, in its own process: asks, waits, and for
+ * a zero-copy read reads its rows, for as long as a client's trial. */
+static void hclient(hshared_t *h, unsigned i, uint64_t bytes, int mode, int out) {
+  place_free();
+  hslot_t *sl = &h->s[i];
+  uint32_t nl, r = atomic_load(&sl->req);
+  uint64_t nt, pos = 0, n = 0;
+  size_shape(bytes, &nl, &nt);
+  double t0 = now_ns(), end = t0 + TRIAL_MS * 2 * 1e6, now = t0;
+  while (now < end) {
+    atomic_store(&sl->req, ++r); /* seq_cst: before the look at sleepers */
+    if (atomic_load(&h->sleepers)) {
+      atomic_fetch_add(&h->bell, 1);
+      fl_futex_wake(&h->bell);
+    }
+    for (int k = 0; k < 64 && atomic_load_explicit(&sl->rep, memory_order_acquire) != r; k++)
+      fl_relax();
+    while (atomic_load(&sl->rep) != r) {
+      atomic_store(&sl->waiting, 1);
+      if (atomic_load(&sl->rep) != r) fl_futex_wait(&sl->rep, r - 1);
+      atomic_store(&sl->waiting, 0);
+    }
+    if (mode == 2) {
+      pos += nt;
+      if (pos + nt > MULTI_SPAN) pos = 0;
+      mread_rows(i, pos, nt, nl);
+    }
+    n++;
+    now = now_ns();
+  }
+  uint64_t res[2] = {n, (uint64_t)(now - t0)};
+  _exit(write_full(out, res, sizeof res) ? 1 : 0);
+}
+
+/* One trial of the hand-off floor: the clients' total GB/s. */
+static double mhandoff_trial(uint64_t bytes, int mode) {
+  static hshared_t *h;
+  static hserver_t sv[NCLIENTS];
+  if (!h) {
+    h = mmap(NULL, sizeof *h, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (h == MAP_FAILED) die("mmap: %s", strerror(errno));
+  }
+  memset(h, 0, sizeof *h);
+  unsigned nsv = (unsigned)sysconf(_SC_NPROCESSORS_ONLN); /* as place_free: every CPU */
+  if (nsv > NCLIENTS) nsv = NCLIENTS;
+  for (unsigned t = 0; t < nsv; t++) {
+    sv[t] = (hserver_t){.me = t, .n = nsv, .bytes = bytes, .mode = mode, .h = h};
+    if (pthread_create(&sv[t].t, NULL, hserver_run, &sv[t]) != 0) die("pthread_create");
+  }
+  int p[2];
+  if (pipe(p)) die("pipe: %s", strerror(errno));
+  pid_t pids[NCLIENTS];
+  for (unsigned i = 0; i < NCLIENTS; i++) {
+    fflush(NULL);
+    if ((pids[i] = fork()) == 0) {
+      close(p[0]);
+      hclient(h, i, bytes, mode, p[1]);
+    }
+    if (pids[i] < 0) die("fork: %s", strerror(errno));
+  }
+  close(p[1]);
+  double total = 0;
+  for (unsigned i = 0; i < NCLIENTS; i++) {
+    uint64_t res[2];
+    if (read_full(p[0], res, sizeof res)) die("a client of the hand-off floor failed");
+    total += (double)res[0] * (double)bytes / (double)res[1];
+  }
+  close(p[0]);
+  for (unsigned i = 0; i < NCLIENTS; i++) waitpid(pids[i], NULL, 0);
+  atomic_store(&h->stop, 1);
+  atomic_fetch_add(&h->bell, 1);
+  fl_futex_wake(&h->bell);
+  for (unsigned t = 0; t < nsv; t++) pthread_join(sv[t].t, NULL);
+  return total;
+}
+
+/* The median totals over MC_TRIALS trials, GB/s, of the 8 clients, of the
+ * 8 threads' memcpy and of the hand-off floor, in alternating trials; lo
+ * and hi: the clients' extremes. */
 static double multi_run(const kd_t *d, uint64_t bytes, op_fn op, int mode, double *ref,
-                        double *lo, double *hi) {
+                        double *handoff, double *lo, double *hi) {
   int go[NCLIENTS], done[NCLIENTS];
   pid_t pids[NCLIENTS];
   for (int i = 0; i < NCLIENTS; i++) {
@@ -900,7 +1069,7 @@ static double multi_run(const kd_t *d, uint64_t bytes, op_fn op, int mode, doubl
   uint64_t res[2];
   for (int i = 0; i < NCLIENTS; i++)
     if (read_full(done[i], res, sizeof res)) die("a client of the 8-client run failed");
-  double bw[MC_TRIALS], mbw[MC_TRIALS];
+  double bw[MC_TRIALS], mbw[MC_TRIALS], hbw[MC_TRIALS];
   for (int t = 0; t < MC_TRIALS; t++) {
     for (int i = 0; i < NCLIENTS; i++) write_full(go[i], "g", 1);
     bw[t] = 0;
@@ -909,6 +1078,7 @@ static double multi_run(const kd_t *d, uint64_t bytes, op_fn op, int mode, doubl
       bw[t] += (double)res[0] * (double)bytes / (double)res[1];
     }
     mbw[t] = mthreads_trial(bytes, mode);
+    hbw[t] = mhandoff_trial(bytes, mode);
   }
   for (int i = 0; i < NCLIENTS; i++) {
     close(go[i]);
@@ -919,6 +1089,7 @@ static double multi_run(const kd_t *d, uint64_t bytes, op_fn op, int mode, doubl
   *lo = bw[0];
   *hi = bw[MC_TRIALS - 1];
   *ref = quantile(mbw, MC_TRIALS, 0.5);
+  *handoff = quantile(hbw, MC_TRIALS, 0.5);
   return med;
 }
 
@@ -1118,7 +1289,7 @@ static void bench_multi(void) {
                                        "zero-copy read"};
   for (int k = 0; k < 3; k++)
     for (int i = 0; i < NSIZES; i++) {
-      double lo, hi, ref, bw = multi_run(&d, sizes[i], ops[k], k, &ref, &lo, &hi);
+      double lo, hi, ref, ho, bw = multi_run(&d, sizes[i], ops[k], k, &ref, &ho, &lo, &hi);
       char name[64];
       snprintf(name, sizeof name, "%s %s, total", names[k], size_names[i]);
       /* The goal holds where the bytes, not the requests, set the pace. */
@@ -1127,7 +1298,8 @@ static void bench_multi(void) {
       r->fmt = FMT_TEXT;
       snprintf(r->fig, sizeof r->fig, "%.2f GB/s", bw);
       snprintf(r->ref, sizeof r->ref, "8 threads, same copies %.2f GB/s", ref);
-      snprintf(r->note, sizeof r->note, "trials %.2f-%.2f GB/s", lo, hi);
+      snprintf(r->note, sizeof r->note, "trials %.1f-%.1f; hand-off floor %.2f GB/s, %.2fx", lo,
+               hi, ho, bw / ho);
       row_values(r, bw, ref, true);
     }
   stop(d.pid);
