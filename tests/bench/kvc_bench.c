@@ -817,6 +817,21 @@ typedef struct mthread {
   double gbs; /* its rate over the trial */
 } mthread_t;
 
+/* Reads the K and V rows of tokens [pos, pos + nt) of nl layers in place,
+ * as a zero-copy read does. */
+static void read_in_place(uint8_t *const *pages, uint64_t pos, uint64_t nt, uint32_t nl) {
+  for (uint64_t p = pos; p < pos + nt;) {
+    uint64_t pt = p % FL_PAGE_TOKENS, cnt = FL_PAGE_TOKENS - pt;
+    if (cnt > pos + nt - p) cnt = pos + nt - p;
+    for (uint32_t l = 0; l < nl; l++) {
+      const uint8_t *k = pages[p / FL_PAGE_TOKENS] + l * FL_LAYER_BYTES + pt * FL_ROW;
+      fl_sink +=
+          fl_read_rows(k, cnt * FL_ROW) + fl_read_rows(k + FL_PAGE_TOKENS * FL_ROW, cnt * FL_ROW);
+    }
+    p += cnt;
+  }
+}
+
 static void *mthread_run(void *arg) {
   mthread_t *mt = arg;
   place_free();
@@ -828,20 +843,8 @@ static void *mthread_run(void *arg) {
   while (now < end) {
     pos += nt; /* as kx_step */
     if (pos + nt > MULTI_SPAN) pos = 0;
-    if (mt->mode < 2) {
-      copy_xfer(mt->pages, pos, nt, nl, 0, nl, mt->buf, mt->mode == 1);
-    } else {
-      for (uint64_t p = pos; p < pos + nt;) {
-        uint64_t pt = p % FL_PAGE_TOKENS, cnt = FL_PAGE_TOKENS - pt;
-        if (cnt > pos + nt - p) cnt = pos + nt - p;
-        for (uint32_t l = 0; l < nl; l++) {
-          const uint8_t *k = mt->pages[p / FL_PAGE_TOKENS] + l * FL_LAYER_BYTES + pt * FL_ROW;
-          fl_sink += fl_read_rows(k, cnt * FL_ROW) +
-                     fl_read_rows(k + FL_PAGE_TOKENS * FL_ROW, cnt * FL_ROW);
-        }
-        p += cnt;
-      }
-    }
+    if (mt->mode < 2) copy_xfer(mt->pages, pos, nt, nl, 0, nl, mt->buf, mt->mode == 1);
+    else read_in_place(mt->pages, pos, nt, nl);
     n++;
     now = now_ns();
   }
@@ -850,6 +853,12 @@ static void *mthread_run(void *arg) {
 }
 
 static uint8_t *mpool, *mbuf[NCLIENTS];
+
+/* Client i's pages, in the pool of the floors' trials (16 of 2 MiB each). */
+static void mpages(unsigned i, uint8_t **pages) {
+  for (uint64_t k = 0; k < MULTI_SPAN / FL_PAGE_TOKENS; k++)
+    pages[k] = mpool + ((uint64_t)i * (MULTI_SPAN / FL_PAGE_TOKENS) + k) * FL_PAGE_BYTES;
+}
 
 /* One trial of the floor: the threads' total GB/s. */
 static double mthreads_trial(uint64_t bytes, int mode) {
@@ -860,8 +869,7 @@ static double mthreads_trial(uint64_t bytes, int mode) {
   for (int i = 0; i < NCLIENTS; i++) {
     if (!mbuf[i]) mbuf[i] = fl_shared(sizes[NSIZES - 1]);
     mt[i] = (mthread_t){.bytes = bytes, .mode = mode, .buf = mbuf[i]};
-    for (uint64_t k = 0; k < npages; k++)
-      mt[i].pages[k] = mpool + ((uint64_t)i * npages + k) * FL_PAGE_BYTES;
+    mpages((unsigned)i, mt[i].pages);
     if (pthread_create(&mt[i].t, NULL, mthread_run, &mt[i]) != 0) die("pthread_create");
   }
   for (int i = 0; i < NCLIENTS; i++) {
@@ -899,24 +907,6 @@ typedef struct hserver {
   hshared_t *h;
 } hserver_t;
 
-static uint8_t *mpages(unsigned i, uint64_t k) {
-  return mpool + ((uint64_t)i * (MULTI_SPAN / FL_PAGE_TOKENS) + k) * FL_PAGE_BYTES;
-}
-
-/* The rows of tokens [pos, pos + nt) of nl layers of client i's pages, read
- * in place (a zero-copy read, as mthread_run). */
-static void mread_rows(unsigned i, uint64_t pos, uint64_t nt, uint32_t nl) {
-  for (uint64_t p = pos; p < pos + nt;) {
-    uint64_t pt = p % FL_PAGE_TOKENS, cnt = FL_PAGE_TOKENS - pt;
-    if (cnt > pos + nt - p) cnt = pos + nt - p;
-    for (uint32_t l = 0; l < nl; l++) {
-      const uint8_t *k = mpages(i, p / FL_PAGE_TOKENS) + l * FL_LAYER_BYTES + pt * FL_ROW;
-      fl_sink += fl_read_rows(k, cnt * FL_ROW) + fl_read_rows(k + FL_PAGE_TOKENS * FL_ROW, cnt * FL_ROW);
-    }
-    p += cnt;
-  }
-}
-
 static void *hserver_run(void *arg) {
   hserver_t *sv = arg;
   hshared_t *h = sv->h;
@@ -924,7 +914,8 @@ static void *hserver_run(void *arg) {
   uint32_t nl, seen[NCLIENTS] = {0};
   uint64_t nt, pos[NCLIENTS] = {0};
   size_shape(sv->bytes, &nl, &nt);
-  uint8_t *pages[MULTI_SPAN / FL_PAGE_TOKENS];
+  uint8_t *pages[NCLIENTS][MULTI_SPAN / FL_PAGE_TOKENS];
+  for (unsigned i = sv->me; i < NCLIENTS; i += sv->n) mpages(i, pages[i]);
   double idle_since = 0;
   while (!atomic_load(&h->stop)) {
     bool did = false;
@@ -937,8 +928,7 @@ static void *hserver_run(void *arg) {
       if (sv->mode < 2) {
         pos[i] += nt; /* as kx_step */
         if (pos[i] + nt > MULTI_SPAN) pos[i] = 0;
-        for (uint64_t k = 0; k < MULTI_SPAN / FL_PAGE_TOKENS; k++) pages[k] = mpages(i, k);
-        copy_xfer(pages, pos[i], nt, nl, 0, nl, mbuf[i], sv->mode == 1);
+        copy_xfer(pages[i], pos[i], nt, nl, 0, nl, mbuf[i], sv->mode == 1);
       }
       atomic_store(&sl->rep, r); /* seq_cst: before the look at waiting */
       if (atomic_load(&sl->waiting)) fl_futex_wake(&sl->rep);
@@ -972,6 +962,8 @@ static void hclient(hshared_t *h, unsigned i, uint64_t bytes, int mode, int out)
   uint32_t nl, r = atomic_load(&sl->req);
   uint64_t nt, pos = 0, n = 0;
   size_shape(bytes, &nl, &nt);
+  uint8_t *pages[MULTI_SPAN / FL_PAGE_TOKENS];
+  mpages(i, pages);
   double t0 = now_ns(), end = t0 + TRIAL_MS * 2 * 1e6, now = t0;
   while (now < end) {
     atomic_store(&sl->req, ++r); /* seq_cst: before the look at sleepers */
@@ -989,7 +981,7 @@ static void hclient(hshared_t *h, unsigned i, uint64_t bytes, int mode, int out)
     if (mode == 2) {
       pos += nt;
       if (pos + nt > MULTI_SPAN) pos = 0;
-      mread_rows(i, pos, nt, nl);
+      read_in_place(pages, pos, nt, nl);
     }
     n++;
     now = now_ns();
